@@ -1,0 +1,134 @@
+//! Micro-benchmarks of the loop's building blocks.
+//!
+//! * `notifier`: `notify()` + `test_and_clear()` for eventfd and pipe;
+//! * `bottom_half`: schedule -> run in one `poll(false)`;
+//! * `iteration/<N>`: one loop iteration with N registered idle fds and one active fd
+//!   (write a byte, `poll(true)`, the handler reads it) for poll, epoll and hybrid, next to
+//!   `bare-epoll`: the same write + `epoll_wait` + read with no loop around it.
+//!
+//! Run: `cargo bench -p aio-core --bench event_loop`. Compare within one run: the ratio of
+//! `iteration/256/*` to `iteration/1/*` is the per-fd cost of a monitor.
+
+#![allow(missing_docs)] // criterion_group! generates undocumented functions
+
+use std::hint::black_box;
+use std::os::fd::{AsRawFd, RawFd};
+use std::rc::Rc;
+
+use aio_backend_epoll::EpollLoop;
+use aio_backend_poll::PollLoop;
+use aio_core::testing::{drain_fd, raise_fd_limit, write_byte, Pipe};
+use aio_core::{AioContext, EventLoop, FdHandler, Hybrid, Notifier};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+
+const FD_COUNTS: [usize; 4] = [1, 64, 256, 1024];
+
+fn notifier(c: &mut Criterion) {
+    let mut g = c.benchmark_group("notifier");
+    for (name, n) in [
+        ("eventfd", Notifier::new_eventfd().unwrap()),
+        ("pipe", Notifier::new_pipe().unwrap()),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                n.notify().unwrap();
+                black_box(n.test_and_clear())
+            })
+        });
+    }
+    g.finish();
+}
+
+fn bottom_half(c: &mut Criterion) {
+    let ctx = AioContext::new(EpollLoop::new().unwrap()).unwrap();
+    let bh = ctx.bh_new(|_| {});
+    c.bench_function("bottom_half/schedule_run", |b| {
+        b.iter(|| {
+            bh.schedule();
+            black_box(ctx.poll(false))
+        })
+    });
+}
+
+/// Registers `idle` idle pipes plus one active one; returns the pipes and the active write fd.
+fn setup<L: EventLoop>(ctx: &AioContext<L>, idle: usize) -> (Vec<Pipe>, RawFd) {
+    let mut pipes: Vec<Pipe> = (0..idle + 1).map(|_| Pipe::new()).collect();
+    let active = pipes.pop().unwrap();
+    for p in &pipes {
+        ctx.set_fd_handler(p.read.as_raw_fd(), FdHandler::new().on_read(|_| {}))
+            .unwrap();
+    }
+    let rfd = active.read.as_raw_fd();
+    ctx.set_fd_handler(
+        rfd,
+        FdHandler::new().on_read(move |_| {
+            drain_fd(rfd);
+        }),
+    )
+    .unwrap();
+    let wfd = active.write.as_raw_fd();
+    pipes.push(active);
+    (pipes, wfd)
+}
+
+fn bench_monitor<L: EventLoop>(c: &mut Criterion, name: &str, make: impl Fn() -> L) {
+    let mut g = c.benchmark_group("iteration");
+    for n in FD_COUNTS {
+        let ctx = Rc::new(AioContext::new(make()).unwrap());
+        let (_pipes, wfd) = setup(&ctx, n - 1);
+        g.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {
+            b.iter(|| {
+                write_byte(wfd);
+                black_box(ctx.poll(true))
+            })
+        });
+    }
+    g.finish();
+}
+
+fn bare_epoll(c: &mut Criterion) {
+    let mut g = c.benchmark_group("iteration");
+    for n in FD_COUNTS {
+        let pipes: Vec<Pipe> = (0..n).map(|_| Pipe::new()).collect();
+        // SAFETY: plain epoll syscalls on fds this function owns; `events` outlives each wait.
+        unsafe {
+            let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
+            for (i, p) in pipes.iter().enumerate() {
+                let mut ev = libc::epoll_event {
+                    events: libc::EPOLLIN as u32,
+                    u64: i as u64,
+                };
+                libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, p.read.as_raw_fd(), &mut ev);
+            }
+            let active = pipes.last().unwrap();
+            let (rfd, wfd) = (active.read.as_raw_fd(), active.write.as_raw_fd());
+            let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 128];
+            g.bench_with_input(BenchmarkId::new("bare-epoll", n), &n, |b, _| {
+                b.iter(|| {
+                    write_byte(wfd);
+                    let k = libc::epoll_wait(ep, events.as_mut_ptr(), 128, -1);
+                    for ev in &events[..k as usize] {
+                        let idx = ev.u64 as usize;
+                        black_box(idx);
+                        drain_fd(rfd);
+                    }
+                })
+            });
+            libc::close(ep);
+        }
+    }
+    g.finish();
+}
+
+fn iteration(c: &mut Criterion) {
+    raise_fd_limit();
+    bare_epoll(c);
+    bench_monitor(c, "epoll", || EpollLoop::new().unwrap());
+    bench_monitor(c, "hybrid", || {
+        Hybrid::new(PollLoop::new(), EpollLoop::new().unwrap())
+    });
+    bench_monitor(c, "poll", PollLoop::new);
+}
+
+criterion_group!(benches, notifier, bottom_half, iteration);
+criterion_main!(benches);

@@ -1,0 +1,169 @@
+//! Bottom halves: callbacks scheduled from any thread, run once per schedule on the loop thread.
+//!
+//! This module owns the cross-thread schedule state of each bottom half and the queue that
+//! carries schedules to the loop. The callbacks themselves never leave the loop thread: the
+//! [`BottomHalf`] handle that other threads hold carries only an id and an atomic state.
+//!
+//! State word of a bottom half: bit 0 scheduled, bit 1 deleted, bits 2.. a ticket that grows with
+//! every schedule. A queue entry names the ticket it was pushed for, so an entry left behind by a
+//! `cancel()` can never run a later schedule early: that is what keeps "a bottom half scheduled
+//! while bottom halves run goes to the next iteration" exact.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::Shared;
+
+const SCHEDULED: u64 = 1;
+const DELETED: u64 = 2;
+const TICKET_SHIFT: u32 = 2;
+
+/// The ticket value of a queue entry that asks the loop to free a deleted bottom half's slot.
+pub(crate) const DELETE_TICKET: u64 = u64::MAX;
+
+/// One schedule (or deletion) on its way to the loop thread.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BhEntry {
+    pub(crate) index: u32,
+    pub(crate) generation: u32,
+    pub(crate) ticket: u64,
+}
+
+/// The state shared between a bottom half's handles and its slot on the loop thread.
+#[derive(Debug, Default)]
+pub(crate) struct BhState {
+    word: AtomicU64,
+}
+
+impl BhState {
+    /// Loop side: claims the schedule named by `ticket`; true means "run it now".
+    pub(crate) fn claim(&self, ticket: u64) -> bool {
+        let scheduled = (ticket << TICKET_SHIFT) | SCHEDULED;
+        self.word
+            .compare_exchange(
+                scheduled,
+                ticket << TICKET_SHIFT,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+    }
+
+    /// Whether the schedule named by `ticket` is still pending (not cancelled, not run).
+    pub(crate) fn is_pending(&self, ticket: u64) -> bool {
+        self.word.load(Ordering::Acquire) == (ticket << TICKET_SHIFT) | SCHEDULED
+    }
+
+    /// Loop side, at context drop: no handle can schedule any more.
+    pub(crate) fn mark_deleted(&self) {
+        self.word.fetch_or(DELETED, Ordering::AcqRel);
+    }
+
+    pub(crate) fn is_deleted(&self) -> bool {
+        self.word.load(Ordering::Acquire) & DELETED != 0
+    }
+}
+
+/// A handle to a bottom half: `Send + Sync + Clone`, usable from any thread.
+///
+/// Created by [`AioContext::bh_new`](crate::AioContext::bh_new). Scheduling an already
+/// scheduled bottom half does nothing (it runs once); each run consumes one schedule.
+#[derive(Clone)]
+pub struct BottomHalf {
+    pub(crate) index: u32,
+    pub(crate) generation: u32,
+    pub(crate) state: Arc<BhState>,
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl fmt::Debug for BottomHalf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BottomHalf")
+            .field("id", &self.id())
+            .field("scheduled", &self.is_scheduled())
+            .finish()
+    }
+}
+
+impl BottomHalf {
+    /// A number that identifies this bottom half within its context (for error messages).
+    pub fn id(&self) -> u64 {
+        ((self.generation as u64) << 32) | self.index as u64
+    }
+
+    /// Schedules the bottom half to run in the loop's next iteration and wakes the loop.
+    ///
+    /// Returns false if it was deleted. Scheduling a bottom half that is already scheduled
+    /// returns true and does not make it run twice.
+    pub fn schedule(&self) -> bool {
+        let mut word = self.state.word.load(Ordering::Acquire);
+        loop {
+            if word & DELETED != 0 {
+                return false;
+            }
+            if word & SCHEDULED != 0 {
+                return true;
+            }
+            let ticket = (word >> TICKET_SHIFT) + 1;
+            let new = (ticket << TICKET_SHIFT) | SCHEDULED;
+            match self.state.word.compare_exchange_weak(
+                word,
+                new,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    self.shared.push_bh(BhEntry {
+                        index: self.index,
+                        generation: self.generation,
+                        ticket,
+                    });
+                    self.shared.notify();
+                    return true;
+                }
+                Err(actual) => word = actual,
+            }
+        }
+    }
+
+    /// Cancels a pending schedule; returns whether one was pending. A bottom half that is
+    /// already running finishes; it does not run again unless scheduled again.
+    pub fn cancel(&self) -> bool {
+        let mut word = self.state.word.load(Ordering::Acquire);
+        while word & SCHEDULED != 0 {
+            match self.state.word.compare_exchange_weak(
+                word,
+                word & !SCHEDULED,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => word = actual,
+            }
+        }
+        false
+    }
+
+    /// Whether a schedule is pending.
+    pub fn is_scheduled(&self) -> bool {
+        self.state.word.load(Ordering::Acquire) & SCHEDULED != 0
+    }
+
+    /// Deletes the bottom half: a pending schedule is dropped, later schedules return false,
+    /// and the loop frees the callback in its next iteration. Returns false if it was already
+    /// deleted.
+    pub fn delete(&self) -> bool {
+        let old = self.state.word.fetch_or(DELETED, Ordering::AcqRel);
+        if old & DELETED != 0 {
+            return false;
+        }
+        self.cancel();
+        self.shared.push_bh(BhEntry {
+            index: self.index,
+            generation: self.generation,
+            ticket: DELETE_TICKET,
+        });
+        true
+    }
+}

@@ -1,0 +1,281 @@
+//! Fd handlers: the callbacks a context runs for an fd, and the table that maps monitor tokens
+//! back to them.
+//!
+//! This module owns the handler table's bookkeeping (tokens with generations, the poll set and
+//! per-handler idle deadlines). It never calls the monitor or a callback itself; the context
+//! does both, after releasing every borrow of the table, so callbacks may change the table.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::fmt;
+use std::os::fd::RawFd;
+use std::rc::Rc;
+
+use crate::event_loop::{EventLoop, Interest, Token};
+use crate::AioContext;
+
+/// A boxed callback that runs on the loop thread with access to the context.
+pub(crate) type BoxedLoopFn<L> = Box<dyn FnMut(&AioContext<L>)>;
+/// A callback cell: the `RefCell` is what stops a nested poll from re-entering it.
+pub(crate) type LoopCallback<L> = RefCell<BoxedLoopFn<L>>;
+/// A cheap, syscall-free readiness check.
+pub(crate) type PollCheck = RefCell<Box<dyn FnMut() -> bool>>;
+
+/// The callbacks of one fd, built with the `on_*` methods and installed with
+/// [`AioContext::set_fd_handler`].
+///
+/// * `io_read` runs when the fd is readable (or hung up, or in error, or was closed);
+/// * `io_write` runs when the fd is writable;
+/// * `io_poll` is a cheap check, without syscalls, that busy polling calls instead of waiting
+///   (e.g. "is there a new request in my queue?"); it must not touch the context;
+/// * `io_poll_ready` runs when `io_poll` returned true.
+///
+/// Callbacks must tolerate being called when nothing is left to do (fds are level-triggered and
+/// a nested `poll()` may already have drained them): use non-blocking fds.
+pub struct FdHandler<L: EventLoop> {
+    pub(crate) io_read: Option<LoopCallback<L>>,
+    pub(crate) io_write: Option<LoopCallback<L>>,
+    pub(crate) io_poll: Option<PollCheck>,
+    pub(crate) io_poll_ready: Option<LoopCallback<L>>,
+}
+
+impl<L: EventLoop> Default for FdHandler<L> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<L: EventLoop> fmt::Debug for FdHandler<L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FdHandler")
+            .field("io_read", &self.io_read.is_some())
+            .field("io_write", &self.io_write.is_some())
+            .field("io_poll", &self.io_poll.is_some())
+            .field("io_poll_ready", &self.io_poll_ready.is_some())
+            .finish()
+    }
+}
+
+impl<L: EventLoop> FdHandler<L> {
+    /// A handler with no callbacks yet.
+    pub fn new() -> Self {
+        FdHandler {
+            io_read: None,
+            io_write: None,
+            io_poll: None,
+            io_poll_ready: None,
+        }
+    }
+
+    /// Sets the `io_read` callback.
+    pub fn on_read(mut self, f: impl FnMut(&AioContext<L>) + 'static) -> Self {
+        self.io_read = Some(RefCell::new(Box::new(f)));
+        self
+    }
+
+    /// Sets the `io_write` callback.
+    pub fn on_write(mut self, f: impl FnMut(&AioContext<L>) + 'static) -> Self {
+        self.io_write = Some(RefCell::new(Box::new(f)));
+        self
+    }
+
+    /// Sets the `io_poll` check used by busy polling.
+    pub fn on_poll(mut self, f: impl FnMut() -> bool + 'static) -> Self {
+        self.io_poll = Some(RefCell::new(Box::new(f)));
+        self
+    }
+
+    /// Sets the `io_poll_ready` callback, run when `io_poll` returned true.
+    pub fn on_poll_ready(mut self, f: impl FnMut(&AioContext<L>) + 'static) -> Self {
+        self.io_poll_ready = Some(RefCell::new(Box::new(f)));
+        self
+    }
+
+    /// What the monitor must watch the fd for.
+    pub(crate) fn interest(&self) -> Interest {
+        Interest {
+            // A handler that only polls still needs its fd watched, so that it is woken when
+            // it has left the poll set (idle) or polling is off; its readiness then runs
+            // io_poll_ready.
+            readable: self.io_read.is_some() || self.io_poll.is_some(),
+            writable: self.io_write.is_some(),
+        }
+    }
+}
+
+/// One installed handler.
+pub(crate) struct HandlerSlot<L: EventLoop> {
+    pub(crate) fd: RawFd,
+    pub(crate) generation: u32,
+    pub(crate) callbacks: Rc<FdHandler<L>>,
+    /// The fd was reported closed (`POLLNVAL`); it is no longer watched.
+    pub(crate) closed: bool,
+    /// Clock reading after which the handler leaves the poll set if it stays inactive.
+    pub(crate) poll_idle_deadline: u64,
+    /// The last wait whose events dispatched this handler (deduplicates events).
+    pub(crate) last_dispatch: u64,
+}
+
+/// Slots addressed by token: the low 32 bits index, the high 32 bits a generation, so that an
+/// event or poll-set entry of a removed handler can never reach a new handler in the same slot.
+pub(crate) struct HandlerTable<L: EventLoop> {
+    slots: Vec<Option<HandlerSlot<L>>>,
+    free: Vec<u32>,
+    by_fd: HashMap<RawFd, Token>,
+    next_generation: u32,
+    /// Tokens of handlers that busy polling checks (have `io_poll`, not idle, not closed).
+    pub(crate) poll_set: Vec<Token>,
+}
+
+impl<L: EventLoop> HandlerTable<L> {
+    pub(crate) fn new() -> Self {
+        HandlerTable {
+            slots: Vec::new(),
+            free: Vec::new(),
+            by_fd: HashMap::new(),
+            next_generation: 1,
+            poll_set: Vec::new(),
+        }
+    }
+
+    pub(crate) fn token_of(&self, fd: RawFd) -> Option<Token> {
+        self.by_fd.get(&fd).copied()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.by_fd.len()
+    }
+
+    /// Number of handlers that busy polling does not cover (no `io_poll`, idle or closed).
+    pub(crate) fn unpolled(&self) -> usize {
+        self.by_fd.len() - self.poll_set.len()
+    }
+
+    fn split(token: Token) -> (usize, u32) {
+        ((token.0 & 0xffff_ffff) as usize, (token.0 >> 32) as u32)
+    }
+
+    pub(crate) fn get(&self, token: Token) -> Option<&HandlerSlot<L>> {
+        let (index, generation) = Self::split(token);
+        match self.slots.get(index) {
+            Some(Some(slot)) if slot.generation == generation => Some(slot),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn get_mut(&mut self, token: Token) -> Option<&mut HandlerSlot<L>> {
+        let (index, generation) = Self::split(token);
+        match self.slots.get_mut(index) {
+            Some(Some(slot)) if slot.generation == generation => Some(slot),
+            _ => None,
+        }
+    }
+
+    /// Reserves a slot for `fd`; the handler is live once [`HandlerTable::insert`] fills it.
+    pub(crate) fn next_token(&self) -> Token {
+        let index = match self.free.last() {
+            Some(&i) => i,
+            None => self.slots.len() as u32,
+        };
+        Token(((self.next_generation as u64) << 32) | index as u64)
+    }
+
+    pub(crate) fn insert(
+        &mut self,
+        fd: RawFd,
+        callbacks: Rc<FdHandler<L>>,
+        now: u64,
+        idle_ns: u64,
+    ) -> Token {
+        let token = self.next_token();
+        let (index, generation) = Self::split(token);
+        self.next_generation = self.next_generation.wrapping_add(1).max(1);
+        if self.free.last() == Some(&(index as u32)) {
+            self.free.pop();
+        } else {
+            self.slots.push(None);
+        }
+        let polled = callbacks.io_poll.is_some();
+        self.slots[index] = Some(HandlerSlot {
+            fd,
+            generation,
+            callbacks,
+            closed: false,
+            poll_idle_deadline: now.saturating_add(idle_ns),
+            last_dispatch: 0,
+        });
+        self.by_fd.insert(fd, token);
+        if polled {
+            self.poll_set.push(token);
+        }
+        token
+    }
+
+    /// Replaces the callbacks of a live handler, keeping its token.
+    pub(crate) fn replace(
+        &mut self,
+        token: Token,
+        callbacks: Rc<FdHandler<L>>,
+        now: u64,
+        idle_ns: u64,
+    ) {
+        let polled = callbacks.io_poll.is_some();
+        if let Some(slot) = self.get_mut(token) {
+            slot.callbacks = callbacks;
+            slot.poll_idle_deadline = now.saturating_add(idle_ns);
+        }
+        let in_set = self.poll_set.contains(&token);
+        if polled && !in_set {
+            self.poll_set.push(token);
+        } else if !polled && in_set {
+            self.poll_set.retain(|t| *t != token);
+        }
+    }
+
+    pub(crate) fn remove(&mut self, token: Token) -> Option<HandlerSlot<L>> {
+        let (index, _) = Self::split(token);
+        self.get(token)?;
+        let slot = self.slots[index].take()?;
+        self.free.push(index as u32);
+        self.by_fd.remove(&slot.fd);
+        self.poll_set.retain(|t| *t != token);
+        Some(slot)
+    }
+
+    /// Records activity: the handler (re)joins the poll set for another idle interval.
+    pub(crate) fn mark_active(&mut self, token: Token, now: u64, idle_ns: u64) {
+        let rejoin = match self.get_mut(token) {
+            Some(slot) if !slot.closed => {
+                slot.poll_idle_deadline = now.saturating_add(idle_ns);
+                slot.callbacks.io_poll.is_some()
+            }
+            _ => false,
+        };
+        if rejoin && !self.poll_set.contains(&token) {
+            self.poll_set.push(token);
+        }
+    }
+
+    /// Drops handlers whose idle deadline passed from the poll set; returns how many left.
+    pub(crate) fn drop_idle(&mut self, now: u64) -> usize {
+        let before = self.poll_set.len();
+        let slots = &self.slots;
+        self.poll_set.retain(|t| {
+            let (index, generation) = Self::split(*t);
+            matches!(slots.get(index), Some(Some(s)) if s.generation == generation && s.poll_idle_deadline > now)
+        });
+        before - self.poll_set.len()
+    }
+
+    /// Marks a handler's fd as closed: it leaves the poll set and is no longer watched.
+    pub(crate) fn mark_closed(&mut self, token: Token) -> Option<RawFd> {
+        let slot = self.get_mut(token)?;
+        if slot.closed {
+            return None;
+        }
+        slot.closed = true;
+        let fd = slot.fd;
+        self.poll_set.retain(|t| *t != token);
+        Some(fd)
+    }
+}

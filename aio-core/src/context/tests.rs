@@ -1,0 +1,202 @@
+//! Unit tests of the loop's policy under a fake clock and a scripted monitor.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::rc::Rc;
+use std::time::Duration;
+
+use super::*;
+use crate::clock::FakeClock;
+use crate::polling::DEFAULT_POLL_MAX_NS;
+
+/// A monitor whose waits advance a fake clock by scripted amounts and report injected fds.
+#[derive(Default, Clone)]
+struct Script {
+    clock: FakeClock,
+    blocks: Rc<RefCell<VecDeque<u64>>>,
+    inject: Rc<RefCell<Vec<RawFd>>>,
+    tokens: Rc<RefCell<HashMap<RawFd, Token>>>,
+}
+
+impl EventLoop for Script {
+    fn name(&self) -> &'static str {
+        "script"
+    }
+    fn register(&mut self, fd: RawFd, token: Token, _: Interest) -> io::Result<()> {
+        self.tokens.borrow_mut().insert(fd, token);
+        Ok(())
+    }
+    fn modify(&mut self, fd: RawFd, token: Token, _: Interest) -> io::Result<()> {
+        self.tokens.borrow_mut().insert(fd, token);
+        Ok(())
+    }
+    fn deregister(&mut self, fd: RawFd) -> io::Result<()> {
+        self.tokens.borrow_mut().remove(&fd);
+        Ok(())
+    }
+    fn wait(&mut self, timeout: Option<Duration>, events: &mut Vec<Event>) -> io::Result<()> {
+        if timeout != Some(Duration::ZERO) {
+            let ns = self.blocks.borrow_mut().pop_front().unwrap_or(0);
+            self.clock.advance(ns);
+        }
+        for fd in self.inject.borrow_mut().drain(..) {
+            if let Some(&token) = self.tokens.borrow().get(&fd) {
+                events.push(Event {
+                    token,
+                    readable: true,
+                    writable: false,
+                    invalid: false,
+                });
+            }
+        }
+        Ok(())
+    }
+    fn registered(&self) -> usize {
+        self.tokens.borrow().len()
+    }
+}
+
+fn scripted() -> (AioContext<Script>, Script) {
+    let script = Script {
+        clock: FakeClock::new(1_000_000),
+        ..Script::default()
+    };
+    script.clock.set_step(10);
+    let ctx = AioContext::with_clock(script.clone(), Box::new(script.clock.clone())).unwrap();
+    (ctx, script)
+}
+
+#[test]
+fn adaptive_window_grows_keeps_and_shrinks_with_a_fake_clock() {
+    let (ctx, script) = scripted();
+    ctx.set_poll_params(PollParams::iothread());
+    assert_eq!(
+        ctx.counters().poll_ns,
+        POLL_START_NS,
+        "polling starts at 4 us"
+    );
+    // An io_poll handler that says "ready" on its 3rd check after being armed.
+    let doorbell = Notifier::new().unwrap();
+    let countdown = Rc::new(Cell::new(0u32));
+    let c = countdown.clone();
+    ctx.set_fd_handler(
+        doorbell.as_raw_fd(),
+        FdHandler::new()
+            .on_poll(move || match c.get() {
+                0 => false,
+                1 => {
+                    c.set(0);
+                    true
+                }
+                n => {
+                    c.set(n - 1);
+                    false
+                }
+            })
+            .on_poll_ready(|_| {}),
+    )
+    .unwrap();
+    // Blocked a little longer than the window (polling found nothing): grow x2.
+    script.blocks.borrow_mut().push_back(2_000);
+    ctx.poll(true);
+    assert_eq!(ctx.counters().poll_ns, 8_000);
+    script.blocks.borrow_mut().push_back(2_000);
+    ctx.poll(true);
+    assert_eq!(ctx.counters().poll_ns, 16_000);
+    // Polling found the event inside the window: keep.
+    countdown.set(3);
+    assert!(ctx.poll(true));
+    assert_eq!(ctx.counters().poll_ns, 16_000);
+    assert_eq!(ctx.counters().poll_hits, 1);
+    // Blocked for 1 ms, beyond poll_max_ns: shrink (0 = reset to 0).
+    script.blocks.borrow_mut().push_back(1_000_000);
+    ctx.poll(true);
+    assert_eq!(ctx.counters().poll_ns, 0);
+    // From 0 it starts again at 4 us; shrink by a divisor when one is set.
+    script.blocks.borrow_mut().push_back(2_000);
+    ctx.poll(true);
+    assert_eq!(ctx.counters().poll_ns, POLL_START_NS);
+    ctx.set_poll_params(PollParams {
+        max_ns: DEFAULT_POLL_MAX_NS,
+        grow: 4,
+        shrink: 2,
+    });
+    script.blocks.borrow_mut().push_back(2_000);
+    ctx.poll(true);
+    assert_eq!(ctx.counters().poll_ns, 16_000, "grow x4");
+    script.blocks.borrow_mut().push_back(5_000_000);
+    ctx.poll(true);
+    assert_eq!(ctx.counters().poll_ns, 8_000, "shrink /2");
+    let busy = ctx.counters().busy_poll_ns;
+    assert!(busy > 0 && ctx.counters().poll_attempts >= 6);
+}
+
+#[test]
+fn idle_handlers_leave_the_poll_set_and_return_on_activity() {
+    let (ctx, script) = scripted();
+    ctx.set_poll_params(PollParams::iothread());
+    ctx.set_poll_idle_interval(Duration::from_secs(7));
+    let fds: Vec<Notifier> = (0..3).map(|_| Notifier::new().unwrap()).collect();
+    for n in &fds {
+        ctx.set_fd_handler(
+            n.as_raw_fd(),
+            FdHandler::new().on_read(|_| {}).on_poll(|| false),
+        )
+        .unwrap();
+    }
+    assert_eq!(ctx.counters().poll_set, 3);
+    // 8 s pass with nothing happening.
+    script.blocks.borrow_mut().push_back(8_000_000_000);
+    ctx.poll(true);
+    // The next polling window drops all three.
+    script.blocks.borrow_mut().push_back(2_000);
+    ctx.poll(true);
+    let c = ctx.counters();
+    assert_eq!(
+        (c.poll_set, c.poll_idle_removals, c.unpolled_handlers),
+        (0, 3, 3)
+    );
+    // An fd event on one of them brings it back.
+    script.inject.borrow_mut().push(fds[1].as_raw_fd());
+    assert!(ctx.poll(true));
+    assert_eq!(ctx.counters().poll_set, 1);
+}
+
+#[test]
+fn wait_timeout_rule() {
+    let (ctx, script) = scripted();
+    assert_eq!(ctx.compute_timeout(), None, "nothing pending: infinite");
+    let t = ctx.timer_new(|_| {});
+    let now = script.clock.now_ns();
+    ctx.timer_mod(t, now + 5_000).unwrap();
+    let timeout = ctx.compute_timeout().unwrap();
+    assert!(
+        timeout <= 5_000 && timeout > 4_000,
+        "up to the earliest deadline: {timeout}"
+    );
+    let bh = ctx.bh_new(|_| {});
+    bh.schedule();
+    assert_eq!(ctx.compute_timeout(), Some(0), "a pending BH: 0");
+    bh.cancel();
+    ctx.poll(false);
+    assert_ne!(ctx.compute_timeout(), Some(0));
+}
+
+#[test]
+fn timer_with_fake_clock_never_fires_early() {
+    let (ctx, script) = scripted();
+    script.clock.set_step(0);
+    let fired = Rc::new(Cell::new(false));
+    let f = fired.clone();
+    let t = ctx.timer_new(move |_| f.set(true));
+    let deadline = script.clock.now_ns() + 1_000;
+    ctx.timer_mod(t, deadline).unwrap();
+    script.clock.advance(999);
+    assert!(!ctx.poll(false));
+    assert!(!fired.get());
+    script.clock.advance(1);
+    assert!(ctx.poll(false));
+    assert!(fired.get());
+}

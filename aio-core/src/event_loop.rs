@@ -1,0 +1,201 @@
+//! The fd-monitor contract (QEMU's `fdmon`): what every backend implements.
+//!
+//! This module owns the trait and its value types only. A monitor is deliberately small and
+//! dumb: it remembers which fds to watch, for what, under which token, and waits. All policy
+//! (handlers, bottom halves, timers, polling, retrying `EINTR`) lives in
+//! [`AioContext`](crate::AioContext), once, so backends cannot drift apart.
+//!
+//! # The contract a backend must keep
+//!
+//! * **Level-triggered.** An fd that stays ready is reported by every `wait` until it is not.
+//! * **One registration per fd.** `register` of an fd already registered fails with
+//!   `io::ErrorKind::AlreadyExists`; `modify` and `deregister` of an unknown fd fail with
+//!   `io::ErrorKind::NotFound`.
+//! * **Tokens are opaque.** The monitor reports the token given at registration and never
+//!   interprets it.
+//! * **Readiness mapping.** Hang-up and error conditions are reported as `readable` (a read then
+//!   returns the EOF or the error), `error` additionally sets `writable` for write interest.
+//!   A registered fd that was closed behind the monitor's back is reported with `invalid` where
+//!   the kernel says so (`POLLNVAL`); monitors whose kernel interface forgets closed fds
+//!   (epoll, io_uring poll) report nothing and say so through
+//!   [`EventLoop::reports_closed_fds`].
+//! * **Timeouts.** `None` waits until an event; `Some(d)` waits at most `d`, never returning
+//!   early because of rounding (a monitor with millisecond resolution rounds up). `Some(ZERO)`
+//!   never blocks.
+//! * **Signals.** `wait` returns `io::ErrorKind::Interrupted` on `EINTR`; the caller retries
+//!   with a recomputed timeout.
+//! * **`wait` appends** to `events` and never clears it; it may report fewer events than are
+//!   ready (the rest come next time, they are level-triggered).
+
+use std::io;
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+/// An opaque value a monitor reports back with each event of an fd.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Token(pub u64);
+
+/// What to watch an fd for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Interest {
+    /// Report when a read would not block (data, EOF, hang-up or error).
+    pub readable: bool,
+    /// Report when a write would not block.
+    pub writable: bool,
+}
+
+impl Interest {
+    /// Readable only.
+    pub const READABLE: Interest = Interest {
+        readable: true,
+        writable: false,
+    };
+    /// Writable only.
+    pub const WRITABLE: Interest = Interest {
+        readable: false,
+        writable: true,
+    };
+    /// Both readable and writable.
+    pub const BOTH: Interest = Interest {
+        readable: true,
+        writable: true,
+    };
+    /// Neither (the fd stays registered but is not reported).
+    pub const NONE: Interest = Interest {
+        readable: false,
+        writable: false,
+    };
+
+    /// Whether neither direction is of interest.
+    pub fn is_empty(self) -> bool {
+        !self.readable && !self.writable
+    }
+
+    /// The `poll(2)` event mask for this interest.
+    pub fn to_poll_events(self) -> libc::c_short {
+        let mut ev = 0;
+        if self.readable {
+            ev |= libc::POLLIN;
+        }
+        if self.writable {
+            ev |= libc::POLLOUT;
+        }
+        ev
+    }
+}
+
+/// One readiness report of a monitor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Event {
+    /// The token the fd was registered with.
+    pub token: Token,
+    /// A read would not block (includes hang-up and error).
+    pub readable: bool,
+    /// A write would not block (includes error).
+    pub writable: bool,
+    /// The fd is no longer open (`POLLNVAL`); only reported by monitors whose
+    /// [`EventLoop::reports_closed_fds`] is true.
+    pub invalid: bool,
+}
+
+impl Event {
+    /// Builds an event from a `poll(2)`-style `revents` mask.
+    ///
+    /// Shared by every monitor whose kernel interface speaks poll bits (ppoll, epoll and
+    /// io_uring's `POLL_ADD` all do), so the readiness mapping of the contract lives once.
+    pub fn from_poll_bits(token: Token, revents: u32) -> Event {
+        let bits = |b: libc::c_short| revents & (b as u16 as u32) != 0;
+        let err = bits(libc::POLLERR);
+        Event {
+            token,
+            readable: bits(libc::POLLIN) || bits(libc::POLLHUP) || bits(libc::POLLRDHUP) || err,
+            writable: bits(libc::POLLOUT) || err,
+            invalid: bits(libc::POLLNVAL),
+        }
+    }
+}
+
+/// A pluggable fd monitor: register fds with an interest and a token, wait for readiness.
+///
+/// See the [module documentation](self) for the contract every implementation keeps.
+pub trait EventLoop {
+    /// A short, stable name for reports (`"poll"`, `"epoll"`, ...).
+    fn name(&self) -> &'static str;
+
+    /// Starts watching `fd` for `interest`, reporting `token`.
+    fn register(&mut self, fd: RawFd, token: Token, interest: Interest) -> io::Result<()>;
+
+    /// Changes the interest and token of a registered fd.
+    fn modify(&mut self, fd: RawFd, token: Token, interest: Interest) -> io::Result<()>;
+
+    /// Stops watching `fd`. A monitor must accept the deregistration of an fd that has been
+    /// closed since it was registered (the kernel may already have forgotten it).
+    fn deregister(&mut self, fd: RawFd) -> io::Result<()>;
+
+    /// Waits for readiness for at most `timeout` (`None`: no limit) and appends the events
+    /// to `events`.
+    fn wait(&mut self, timeout: Option<Duration>, events: &mut Vec<Event>) -> io::Result<()>;
+
+    /// How many fds are registered.
+    fn registered(&self) -> usize;
+
+    /// Whether a registered fd that gets closed is reported with [`Event::invalid`].
+    fn reports_closed_fds(&self) -> bool {
+        false
+    }
+
+    /// A more specific name when the monitor is composite (the hybrid says which side is
+    /// active, e.g. `"hybrid(epoll)"`); defaults to [`EventLoop::name`].
+    fn describe(&self) -> String {
+        self.name().to_string()
+    }
+}
+
+impl<T: EventLoop + ?Sized> EventLoop for Box<T> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    fn register(&mut self, fd: RawFd, token: Token, interest: Interest) -> io::Result<()> {
+        (**self).register(fd, token, interest)
+    }
+    fn modify(&mut self, fd: RawFd, token: Token, interest: Interest) -> io::Result<()> {
+        (**self).modify(fd, token, interest)
+    }
+    fn deregister(&mut self, fd: RawFd) -> io::Result<()> {
+        (**self).deregister(fd)
+    }
+    fn wait(&mut self, timeout: Option<Duration>, events: &mut Vec<Event>) -> io::Result<()> {
+        (**self).wait(timeout, events)
+    }
+    fn registered(&self) -> usize {
+        (**self).registered()
+    }
+    fn reports_closed_fds(&self) -> bool {
+        (**self).reports_closed_fds()
+    }
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn poll_bits_mapping() {
+        let t = Token(7);
+        let e = Event::from_poll_bits(t, libc::POLLIN as u32);
+        assert!(e.readable && !e.writable && !e.invalid);
+        let e = Event::from_poll_bits(t, libc::POLLHUP as u32);
+        assert!(e.readable && !e.writable);
+        let e = Event::from_poll_bits(t, libc::POLLERR as u32);
+        assert!(e.readable && e.writable);
+        let e = Event::from_poll_bits(t, libc::POLLNVAL as u32);
+        assert!(e.invalid && !e.readable);
+        assert_eq!(
+            Interest::BOTH.to_poll_events(),
+            libc::POLLIN | libc::POLLOUT
+        );
+    }
+}

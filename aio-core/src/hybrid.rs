@@ -1,0 +1,189 @@
+//! The hybrid monitor: one small-set monitor below a threshold, one large-set monitor above.
+//!
+//! QEMU stays on ppoll(2) while few fds are registered (an `epoll_ctl` per change costs more
+//! than scanning a handful of pollfds) and moves every registration to epoll at 64. This module
+//! owns that switching and the registry that makes it lossless; it is generic over the two
+//! monitors so that backends stay independent of each other. In this project "hybrid" always
+//! means `Hybrid<PollLoop, EpollLoop>` with [`DEFAULT_THRESHOLD`].
+//!
+//! Switching happens inside `register` / `deregister`, never during a wait; both monitors are
+//! level-triggered, so an fd that was ready before the switch is reported by the new monitor's
+//! next wait: no event is lost. If the large monitor refuses an fd (epoll refuses regular files
+//! with `EPERM`), the upgrade is rolled back and the hybrid stays small, as QEMU does.
+//! Downgrading happens below half the threshold, so a set hovering around the threshold does not
+//! flap between monitors.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+use crate::event_loop::{Event, EventLoop, Interest, Token};
+
+/// QEMU's switch point: epoll from 64 registered fds up.
+pub const DEFAULT_THRESHOLD: usize = 64;
+
+/// Which side of a [`Hybrid`] is active.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HybridSide {
+    /// The small-set monitor (ppoll).
+    Small,
+    /// The large-set monitor (epoll).
+    Large,
+}
+
+/// An [`EventLoop`] over a small-set monitor `S` and a large-set monitor `G`.
+#[derive(Debug)]
+pub struct Hybrid<S, G> {
+    small: S,
+    large: G,
+    threshold: usize,
+    side: HybridSide,
+    registry: HashMap<RawFd, (Token, Interest)>,
+    switches: u64,
+    failed_upgrades: u64,
+}
+
+impl<S: EventLoop, G: EventLoop> Hybrid<S, G> {
+    /// A hybrid with QEMU's threshold of 64. Both monitors must be empty.
+    pub fn new(small: S, large: G) -> Self {
+        Self::with_threshold(small, large, DEFAULT_THRESHOLD)
+    }
+
+    /// A hybrid that moves to `large` at `threshold` registered fds (at least 1).
+    pub fn with_threshold(small: S, large: G, threshold: usize) -> Self {
+        Hybrid {
+            small,
+            large,
+            threshold: threshold.max(1),
+            side: HybridSide::Small,
+            registry: HashMap::new(),
+            switches: 0,
+            failed_upgrades: 0,
+        }
+    }
+
+    /// The active side.
+    pub fn side(&self) -> HybridSide {
+        self.side
+    }
+
+    /// How many times the registrations moved between monitors.
+    pub fn switches(&self) -> u64 {
+        self.switches
+    }
+
+    /// How many upgrades were rolled back because the large monitor refused an fd.
+    pub fn failed_upgrades(&self) -> u64 {
+        self.failed_upgrades
+    }
+
+    fn active(&mut self) -> &mut dyn EventLoop {
+        match self.side {
+            HybridSide::Small => &mut self.small,
+            HybridSide::Large => &mut self.large,
+        }
+    }
+
+    /// Moves every registration to the other monitor; on refusal, rolls back and stays.
+    fn switch_to(&mut self, target: HybridSide) {
+        if self.side == target {
+            return;
+        }
+        let (from, to): (&mut dyn EventLoop, &mut dyn EventLoop) = match target {
+            HybridSide::Large => (&mut self.small, &mut self.large),
+            HybridSide::Small => (&mut self.large, &mut self.small),
+        };
+        let mut moved = Vec::with_capacity(self.registry.len());
+        for (&fd, &(token, interest)) in &self.registry {
+            match to.register(fd, token, interest) {
+                Ok(()) => moved.push(fd),
+                // Closed behind our back: nothing to move, the registry keeps it for deregister.
+                Err(e) if e.raw_os_error() == Some(libc::EBADF) => {}
+                Err(_) => {
+                    for fd in moved {
+                        let _ = to.deregister(fd);
+                    }
+                    self.failed_upgrades += 1;
+                    return;
+                }
+            }
+        }
+        for &fd in self.registry.keys() {
+            let _ = from.deregister(fd);
+        }
+        self.side = target;
+        self.switches += 1;
+    }
+}
+
+impl<S: EventLoop, G: EventLoop> EventLoop for Hybrid<S, G> {
+    fn name(&self) -> &'static str {
+        "hybrid"
+    }
+
+    fn describe(&self) -> String {
+        match self.side {
+            HybridSide::Small => format!("hybrid({})", self.small.name()),
+            HybridSide::Large => format!("hybrid({})", self.large.name()),
+        }
+    }
+
+    fn register(&mut self, fd: RawFd, token: Token, interest: Interest) -> io::Result<()> {
+        if self.registry.contains_key(&fd) {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("fd {fd} is already registered"),
+            ));
+        }
+        self.active().register(fd, token, interest)?;
+        self.registry.insert(fd, (token, interest));
+        if self.side == HybridSide::Small && self.registry.len() >= self.threshold {
+            self.switch_to(HybridSide::Large);
+        }
+        Ok(())
+    }
+
+    fn modify(&mut self, fd: RawFd, token: Token, interest: Interest) -> io::Result<()> {
+        let Some(entry) = self.registry.get(&fd).copied() else {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("fd {fd} is not registered"),
+            ));
+        };
+        self.active().modify(fd, token, interest)?;
+        if entry != (token, interest) {
+            self.registry.insert(fd, (token, interest));
+        }
+        Ok(())
+    }
+
+    fn deregister(&mut self, fd: RawFd) -> io::Result<()> {
+        if self.registry.remove(&fd).is_none() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("fd {fd} is not registered"),
+            ));
+        }
+        let result = self.active().deregister(fd);
+        if self.side == HybridSide::Large && self.registry.len() < self.threshold / 2 {
+            self.switch_to(HybridSide::Small);
+        }
+        result
+    }
+
+    fn wait(&mut self, timeout: Option<Duration>, events: &mut Vec<Event>) -> io::Result<()> {
+        self.active().wait(timeout, events)
+    }
+
+    fn registered(&self) -> usize {
+        self.registry.len()
+    }
+
+    fn reports_closed_fds(&self) -> bool {
+        match self.side {
+            HybridSide::Small => self.small.reports_closed_fds(),
+            HybridSide::Large => self.large.reports_closed_fds(),
+        }
+    }
+}

@@ -1,0 +1,49 @@
+//! # aio-core
+//!
+//! The contracts and the event loop of aio-rs, a Rust rebuild of QEMU's `AioContext`.
+//!
+//! * [`Notifier`]: a cross-thread wake-up object with a pollable fd (eventfd, pipe fallback).
+//! * [`EventLoop`]: the fd-monitor contract a backend implements (`aio-backend-poll`,
+//!   `aio-backend-epoll`, `aio-backend-uring`), written out in the [`event_loop`] module docs.
+//! * [`AioContext`]: the loop over any monitor: fd handlers with `io_read` / `io_write` /
+//!   `io_poll` / `io_poll_ready`, bottom halves schedulable from any thread, nanosecond timers,
+//!   `notify()` with QEMU's notify_me optimisation, adaptive busy polling with a per-handler
+//!   idle poll set, nested `poll()`, and [`LoopCounters`].
+//! * [`Hybrid`]: QEMU's monitor choice as an adapter over two monitors: the small one (ppoll)
+//!   below a threshold of registered fds (64), the large one (epoll) from there up.
+//! * `testing` (feature `testing`): the conformance suite every backend runs.
+//!
+//! ```no_run
+//! use aio_core::{AioContext, EventLoop, FdHandler};
+//! # fn demo<L: EventLoop>(monitor: L, fd: std::os::fd::RawFd) -> Result<(), aio_core::AioError> {
+//! let ctx = AioContext::new(monitor)?;
+//! ctx.set_fd_handler(fd, FdHandler::new().on_read(|ctx: &AioContext<L>| {
+//!     // read from fd ...
+//!     ctx.bh_schedule_oneshot(|_| println!("deferred work"));
+//! }))?;
+//! loop {
+//!     ctx.poll(true);
+//! }
+//! # }
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod clock;
+mod context;
+pub mod error;
+pub mod event_loop;
+pub mod hybrid;
+pub mod notifier;
+pub mod polling;
+pub mod sys;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use clock::{Clock, FakeClock, MonotonicClock};
+pub use context::{AioContext, BottomHalf, FdHandler, LoopCounters, NotifyHandle, TimerId};
+pub use error::AioError;
+pub use event_loop::{Event, EventLoop, Interest, Token};
+pub use hybrid::Hybrid;
+pub use notifier::{Notifier, NotifierKind};
+pub use polling::PollParams;

@@ -1,0 +1,211 @@
+//! The cross-thread wake-up object (QEMU's `EventNotifier`).
+//!
+//! This module owns the notifier's file descriptors and nothing else: it knows nothing about
+//! event loops. A [`Notifier`] is an eventfd (non-blocking, close-on-exec); where the kernel has
+//! no eventfd it falls back to a non-blocking pipe. Either way it exposes one pollable fd that is
+//! readable while the notifier is set.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+use crate::sys::cvt;
+
+/// Which kernel object backs a [`Notifier`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotifierKind {
+    /// An `eventfd(2)` counter: one fd, 8-byte reads and writes.
+    EventFd,
+    /// A `pipe2(2)`: the read end is polled, the write end is written.
+    Pipe,
+}
+
+/// A cross-thread wake-up object with a pollable fd.
+///
+/// `notify()` makes the fd readable; `test_and_clear()` makes it unreadable again and says
+/// whether it was set. Both take `&self` and the type is `Send + Sync`, so one notifier can be
+/// shared between the thread that signals and the loop that waits.
+#[derive(Debug)]
+pub struct Notifier {
+    read: OwnedFd,
+    /// The pipe's write end; `None` for an eventfd (the one fd is read and written).
+    write: Option<OwnedFd>,
+}
+
+impl Notifier {
+    /// Creates an eventfd notifier, falling back to a pipe where eventfd is missing
+    /// (`ENOSYS`) or refused (`EINVAL`).
+    pub fn new() -> io::Result<Self> {
+        match Self::new_eventfd() {
+            Ok(n) => Ok(n),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS) | Some(libc::EINVAL)) => {
+                Self::new_pipe()
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Creates an eventfd notifier (no fallback).
+    pub fn new_eventfd() -> io::Result<Self> {
+        // SAFETY: eventfd takes no pointers; the returned fd is checked by `cvt`.
+        let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })?;
+        // SAFETY: `fd` was just returned by the kernel and is owned by nobody else.
+        let read = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Self { read, write: None })
+    }
+
+    /// Creates a pipe notifier (the fallback, also usable on purpose, e.g. in tests).
+    pub fn new_pipe() -> io::Result<Self> {
+        let mut fds = [0 as RawFd; 2];
+        // SAFETY: `fds` is a valid, writable array of two ints as pipe2 requires.
+        cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) })?;
+        // SAFETY: both fds were just created by pipe2 and are owned by nobody else.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        Ok(Self {
+            read,
+            write: Some(write),
+        })
+    }
+
+    /// Which kernel object backs this notifier.
+    pub fn kind(&self) -> NotifierKind {
+        if self.write.is_some() {
+            NotifierKind::Pipe
+        } else {
+            NotifierKind::EventFd
+        }
+    }
+
+    /// Sets the notifier: its fd becomes readable.
+    ///
+    /// A notifier that is already set stays set; a full eventfd counter or a full pipe is not an
+    /// error (the fd is readable either way).
+    pub fn notify(&self) -> io::Result<()> {
+        let value: u64 = 1;
+        let fd = self.write.as_ref().unwrap_or(&self.read).as_raw_fd();
+        // A pipe only needs one byte; an eventfd needs exactly eight.
+        let len = if self.write.is_some() { 1 } else { 8 };
+        loop {
+            // SAFETY: `value` lives across the call and is at least `len` (<= 8) bytes long.
+            let r = unsafe { libc::write(fd, (&value as *const u64).cast(), len) };
+            if r >= 0 {
+                return Ok(());
+            }
+            let err = io::Error::last_os_error();
+            match err.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN) => return Ok(()),
+                _ => return Err(err),
+            }
+        }
+    }
+
+    /// Clears the notifier and returns whether it was set.
+    pub fn test_and_clear(&self) -> bool {
+        let mut buf = [0u8; 512];
+        let fd = self.read.as_raw_fd();
+        let mut was_set = false;
+        loop {
+            // An eventfd read returns the whole counter (8 bytes); a pipe may hold many bytes,
+            // so drain it until EAGAIN.
+            let len = if self.write.is_some() { buf.len() } else { 8 };
+            // SAFETY: `buf` is valid for writes of `len <= buf.len()` bytes during the call.
+            let r = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), len) };
+            if r > 0 {
+                was_set = true;
+                if self.write.is_none() || (r as usize) < len {
+                    return true;
+                }
+                continue;
+            }
+            if r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return was_set;
+        }
+    }
+}
+
+impl AsFd for Notifier {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.read.as_fd()
+    }
+}
+
+impl AsRawFd for Notifier {
+    fn as_raw_fd(&self) -> RawFd {
+        self.read.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn readable(n: &Notifier) -> bool {
+        let mut pfd = libc::pollfd {
+            fd: n.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, zero timeout.
+        let r = unsafe { libc::poll(&mut pfd, 1, 0) };
+        r == 1 && pfd.revents & libc::POLLIN != 0
+    }
+
+    fn exercise(n: Notifier) {
+        assert!(!n.test_and_clear(), "a new notifier is clear");
+        assert!(!readable(&n));
+        n.notify().unwrap();
+        n.notify().unwrap();
+        assert!(readable(&n), "notify makes the fd readable");
+        assert!(n.test_and_clear());
+        assert!(!readable(&n), "test_and_clear drains every notification");
+        assert!(!n.test_and_clear());
+    }
+
+    #[test]
+    fn eventfd_set_and_clear() {
+        let n = Notifier::new_eventfd().unwrap();
+        assert_eq!(n.kind(), NotifierKind::EventFd);
+        exercise(n);
+    }
+
+    #[test]
+    fn pipe_set_and_clear() {
+        let n = Notifier::new_pipe().unwrap();
+        assert_eq!(n.kind(), NotifierKind::Pipe);
+        exercise(n);
+    }
+
+    #[test]
+    fn pipe_full_is_not_an_error() {
+        let n = Notifier::new_pipe().unwrap();
+        // A pipe holds 64 KiB by default; 100k one-byte writes overflow it.
+        for _ in 0..100_000 {
+            n.notify().unwrap();
+        }
+        assert!(n.test_and_clear());
+        assert!(!readable(&n));
+    }
+
+    #[test]
+    fn eventfd_full_counter_is_not_an_error() {
+        let n = Notifier::new_eventfd().unwrap();
+        let max: u64 = u64::MAX - 1;
+        // SAFETY: writing 8 bytes from a live u64 to our own eventfd.
+        let r = unsafe { libc::write(n.as_raw_fd(), (&max as *const u64).cast(), 8) };
+        assert_eq!(r, 8);
+        n.notify().unwrap();
+        assert!(n.test_and_clear());
+    }
+
+    #[test]
+    fn notify_from_another_thread() {
+        let n = std::sync::Arc::new(Notifier::new().unwrap());
+        let n2 = n.clone();
+        std::thread::spawn(move || n2.notify().unwrap())
+            .join()
+            .unwrap();
+        assert!(n.test_and_clear());
+    }
+}

@@ -1,0 +1,91 @@
+//! Building an fd monitor by name, as the bench's `--fdmon` flag will.
+//!
+//! This module owns the mapping from names to monitors and which ones this build has (Cargo
+//! features `poll`, `epoll`). It constructs monitors only; it never runs a loop.
+
+use std::fmt;
+use std::io;
+use std::str::FromStr;
+
+use aio_core::EventLoop;
+
+/// An fd monitor this project offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MonitorKind {
+    /// `ppoll(2)` (backend-poll).
+    Poll,
+    /// `epoll(7)` (backend-epoll).
+    Epoll,
+    /// ppoll below 64 registered fds, epoll from 64 up ([`aio_core::Hybrid`]).
+    Hybrid,
+}
+
+impl MonitorKind {
+    /// Every kind, in the order reports list them.
+    pub const ALL: [MonitorKind; 3] = [MonitorKind::Poll, MonitorKind::Epoll, MonitorKind::Hybrid];
+
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            MonitorKind::Poll => "poll",
+            MonitorKind::Epoll => "epoll",
+            MonitorKind::Hybrid => "hybrid",
+        }
+    }
+
+    /// Builds the monitor, or says why this build or kernel cannot.
+    pub fn build(self) -> io::Result<Box<dyn EventLoop>> {
+        match self {
+            #[cfg(feature = "poll")]
+            MonitorKind::Poll => Ok(Box::new(aio_backend_poll::PollLoop::new())),
+            #[cfg(feature = "epoll")]
+            MonitorKind::Epoll => Ok(Box::new(aio_backend_epoll::EpollLoop::new()?)),
+            #[cfg(all(feature = "poll", feature = "epoll"))]
+            MonitorKind::Hybrid => Ok(Box::new(aio_core::Hybrid::new(
+                aio_backend_poll::PollLoop::new(),
+                aio_backend_epoll::EpollLoop::new()?,
+            ))),
+            #[allow(unreachable_patterns)]
+            other => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("fd monitor '{other}' is not in this build (enable its Cargo feature)"),
+            )),
+        }
+    }
+}
+
+impl fmt::Display for MonitorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An unknown monitor name.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown fd monitor '{0}' (expected one of: poll, epoll, hybrid)")]
+pub struct UnknownMonitor(pub String);
+
+impl FromStr for MonitorKind {
+    type Err = UnknownMonitor;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        MonitorKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| UnknownMonitor(s.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_unknown_is_an_error() {
+        for k in MonitorKind::ALL {
+            assert_eq!(k.name().parse::<MonitorKind>().unwrap(), k);
+            assert_eq!(k.build().unwrap().name(), k.name());
+        }
+        let e = "kqueue".parse::<MonitorKind>().unwrap_err();
+        assert!(e.to_string().contains("kqueue"));
+    }
+}
