@@ -42,6 +42,9 @@ pub struct Hybrid<S, G> {
     registry: HashMap<RawFd, (Token, Interest)>,
     switches: u64,
     failed_upgrades: u64,
+    /// The fd the large monitor refused: no upgrade is tried while it stays registered, so a
+    /// doomed upgrade is not retried on every registration.
+    refused_fd: Option<RawFd>,
 }
 
 impl<S: EventLoop, G: EventLoop> Hybrid<S, G> {
@@ -60,6 +63,7 @@ impl<S: EventLoop, G: EventLoop> Hybrid<S, G> {
             registry: HashMap::new(),
             switches: 0,
             failed_upgrades: 0,
+            refused_fd: None,
         }
     }
 
@@ -85,6 +89,15 @@ impl<S: EventLoop, G: EventLoop> Hybrid<S, G> {
         }
     }
 
+    fn maybe_upgrade(&mut self) {
+        if self.side == HybridSide::Small
+            && self.refused_fd.is_none()
+            && self.registry.len() >= self.threshold
+        {
+            self.switch_to(HybridSide::Large);
+        }
+    }
+
     /// Moves every registration to the other monitor; on refusal, rolls back and stays.
     fn switch_to(&mut self, target: HybridSide) {
         if self.side == target {
@@ -95,19 +108,25 @@ impl<S: EventLoop, G: EventLoop> Hybrid<S, G> {
             HybridSide::Small => (&mut self.large, &mut self.small),
         };
         let mut moved = Vec::with_capacity(self.registry.len());
+        let mut refused = None;
         for (&fd, &(token, interest)) in &self.registry {
             match to.register(fd, token, interest) {
                 Ok(()) => moved.push(fd),
                 // Closed behind our back: nothing to move, the registry keeps it for deregister.
                 Err(e) if e.raw_os_error() == Some(libc::EBADF) => {}
                 Err(_) => {
-                    for fd in moved {
-                        let _ = to.deregister(fd);
-                    }
-                    self.failed_upgrades += 1;
-                    return;
+                    refused = Some(fd);
+                    break;
                 }
             }
+        }
+        if refused.is_some() {
+            for fd in moved {
+                let _ = to.deregister(fd);
+            }
+            self.failed_upgrades += 1;
+            self.refused_fd = refused;
+            return;
         }
         for &fd in self.registry.keys() {
             let _ = from.deregister(fd);
@@ -136,11 +155,21 @@ impl<S: EventLoop, G: EventLoop> EventLoop for Hybrid<S, G> {
                 format!("fd {fd} is already registered"),
             ));
         }
-        self.active().register(fd, token, interest)?;
-        self.registry.insert(fd, (token, interest));
-        if self.side == HybridSide::Small && self.registry.len() >= self.threshold {
-            self.switch_to(HybridSide::Large);
+        match self.active().register(fd, token, interest) {
+            // The large monitor refuses this fd (epoll and a regular file): go back to the
+            // small one, which takes anything, and stay there while this fd is registered.
+            Err(e) if self.side == HybridSide::Large && e.raw_os_error() == Some(libc::EPERM) => {
+                self.switch_to(HybridSide::Small);
+                if self.side != HybridSide::Small {
+                    return Err(e);
+                }
+                self.small.register(fd, token, interest)?;
+                self.refused_fd = Some(fd);
+            }
+            other => other?,
         }
+        self.registry.insert(fd, (token, interest));
+        self.maybe_upgrade();
         Ok(())
     }
 
@@ -166,6 +195,10 @@ impl<S: EventLoop, G: EventLoop> EventLoop for Hybrid<S, G> {
             ));
         }
         let result = self.active().deregister(fd);
+        if self.refused_fd == Some(fd) {
+            self.refused_fd = None;
+            self.maybe_upgrade();
+        }
         if self.side == HybridSide::Large && self.registry.len() < self.threshold / 2 {
             self.switch_to(HybridSide::Small);
         }

@@ -81,6 +81,12 @@ impl EpollLoop {
         Ok(())
     }
 
+    fn push_events(&self, n: usize, events: &mut Vec<Event>) {
+        for ev in &self.buffer[..n] {
+            events.push(Event::from_poll_bits(Token(ev.u64), ev.events));
+        }
+    }
+
     /// One kernel wait into `self.buffer`; returns the number of events.
     fn wait_once(&mut self, timeout: Option<Duration>) -> io::Result<usize> {
         let epfd = self.epfd.as_raw_fd();
@@ -109,7 +115,8 @@ impl EpollLoop {
                 return Ok(n as usize);
             }
             let err = io::Error::last_os_error();
-            if err.raw_os_error() != Some(libc::ENOSYS) {
+            // ENOSYS: kernel before 5.11. EPERM: a seccomp profile that predates the syscall.
+            if !matches!(err.raw_os_error(), Some(libc::ENOSYS) | Some(libc::EPERM)) {
                 return Err(err);
             }
             self.pwait2 = false;
@@ -148,7 +155,7 @@ impl EventLoop for EpollLoop {
     }
 
     fn deregister(&mut self, fd: RawFd) -> io::Result<()> {
-        if !self.registered.remove(&fd) {
+        if !self.registered.contains(&fd) {
             return Err(io::Error::new(
                 io::ErrorKind::NotFound,
                 format!("fd {fd} is not registered"),
@@ -156,25 +163,36 @@ impl EventLoop for EpollLoop {
         }
         match self.ctl(libc::EPOLL_CTL_DEL, fd, None) {
             // Closed since registration: the kernel already dropped it.
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EBADF) | Some(libc::ENOENT)) => Ok(()),
-            other => other,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EBADF) | Some(libc::ENOENT)) => {}
+            Err(e) => return Err(e),
+            Ok(()) => {}
         }
+        self.registered.remove(&fd);
+        Ok(())
     }
 
     fn wait(&mut self, timeout: Option<Duration>, events: &mut Vec<Event>) -> io::Result<()> {
-        let mut n = self.wait_once(timeout)?;
-        let mut total = 0;
+        let n = self.wait_once(timeout)?;
+        let first = events.len();
+        self.push_events(n, events);
+        if n < self.buffer.len() {
+            return Ok(());
+        }
+        // A full buffer may mean more are ready: ask again without blocking. Level-triggered
+        // fds go back to the tail of the kernel's ready list once reported, so the first
+        // token coming round again means everything ready has been seen.
+        let wrap = Token(self.buffer[0].u64);
         loop {
-            for ev in &self.buffer[..n] {
-                events.push(Event::from_poll_bits(Token(ev.u64), ev.events));
-            }
-            total += n;
-            // A full buffer may mean more are ready: ask again without blocking, but never for
-            // more than are registered (level-triggered fds would come round again).
-            if n < self.buffer.len() || total >= self.registered.len() {
+            let n = self.wait_once(Some(Duration::ZERO))?;
+            let before = events.len();
+            self.push_events(n, events);
+            if let Some(pos) = events[before..].iter().position(|e| e.token == wrap) {
+                events.truncate(before + pos);
                 return Ok(());
             }
-            n = self.wait_once(Some(Duration::ZERO))?;
+            if n < self.buffer.len() || events.len() - first >= self.registered.len() {
+                return Ok(());
+            }
         }
     }
 

@@ -112,8 +112,10 @@ pub(crate) struct HandlerSlot<L: EventLoop> {
     pub(crate) closed: bool,
     /// Clock reading after which the handler leaves the poll set if it stays inactive.
     pub(crate) poll_idle_deadline: u64,
-    /// The last wait whose events dispatched this handler (deduplicates events).
-    pub(crate) last_dispatch: u64,
+    /// The last wait whose report ran the read side (`io_read` / `io_poll_ready`).
+    pub(crate) last_read_dispatch: u64,
+    /// The last wait whose report ran `io_write`.
+    pub(crate) last_write_dispatch: u64,
 }
 
 /// Slots addressed by token: the low 32 bits index, the high 32 bits a generation, so that an
@@ -123,6 +125,8 @@ pub(crate) struct HandlerTable<L: EventLoop> {
     free: Vec<u32>,
     by_fd: HashMap<RawFd, Token>,
     next_generation: u32,
+    /// Handlers with an `io_write` callback.
+    writers: usize,
     /// Tokens of handlers that busy polling checks (have `io_poll`, not idle, not closed).
     pub(crate) poll_set: Vec<Token>,
 }
@@ -134,6 +138,7 @@ impl<L: EventLoop> HandlerTable<L> {
             free: Vec::new(),
             by_fd: HashMap::new(),
             next_generation: 1,
+            writers: 0,
             poll_set: Vec::new(),
         }
     }
@@ -149,6 +154,12 @@ impl<L: EventLoop> HandlerTable<L> {
     /// Number of handlers that busy polling does not cover (no `io_poll`, idle or closed).
     pub(crate) fn unpolled(&self) -> usize {
         self.by_fd.len() - self.poll_set.len()
+    }
+
+    /// Whether busy polling alone serves every handler: all are in the poll set and none
+    /// waits for writability (which only the monitor reports).
+    pub(crate) fn all_covered_by_polling(&self) -> bool {
+        self.unpolled() == 0 && self.writers == 0
     }
 
     fn split(token: Token) -> (usize, u32) {
@@ -196,13 +207,15 @@ impl<L: EventLoop> HandlerTable<L> {
             self.slots.push(None);
         }
         let polled = callbacks.io_poll.is_some();
+        self.writers += usize::from(callbacks.io_write.is_some());
         self.slots[index] = Some(HandlerSlot {
             fd,
             generation,
             callbacks,
             closed: false,
             poll_idle_deadline: now.saturating_add(idle_ns),
-            last_dispatch: 0,
+            last_read_dispatch: 0,
+            last_write_dispatch: 0,
         });
         self.by_fd.insert(fd, token);
         if polled {
@@ -211,31 +224,36 @@ impl<L: EventLoop> HandlerTable<L> {
         token
     }
 
-    /// Replaces the callbacks of a live handler, keeping its token.
+    /// Replaces the callbacks of a live handler, keeping its token; returns the old ones so
+    /// that the caller drops them after releasing the table.
     pub(crate) fn replace(
         &mut self,
         token: Token,
         callbacks: Rc<FdHandler<L>>,
         now: u64,
         idle_ns: u64,
-    ) {
-        let polled = callbacks.io_poll.is_some();
-        if let Some(slot) = self.get_mut(token) {
-            slot.callbacks = callbacks;
-            slot.poll_idle_deadline = now.saturating_add(idle_ns);
-        }
+    ) -> Option<Rc<FdHandler<L>>> {
+        let slot = self.get_mut(token)?;
+        let polled = callbacks.io_poll.is_some() && !slot.closed;
+        let was_writer = slot.callbacks.io_write.is_some();
+        let is_writer = callbacks.io_write.is_some();
+        let old = std::mem::replace(&mut slot.callbacks, callbacks);
+        slot.poll_idle_deadline = now.saturating_add(idle_ns);
+        self.writers = self.writers + usize::from(is_writer) - usize::from(was_writer);
         let in_set = self.poll_set.contains(&token);
         if polled && !in_set {
             self.poll_set.push(token);
         } else if !polled && in_set {
             self.poll_set.retain(|t| *t != token);
         }
+        Some(old)
     }
 
     pub(crate) fn remove(&mut self, token: Token) -> Option<HandlerSlot<L>> {
         let (index, _) = Self::split(token);
         self.get(token)?;
         let slot = self.slots[index].take()?;
+        self.writers -= usize::from(slot.callbacks.io_write.is_some());
         self.free.push(index as u32);
         self.by_fd.remove(&slot.fd);
         self.poll_set.retain(|t| *t != token);

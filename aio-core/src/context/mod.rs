@@ -587,10 +587,12 @@ impl<L: EventLoop> AioContext<L> {
     }
 
     fn bh_free_slot(&self, index: u32) {
-        let mut bhs = self.bhs.borrow_mut();
-        if bhs[index as usize].take().is_some() {
+        let old = self.bhs.borrow_mut()[index as usize].take();
+        if old.is_some() {
             self.bh_free.borrow_mut().push(index);
         }
+        // Dropped here, outside the borrow: the callback's captures may call into the context.
+        drop(old);
     }
 
     // ----- timers -----------------------------------------------------------------------
@@ -647,26 +649,33 @@ impl<L: EventLoop> AioContext<L> {
 
     /// Frees `timer`; its id becomes unknown.
     pub fn timer_free(&self, timer: TimerId) -> Result<(), AioError> {
-        if self.timers.borrow_mut().free(timer) {
-            Ok(())
-        } else {
-            Err(AioError::UnknownTimer { id: timer.0 })
+        let freed = self.timers.borrow_mut().free(timer);
+        // Dropped outside the borrow: the callback's captures may call into the context.
+        match freed {
+            Some(callback) => {
+                drop(callback);
+                Ok(())
+            }
+            None => Err(AioError::UnknownTimer { id: timer.0 }),
         }
     }
 
+    /// Runs the timers that expired by the time this call started and were armed before it:
+    /// a callback that re-arms its timer in the past runs again in the next iteration, not in
+    /// a loop here.
     fn run_timers(&self) -> bool {
         let mut progress = false;
-        let mut now = self.now_ns();
+        let now = self.now_ns();
+        let armed_before = self.timers.borrow().next_sequence();
         loop {
-            let expired = self.timers.borrow_mut().pop_expired(now);
+            let expired = self.timers.borrow_mut().pop_expired(now, armed_before);
             let Some((_, callback)) = expired else { break };
             let Ok(mut f) = callback.try_borrow_mut() else {
-                break;
+                continue;
             };
             self.count(|c| c.timer_runs += 1);
             f(self);
             progress = true;
-            now = self.now_ns();
         }
         progress
     }
@@ -679,7 +688,7 @@ impl<L: EventLoop> AioContext<L> {
         if self.bh_pending() {
             return Some(0);
         }
-        let earliest = self.timers.borrow().earliest()?;
+        let earliest = self.timers.borrow().earliest_runnable()?;
         Some(earliest.saturating_sub(self.now_ns()))
     }
 
@@ -745,8 +754,9 @@ impl<L: EventLoop> AioContext<L> {
         }
 
         // Wait on the monitor unless polling found work and covers every handler.
-        let skip_wait =
-            timeout == Some(0) && !poll_ready.is_empty() && self.handlers.borrow().unpolled() == 0;
+        let skip_wait = timeout == Some(0)
+            && !poll_ready.is_empty()
+            && self.handlers.borrow().all_covered_by_polling();
         let mut wait_result = Ok(());
         if skip_wait {
             self.count(|c| c.waits_skipped += 1);
@@ -786,6 +796,9 @@ impl<L: EventLoop> AioContext<L> {
         }
         for ev in events.drain(..) {
             if ev.token == CONTEXT_NOTIFIER {
+                // A notify() that saw notify_me just before it dropped wrote the eventfd after
+                // we accepted `notified`: clear it here, or every later wait returns at once.
+                self.shared.notifier.test_and_clear();
                 continue;
             }
             if ev.invalid {
@@ -867,6 +880,12 @@ impl<L: EventLoop> AioContext<L> {
                 let Some(io_poll) = &check.io_poll else {
                     continue;
                 };
+                // A handler whose callback is running further up the stack cannot be
+                // dispatched now; reporting it ready would only make a nested poll spin.
+                let ready_cb = check.io_poll_ready.as_ref().or(check.io_read.as_ref());
+                if ready_cb.is_some_and(|cb| cb.try_borrow_mut().is_err()) {
+                    continue;
+                }
                 let Ok(mut f) = io_poll.try_borrow_mut() else {
                     continue;
                 };
@@ -906,29 +925,43 @@ impl<L: EventLoop> AioContext<L> {
         seq: u64,
         now: u64,
     ) -> bool {
-        let callbacks = {
+        // Each direction is deduplicated on its own: a report older than the last dispatch
+        // of that direction (`>= seq`: already run for this wait, or by a nested poll whose later
+        // wait superseded this report) is dropped. Level-triggered fds lose nothing by that.
+        let (run_read, run_write, callbacks) = {
             let mut table = self.handlers.borrow_mut();
-            match table.get_mut(token) {
-                // `>= seq`: already run for this wait, or by a nested poll whose later wait
-                // superseded this report (level-triggered: nothing is lost).
-                Some(slot) if !slot.closed && slot.last_dispatch < seq => {
-                    slot.last_dispatch = seq;
-                }
-                _ => return false,
+            let Some(slot) = table.get_mut(token) else {
+                return false;
+            };
+            if slot.closed {
+                return false;
             }
-            table.mark_active(token, now, self.poll_idle_ns.get());
-            table.get(token).map(|s| s.callbacks.clone())
-        };
-        let Some(callbacks) = callbacks else {
-            return false;
+            let run_read = (readable || poll_ready) && slot.last_read_dispatch < seq;
+            let run_write = writable && slot.last_write_dispatch < seq;
+            if run_read {
+                slot.last_read_dispatch = seq;
+            }
+            if run_write {
+                slot.last_write_dispatch = seq;
+            }
+            let callbacks = slot.callbacks.clone();
+            if run_read {
+                table.mark_active(token, now, self.poll_idle_ns.get());
+            }
+            (run_read, run_write, callbacks)
         };
         let mut progress = false;
-        if poll_ready || (readable && callbacks.io_read.is_none()) {
-            progress |= self.call(callbacks.io_poll_ready.as_ref());
-        } else if readable {
-            progress |= self.call(callbacks.io_read.as_ref());
+        if run_read {
+            // Found by polling: io_poll_ready; reported by the monitor: io_read. Each falls
+            // back to the other when the handler has only one of them.
+            let (first, second) = if poll_ready {
+                (&callbacks.io_poll_ready, &callbacks.io_read)
+            } else {
+                (&callbacks.io_read, &callbacks.io_poll_ready)
+            };
+            progress |= self.call(first.as_ref().or(second.as_ref()));
         }
-        if writable && callbacks.io_write.is_some() {
+        if run_write && callbacks.io_write.is_some() {
             // The read callback may have removed or replaced the handler.
             let current = self
                 .handlers
@@ -964,7 +997,8 @@ impl<L: EventLoop> AioContext<L> {
             let Some(slot) = table.get_mut(token) else {
                 return false;
             };
-            slot.last_dispatch = seq;
+            slot.last_read_dispatch = seq;
+            slot.last_write_dispatch = seq;
             slot.callbacks.clone()
         };
         self.call(

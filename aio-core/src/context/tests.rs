@@ -200,3 +200,96 @@ fn timer_with_fake_clock_never_fires_early() {
     assert!(ctx.poll(false));
     assert!(fired.get());
 }
+
+#[test]
+fn timer_rearmed_in_the_past_runs_once_per_iteration() {
+    let (ctx, _script) = scripted();
+    let runs = Rc::new(Cell::new(0u32));
+    let r = runs.clone();
+    let id = Rc::new(Cell::new(None));
+    let i = id.clone();
+    let t = ctx.timer_new(move |ctx| {
+        r.set(r.get() + 1);
+        ctx.timer_mod(i.get().unwrap(), 0).unwrap();
+    });
+    id.set(Some(t));
+    ctx.timer_mod(t, 0).unwrap();
+    assert!(ctx.poll(false));
+    assert_eq!(
+        runs.get(),
+        1,
+        "re-armed in the past: next iteration, not a loop"
+    );
+    assert!(ctx.poll(false));
+    assert_eq!(runs.get(), 2);
+    ctx.timer_free(t).unwrap();
+    assert!(!ctx.poll(false));
+}
+
+#[test]
+fn io_poll_without_poll_ready_falls_back_to_io_read() {
+    let (ctx, _script) = scripted();
+    ctx.set_poll_params(PollParams::iothread());
+    let doorbell = Notifier::new().unwrap();
+    let pending = Rc::new(Cell::new(true));
+    let reads = Rc::new(Cell::new(0u32));
+    let (p, p2, r) = (pending.clone(), pending.clone(), reads.clone());
+    ctx.set_fd_handler(
+        doorbell.as_raw_fd(),
+        FdHandler::new().on_poll(move || p.get()).on_read(move |_| {
+            p2.set(false);
+            r.set(r.get() + 1);
+        }),
+    )
+    .unwrap();
+    assert!(ctx.poll(true));
+    assert_eq!(reads.get(), 1);
+    assert!(!pending.get());
+}
+
+#[test]
+fn a_late_notifier_write_is_cleared_by_its_event() {
+    let (ctx, script) = scripted();
+    // A notify() that saw notify_me just before the loop dropped it writes after the loop
+    // accepted `notified`: the eventfd is readable with `notified` false.
+    ctx.shared.notifier.notify().unwrap();
+    script
+        .inject
+        .borrow_mut()
+        .push(ctx.shared.notifier.as_raw_fd());
+    script
+        .tokens
+        .borrow_mut()
+        .insert(ctx.shared.notifier.as_raw_fd(), CONTEXT_NOTIFIER);
+    assert!(
+        !ctx.poll(false),
+        "the context's own notifier is not progress"
+    );
+    assert!(
+        !ctx.shared.notifier.test_and_clear(),
+        "the event cleared the notifier, so later waits can block"
+    );
+}
+
+#[test]
+fn a_running_timer_does_not_block_other_timers_in_a_nested_poll() {
+    let (ctx, script) = scripted();
+    script.clock.set_step(0);
+    let b_ran = Rc::new(Cell::new(false));
+    let b = b_ran.clone();
+    let timer_b = ctx.timer_new(move |_| b.set(true));
+    let seen = Rc::new(Cell::new(false));
+    let s = seen.clone();
+    let clock = script.clock.clone();
+    let timer_a = ctx.timer_new(move |ctx| {
+        clock.advance(10);
+        ctx.poll(false);
+        s.set(ctx.counters().timer_runs == 2);
+    });
+    let now = ctx.now_ns();
+    ctx.timer_mod(timer_a, now).unwrap();
+    ctx.timer_mod(timer_b, now + 5).unwrap();
+    assert!(ctx.poll(false));
+    assert!(b_ran.get());
+    assert!(seen.get(), "timer b ran inside a's nested poll");
+}

@@ -107,33 +107,51 @@ impl<L: EventLoop> TimerTable<L> {
         self.slot_mut(id).map(|s| s.armed.map(|(d, _)| d))
     }
 
-    pub(crate) fn free(&mut self, id: TimerId) -> bool {
+    /// Frees a timer; returns its callback for the caller to drop outside the table borrow.
+    pub(crate) fn free(&mut self, id: TimerId) -> Option<Rc<LoopCallback<L>>> {
         if !self.disarm(id) {
-            return false;
+            return None;
         }
         let index = (id.0 & 0xffff_ffff) as usize;
-        self.slots[index] = None;
+        let slot = self.slots[index].take()?;
         self.free.push(index as u32);
-        true
+        Some(slot.callback)
     }
 
-    /// The earliest armed deadline.
-    pub(crate) fn earliest(&self) -> Option<u64> {
-        self.order.first().map(|(d, _, _)| *d)
+    /// The sequence number the next arming will get.
+    pub(crate) fn next_sequence(&self) -> u64 {
+        self.next_sequence
     }
 
-    /// Disarms and returns the earliest timer whose deadline is `<= now`, unless its callback
-    /// is running further up the stack (a nested poll), in which case it stays armed.
-    pub(crate) fn pop_expired(&mut self, now: u64) -> Option<(TimerId, Rc<LoopCallback<L>>)> {
-        let &(deadline, sequence, raw) = self.order.first()?;
-        if deadline > now {
-            return None;
-        }
+    fn is_running(&self, raw: u64) -> bool {
+        let index = (raw & 0xffff_ffff) as usize;
+        matches!(self.slots.get(index), Some(Some(s)) if s.callback.try_borrow_mut().is_err())
+    }
+
+    /// The earliest deadline among armed timers whose callback is not running further up the
+    /// stack (a running timer cannot fire until it returns, so it must not shorten the wait).
+    pub(crate) fn earliest_runnable(&self) -> Option<u64> {
+        self.order
+            .iter()
+            .find(|(_, _, raw)| !self.is_running(*raw))
+            .map(|(d, _, _)| *d)
+    }
+
+    /// Disarms and returns the earliest timer whose deadline is `<= now` and that was armed
+    /// before sequence `armed_before`, skipping timers whose callback is running further up
+    /// the stack (they stay armed and fire once it returns).
+    pub(crate) fn pop_expired(
+        &mut self,
+        now: u64,
+        armed_before: u64,
+    ) -> Option<(TimerId, Rc<LoopCallback<L>>)> {
+        let &(deadline, sequence, raw) = self
+            .order
+            .iter()
+            .take_while(|(d, _, _)| *d <= now)
+            .find(|(_, s, raw)| *s < armed_before && !self.is_running(*raw))?;
         let id = TimerId(raw);
         let slot = self.slot_mut(id)?;
-        if slot.callback.try_borrow_mut().is_err() {
-            return None;
-        }
         slot.armed = None;
         let callback = slot.callback.clone();
         self.order.remove(&(deadline, sequence, raw));
