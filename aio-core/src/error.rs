@@ -78,6 +78,9 @@ pub enum AioError {
         #[source]
         source: io::Error,
     },
+    /// `detach` of an engine whose callbacks are still running up the stack.
+    #[error("the engine cannot be detached from inside its own completion callback")]
+    EngineBusy,
     /// Creating the context's own notifier failed.
     #[error("creating the context notifier failed: {0}")]
     Notifier(#[source] io::Error),
@@ -91,6 +94,7 @@ impl From<AioError> for io::Error {
                 io::ErrorKind::InvalidInput
             }
             AioError::TimeoutOverflow { .. } => io::ErrorKind::InvalidInput,
+            AioError::EngineBusy => io::ErrorKind::ResourceBusy,
             AioError::NotRegistered { .. }
             | AioError::UnknownTimer { .. }
             | AioError::UnknownBottomHalf { .. } => io::ErrorKind::NotFound,

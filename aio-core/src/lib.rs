@@ -11,7 +11,11 @@
 //!   idle poll set, nested `poll()`, and [`LoopCounters`].
 //! * [`Hybrid`]: QEMU's monitor choice as an adapter over two monitors: the small one (ppoll)
 //!   below a threshold of registered fds (64), the large one (epoll) from there up.
-//! * `testing` (feature `testing`): the conformance suite every backend runs.
+//! * [`IoEngine`] and [`Completion`]: the block I/O contract (read, write, readv, writev,
+//!   fsync, fdatasync on an [`IoFile`], buffers owned by the engine while in flight), written
+//!   out in the [`engine`] module docs; [`AioContext::attach_engine`] delivers completions in
+//!   the loop.
+//! * `testing` (feature `testing`): the conformance suites every backend runs.
 //!
 //! ```no_run
 //! use aio_core::{AioContext, EventLoop, FdHandler};
@@ -31,6 +35,7 @@
 
 pub mod clock;
 mod context;
+pub mod engine;
 pub mod error;
 pub mod event_loop;
 pub mod hybrid;
@@ -42,6 +47,10 @@ pub mod testing;
 
 pub use clock::{Clock, FakeClock, MonotonicClock};
 pub use context::{AioContext, BottomHalf, FdHandler, LoopCounters, NotifyHandle, TimerId};
+pub use engine::{
+    AlignedBuf, AttachedEngine, Completion, IoBuffers, IoEngine, IoFile, Op, Request, RequestError,
+    SubmitError,
+};
 pub use error::AioError;
 pub use event_loop::{Event, EventLoop, Interest, Token};
 pub use hybrid::Hybrid;

@@ -16,8 +16,51 @@ use crate::AioContext;
 
 /// A boxed callback that runs on the loop thread with access to the context.
 pub(crate) type BoxedLoopFn<L> = Box<dyn FnMut(&AioContext<L>)>;
-/// A callback cell: the `RefCell` is what stops a nested poll from re-entering it.
-pub(crate) type LoopCallback<L> = RefCell<BoxedLoopFn<L>>;
+/// A boxed callback that may be re-entered by a nested poll.
+pub(crate) type ReentrantLoopFn<L> = Box<dyn Fn(&AioContext<L>)>;
+
+/// A callback the loop runs, in one of two re-entrancy modes.
+pub(crate) enum LoopCallback<L: EventLoop> {
+    /// `FnMut`: never re-entered; a nested poll skips it while it runs further up the stack.
+    Exclusive(RefCell<BoxedLoopFn<L>>),
+    /// `Fn`: may be re-entered by a nested poll (it keeps its own state in cells).
+    Reentrant(ReentrantLoopFn<L>),
+}
+
+impl<L: EventLoop> LoopCallback<L> {
+    pub(crate) fn exclusive(f: impl FnMut(&AioContext<L>) + 'static) -> Self {
+        LoopCallback::Exclusive(RefCell::new(Box::new(f)))
+    }
+
+    pub(crate) fn reentrant(f: impl Fn(&AioContext<L>) + 'static) -> Self {
+        LoopCallback::Reentrant(Box::new(f))
+    }
+
+    /// Runs the callback unless it is exclusive and already running; returns whether it ran.
+    pub(crate) fn invoke(&self, ctx: &AioContext<L>) -> bool {
+        match self {
+            LoopCallback::Exclusive(cell) => match cell.try_borrow_mut() {
+                Ok(mut f) => {
+                    f(ctx);
+                    true
+                }
+                Err(_) => false,
+            },
+            LoopCallback::Reentrant(f) => {
+                f(ctx);
+                true
+            }
+        }
+    }
+
+    /// Whether `invoke` would refuse to run it now.
+    pub(crate) fn is_busy(&self) -> bool {
+        match self {
+            LoopCallback::Exclusive(cell) => cell.try_borrow_mut().is_err(),
+            LoopCallback::Reentrant(_) => false,
+        }
+    }
+}
 /// A cheap, syscall-free readiness check.
 pub(crate) type PollCheck = RefCell<Box<dyn FnMut() -> bool>>;
 
@@ -69,13 +112,26 @@ impl<L: EventLoop> FdHandler<L> {
 
     /// Sets the `io_read` callback.
     pub fn on_read(mut self, f: impl FnMut(&AioContext<L>) + 'static) -> Self {
-        self.io_read = Some(RefCell::new(Box::new(f)));
+        self.io_read = Some(LoopCallback::exclusive(f));
         self
     }
 
     /// Sets the `io_write` callback.
     pub fn on_write(mut self, f: impl FnMut(&AioContext<L>) + 'static) -> Self {
-        self.io_write = Some(RefCell::new(Box::new(f)));
+        self.io_write = Some(LoopCallback::exclusive(f));
+        self
+    }
+
+    /// Sets an `io_read` callback that a nested `poll()` may re-enter (for handlers whose
+    /// callbacks run nested loops, such as an engine's completion delivery).
+    pub fn on_read_reentrant(mut self, f: impl Fn(&AioContext<L>) + 'static) -> Self {
+        self.io_read = Some(LoopCallback::reentrant(f));
+        self
+    }
+
+    /// Sets an `io_poll_ready` callback that a nested `poll()` may re-enter.
+    pub fn on_poll_ready_reentrant(mut self, f: impl Fn(&AioContext<L>) + 'static) -> Self {
+        self.io_poll_ready = Some(LoopCallback::reentrant(f));
         self
     }
 
@@ -87,7 +143,7 @@ impl<L: EventLoop> FdHandler<L> {
 
     /// Sets the `io_poll_ready` callback, run when `io_poll` returned true.
     pub fn on_poll_ready(mut self, f: impl FnMut(&AioContext<L>) + 'static) -> Self {
-        self.io_poll_ready = Some(RefCell::new(Box::new(f)));
+        self.io_poll_ready = Some(LoopCallback::exclusive(f));
         self
     }
 

@@ -36,7 +36,7 @@ pub use handlers::FdHandler;
 pub use timers::TimerId;
 
 use bottom_half::{BhEntry, BhState, DELETE_TICKET};
-use handlers::{BoxedLoopFn, HandlerTable, LoopCallback};
+use handlers::{HandlerTable, LoopCallback};
 use timers::TimerTable;
 
 use crate::clock::{Clock, MonotonicClock};
@@ -460,7 +460,14 @@ impl<L: EventLoop> AioContext<L> {
 
     /// Creates a bottom half running `callback` on the loop thread, once per schedule.
     pub fn bh_new(&self, callback: impl FnMut(&AioContext<L>) + 'static) -> BottomHalf {
-        self.bh_create(Box::new(callback), false)
+        self.bh_create(LoopCallback::exclusive(callback), false)
+    }
+
+    /// Creates a bottom half whose callback a nested `poll()` may re-enter: scheduled again
+    /// while it runs, it runs again in the next iteration of a nested loop (QEMU's semantics),
+    /// where a [`AioContext::bh_new`] one waits until it has returned.
+    pub fn bh_new_reentrant(&self, callback: impl Fn(&AioContext<L>) + 'static) -> BottomHalf {
+        self.bh_create(LoopCallback::reentrant(callback), false)
     }
 
     /// Schedules `callback` to run once in the next iteration, then frees it (QEMU's
@@ -468,7 +475,7 @@ impl<L: EventLoop> AioContext<L> {
     pub fn bh_schedule_oneshot(&self, callback: impl FnOnce(&AioContext<L>) + 'static) {
         let mut callback = Some(callback);
         let bh = self.bh_create(
-            Box::new(move |ctx| {
+            LoopCallback::exclusive(move |ctx| {
                 if let Some(f) = callback.take() {
                     f(ctx)
                 }
@@ -478,7 +485,7 @@ impl<L: EventLoop> AioContext<L> {
         bh.schedule();
     }
 
-    fn bh_create(&self, callback: BoxedLoopFn<L>, oneshot: bool) -> BottomHalf {
+    fn bh_create(&self, callback: LoopCallback<L>, oneshot: bool) -> BottomHalf {
         let generation = self.bh_next_generation.get();
         self.bh_next_generation
             .set(generation.wrapping_add(1).max(1));
@@ -486,7 +493,7 @@ impl<L: EventLoop> AioContext<L> {
         let slot = BhSlot {
             generation,
             state: state.clone(),
-            callback: Rc::new(RefCell::new(callback)),
+            callback: Rc::new(callback),
             oneshot,
         };
         let mut bhs = self.bhs.borrow_mut();
@@ -565,11 +572,11 @@ impl<L: EventLoop> AioContext<L> {
         if !state.is_pending(entry.ticket) {
             return false;
         }
-        let Ok(mut f) = callback.try_borrow_mut() else {
+        if callback.is_busy() {
             // Running further up the stack: keep the schedule for after it returns.
             self.bh_deferred.borrow_mut().push(entry);
             return false;
-        };
+        }
         if !state.claim(entry.ticket) {
             return false;
         }
@@ -577,8 +584,7 @@ impl<L: EventLoop> AioContext<L> {
             self.bh_free_slot(entry.index);
         }
         self.count(|c| c.bh_runs += 1);
-        f(self);
-        drop(f);
+        callback.invoke(self);
         let deferred = std::mem::take(&mut *self.bh_deferred.borrow_mut());
         for e in deferred {
             self.shared.push_bh(e);
@@ -599,10 +605,9 @@ impl<L: EventLoop> AioContext<L> {
 
     /// Creates a disarmed timer running `callback` when its deadline passes.
     pub fn timer_new(&self, callback: impl FnMut(&AioContext<L>) + 'static) -> TimerId {
-        let callback: BoxedLoopFn<L> = Box::new(callback);
         self.timers
             .borrow_mut()
-            .create(Rc::new(RefCell::new(callback)))
+            .create(Rc::new(LoopCallback::exclusive(callback)))
     }
 
     /// Arms `timer` for the absolute deadline `deadline_ns` on [`AioContext::now_ns`]'s clock
@@ -670,12 +675,10 @@ impl<L: EventLoop> AioContext<L> {
         loop {
             let expired = self.timers.borrow_mut().pop_expired(now, armed_before);
             let Some((_, callback)) = expired else { break };
-            let Ok(mut f) = callback.try_borrow_mut() else {
-                continue;
-            };
-            self.count(|c| c.timer_runs += 1);
-            f(self);
-            progress = true;
+            if callback.invoke(self) {
+                self.count(|c| c.timer_runs += 1);
+                progress = true;
+            }
         }
         progress
     }
@@ -883,7 +886,7 @@ impl<L: EventLoop> AioContext<L> {
                 // A handler whose callback is running further up the stack cannot be
                 // dispatched now; reporting it ready would only make a nested poll spin.
                 let ready_cb = check.io_poll_ready.as_ref().or(check.io_read.as_ref());
-                if ready_cb.is_some_and(|cb| cb.try_borrow_mut().is_err()) {
+                if ready_cb.is_some_and(|cb| cb.is_busy()) {
                     continue;
                 }
                 let Ok(mut f) = io_poll.try_borrow_mut() else {
@@ -977,12 +980,11 @@ impl<L: EventLoop> AioContext<L> {
 
     fn call(&self, callback: Option<&LoopCallback<L>>) -> bool {
         let Some(cb) = callback else { return false };
-        let Ok(mut f) = cb.try_borrow_mut() else {
-            return false;
-        };
-        self.count(|c| c.handler_calls += 1);
-        f(self);
-        true
+        let ran = cb.invoke(self);
+        if ran {
+            self.count(|c| c.handler_calls += 1);
+        }
+        ran
     }
 
     /// An fd closed while registered: stop watching it (no busy loop) and let its handler see

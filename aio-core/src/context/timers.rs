@@ -125,7 +125,7 @@ impl<L: EventLoop> TimerTable<L> {
 
     fn is_running(&self, raw: u64) -> bool {
         let index = (raw & 0xffff_ffff) as usize;
-        matches!(self.slots.get(index), Some(Some(s)) if s.callback.try_borrow_mut().is_err())
+        matches!(self.slots.get(index), Some(Some(s)) if s.callback.is_busy())
     }
 
     /// The earliest deadline among armed timers whose callback is not running further up the

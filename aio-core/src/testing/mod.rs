@@ -21,6 +21,23 @@ use std::time::{Duration, Instant};
 
 use crate::{AioContext, AioError, EventLoop, FdHandler, Notifier, PollParams};
 
+pub mod engine;
+
+/// Whether `AIO_REQUIRE_ALL_BACKENDS=1` is set: a test that would skip for a missing kernel
+/// feature fails instead.
+pub fn require_all_backends() -> bool {
+    std::env::var("AIO_REQUIRE_ALL_BACKENDS").is_ok_and(|v| v == "1")
+}
+
+/// Reports a skipped test: prints `skipped: <reason>`, or panics when
+/// `AIO_REQUIRE_ALL_BACKENDS=1` says nothing may be skipped.
+pub fn skip(reason: &str) {
+    if require_all_backends() {
+        panic!("AIO_REQUIRE_ALL_BACKENDS=1 but this test would skip: {reason}");
+    }
+    println!("skipped: {reason}");
+}
+
 /// Generates one `#[test]` per conformance test, each building its monitor with `$make`.
 #[macro_export]
 macro_rules! event_loop_conformance {

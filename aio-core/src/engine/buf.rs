@@ -1,0 +1,156 @@
+//! `AlignedBuf`: heap memory aligned for `O_DIRECT`.
+//!
+//! This module owns the allocation and nothing else. An engine takes an `AlignedBuf` by value
+//! when a request is submitted and gives it back in the [`Completion`](super::Completion), so
+//! safe code can never read, write, reuse or free a buffer the kernel or a worker may still
+//! be writing.
+
+use std::alloc::{self, Layout};
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+
+/// The default alignment: a 4 KiB page, which satisfies `O_DIRECT` on every common device.
+pub const DEFAULT_ALIGN: usize = 4096;
+
+/// An error creating an [`AlignedBuf`].
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BufError {
+    /// The alignment is not a power of two.
+    #[error("alignment {0} is not a power of two")]
+    BadAlignment(usize),
+    /// The size overflows when rounded up to the alignment.
+    #[error("a buffer of {len} bytes aligned to {align} does not fit in memory")]
+    TooLarge {
+        /// Requested length.
+        len: usize,
+        /// Requested alignment.
+        align: usize,
+    },
+}
+
+/// A zero-initialised heap buffer whose address is a multiple of its alignment.
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+    layout: Layout,
+}
+
+// SAFETY: AlignedBuf owns its allocation exclusively (like Vec<u8>); moving it to another
+// thread moves that ownership.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared references only allow reads of the owned bytes.
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// A zeroed buffer of `len` bytes aligned to [`DEFAULT_ALIGN`].
+    pub fn new(len: usize) -> Self {
+        Self::with_alignment(len, DEFAULT_ALIGN).expect("4096-aligned buffer")
+    }
+
+    /// A zeroed buffer of `len` bytes aligned to `align` (a power of two).
+    pub fn with_alignment(len: usize, align: usize) -> Result<Self, BufError> {
+        if !align.is_power_of_two() {
+            return Err(BufError::BadAlignment(align));
+        }
+        // Allocate at least one byte so that the pointer is real and aligned even for len 0.
+        let layout = Layout::from_size_align(len.max(1), align)
+            .map_err(|_| BufError::TooLarge { len, align })?;
+        // SAFETY: `layout` has a non-zero size.
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let Some(ptr) = NonNull::new(raw) else {
+            alloc::handle_alloc_error(layout)
+        };
+        Ok(AlignedBuf { ptr, len, layout })
+    }
+
+    /// A buffer holding a copy of `data`, aligned to [`DEFAULT_ALIGN`].
+    pub fn from_slice(data: &[u8]) -> Self {
+        let mut b = Self::new(data.len());
+        b.copy_from_slice(data);
+        b
+    }
+
+    /// The alignment of the buffer's address.
+    pub fn alignment(&self) -> usize {
+        self.layout.align()
+    }
+
+    /// A raw pointer to the first byte (for handing to the kernel).
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// A raw mutable pointer to the first byte (for handing to the kernel).
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `ptr` points to an owned, initialised (zeroed) allocation of >= len bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`, and `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `with_alignment` with exactly `self.layout`.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+impl Clone for AlignedBuf {
+    fn clone(&self) -> Self {
+        let mut b = Self::with_alignment(self.len, self.alignment()).expect("same layout");
+        b.copy_from_slice(self);
+        b
+    }
+}
+
+impl fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AlignedBuf")
+            .field("len", &self.len)
+            .field("align", &self.alignment())
+            .finish()
+    }
+}
+
+impl PartialEq for AlignedBuf {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_zeroed_and_writable() {
+        for align in [512, 4096, 65536] {
+            let mut b = AlignedBuf::with_alignment(8192, align).unwrap();
+            assert_eq!(b.as_ptr() as usize % align, 0);
+            assert!(b.iter().all(|&x| x == 0));
+            b[8191] = 7;
+            assert_eq!(b.clone()[8191], 7);
+        }
+        assert_eq!(AlignedBuf::new(0).len(), 0);
+        assert_eq!(
+            AlignedBuf::with_alignment(10, 3).unwrap_err(),
+            BufError::BadAlignment(3)
+        );
+        assert!(AlignedBuf::with_alignment(usize::MAX - 10, 4096).is_err());
+        assert_eq!(&*AlignedBuf::from_slice(b"abc"), b"abc");
+    }
+}

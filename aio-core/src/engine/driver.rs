@@ -1,0 +1,226 @@
+//! Attaching an engine to an [`AioContext`]: completions delivered in the loop.
+//!
+//! This module owns the glue between one engine and one context (seed 001's design):
+//!
+//! * the engine's notifier is registered with `io_read` (clear it, process completions) and
+//!   `io_poll` (the engine's syscall-free `has_completions`), so adaptive polling finds
+//!   completions without a wakeup (seed 000);
+//! * completions are delivered **directly** from that callback, one at a time, to the user's
+//!   callback;
+//! * before the first delivery a bottom half is scheduled as a safety net: if a completion
+//!   callback runs a nested `poll()`, the notifier callback is still running up the stack and
+//!   cannot run again, but the bottom half can, and it delivers the remaining completions. When
+//!   everything is delivered the bottom half is cancelled, so the common case costs no extra
+//!   iteration.
+//!
+//! It never touches the engine's internals: only the [`IoEngine`] trait.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::fmt;
+use std::os::fd::{AsRawFd, RawFd};
+use std::rc::{Rc, Weak};
+
+use super::request::{Completion, Request, SubmitError};
+use super::IoEngine;
+use crate::context::{AioContext, BottomHalf, FdHandler};
+use crate::error::AioError;
+use crate::event_loop::EventLoop;
+
+type CompletionFn<L> = Box<dyn Fn(&AioContext<L>, Completion)>;
+
+struct Driver<L: EventLoop, E: IoEngine> {
+    engine: RefCell<E>,
+    ready: RefCell<VecDeque<Completion>>,
+    on_complete: CompletionFn<L>,
+    safety_net: RefCell<Option<BottomHalf>>,
+    delivered: Cell<u64>,
+    net_runs: Cell<u64>,
+}
+
+impl<L: EventLoop, E: IoEngine> Driver<L, E> {
+    /// Delivers every waiting completion. Re-entrant: a completion callback that runs a nested
+    /// loop gets the remaining completions delivered inside it, by the safety-net bottom half
+    /// (for completions this call already took from the engine) or by the notifier handler
+    /// (for new ones).
+    fn process(&self, ctx: &AioContext<L>) -> bool {
+        let mut armed = false;
+        let mut progress = false;
+        loop {
+            let next = self.ready.borrow_mut().pop_front();
+            let completion = match next {
+                Some(c) => c,
+                None => {
+                    let refilled = match self.engine.try_borrow_mut() {
+                        Ok(mut engine) => engine.poll_completions(&mut self.ready.borrow_mut()),
+                        Err(_) => 0,
+                    };
+                    if refilled == 0 {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            if !armed {
+                // Scheduled before the first user callback, so that a nested loop sees the
+                // completions still queued here (seed 001).
+                if let Some(bh) = self.safety_net.borrow().as_ref() {
+                    bh.schedule();
+                }
+                armed = true;
+            }
+            self.delivered.set(self.delivered.get() + 1);
+            progress = true;
+            (self.on_complete)(ctx, completion);
+        }
+        if armed {
+            // Everything is delivered: the common case costs no extra iteration.
+            if let Some(bh) = self.safety_net.borrow().as_ref() {
+                bh.cancel();
+            }
+        }
+        progress
+    }
+
+    fn has_work(&self) -> bool {
+        !self.ready.borrow().is_empty()
+            || self
+                .engine
+                .try_borrow()
+                .map(|e| e.has_completions())
+                .unwrap_or(false)
+    }
+}
+
+/// An engine attached to a context with [`AioContext::attach_engine`]. Submit through it;
+/// completions arrive in the callback given at attachment, on the loop thread.
+///
+/// Dropping the handle leaves the engine attached (the context keeps it until
+/// [`AttachedEngine::detach`] or the context is dropped): a registered notifier never dangles.
+pub struct AttachedEngine<L: EventLoop, E: IoEngine> {
+    driver: Rc<Driver<L, E>>,
+    fd: RawFd,
+}
+
+impl<L: EventLoop, E: IoEngine> fmt::Debug for AttachedEngine<L, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AttachedEngine")
+            .field("fd", &self.fd)
+            .field("delivered", &self.driver.delivered.get())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<L: EventLoop + 'static> AioContext<L> {
+    /// Attaches `engine`: its notifier is registered with `io_read` and `io_poll`, and each
+    /// completion is passed to `on_complete` on this loop's thread.
+    ///
+    /// `on_complete` is `Fn`, not `FnMut`, because it may be re-entered: a completion callback
+    /// that runs a nested `poll()` can receive further completions inside it. Keep mutable
+    /// state in `Cell` / `RefCell`.
+    pub fn attach_engine<E: IoEngine + 'static>(
+        &self,
+        engine: E,
+        on_complete: impl Fn(&AioContext<L>, Completion) + 'static,
+    ) -> Result<AttachedEngine<L, E>, AioError> {
+        let fd = engine.notifier().as_raw_fd();
+        let driver = Rc::new(Driver {
+            engine: RefCell::new(engine),
+            ready: RefCell::new(VecDeque::new()),
+            on_complete: Box::new(on_complete),
+            safety_net: RefCell::new(None),
+            delivered: Cell::new(0),
+            net_runs: Cell::new(0),
+        });
+        // Weak: the bottom half's slot outlives a detach by one iteration.
+        let d: Weak<Driver<L, E>> = Rc::downgrade(&driver);
+        let bh = self.bh_new_reentrant(move |ctx| {
+            if let Some(d) = d.upgrade() {
+                d.net_runs.set(d.net_runs.get() + 1);
+                d.process(ctx);
+            }
+        });
+        *driver.safety_net.borrow_mut() = Some(bh);
+        let (on_read, on_poll, on_ready) = (driver.clone(), driver.clone(), driver.clone());
+        // Re-entrant callbacks: a nested loop inside a completion callback must be able to
+        // deliver new completions through the same handler.
+        let handler = FdHandler::new()
+            .on_read_reentrant(move |ctx| {
+                if let Ok(engine) = on_read.engine.try_borrow() {
+                    engine.notifier().test_and_clear();
+                }
+                on_read.process(ctx);
+            })
+            .on_poll(move || on_poll.has_work())
+            .on_poll_ready_reentrant(move |ctx| {
+                on_ready.process(ctx);
+            });
+        if let Err(e) = self.set_fd_handler(fd, handler) {
+            if let Some(bh) = driver.safety_net.borrow_mut().take() {
+                bh.delete();
+            }
+            return Err(e);
+        }
+        Ok(AttachedEngine { driver, fd })
+    }
+}
+
+impl<L: EventLoop, E: IoEngine> AttachedEngine<L, E> {
+    /// Submits a request (see [`IoEngine::submit`]).
+    pub fn submit(&self, request: Request) -> Result<(), SubmitError> {
+        self.driver.engine.borrow_mut().submit(request)
+    }
+
+    /// Opens a batch (see [`IoEngine::plug`]).
+    pub fn plug(&self) {
+        self.driver.engine.borrow_mut().plug();
+    }
+
+    /// Closes a batch (see [`IoEngine::unplug`]).
+    pub fn unplug(&self) {
+        self.driver.engine.borrow_mut().unplug();
+    }
+
+    /// Cancels a queued request (see [`IoEngine::cancel`]); its `ECANCELED` completion is
+    /// delivered like any other.
+    pub fn cancel(&self, token: u64) -> bool {
+        self.driver.engine.borrow_mut().cancel(token)
+    }
+
+    /// Requests submitted and not yet delivered to the callback.
+    pub fn in_flight(&self) -> usize {
+        self.driver.engine.borrow().in_flight() + self.driver.ready.borrow().len()
+    }
+
+    /// Completions delivered so far.
+    pub fn delivered(&self) -> u64 {
+        self.driver.delivered.get()
+    }
+
+    /// How many times the nested-loop safety net (the bottom half) had to deliver.
+    pub fn safety_net_runs(&self) -> u64 {
+        self.driver.net_runs.get()
+    }
+
+    /// Runs `f` with the engine (for engine-specific calls and statistics). `f` must not call
+    /// back into this handle.
+    pub fn with_engine<R>(&self, f: impl FnOnce(&mut E) -> R) -> R {
+        f(&mut self.driver.engine.borrow_mut())
+    }
+
+    /// Detaches from `ctx`: the notifier handler and the safety net are removed, undelivered
+    /// completions are delivered first, and the engine is returned (still holding whatever is
+    /// in flight).
+    pub fn detach(self, ctx: &AioContext<L>) -> Result<E, AioError> {
+        self.driver.process(ctx);
+        ctx.remove_fd_handler(self.fd)?;
+        if let Some(bh) = self.driver.safety_net.borrow_mut().take() {
+            bh.delete();
+        }
+        // The handler's closures held the other references; they are gone once the context
+        // frees the removed handler, which it has done by now unless a callback up the stack
+        // still runs (detach from inside a completion callback).
+        let driver = Rc::try_unwrap(self.driver).map_err(|_| AioError::EngineBusy)?;
+        Ok(driver.engine.into_inner())
+    }
+}

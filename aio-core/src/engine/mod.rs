@@ -1,0 +1,128 @@
+//! The block I/O engine contract (`IoEngine`) and what every engine shares.
+//!
+//! This module owns the trait, its documentation, and the pieces engines must not write twice:
+//! request and completion types ([`request`]), O_DIRECT buffers ([`buf`]), the plug/batch
+//! queue ([`queue`]) and the attachment of an engine to an [`AioContext`](crate::AioContext)
+//! ([`driver`]). It performs no I/O itself.
+//!
+//! # The contract an engine keeps
+//!
+//! * **Ownership.** `submit` takes the [`Request`] by value, buffers included; the buffers come
+//!   back only in the request's [`Completion`]. No safe API exposes a buffer the kernel or a
+//!   worker may still write, and an engine never frees one before that is over.
+//! * **Exactly once.** Every accepted request produces exactly one completion with its token,
+//!   returned by exactly one `poll_completions` (or `drain`) call.
+//! * **Refusal is immediate and typed.** A request that can never run ([`Request::validate`]
+//!   fails, the engine is shut down, the op is unsupported) is refused by `submit` with a
+//!   [`SubmitError`] that hands the request back. Errors from the kernel are per request: they
+//!   arrive in that request's completion (`result` carries the errno) and do not disturb the
+//!   others.
+//! * **Never full.** What does not fit the kernel or the workers right now is queued, not
+//!   refused. `EAGAIN` and `EINTR` are retried, never reported.
+//! * **Whole transfers.** Short reads and writes are resubmitted for the remainder
+//!   ([`Transfer`]); a read that reaches end of file completes with the bytes that exist (0 at
+//!   or past EOF).
+//! * **Batching.** Between `plug()` and `unplug()` (nestable) submissions only queue;
+//!   `unplug()` sends them in batches of at most `max_batch` (default [`DEFAULT_MAX_BATCH`],
+//!   QEMU's aio-max-batch).
+//! * **Signalling.** The engine's [`Notifier`] becomes readable when completions are waiting;
+//!   `has_completions()` says the same without a syscall (the `io_poll` check).
+//! * **Cancel** is best effort: a request still queued in the engine completes with
+//!   `ECANCELED`; one already with the kernel or a worker completes normally.
+//! * **Drop** with requests in flight waits until the kernel or the workers are done with their
+//!   buffers (queued requests are cancelled), then frees them. `drain()` does the same and
+//!   hands every outstanding completion back.
+
+pub mod buf;
+pub mod driver;
+pub mod queue;
+pub mod request;
+
+use std::collections::VecDeque;
+
+pub use buf::{AlignedBuf, BufError, DEFAULT_ALIGN};
+pub use driver::AttachedEngine;
+pub use queue::SubmitQueue;
+pub use request::{
+    Completion, IoBuffers, IoFile, Op, Request, RequestError, Step, SubmitError, Transfer,
+};
+
+use crate::notifier::Notifier;
+
+/// QEMU's default aio-max-batch: requests sent to the kernel per submission call.
+pub const DEFAULT_MAX_BATCH: usize = 32;
+
+/// A block I/O engine. See the [module documentation](self) for the contract.
+pub trait IoEngine {
+    /// A short, stable name (`"pool"`, `"linux-aio"`, `"uring"`).
+    fn name(&self) -> &'static str;
+
+    /// Accepts a request, or refuses it (handing it back) if it can never run.
+    fn submit(&mut self, request: Request) -> Result<(), SubmitError>;
+
+    /// Starts (or nests) a batch: submissions queue until the matching `unplug`.
+    fn plug(&mut self);
+
+    /// Ends a batch; at the outermost level, sends what queued.
+    fn unplug(&mut self);
+
+    /// Sets the largest batch sent per submission (at least 1).
+    fn set_max_batch(&mut self, max: usize);
+
+    /// Moves finished requests to `out` (no syscall where the engine can avoid one) and sends
+    /// queued requests that now fit. Returns how many were moved.
+    fn poll_completions(&mut self, out: &mut VecDeque<Completion>) -> usize;
+
+    /// Whether completions are waiting, without a syscall.
+    fn has_completions(&self) -> bool;
+
+    /// The notifier that becomes readable when completions are waiting.
+    fn notifier(&self) -> &Notifier;
+
+    /// Cancels a request if it is still queued in the engine (it completes with
+    /// `ECANCELED`); returns whether it was.
+    fn cancel(&mut self, token: u64) -> bool;
+
+    /// Requests accepted whose completion has not been returned yet.
+    fn in_flight(&self) -> usize;
+
+    /// Waits for every accepted request to finish and returns all completions not yet
+    /// returned (queued requests are sent, not cancelled).
+    fn drain(&mut self) -> Vec<Completion>;
+}
+
+impl<E: IoEngine + ?Sized> IoEngine for Box<E> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    fn submit(&mut self, request: Request) -> Result<(), SubmitError> {
+        (**self).submit(request)
+    }
+    fn plug(&mut self) {
+        (**self).plug()
+    }
+    fn unplug(&mut self) {
+        (**self).unplug()
+    }
+    fn set_max_batch(&mut self, max: usize) {
+        (**self).set_max_batch(max)
+    }
+    fn poll_completions(&mut self, out: &mut VecDeque<Completion>) -> usize {
+        (**self).poll_completions(out)
+    }
+    fn has_completions(&self) -> bool {
+        (**self).has_completions()
+    }
+    fn notifier(&self) -> &Notifier {
+        (**self).notifier()
+    }
+    fn cancel(&mut self, token: u64) -> bool {
+        (**self).cancel(token)
+    }
+    fn in_flight(&self) -> usize {
+        (**self).in_flight()
+    }
+    fn drain(&mut self) -> Vec<Completion> {
+        (**self).drain()
+    }
+}

@@ -1,0 +1,575 @@
+//! Requests, completions and the shared transfer arithmetic every engine uses.
+//!
+//! This module owns the value types of the engine contract ([`IoFile`], [`Request`], [`Op`],
+//! [`Completion`], [`IoBuffers`]), request validation ([`RequestError`]) and [`Transfer`], the
+//! bookkeeping for resubmitting the remainder of a short read or write. It performs no I/O.
+
+use std::fmt;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::Arc;
+
+use super::buf::AlignedBuf;
+
+/// A file that requests refer to. Cloning is cheap; every request holds a clone, so the fd
+/// stays open while any request on it is in flight, whatever the caller does with its own
+/// handle.
+#[derive(Clone)]
+pub struct IoFile {
+    fd: Arc<OwnedFd>,
+}
+
+impl fmt::Debug for IoFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "IoFile(fd {})", self.fd.as_raw_fd())
+    }
+}
+
+impl IoFile {
+    /// Takes ownership of an open fd (e.g. from `File::into()`).
+    pub fn new(fd: impl Into<OwnedFd>) -> Self {
+        IoFile {
+            fd: Arc::new(fd.into()),
+        }
+    }
+
+    /// Duplicates a raw fd that the caller keeps owning. A negative or closed fd is
+    /// [`RequestError::InvalidFd`].
+    pub fn dup_raw(fd: RawFd) -> Result<Self, RequestError> {
+        if fd < 0 {
+            return Err(RequestError::InvalidFd { fd });
+        }
+        // SAFETY: F_DUPFD_CLOEXEC on any int is memory-safe; failure (EBADF) is checked.
+        let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+        if new < 0 {
+            return Err(RequestError::InvalidFd { fd });
+        }
+        // SAFETY: `new` is a fresh descriptor owned by nobody else.
+        Ok(IoFile::new(unsafe {
+            <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(new)
+        }))
+    }
+
+    /// The raw fd (valid while this `IoFile` or a clone lives).
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+impl AsFd for IoFile {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl From<std::fs::File> for IoFile {
+    fn from(f: std::fs::File) -> Self {
+        IoFile::new(f)
+    }
+}
+
+/// What a request does.
+#[derive(Debug)]
+pub enum Op {
+    /// Read `buf.len()` bytes at `offset` into `buf`.
+    Read {
+        /// File offset.
+        offset: u64,
+        /// Destination; its length is the request size.
+        buf: AlignedBuf,
+    },
+    /// Write `buf` at `offset`.
+    Write {
+        /// File offset.
+        offset: u64,
+        /// Source.
+        buf: AlignedBuf,
+    },
+    /// Read into several buffers, in order, starting at `offset`.
+    Readv {
+        /// File offset.
+        offset: u64,
+        /// Destinations.
+        bufs: Vec<AlignedBuf>,
+    },
+    /// Write several buffers, in order, starting at `offset`.
+    Writev {
+        /// File offset.
+        offset: u64,
+        /// Sources.
+        bufs: Vec<AlignedBuf>,
+    },
+    /// `fsync(2)`.
+    Fsync,
+    /// `fdatasync(2)`.
+    Fdatasync,
+}
+
+impl Op {
+    /// A short name for messages: `"read"`, `"writev"`, `"fsync"`, ...
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Read { .. } => "read",
+            Op::Write { .. } => "write",
+            Op::Readv { .. } => "readv",
+            Op::Writev { .. } => "writev",
+            Op::Fsync => "fsync",
+            Op::Fdatasync => "fdatasync",
+        }
+    }
+
+    /// Whether the op moves data from the file into memory.
+    pub fn is_read(&self) -> bool {
+        matches!(self, Op::Read { .. } | Op::Readv { .. })
+    }
+
+    /// The file offset (0 for syncs).
+    pub fn offset(&self) -> u64 {
+        match self {
+            Op::Read { offset, .. }
+            | Op::Write { offset, .. }
+            | Op::Readv { offset, .. }
+            | Op::Writev { offset, .. } => *offset,
+            Op::Fsync | Op::Fdatasync => 0,
+        }
+    }
+
+    /// Total bytes the request transfers (0 for syncs).
+    pub fn len(&self) -> usize {
+        match self {
+            Op::Read { buf, .. } | Op::Write { buf, .. } => buf.len(),
+            Op::Readv { bufs, .. } | Op::Writev { bufs, .. } => bufs.iter().map(|b| b.len()).sum(),
+            Op::Fsync | Op::Fdatasync => 0,
+        }
+    }
+
+    /// Whether the request transfers no bytes (syncs; data ops are refused when empty).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Moves the buffers out, leaving the op without them.
+    pub fn into_buffers(self) -> IoBuffers {
+        match self {
+            Op::Read { buf, .. } | Op::Write { buf, .. } => IoBuffers::One(buf),
+            Op::Readv { bufs, .. } | Op::Writev { bufs, .. } => IoBuffers::Many(bufs),
+            Op::Fsync | Op::Fdatasync => IoBuffers::None,
+        }
+    }
+
+    /// The buffers, mutably, in transfer order.
+    pub fn buffers_mut(&mut self) -> &mut [AlignedBuf] {
+        match self {
+            Op::Read { buf, .. } | Op::Write { buf, .. } => std::slice::from_mut(buf),
+            Op::Readv { bufs, .. } | Op::Writev { bufs, .. } => bufs,
+            Op::Fsync | Op::Fdatasync => &mut [],
+        }
+    }
+}
+
+/// One block I/O request: a file, an op, and a caller-chosen token echoed in its completion.
+#[derive(Debug)]
+pub struct Request {
+    /// The file.
+    pub file: IoFile,
+    /// What to do.
+    pub op: Op,
+    /// The caller's id for this request, returned in its [`Completion`].
+    pub token: u64,
+}
+
+impl Request {
+    /// A read of `buf.len()` bytes at `offset`.
+    pub fn read(file: &IoFile, offset: u64, buf: AlignedBuf, token: u64) -> Self {
+        Request {
+            file: file.clone(),
+            op: Op::Read { offset, buf },
+            token,
+        }
+    }
+
+    /// A write of `buf` at `offset`.
+    pub fn write(file: &IoFile, offset: u64, buf: AlignedBuf, token: u64) -> Self {
+        Request {
+            file: file.clone(),
+            op: Op::Write { offset, buf },
+            token,
+        }
+    }
+
+    /// A vectored read at `offset`.
+    pub fn readv(file: &IoFile, offset: u64, bufs: Vec<AlignedBuf>, token: u64) -> Self {
+        Request {
+            file: file.clone(),
+            op: Op::Readv { offset, bufs },
+            token,
+        }
+    }
+
+    /// A vectored write at `offset`.
+    pub fn writev(file: &IoFile, offset: u64, bufs: Vec<AlignedBuf>, token: u64) -> Self {
+        Request {
+            file: file.clone(),
+            op: Op::Writev { offset, bufs },
+            token,
+        }
+    }
+
+    /// `fsync(2)` of the file.
+    pub fn fsync(file: &IoFile, token: u64) -> Self {
+        Request {
+            file: file.clone(),
+            op: Op::Fsync,
+            token,
+        }
+    }
+
+    /// `fdatasync(2)` of the file.
+    pub fn fdatasync(file: &IoFile, token: u64) -> Self {
+        Request {
+            file: file.clone(),
+            op: Op::Fdatasync,
+            token,
+        }
+    }
+
+    /// Checks what can be checked without the kernel: non-empty data ops, at most
+    /// `IOV_MAX` buffers, offsets and lengths that fit the kernel's signed 64-bit `loff_t`.
+    pub fn validate(&self) -> Result<(), RequestError> {
+        let op = &self.op;
+        if matches!(op, Op::Fsync | Op::Fdatasync) {
+            return Ok(());
+        }
+        if let Op::Readv { bufs, .. } | Op::Writev { bufs, .. } = op {
+            if bufs.len() > IOV_MAX {
+                return Err(RequestError::TooManyBuffers { count: bufs.len() });
+            }
+        }
+        let len = op.len();
+        if len == 0 {
+            return Err(RequestError::ZeroLength { op: op.name() });
+        }
+        let offset = op.offset();
+        let end = offset.checked_add(len as u64);
+        if offset > i64::MAX as u64 || end.is_none_or(|e| e > i64::MAX as u64) {
+            return Err(RequestError::OffsetOutOfRange { offset, len });
+        }
+        Ok(())
+    }
+
+    /// Completes this request without running it: the buffers go back with `result`.
+    pub fn complete(self, result: io::Result<usize>) -> Completion {
+        Completion {
+            token: self.token,
+            result,
+            buf: self.op.into_buffers(),
+        }
+    }
+}
+
+/// The kernel's limit on buffers per vectored request.
+pub const IOV_MAX: usize = 1024;
+
+/// The buffers of a request, handed back in its completion.
+#[derive(Debug, Default)]
+pub enum IoBuffers {
+    /// A sync has none.
+    #[default]
+    None,
+    /// A read or write.
+    One(AlignedBuf),
+    /// A readv or writev.
+    Many(Vec<AlignedBuf>),
+}
+
+impl IoBuffers {
+    /// The single buffer of a read or write.
+    pub fn into_one(self) -> Option<AlignedBuf> {
+        match self {
+            IoBuffers::One(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// All buffers, in order (empty for a sync).
+    pub fn into_vec(self) -> Vec<AlignedBuf> {
+        match self {
+            IoBuffers::None => Vec::new(),
+            IoBuffers::One(b) => vec![b],
+            IoBuffers::Many(v) => v,
+        }
+    }
+
+    /// The first (for a read or write, the only) buffer.
+    pub fn first(&self) -> Option<&AlignedBuf> {
+        match self {
+            IoBuffers::None => None,
+            IoBuffers::One(b) => Some(b),
+            IoBuffers::Many(v) => v.first(),
+        }
+    }
+
+    /// How many buffers there are.
+    pub fn count(&self) -> usize {
+        match self {
+            IoBuffers::None => 0,
+            IoBuffers::One(_) => 1,
+            IoBuffers::Many(v) => v.len(),
+        }
+    }
+}
+
+/// The end of a request: its token, the bytes transferred (or the error, carrying the errno),
+/// and its buffers back.
+#[derive(Debug)]
+pub struct Completion {
+    /// The request's token.
+    pub token: u64,
+    /// Bytes transferred (less than requested only for a read that reached end of file; 0
+    /// for syncs and for reads at or past EOF), or the error.
+    pub result: io::Result<usize>,
+    /// The request's buffers.
+    pub buf: IoBuffers,
+}
+
+impl Completion {
+    /// The errno of a failed request.
+    pub fn errno(&self) -> Option<i32> {
+        self.result.as_ref().err().and_then(|e| e.raw_os_error())
+    }
+}
+
+/// A request refused before it reached the kernel or a worker.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RequestError {
+    /// A read or write with no bytes.
+    #[error("{op} of zero bytes")]
+    ZeroLength {
+        /// The op's name.
+        op: &'static str,
+    },
+    /// An offset or end beyond `i64::MAX` (the kernel's `loff_t`).
+    #[error("offset {offset} + length {len} is beyond the largest file offset (i64::MAX)")]
+    OffsetOutOfRange {
+        /// The offset.
+        offset: u64,
+        /// The length.
+        len: usize,
+    },
+    /// More buffers than `IOV_MAX`.
+    #[error("{count} buffers in one vectored request (the limit is {IOV_MAX})")]
+    TooManyBuffers {
+        /// How many were given.
+        count: usize,
+    },
+    /// A negative or closed fd.
+    #[error("fd {fd} is not an open file descriptor")]
+    InvalidFd {
+        /// The fd.
+        fd: RawFd,
+    },
+    /// The engine was shut down.
+    #[error("the {engine} engine is shut down")]
+    ShutDown {
+        /// The engine's name.
+        engine: &'static str,
+    },
+    /// The engine does not support this op here (with the reason).
+    #[error("{engine} cannot run {op}: {reason}")]
+    Unsupported {
+        /// The engine's name.
+        engine: &'static str,
+        /// The op's name.
+        op: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl From<RequestError> for io::Error {
+    fn from(e: RequestError) -> io::Error {
+        let kind = match &e {
+            RequestError::ShutDown { .. } => io::ErrorKind::BrokenPipe,
+            RequestError::Unsupported { .. } => io::ErrorKind::Unsupported,
+            _ => io::ErrorKind::InvalidInput,
+        };
+        io::Error::new(kind, e)
+    }
+}
+
+/// A refused request, with the request (and so its buffers) handed back.
+#[derive(Debug, thiserror::Error)]
+#[error("request {} refused: {error}", request.token)]
+pub struct SubmitError {
+    /// Why.
+    #[source]
+    pub error: RequestError,
+    /// The request, untouched.
+    pub request: Box<Request>,
+}
+
+impl SubmitError {
+    /// Wraps a refusal.
+    pub fn new(error: RequestError, request: Request) -> Self {
+        SubmitError {
+            error,
+            request: Box::new(request),
+        }
+    }
+}
+
+impl From<SubmitError> for io::Error {
+    fn from(e: SubmitError) -> io::Error {
+        e.error.into()
+    }
+}
+
+/// What one step of a transfer amounted to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Finished: this many bytes in all.
+    Done(usize),
+    /// Short: resubmit the remainder.
+    Again,
+}
+
+/// Progress of a read or write that the kernel may complete in several pieces.
+///
+/// Engines call [`Transfer::advance`] with each result; a short read or write leaves
+/// [`Step::Again`] and [`Transfer::remaining_iovecs`] describes what is left. A read that
+/// returns 0 has reached end of file and finishes with what it has; a write that returns 0
+/// cannot make progress and fails with `ENOSPC` (as QEMU reports it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Transfer {
+    /// Bytes done so far.
+    pub done: usize,
+}
+
+impl Transfer {
+    /// Accounts for `n` more bytes of `op`.
+    pub fn advance(&mut self, op: &Op, n: usize) -> io::Result<Step> {
+        let total = op.len();
+        if n == 0 && total > self.done {
+            return if op.is_read() {
+                Ok(Step::Done(self.done))
+            } else {
+                Err(io::Error::from_raw_os_error(libc::ENOSPC))
+            };
+        }
+        self.done = (self.done + n).min(total);
+        if self.done >= total {
+            Ok(Step::Done(self.done))
+        } else {
+            Ok(Step::Again)
+        }
+    }
+
+    /// The file offset of the remainder.
+    pub fn offset(&self, op: &Op) -> u64 {
+        op.offset() + self.done as u64
+    }
+
+    /// Fills `out` with iovecs covering the part of `op`'s buffers not yet transferred.
+    ///
+    /// The iovecs point into `op`'s buffers: they are valid while `op` is neither moved out
+    /// of nor dropped, which the engine guarantees by keeping the op in its in-flight table
+    /// until the kernel is done with it.
+    pub fn remaining_iovecs(&self, op: &mut Op, out: &mut Vec<libc::iovec>) {
+        out.clear();
+        let mut skip = self.done;
+        for buf in op.buffers_mut() {
+            if skip >= buf.len() {
+                skip -= buf.len();
+                continue;
+            }
+            // SAFETY: `skip < buf.len()`, so the pointer stays inside the allocation.
+            let base = unsafe { buf.as_mut_ptr().add(skip) };
+            out.push(libc::iovec {
+                iov_base: base.cast(),
+                iov_len: buf.len() - skip,
+            });
+            skip = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file() -> IoFile {
+        IoFile::dup_raw(0)
+            .or_else(|_| IoFile::dup_raw(1))
+            .or_else(|_| IoFile::dup_raw(2))
+            .expect("a standard fd")
+    }
+
+    #[test]
+    fn validation() {
+        let f = file();
+        assert!(matches!(
+            Request::read(&f, 0, AlignedBuf::new(0), 1).validate(),
+            Err(RequestError::ZeroLength { op: "read" })
+        ));
+        assert!(matches!(
+            Request::write(&f, i64::MAX as u64, AlignedBuf::new(1), 1).validate(),
+            Err(RequestError::OffsetOutOfRange { .. })
+        ));
+        assert!(matches!(
+            Request::write(&f, u64::MAX, AlignedBuf::new(1), 1).validate(),
+            Err(RequestError::OffsetOutOfRange { .. })
+        ));
+        assert!(Request::read(&f, 4096, AlignedBuf::new(512), 1)
+            .validate()
+            .is_ok());
+        assert!(Request::fsync(&f, 1).validate().is_ok());
+        let many = (0..IOV_MAX + 1).map(|_| AlignedBuf::new(1)).collect();
+        assert!(matches!(
+            Request::readv(&f, 0, many, 1).validate(),
+            Err(RequestError::TooManyBuffers { .. })
+        ));
+        assert!(matches!(
+            IoFile::dup_raw(-1),
+            Err(RequestError::InvalidFd { fd: -1 })
+        ));
+        assert!(matches!(
+            IoFile::dup_raw(1_000_000),
+            Err(RequestError::InvalidFd { .. })
+        ));
+        let e: io::Error = RequestError::ZeroLength { op: "read" }.into();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn transfer_remainders() {
+        let mut op = Op::Readv {
+            offset: 100,
+            bufs: vec![AlignedBuf::new(10), AlignedBuf::new(20)],
+        };
+        let mut t = Transfer::default();
+        let mut iov = Vec::new();
+        t.remaining_iovecs(&mut op, &mut iov);
+        assert_eq!(iov.iter().map(|v| v.iov_len).collect::<Vec<_>>(), [10, 20]);
+        assert_eq!(t.advance(&op, 15).unwrap(), Step::Again);
+        assert_eq!(t.offset(&op), 115);
+        t.remaining_iovecs(&mut op, &mut iov);
+        assert_eq!(iov.iter().map(|v| v.iov_len).collect::<Vec<_>>(), [15]);
+        assert_eq!(
+            t.advance(&op, 0).unwrap(),
+            Step::Done(15),
+            "EOF: what exists"
+        );
+        let op = Op::Write {
+            offset: 0,
+            buf: AlignedBuf::new(8),
+        };
+        let mut t = Transfer::default();
+        assert_eq!(t.advance(&op, 3).unwrap(), Step::Again);
+        assert_eq!(
+            t.advance(&op, 0).unwrap_err().raw_os_error(),
+            Some(libc::ENOSPC)
+        );
+        assert_eq!(t.advance(&op, 5).unwrap(), Step::Done(8));
+    }
+}

@@ -1,0 +1,140 @@
+//! The worker threads: waiting for jobs, the idle accounting, and the blocking syscalls.
+//!
+//! This module owns what runs on a pool thread. It touches the shared state only under its
+//! lock, counts a thread as idle exactly while it waits on the condition variable (seed 002),
+//! and owns a job's buffers while it runs it, so nothing else can see them meanwhile.
+
+use std::io;
+use std::os::fd::RawFd;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, MutexGuard, PoisonError};
+
+use aio_core::engine::{Op, Request, Step, Transfer};
+
+use crate::{Job, Shared, State};
+
+/// Starts one worker. Called with the state locked; counts it as starting until it reaches
+/// the queue.
+pub(crate) fn spawn(shared: &Arc<Shared>, st: &mut MutexGuard<'_, State>) -> io::Result<()> {
+    st.handles.retain(|h| !h.is_finished());
+    let s = shared.clone();
+    let handle = std::thread::Builder::new()
+        .name("aio-pool".into())
+        .spawn(move || run(&s))?;
+    st.handles.push(handle);
+    st.threads += 1;
+    st.starting += 1;
+    st.spawned += 1;
+    st.peak = st.peak.max(st.threads);
+    Ok(())
+}
+
+fn run(shared: &Shared) {
+    let mut st = shared.lock();
+    st.starting -= 1;
+    loop {
+        if let Some(job) = st.jobs.pop_front() {
+            st.running += 1;
+            drop(st);
+            let completion = execute(job);
+            shared.finish(completion);
+            st = shared.lock();
+            st.running -= 1;
+            st.finished += 1;
+            shared.progress.notify_all();
+            continue;
+        }
+        if st.shutdown || st.threads > st.config.max_threads {
+            break;
+        }
+        // Idle only while waiting: a thread that has work is never counted idle.
+        st.idle += 1;
+        let timeout = st.config.idle_timeout;
+        let (guard, result) = shared
+            .work
+            .wait_timeout(st, timeout)
+            .unwrap_or_else(PoisonError::into_inner);
+        st = guard;
+        st.idle -= 1;
+        if result.timed_out() && st.jobs.is_empty() && st.threads > st.config.min_threads {
+            break;
+        }
+    }
+    st.threads -= 1;
+    shared.progress.notify_all();
+}
+
+fn execute(job: Job) -> aio_core::Completion {
+    match job {
+        Job::Io(mut request) => {
+            let result = run_io(&mut request);
+            request.complete(result)
+        }
+        Job::Work { token, run } => {
+            let result = catch_unwind(AssertUnwindSafe(run))
+                .unwrap_or_else(|_| Err(io::Error::other("offloaded work panicked")));
+            aio_core::Completion {
+                token,
+                result,
+                buf: Default::default(),
+            }
+        }
+    }
+}
+
+/// Retries a syscall on `EINTR` / `EAGAIN`.
+fn retry(mut f: impl FnMut() -> isize) -> io::Result<usize> {
+    loop {
+        let r = f();
+        if r >= 0 {
+            return Ok(r as usize);
+        }
+        let err = io::Error::last_os_error();
+        if !matches!(err.raw_os_error(), Some(libc::EINTR) | Some(libc::EAGAIN)) {
+            return Err(err);
+        }
+    }
+}
+
+/// Runs one request to the end: the whole transfer (short reads and writes continue with
+/// the remainder), or the sync.
+fn run_io(request: &mut Request) -> io::Result<usize> {
+    let fd: RawFd = request.file.raw_fd();
+    let op = &mut request.op;
+    match op {
+        Op::Fsync => retry(|| {
+            // SAFETY: fsync takes only an fd, kept open by `request.file`.
+            unsafe { libc::fsync(fd) as isize }
+        })
+        .map(|_| 0),
+        Op::Fdatasync => retry(|| {
+            // SAFETY: fdatasync takes only an fd, kept open by `request.file`.
+            unsafe { libc::fdatasync(fd) as isize }
+        })
+        .map(|_| 0),
+        _ => {
+            let is_read = op.is_read();
+            let mut transfer = Transfer::default();
+            let mut iov = Vec::new();
+            loop {
+                transfer.remaining_iovecs(op, &mut iov);
+                let offset = transfer.offset(op) as libc::off_t;
+                let n = retry(|| {
+                    // SAFETY: `iov` points into `op`'s buffers, owned by this job and neither
+                    // moved nor dropped during the call; the count is <= IOV_MAX (validated).
+                    unsafe {
+                        if is_read {
+                            libc::preadv(fd, iov.as_ptr(), iov.len() as libc::c_int, offset)
+                        } else {
+                            libc::pwritev(fd, iov.as_ptr(), iov.len() as libc::c_int, offset)
+                        }
+                    }
+                })?;
+                match transfer.advance(op, n)? {
+                    Step::Done(total) => return Ok(total),
+                    Step::Again => continue,
+                }
+            }
+        }
+    }
+}

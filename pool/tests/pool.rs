@@ -1,0 +1,320 @@
+//! Pool-specific behaviour: thread accounting (seed 002), limits, idle exit, cancel,
+//! shutdown, and the typed offload in the loop.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aio_backend_poll::PollLoop;
+use aio_core::engine::{AlignedBuf, IoEngine, Request, RequestError};
+use aio_core::testing::engine::{wait_for, TempFile};
+use aio_core::testing::poll_until;
+use aio_core::AioContext;
+use aio_pool::{PoolConfig, PoolContext, ThreadPool, WORK_TOKEN_BIT};
+
+/// Work that blocks until `concurrency` of its kind run at once (or 10 s pass) and records the
+/// highest concurrency it saw.
+fn rendezvous(
+    running: &Arc<AtomicUsize>,
+    seen_max: &Arc<AtomicUsize>,
+    want: usize,
+) -> impl FnOnce() -> std::io::Result<usize> + Send + 'static {
+    let (running, seen_max) = (running.clone(), seen_max.clone());
+    move || {
+        let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+        seen_max.fetch_max(now, Ordering::SeqCst);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while running.load(Ordering::SeqCst) < want && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        seen_max.fetch_max(running.load(Ordering::SeqCst), Ordering::SeqCst);
+        // Stay until everyone has seen the peak.
+        std::thread::sleep(Duration::from_millis(20));
+        running.fetch_sub(1, Ordering::SeqCst);
+        Ok(0)
+    }
+}
+
+#[test]
+fn sixteen_blocking_requests_run_at_once_and_idle_threads_are_reused() {
+    let mut pool = ThreadPool::new(PoolConfig::default()).unwrap();
+    let running = Arc::new(AtomicUsize::new(0));
+    let seen_max = Arc::new(AtomicUsize::new(0));
+    for t in 0..16 {
+        pool.submit_work(t, rendezvous(&running, &seen_max, 16))
+            .unwrap();
+    }
+    let done = wait_for(&mut pool, 16);
+    assert!(done.iter().all(|c| c.result.is_ok()));
+    assert_eq!(
+        seen_max.load(Ordering::SeqCst),
+        16,
+        "the requests themselves saw 16 running at once"
+    );
+    let stats = pool.stats();
+    assert_eq!(stats.spawned, 16);
+    assert_eq!(stats.peak_threads, 16);
+    // All 16 wait for work now; a second burst reuses them (idle = waiting, seed 002).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pool.stats().idle < 16 {
+        assert!(
+            Instant::now() < deadline,
+            "threads never became idle: {:?}",
+            pool.stats()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    seen_max.store(0, Ordering::SeqCst);
+    for t in 16..32 {
+        pool.submit_work(t, rendezvous(&running, &seen_max, 16))
+            .unwrap();
+    }
+    wait_for(&mut pool, 16);
+    assert_eq!(seen_max.load(Ordering::SeqCst), 16);
+    assert_eq!(
+        pool.stats().spawned,
+        16,
+        "idle threads were reused, none spawned"
+    );
+    assert!(pool.stats().notifier_writes <= 32);
+}
+
+#[test]
+fn max_threads_is_respected_and_work_queues() {
+    let mut pool = ThreadPool::new(PoolConfig {
+        max_threads: 4,
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    let running = Arc::new(AtomicUsize::new(0));
+    let seen_max = Arc::new(AtomicUsize::new(0));
+    for t in 0..12 {
+        pool.submit_work(t, rendezvous(&running, &seen_max, 4))
+            .unwrap();
+    }
+    assert!(
+        pool.stats().queued >= 8 - 4,
+        "work beyond the threads queues"
+    );
+    let done = wait_for(&mut pool, 12);
+    assert_eq!(done.len(), 12);
+    assert_eq!(seen_max.load(Ordering::SeqCst), 4);
+    assert_eq!(pool.stats().peak_threads, 4);
+}
+
+#[test]
+fn threads_above_the_minimum_exit_after_the_idle_timeout() {
+    let mut pool = ThreadPool::new(PoolConfig {
+        max_threads: 8,
+        min_threads: 2,
+        idle_timeout: Duration::from_millis(100),
+    })
+    .unwrap();
+    assert_eq!(pool.stats().threads, 2, "min_threads start at once");
+    let running = Arc::new(AtomicUsize::new(0));
+    let seen_max = Arc::new(AtomicUsize::new(0));
+    for t in 0..8 {
+        pool.submit_work(t, rendezvous(&running, &seen_max, 8))
+            .unwrap();
+    }
+    wait_for(&mut pool, 8);
+    assert_eq!(pool.stats().threads, 8);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pool.stats().threads > 2 {
+        assert!(
+            Instant::now() < deadline,
+            "idle threads did not exit: {:?}",
+            pool.stats()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(pool.stats().threads, 2, "the minimum stays");
+    // Limits change at run time.
+    pool.set_config(PoolConfig {
+        max_threads: 8,
+        min_threads: 5,
+        idle_timeout: Duration::from_secs(10),
+    })
+    .unwrap();
+    assert_eq!(pool.stats().threads, 5);
+    assert!(pool
+        .set_config(PoolConfig {
+            max_threads: 1,
+            min_threads: 2,
+            idle_timeout: Duration::ZERO
+        })
+        .is_err());
+}
+
+fn blocker(release: &Arc<AtomicBool>) -> impl FnOnce() -> std::io::Result<usize> + Send + 'static {
+    let release = release.clone();
+    move || {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !release.load(Ordering::SeqCst) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(1)
+    }
+}
+
+#[test]
+fn cancel_removes_queued_work_only() {
+    let mut pool = ThreadPool::new(PoolConfig {
+        max_threads: 1,
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    let release = Arc::new(AtomicBool::new(false));
+    pool.submit_work(0, blocker(&release)).unwrap();
+    // Wait until the blocker runs, so it cannot be cancelled.
+    while pool.stats().running == 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let tmp = TempFile::with_len(4096, 1);
+    let file = tmp.open(0).unwrap();
+    pool.submit(Request::read(&file, 0, AlignedBuf::new(4096), 1))
+        .unwrap();
+    pool.submit_work(2, || Ok(2)).unwrap();
+    assert!(!pool.cancel(0), "running work is not cancelled");
+    assert!(pool.cancel(1));
+    release.store(true, Ordering::SeqCst);
+    let mut done = wait_for(&mut pool, 3);
+    done.sort_by_key(|c| c.token);
+    assert_eq!(done[0].result.as_ref().unwrap(), &1);
+    assert_eq!(done[1].errno(), Some(libc::ECANCELED));
+    assert_eq!(done[1].buf.count(), 1);
+    assert_eq!(done[2].result.as_ref().unwrap(), &2);
+}
+
+#[test]
+fn shutdown_cancels_queued_work_finishes_running_work_and_joins() {
+    let mut pool = ThreadPool::new(PoolConfig {
+        max_threads: 1,
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    let release = Arc::new(AtomicBool::new(false));
+    pool.submit_work(0, blocker(&release)).unwrap();
+    while pool.stats().running == 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for t in 1..6 {
+        pool.submit_work(t, || Ok(7)).unwrap();
+    }
+    let r = release.clone();
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        r.store(true, Ordering::SeqCst);
+    });
+    let mut done = pool.shutdown();
+    releaser.join().unwrap();
+    done.sort_by_key(|c| c.token);
+    assert_eq!(done.len(), 6);
+    assert_eq!(
+        done[0].result.as_ref().unwrap(),
+        &1,
+        "running work finished"
+    );
+    assert!(done[1..].iter().all(|c| c.errno() == Some(libc::ECANCELED)));
+    assert_eq!(pool.stats().threads, 0, "every thread joined");
+    assert!(matches!(
+        pool.submit_work(9, || Ok(0)),
+        Err(RequestError::ShutDown { .. })
+    ));
+    let tmp = TempFile::with_len(4096, 1);
+    let e = pool
+        .submit(Request::read(
+            &tmp.open(0).unwrap(),
+            0,
+            AlignedBuf::new(4096),
+            1,
+        ))
+        .unwrap_err();
+    assert!(matches!(e.error, RequestError::ShutDown { .. }));
+    assert_eq!(pool.in_flight(), 0);
+}
+
+#[test]
+fn offloaded_closures_return_typed_results_in_the_loop() {
+    let ctx = AioContext::new(PollLoop::new()).unwrap();
+    let pool = ThreadPool::new(PoolConfig {
+        max_threads: 1,
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    let pool = PoolContext::attach(&ctx, pool, |_, _| {}).unwrap();
+    let results: Rc<RefCell<Vec<String>>> = Rc::default();
+    let r = results.clone();
+    let loop_thread = std::thread::current().id();
+    pool.run(
+        || (std::thread::current().name().map(String::from), 40 + 2),
+        move |_ctx, v| {
+            assert_eq!(
+                std::thread::current().id(),
+                loop_thread,
+                "delivered on the loop thread"
+            );
+            let (name, n) = v.unwrap();
+            r.borrow_mut().push(format!("{}:{n}", name.unwrap()));
+        },
+    )
+    .unwrap();
+    let r = results.clone();
+    pool.run(
+        || -> u32 { panic!("boom") },
+        move |_ctx, v: std::io::Result<u32>| r.borrow_mut().push(format!("err:{}", v.unwrap_err())),
+    )
+    .unwrap();
+    poll_until(&ctx, "two results", || results.borrow().len() == 2);
+    assert_eq!(results.borrow()[0], "aio-pool:42");
+    assert!(results.borrow()[1].contains("panicked"));
+
+    // Cancel: occupy the only thread, queue one, cancel it.
+    let release = Arc::new(AtomicBool::new(false));
+    let rel = release.clone();
+    let freed = Rc::new(Cell::new(false));
+    let f = freed.clone();
+    pool.run(
+        move || {
+            while !rel.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        },
+        move |_, _| f.set(true),
+    )
+    .unwrap();
+    while pool.with_pool(|p| p.stats().running) == 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let cancelled = Rc::new(Cell::new(None));
+    let c = cancelled.clone();
+    let token = pool
+        .run(
+            || 1,
+            move |_, v: std::io::Result<i32>| c.set(v.err().and_then(|e| e.raw_os_error())),
+        )
+        .unwrap();
+    assert!(token & WORK_TOKEN_BIT != 0);
+    assert!(pool.cancel(token));
+    release.store(true, Ordering::SeqCst);
+    poll_until(&ctx, "cancel and release", || {
+        freed.get() && cancelled.get().is_some()
+    });
+    assert_eq!(cancelled.get(), Some(libc::ECANCELED));
+    assert_eq!(pool.in_flight(), 0);
+
+    // I/O tokens may not use the work bit.
+    let tmp = TempFile::with_len(4096, 1);
+    let e = pool
+        .submit(Request::read(
+            &tmp.open(0).unwrap(),
+            0,
+            AlignedBuf::new(4096),
+            WORK_TOKEN_BIT | 1,
+        ))
+        .unwrap_err();
+    assert!(matches!(e.error, RequestError::Unsupported { .. }));
+}

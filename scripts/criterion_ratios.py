@@ -1,0 +1,39 @@
+#!/usr/bin/env python3
+"""Prints the ratios the project tracks from one criterion run (target/criterion).
+
+Usage: python3 scripts/criterion_ratios.py [target/criterion]
+Each figure is a ratio of two benchmarks measured in the same run (mean point estimates).
+"""
+import json
+import os
+import sys
+
+root = sys.argv[1] if len(sys.argv) > 1 else "target/criterion"
+
+
+def mean_ns(group, bench, param=None):
+    parts = [root, group, bench] + ([str(param)] if param is not None else []) + ["new", "estimates.json"]
+    path = os.path.join(*parts)
+    try:
+        with open(path) as f:
+            return json.load(f)["mean"]["point_estimate"]
+    except FileNotFoundError:
+        return None
+
+
+def ratio(label, num, den):
+    if num is None or den is None:
+        print(f"{label:60s} (not measured)")
+    else:
+        print(f"{label:60s} {num / den:6.2f}   ({num:,.0f} ns / {den:,.0f} ns)")
+
+
+for mon in ["epoll", "hybrid", "poll", "bare-epoll"]:
+    for n in [64, 256, 1024]:
+        ratio(f"iteration {mon}: {n} fds / 1 fd", mean_ns("iteration", mon, n), mean_ns("iteration", mon, 1))
+for n in [1, 256, 1024]:
+    ratio(f"iteration at {n} fds: AioContext over epoll / bare epoll_wait loop",
+          mean_ns("iteration", "epoll", n), mean_ns("iteration", "bare-epoll", n))
+    ratio(f"iteration at {n} fds: hybrid / bare epoll_wait loop",
+          mean_ns("iteration", "hybrid", n), mean_ns("iteration", "bare-epoll", n))
+ratio("notifier: pipe / eventfd", mean_ns("notifier", "pipe"), mean_ns("notifier", "eventfd"))
