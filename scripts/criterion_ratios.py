@@ -37,3 +37,11 @@ for n in [1, 256, 1024]:
     ratio(f"iteration at {n} fds: hybrid / bare epoll_wait loop",
           mean_ns("iteration", "hybrid", n), mean_ns("iteration", "bare-epoll", n))
 ratio("notifier: pipe / eventfd", mean_ns("notifier", "pipe"), mean_ns("notifier", "eventfd"))
+ratio("pool round trip / tokio spawn_blocking round trip",
+      mean_ns("roundtrip", "pool_run"), mean_ns("roundtrip", "tokio_spawn_blocking"))
+ratio("QD1 O_DIRECT randread: pool poll_max_ns 32768 / poll_max_ns 0",
+      mean_ns("qd1_randread_4k_odirect", "pool_poll_32768"), mean_ns("qd1_randread_4k_odirect", "pool_poll_0"))
+ratio("QD1 O_DIRECT randread: pool (poll 32768) / sync pread",
+      mean_ns("qd1_randread_4k_odirect", "pool_poll_32768"), mean_ns("qd1_randread_4k_odirect", "sync_pread"))
+ratio("QD1 O_DIRECT randread: pool (poll 0) / sync pread",
+      mean_ns("qd1_randread_4k_odirect", "pool_poll_0"), mean_ns("qd1_randread_4k_odirect", "sync_pread"))

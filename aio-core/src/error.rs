@@ -78,8 +78,8 @@ pub enum AioError {
         #[source]
         source: io::Error,
     },
-    /// `detach` of an engine whose callbacks are still running up the stack.
-    #[error("the engine cannot be detached from inside its own completion callback")]
+    /// `detach` of an engine from inside a callback of its context.
+    #[error("an engine cannot be detached from inside a callback of its context")]
     EngineBusy,
     /// Creating the context's own notifier failed.
     #[error("creating the context notifier failed: {0}")]

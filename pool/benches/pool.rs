@@ -43,7 +43,10 @@ fn roundtrip(c: &mut Criterion) {
         .build()
         .unwrap();
     g.bench_function("tokio_spawn_blocking", |b| {
-        b.iter(|| rt.block_on(tokio::task::spawn_blocking(|| ())).unwrap())
+        b.iter(|| {
+            rt.block_on(async { tokio::task::spawn_blocking(|| ()).await })
+                .unwrap()
+        })
     });
     g.finish();
 }
@@ -109,7 +112,7 @@ fn qd1_randread(c: &mut Criterion) {
             "poll_max_ns {poll_max_ns}: blocking waits {}, poll hits {}, delivered {}",
             c.blocking_waits,
             c.poll_hits,
-            pool.attached().delivered()
+            pool.delivered()
         );
     }
     g.finish();

@@ -136,9 +136,14 @@ impl<L: EventLoop + 'static> PoolContext<L> {
         self.engine.in_flight()
     }
 
-    /// The underlying attachment (statistics, the safety-net counter).
-    pub fn attached(&self) -> &AttachedEngine<L, ThreadPool> {
-        &self.engine
+    /// Completions (I/O and work) delivered so far.
+    pub fn delivered(&self) -> u64 {
+        self.engine.delivered()
+    }
+
+    /// How many times the nested-loop safety net had to deliver.
+    pub fn safety_net_runs(&self) -> u64 {
+        self.engine.safety_net_runs()
     }
 
     /// Runs `f` with the pool (limits, statistics).

@@ -7,7 +7,9 @@
 use std::io;
 use std::os::fd::RawFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard, PoisonError};
+use std::time::Instant;
 
 use aio_core::engine::{Op, Request, Step, Transfer};
 
@@ -32,8 +34,12 @@ pub(crate) fn spawn(shared: &Arc<Shared>, st: &mut MutexGuard<'_, State>) -> io:
 fn run(shared: &Shared) {
     let mut st = shared.lock();
     st.starting -= 1;
+    // Whether this idle period already spun (spin once, then sleep).
+    let mut spun = false;
     loop {
         if let Some(job) = st.jobs.pop_front() {
+            spun = false;
+            shared.jobs_len.store(st.jobs.len(), Ordering::Release);
             st.running += 1;
             drop(st);
             let completion = execute(job);
@@ -46,6 +52,24 @@ fn run(shared: &Shared) {
         }
         if st.shutdown || st.threads > st.config.max_threads {
             break;
+        }
+        let spin = st.config.spin;
+        if !spin.is_zero() && !spun {
+            // Busy-wait a little for the next job before paying for a sleep and a wake-up.
+            // A spinning thread is not idle (it is not waiting on the condvar), but it will
+            // take the next job, so submitters count it and do not spawn for that job.
+            st.spinning += 1;
+            drop(st);
+            let deadline = Instant::now() + spin;
+            while shared.jobs_len.load(Ordering::Acquire) == 0 && Instant::now() < deadline {
+                std::hint::spin_loop();
+            }
+            st = shared.lock();
+            st.spinning -= 1;
+            spun = true;
+            // Re-check jobs and shutdown at the top: a notify_all sent while we spun did
+            // not reach us.
+            continue;
         }
         // Idle only while waiting: a thread that has work is never counted idle.
         st.idle += 1;

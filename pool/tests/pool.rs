@@ -110,6 +110,7 @@ fn threads_above_the_minimum_exit_after_the_idle_timeout() {
         max_threads: 8,
         min_threads: 2,
         idle_timeout: Duration::from_millis(100),
+        ..PoolConfig::default()
     })
     .unwrap();
     assert_eq!(pool.stats().threads, 2, "min_threads start at once");
@@ -136,7 +137,7 @@ fn threads_above_the_minimum_exit_after_the_idle_timeout() {
     pool.set_config(PoolConfig {
         max_threads: 8,
         min_threads: 5,
-        idle_timeout: Duration::from_secs(10),
+        ..PoolConfig::default()
     })
     .unwrap();
     assert_eq!(pool.stats().threads, 5);
@@ -144,7 +145,7 @@ fn threads_above_the_minimum_exit_after_the_idle_timeout() {
         .set_config(PoolConfig {
             max_threads: 1,
             min_threads: 2,
-            idle_timeout: Duration::ZERO
+            ..PoolConfig::default()
         })
         .is_err());
 }
@@ -317,4 +318,23 @@ fn offloaded_closures_return_typed_results_in_the_loop() {
         ))
         .unwrap_err();
     assert!(matches!(e.error, RequestError::Unsupported { .. }));
+}
+
+#[test]
+fn spinning_threads_take_the_next_job_without_a_spawn() {
+    let mut pool = ThreadPool::new(PoolConfig {
+        spin: Duration::from_millis(50),
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    for t in 0..200 {
+        pool.submit_work(t, move || Ok(t as usize)).unwrap();
+        let done = wait_for(&mut pool, 1);
+        assert_eq!(done[0].result.as_ref().unwrap(), &(t as usize));
+    }
+    assert!(
+        pool.stats().spawned <= 2,
+        "a spinning thread counts as taking the next job: {:?}",
+        pool.stats()
+    );
 }

@@ -119,7 +119,11 @@ impl BottomHalf {
                         generation: self.generation,
                         ticket,
                     });
-                    self.shared.notify();
+                    // The loop thread recomputes its timeout (and sees the queue) before it
+                    // blocks; only other threads need to wake it.
+                    if !self.shared.on_loop_thread() {
+                        self.shared.notify();
+                    }
                     return true;
                 }
                 Err(actual) => word = actual,

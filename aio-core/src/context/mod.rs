@@ -110,6 +110,8 @@ pub(crate) struct Shared {
     notifier_writes: AtomicU64,
     notify_calls: AtomicU64,
     bh_queue: Mutex<Vec<BhEntry>>,
+    /// The thread that runs the loop: a bottom half scheduled from it needs no wake-up.
+    loop_thread: std::thread::ThreadId,
 }
 
 impl Shared {
@@ -126,19 +128,17 @@ impl Shared {
         }
     }
 
+    /// Whether the caller is the loop's own thread (it will see queued work before it
+    /// blocks, so it needs no notification).
+    pub(crate) fn on_loop_thread(&self) -> bool {
+        std::thread::current().id() == self.loop_thread
+    }
+
     pub(crate) fn push_bh(&self, entry: BhEntry) {
         self.bh_queue
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(entry);
-    }
-
-    fn bh_queued(&self) -> bool {
-        !self
-            .bh_queue
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_empty()
     }
 
     fn take_bh_queue(&self) -> Vec<BhEntry> {
@@ -246,6 +246,7 @@ impl<L: EventLoop> AioContext<L> {
                 notifier_writes: AtomicU64::new(0),
                 notify_calls: AtomicU64::new(0),
                 bh_queue: Mutex::new(Vec::new()),
+                loop_thread: std::thread::current().id(),
             }),
             clock,
             handlers: RefCell::new(HandlerTable::new()),
@@ -290,6 +291,12 @@ impl<L: EventLoop> AioContext<L> {
     /// The context's clock, in ns.
     pub fn now_ns(&self) -> u64 {
         self.clock.now_ns()
+    }
+
+    /// Whether a `poll()` of this context is running (the caller is inside one of its
+    /// callbacks).
+    pub fn is_polling(&self) -> bool {
+        self.depth.get() > 0
     }
 
     /// A snapshot of the counters.
@@ -525,8 +532,22 @@ impl<L: EventLoop> AioContext<L> {
         Ok(())
     }
 
+    /// Whether a bottom half waits to run: a queued schedule that is still live (a cancelled
+    /// one leaves a stale entry that must not cost an extra iteration; seed 001).
     fn bh_pending(&self) -> bool {
-        self.shared.bh_queued() || self.bh_slices.borrow().iter().any(|s| !s.is_empty())
+        let live = |e: &BhEntry| {
+            e.ticket == DELETE_TICKET
+                || matches!(self.bhs.borrow().get(e.index as usize),
+                    Some(Some(s)) if s.generation == e.generation && s.state.is_pending(e.ticket))
+        };
+        let queued = self
+            .shared
+            .bh_queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .any(live);
+        queued || self.bh_slices.borrow().iter().flatten().any(live)
     }
 
     /// Runs the bottom halves scheduled before this call; returns whether any ran.

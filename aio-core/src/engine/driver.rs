@@ -61,14 +61,13 @@ impl<L: EventLoop, E: IoEngine> Driver<L, E> {
                     continue;
                 }
             };
-            if !armed {
-                // Scheduled before the first user callback, so that a nested loop sees the
-                // completions still queued here (seed 001).
-                if let Some(bh) = self.safety_net.borrow().as_ref() {
-                    bh.schedule();
-                }
-                armed = true;
+            // Scheduled before each user callback (a no-op while still scheduled), so that a
+            // nested loop sees the completions still queued here (seed 001), also after a
+            // nested delivery cancelled it.
+            if let Some(bh) = self.safety_net.borrow().as_ref() {
+                bh.schedule();
             }
+            armed = true;
             self.delivered.set(self.delivered.get() + 1);
             progress = true;
             (self.on_complete)(ctx, completion);
@@ -208,10 +207,15 @@ impl<L: EventLoop, E: IoEngine> AttachedEngine<L, E> {
         f(&mut self.driver.engine.borrow_mut())
     }
 
-    /// Detaches from `ctx`: the notifier handler and the safety net are removed, undelivered
-    /// completions are delivered first, and the engine is returned (still holding whatever is
-    /// in flight).
+    /// Detaches from `ctx`: undelivered completions are delivered first, the notifier handler
+    /// and the safety net are removed, and the engine is returned (still holding whatever is
+    /// in flight). Refused with [`AioError::EngineBusy`], changing nothing, when called from
+    /// inside a callback of `ctx`.
     pub fn detach(self, ctx: &AioContext<L>) -> Result<E, AioError> {
+        if ctx.is_polling() {
+            // A callback up the stack may be this engine's: refuse before changing anything.
+            return Err(AioError::EngineBusy);
+        }
         self.driver.process(ctx);
         ctx.remove_fd_handler(self.fd)?;
         if let Some(bh) = self.driver.safety_net.borrow_mut().take() {

@@ -1,0 +1,84 @@
+//! Building an I/O engine by name, as the bench's `--engine` flag will.
+//!
+//! This module owns the mapping from names to engines and which ones this build has (Cargo
+//! feature `pool`; `linux-aio` and `uring` arrive with their crates). It constructs engines
+//! only; it never submits I/O.
+
+use std::fmt;
+use std::io;
+use std::str::FromStr;
+
+use aio_core::IoEngine;
+
+/// An I/O engine this project offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineKind {
+    /// The thread pool (aio-pool, QEMU's aio=threads).
+    Pool,
+}
+
+impl EngineKind {
+    /// Every kind, in the order reports list them.
+    pub const ALL: [EngineKind; 1] = [EngineKind::Pool];
+
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineKind::Pool => "pool",
+        }
+    }
+
+    /// Builds the engine with its defaults, or says why this build cannot.
+    pub fn build(self) -> io::Result<Box<dyn IoEngine>> {
+        match self {
+            #[cfg(feature = "pool")]
+            EngineKind::Pool => Ok(Box::new(aio_pool::ThreadPool::new(
+                aio_pool::PoolConfig::default(),
+            )?)),
+            #[allow(unreachable_patterns)]
+            other => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("engine '{other}' is not in this build (enable its Cargo feature)"),
+            )),
+        }
+    }
+}
+
+impl fmt::Display for EngineKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An unknown engine name.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown engine '{0}' (expected one of: pool)")]
+pub struct UnknownEngine(pub String);
+
+impl FromStr for EngineKind {
+    type Err = UnknownEngine;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        EngineKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| UnknownEngine(s.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_unknown_is_an_error() {
+        for k in EngineKind::ALL {
+            assert_eq!(k.name().parse::<EngineKind>().unwrap(), k);
+            assert_eq!(k.build().unwrap().name(), k.name());
+        }
+        assert!("spdk"
+            .parse::<EngineKind>()
+            .unwrap_err()
+            .to_string()
+            .contains("spdk"));
+    }
+}
