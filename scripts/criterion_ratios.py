@@ -45,3 +45,7 @@ ratio("QD1 O_DIRECT randread: pool (poll 32768) / sync pread",
       mean_ns("qd1_randread_4k_odirect", "pool_poll_32768"), mean_ns("qd1_randread_4k_odirect", "sync_pread"))
 ratio("QD1 O_DIRECT randread: pool (poll 0) / sync pread",
       mean_ns("qd1_randread_4k_odirect", "pool_poll_0"), mean_ns("qd1_randread_4k_odirect", "sync_pread"))
+ratio("QD1 O_DIRECT randread, workers spin 50us: poll 32768 / poll 0",
+      mean_ns("qd1_randread_4k_odirect", "pool_spin50us_poll_32768"), mean_ns("qd1_randread_4k_odirect", "pool_spin50us_poll_0"))
+ratio("QD1 O_DIRECT randread: pool (spin 50us, poll 32768) / sync pread",
+      mean_ns("qd1_randread_4k_odirect", "pool_spin50us_poll_32768"), mean_ns("qd1_randread_4k_odirect", "sync_pread"))

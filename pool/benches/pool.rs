@@ -2,11 +2,15 @@
 //!
 //! * `roundtrip/pool_run` — offload a no-op closure and receive its result in the loop, next
 //!   to `roundtrip/tokio_spawn_blocking` — the same round trip through tokio's blocking pool;
-//! * `qd1_randread_4k_odirect/{sync_pread, pool_poll_0, pool_poll_32768}` — QD1 4 KiB
-//!   O_DIRECT random reads of a 64 MiB file in the system temp dir: a plain `pread` loop, and
-//!   the pool attached to a loop with adaptive polling off and at QEMU's IOThread default.
+//! * `qd1_randread_4k_odirect/{sync_pread, pool_poll_0, pool_poll_32768,
+//!   pool_spin50us_poll_0, pool_spin50us_poll_32768}` — QD1 4 KiB O_DIRECT random reads of a
+//!   64 MiB file in the system temp dir: a plain `pread` loop, and the pool attached to a loop
+//!   with adaptive polling off and at QEMU's IOThread default, with workers that sleep at once
+//!   (QEMU) or spin 50 µs for the next request first.
 //!
-//! Run: `cargo bench -p aio-pool --bench pool`; read the figures as ratios within one run.
+//! Run: `cargo bench -p aio-pool --bench pool` (device-bound on a disk-backed temp dir);
+//! `TMPDIR=/dev/shm cargo bench -p aio-pool --bench pool` measures the CPU cost of the handoff
+//! (tmpfs completes O_DIRECT synchronously). Read the figures as ratios within one run.
 #![allow(missing_docs)] // criterion_group! generates undocumented functions
 
 use std::cell::Cell;
@@ -78,7 +82,7 @@ fn qd1_randread(c: &mut Criterion) {
             assert_eq!(n, BLOCK as isize);
         })
     });
-    for poll_max_ns in [0u64, 32_768] {
+    for (spin_us, poll_max_ns) in [(0u64, 0u64), (0, 32_768), (50, 0), (50, 32_768)] {
         let ctx = AioContext::new(EpollLoop::new().unwrap()).unwrap();
         ctx.set_poll_params(PollParams {
             max_ns: poll_max_ns,
@@ -86,14 +90,23 @@ fn qd1_randread(c: &mut Criterion) {
         });
         let back: Rc<Cell<Option<AlignedBuf>>> = Rc::default();
         let b2 = back.clone();
-        let pool = ThreadPool::new(PoolConfig::default()).unwrap();
+        let pool = ThreadPool::new(PoolConfig {
+            spin: std::time::Duration::from_micros(spin_us),
+            ..PoolConfig::default()
+        })
+        .unwrap();
         let pool = PoolContext::attach(&ctx, pool, move |_, c| {
             assert_eq!(c.result.unwrap(), BLOCK);
             b2.set(c.buf.into_one());
         })
         .unwrap();
         let mut buf = Some(AlignedBuf::new(BLOCK));
-        g.bench_function(format!("pool_poll_{poll_max_ns}"), |b| {
+        let name = if spin_us == 0 {
+            format!("pool_poll_{poll_max_ns}")
+        } else {
+            format!("pool_spin{spin_us}us_poll_{poll_max_ns}")
+        };
+        g.bench_function(name, |b| {
             b.iter(|| {
                 let off = (rng.next_u64() % FILE_BLOCKS) * BLOCK as u64;
                 pool.submit(Request::read(&file, off, buf.take().unwrap(), 0))
@@ -109,7 +122,7 @@ fn qd1_randread(c: &mut Criterion) {
         });
         let c = ctx.counters();
         eprintln!(
-            "poll_max_ns {poll_max_ns}: blocking waits {}, poll hits {}, delivered {}",
+            "spin {spin_us} us, poll_max_ns {poll_max_ns}: blocking waits {}, poll hits {}, delivered {}",
             c.blocking_waits,
             c.poll_hits,
             pool.delivered()
