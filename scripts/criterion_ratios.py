@@ -39,6 +39,8 @@ for n in [1, 256, 1024]:
 ratio("notifier: pipe / eventfd", mean_ns("notifier", "pipe"), mean_ns("notifier", "eventfd"))
 ratio("pool round trip / tokio spawn_blocking round trip",
       mean_ns("roundtrip", "pool_run"), mean_ns("roundtrip", "tokio_spawn_blocking"))
+ratio("pool round trip, loop polling 32768 / tokio spawn_blocking",
+      mean_ns("roundtrip", "pool_run_poll_32768"), mean_ns("roundtrip", "tokio_spawn_blocking"))
 ratio("QD1 O_DIRECT randread: pool poll_max_ns 32768 / poll_max_ns 0",
       mean_ns("qd1_randread_4k_odirect", "pool_poll_32768"), mean_ns("qd1_randread_4k_odirect", "pool_poll_0"))
 ratio("QD1 O_DIRECT randread: pool (poll 32768) / sync pread",

@@ -1,7 +1,8 @@
 //! Pool benchmarks (seed 000 and 004):
 //!
-//! * `roundtrip/pool_run` — offload a no-op closure and receive its result in the loop, next
-//!   to `roundtrip/tokio_spawn_blocking` — the same round trip through tokio's blocking pool;
+//! * `roundtrip/pool_run` — offload a no-op closure and receive its result in the loop
+//!   (`pool_run_poll_32768`: the loop busy-polls like an IOThread), next to
+//!   `roundtrip/tokio_spawn_blocking` — the same round trip through tokio's blocking pool;
 //! * `qd1_randread_4k_odirect/{sync_pread, pool_poll_0, pool_poll_32768,
 //!   pool_spin50us_poll_0, pool_spin50us_poll_32768}` — QD1 4 KiB O_DIRECT random reads of a
 //!   64 MiB file in the system temp dir: a plain `pread` loop, and the pool attached to a loop
@@ -28,20 +29,26 @@ const BLOCK: usize = 4096;
 
 fn roundtrip(c: &mut Criterion) {
     let mut g = c.benchmark_group("roundtrip");
-    let ctx = AioContext::new(EpollLoop::new().unwrap()).unwrap();
-    let pool = ThreadPool::new(PoolConfig::default()).unwrap();
-    let pool = PoolContext::attach(&ctx, pool, |_, _| {}).unwrap();
-    let done = Rc::new(Cell::new(false));
-    g.bench_function("pool_run", |b| {
-        b.iter(|| {
-            done.set(false);
-            let d = done.clone();
-            pool.run(|| (), move |_, r| d.set(r.is_ok())).unwrap();
-            while !done.get() {
-                ctx.poll(true);
-            }
-        })
-    });
+    for (name, poll_max_ns) in [("pool_run", 0u64), ("pool_run_poll_32768", 32_768)] {
+        let ctx = AioContext::new(EpollLoop::new().unwrap()).unwrap();
+        ctx.set_poll_params(PollParams {
+            max_ns: poll_max_ns,
+            ..PollParams::iothread()
+        });
+        let pool = ThreadPool::new(PoolConfig::default()).unwrap();
+        let pool = PoolContext::attach(&ctx, pool, |_, _| {}).unwrap();
+        let done = Rc::new(Cell::new(false));
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                done.set(false);
+                let d = done.clone();
+                pool.run(|| (), move |_, r| d.set(r.is_ok())).unwrap();
+                while !done.get() {
+                    ctx.poll(true);
+                }
+            })
+        });
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .build()

@@ -7,7 +7,8 @@
 //! * **Threads** ([`PoolConfig`], QEMU's defaults): at most 64, at least 0, a thread above the
 //!   minimum exits after 10 s without work; all settable, also at run time
 //!   ([`ThreadPool::set_config`]). A thread is spawned when work is queued that no idle or
-//!   starting thread will take and fewer than the maximum run. A thread counts as idle only
+//!   arriving thread (just spawned, or just done with a job) will take and fewer than the
+//!   maximum run. A thread counts as idle only
 //!   while it waits for work (seed 002: counting busy threads as idle starves the pool).
 //! * **Completions** are signalled through a [`Notifier`] (written once per batch of
 //!   completions, not once per completion) plus a syscall-free `has_completions` check that
@@ -167,8 +168,9 @@ pub(crate) struct State {
     pub(crate) config: PoolConfig,
     pub(crate) threads: usize,
     pub(crate) idle: usize,
-    /// Spawned threads that have not reached the job queue yet: each will take a job.
-    pub(crate) starting: usize,
+    /// Threads on their way to the job queue (just spawned, or just finished a job and
+    /// publishing its completion): each will take a job, so submitters count them.
+    pub(crate) arriving: usize,
     /// Threads busy-waiting for work (`PoolConfig::spin`): each will take a job.
     pub(crate) spinning: usize,
     pub(crate) running: usize,
@@ -254,7 +256,7 @@ impl ThreadPool {
                 config,
                 threads: 0,
                 idle: 0,
-                starting: 0,
+                arriving: 0,
                 spinning: 0,
                 running: 0,
                 peak: 0,
@@ -298,7 +300,7 @@ impl ThreadPool {
         let mut st = self.shared.lock();
         st.config = config;
         while st.threads < config.min_threads
-            || (st.jobs.len() > st.idle + st.starting + st.spinning
+            || (st.jobs.len() > st.idle + st.arriving + st.spinning
                 && st.threads < config.max_threads)
         {
             worker::spawn(&self.shared, &mut st).map_err(PoolError::Spawn)?;
@@ -348,7 +350,8 @@ impl ThreadPool {
         Ok(())
     }
 
-    /// Hands jobs to the threads, spawning where no idle or starting thread will take them.
+    /// Hands jobs to the threads, spawning where no idle, spinning or arriving thread will take
+    /// them.
     fn enqueue(&mut self, jobs: Vec<Job>) {
         if jobs.is_empty() {
             return;
@@ -357,7 +360,7 @@ impl ThreadPool {
         let n = jobs.len();
         st.jobs.extend(jobs);
         self.shared.jobs_len.store(st.jobs.len(), Ordering::Release);
-        while st.jobs.len() > st.idle + st.starting + st.spinning
+        while st.jobs.len() > st.idle + st.arriving + st.spinning
             && st.threads < st.config.max_threads
         {
             if let Err(e) = worker::spawn(&self.shared, &mut st) {

@@ -15,7 +15,7 @@ use aio_core::engine::{Op, Request, Step, Transfer};
 
 use crate::{Job, Shared, State};
 
-/// Starts one worker. Called with the state locked; counts it as starting until it reaches
+/// Starts one worker. Called with the state locked; counts it as arriving until it reaches
 /// the queue.
 pub(crate) fn spawn(shared: &Arc<Shared>, st: &mut MutexGuard<'_, State>) -> io::Result<()> {
     st.handles.retain(|h| !h.is_finished());
@@ -25,7 +25,7 @@ pub(crate) fn spawn(shared: &Arc<Shared>, st: &mut MutexGuard<'_, State>) -> io:
         .spawn(move || run(&s))?;
     st.handles.push(handle);
     st.threads += 1;
-    st.starting += 1;
+    st.arriving += 1;
     st.spawned += 1;
     st.peak = st.peak.max(st.threads);
     Ok(())
@@ -33,7 +33,7 @@ pub(crate) fn spawn(shared: &Arc<Shared>, st: &mut MutexGuard<'_, State>) -> io:
 
 fn run(shared: &Shared) {
     let mut st = shared.lock();
-    st.starting -= 1;
+    st.arriving -= 1;
     // Whether this idle period already spun (spin once, then sleep).
     let mut spun = false;
     loop {
@@ -43,10 +43,17 @@ fn run(shared: &Shared) {
             st.running += 1;
             drop(st);
             let completion = execute(job);
-            shared.finish(completion);
+            // Count as arriving *before* the completion is visible: the loop may submit the
+            // next request the moment it sees it, and must not spawn a thread for it while
+            // this one is about to look at the queue (seed 002).
             st = shared.lock();
             st.running -= 1;
             st.finished += 1;
+            st.arriving += 1;
+            drop(st);
+            shared.finish(completion);
+            st = shared.lock();
+            st.arriving -= 1;
             shared.progress.notify_all();
             continue;
         }
