@@ -24,11 +24,26 @@ use crate::engine::{AlignedBuf, Completion, IoEngine, IoFile, Request, RequestEr
 use crate::{AioContext, EventLoop};
 
 /// Generates one `#[test]` per engine conformance test; `$engine` builds the engine and
-/// `$monitor` the fd monitor for tests that run a loop.
+/// `$monitor` the fd monitor for tests that run a loop. With `probe: $probe` (an expression
+/// giving `Result<(), impl Display>`), each test first asks whether the kernel supports the
+/// engine and, if not, reports `skipped: <reason>` (a failure under
+/// `AIO_REQUIRE_ALL_BACKENDS=1`).
 #[macro_export]
 macro_rules! engine_conformance {
-    ($engine:expr, $monitor:expr) => {
-        $crate::engine_conformance!(@tests $engine, $monitor;
+    (@tests ($probe:expr), $engine:expr, $monitor:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                if let ::std::result::Result::Err(reason) = $probe {
+                    $crate::testing::skip(&::std::format!("{}: {}", ::std::stringify!($name), reason));
+                    return;
+                }
+                $crate::testing::engine::$name(|| $engine, || $monitor);
+            }
+        )*
+    };
+    (probe: $probe:expr, $engine:expr, $monitor:expr) => {
+        $crate::engine_conformance!(@tests ($probe), $engine, $monitor;
             write_then_read_at_random_offsets,
             readv_and_writev,
             fsync_and_fdatasync,
@@ -46,13 +61,8 @@ macro_rules! engine_conformance {
             nested_poll_in_a_completion_callback_loses_and_duplicates_nothing,
         );
     };
-    (@tests $engine:expr, $monitor:expr; $($name:ident),* $(,)?) => {
-        $(
-            #[test]
-            fn $name() {
-                $crate::testing::engine::$name(|| $engine, || $monitor);
-            }
-        )*
+    ($engine:expr, $monitor:expr) => {
+        $crate::engine_conformance!(probe: ::std::result::Result::<(), &str>::Ok(()), $engine, $monitor);
     };
 }
 

@@ -1,0 +1,221 @@
+//! Linux-AIO-specific behaviour: the ring bound, batching, the user-space ring, the buffered
+//! policy, io_submit errors, short transfers and the aio-max-nr error.
+
+use aio_backend_linux_aio::{probe, BufferedPolicy, LinuxAio, LinuxAioConfig, LinuxAioError};
+use aio_core::engine::{AlignedBuf, IoEngine, Request, RequestError};
+use aio_core::testing::engine::{wait_for, TempFile};
+use aio_core::testing::skip;
+
+const BLOCK: usize = 4096;
+
+fn available() -> bool {
+    match probe() {
+        Ok(()) => true,
+        Err(e) => {
+            skip(&format!("Linux AIO unavailable: {e}"));
+            false
+        }
+    }
+}
+
+#[test]
+fn a_tiny_ring_queues_the_rest_and_batches_stay_bounded() {
+    if !available() {
+        return;
+    }
+    let mut engine = LinuxAio::new(LinuxAioConfig {
+        ring_size: 4,
+        max_batch: 3,
+        ..LinuxAioConfig::default()
+    })
+    .unwrap();
+    let tmp = TempFile::with_len(64 * BLOCK, 7);
+    let file = tmp.open(libc::O_DIRECT).unwrap();
+    let mut done = Vec::new();
+    for t in 0..1000u64 {
+        engine
+            .submit(Request::read(
+                &file,
+                (t % 64) * BLOCK as u64,
+                AlignedBuf::new(BLOCK),
+                t,
+            ))
+            .unwrap();
+        assert!(
+            engine.in_kernel() <= 4,
+            "never more in the kernel than the ring holds"
+        );
+        if t % 50 == 49 {
+            done.extend(wait_for(&mut engine, 1));
+        }
+    }
+    let rest = engine.in_flight();
+    done.extend(wait_for(&mut engine, rest));
+    assert_eq!(done.len(), 1000);
+    assert!(done.iter().all(|c| c.result.as_ref().ok() == Some(&BLOCK)));
+    let stats = engine.stats();
+    assert_eq!(stats.iocbs_submitted, 1000);
+    assert!(
+        stats.submit_calls >= 1000 / 3,
+        "at most 3 iocbs per io_submit: {stats:?}"
+    );
+    assert!(
+        engine.reads_ring_in_user_space(),
+        "this kernel's ring layout is known"
+    );
+    assert_eq!(
+        stats.ring_events, 1000,
+        "every completion read from the ring"
+    );
+    assert_eq!(
+        stats.getevents_calls, 0,
+        "no io_getevents syscall on the fast path"
+    );
+}
+
+#[test]
+fn buffered_files_are_refused_or_accepted_by_policy() {
+    if !available() {
+        return;
+    }
+    let tmp = TempFile::with_len(BLOCK, 1);
+    let mut strict = LinuxAio::new(LinuxAioConfig {
+        buffered: BufferedPolicy::Refuse,
+        ..LinuxAioConfig::default()
+    })
+    .unwrap();
+    let e = strict
+        .submit(Request::read(
+            &tmp.open(0).unwrap(),
+            0,
+            AlignedBuf::new(BLOCK),
+            1,
+        ))
+        .unwrap_err();
+    assert!(matches!(e.error, RequestError::Unsupported { .. }));
+    assert!(e.to_string().contains("O_DIRECT"), "{e}");
+    strict
+        .submit(Request::read(
+            &tmp.open(libc::O_DIRECT).unwrap(),
+            0,
+            AlignedBuf::new(BLOCK),
+            2,
+        ))
+        .unwrap();
+    assert_eq!(strict.drain()[0].result.as_ref().unwrap(), &BLOCK);
+
+    let mut lenient = LinuxAio::new(LinuxAioConfig::default()).unwrap();
+    lenient
+        .submit(Request::read(
+            &tmp.open(0).unwrap(),
+            0,
+            AlignedBuf::new(BLOCK),
+            3,
+        ))
+        .unwrap();
+    assert_eq!(lenient.drain()[0].result.as_ref().unwrap(), &BLOCK);
+    assert_eq!(lenient.stats().buffered_requests, 1);
+}
+
+#[test]
+fn an_io_submit_error_fails_only_the_head_request() {
+    if !available() {
+        return;
+    }
+    let mut engine = LinuxAio::new(LinuxAioConfig::default()).unwrap();
+    let tmp = TempFile::with_len(4 * BLOCK, 2);
+    let rw = tmp.open(libc::O_DIRECT).unwrap();
+    let ro = tmp.open_read_only();
+    engine.plug();
+    engine
+        .submit(Request::read(&rw, 0, AlignedBuf::new(BLOCK), 0))
+        .unwrap();
+    engine
+        .submit(Request::write(&ro, 0, AlignedBuf::new(BLOCK), 1))
+        .unwrap();
+    engine
+        .submit(Request::read(&rw, BLOCK as u64, AlignedBuf::new(BLOCK), 2))
+        .unwrap();
+    engine
+        .submit(Request::read(
+            &rw,
+            2 * BLOCK as u64,
+            AlignedBuf::new(BLOCK),
+            3,
+        ))
+        .unwrap();
+    engine.unplug();
+    let mut done = wait_for(&mut engine, 4);
+    done.sort_by_key(|c| c.token);
+    assert_eq!(done[1].errno(), Some(libc::EBADF));
+    for i in [0, 2, 3] {
+        assert_eq!(done[i].result.as_ref().unwrap(), &BLOCK);
+    }
+    assert_eq!(
+        engine.stats().submit_errors,
+        1,
+        "io_submit refused the write synchronously"
+    );
+}
+
+#[test]
+fn a_read_across_eof_is_resubmitted_for_the_remainder() {
+    if !available() {
+        return;
+    }
+    let mut engine = LinuxAio::new(LinuxAioConfig::default()).unwrap();
+    let tmp = TempFile::with_len(3 * BLOCK, 9);
+    let file = tmp.open(libc::O_DIRECT).unwrap();
+    engine
+        .submit(Request::readv(
+            &file,
+            BLOCK as u64,
+            vec![AlignedBuf::new(BLOCK), AlignedBuf::new(4 * BLOCK)],
+            1,
+        ))
+        .unwrap();
+    let done = engine.drain();
+    assert_eq!(done[0].result.as_ref().unwrap(), &(2 * BLOCK));
+    assert!(
+        engine.stats().resubmits >= 1,
+        "the short read went back for the rest"
+    );
+}
+
+#[test]
+fn exhausting_aio_max_nr_is_a_typed_error_naming_the_limit() {
+    if !available() {
+        return;
+    }
+    let max: u64 = std::fs::read_to_string("/proc/sys/fs/aio-max-nr")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(65536);
+    // The kernel refuses more than 2^28 / 32 events with EINVAL before it checks the limit.
+    if max >= (1 << 23) - 1 {
+        skip(&format!(
+            "aio-max-nr is {max}: too large to exhaust from a test"
+        ));
+        return;
+    }
+    let e = LinuxAio::new(LinuxAioConfig {
+        ring_size: (max + 1) as u32,
+        ..LinuxAioConfig::default()
+    })
+    .unwrap_err();
+    assert!(matches!(e, LinuxAioError::AioMaxNr { .. }), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("/proc/sys/fs/aio-max-nr") && msg.contains(&max.to_string()),
+        "{msg}"
+    );
+    let io: std::io::Error = e.into();
+    assert_eq!(io.kind(), std::io::ErrorKind::WouldBlock);
+    assert!(matches!(
+        LinuxAio::new(LinuxAioConfig {
+            ring_size: 0,
+            ..LinuxAioConfig::default()
+        }),
+        Err(LinuxAioError::ZeroRing)
+    ));
+}
