@@ -1,7 +1,7 @@
 //! Building an I/O engine by name, as the bench's `--engine` flag will.
 //!
 //! This module owns the mapping from names to engines and which ones this build has (Cargo
-//! feature `pool`; `linux-aio` and `uring` arrive with their crates). It constructs engines
+//! features `pool`, `linux-aio`; `uring` arrives with its crate). It constructs engines
 //! only; it never submits I/O.
 
 use std::fmt;
@@ -15,16 +15,27 @@ use aio_core::IoEngine;
 pub enum EngineKind {
     /// The thread pool (aio-pool, QEMU's aio=threads).
     Pool,
+    /// Linux native AIO (aio-backend-linux-aio, QEMU's aio=native).
+    LinuxAio,
 }
 
 impl EngineKind {
     /// Every kind, in the order reports list them.
-    pub const ALL: [EngineKind; 1] = [EngineKind::Pool];
+    pub const ALL: [EngineKind; 2] = [EngineKind::Pool, EngineKind::LinuxAio];
+
+    /// The fio `ioengine` that runs the same kind of I/O.
+    pub fn fio_ioengine(self) -> &'static str {
+        match self {
+            EngineKind::Pool => "psync",
+            EngineKind::LinuxAio => "libaio",
+        }
+    }
 
     /// The name used on the command line and in reports.
     pub fn name(self) -> &'static str {
         match self {
             EngineKind::Pool => "pool",
+            EngineKind::LinuxAio => "linux-aio",
         }
     }
 
@@ -34,6 +45,10 @@ impl EngineKind {
             #[cfg(feature = "pool")]
             EngineKind::Pool => Ok(Box::new(aio_pool::ThreadPool::new(
                 aio_pool::PoolConfig::default(),
+            )?)),
+            #[cfg(feature = "linux-aio")]
+            EngineKind::LinuxAio => Ok(Box::new(aio_backend_linux_aio::LinuxAio::new(
+                aio_backend_linux_aio::LinuxAioConfig::default(),
             )?)),
             #[allow(unreachable_patterns)]
             other => Err(io::Error::new(
@@ -52,7 +67,7 @@ impl fmt::Display for EngineKind {
 
 /// An unknown engine name.
 #[derive(Debug, thiserror::Error)]
-#[error("unknown engine '{0}' (expected one of: pool)")]
+#[error("unknown engine '{0}' (expected one of: pool, linux-aio)")]
 pub struct UnknownEngine(pub String);
 
 impl FromStr for EngineKind {

@@ -6,4 +6,7 @@
 //! scaling matrix, fio job files and the `aio-bench` binary arrive with the bench issue.
 
 pub mod engines;
+pub mod fio;
+pub mod job;
 pub mod monitors;
+pub mod units;

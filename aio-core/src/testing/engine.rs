@@ -59,6 +59,7 @@ macro_rules! engine_conformance {
             bad_input_is_refused_with_the_request_handed_back,
             attached_engine_delivers_in_the_loop,
             nested_poll_in_a_completion_callback_loses_and_duplicates_nothing,
+            callback_that_submits_and_waits_in_a_nested_loop_is_not_stuck_in_a_batch,
         );
     };
     ($engine:expr, $monitor:expr) => {
@@ -824,4 +825,65 @@ pub fn nested_poll_in_a_completion_callback_loses_and_duplicates_nothing<
         attached.safety_net_runs() >= 1,
         "the nested loop was served by the safety-net bottom half"
     );
+}
+
+/// A completion callback submits a request and waits for it in a nested loop (the
+/// submission is made while the driver batches the callbacks' submissions): the request must
+/// still go out and complete.
+pub fn callback_that_submits_and_waits_in_a_nested_loop_is_not_stuck_in_a_batch<
+    E: IoEngine + 'static,
+    L: EventLoop + 'static,
+>(
+    engine: impl Fn() -> E,
+    monitor: impl Fn() -> L,
+) {
+    use crate::engine::AttachedEngine;
+    let ctx = AioContext::new(monitor()).unwrap();
+    let tmp = TempFile::with_len(8 * BLOCK, 3);
+    let file = tmp.open(0).unwrap();
+    let slot: Rc<RefCell<Option<AttachedEngine<L, E>>>> = Rc::default();
+    let delivered: Rc<RefCell<Vec<u64>>> = Rc::default();
+    let (s, d, f) = (slot.clone(), delivered.clone(), file.clone());
+    let attached = ctx
+        .attach_engine(engine(), move |ctx, c| {
+            d.borrow_mut().push(c.token);
+            if c.token < 4 {
+                // Chain: each of the first four submits a follow-up and waits for it.
+                let next = 100 + c.token;
+                s.borrow()
+                    .as_ref()
+                    .unwrap()
+                    .submit(Request::read(&f, 0, AlignedBuf::new(BLOCK), next))
+                    .unwrap();
+                let dog = super::watchdog(ctx, Duration::from_secs(20));
+                while !d.borrow().contains(&next) {
+                    assert!(!dog.get(), "the follow-up {next} never completed");
+                    ctx.poll(true);
+                }
+            }
+        })
+        .unwrap();
+    *slot.borrow_mut() = Some(attached);
+    {
+        let guard = slot.borrow();
+        let engine = guard.as_ref().unwrap();
+        engine.plug();
+        for t in 0..4u64 {
+            engine
+                .submit(Request::read(
+                    &file,
+                    t * BLOCK as u64,
+                    AlignedBuf::new(BLOCK),
+                    t,
+                ))
+                .unwrap();
+        }
+        engine.unplug();
+    }
+    super::poll_until(&ctx, "eight completions", || delivered.borrow().len() == 8);
+    let mut tokens = delivered.borrow().clone();
+    tokens.sort_unstable();
+    assert_eq!(tokens, [0, 1, 2, 3, 100, 101, 102, 103]);
+    let attached = slot.borrow_mut().take().unwrap();
+    assert_eq!(attached.in_flight(), 0);
 }

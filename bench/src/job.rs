@@ -1,0 +1,283 @@
+//! One fio-like job against one engine: keep `iodepth` requests in flight on a file for a
+//! while and measure IOPS and latency.
+//!
+//! This module owns the load generator and its measurements. It drives an engine attached to
+//! an [`AioContext`] exactly as an application would (submissions from completion callbacks,
+//! the loop blocking in `poll`), and it never reaches into an engine's internals.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::rc::Rc;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use aio_core::engine::{AlignedBuf, AttachedEngine, IoEngine, IoFile, Request};
+use aio_core::{AioContext, EventLoop, LoopCounters, PollParams};
+use hdrhistogram::Histogram;
+
+/// The I/O pattern of a job (fio's `rw=`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pattern {
+    /// Sequential reads.
+    Read,
+    /// Sequential writes.
+    Write,
+    /// Random reads.
+    RandRead,
+    /// Random writes.
+    RandWrite,
+}
+
+impl Pattern {
+    /// fio's name for the pattern.
+    pub fn fio_name(self) -> &'static str {
+        match self {
+            Pattern::Read => "read",
+            Pattern::Write => "write",
+            Pattern::RandRead => "randread",
+            Pattern::RandWrite => "randwrite",
+        }
+    }
+
+    fn is_write(self) -> bool {
+        matches!(self, Pattern::Write | Pattern::RandWrite)
+    }
+
+    fn is_random(self) -> bool {
+        matches!(self, Pattern::RandRead | Pattern::RandWrite)
+    }
+}
+
+impl FromStr for Pattern {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "read" => Ok(Pattern::Read),
+            "write" => Ok(Pattern::Write),
+            "randread" => Ok(Pattern::RandRead),
+            "randwrite" => Ok(Pattern::RandWrite),
+            other => Err(format!(
+                "unknown pattern '{other}' (expected read, write, randread or randwrite)"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Pattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.fio_name())
+    }
+}
+
+/// What a job does.
+#[derive(Debug, Clone, Copy)]
+pub struct JobSpec {
+    /// The pattern.
+    pub pattern: Pattern,
+    /// Block size in bytes (a multiple of 512 for O_DIRECT).
+    pub bs: usize,
+    /// Requests kept in flight.
+    pub iodepth: usize,
+    /// Measured time.
+    pub runtime: Duration,
+    /// Time run before measuring starts.
+    pub ramp: Duration,
+    /// The loop's adaptive polling limit.
+    pub poll_max_ns: u64,
+}
+
+/// What a job measured.
+#[derive(Debug, Clone)]
+pub struct JobResult {
+    /// Completed requests in the measured window.
+    pub ios: u64,
+    /// Bytes moved in the measured window.
+    pub bytes: u64,
+    /// Length of the measured window.
+    pub elapsed: Duration,
+    /// Submit-to-completion latency in ns.
+    pub latency_ns: Histogram<u64>,
+    /// The loop's counters over the whole job.
+    pub counters: LoopCounters,
+    /// Errors completions reported.
+    pub errors: u64,
+}
+
+impl JobResult {
+    /// Completed requests per second.
+    pub fn iops(&self) -> f64 {
+        self.ios as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// MB/s (10^6 bytes per second, as fio's MB/s).
+    pub fn mb_s(&self) -> f64 {
+        self.bytes as f64 / 1e6 / self.elapsed.as_secs_f64()
+    }
+
+    /// Mean latency in µs.
+    pub fn mean_lat_us(&self) -> f64 {
+        self.latency_ns.mean() / 1000.0
+    }
+}
+
+/// A small deterministic PRNG (xorshift64*) for offsets.
+#[derive(Debug, Clone)]
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+struct Generator {
+    spec: JobSpec,
+    file: IoFile,
+    blocks: u64,
+    rng: Rng,
+    next_seq: u64,
+    started: Vec<Instant>,
+    measuring_since: Option<Instant>,
+    deadline: Instant,
+    ios: u64,
+    bytes: u64,
+    errors: u64,
+    hist: Histogram<u64>,
+    outstanding: usize,
+}
+
+impl Generator {
+    fn request(&mut self, slot: usize, buf: AlignedBuf) -> Request {
+        let block = if self.spec.pattern.is_random() {
+            self.rng.next() % self.blocks
+        } else {
+            let b = self.next_seq % self.blocks;
+            self.next_seq += 1;
+            b
+        };
+        let offset = block * self.spec.bs as u64;
+        self.started[slot] = Instant::now();
+        self.outstanding += 1;
+        if self.spec.pattern.is_write() {
+            Request::write(&self.file, offset, buf, slot as u64)
+        } else {
+            Request::read(&self.file, offset, buf, slot as u64)
+        }
+    }
+}
+
+/// Runs `spec` with `engine` on `file` (of `file_size` bytes) in a fresh context over
+/// `monitor`.
+pub fn run_job<L, E>(
+    monitor: L,
+    engine: E,
+    file: &IoFile,
+    file_size: u64,
+    spec: JobSpec,
+) -> std::io::Result<JobResult>
+where
+    L: EventLoop + 'static,
+    E: IoEngine + 'static,
+{
+    let blocks = file_size / spec.bs as u64;
+    if blocks == 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "the file ({file_size} bytes) is smaller than one block ({} bytes)",
+                spec.bs
+            ),
+        ));
+    }
+    let ctx = AioContext::new(monitor)?;
+    ctx.set_poll_params(PollParams {
+        max_ns: spec.poll_max_ns,
+        ..PollParams::iothread()
+    });
+    let start = Instant::now();
+    let generator = Rc::new(RefCell::new(Generator {
+        spec,
+        file: file.clone(),
+        blocks,
+        rng: Rng(0x9e37_79b9_7f4a_7c15),
+        next_seq: 0,
+        started: vec![start; spec.iodepth],
+        measuring_since: None,
+        deadline: start + spec.ramp + spec.runtime,
+        ios: 0,
+        bytes: 0,
+        errors: 0,
+        hist: Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds"),
+        outstanding: 0,
+    }));
+    let engine_slot: Rc<RefCell<Option<AttachedEngine<L, E>>>> = Rc::default();
+    let ramp_end = start + spec.ramp;
+    let (g, slot) = (generator.clone(), engine_slot.clone());
+    let attached = ctx.attach_engine(engine, move |_ctx, c| {
+        let now = Instant::now();
+        let mut gen = g.borrow_mut();
+        gen.outstanding -= 1;
+        let i = c.token as usize;
+        if now >= ramp_end {
+            if gen.measuring_since.is_none() {
+                gen.measuring_since = Some(ramp_end);
+            }
+            match &c.result {
+                Ok(n) => {
+                    gen.ios += 1;
+                    gen.bytes += *n as u64;
+                    let ns = now.duration_since(gen.started[i]).as_nanos() as u64;
+                    let _ = gen.hist.record(ns.max(1));
+                }
+                Err(_) => gen.errors += 1,
+            }
+        }
+        if now >= gen.deadline {
+            return;
+        }
+        let Some(buf) = c.buf.into_one() else { return };
+        let req = gen.request(i, buf);
+        drop(gen);
+        if let Some(engine) = slot.borrow().as_ref() {
+            if engine.submit(req).is_err() {
+                g.borrow_mut().errors += 1;
+            }
+        }
+    })?;
+    *engine_slot.borrow_mut() = Some(attached);
+    {
+        let slot = engine_slot.borrow();
+        let engine = slot.as_ref().expect("just set");
+        engine.plug();
+        for i in 0..spec.iodepth {
+            let mut buf = AlignedBuf::new(spec.bs);
+            if spec.pattern.is_write() {
+                buf.fill(0x5a);
+            }
+            let req = generator.borrow_mut().request(i, buf);
+            engine.submit(req).map_err(std::io::Error::from)?;
+        }
+        engine.unplug();
+    }
+    while generator.borrow().outstanding > 0 {
+        ctx.poll(true);
+    }
+    let attached = engine_slot.borrow_mut().take().expect("engine");
+    drop(attached.detach(&ctx).map_err(std::io::Error::from)?);
+    let end = Instant::now().min(generator.borrow().deadline);
+    let gen = generator.borrow();
+    let measured_from = gen.measuring_since.unwrap_or(ramp_end);
+    Ok(JobResult {
+        ios: gen.ios,
+        bytes: gen.bytes,
+        elapsed: end
+            .saturating_duration_since(measured_from)
+            .max(Duration::from_millis(1)),
+        latency_ns: gen.hist.clone(),
+        counters: ctx.counters(),
+        errors: gen.errors,
+    })
+}

@@ -1,0 +1,279 @@
+//! `aio-bench`: compare aio-rs backends, and compare them with fio.
+//!
+//! Subcommands today: `vs-fio` (the same job through fio and through one of our engines,
+//! alternating A B A B) and `probe` (which backends this build and kernel offer). The
+//! scsi-disk scaling matrix arrives with the bench issue.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use aio_bench::engines::EngineKind;
+use aio_bench::fio;
+use aio_bench::job::{run_job, JobResult, JobSpec, Pattern};
+use aio_bench::monitors::MonitorKind;
+use aio_bench::units::{parse_duration, parse_size};
+use aio_core::engine::IoFile;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "aio-bench", version, about = "Benchmarks for aio-rs backends")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run one job through fio and through an aio-rs engine, alternating, and print both
+    /// figures and their ratio.
+    VsFio(VsFioArgs),
+    /// Say which fd monitors and engines this build and kernel offer.
+    Probe,
+}
+
+#[derive(clap::Args, Debug)]
+struct VsFioArgs {
+    /// Our engine: pool or linux-aio (compared with fio's psync or libaio).
+    #[arg(long, default_value = "linux-aio", value_parser = parse_engine)]
+    engine: EngineKind,
+    /// read, write, randread or randwrite.
+    #[arg(long, default_value = "randread", value_parser = parse_pattern)]
+    rw: Pattern,
+    /// Block size (fio units: 4k, 64k, 1m).
+    #[arg(long, default_value = "4k", value_parser = parse_size_arg)]
+    bs: u64,
+    /// Requests in flight.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    iodepth: u64,
+    /// Measured time per run (10s, 500ms).
+    #[arg(long, default_value = "10s", value_parser = parse_duration_arg)]
+    runtime: Duration,
+    /// Warm-up before measuring, per run.
+    #[arg(long, default_value = "1s", value_parser = parse_duration_arg)]
+    ramp: Duration,
+    /// Size of the test file.
+    #[arg(long, default_value = "256m", value_parser = parse_size_arg)]
+    size: u64,
+    /// Directory for the test file (default: the system temp dir).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// A B pairs to run.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=100))]
+    rounds: u64,
+    /// Our fd monitor.
+    #[arg(long, default_value = "epoll", value_parser = parse_monitor)]
+    fdmon: MonitorKind,
+    /// Our loop's adaptive polling limit (0 = off, as fio's libaio engine waits in the kernel).
+    #[arg(long, default_value_t = 0)]
+    poll_max_ns: u64,
+}
+
+fn parse_engine(s: &str) -> Result<EngineKind, String> {
+    s.parse()
+        .map_err(|e: aio_bench::engines::UnknownEngine| e.to_string())
+}
+fn parse_monitor(s: &str) -> Result<MonitorKind, String> {
+    s.parse()
+        .map_err(|e: aio_bench::monitors::UnknownMonitor| e.to_string())
+}
+fn parse_pattern(s: &str) -> Result<Pattern, String> {
+    s.parse()
+}
+fn parse_size_arg(s: &str) -> Result<u64, String> {
+    parse_size(s).map_err(|e| e.to_string())
+}
+fn parse_duration_arg(s: &str) -> Result<Duration, String> {
+    parse_duration(s).map_err(|e| e.to_string())
+}
+
+/// A test image that is removed when dropped (also when the run fails).
+struct Image {
+    path: PathBuf,
+}
+
+impl Image {
+    fn create(dir: &Path, size: u64) -> std::io::Result<Image> {
+        let path = dir.join(format!("aio-bench-{}.img", std::process::id()));
+        let image = Image { path };
+        let mut f = File::create(&image.path)?;
+        let chunk: Vec<u8> = (0..1 << 20).map(|i| (i * 7 + 1) as u8).collect();
+        let mut left = size;
+        while left > 0 {
+            let n = left.min(chunk.len() as u64) as usize;
+            f.write_all(&chunk[..n])?;
+            left -= n as u64;
+        }
+        f.sync_all()?;
+        Ok(image)
+    }
+
+    fn open_direct(&self) -> std::io::Result<IoFile> {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&self.path)
+            .map(IoFile::from)
+    }
+}
+
+impl Drop for Image {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn ours(args: &VsFioArgs, file: &IoFile, spec: JobSpec) -> Result<JobResult, String> {
+    let monitor = args
+        .fdmon
+        .build()
+        .map_err(|e| format!("fd monitor {}: {e}", args.fdmon))?;
+    let engine = args
+        .engine
+        .build()
+        .map_err(|e| format!("engine {}: {e}", args.engine))?;
+    run_job(monitor, engine, file, args.size, spec).map_err(|e| format!("our run failed: {e}"))
+}
+
+fn vs_fio(args: VsFioArgs) -> Result<(), (u8, String)> {
+    let bad = |m: String| (2u8, m);
+    let dir = args.dir.clone().unwrap_or_else(std::env::temp_dir);
+    if !dir.is_dir() {
+        return Err(bad(format!(
+            "--dir {}: not an existing directory",
+            dir.display()
+        )));
+    }
+    if args.bs == 0 || args.bs % 512 != 0 {
+        return Err(bad(format!(
+            "--bs {}: must be a non-zero multiple of 512 (O_DIRECT)",
+            args.bs
+        )));
+    }
+    if args.size < args.bs {
+        return Err(bad(format!(
+            "--size {} is smaller than --bs {}",
+            args.size, args.bs
+        )));
+    }
+    let version = fio::version().map_err(|e| (2, e.to_string()))?;
+    let spec = JobSpec {
+        pattern: args.rw,
+        bs: args.bs as usize,
+        iodepth: args.iodepth as usize,
+        runtime: args.runtime,
+        ramp: args.ramp,
+        poll_max_ns: args.poll_max_ns,
+    };
+    let image = Image::create(&dir, args.size)
+        .map_err(|e| bad(format!("creating the test file in {}: {e}", dir.display())))?;
+    let file = image.open_direct().map_err(|e| {
+        bad(format!(
+            "{}: O_DIRECT open failed: {e}",
+            image.path.display()
+        ))
+    })?;
+    let ioengine = args.engine.fio_ioengine();
+    println!(
+        "vs-fio: {} ({}, {}) vs {version} --ioengine={ioengine}",
+        args.engine,
+        args.fdmon,
+        if args.poll_max_ns == 0 {
+            "polling off".to_string()
+        } else {
+            format!("poll_max_ns {}", args.poll_max_ns)
+        }
+    );
+    println!(
+        "job: {} bs={} iodepth={} runtime={:?} ramp={:?} file={} ({} MiB, O_DIRECT)",
+        args.rw,
+        args.bs,
+        args.iodepth,
+        args.runtime,
+        args.ramp,
+        image.path.display(),
+        args.size >> 20
+    );
+    println!(
+        "{:<6} {:>12} {:>12} {:>7}   {:>12} {:>12} {:>7}",
+        "round", "fio IOPS", "ours IOPS", "ratio", "fio lat us", "ours lat us", "ratio"
+    );
+    let (mut fio_iops, mut our_iops, mut fio_lat, mut our_lat) = (0.0, 0.0, 0.0, 0.0);
+    for round in 1..=args.rounds {
+        let f =
+            fio::run(ioengine, &image.path, args.size, &spec).map_err(|e| (1, e.to_string()))?;
+        let o = ours(&args, &file, spec).map_err(|e| (1, e))?;
+        if o.errors > 0 {
+            return Err((1, format!("{} requests failed in our run", o.errors)));
+        }
+        println!(
+            "{:<6} {:>12.0} {:>12.0} {:>7.3}   {:>12.1} {:>12.1} {:>7.3}",
+            round,
+            f.iops,
+            o.iops(),
+            o.iops() / f.iops,
+            f.mean_lat_us,
+            o.mean_lat_us(),
+            o.mean_lat_us() / f.mean_lat_us
+        );
+        fio_iops += f.iops;
+        our_iops += o.iops();
+        fio_lat += f.mean_lat_us;
+        our_lat += o.mean_lat_us();
+    }
+    let n = args.rounds as f64;
+    println!(
+        "{:<6} {:>12.0} {:>12.0} {:>7.3}   {:>12.1} {:>12.1} {:>7.3}",
+        "mean",
+        fio_iops / n,
+        our_iops / n,
+        our_iops / fio_iops,
+        fio_lat / n,
+        our_lat / n,
+        our_lat / fio_lat
+    );
+    println!("ratios are ours / fio: IOPS higher is better, latency lower is better");
+    Ok(())
+}
+
+fn probe() {
+    println!("fd monitors:");
+    for k in MonitorKind::ALL {
+        match k.build() {
+            Ok(m) => println!("  {:<10} ok ({})", k.name(), m.describe()),
+            Err(e) => println!("  {:<10} unavailable: {e}", k.name()),
+        }
+    }
+    println!("engines:");
+    for k in EngineKind::ALL {
+        match k.build() {
+            Ok(_) => println!("  {:<10} ok", k.name()),
+            Err(e) => println!("  {:<10} unavailable: {e}", k.name()),
+        }
+    }
+    match fio::version() {
+        Ok(v) => println!("fio: {v}"),
+        Err(e) => println!("fio: {e}"),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::VsFio(args) => match vs_fio(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err((code, msg)) => {
+                eprintln!("aio-bench vs-fio: {msg}");
+                ExitCode::from(code)
+            }
+        },
+        Command::Probe => {
+            probe();
+            ExitCode::SUCCESS
+        }
+    }
+}
