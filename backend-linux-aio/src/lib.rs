@@ -48,8 +48,8 @@ use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use aio_core::engine::{
-    Completion, IoEngine, Op, Request, RequestError, Step, SubmitError, SubmitQueue, Transfer,
-    DEFAULT_MAX_BATCH,
+    Completion, InFlightTable, IoEngine, Op, Outcome, Prepared, Request, RequestError, SubmitError,
+    SubmitQueue, DEFAULT_MAX_BATCH,
 };
 use aio_core::Notifier;
 
@@ -155,13 +155,6 @@ pub struct LinuxAioStats {
     pub buffered_requests: u64,
 }
 
-/// A request the kernel holds, or that waits to go back to it for its remainder.
-struct InFlight {
-    request: Request,
-    transfer: Transfer,
-    iovecs: Vec<libc::iovec>,
-}
-
 static BUFFERED_WARNED: AtomicBool = AtomicBool::new(false);
 
 /// The Linux AIO engine. See the [crate docs](crate).
@@ -171,14 +164,11 @@ pub struct LinuxAio {
     notifier: Notifier,
     config: LinuxAioConfig,
     queue: SubmitQueue,
-    /// Slot index (with its generation) of requests to send again, before new ones.
-    resubmit: VecDeque<u32>,
-    slots: Vec<Option<InFlight>>,
-    free: Vec<u32>,
+    /// Requests in the kernel, or waiting to go back for a remainder; finished completions.
+    table: InFlightTable,
     in_kernel: usize,
     /// Set by `EAGAIN` from io_submit: wait for a completion before trying again.
     submit_blocked: bool,
-    done: VecDeque<Completion>,
     events: Vec<IoEvent>,
     iocbs: Vec<Iocb>,
     iocb_ptrs: Vec<*mut Iocb>,
@@ -202,10 +192,6 @@ fn read_proc(path: &str) -> String {
     std::fs::read_to_string(path)
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|e| format!("unreadable ({e})"))
-}
-
-fn errno(e: i32) -> io::Error {
-    io::Error::from_raw_os_error(e)
 }
 
 impl LinuxAio {
@@ -237,12 +223,9 @@ impl LinuxAio {
             notifier,
             config,
             queue,
-            resubmit: VecDeque::new(),
-            slots: Vec::new(),
-            free: Vec::new(),
+            table: InFlightTable::new(),
             in_kernel: 0,
             submit_blocked: false,
-            done: VecDeque::new(),
             events: Vec::with_capacity(cap.min(4096)),
             iocbs: Vec::with_capacity(config.max_batch.max(1)),
             iocb_ptrs: Vec::with_capacity(config.max_batch.max(1)),
@@ -269,52 +252,36 @@ impl LinuxAio {
         self.in_kernel
     }
 
-    fn alloc_slot(&mut self, request: Request) -> u32 {
-        let inflight = InFlight {
-            request,
-            transfer: Transfer::default(),
-            iovecs: Vec::new(),
-        };
-        match self.free.pop() {
-            Some(i) => {
-                self.slots[i as usize] = Some(inflight);
-                i
-            }
-            None => {
-                self.slots.push(Some(inflight));
-                (self.slots.len() - 1) as u32
-            }
-        }
-    }
-
-    fn complete_slot(&mut self, slot: u32, result: io::Result<usize>) {
-        if let Some(inflight) = self.slots[slot as usize].take() {
-            self.free.push(slot);
-            self.done.push_back(inflight.request.complete(result));
-        }
-    }
-
     /// Fills the iocb for a slot from what is left of its transfer.
     fn build_iocb(&mut self, slot: u32) -> Iocb {
         let resfd = std::os::fd::AsRawFd::as_raw_fd(&self.notifier) as u32;
-        let inflight = self.slots[slot as usize].as_mut().expect("live slot");
-        let fd = inflight.request.file.raw_fd() as u32;
         let mut iocb = Iocb {
             aio_data: slot as u64,
-            aio_fildes: fd,
             aio_flags: abi::IOCB_FLAG_RESFD,
             aio_resfd: resfd,
             ..Iocb::default()
         };
-        let op = &mut inflight.request.op;
-        match op {
-            Op::Fsync => iocb.aio_lio_opcode = abi::IOCB_CMD_FSYNC,
-            Op::Fdatasync => iocb.aio_lio_opcode = abi::IOCB_CMD_FDSYNC,
-            _ => {
-                let is_read = op.is_read();
-                inflight.transfer.remaining_iovecs(op, &mut inflight.iovecs);
-                iocb.aio_offset = inflight.transfer.offset(op) as i64;
-                if let [single] = inflight.iovecs[..] {
+        match self.table.prepare(slot).expect("live slot") {
+            Prepared::Sync { fd, datasync } => {
+                iocb.aio_fildes = fd as u32;
+                iocb.aio_lio_opcode = if datasync {
+                    abi::IOCB_CMD_FDSYNC
+                } else {
+                    abi::IOCB_CMD_FSYNC
+                };
+            }
+            Prepared::Rw {
+                fd,
+                is_read,
+                offset,
+                iovecs,
+                count,
+            } => {
+                iocb.aio_fildes = fd as u32;
+                iocb.aio_offset = offset as i64;
+                if count == 1 {
+                    // SAFETY: `iovecs` points to `count` (= 1) live iovecs in the table.
+                    let single = unsafe { *iovecs };
                     iocb.aio_lio_opcode = if is_read {
                         abi::IOCB_CMD_PREAD
                     } else {
@@ -328,8 +295,8 @@ impl LinuxAio {
                     } else {
                         abi::IOCB_CMD_PWRITEV
                     };
-                    iocb.aio_buf = inflight.iovecs.as_ptr() as u64;
-                    iocb.aio_nbytes = inflight.iovecs.len() as u64;
+                    iocb.aio_buf = iovecs as u64;
+                    iocb.aio_nbytes = count as u64;
                 }
             }
         }
@@ -343,7 +310,7 @@ impl LinuxAio {
             let room = (capacity - self.in_kernel).min(self.queue.max_batch());
             self.batch.clear();
             while self.batch.len() < room {
-                match self.resubmit.pop_front() {
+                match self.table.pop_resubmit() {
                     Some(slot) => self.batch.push(slot),
                     None => break,
                 }
@@ -355,7 +322,7 @@ impl LinuxAio {
                 self.queue.next_batch(want).collect()
             };
             for request in fresh {
-                let slot = self.alloc_slot(request);
+                let slot = self.table.insert(request);
                 self.batch.push(slot);
             }
             if self.batch.is_empty() {
@@ -373,7 +340,7 @@ impl LinuxAio {
                 self.iocb_ptrs.push(unsafe { base.add(i) });
             }
             self.stats.submit_calls += 1;
-            // SAFETY: every iocb points into buffers owned by `self.slots`, which keeps them
+            // SAFETY: every iocb points into buffers owned by `self.table`, which keeps them
             // (neither moved nor dropped) until their event is reaped or, in Drop, until the
             // kernel has finished with them.
             let result = unsafe { abi::io_submit(self.id, &mut self.iocb_ptrs) };
@@ -383,18 +350,14 @@ impl LinuxAio {
                     self.stats.iocbs_submitted += sent as u64;
                     // A partial submission: the unsent tail waits at the front, in order (the
                     // next io_submit reports what stopped it).
-                    for &slot in self.batch[sent..].iter().rev() {
-                        self.resubmit.push_front(slot);
-                    }
+                    self.table.unsent(&self.batch[sent..]);
                     if sent == 0 {
                         return;
                     }
                 }
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EINTR)) => {
                     self.stats.submit_eagain += 1;
-                    for &slot in self.batch.iter().rev() {
-                        self.resubmit.push_front(slot);
-                    }
+                    self.table.unsent(&self.batch);
                     // Retry once a completion frees kernel resources (or, with nothing in
                     // the kernel, on the next poll).
                     self.submit_blocked = true;
@@ -404,10 +367,8 @@ impl LinuxAio {
                     // The head request is bad; the others go on.
                     self.stats.submit_errors += 1;
                     let head = self.batch[0];
-                    for &slot in self.batch[1..].iter().rev() {
-                        self.resubmit.push_front(slot);
-                    }
-                    self.complete_slot(head, Err(e));
+                    self.table.unsent(&self.batch[1..]);
+                    self.table.complete(head, Err(e));
                     let _ = self.notifier.notify();
                 }
             }
@@ -416,41 +377,14 @@ impl LinuxAio {
 
     /// Handles reaped kernel events.
     fn process_events(&mut self) {
-        let events = std::mem::take(&mut self.events);
-        for ev in &events {
-            let slot = ev.data as u32;
+        for i in 0..self.events.len() {
+            let ev = self.events[i];
             self.in_kernel -= 1;
             self.submit_blocked = false;
-            let Some(inflight) = self.slots[slot as usize].as_mut() else {
-                continue;
-            };
-            if ev.res < 0 {
-                let e = (-ev.res) as i32;
-                if e == libc::EAGAIN || e == libc::EINTR {
-                    self.stats.resubmits += 1;
-                    self.resubmit.push_back(slot);
-                } else {
-                    self.complete_slot(slot, Err(errno(e)));
-                }
-                continue;
-            }
-            if matches!(inflight.request.op, Op::Fsync | Op::Fdatasync) {
-                self.complete_slot(slot, Ok(0));
-                continue;
-            }
-            match inflight
-                .transfer
-                .advance(&inflight.request.op, ev.res as usize)
-            {
-                Ok(Step::Done(total)) => self.complete_slot(slot, Ok(total)),
-                Ok(Step::Again) => {
-                    self.stats.resubmits += 1;
-                    self.resubmit.push_back(slot);
-                }
-                Err(e) => self.complete_slot(slot, Err(e)),
+            if self.table.on_result(ev.data as u32, ev.res) == Outcome::Resubmit {
+                self.stats.resubmits += 1;
             }
         }
-        self.events = events;
         self.events.clear();
     }
 
@@ -581,14 +515,13 @@ impl IoEngine for LinuxAio {
             self.submit_blocked = false;
         }
         self.submit_pending(false);
-        let n = self.done.len();
+        let n = self.table.take_done(out);
         self.returned += n as u64;
-        out.extend(self.done.drain(..));
         n
     }
 
     fn has_completions(&self) -> bool {
-        !self.done.is_empty() || self.ring.as_ref().is_some_and(|r| r.has_events())
+        self.table.has_done() || self.ring.as_ref().is_some_and(|r| r.has_events())
     }
 
     fn notifier(&self) -> &Notifier {
@@ -598,7 +531,7 @@ impl IoEngine for LinuxAio {
     fn cancel(&mut self, token: u64) -> bool {
         match self.queue.cancel(token) {
             Some(c) => {
-                self.done.push_back(c);
+                self.table.push_done(c);
                 let _ = self.notifier.notify();
                 true
             }
@@ -621,7 +554,7 @@ impl IoEngine for LinuxAio {
             }
             if self.in_kernel > 0 {
                 self.wait_one();
-            } else if self.queue.is_empty() && self.resubmit.is_empty() {
+            } else if self.queue.is_empty() && !self.table.has_resubmits() {
                 // Nothing anywhere but the count says otherwise: completions are in `done`.
                 continue;
             } else {
@@ -643,7 +576,7 @@ impl Drop for LinuxAio {
             if self.in_kernel == before {
                 // io_getevents failed: the kernel cannot tell us, so the buffers must never
                 // be freed. Leak them rather than risk the kernel writing freed memory.
-                std::mem::forget(std::mem::take(&mut self.slots));
+                std::mem::forget(std::mem::take(&mut self.table));
                 break;
             }
         }

@@ -2,7 +2,7 @@
 //!
 //! This module owns the trait, its documentation, and the pieces engines must not write twice:
 //! request and completion types ([`request`]), O_DIRECT buffers ([`buf`]), the plug/batch
-//! queue ([`queue`]) and the attachment of an engine to an [`AioContext`](crate::AioContext)
+//! queue ([`queue`]), the in-flight table of kernel-queue engines ([`inflight`]) and the attachment of an engine to an [`AioContext`](crate::AioContext)
 //! ([`driver`]). It performs no I/O itself.
 //!
 //! # The contract an engine keeps
@@ -35,6 +35,7 @@
 
 pub mod buf;
 pub mod driver;
+pub mod inflight;
 pub mod queue;
 pub mod request;
 
@@ -42,6 +43,7 @@ use std::collections::VecDeque;
 
 pub use buf::{AlignedBuf, BufError, DEFAULT_ALIGN};
 pub use driver::AttachedEngine;
+pub use inflight::{InFlightTable, Outcome, Prepared};
 pub use queue::SubmitQueue;
 pub use request::{
     Completion, IoBuffers, IoFile, Op, Request, RequestError, Step, SubmitError, Transfer,

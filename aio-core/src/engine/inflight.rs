@@ -1,0 +1,207 @@
+//! The in-flight table kernel-queue engines share (Linux AIO, io_uring).
+//!
+//! This module owns the requests an engine has handed to the kernel, or that wait to go back
+//! for the remainder of a short transfer: their slots, the resubmission order, the mapping of a
+//! kernel result (`res`, bytes or `-errno`) to "done", "again" or "failed", and the finished
+//! completions. It never calls the kernel; engines build their submission entries from
+//! [`InFlightTable::prepare`] and feed results to [`InFlightTable::on_result`].
+//!
+//! Memory: an entry's buffers (and the iovec array built for it) stay in the table, neither
+//! moved nor dropped, until [`InFlightTable::on_result`] completes it; an engine must not drop
+//! the table while the kernel holds entries (see the engines' `Drop`).
+
+use std::collections::VecDeque;
+use std::io;
+
+use super::request::{Completion, Op, Request, Step, Transfer};
+
+/// A request the kernel holds, or that waits to go back to it for its remainder.
+#[derive(Debug)]
+struct InFlight {
+    request: Request,
+    transfer: Transfer,
+    iovecs: Vec<libc::iovec>,
+}
+
+/// What to put in a submission entry for a slot.
+#[derive(Debug, Clone, Copy)]
+pub enum Prepared {
+    /// `fsync` (`datasync` false) or `fdatasync` (true).
+    Sync {
+        /// The fd.
+        fd: i32,
+        /// fdatasync rather than fsync.
+        datasync: bool,
+    },
+    /// A read or write of what is left.
+    Rw {
+        /// The fd.
+        fd: i32,
+        /// Reads into memory.
+        is_read: bool,
+        /// File offset of the remainder.
+        offset: u64,
+        /// The iovec array (valid until the slot completes).
+        iovecs: *const libc::iovec,
+        /// How many iovecs.
+        count: usize,
+    },
+}
+
+/// What a kernel result meant for its request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Completed (its completion is in the done queue).
+    Completed,
+    /// Short, `-EAGAIN` or `-EINTR`: queued for resubmission.
+    Resubmit,
+    /// The slot was not live (a stale result); ignored.
+    Stale,
+}
+
+/// Slots for requests in the kernel's hands; see the [module docs](self).
+#[derive(Debug, Default)]
+pub struct InFlightTable {
+    slots: Vec<Option<InFlight>>,
+    free: Vec<u32>,
+    resubmit: VecDeque<u32>,
+    done: VecDeque<Completion>,
+    live: usize,
+}
+
+impl InFlightTable {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Takes a request in; returns its slot (use it as the kernel's user data).
+    pub fn insert(&mut self, request: Request) -> u32 {
+        let entry = InFlight {
+            request,
+            transfer: Transfer::default(),
+            iovecs: Vec::new(),
+        };
+        self.live += 1;
+        match self.free.pop() {
+            Some(i) => {
+                self.slots[i as usize] = Some(entry);
+                i
+            }
+            None => {
+                self.slots.push(Some(entry));
+                (self.slots.len() - 1) as u32
+            }
+        }
+    }
+
+    /// Requests in the table (in the kernel or waiting to go back).
+    pub fn live(&self) -> usize {
+        self.live
+    }
+
+    /// The token of a live slot.
+    pub fn token(&self, slot: u32) -> Option<u64> {
+        self.slots
+            .get(slot as usize)?
+            .as_ref()
+            .map(|e| e.request.token)
+    }
+
+    /// Describes what to submit for `slot` (the remainder of its transfer).
+    pub fn prepare(&mut self, slot: u32) -> Option<Prepared> {
+        let entry = self.slots.get_mut(slot as usize)?.as_mut()?;
+        let fd = entry.request.file.raw_fd();
+        let op = &mut entry.request.op;
+        Some(match op {
+            Op::Fsync => Prepared::Sync {
+                fd,
+                datasync: false,
+            },
+            Op::Fdatasync => Prepared::Sync { fd, datasync: true },
+            _ => {
+                let is_read = op.is_read();
+                entry.transfer.remaining_iovecs(op, &mut entry.iovecs);
+                Prepared::Rw {
+                    fd,
+                    is_read,
+                    offset: entry.transfer.offset(op),
+                    iovecs: entry.iovecs.as_ptr(),
+                    count: entry.iovecs.len(),
+                }
+            }
+        })
+    }
+
+    /// Applies a kernel result (`res`: bytes, or `-errno`) to `slot`.
+    pub fn on_result(&mut self, slot: u32, res: i64) -> Outcome {
+        let Some(Some(entry)) = self.slots.get_mut(slot as usize) else {
+            return Outcome::Stale;
+        };
+        if res < 0 {
+            let e = (-res) as i32;
+            if e == libc::EAGAIN || e == libc::EINTR {
+                self.resubmit.push_back(slot);
+                return Outcome::Resubmit;
+            }
+            self.complete(slot, Err(io::Error::from_raw_os_error(e)));
+            return Outcome::Completed;
+        }
+        if matches!(entry.request.op, Op::Fsync | Op::Fdatasync) {
+            self.complete(slot, Ok(0));
+            return Outcome::Completed;
+        }
+        match entry.transfer.advance(&entry.request.op, res as usize) {
+            Ok(Step::Done(total)) => self.complete(slot, Ok(total)),
+            Ok(Step::Again) => {
+                self.resubmit.push_back(slot);
+                return Outcome::Resubmit;
+            }
+            Err(e) => self.complete(slot, Err(e)),
+        }
+        Outcome::Completed
+    }
+
+    /// Completes `slot` with `result`, freeing it.
+    pub fn complete(&mut self, slot: u32, result: io::Result<usize>) {
+        if let Some(entry) = self.slots.get_mut(slot as usize).and_then(Option::take) {
+            self.free.push(slot);
+            self.live -= 1;
+            self.done.push_back(entry.request.complete(result));
+        }
+    }
+
+    /// Queues a completion that never reached the kernel (a cancel, a refusal).
+    pub fn push_done(&mut self, completion: Completion) {
+        self.done.push_back(completion);
+    }
+
+    /// The next slot to resubmit.
+    pub fn pop_resubmit(&mut self) -> Option<u32> {
+        self.resubmit.pop_front()
+    }
+
+    /// Puts slots that could not be sent back at the head, keeping their order.
+    pub fn unsent(&mut self, slots: &[u32]) {
+        for &slot in slots.iter().rev() {
+            self.resubmit.push_front(slot);
+        }
+    }
+
+    /// Whether slots wait for resubmission.
+    pub fn has_resubmits(&self) -> bool {
+        !self.resubmit.is_empty()
+    }
+
+    /// Whether completions wait to be handed out.
+    pub fn has_done(&self) -> bool {
+        !self.done.is_empty()
+    }
+
+    /// Moves the finished completions to `out`; returns how many.
+    pub fn take_done(&mut self, out: &mut VecDeque<Completion>) -> usize {
+        let n = self.done.len();
+        out.extend(self.done.drain(..));
+        n
+    }
+}
