@@ -100,6 +100,14 @@ impl InFlightTable {
         self.live
     }
 
+    /// The file of a live slot (a clone: it keeps the fd open).
+    pub fn file(&self, slot: u32) -> Option<super::request::IoFile> {
+        self.slots
+            .get(slot as usize)?
+            .as_ref()
+            .map(|e| e.request.file.clone())
+    }
+
     /// The token of a live slot.
     pub fn token(&self, slot: u32) -> Option<u64> {
         self.slots

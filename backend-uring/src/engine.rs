@@ -1,0 +1,417 @@
+//! The io_uring block I/O engine.
+//!
+//! This module owns one ring used for block I/O: building submission entries from the shared
+//! [`InFlightTable`], submitting in batches, reaping the completion queue (in user space; the
+//! `io_poll` check is a CQ peek), flushing overflowed completions, and the optional registered
+//! file table. Request bookkeeping (remainders, `-EAGAIN`, completions) is aio-core's.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+
+use aio_core::engine::{
+    Completion, InFlightTable, IoEngine, IoFile, Outcome, Prepared, Request, SubmitError,
+    SubmitQueue, DEFAULT_MAX_BATCH,
+};
+use aio_core::Notifier;
+use io_uring::{opcode, squeue, types, IoUring};
+
+use crate::probe::{classify, UringUnavailable};
+
+/// Engine settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UringConfig {
+    /// Submission queue entries (the completion queue is twice as large). Default 128.
+    pub entries: u32,
+    /// Most entries per `io_uring_enter`. Default 32.
+    pub max_batch: usize,
+    /// Register each file once (`IORING_REGISTER_FILES`) and submit with fixed-file indexes,
+    /// saving the kernel an fd lookup and reference per request. Default off.
+    pub register_files: bool,
+}
+
+impl Default for UringConfig {
+    fn default() -> Self {
+        UringConfig {
+            entries: 128,
+            max_batch: DEFAULT_MAX_BATCH,
+            register_files: false,
+        }
+    }
+}
+
+/// How many files the registered table holds; beyond that, requests use plain fds.
+pub const REGISTERED_FILES: u32 = 1024;
+
+/// What the engine did, as plain numbers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UringStats {
+    /// `io_uring_enter` calls made to submit.
+    pub submit_calls: u64,
+    /// Entries the kernel consumed.
+    pub entries_submitted: u64,
+    /// Times the submission queue was full and requests waited.
+    pub sq_full: u64,
+    /// Remainders resubmitted (short transfers, `-EAGAIN`, `-EINTR`).
+    pub resubmits: u64,
+    /// Completions reaped from the completion queue.
+    pub cqes: u64,
+    /// Times the kernel reported completion-queue overflow and we flushed it.
+    pub cq_overflows: u64,
+    /// Requests submitted with a registered file.
+    pub fixed_file_requests: u64,
+}
+
+/// The io_uring engine. See the [crate docs](crate).
+pub struct UringEngine {
+    ring: IoUring,
+    notifier: Notifier,
+    config: UringConfig,
+    queue: SubmitQueue,
+    table: InFlightTable,
+    in_kernel: usize,
+    /// Registered files: fd -> (index, a clone that keeps the fd number from being reused).
+    files: HashMap<RawFd, (u32, IoFile)>,
+    files_ready: bool,
+    submitted: u64,
+    returned: u64,
+    stats: UringStats,
+}
+
+impl std::fmt::Debug for UringEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UringEngine")
+            .field("config", &self.config)
+            .field("in_kernel", &self.in_kernel)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl UringEngine {
+    /// Sets up the ring and registers its completion eventfd.
+    pub fn new(config: UringConfig) -> Result<Self, UringUnavailable> {
+        let ring = IoUring::builder()
+            .setup_cqsize(config.entries.max(1) * 2)
+            .build(config.entries.max(1))
+            .map_err(classify)?;
+        let notifier = Notifier::new_eventfd().map_err(UringUnavailable::Other)?;
+        ring.submitter()
+            .register_eventfd(notifier.as_raw_fd())
+            .map_err(UringUnavailable::Other)?;
+        let mut files_ready = false;
+        if config.register_files {
+            files_ready = ring
+                .submitter()
+                .register_files_sparse(REGISTERED_FILES)
+                .is_ok();
+        }
+        let mut queue = SubmitQueue::new();
+        queue.set_max_batch(config.max_batch);
+        Ok(UringEngine {
+            ring,
+            notifier,
+            config,
+            queue,
+            table: InFlightTable::new(),
+            in_kernel: 0,
+            files: HashMap::new(),
+            files_ready,
+            submitted: 0,
+            returned: 0,
+            stats: UringStats::default(),
+        })
+    }
+
+    /// The engine's numbers.
+    pub fn stats(&self) -> UringStats {
+        self.stats
+    }
+
+    /// Requests the kernel holds right now.
+    pub fn in_kernel(&self) -> usize {
+        self.in_kernel
+    }
+
+    /// Whether the kernel keeps overflowed completions (`IORING_FEAT_NODROP`).
+    pub fn nodrop(&self) -> bool {
+        self.ring.params().is_feature_nodrop()
+    }
+
+    /// The registered index for `fd`, registering it on first use (None: plain fd).
+    fn fixed_index(&mut self, slot: u32, fd: RawFd) -> Option<u32> {
+        if !self.files_ready {
+            return None;
+        }
+        if let Some((index, _)) = self.files.get(&fd) {
+            return Some(*index);
+        }
+        let index = self.files.len() as u32;
+        if index >= REGISTERED_FILES {
+            return None;
+        }
+        self.ring
+            .submitter()
+            .register_files_update(index, &[fd])
+            .ok()?;
+        // Keep the file open while it is registered, so its fd number cannot be reused.
+        let file = self.table.file(slot)?;
+        self.files.insert(fd, (index, file));
+        Some(index)
+    }
+
+    fn entry(&mut self, slot: u32) -> squeue::Entry {
+        let prepared = self.table.prepare(slot).expect("live slot");
+        let fd = match prepared {
+            Prepared::Sync { fd, .. } | Prepared::Rw { fd, .. } => fd,
+        };
+        let fixed = self.fixed_index(slot, fd);
+        if fixed.is_some() {
+            self.stats.fixed_file_requests += 1;
+        }
+        macro_rules! target {
+            ($build:expr) => {
+                match fixed {
+                    Some(i) => $build(types::Fixed(i)),
+                    None => $build(types::Fd(fd)),
+                }
+            };
+        }
+        let entry = match prepared {
+            Prepared::Sync { datasync, .. } => {
+                let flags = if datasync {
+                    types::FsyncFlags::DATASYNC
+                } else {
+                    types::FsyncFlags::empty()
+                };
+                target!(|t| opcode::Fsync::new(t).flags(flags).build())
+            }
+            Prepared::Rw {
+                is_read,
+                offset,
+                iovecs,
+                count,
+                ..
+            } => {
+                if count == 1 {
+                    // SAFETY: `iovecs` points to one live iovec in the table.
+                    let v = unsafe { *iovecs };
+                    if is_read {
+                        target!(
+                            |t| opcode::Read::new(t, v.iov_base.cast(), v.iov_len as u32)
+                                .offset(offset)
+                                .build()
+                        )
+                    } else {
+                        target!(
+                            |t| opcode::Write::new(t, v.iov_base.cast(), v.iov_len as u32)
+                                .offset(offset)
+                                .build()
+                        )
+                    }
+                } else if is_read {
+                    target!(|t| opcode::Readv::new(t, iovecs, count as u32)
+                        .offset(offset)
+                        .build())
+                } else {
+                    target!(|t| opcode::Writev::new(t, iovecs, count as u32)
+                        .offset(offset)
+                        .build())
+                }
+            }
+        };
+        entry.user_data(slot as u64)
+    }
+
+    /// Moves waiting requests (remainders first) into the submission queue and submits them.
+    fn submit_pending(&mut self, force: bool) {
+        // Without IORING_FEAT_NODROP the kernel drops completions that do not fit the CQ:
+        // never have more in flight than it holds.
+        let cap = if self.nodrop() {
+            usize::MAX
+        } else {
+            self.ring.params().cq_entries() as usize
+        };
+        loop {
+            let mut pushed = 0usize;
+            let batch = self.queue.max_batch();
+            while pushed < batch && self.in_kernel + pushed < cap {
+                let slot = match self.table.pop_resubmit() {
+                    Some(slot) => slot,
+                    None => {
+                        let next = if force {
+                            self.queue.force_batch(1).next()
+                        } else {
+                            self.queue.next_batch(1).next()
+                        };
+                        match next {
+                            Some(request) => self.table.insert(request),
+                            None => break,
+                        }
+                    }
+                };
+                let entry = self.entry(slot);
+                // SAFETY: the entry's buffers and iovecs live in `self.table` until its CQE
+                // is reaped (or, at Drop, until the kernel is done with them).
+                let full = unsafe { self.ring.submission().push(&entry) }.is_err();
+                if full {
+                    self.stats.sq_full += 1;
+                    self.table.unsent(&[slot]);
+                    break;
+                }
+                pushed += 1;
+            }
+            if pushed == 0 {
+                return;
+            }
+            // Counted from the push: an entry in the SQ belongs to the kernel once any enter
+            // consumes it, and its memory is pinned in the table until its CQE.
+            self.in_kernel += pushed;
+            self.stats.submit_calls += 1;
+            match self.ring.submit() {
+                Ok(n) => self.stats.entries_submitted += n as u64,
+                // EAGAIN / EBUSY / EINTR: the entries stay in the SQ and go with the next
+                // enter (the next submit, reap or wait).
+                Err(_) => return,
+            }
+            if pushed < batch {
+                return;
+            }
+        }
+    }
+
+    /// Reaps the completion queue (flushing kernel-side overflow first).
+    fn reap(&mut self) -> usize {
+        let mut n = 0;
+        loop {
+            // SAFETY: the table keeps every in-flight entry's memory until this loop hands
+            // its result over.
+            let overflow = unsafe { self.ring.submission_shared() }.cq_overflow();
+            if overflow {
+                self.stats.cq_overflows += 1;
+                let _ = self.ring.submit();
+            }
+            let mut got = 0;
+            let mut results: Vec<(u32, i64)> = Vec::new();
+            for cqe in self.ring.completion() {
+                results.push((cqe.user_data() as u32, cqe.result() as i64));
+                got += 1;
+            }
+            for (slot, res) in results {
+                self.in_kernel -= 1;
+                if self.table.on_result(slot, res) == Outcome::Resubmit {
+                    self.stats.resubmits += 1;
+                }
+            }
+            n += got;
+            self.stats.cqes += got as u64;
+            if got == 0 && !overflow {
+                return n;
+            }
+        }
+    }
+
+    /// Blocks until at least one completion arrives (drain and drop).
+    fn wait_one(&mut self) -> io::Result<()> {
+        loop {
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => return Ok(()),
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+impl IoEngine for UringEngine {
+    fn name(&self) -> &'static str {
+        "uring"
+    }
+
+    fn submit(&mut self, request: Request) -> Result<(), SubmitError> {
+        if let Err(e) = request.validate() {
+            return Err(SubmitError::new(e, request));
+        }
+        self.submitted += 1;
+        self.queue.push(request);
+        self.submit_pending(false);
+        Ok(())
+    }
+
+    fn plug(&mut self) {
+        self.queue.plug();
+    }
+
+    fn unplug(&mut self) {
+        if self.queue.unplug() {
+            self.submit_pending(false);
+        }
+    }
+
+    fn set_max_batch(&mut self, max: usize) {
+        self.queue.set_max_batch(max);
+    }
+
+    fn poll_completions(&mut self, out: &mut VecDeque<Completion>) -> usize {
+        self.reap();
+        self.submit_pending(false);
+        let n = self.table.take_done(out);
+        self.returned += n as u64;
+        n
+    }
+
+    fn has_completions(&self) -> bool {
+        // SAFETY: a transient view of the CQ; no other CompletionQueue exists meanwhile
+        // (every `&mut self` method creates its own and drops it before returning).
+        self.table.has_done() || !unsafe { self.ring.completion_shared() }.is_empty()
+    }
+
+    fn notifier(&self) -> &Notifier {
+        &self.notifier
+    }
+
+    fn cancel(&mut self, token: u64) -> bool {
+        match self.queue.cancel(token) {
+            Some(c) => {
+                self.table.push_done(c);
+                let _ = self.notifier.notify();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        (self.submitted - self.returned) as usize
+    }
+
+    fn drain(&mut self) -> Vec<Completion> {
+        let mut out = VecDeque::new();
+        loop {
+            self.submit_pending(true);
+            self.poll_completions(&mut out);
+            if self.in_flight() == 0 {
+                return out.into();
+            }
+            if self.in_kernel > 0 && self.wait_one().is_err() {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+    }
+}
+
+impl Drop for UringEngine {
+    /// Cancels queued requests and waits for every request the kernel holds: no buffer is
+    /// freed while the kernel may still write it.
+    fn drop(&mut self) {
+        drop(self.queue.cancel_all());
+        while self.in_kernel > 0 {
+            if self.wait_one().is_err() {
+                // The kernel cannot tell us when it is done: never free the buffers.
+                std::mem::forget(std::mem::take(&mut self.table));
+                return;
+            }
+            self.reap();
+        }
+    }
+}

@@ -1,0 +1,32 @@
+//! The whole aio-core conformance suites against io_uring: the engine suite against
+//! `UringEngine` (default and with registered files), the event-loop suite against `UringLoop`.
+//! Where io_uring is unusable every test says why (`skipped: ...`), and fails under
+//! `AIO_REQUIRE_ALL_BACKENDS=1`.
+
+mod engine {
+    aio_core::engine_conformance!(
+        probe: aio_backend_uring::probe().map(drop),
+        aio_backend_uring::UringEngine::new(Default::default()).expect("io_uring_setup"),
+        aio_backend_poll::PollLoop::new()
+    );
+}
+
+mod engine_registered_files {
+    aio_core::engine_conformance!(
+        probe: aio_backend_uring::probe().map(drop),
+        aio_backend_uring::UringEngine::new(aio_backend_uring::UringConfig {
+            register_files: true,
+            ..Default::default()
+        })
+        .expect("io_uring_setup"),
+        aio_backend_poll::PollLoop::new()
+    );
+}
+
+mod engine_on_uring_monitor {
+    aio_core::engine_conformance!(
+        probe: aio_backend_uring::probe().map(drop),
+        aio_backend_uring::UringEngine::new(Default::default()).expect("io_uring_setup"),
+        aio_backend_uring::UringLoop::new().expect("io_uring_setup")
+    );
+}
