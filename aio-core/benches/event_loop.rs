@@ -3,7 +3,7 @@
 //! * `notifier`: `notify()` + `test_and_clear()` for eventfd and pipe;
 //! * `bottom_half`: schedule -> run in one `poll(false)`;
 //! * `iteration/<N>`: one loop iteration with N registered idle fds and one active fd
-//!   (write a byte, `poll(true)`, the handler reads it) for poll, epoll and hybrid, next to
+//!   (write a byte, `poll(true)`, the handler reads it) for poll, epoll, hybrid and uring, next to
 //!   `bare-epoll`: the same write + `epoll_wait` + read with no loop around it.
 //!
 //! Run: `cargo bench -p aio-core --bench event_loop`. Compare within one run: the ratio of
@@ -127,6 +127,10 @@ fn iteration(c: &mut Criterion) {
     bench_monitor(c, "hybrid", || {
         Hybrid::new(PollLoop::new(), EpollLoop::new().unwrap())
     });
+    match aio_backend_uring::UringLoop::new() {
+        Ok(_) => bench_monitor(c, "uring", || aio_backend_uring::UringLoop::new().unwrap()),
+        Err(e) => eprintln!("skipped: uring monitor: {e}"),
+    }
     bench_monitor(c, "poll", PollLoop::new);
 }
 

@@ -48,8 +48,8 @@ use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use aio_core::engine::{
-    Completion, InFlightTable, IoEngine, Op, Outcome, Prepared, Request, RequestError, SubmitError,
-    SubmitQueue, DEFAULT_MAX_BATCH,
+    Completion, EngineCore, IoEngine, Op, Outcome, Prepared, Request, RequestError, SubmitError,
+    DEFAULT_MAX_BATCH,
 };
 use aio_core::Notifier;
 
@@ -163,9 +163,9 @@ pub struct LinuxAio {
     ring: Option<Ring>,
     notifier: Notifier,
     config: LinuxAioConfig,
-    queue: SubmitQueue,
-    /// Requests in the kernel, or waiting to go back for a remainder; finished completions.
-    table: InFlightTable,
+    /// Queued requests, requests in the kernel (or waiting to go back for a remainder),
+    /// finished completions.
+    core: EngineCore,
     in_kernel: usize,
     /// Set by `EAGAIN` from io_submit: wait for a completion before trying again.
     submit_blocked: bool,
@@ -173,8 +173,6 @@ pub struct LinuxAio {
     iocbs: Vec<Iocb>,
     iocb_ptrs: Vec<*mut Iocb>,
     batch: Vec<u32>,
-    submitted: u64,
-    returned: u64,
     stats: LinuxAioStats,
 }
 
@@ -214,24 +212,19 @@ impl LinuxAio {
         // SAFETY: `id` is a live context; the Ring is dropped with the engine, before
         // io_destroy in Drop (it holds no ownership, only the address).
         let ring = unsafe { Ring::new(id) };
-        let mut queue = SubmitQueue::new();
-        queue.set_max_batch(config.max_batch);
         let cap = config.ring_size as usize;
         Ok(LinuxAio {
             id,
             ring,
             notifier,
             config,
-            queue,
-            table: InFlightTable::new(),
+            core: EngineCore::new(config.max_batch),
             in_kernel: 0,
             submit_blocked: false,
             events: Vec::with_capacity(cap.min(4096)),
             iocbs: Vec::with_capacity(config.max_batch.max(1)),
             iocb_ptrs: Vec::with_capacity(config.max_batch.max(1)),
             batch: Vec::with_capacity(config.max_batch.max(1)),
-            submitted: 0,
-            returned: 0,
             stats: LinuxAioStats::default(),
         })
     }
@@ -261,7 +254,7 @@ impl LinuxAio {
             aio_resfd: resfd,
             ..Iocb::default()
         };
-        match self.table.prepare(slot).expect("live slot") {
+        match self.core.table.prepare(slot).expect("live slot") {
             Prepared::Sync { fd, datasync } => {
                 iocb.aio_fildes = fd as u32;
                 iocb.aio_lio_opcode = if datasync {
@@ -307,22 +300,22 @@ impl LinuxAio {
     fn submit_pending(&mut self, force: bool) {
         let capacity = self.config.ring_size as usize;
         while !self.submit_blocked && self.in_kernel < capacity {
-            let room = (capacity - self.in_kernel).min(self.queue.max_batch());
+            let room = (capacity - self.in_kernel).min(self.core.queue.max_batch());
             self.batch.clear();
             while self.batch.len() < room {
-                match self.table.pop_resubmit() {
+                match self.core.table.pop_resubmit() {
                     Some(slot) => self.batch.push(slot),
                     None => break,
                 }
             }
             let want = room - self.batch.len();
             let fresh: Vec<Request> = if force {
-                self.queue.force_batch(want).collect()
+                self.core.queue.force_batch(want).collect()
             } else {
-                self.queue.next_batch(want).collect()
+                self.core.queue.next_batch(want).collect()
             };
             for request in fresh {
-                let slot = self.table.insert(request);
+                let slot = self.core.table.insert(request);
                 self.batch.push(slot);
             }
             if self.batch.is_empty() {
@@ -350,14 +343,14 @@ impl LinuxAio {
                     self.stats.iocbs_submitted += sent as u64;
                     // A partial submission: the unsent tail waits at the front, in order (the
                     // next io_submit reports what stopped it).
-                    self.table.unsent(&self.batch[sent..]);
+                    self.core.table.unsent(&self.batch[sent..]);
                     if sent == 0 {
                         return;
                     }
                 }
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EINTR)) => {
                     self.stats.submit_eagain += 1;
-                    self.table.unsent(&self.batch);
+                    self.core.table.unsent(&self.batch);
                     // Retry once a completion frees kernel resources (or, with nothing in
                     // the kernel, on the next poll).
                     self.submit_blocked = true;
@@ -367,8 +360,8 @@ impl LinuxAio {
                     // The head request is bad; the others go on.
                     self.stats.submit_errors += 1;
                     let head = self.batch[0];
-                    self.table.unsent(&self.batch[1..]);
-                    self.table.complete(head, Err(e));
+                    self.core.table.unsent(&self.batch[1..]);
+                    self.core.table.complete(head, Err(e));
                     let _ = self.notifier.notify();
                 }
             }
@@ -381,7 +374,7 @@ impl LinuxAio {
             let ev = self.events[i];
             self.in_kernel -= 1;
             self.submit_blocked = false;
-            if self.table.on_result(ev.data as u32, ev.res) == Outcome::Resubmit {
+            if self.core.table.on_result(ev.data as u32, ev.res) == Outcome::Resubmit {
                 self.stats.resubmits += 1;
             }
         }
@@ -482,30 +475,26 @@ impl IoEngine for LinuxAio {
     }
 
     fn submit(&mut self, request: Request) -> Result<(), SubmitError> {
-        if let Err(e) = request.validate() {
-            return Err(SubmitError::new(e, request));
-        }
         if let Err(e) = self.check_buffered(&request) {
             return Err(SubmitError::new(e, request));
         }
-        self.submitted += 1;
-        self.queue.push(request);
+        self.core.accept(request)?;
         self.submit_pending(false);
         Ok(())
     }
 
     fn plug(&mut self) {
-        self.queue.plug();
+        self.core.queue.plug();
     }
 
     fn unplug(&mut self) {
-        if self.queue.unplug() {
+        if self.core.queue.unplug() {
             self.submit_pending(false);
         }
     }
 
     fn set_max_batch(&mut self, max: usize) {
-        self.queue.set_max_batch(max);
+        self.core.queue.set_max_batch(max);
     }
 
     fn poll_completions(&mut self, out: &mut VecDeque<Completion>) -> usize {
@@ -515,13 +504,11 @@ impl IoEngine for LinuxAio {
             self.submit_blocked = false;
         }
         self.submit_pending(false);
-        let n = self.table.take_done(out);
-        self.returned += n as u64;
-        n
+        self.core.take_done(out)
     }
 
     fn has_completions(&self) -> bool {
-        self.table.has_done() || self.ring.as_ref().is_some_and(|r| r.has_events())
+        self.core.table.has_done() || self.ring.as_ref().is_some_and(|r| r.has_events())
     }
 
     fn notifier(&self) -> &Notifier {
@@ -529,18 +516,15 @@ impl IoEngine for LinuxAio {
     }
 
     fn cancel(&mut self, token: u64) -> bool {
-        match self.queue.cancel(token) {
-            Some(c) => {
-                self.table.push_done(c);
-                let _ = self.notifier.notify();
-                true
-            }
-            None => false,
+        let cancelled = self.core.cancel_queued(token);
+        if cancelled {
+            let _ = self.notifier.notify();
         }
+        cancelled
     }
 
     fn in_flight(&self) -> usize {
-        (self.submitted - self.returned) as usize
+        self.core.in_flight()
     }
 
     fn drain(&mut self) -> Vec<Completion> {
@@ -554,7 +538,7 @@ impl IoEngine for LinuxAio {
             }
             if self.in_kernel > 0 {
                 self.wait_one();
-            } else if self.queue.is_empty() && !self.table.has_resubmits() {
+            } else if self.core.queue.is_empty() && !self.core.table.has_resubmits() {
                 // Nothing anywhere but the count says otherwise: completions are in `done`.
                 continue;
             } else {
@@ -569,14 +553,14 @@ impl Drop for LinuxAio {
     /// Cancels queued requests and waits for every request the kernel holds: no buffer is
     /// freed while the kernel may still write it.
     fn drop(&mut self) {
-        drop(self.queue.cancel_all());
+        drop(self.core.queue.cancel_all());
         while self.in_kernel > 0 {
             let before = self.in_kernel;
             self.wait_one();
             if self.in_kernel == before {
                 // io_getevents failed: the kernel cannot tell us, so the buffers must never
                 // be freed. Leak them rather than risk the kernel writing freed memory.
-                std::mem::forget(std::mem::take(&mut self.table));
+                std::mem::forget(std::mem::take(&mut self.core.table));
                 break;
             }
         }

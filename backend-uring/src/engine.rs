@@ -10,13 +10,17 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 
 use aio_core::engine::{
-    Completion, InFlightTable, IoEngine, IoFile, Outcome, Prepared, Request, SubmitError,
-    SubmitQueue, DEFAULT_MAX_BATCH,
+    Completion, EngineCore, IoEngine, IoFile, Outcome, Prepared, Request, SubmitError,
+    DEFAULT_MAX_BATCH,
 };
 use aio_core::Notifier;
+use std::cell::RefCell;
+use std::rc::Rc;
+
 use io_uring::{opcode, squeue, types, IoUring};
 
 use crate::probe::{classify, UringUnavailable};
+use crate::ring::{drain_cq, RingHandle, SharedCore, ENGINE_BIT};
 
 /// Engine settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,17 +68,14 @@ pub struct UringStats {
 
 /// The io_uring engine. See the [crate docs](crate).
 pub struct UringEngine {
-    ring: IoUring,
+    ring: RingHandle,
     notifier: Notifier,
     config: UringConfig,
-    queue: SubmitQueue,
-    table: InFlightTable,
+    core: EngineCore,
     in_kernel: usize,
     /// Registered files: fd -> (index, a clone that keeps the fd number from being reused).
     files: HashMap<RawFd, (u32, IoFile)>,
     files_ready: bool,
-    submitted: u64,
-    returned: u64,
     stats: UringStats,
 }
 
@@ -99,28 +100,49 @@ impl UringEngine {
         ring.submitter()
             .register_eventfd(notifier.as_raw_fd())
             .map_err(UringUnavailable::Other)?;
+        Ok(Self::assemble(
+            RingHandle::Own(Box::new(ring)),
+            notifier,
+            config,
+        ))
+    }
+
+    /// An engine on a ring shared with a [`UringLoop`](crate::UringLoop): no eventfd, its
+    /// completions arrive with the monitor's (see [`shared_ring`](crate::shared_ring)).
+    pub(crate) fn on_shared(
+        core: Rc<RefCell<SharedCore>>,
+        config: UringConfig,
+    ) -> Result<Self, UringUnavailable> {
+        // Never written: the monitor reports this fd readable itself when completions wait.
+        let notifier = Notifier::new_eventfd().map_err(UringUnavailable::Other)?;
+        core.borrow_mut().engine_fd = Some(notifier.as_raw_fd());
+        Ok(Self::assemble(RingHandle::Shared(core), notifier, config))
+    }
+
+    fn assemble(ring: RingHandle, notifier: Notifier, config: UringConfig) -> Self {
         let mut files_ready = false;
         if config.register_files {
-            files_ready = ring
-                .submitter()
-                .register_files_sparse(REGISTERED_FILES)
-                .is_ok();
+            files_ready = ring.with(|r| {
+                r.submitter()
+                    .register_files_sparse(REGISTERED_FILES)
+                    .is_ok()
+            });
         }
-        let mut queue = SubmitQueue::new();
-        queue.set_max_batch(config.max_batch);
-        Ok(UringEngine {
+        UringEngine {
             ring,
             notifier,
             config,
-            queue,
-            table: InFlightTable::new(),
+            core: EngineCore::new(config.max_batch),
             in_kernel: 0,
             files: HashMap::new(),
             files_ready,
-            submitted: 0,
-            returned: 0,
             stats: UringStats::default(),
-        })
+        }
+    }
+
+    /// Whether this engine shares its ring with the fd monitor.
+    pub fn is_shared(&self) -> bool {
+        matches!(self.ring, RingHandle::Shared(_))
     }
 
     /// The engine's numbers.
@@ -135,7 +157,7 @@ impl UringEngine {
 
     /// Whether the kernel keeps overflowed completions (`IORING_FEAT_NODROP`).
     pub fn nodrop(&self) -> bool {
-        self.ring.params().is_feature_nodrop()
+        self.ring.with(|r| r.params().is_feature_nodrop())
     }
 
     /// The registered index for `fd`, registering it on first use (None: plain fd).
@@ -151,17 +173,16 @@ impl UringEngine {
             return None;
         }
         self.ring
-            .submitter()
-            .register_files_update(index, &[fd])
+            .with(|r| r.submitter().register_files_update(index, &[fd]))
             .ok()?;
         // Keep the file open while it is registered, so its fd number cannot be reused.
-        let file = self.table.file(slot)?;
+        let file = self.core.table.file(slot)?;
         self.files.insert(fd, (index, file));
         Some(index)
     }
 
     fn entry(&mut self, slot: u32) -> squeue::Entry {
-        let prepared = self.table.prepare(slot).expect("live slot");
+        let prepared = self.core.table.prepare(slot).expect("live slot");
         let fd = match prepared {
             Prepared::Sync { fd, .. } | Prepared::Rw { fd, .. } => fd,
         };
@@ -220,7 +241,8 @@ impl UringEngine {
                 }
             }
         };
-        entry.user_data(slot as u64)
+        let tag = if self.is_shared() { ENGINE_BIT } else { 0 };
+        entry.user_data(tag | slot as u64)
     }
 
     /// Moves waiting requests (remainders first) into the submission queue and submits them.
@@ -230,22 +252,22 @@ impl UringEngine {
         let cap = if self.nodrop() {
             usize::MAX
         } else {
-            self.ring.params().cq_entries() as usize
+            self.ring.with(|r| r.params().cq_entries()) as usize
         };
         loop {
             let mut pushed = 0usize;
-            let batch = self.queue.max_batch();
+            let batch = self.core.queue.max_batch();
             while pushed < batch && self.in_kernel + pushed < cap {
-                let slot = match self.table.pop_resubmit() {
+                let slot = match self.core.table.pop_resubmit() {
                     Some(slot) => slot,
                     None => {
                         let next = if force {
-                            self.queue.force_batch(1).next()
+                            self.core.queue.force_batch(1).next()
                         } else {
-                            self.queue.next_batch(1).next()
+                            self.core.queue.next_batch(1).next()
                         };
                         match next {
-                            Some(request) => self.table.insert(request),
+                            Some(request) => self.core.table.insert(request),
                             None => break,
                         }
                     }
@@ -253,10 +275,10 @@ impl UringEngine {
                 let entry = self.entry(slot);
                 // SAFETY: the entry's buffers and iovecs live in `self.table` until its CQE
                 // is reaped (or, at Drop, until the kernel is done with them).
-                let full = unsafe { self.ring.submission().push(&entry) }.is_err();
+                let full = !unsafe { self.ring.try_push(&entry) };
                 if full {
                     self.stats.sq_full += 1;
-                    self.table.unsent(&[slot]);
+                    self.core.table.unsent(&[slot]);
                     break;
                 }
                 pushed += 1;
@@ -267,8 +289,13 @@ impl UringEngine {
             // Counted from the push: an entry in the SQ belongs to the kernel once any enter
             // consumes it, and its memory is pinned in the table until its CQE.
             self.in_kernel += pushed;
+            if self.is_shared() && !force && pushed < batch {
+                // One ring with the monitor: its next wait enters the kernel anyway and
+                // submits these with it (one io_uring_enter per loop iteration, as fio does).
+                return;
+            }
             self.stats.submit_calls += 1;
-            match self.ring.submit() {
+            match self.ring.with(|r| r.submit()) {
                 Ok(n) => self.stats.entries_submitted += n as u64,
                 // EAGAIN / EBUSY / EINTR: the entries stay in the SQ and go with the next
                 // enter (the next submit, reap or wait).
@@ -282,39 +309,33 @@ impl UringEngine {
 
     /// Reaps the completion queue (flushing kernel-side overflow first).
     fn reap(&mut self) -> usize {
-        let mut n = 0;
-        loop {
-            // SAFETY: the table keeps every in-flight entry's memory until this loop hands
-            // its result over.
-            let overflow = unsafe { self.ring.submission_shared() }.cq_overflow();
-            if overflow {
-                self.stats.cq_overflows += 1;
-                let _ = self.ring.submit();
+        let mut results: Vec<(u32, i32)> = Vec::new();
+        match &mut self.ring {
+            RingHandle::Own(ring) => {
+                self.stats.cq_overflows +=
+                    drain_cq(ring, |data, res| results.push((data as u32, res)));
             }
-            let mut got = 0;
-            let mut results: Vec<(u32, i64)> = Vec::new();
-            for cqe in self.ring.completion() {
-                results.push((cqe.user_data() as u32, cqe.result() as i64));
-                got += 1;
-            }
-            for (slot, res) in results {
-                self.in_kernel -= 1;
-                if self.table.on_result(slot, res) == Outcome::Resubmit {
-                    self.stats.resubmits += 1;
-                }
-            }
-            n += got;
-            self.stats.cqes += got as u64;
-            if got == 0 && !overflow {
-                return n;
+            RingHandle::Shared(shared) => {
+                let mut shared = shared.borrow_mut();
+                self.stats.cq_overflows += shared.drain();
+                results.append(&mut shared.io_results);
+                shared.engine_kick = false;
             }
         }
+        for &(slot, res) in &results {
+            self.in_kernel -= 1;
+            if self.core.table.on_result(slot, res as i64) == Outcome::Resubmit {
+                self.stats.resubmits += 1;
+            }
+        }
+        self.stats.cqes += results.len() as u64;
+        results.len()
     }
 
     /// Blocks until at least one completion arrives (drain and drop).
     fn wait_one(&mut self) -> io::Result<()> {
         loop {
-            match self.ring.submit_and_wait(1) {
+            match self.ring.with(|r| r.submit_and_wait(1)) {
                 Ok(_) => return Ok(()),
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
                 Err(e) => return Err(e),
@@ -329,41 +350,54 @@ impl IoEngine for UringEngine {
     }
 
     fn submit(&mut self, request: Request) -> Result<(), SubmitError> {
-        if let Err(e) = request.validate() {
-            return Err(SubmitError::new(e, request));
-        }
-        self.submitted += 1;
-        self.queue.push(request);
+        self.core.accept(request)?;
         self.submit_pending(false);
         Ok(())
     }
 
     fn plug(&mut self) {
-        self.queue.plug();
+        self.core.queue.plug();
     }
 
     fn unplug(&mut self) {
-        if self.queue.unplug() {
+        if self.core.queue.unplug() {
             self.submit_pending(false);
         }
     }
 
     fn set_max_batch(&mut self, max: usize) {
-        self.queue.set_max_batch(max);
+        self.core.queue.set_max_batch(max);
     }
 
     fn poll_completions(&mut self, out: &mut VecDeque<Completion>) -> usize {
-        self.reap();
+        let reaped = self.reap();
         self.submit_pending(false);
-        let n = self.table.take_done(out);
-        self.returned += n as u64;
-        n
+        if reaped == 0 && self.is_shared() {
+            // Nothing came back: make sure what waits in the shared SQ reaches the kernel even
+            // if no monitor wait follows soon (busy polling, or the engine used alone).
+            // SAFETY: a transient view of the SQ length.
+            let queued = self.ring.with(|r| unsafe { r.submission_shared() }.len());
+            if queued > 0 {
+                self.stats.submit_calls += 1;
+                let _ = self.ring.with(|r| r.submit());
+            }
+        }
+        self.core.take_done(out)
     }
 
     fn has_completions(&self) -> bool {
-        // SAFETY: a transient view of the CQ; no other CompletionQueue exists meanwhile
-        // (every `&mut self` method creates its own and drops it before returning).
-        self.table.has_done() || !unsafe { self.ring.completion_shared() }.is_empty()
+        if self.core.table.has_done() {
+            return true;
+        }
+        match &self.ring {
+            // SAFETY: a transient view of the CQ; no other CompletionQueue exists meanwhile
+            // (every `&mut self` method creates its own and drops it before returning).
+            RingHandle::Own(r) => !unsafe { r.completion_shared() }.is_empty(),
+            RingHandle::Shared(core) => core.try_borrow().is_ok_and(|c| {
+                // SAFETY: as above; the monitor is not inside a method (it is not borrowed).
+                c.engine_ready() || !unsafe { c.ring.completion_shared() }.is_empty()
+            }),
+        }
     }
 
     fn notifier(&self) -> &Notifier {
@@ -371,18 +405,20 @@ impl IoEngine for UringEngine {
     }
 
     fn cancel(&mut self, token: u64) -> bool {
-        match self.queue.cancel(token) {
-            Some(c) => {
-                self.table.push_done(c);
-                let _ = self.notifier.notify();
-                true
+        let cancelled = self.core.cancel_queued(token);
+        if cancelled {
+            match &self.ring {
+                RingHandle::Own(_) => {
+                    let _ = self.notifier.notify();
+                }
+                RingHandle::Shared(core) => core.borrow_mut().engine_kick = true,
             }
-            None => false,
         }
+        cancelled
     }
 
     fn in_flight(&self) -> usize {
-        (self.submitted - self.returned) as usize
+        self.core.in_flight()
     }
 
     fn drain(&mut self) -> Vec<Completion> {
@@ -404,11 +440,11 @@ impl Drop for UringEngine {
     /// Cancels queued requests and waits for every request the kernel holds: no buffer is
     /// freed while the kernel may still write it.
     fn drop(&mut self) {
-        drop(self.queue.cancel_all());
+        drop(self.core.queue.cancel_all());
         while self.in_kernel > 0 {
             if self.wait_one().is_err() {
                 // The kernel cannot tell us when it is done: never free the buffers.
-                std::mem::forget(std::mem::take(&mut self.table));
+                std::mem::forget(std::mem::take(&mut self.core.table));
                 return;
             }
             self.reap();

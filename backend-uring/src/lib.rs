@@ -10,12 +10,17 @@
 //!   `IORING_FEAT_NODROP`, and the engine flushes them; on kernels without it the engine never
 //!   has more in flight than the CQ holds); short reads and writes, `-EAGAIN` and `-EINTR` are
 //!   resubmitted; registered files as an option ([`UringConfig::register_files`]); drop waits
-//!   for everything in flight.
+//!   for everything in flight. Fixed (registered) buffers are not offered: requests bring their
+//!   own buffers, which would need a registration per request.
 //! * [`UringLoop`]: an [`EventLoop`](aio_core::EventLoop) over `IORING_OP_POLL_ADD`, one-shot
 //!   polls re-armed at each wait (which keeps the contract's level-triggered semantics), safe
 //!   removal while a poll is outstanding (stale completions are recognised by a generation and
 //!   ignored), nanosecond timeouts through `IORING_ENTER_EXT_ARG` (or a `TIMEOUT` entry on
 //!   kernels without it).
+//! * [`shared_ring`]: one ring for both the monitor and the engine (QEMU's newest design): block
+//!   I/O completions land in the completion queue the monitor waits on, so they need no eventfd
+//!   and no extra wakeup; the monitor reports the engine's (never written) notifier fd readable
+//!   when engine completions wait.
 //! * [`probe`]: whether io_uring is usable here and, if not, why (`kernel.io_uring_disabled`,
 //!   `EPERM` from seccomp, `ENOSYS`, `ENOMEM` from the memlock limit), and which opcodes exist.
 //!
@@ -31,7 +36,8 @@
 mod engine;
 mod monitor;
 mod probe;
+mod ring;
 
 pub use engine::{UringConfig, UringEngine, UringStats, REGISTERED_FILES};
-pub use monitor::UringLoop;
+pub use monitor::{shared_ring, UringLoop};
 pub use probe::{probe, UringSupport, UringUnavailable};

@@ -14,9 +14,14 @@ use std::os::fd::RawFd;
 use std::time::Duration;
 
 use aio_core::{Event, EventLoop, Interest, Token};
+use std::cell::RefCell;
+use std::rc::Rc;
+
 use io_uring::{opcode, squeue, types, IoUring};
 
+use crate::engine::{UringConfig, UringEngine};
 use crate::probe::{classify, UringUnavailable};
+use crate::ring::{drain_cq, RingHandle, SharedCore};
 
 const TIMEOUT_DATA: u64 = u64::MAX;
 const REMOVE_DATA: u64 = u64::MAX - 1;
@@ -38,7 +43,7 @@ fn user_data(fd: RawFd, generation: u32) -> u64 {
 
 /// The io_uring poll monitor. See the [module docs](self).
 pub struct UringLoop {
-    ring: IoUring,
+    ring: RingHandle,
     registrations: HashMap<RawFd, Registration>,
     to_arm: Vec<RawFd>,
     next_generation: u32,
@@ -55,32 +60,34 @@ impl std::fmt::Debug for UringLoop {
 impl UringLoop {
     /// A monitor with a 256-entry ring (1024 completions).
     pub fn new() -> Result<Self, UringUnavailable> {
-        let ring = IoUring::builder()
-            .setup_cqsize(1024)
-            .build(256)
-            .map_err(classify)?;
-        Ok(UringLoop {
+        Ok(Self::on(RingHandle::Own(Box::new(Self::build_ring(256)?))))
+    }
+
+    fn build_ring(entries: u32) -> Result<IoUring, UringUnavailable> {
+        IoUring::builder()
+            .setup_cqsize(entries.max(256) * 4)
+            .build(entries.max(1))
+            .map_err(classify)
+    }
+
+    fn on(ring: RingHandle) -> Self {
+        UringLoop {
             ring,
             registrations: HashMap::new(),
             to_arm: Vec::new(),
             next_generation: 1,
-        })
+        }
+    }
+
+    /// Whether this monitor shares its ring with an engine.
+    pub fn is_shared(&self) -> bool {
+        matches!(self.ring, RingHandle::Shared(_))
     }
 
     fn push(&mut self, entry: &squeue::Entry) -> io::Result<()> {
-        loop {
-            // SAFETY: poll, poll-remove and timeout entries reference no memory except the
-            // timespec of a TIMEOUT, which the caller keeps alive until the next enter.
-            if unsafe { self.ring.submission().push(entry) }.is_ok() {
-                return Ok(());
-            }
-            // Full: hand what is queued to the kernel and try again.
-            match self.ring.submit() {
-                Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
-                Err(e) => return Err(e),
-            }
-        }
+        // SAFETY: poll, poll-remove and timeout entries reference no memory except the
+        // timespec of a TIMEOUT, which the caller keeps alive until the next enter.
+        unsafe { self.ring.push(entry) }
     }
 
     fn remove_poll(&mut self, fd: RawFd, reg: &Registration) -> io::Result<()> {
@@ -127,48 +134,84 @@ impl UringLoop {
     }
 
     fn collect(&mut self, events: &mut Vec<Event>) {
-        loop {
-            let mut results: Vec<(u64, i32)> = Vec::new();
-            for cqe in self.ring.completion() {
-                results.push((cqe.user_data(), cqe.result()));
+        let mut results: Vec<(u64, i32)> = Vec::new();
+        let mut engine_ready = None;
+        match &mut self.ring {
+            RingHandle::Own(ring) => {
+                drain_cq(ring, |data, res| results.push((data, res)));
             }
-            let got = results.len();
-            for (data, res) in results {
-                if data == TIMEOUT_DATA || data == REMOVE_DATA {
-                    continue;
+            RingHandle::Shared(core) => {
+                let mut core = core.borrow_mut();
+                core.drain();
+                results.append(&mut core.poll_results);
+                if core.engine_ready() {
+                    engine_ready = core.engine_fd;
                 }
-                let fd = data as u32 as RawFd;
-                let generation = (data >> 32) as u32;
-                let Some(reg) = self.registrations.get_mut(&fd) else {
-                    continue;
-                };
-                if reg.generation != generation {
-                    continue; // a poll of an older registration
-                }
-                reg.armed = false;
-                if res == -libc::EBADF {
-                    reg.dead = true;
-                    continue;
-                }
-                if res < 0 {
-                    // -ECANCELED and similar: re-arm and let the next wait tell.
-                    self.to_arm.push(fd);
-                    continue;
-                }
-                self.to_arm.push(fd);
-                events.push(Event::from_poll_bits(reg.token, res as u32));
             }
-            // SAFETY: a transient view of the SQ flags.
-            let overflow = unsafe { self.ring.submission_shared() }.cq_overflow();
-            if overflow {
-                let _ = self.ring.submit();
+        }
+        for (data, res) in results {
+            if data == TIMEOUT_DATA || data == REMOVE_DATA {
                 continue;
             }
-            if got == 0 {
-                return;
+            let fd = data as u32 as RawFd;
+            let generation = (data >> 32) as u32;
+            let Some(reg) = self.registrations.get_mut(&fd) else {
+                continue;
+            };
+            if reg.generation != generation {
+                continue; // a poll of an older registration
+            }
+            reg.armed = false;
+            if res == -libc::EBADF {
+                reg.dead = true;
+                continue;
+            }
+            self.to_arm.push(fd);
+            if res >= 0 {
+                events.push(Event::from_poll_bits(reg.token, res as u32));
+            }
+        }
+        // Shared ring: the engine's completions arrived here; report its notifier readable so
+        // the context runs the engine's handler (no eventfd write was needed).
+        if let Some(fd) = engine_ready {
+            if let Some(reg) = self.registrations.get(&fd) {
+                events.push(Event {
+                    token: reg.token,
+                    readable: true,
+                    writable: false,
+                    invalid: false,
+                });
             }
         }
     }
+
+    /// Whether results are already waiting (shared ring: drained by the engine).
+    fn pending(&self) -> bool {
+        match &self.ring {
+            RingHandle::Own(_) => false,
+            RingHandle::Shared(core) => {
+                let core = core.borrow();
+                !core.poll_results.is_empty() || core.engine_ready()
+            }
+        }
+    }
+}
+
+/// One io_uring for both the fd monitor and block I/O (QEMU's newest design): the engine's
+/// completions arrive in the completion queue the monitor waits on, so they need no eventfd
+/// and no extra wakeup. Use the monitor for the [`AioContext`](aio_core::AioContext) and
+/// attach the engine to that same context.
+pub fn shared_ring(config: UringConfig) -> Result<(UringLoop, UringEngine), UringUnavailable> {
+    let ring = UringLoop::build_ring(config.entries)?;
+    let core = Rc::new(RefCell::new(SharedCore {
+        ring,
+        io_results: Vec::new(),
+        poll_results: Vec::new(),
+        engine_fd: None,
+        engine_kick: false,
+    }));
+    let engine = UringEngine::on_shared(core.clone(), config)?;
+    Ok((UringLoop::on(RingHandle::Shared(core)), engine))
 }
 
 impl EventLoop for UringLoop {
@@ -238,18 +281,26 @@ impl EventLoop for UringLoop {
 
     fn wait(&mut self, timeout: Option<Duration>, events: &mut Vec<Event>) -> io::Result<()> {
         self.arm_pending()?;
+        // Results the engine already drained from a shared ring: do not sleep on them.
+        let timeout = if self.pending() {
+            Some(Duration::ZERO)
+        } else {
+            timeout
+        };
         let result = match timeout {
-            Some(t) if t.is_zero() => self.ring.submit().map(drop),
-            None => self.ring.submit_and_wait(1).map(drop),
+            Some(t) if t.is_zero() => self.ring.with(|r| r.submit()).map(drop),
+            None => self.ring.with(|r| r.submit_and_wait(1)).map(drop),
             Some(t) => {
                 let ts = types::Timespec::from(t.min(Duration::from_secs(i64::MAX as u64 / 2)));
-                if self.ring.params().is_feature_ext_arg() {
+                if self.ring.with(|r| r.params().is_feature_ext_arg()) {
                     let args = types::SubmitArgs::new().timespec(&ts);
-                    self.ring.submitter().submit_with_args(1, &args).map(drop)
+                    self.ring
+                        .with(|r| r.submitter().submit_with_args(1, &args))
+                        .map(drop)
                 } else {
                     let entry = opcode::Timeout::new(&ts).build().user_data(TIMEOUT_DATA);
                     self.push(&entry)?;
-                    self.ring.submit_and_wait(1).map(drop)
+                    self.ring.with(|r| r.submit_and_wait(1)).map(drop)
                 }
             }
         };

@@ -1,7 +1,7 @@
 //! Building an I/O engine by name, as the bench's `--engine` flag will.
 //!
 //! This module owns the mapping from names to engines and which ones this build has (Cargo
-//! features `pool`, `linux-aio`; `uring` arrives with its crate). It constructs engines
+//! features `pool`, `linux-aio`, `uring`). It constructs engines
 //! only; it never submits I/O.
 
 use std::fmt;
@@ -17,17 +17,20 @@ pub enum EngineKind {
     Pool,
     /// Linux native AIO (aio-backend-linux-aio, QEMU's aio=native).
     LinuxAio,
+    /// io_uring (aio-backend-uring, QEMU's aio=io_uring).
+    Uring,
 }
 
 impl EngineKind {
     /// Every kind, in the order reports list them.
-    pub const ALL: [EngineKind; 2] = [EngineKind::Pool, EngineKind::LinuxAio];
+    pub const ALL: [EngineKind; 3] = [EngineKind::Pool, EngineKind::LinuxAio, EngineKind::Uring];
 
     /// The fio `ioengine` that runs the same kind of I/O.
     pub fn fio_ioengine(self) -> &'static str {
         match self {
             EngineKind::Pool => "psync",
             EngineKind::LinuxAio => "libaio",
+            EngineKind::Uring => "io_uring",
         }
     }
 
@@ -36,6 +39,7 @@ impl EngineKind {
         match self {
             EngineKind::Pool => "pool",
             EngineKind::LinuxAio => "linux-aio",
+            EngineKind::Uring => "uring",
         }
     }
 
@@ -49,6 +53,10 @@ impl EngineKind {
             #[cfg(feature = "linux-aio")]
             EngineKind::LinuxAio => Ok(Box::new(aio_backend_linux_aio::LinuxAio::new(
                 aio_backend_linux_aio::LinuxAioConfig::default(),
+            )?)),
+            #[cfg(feature = "uring")]
+            EngineKind::Uring => Ok(Box::new(aio_backend_uring::UringEngine::new(
+                aio_backend_uring::UringConfig::default(),
             )?)),
             #[allow(unreachable_patterns)]
             other => Err(io::Error::new(
@@ -67,7 +75,7 @@ impl fmt::Display for EngineKind {
 
 /// An unknown engine name.
 #[derive(Debug, thiserror::Error)]
-#[error("unknown engine '{0}' (expected one of: pool, linux-aio)")]
+#[error("unknown engine '{0}' (expected one of: pool, linux-aio, uring)")]
 pub struct UnknownEngine(pub String);
 
 impl FromStr for EngineKind {

@@ -101,6 +101,24 @@ pub struct JobResult {
     pub counters: LoopCounters,
     /// Errors completions reported.
     pub errors: u64,
+    /// CPU time (user + system) of the loop thread over the whole job, in seconds.
+    pub iothread_cpu_s: f64,
+    /// Wall time of the whole job (ramp included), in seconds.
+    pub wall_s: f64,
+}
+
+/// CPU time (user + system) the calling thread has used, in seconds.
+pub fn thread_cpu_seconds() -> f64 {
+    let mut ru: libc::rusage = unsafe_zeroed_rusage();
+    // SAFETY: `ru` is a valid rusage to fill; RUSAGE_THREAD is Linux's per-thread usage.
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+fn unsafe_zeroed_rusage() -> libc::rusage {
+    // SAFETY: rusage is plain old data; all-zero is a valid value.
+    unsafe { std::mem::zeroed() }
 }
 
 impl JobResult {
@@ -198,6 +216,7 @@ where
         ..PollParams::iothread()
     });
     let start = Instant::now();
+    let cpu_start = thread_cpu_seconds();
     let generator = Rc::new(RefCell::new(Generator {
         spec,
         file: file.clone(),
@@ -279,5 +298,7 @@ where
         latency_ns: gen.hist.clone(),
         counters: ctx.counters(),
         errors: gen.errors,
+        iothread_cpu_s: thread_cpu_seconds() - cpu_start,
+        wall_s: start.elapsed().as_secs_f64(),
     })
 }

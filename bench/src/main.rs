@@ -28,8 +28,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run one job through fio and through an aio-rs engine, alternating, and print both
-    /// figures and their ratio.
+    /// Run one job through fio and through an aio-rs engine, alternating (A B, B A, ...), and
+    /// print both figures and their ratio.
     VsFio(VsFioArgs),
     /// Say which fd monitors and engines this build and kernel offer.
     Probe,
@@ -37,7 +37,7 @@ enum Command {
 
 #[derive(clap::Args, Debug)]
 struct VsFioArgs {
-    /// Our engine: pool or linux-aio (compared with fio's psync or libaio).
+    /// Our engine: pool, linux-aio or uring (compared with fio's psync, libaio or io_uring).
     #[arg(long, default_value = "linux-aio", value_parser = parse_engine)]
     engine: EngineKind,
     /// read, write, randread or randwrite.
@@ -70,6 +70,10 @@ struct VsFioArgs {
     /// Our loop's adaptive polling limit (0 = off, as fio's libaio engine waits in the kernel).
     #[arg(long, default_value_t = 0)]
     poll_max_ns: u64,
+    /// With `--engine uring`: one io_uring for the fd monitor and the engine (implies
+    /// `--fdmon uring`), so completions need no eventfd.
+    #[arg(long)]
+    shared_ring: bool,
 }
 
 fn parse_engine(s: &str) -> Result<EngineKind, String> {
@@ -128,6 +132,18 @@ impl Drop for Image {
 }
 
 fn ours(args: &VsFioArgs, file: &IoFile, spec: JobSpec) -> Result<JobResult, String> {
+    if args.shared_ring {
+        #[cfg(feature = "uring")]
+        {
+            let (monitor, engine) =
+                aio_backend_uring::shared_ring(aio_backend_uring::UringConfig::default())
+                    .map_err(|e| format!("shared ring: {e}"))?;
+            return run_job(monitor, engine, file, args.size, spec)
+                .map_err(|e| format!("our run failed: {e}"));
+        }
+        #[cfg(not(feature = "uring"))]
+        return Err("--shared-ring needs the uring feature".into());
+    }
     let monitor = args
         .fdmon
         .build()
@@ -160,6 +176,12 @@ fn vs_fio(args: VsFioArgs) -> Result<(), (u8, String)> {
             args.size, args.bs
         )));
     }
+    if args.shared_ring && args.engine != EngineKind::Uring {
+        return Err(bad(format!(
+            "--shared-ring needs --engine uring (got {})",
+            args.engine
+        )));
+    }
     let version = fio::version().map_err(|e| (2, e.to_string()))?;
     let spec = JobSpec {
         pattern: args.rw,
@@ -178,15 +200,19 @@ fn vs_fio(args: VsFioArgs) -> Result<(), (u8, String)> {
         ))
     })?;
     let ioengine = args.engine.fio_ioengine();
+    let fdmon = if args.shared_ring {
+        "uring, one shared ring".to_string()
+    } else {
+        args.fdmon.to_string()
+    };
+    let polling = if args.poll_max_ns == 0 {
+        "polling off".to_string()
+    } else {
+        format!("poll_max_ns {}", args.poll_max_ns)
+    };
     println!(
-        "vs-fio: {} ({}, {}) vs {version} --ioengine={ioengine}",
-        args.engine,
-        args.fdmon,
-        if args.poll_max_ns == 0 {
-            "polling off".to_string()
-        } else {
-            format!("poll_max_ns {}", args.poll_max_ns)
-        }
+        "vs-fio: {} ({fdmon}, {polling}) vs {version} --ioengine={ioengine}",
+        args.engine
     );
     println!(
         "job: {} bs={} iodepth={} runtime={:?} ramp={:?} file={} ({} MiB, O_DIRECT)",
@@ -199,8 +225,8 @@ fn vs_fio(args: VsFioArgs) -> Result<(), (u8, String)> {
         args.size >> 20
     );
     println!(
-        "{:<6} {:>12} {:>12} {:>7}   {:>12} {:>12} {:>7}",
-        "round", "fio IOPS", "ours IOPS", "ratio", "fio lat us", "ours lat us", "ratio"
+        "{:<6} {:>12} {:>12} {:>7}   {:>12} {:>12} {:>7}   {:>8}",
+        "round", "fio IOPS", "ours IOPS", "ratio", "fio lat us", "ours lat us", "ratio", "our CPU"
     );
     let (mut fio_iops, mut our_iops, mut fio_lat, mut our_lat) = (0.0, 0.0, 0.0, 0.0);
     for round in 1..=args.rounds {
@@ -211,14 +237,15 @@ fn vs_fio(args: VsFioArgs) -> Result<(), (u8, String)> {
             return Err((1, format!("{} requests failed in our run", o.errors)));
         }
         println!(
-            "{:<6} {:>12.0} {:>12.0} {:>7.3}   {:>12.1} {:>12.1} {:>7.3}",
+            "{:<6} {:>12.0} {:>12.0} {:>7.3}   {:>12.1} {:>12.1} {:>7.3}   {:>7.0}%",
             round,
             f.iops,
             o.iops(),
             o.iops() / f.iops,
             f.mean_lat_us,
             o.mean_lat_us(),
-            o.mean_lat_us() / f.mean_lat_us
+            o.mean_lat_us() / f.mean_lat_us,
+            100.0 * o.iothread_cpu_s / o.wall_s
         );
         fio_iops += f.iops;
         our_iops += o.iops();

@@ -1,7 +1,7 @@
 //! Building an fd monitor by name, as the bench's `--fdmon` flag will.
 //!
 //! This module owns the mapping from names to monitors and which ones this build has (Cargo
-//! features `poll`, `epoll`). It constructs monitors only; it never runs a loop.
+//! features `poll`, `epoll`, `uring`). It constructs monitors only; it never runs a loop.
 
 use std::fmt;
 use std::io;
@@ -18,11 +18,18 @@ pub enum MonitorKind {
     Epoll,
     /// ppoll below 64 registered fds, epoll from 64 up ([`aio_core::Hybrid`]).
     Hybrid,
+    /// io_uring `POLL_ADD` (backend-uring).
+    Uring,
 }
 
 impl MonitorKind {
     /// Every kind, in the order reports list them.
-    pub const ALL: [MonitorKind; 3] = [MonitorKind::Poll, MonitorKind::Epoll, MonitorKind::Hybrid];
+    pub const ALL: [MonitorKind; 4] = [
+        MonitorKind::Poll,
+        MonitorKind::Epoll,
+        MonitorKind::Hybrid,
+        MonitorKind::Uring,
+    ];
 
     /// The name used on the command line and in reports.
     pub fn name(self) -> &'static str {
@@ -30,6 +37,7 @@ impl MonitorKind {
             MonitorKind::Poll => "poll",
             MonitorKind::Epoll => "epoll",
             MonitorKind::Hybrid => "hybrid",
+            MonitorKind::Uring => "uring",
         }
     }
 
@@ -45,6 +53,8 @@ impl MonitorKind {
                 aio_backend_poll::PollLoop::new(),
                 aio_backend_epoll::EpollLoop::new()?,
             ))),
+            #[cfg(feature = "uring")]
+            MonitorKind::Uring => Ok(Box::new(aio_backend_uring::UringLoop::new()?)),
             #[allow(unreachable_patterns)]
             other => Err(io::Error::new(
                 io::ErrorKind::Unsupported,
@@ -62,7 +72,7 @@ impl fmt::Display for MonitorKind {
 
 /// An unknown monitor name.
 #[derive(Debug, thiserror::Error)]
-#[error("unknown fd monitor '{0}' (expected one of: poll, epoll, hybrid)")]
+#[error("unknown fd monitor '{0}' (expected one of: poll, epoll, hybrid, uring)")]
 pub struct UnknownMonitor(pub String);
 
 impl FromStr for MonitorKind {

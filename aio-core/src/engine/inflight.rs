@@ -213,3 +213,64 @@ impl InFlightTable {
         n
     }
 }
+
+/// The bookkeeping every engine repeats around its kernel interface: the plug/batch queue of
+/// accepted requests, the in-flight table, and the accepted/returned counts behind
+/// [`IoEngine::in_flight`](super::IoEngine::in_flight).
+#[derive(Debug, Default)]
+pub struct EngineCore {
+    /// Accepted, not yet sent.
+    pub queue: super::queue::SubmitQueue,
+    /// Sent (or waiting to go back for a remainder), and finished completions.
+    pub table: InFlightTable,
+    accepted: u64,
+    returned: u64,
+}
+
+impl EngineCore {
+    /// An empty core sending at most `max_batch` requests per submission.
+    pub fn new(max_batch: usize) -> Self {
+        let mut queue = super::queue::SubmitQueue::new();
+        queue.set_max_batch(max_batch);
+        EngineCore {
+            queue,
+            table: InFlightTable::new(),
+            accepted: 0,
+            returned: 0,
+        }
+    }
+
+    /// Validates and queues a request (the engine then sends what it can).
+    pub fn accept(&mut self, request: Request) -> Result<(), super::request::SubmitError> {
+        if let Err(e) = request.validate() {
+            return Err(super::request::SubmitError::new(e, request));
+        }
+        self.accepted += 1;
+        self.queue.push(request);
+        Ok(())
+    }
+
+    /// Cancels a request still queued: its `ECANCELED` completion joins the finished ones.
+    /// The engine must then make sure the loop comes for it (signal its notifier).
+    pub fn cancel_queued(&mut self, token: u64) -> bool {
+        match self.queue.cancel(token) {
+            Some(c) => {
+                self.table.push_done(c);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Moves finished completions to `out`, counting them as returned.
+    pub fn take_done(&mut self, out: &mut VecDeque<Completion>) -> usize {
+        let n = self.table.take_done(out);
+        self.returned += n as u64;
+        n
+    }
+
+    /// Accepted requests whose completion has not been returned.
+    pub fn in_flight(&self) -> usize {
+        (self.accepted - self.returned) as usize
+    }
+}

@@ -1,0 +1,97 @@
+//! One ring for the fd monitor and the engine: the loop-level engine conformance tests, run
+//! with a monitor and an engine built together by `shared_ring` (block I/O completions arrive
+//! with the monitor's, without an eventfd).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use aio_backend_uring::{probe, shared_ring, UringConfig, UringEngine, UringLoop};
+use aio_core::testing::engine as suite;
+use aio_core::testing::skip;
+
+/// Builds the pair once; the suite asks for the monitor first, then the engine.
+fn pair() -> Option<(impl Fn() -> UringEngine, impl Fn() -> UringLoop)> {
+    if let Err(e) = probe() {
+        skip(&format!("io_uring unusable: {e}"));
+        return None;
+    }
+    let engine_slot: Rc<RefCell<Option<UringEngine>>> = Rc::default();
+    let e = engine_slot.clone();
+    let monitor = move || {
+        let (monitor, engine) = shared_ring(UringConfig::default()).expect("shared ring");
+        assert!(monitor.is_shared() && engine.is_shared());
+        *e.borrow_mut() = Some(engine);
+        monitor
+    };
+    let engine = move || {
+        engine_slot
+            .borrow_mut()
+            .take()
+            .expect("monitor built first")
+    };
+    Some((engine, monitor))
+}
+
+#[test]
+fn shared_ring_delivers_in_the_loop() {
+    if let Some((engine, monitor)) = pair() {
+        suite::attached_engine_delivers_in_the_loop(engine, monitor);
+    }
+}
+
+#[test]
+fn shared_ring_qd1_without_polling() {
+    if let Some((engine, monitor)) = pair() {
+        suite::qd1_through_the_loop_without_polling(engine, monitor);
+    }
+}
+
+#[test]
+fn shared_ring_nested_poll() {
+    if let Some((engine, monitor)) = pair() {
+        suite::nested_poll_in_a_completion_callback_loses_and_duplicates_nothing(engine, monitor);
+    }
+}
+
+#[test]
+fn shared_ring_callback_submits_and_waits() {
+    if let Some((engine, monitor)) = pair() {
+        suite::callback_that_submits_and_waits_in_a_nested_loop_is_not_stuck_in_a_batch(
+            engine, monitor,
+        );
+    }
+}
+
+#[test]
+fn shared_ring_cancel_is_delivered_without_an_eventfd() {
+    use aio_core::engine::{AlignedBuf, Request};
+    use aio_core::testing::engine::TempFile;
+    use aio_core::AioContext;
+    let Some((engine, monitor)) = pair() else {
+        return;
+    };
+    let ctx = AioContext::new(monitor()).unwrap();
+    let tmp = TempFile::with_len(4096, 1);
+    let file = tmp.open(0).unwrap();
+    type Seen = Rc<RefCell<Vec<(u64, Option<i32>)>>>;
+    let got: Seen = Rc::default();
+    let g = got.clone();
+    let attached = ctx
+        .attach_engine(engine(), move |_, c| {
+            g.borrow_mut().push((c.token, c.errno()))
+        })
+        .unwrap();
+    attached.plug();
+    attached
+        .submit(Request::read(&file, 0, AlignedBuf::new(4096), 1))
+        .unwrap();
+    attached
+        .submit(Request::read(&file, 0, AlignedBuf::new(4096), 2))
+        .unwrap();
+    assert!(attached.cancel(2));
+    attached.unplug();
+    aio_core::testing::poll_until(&ctx, "both completions", || got.borrow().len() == 2);
+    let mut v = got.borrow().clone();
+    v.sort();
+    assert_eq!(v, [(1, None), (2, Some(libc::ECANCELED))]);
+}
