@@ -28,7 +28,7 @@ def ratio(label, num, den):
         print(f"{label:60s} {num / den:6.2f}   ({num:,.0f} ns / {den:,.0f} ns)")
 
 
-for mon in ["epoll", "hybrid", "poll", "bare-epoll"]:
+for mon in ["epoll", "hybrid", "uring", "poll", "bare-epoll"]:
     for n in [64, 256, 1024]:
         ratio(f"iteration {mon}: {n} fds / 1 fd", mean_ns("iteration", mon, n), mean_ns("iteration", mon, 1))
 for n in [1, 256, 1024]:
@@ -36,6 +36,8 @@ for n in [1, 256, 1024]:
           mean_ns("iteration", "epoll", n), mean_ns("iteration", "bare-epoll", n))
     ratio(f"iteration at {n} fds: hybrid / bare epoll_wait loop",
           mean_ns("iteration", "hybrid", n), mean_ns("iteration", "bare-epoll", n))
+    ratio(f"iteration at {n} fds: uring monitor / AioContext over epoll",
+          mean_ns("iteration", "uring", n), mean_ns("iteration", "epoll", n))
 ratio("notifier: pipe / eventfd", mean_ns("notifier", "pipe"), mean_ns("notifier", "eventfd"))
 ratio("pool round trip / tokio spawn_blocking round trip",
       mean_ns("roundtrip", "pool_run"), mean_ns("roundtrip", "tokio_spawn_blocking"))

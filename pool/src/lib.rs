@@ -6,9 +6,9 @@
 //!
 //! * **Threads** ([`PoolConfig`], QEMU's defaults): at most 64, at least 0, a thread above the
 //!   minimum exits after 10 s without work; all settable, also at run time
-//!   ([`ThreadPool::set_config`]). A thread is spawned when work is queued that no idle or
-//!   arriving thread (just spawned, or just done with a job) will take and fewer than the
-//!   maximum run. A thread counts as idle only
+//!   ([`ThreadPool::set_config`]). A thread is spawned when work is queued that no idle,
+//!   spinning or just-spawned thread will take and fewer than the maximum run. A thread counts
+//!   as idle only
 //!   while it waits for work (seed 002: counting busy threads as idle starves the pool).
 //! * **Completions** are signalled through a [`Notifier`] (written once per batch of
 //!   completions, not once per completion) plus a syscall-free `has_completions` check that
@@ -168,8 +168,7 @@ pub(crate) struct State {
     pub(crate) config: PoolConfig,
     pub(crate) threads: usize,
     pub(crate) idle: usize,
-    /// Threads on their way to the job queue (just spawned, or just finished a job and
-    /// publishing its completion): each will take a job, so submitters count them.
+    /// Spawned threads that have not reached the job queue yet: each will take a job.
     pub(crate) arriving: usize,
     /// Threads busy-waiting for work (`PoolConfig::spin`): each will take a job.
     pub(crate) spinning: usize,

@@ -332,8 +332,11 @@ fn spinning_threads_take_the_next_job_without_a_spawn() {
         let done = wait_for(&mut pool, 1);
         assert_eq!(done[0].result.as_ref().unwrap(), &(t as usize));
     }
+    // Not counting spinners as takers would spawn for nearly every job (none is idle while
+    // it spins): up to the 64-thread maximum. A few spawns can still come from the moment
+    // between a thread publishing its completion and starting to spin.
     assert!(
-        pool.stats().spawned <= 2,
+        pool.stats().spawned <= 8,
         "a spinning thread counts as taking the next job: {:?}",
         pool.stats()
     );
