@@ -352,8 +352,11 @@ impl LinuxAio {
                     self.stats.submit_eagain += 1;
                     self.core.table.unsent(&self.batch);
                     // Retry once a completion frees kernel resources (or, with nothing in
-                    // the kernel, on the next poll).
+                    // the kernel, on the next poll: wake the loop so that it comes).
                     self.submit_blocked = true;
+                    if self.in_kernel == 0 {
+                        let _ = self.notifier.notify();
+                    }
                     return;
                 }
                 Err(e) => {

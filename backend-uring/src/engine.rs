@@ -214,7 +214,9 @@ impl UringEngine {
                 count,
                 ..
             } => {
-                if count == 1 {
+                // SAFETY: `iovecs` points to `count` >= 1 live iovecs in the table.
+                let first_len = unsafe { (*iovecs).iov_len };
+                if count == 1 && first_len <= u32::MAX as usize {
                     // SAFETY: `iovecs` points to one live iovec in the table.
                     let v = unsafe { *iovecs };
                     if is_read {
@@ -323,10 +325,13 @@ impl UringEngine {
             }
         }
         for &(slot, res) in &results {
-            self.in_kernel -= 1;
-            if self.core.table.on_result(slot, res as i64) == Outcome::Resubmit {
-                self.stats.resubmits += 1;
+            match self.core.table.on_result(slot, res as i64) {
+                // Not ours (cannot happen with the user-data split; never miscount for it).
+                Outcome::Stale => continue,
+                Outcome::Resubmit => self.stats.resubmits += 1,
+                Outcome::Completed => {}
             }
+            self.in_kernel -= 1;
         }
         self.stats.cqes += results.len() as u64;
         results.len()
@@ -372,9 +377,9 @@ impl IoEngine for UringEngine {
     fn poll_completions(&mut self, out: &mut VecDeque<Completion>) -> usize {
         let reaped = self.reap();
         self.submit_pending(false);
-        if reaped == 0 && self.is_shared() {
-            // Nothing came back: make sure what waits in the shared SQ reaches the kernel even
-            // if no monitor wait follows soon (busy polling, or the engine used alone).
+        if reaped == 0 || !self.is_shared() {
+            // Make sure what waits in the SQ (a shared ring's deferred entries, or entries an
+            // interrupted enter left behind) reaches the kernel even if no wait follows soon.
             // SAFETY: a transient view of the SQ length.
             let queued = self.ring.with(|r| unsafe { r.submission_shared() }.len());
             if queued > 0 {
@@ -441,13 +446,24 @@ impl Drop for UringEngine {
     /// freed while the kernel may still write it.
     fn drop(&mut self) {
         drop(self.core.queue.cancel_all());
-        while self.in_kernel > 0 {
+        loop {
+            // Reap first: on a shared ring the monitor may already hold our completions.
+            self.reap();
+            if self.in_kernel == 0 {
+                break;
+            }
             if self.wait_one().is_err() {
                 // The kernel cannot tell us when it is done: never free the buffers.
-                std::mem::forget(std::mem::take(&mut self.core.table));
+                std::mem::forget(std::mem::take(&mut self.core));
                 return;
             }
-            self.reap();
+        }
+        if let RingHandle::Shared(shared) = &self.ring {
+            // The monitor must stop reporting our (soon closed) notifier fd.
+            let mut shared = shared.borrow_mut();
+            shared.engine_fd = None;
+            shared.engine_kick = false;
+            shared.io_results.clear();
         }
     }
 }

@@ -23,8 +23,12 @@ use crate::engine::{UringConfig, UringEngine};
 use crate::probe::{classify, UringUnavailable};
 use crate::ring::{drain_cq, RingHandle, SharedCore};
 
-const TIMEOUT_DATA: u64 = u64::MAX;
-const REMOVE_DATA: u64 = u64::MAX - 1;
+// Generation 0 is never given to a registration, and bit 63 stays clear (on a shared ring it
+// marks the engine's entries), so neither value can be a poll's user data.
+const TIMEOUT_DATA: u64 = 0xFFFF_FFFF;
+const REMOVE_DATA: u64 = 0xFFFF_FFFE;
+/// Generations use 31 bits (bit 63 of the user data belongs to the engine on a shared ring).
+const GENERATION_MASK: u32 = 0x7FFF_FFFF;
 
 #[derive(Debug, Clone, Copy)]
 struct Registration {
@@ -102,13 +106,13 @@ impl UringLoop {
 
     fn new_generation(&mut self) -> u32 {
         let g = self.next_generation;
-        self.next_generation = self.next_generation.wrapping_add(1).max(1);
+        self.next_generation = (self.next_generation.wrapping_add(1) & GENERATION_MASK).max(1);
         g
     }
 
     fn arm_pending(&mut self) -> io::Result<()> {
         let fds = std::mem::take(&mut self.to_arm);
-        for fd in fds {
+        for (i, &fd) in fds.iter().enumerate() {
             let Some(reg) = self.registrations.get(&fd).copied() else {
                 continue;
             };
@@ -125,7 +129,11 @@ impl UringLoop {
             let entry = opcode::PollAdd::new(types::Fd(fd), mask)
                 .build()
                 .user_data(user_data(fd, reg.generation));
-            self.push(&entry)?;
+            if let Err(e) = self.push(&entry) {
+                // Keep this fd and the rest for the next wait: readiness must not be lost.
+                self.to_arm.extend_from_slice(&fds[i..]);
+                return Err(e);
+            }
             if let Some(r) = self.registrations.get_mut(&fd) {
                 r.armed = true;
             }

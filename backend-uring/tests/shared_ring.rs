@@ -95,3 +95,47 @@ fn shared_ring_cancel_is_delivered_without_an_eventfd() {
     v.sort();
     assert_eq!(v, [(1, None), (2, Some(libc::ECANCELED))]);
 }
+
+#[test]
+fn monitor_removals_on_a_shared_ring_never_reach_the_engine() {
+    use aio_core::engine::{AlignedBuf, Request};
+    use aio_core::testing::engine::TempFile;
+    use aio_core::testing::Pipe;
+    use aio_core::{AioContext, FdHandler};
+    use std::os::fd::AsRawFd;
+    let Some((engine, monitor)) = pair() else {
+        return;
+    };
+    let ctx = AioContext::new(monitor()).unwrap();
+    let tmp = TempFile::with_len(4096, 1);
+    let file = tmp.open(0).unwrap();
+    let done = Rc::new(RefCell::new(0u32));
+    let d = done.clone();
+    let attached = ctx
+        .attach_engine(engine(), move |_, c| {
+            assert!(c.result.is_ok());
+            *d.borrow_mut() += 1;
+        })
+        .unwrap();
+    // Arm polls, then remove and re-add them many times: each removal of an armed poll posts
+    // a POLL_REMOVE completion on the shared ring, which must stay the monitor's.
+    let pipes: Vec<Pipe> = (0..8).map(|_| Pipe::new()).collect();
+    for round in 0..20u64 {
+        for p in &pipes {
+            ctx.set_fd_handler(p.read.as_raw_fd(), FdHandler::new().on_read(|_| {}))
+                .unwrap();
+        }
+        ctx.poll(false);
+        for p in &pipes {
+            ctx.remove_fd_handler(p.read.as_raw_fd()).unwrap();
+        }
+        attached
+            .submit(Request::read(&file, 0, AlignedBuf::new(4096), round))
+            .unwrap();
+        let want = round as u32 + 1;
+        aio_core::testing::poll_until(&ctx, "the read", || *done.borrow() == want);
+    }
+    assert_eq!(attached.in_flight(), 0);
+    drop(attached);
+    drop(ctx);
+}
