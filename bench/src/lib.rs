@@ -8,5 +8,7 @@
 pub mod engines;
 pub mod fio;
 pub mod job;
+pub mod matrix;
 pub mod monitors;
+pub mod scsi;
 pub mod units;

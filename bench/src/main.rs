@@ -1,8 +1,8 @@
 //! `aio-bench`: compare aio-rs backends, and compare them with fio.
 //!
-//! Subcommands today: `vs-fio` (the same job through fio and through one of our engines,
-//! alternating A B A B) and `probe` (which backends this build and kernel offer). The
-//! scsi-disk scaling matrix arrives with the bench issue.
+//! Subcommands: `matrix` (the scsi-disk scaling matrix of seed 003), `vs-fio` (the same job
+//! through fio and through one of our engines, alternating A B / B A) and `probe` (which
+//! backends this build and kernel offer).
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -28,6 +28,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// The scsi-disk scaling matrix (seed 003): MB/s as 1..256 disks share one iothread.
+    Matrix(MatrixArgs),
     /// Run one job through fio and through an aio-rs engine, alternating (A B, B A, ...), and
     /// print both figures and their ratio.
     VsFio(VsFioArgs),
@@ -74,6 +76,71 @@ struct VsFioArgs {
     /// `--fdmon uring`), so completions need no eventfd.
     #[arg(long)]
     shared_ring: bool,
+}
+
+#[derive(clap::Args, Debug)]
+struct MatrixArgs {
+    /// Fd monitors, comma-separated (poll,epoll,hybrid,uring). Default: all this build has.
+    #[arg(long, value_delimiter = ',', value_parser = parse_monitor)]
+    fdmon: Vec<MonitorKind>,
+    /// Engines, comma-separated (pool,linux-aio,uring). Default: all this build has.
+    #[arg(long, value_delimiter = ',', value_parser = parse_engine)]
+    engine: Vec<EngineKind>,
+    /// Disk counts, comma-separated (1..=256). Default: 1,16,256 (--full: 1,4,8,...,256).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=256))]
+    disks: Vec<u64>,
+    /// Workloads, comma-separated (rd,wr,randrw). Default: rd,randrw (--full: all three).
+    #[arg(long, value_delimiter = ',', value_parser = parse_workload)]
+    workloads: Vec<aio_bench::matrix::Workload>,
+    /// Block size.
+    #[arg(long, default_value = "4k", value_parser = parse_size_arg)]
+    bs: u64,
+    /// Requests in flight per driven disk.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    iodepth: u64,
+    /// Drive one disk (seed 003) or all of them.
+    #[arg(long, default_value = "one", value_parser = ["one", "all"])]
+    active: String,
+    /// Measured time per cell.
+    #[arg(long, default_value = "1s", value_parser = parse_duration_arg)]
+    runtime: Duration,
+    /// Warm-up per cell.
+    #[arg(long, default_value = "200ms", value_parser = parse_duration_arg)]
+    ramp: Duration,
+    /// Directory for the disk images (default: the system temp dir).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Size of each driven disk's image.
+    #[arg(long, default_value = "64m", value_parser = parse_size_arg)]
+    disk_size: u64,
+    /// The iothread's adaptive polling limit (QEMU's IOThread default).
+    #[arg(long, default_value_t = 32768)]
+    poll_max_ns: u64,
+    /// Write the cells as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// All pairs, all disk counts, all workloads.
+    #[arg(long)]
+    full: bool,
+}
+
+/// 256 disks need two notifiers each plus images: raise the soft fd limit to the hard one.
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid rlimit to fill and pass back.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
+fn parse_workload(s: &str) -> Result<aio_bench::matrix::Workload, String> {
+    s.parse()
 }
 
 fn parse_engine(s: &str) -> Result<EngineKind, String> {
@@ -267,6 +334,123 @@ fn vs_fio(args: VsFioArgs) -> Result<(), (u8, String)> {
     Ok(())
 }
 
+fn matrix(args: MatrixArgs) -> Result<(), (u8, String)> {
+    use aio_bench::matrix::{self, MatrixSpec, Workload};
+    use aio_bench::scsi::CellSpec;
+    let bad = |m: String| (2u8, m);
+    let dir = args.dir.clone().unwrap_or_else(std::env::temp_dir);
+    if !dir.is_dir() {
+        return Err(bad(format!(
+            "--dir {}: not an existing directory",
+            dir.display()
+        )));
+    }
+    if args.bs == 0 || args.bs % 512 != 0 {
+        return Err(bad(format!(
+            "--bs {}: must be a non-zero multiple of 512 (O_DIRECT)",
+            args.bs
+        )));
+    }
+    if args.disk_size < args.bs {
+        return Err(bad(format!(
+            "--disk-size {} is smaller than --bs {}",
+            args.disk_size, args.bs
+        )));
+    }
+    let available = |k: &dyn Fn() -> bool| k();
+    let fdmons: Vec<MonitorKind> = if args.fdmon.is_empty() {
+        MonitorKind::ALL
+            .into_iter()
+            .filter(|k| available(&|| k.build().is_ok()))
+            .collect()
+    } else {
+        args.fdmon.clone()
+    };
+    let engines: Vec<EngineKind> = if args.engine.is_empty() {
+        EngineKind::ALL
+            .into_iter()
+            .filter(|k| available(&|| k.build().is_ok()))
+            .collect()
+    } else {
+        args.engine.clone()
+    };
+    let disks: Vec<usize> = if !args.disks.is_empty() {
+        args.disks.iter().map(|&d| d as usize).collect()
+    } else if args.full {
+        vec![1, 4, 8, 16, 32, 64, 128, 256]
+    } else {
+        vec![1, 16, 256]
+    };
+    let workloads = if !args.workloads.is_empty() {
+        args.workloads.clone()
+    } else if args.full {
+        Workload::ALL.to_vec()
+    } else {
+        vec![Workload::Rd, Workload::RandRw]
+    };
+    raise_fd_limit();
+    // A private directory for this run's images, removed afterwards (also on error).
+    let run_dir = dir.join(format!("aio-bench-matrix-{}", std::process::id()));
+    std::fs::create_dir(&run_dir)
+        .map_err(|e| bad(format!("creating {}: {e}", run_dir.display())))?;
+    struct RemoveDir(PathBuf);
+    impl Drop for RemoveDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _cleanup = RemoveDir(run_dir.clone());
+    let spec = MatrixSpec {
+        fdmons,
+        engines,
+        disks,
+        workloads,
+        active_all: args.active == "all",
+        cell: CellSpec {
+            disks: 1,
+            active: 1,
+            pattern: Pattern::Read,
+            mixed: false,
+            bs: args.bs as usize,
+            iodepth: args.iodepth as usize,
+            runtime: args.runtime,
+            ramp: args.ramp,
+            poll_max_ns: args.poll_max_ns,
+        },
+        disk_size: args.disk_size,
+    };
+    eprintln!(
+        "matrix: fdmon {:?} x engine {:?} x disks {:?} x workloads {:?}; bs {} iodepth {} active {} runtime {:?}; images in {}",
+        spec.fdmons.iter().map(|k| k.name()).collect::<Vec<_>>(),
+        spec.engines.iter().map(|k| k.name()).collect::<Vec<_>>(),
+        spec.disks,
+        spec.workloads.iter().map(|w| w.name()).collect::<Vec<_>>(),
+        args.bs,
+        args.iodepth,
+        args.active,
+        args.runtime,
+        run_dir.display()
+    );
+    let cells = matrix::run(&spec, &run_dir, |i, n, c| {
+        eprintln!(
+            "[{i}/{n}] {} {} disks={} {}: {:.1} MB/s, {:.0} IOPS",
+            c.engine,
+            c.fdmon,
+            c.disks,
+            c.workload.name(),
+            c.mb_s(),
+            c.iops()
+        );
+    })
+    .map_err(|e| (1, format!("matrix: {e}")))?;
+    print!("{}", matrix::table(&spec, &cells));
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&matrix::to_json(&spec, &cells)).expect("json");
+        std::fs::write(path, text).map_err(|e| (1, format!("--json {}: {e}", path.display())))?;
+    }
+    Ok(())
+}
+
 fn probe() {
     println!("fd monitors:");
     for k in MonitorKind::ALL {
@@ -291,6 +475,13 @@ fn probe() {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Matrix(args) => match matrix(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err((code, msg)) => {
+                eprintln!("aio-bench matrix: {msg}");
+                ExitCode::from(code)
+            }
+        },
         Command::VsFio(args) => match vs_fio(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err((code, msg)) => {

@@ -1,0 +1,320 @@
+//! The scsi-disk scaling matrix: fd monitors x engines x disk counts x workloads, and its
+//! terminal table and JSON.
+//!
+//! This module owns the axes, the order cells run in, and the report formats. Each cell is
+//! [`scsi::run_cell`](crate::scsi::run_cell).
+
+use std::fmt::Write as _;
+use std::io;
+use std::path::Path;
+
+use serde_json::json;
+
+use crate::engines::EngineKind;
+use crate::job::Pattern;
+use crate::monitors::MonitorKind;
+use crate::scsi::{run_cell, CellResult, CellSpec, DiskImage};
+
+/// A workload of the matrix (seed 003's columns).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workload {
+    /// Sequential reads (fio `rw=read`).
+    Rd,
+    /// Sequential writes (fio `rw=write`).
+    Wr,
+    /// Random reads and writes, 50/50 (fio `rw=randrw`).
+    RandRw,
+}
+
+impl Workload {
+    /// Every workload, in table order.
+    pub const ALL: [Workload; 3] = [Workload::Rd, Workload::Wr, Workload::RandRw];
+
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Rd => "rd",
+            Workload::Wr => "wr",
+            Workload::RandRw => "randrw",
+        }
+    }
+}
+
+impl std::str::FromStr for Workload {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Workload::ALL
+            .into_iter()
+            .find(|w| w.name() == s)
+            .ok_or_else(|| format!("unknown workload '{s}' (expected rd, wr or randrw)"))
+    }
+}
+
+/// The axes and the per-cell job.
+#[derive(Debug, Clone)]
+pub struct MatrixSpec {
+    /// Fd monitors.
+    pub fdmons: Vec<MonitorKind>,
+    /// Engines.
+    pub engines: Vec<EngineKind>,
+    /// Disk counts.
+    pub disks: Vec<usize>,
+    /// Workloads.
+    pub workloads: Vec<Workload>,
+    /// Drive every disk (`all`) or only the first (`one`, seed 003's setup).
+    pub active_all: bool,
+    /// The per-disk job (pattern is set per workload).
+    pub cell: CellSpec,
+    /// Size of each driven disk's image.
+    pub disk_size: u64,
+}
+
+/// One measured cell.
+#[derive(Debug, Clone)]
+pub struct Cell {
+    /// Fd monitor.
+    pub fdmon: MonitorKind,
+    /// Engine.
+    pub engine: EngineKind,
+    /// Disks attached.
+    pub disks: usize,
+    /// Workload.
+    pub workload: Workload,
+    /// What it measured.
+    pub result: CellResult,
+}
+
+impl Cell {
+    /// MB/s (10^6 bytes per second).
+    pub fn mb_s(&self) -> f64 {
+        self.result.bytes as f64 / 1e6 / self.result.elapsed.as_secs_f64()
+    }
+
+    /// IOPS.
+    pub fn iops(&self) -> f64 {
+        self.result.ios as f64 / self.result.elapsed.as_secs_f64()
+    }
+}
+
+/// Runs every cell, calling `progress` after each one. Images are created once in `dir` for
+/// the largest disk count (driven disks at `disk_size`, idle ones at 1 MiB) and removed when
+/// this returns, also on error.
+pub fn run(
+    spec: &MatrixSpec,
+    dir: &Path,
+    mut progress: impl FnMut(usize, usize, &Cell),
+) -> io::Result<Vec<Cell>> {
+    let max_disks = spec.disks.iter().copied().max().unwrap_or(1);
+    let mut images = Vec::with_capacity(max_disks);
+    for i in 0..max_disks {
+        let driven = spec.active_all || i == 0;
+        let size = if driven { spec.disk_size } else { 1 << 20 };
+        images.push(DiskImage::create(dir, i, size)?);
+    }
+    let total = spec.fdmons.len() * spec.engines.len() * spec.disks.len() * spec.workloads.len();
+    let mut cells = Vec::with_capacity(total);
+    for &engine in &spec.engines {
+        for &fdmon in &spec.fdmons {
+            for &disks in &spec.disks {
+                for &workload in &spec.workloads {
+                    let mut cell = spec.cell;
+                    cell.disks = disks;
+                    cell.active = if spec.active_all { disks } else { 1 };
+                    cell.mixed = workload == Workload::RandRw;
+                    cell.pattern = match workload {
+                        Workload::Rd => Pattern::Read,
+                        Workload::Wr => Pattern::Write,
+                        Workload::RandRw => Pattern::RandRead,
+                    };
+                    let monitor = fdmon.build().map_err(|e| {
+                        io::Error::new(e.kind(), format!("fd monitor {fdmon}: {e}"))
+                    })?;
+                    let eng = engine
+                        .build()
+                        .map_err(|e| io::Error::new(e.kind(), format!("engine {engine}: {e}")))?;
+                    let result = run_cell(monitor, eng, &images[..disks], cell)?;
+                    let c = Cell {
+                        fdmon,
+                        engine,
+                        disks,
+                        workload,
+                        result,
+                    };
+                    progress(cells.len() + 1, total, &c);
+                    cells.push(c);
+                }
+            }
+        }
+    }
+    Ok(cells)
+}
+
+/// Seed 003's table: one per engine, a row per disk count, a column group per fd monitor with
+/// a column per workload, in MB/s.
+pub fn table(spec: &MatrixSpec, cells: &[Cell]) -> String {
+    let mut out = String::new();
+    let width = 8 * spec.workloads.len();
+    for &engine in &spec.engines {
+        let _ = writeln!(out, "engine {engine} (MB/s)");
+        let _ = write!(out, "{:>10} ", "disks");
+        for f in &spec.fdmons {
+            let _ = write!(out, "| {:^width$} ", f.name());
+        }
+        out.push('\n');
+        let _ = write!(out, "{:>10} ", "");
+        for _ in &spec.fdmons {
+            out.push_str("| ");
+            for w in &spec.workloads {
+                let _ = write!(out, "{:>7} ", w.name());
+            }
+        }
+        out.push('\n');
+        for &d in &spec.disks {
+            let _ = write!(out, "{d:>10} ");
+            for &f in &spec.fdmons {
+                out.push_str("| ");
+                for &w in &spec.workloads {
+                    let v = cells
+                        .iter()
+                        .find(|c| {
+                            c.engine == engine && c.fdmon == f && c.disks == d && c.workload == w
+                        })
+                        .map(|c| format!("{:.1}", c.mb_s()))
+                        .unwrap_or_else(|| "-".into());
+                    let _ = write!(out, "{v:>7} ");
+                }
+            }
+            out.push('\n');
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// The JSON report (`{"machine": {...}, "cells": [...]}` with the field names).
+pub fn to_json(spec: &MatrixSpec, cells: &[Cell]) -> serde_json::Value {
+    let machine = json!({
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_default(),
+    });
+    let cells: Vec<_> = cells
+        .iter()
+        .map(|c| {
+            let h = &c.result.latency_ns;
+            let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+            let k = &c.result.counters;
+            json!({
+                "fdmon": c.fdmon.name(),
+                "engine": c.engine.name(),
+                "disks": c.disks,
+                "active": if spec.active_all { "all" } else { "one" },
+                "workload": c.workload.name(),
+                "bs": spec.cell.bs,
+                "iodepth": spec.cell.iodepth,
+                "mb_s": c.mb_s(),
+                "iops": c.iops(),
+                "lat_us": {"mean": h.mean() / 1000.0, "p50": us(0.5), "p99": us(0.99), "p999": us(0.999)},
+                "iothread_cpu_s": c.result.iothread_cpu_s,
+                "counters": {
+                    "iterations": k.iterations,
+                    "blocking_waits": k.blocking_waits,
+                    "nonblocking_waits": k.nonblocking_waits,
+                    "notifier_writes": k.notifier_writes,
+                    "poll_hits": k.poll_hits,
+                    "busy_poll_ns": k.busy_poll_ns,
+                    "handler_calls": k.handler_calls,
+                    "errors": c.result.errors,
+                },
+            })
+        })
+        .collect();
+    json!({ "machine": machine, "cells": cells })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn spec() -> MatrixSpec {
+        MatrixSpec {
+            fdmons: vec![MonitorKind::Poll, MonitorKind::Epoll],
+            engines: vec![EngineKind::Pool],
+            disks: vec![1, 4],
+            workloads: vec![Workload::Rd, Workload::RandRw],
+            active_all: false,
+            cell: CellSpec {
+                disks: 1,
+                active: 1,
+                pattern: Pattern::Read,
+                mixed: false,
+                bs: 4096,
+                iodepth: 4,
+                runtime: Duration::from_millis(150),
+                ramp: Duration::from_millis(20),
+                poll_max_ns: 32768,
+            },
+            disk_size: 1 << 20,
+        }
+    }
+
+    #[test]
+    fn workloads_parse_and_unknown_is_an_error() {
+        for w in Workload::ALL {
+            assert_eq!(w.name().parse::<Workload>().unwrap(), w);
+        }
+        assert!("seq".parse::<Workload>().unwrap_err().contains("seq"));
+    }
+
+    #[test]
+    fn a_small_matrix_runs_every_cell_and_reports_it() {
+        let spec = spec();
+        let dir = std::env::temp_dir().join(format!("aio-bench-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut seen = 0;
+        let cells = run(&spec, &dir, |_, n, _| {
+            seen += 1;
+            assert_eq!(n, 8);
+        })
+        .unwrap();
+        assert_eq!((cells.len(), seen), (8, 8));
+        for c in &cells {
+            assert!(
+                c.result.ios > 0,
+                "{:?} {:?} moved no data",
+                c.fdmon,
+                c.workload
+            );
+            assert_eq!(c.result.errors, 0);
+            assert!(c.mb_s() > 0.0);
+        }
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            0,
+            "disk images are removed"
+        );
+        std::fs::remove_dir(&dir).unwrap();
+        let table = table(&spec, &cells);
+        assert!(table.contains("engine pool (MB/s)") && table.contains("randrw"));
+        let json = to_json(&spec, &cells);
+        let c0 = &json["cells"][0];
+        for key in [
+            "fdmon",
+            "engine",
+            "disks",
+            "active",
+            "workload",
+            "bs",
+            "iodepth",
+            "mb_s",
+            "iops",
+            "iothread_cpu_s",
+            "counters",
+        ] {
+            assert!(!c0[key].is_null(), "field {key} missing");
+        }
+        for key in ["mean", "p50", "p99", "p999"] {
+            assert!(c0["lat_us"][key].is_number(), "lat_us.{key} missing");
+        }
+    }
+}
