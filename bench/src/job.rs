@@ -234,13 +234,14 @@ where
     }));
     let engine_slot: Rc<RefCell<Option<AttachedEngine<L, E>>>> = Rc::default();
     let ramp_end = start + spec.ramp;
-    let (g, slot) = (generator.clone(), engine_slot.clone());
+    // Weak: the slot holds the engine, whose driver holds this callback.
+    let (g, slot) = (generator.clone(), Rc::downgrade(&engine_slot));
     let attached = ctx.attach_engine(engine, move |_ctx, c| {
         let now = Instant::now();
         let mut gen = g.borrow_mut();
         gen.outstanding -= 1;
         let i = c.token as usize;
-        if now >= ramp_end {
+        if now >= ramp_end && now < gen.deadline {
             if gen.measuring_since.is_none() {
                 gen.measuring_since = Some(ramp_end);
             }
@@ -260,10 +261,19 @@ where
         let Some(buf) = c.buf.into_one() else { return };
         let req = gen.request(i, buf);
         drop(gen);
-        if let Some(engine) = slot.borrow().as_ref() {
-            if engine.submit(req).is_err() {
-                g.borrow_mut().errors += 1;
-            }
+        let slot = slot.upgrade();
+        let sent = match slot.as_ref().and_then(|s| s.try_borrow().ok()) {
+            Some(engine) => match engine.as_ref() {
+                Some(engine) => engine.submit(req).is_ok(),
+                None => false,
+            },
+            None => false,
+        };
+        if !sent {
+            // Refused or no engine: it is not outstanding, or the job would wait for it forever.
+            let mut gen = g.borrow_mut();
+            gen.outstanding -= 1;
+            gen.errors += 1;
         }
     })?;
     *engine_slot.borrow_mut() = Some(attached);
@@ -285,7 +295,11 @@ where
         ctx.poll(true);
     }
     let attached = engine_slot.borrow_mut().take().expect("engine");
-    drop(attached.detach(&ctx).map_err(std::io::Error::from)?);
+    drop(
+        attached
+            .detach(&ctx)
+            .map_err(|(e, _)| std::io::Error::from(e))?,
+    );
     let end = Instant::now().min(generator.borrow().deadline);
     let gen = generator.borrow();
     let measured_from = gen.measuring_since.unwrap_or(ramp_end);

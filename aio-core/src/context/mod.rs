@@ -415,12 +415,15 @@ impl<L: EventLoop> AioContext<L> {
                     source,
                 })?;
         }
-        table.replace(
+        let old = table.replace(
             token,
             Rc::new(handler),
             self.now_ns(),
             self.poll_idle_ns.get(),
         );
+        drop(table);
+        // The old callbacks may own values whose Drop calls back into the context.
+        drop(old);
         Ok(())
     }
 
@@ -892,6 +895,10 @@ impl<L: EventLoop> AioContext<L> {
     fn run_poll_handlers(&self, window_ns: u64, ready: &mut Vec<Token>) -> bool {
         let start = self.now_ns();
         let tokens: Vec<Token> = self.handlers.borrow().poll_set.clone();
+        if tokens.is_empty() {
+            // Nothing to poll: spinning would only check for notifications the wait sees too.
+            return self.shared.notified.load(Ordering::Acquire);
+        }
         let mut found = false;
         let mut now = start;
         loop {

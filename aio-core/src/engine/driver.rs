@@ -103,9 +103,12 @@ impl<L: EventLoop, E: IoEngine> Driver<L, E> {
 
     /// Sends the batch the callbacks built, if one is open.
     fn end_batch(&self) {
-        if self.batching.replace(false) {
+        if self.batching.get() {
+            // Only a successful unplug closes the batch; if the engine is borrowed right now
+            // (a loop run from inside `with_engine`), a later delivery closes it.
             if let Ok(mut engine) = self.engine.try_borrow_mut() {
                 engine.unplug();
+                self.batching.set(false);
             }
         }
     }
@@ -128,6 +131,8 @@ impl<L: EventLoop, E: IoEngine> Driver<L, E> {
 pub struct AttachedEngine<L: EventLoop, E: IoEngine> {
     driver: Rc<Driver<L, E>>,
     fd: RawFd,
+    /// The context attached to (its address), so that `detach` refuses another one.
+    context: usize,
 }
 
 impl<L: EventLoop, E: IoEngine> fmt::Debug for AttachedEngine<L, E> {
@@ -190,7 +195,11 @@ impl<L: EventLoop + 'static> AioContext<L> {
             }
             return Err(e);
         }
-        Ok(AttachedEngine { driver, fd })
+        Ok(AttachedEngine {
+            driver,
+            fd,
+            context: self as *const AioContext<L> as usize,
+        })
     }
 }
 
@@ -239,22 +248,29 @@ impl<L: EventLoop, E: IoEngine> AttachedEngine<L, E> {
 
     /// Detaches from `ctx`: undelivered completions are delivered first, the notifier handler
     /// and the safety net are removed, and the engine is returned (still holding whatever is
-    /// in flight). Refused with [`AioError::EngineBusy`], changing nothing, when called from
-    /// inside a callback of `ctx`.
-    pub fn detach(self, ctx: &AioContext<L>) -> Result<E, AioError> {
+    /// in flight). Refused, changing nothing and handing the handle back, when called from
+    /// inside a callback of `ctx` ([`AioError::EngineBusy`]) or with another context
+    /// ([`AioError::NotRegistered`]).
+    pub fn detach(self, ctx: &AioContext<L>) -> Result<E, (AioError, Self)> {
+        if self.context != ctx as *const AioContext<L> as usize {
+            return Err((AioError::NotRegistered { fd: self.fd }, self));
+        }
         if ctx.is_polling() {
             // A callback up the stack may be this engine's: refuse before changing anything.
-            return Err(AioError::EngineBusy);
+            return Err((AioError::EngineBusy, self));
         }
         self.driver.process(ctx);
-        ctx.remove_fd_handler(self.fd)?;
+        if let Err(e) = ctx.remove_fd_handler(self.fd) {
+            return Err((e, self));
+        }
         if let Some(bh) = self.driver.safety_net.borrow_mut().take() {
             bh.delete();
         }
-        // The handler's closures held the other references; they are gone once the context
-        // frees the removed handler, which it has done by now unless a callback up the stack
-        // still runs (detach from inside a completion callback).
-        let driver = Rc::try_unwrap(self.driver).map_err(|_| AioError::EngineBusy)?;
-        Ok(driver.engine.into_inner())
+        // The handler's closures held the other references and were freed with the handler
+        // (no callback is running: the context is not polling).
+        match Rc::try_unwrap(self.driver) {
+            Ok(driver) => Ok(driver.engine.into_inner()),
+            Err(_) => unreachable!("no callback of a context that is not polling holds the driver"),
+        }
     }
 }

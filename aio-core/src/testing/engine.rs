@@ -765,7 +765,17 @@ pub fn attached_engine_delivers_in_the_loop<E: IoEngine + 'static, L: EventLoop 
     assert_eq!(tokens, (0..64).collect::<Vec<_>>());
     assert_eq!(attached.in_flight(), 0);
     assert_eq!(attached.delivered(), 64);
-    let engine = attached.detach(&ctx).unwrap();
+    // Detaching with another context is refused and hands the handle back.
+    let other = AioContext::new(monitor()).unwrap();
+    let (e, attached) = match attached.detach(&other) {
+        Ok(_) => panic!("detach from another context succeeded"),
+        Err(refused) => refused,
+    };
+    assert!(matches!(e, crate::AioError::NotRegistered { .. }), "{e}");
+    drop(other);
+    let Ok(engine) = attached.detach(&ctx) else {
+        panic!("detach refused");
+    };
     assert_eq!(engine.in_flight(), 0);
     assert_eq!(ctx.fd_handler_count(), 0);
 }
