@@ -119,9 +119,28 @@ struct MatrixArgs {
     /// Write the cells as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Write the cells as CSV to this file.
+    #[arg(long)]
+    csv: Option<PathBuf>,
     /// All pairs, all disk counts, all workloads.
     #[arg(long)]
     full: bool,
+}
+
+/// Bytes available to us in the file system holding `dir` (0 if unknown).
+fn free_bytes(dir: &Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return 0;
+    };
+    // SAFETY: statvfs is plain old data; `c` is a valid NUL-terminated path for the call.
+    unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(c.as_ptr(), &mut st) != 0 {
+            return 0;
+        }
+        st.f_bavail as u64 * st.f_frsize as u64
+    }
 }
 
 /// 256 disks need two notifiers each plus images: raise the soft fd limit to the hard one.
@@ -400,6 +419,26 @@ fn matrix(args: MatrixArgs) -> Result<(), (u8, String)> {
         }
     }
     let _cleanup = RemoveDir(run_dir.clone());
+    // Ctrl-C: remove the images before exiting (the Drop above does it on every other exit).
+    let on_signal = run_dir.clone();
+    let _ = ctrlc::set_handler(move || {
+        let _ = std::fs::remove_dir_all(&on_signal);
+        eprintln!("aio-bench matrix: interrupted; disk images removed");
+        std::process::exit(130);
+    });
+    // Enough free space for the images (driven disks at --disk-size, idle ones at 1 MiB)?
+    let max_disks = disks.iter().copied().max().unwrap_or(1) as u64;
+    let driven = if args.active == "all" { max_disks } else { 1 };
+    let needed = driven * args.disk_size + (max_disks - driven) * (1 << 20);
+    let free = free_bytes(&run_dir);
+    if free < needed {
+        return Err(bad(format!(
+            "--dir {}: {} MiB free, the images need {} MiB (use --disk-size, --disks or another --dir)",
+            dir.display(),
+            free >> 20,
+            needed >> 20
+        )));
+    }
     let spec = MatrixSpec {
         fdmons,
         engines,
@@ -444,6 +483,10 @@ fn matrix(args: MatrixArgs) -> Result<(), (u8, String)> {
     })
     .map_err(|e| (1, format!("matrix: {e}")))?;
     print!("{}", matrix::table(&spec, &cells));
+    if let Some(path) = &args.csv {
+        std::fs::write(path, matrix::to_csv(&spec, &cells))
+            .map_err(|e| (1, format!("--csv {}: {e}", path.display())))?;
+    }
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&matrix::to_json(&spec, &cells)).expect("json");
         std::fs::write(path, text).map_err(|e| (1, format!("--json {}: {e}", path.display())))?;

@@ -191,6 +191,43 @@ pub fn table(spec: &MatrixSpec, cells: &[Cell]) -> String {
     out
 }
 
+/// The CSV report: the JSON's fields as columns, one row per cell.
+pub fn to_csv(spec: &MatrixSpec, cells: &[Cell]) -> String {
+    let mut out = String::from(
+        "fdmon,engine,disks,active,workload,bs,iodepth,mb_s,iops,lat_us_mean,lat_us_p50,lat_us_p99,lat_us_p999,iothread_cpu_s,iterations,blocking_waits,notifier_writes,poll_hits,busy_poll_ns,errors\n",
+    );
+    for c in cells {
+        let h = &c.result.latency_ns;
+        let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+        let k = &c.result.counters;
+        let _ = writeln!(
+            out,
+            "{},{},{},{},{},{},{},{:.3},{:.1},{:.2},{:.2},{:.2},{:.2},{:.4},{},{},{},{},{},{}",
+            c.fdmon.name(),
+            c.engine.name(),
+            c.disks,
+            if spec.active_all { "all" } else { "one" },
+            c.workload.name(),
+            spec.cell.bs,
+            spec.cell.iodepth,
+            c.mb_s(),
+            c.iops(),
+            h.mean() / 1000.0,
+            us(0.5),
+            us(0.99),
+            us(0.999),
+            c.result.iothread_cpu_s,
+            k.iterations,
+            k.blocking_waits,
+            k.notifier_writes,
+            k.poll_hits,
+            k.busy_poll_ns,
+            c.result.errors
+        );
+    }
+    out
+}
+
 /// The JSON report (`{"machine": {...}, "cells": [...]}` with the field names).
 pub fn to_json(spec: &MatrixSpec, cells: &[Cell]) -> serde_json::Value {
     let machine = json!({
@@ -296,6 +333,9 @@ mod tests {
         std::fs::remove_dir(&dir).unwrap();
         let table = table(&spec, &cells);
         assert!(table.contains("engine pool (MB/s)") && table.contains("randrw"));
+        let csv = to_csv(&spec, &cells);
+        assert_eq!(csv.lines().count(), 9, "a header and a row per cell");
+        assert!(csv.starts_with("fdmon,engine,disks,active,workload,bs,iodepth,mb_s,iops"));
         let json = to_json(&spec, &cells);
         let c0 = &json["cells"][0];
         for key in [
