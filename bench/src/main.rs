@@ -143,21 +143,6 @@ fn free_bytes(dir: &Path) -> u64 {
     }
 }
 
-/// 256 disks need two notifiers each plus images: raise the soft fd limit to the hard one.
-fn raise_fd_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `lim` is a valid rlimit to fill and pass back.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
-}
-
 fn parse_workload(s: &str) -> Result<aio_bench::matrix::Workload, String> {
     s.parse()
 }
@@ -407,7 +392,6 @@ fn matrix(args: MatrixArgs) -> Result<(), (u8, String)> {
     } else {
         vec![Workload::Rd, Workload::RandRw]
     };
-    raise_fd_limit();
     // A private directory for this run's images, removed afterwards (also on error).
     let run_dir = dir.join(format!("aio-bench-matrix-{}", std::process::id()));
     std::fs::create_dir(&run_dir)
