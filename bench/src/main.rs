@@ -122,6 +122,9 @@ struct MatrixArgs {
     /// Write the cells as CSV to this file.
     #[arg(long)]
     csv: Option<PathBuf>,
+    /// Write an SVG chart (MB/s against disks, a line per fd monitor and engine).
+    #[arg(long)]
+    svg: Option<PathBuf>,
     /// All pairs, all disk counts, all workloads.
     #[arg(long)]
     full: bool,
@@ -467,6 +470,10 @@ fn matrix(args: MatrixArgs) -> Result<(), (u8, String)> {
     })
     .map_err(|e| (1, format!("matrix: {e}")))?;
     print!("{}", matrix::table(&spec, &cells));
+    if let Some(path) = &args.svg {
+        let svg = matrix::to_svg(&spec, &cells).map_err(|e| (1, format!("--svg: {e}")))?;
+        std::fs::write(path, svg).map_err(|e| (1, format!("--svg {}: {e}", path.display())))?;
+    }
     if let Some(path) = &args.csv {
         std::fs::write(path, matrix::to_csv(&spec, &cells))
             .map_err(|e| (1, format!("--csv {}: {e}", path.display())))?;

@@ -244,6 +244,75 @@ pub fn to_csv(spec: &MatrixSpec, cells: &[Cell]) -> String {
     out
 }
 
+/// An SVG chart: MB/s against disk count, one line per fd monitor and engine (and one chart
+/// per workload, stacked), readable without the terminal output.
+pub fn to_svg(spec: &MatrixSpec, cells: &[Cell]) -> Result<String, String> {
+    use plotters::prelude::*;
+    let mut svg = String::new();
+    {
+        let rows = spec.workloads.len().max(1);
+        let root = SVGBackend::with_string(&mut svg, (900, 420 * rows as u32)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let areas = root.split_evenly((rows, 1));
+        let max_disks = spec.disks.iter().copied().max().unwrap_or(1) as f64;
+        for (area, &workload) in areas.iter().zip(&spec.workloads) {
+            let ours: Vec<&Cell> = cells.iter().filter(|c| c.workload == workload).collect();
+            let top = ours.iter().map(|c| c.mb_s()).fold(1.0, f64::max) * 1.15;
+            let mut chart = ChartBuilder::on(area)
+                .caption(
+                    format!(
+                        "{} (bs {}, iodepth {}, active {}): MB/s vs disks",
+                        workload.name(),
+                        spec.cell.bs,
+                        spec.cell.iodepth,
+                        if spec.active_all { "all" } else { "one" }
+                    ),
+                    ("sans-serif", 18),
+                )
+                .margin(12)
+                .x_label_area_size(36)
+                .y_label_area_size(56)
+                .build_cartesian_2d((1f64..max_disks.max(2.0)).log_scale(), 0f64..top)
+                .map_err(|e| e.to_string())?;
+            chart
+                .configure_mesh()
+                .x_desc("disks attached")
+                .y_desc("MB/s")
+                .draw()
+                .map_err(|e| e.to_string())?;
+            let mut index = 0;
+            for &engine in &spec.engines {
+                for &fdmon in &spec.fdmons {
+                    let mut points: Vec<(f64, f64)> = ours
+                        .iter()
+                        .filter(|c| c.engine == engine && c.fdmon == fdmon)
+                        .map(|c| (c.disks as f64, c.mb_s()))
+                        .collect();
+                    points.sort_by(|a, b| a.0.total_cmp(&b.0));
+                    let color = Palette99::pick(index).to_rgba();
+                    index += 1;
+                    chart
+                        .draw_series(LineSeries::new(points, color.stroke_width(2)))
+                        .map_err(|e| e.to_string())?
+                        .label(format!("{engine} / {fdmon}"))
+                        .legend(move |(x, y)| {
+                            PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+                        });
+                }
+            }
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .position(SeriesLabelPosition::LowerLeft)
+                .draw()
+                .map_err(|e| e.to_string())?;
+        }
+        root.present().map_err(|e| e.to_string())?;
+    }
+    Ok(svg)
+}
+
 /// The JSON report (`{"machine": {...}, "cells": [...]}` with the field names).
 pub fn to_json(spec: &MatrixSpec, cells: &[Cell]) -> serde_json::Value {
     let machine = json!({
@@ -349,6 +418,8 @@ mod tests {
         std::fs::remove_dir(&dir).unwrap();
         let table = table(&spec, &cells);
         assert!(table.contains("engine pool (MB/s)") && table.contains("randrw"));
+        let svg = to_svg(&spec, &cells).unwrap();
+        assert!(svg.starts_with("<svg") && svg.contains("pool / poll") && svg.contains("MB/s"));
         let csv = to_csv(&spec, &cells);
         assert_eq!(csv.lines().count(), 9, "a header and a row per cell");
         assert!(csv.starts_with("fdmon,engine,disks,active,workload,bs,iodepth,mb_s,iops"));
