@@ -229,27 +229,38 @@ fn ours(args: &VsFioArgs, file: &IoFile, spec: JobSpec) -> Result<JobResult, Str
     run_job(monitor, engine, file, args.size, spec).map_err(|e| format!("our run failed: {e}"))
 }
 
+/// Checks `--dir` (default: the system temp dir), `--bs` and the image size; exit code 2 with
+/// a message naming the flag on bad input.
+fn check_target(
+    dir: Option<&Path>,
+    bs: u64,
+    size: u64,
+    size_flag: &str,
+) -> Result<PathBuf, (u8, String)> {
+    let dir = dir
+        .map(Path::to_path_buf)
+        .unwrap_or_else(std::env::temp_dir);
+    if !dir.is_dir() {
+        return Err((
+            2,
+            format!("--dir {}: not an existing directory", dir.display()),
+        ));
+    }
+    if bs == 0 || bs % 512 != 0 {
+        return Err((
+            2,
+            format!("--bs {bs}: must be a non-zero multiple of 512 (O_DIRECT)"),
+        ));
+    }
+    if size < bs {
+        return Err((2, format!("{size_flag} {size} is smaller than --bs {bs}")));
+    }
+    Ok(dir)
+}
+
 fn vs_fio(args: VsFioArgs) -> Result<(), (u8, String)> {
     let bad = |m: String| (2u8, m);
-    let dir = args.dir.clone().unwrap_or_else(std::env::temp_dir);
-    if !dir.is_dir() {
-        return Err(bad(format!(
-            "--dir {}: not an existing directory",
-            dir.display()
-        )));
-    }
-    if args.bs == 0 || args.bs % 512 != 0 {
-        return Err(bad(format!(
-            "--bs {}: must be a non-zero multiple of 512 (O_DIRECT)",
-            args.bs
-        )));
-    }
-    if args.size < args.bs {
-        return Err(bad(format!(
-            "--size {} is smaller than --bs {}",
-            args.size, args.bs
-        )));
-    }
+    let dir = check_target(args.dir.as_deref(), args.bs, args.size, "--size")?;
     if args.shared_ring && args.engine != EngineKind::Uring {
         return Err(bad(format!(
             "--shared-ring needs --engine uring (got {})",
@@ -345,25 +356,7 @@ fn matrix(args: MatrixArgs) -> Result<(), (u8, String)> {
     use aio_bench::matrix::{self, MatrixSpec, Workload};
     use aio_bench::scsi::CellSpec;
     let bad = |m: String| (2u8, m);
-    let dir = args.dir.clone().unwrap_or_else(std::env::temp_dir);
-    if !dir.is_dir() {
-        return Err(bad(format!(
-            "--dir {}: not an existing directory",
-            dir.display()
-        )));
-    }
-    if args.bs == 0 || args.bs % 512 != 0 {
-        return Err(bad(format!(
-            "--bs {}: must be a non-zero multiple of 512 (O_DIRECT)",
-            args.bs
-        )));
-    }
-    if args.disk_size < args.bs {
-        return Err(bad(format!(
-            "--disk-size {} is smaller than --bs {}",
-            args.disk_size, args.bs
-        )));
-    }
+    let dir = check_target(args.dir.as_deref(), args.bs, args.disk_size, "--disk-size")?;
     let available = |k: &dyn Fn() -> bool| k();
     let fdmons: Vec<MonitorKind> = if args.fdmon.is_empty() {
         MonitorKind::ALL
