@@ -34,6 +34,7 @@ fn main() {
             runtime: Duration::from_secs(1),
             ramp: Duration::from_millis(200),
             poll_max_ns: 32_768,
+            poll_idle: Duration::from_millis(100),
         },
         disk_size: 64 << 20,
     };

@@ -375,6 +375,7 @@ mod tests {
                 runtime: Duration::from_millis(150),
                 ramp: Duration::from_millis(20),
                 poll_max_ns: 32768,
+                poll_idle: Duration::from_millis(10),
             },
             disk_size: 1 << 20,
         }

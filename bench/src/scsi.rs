@@ -128,6 +128,8 @@ pub struct CellSpec {
     pub ramp: Duration,
     /// The iothread's adaptive polling limit.
     pub poll_max_ns: u64,
+    /// How long a disk may stay idle before its doorbell leaves the poll set (QEMU: 7 s).
+    pub poll_idle: Duration,
 }
 
 /// What one cell measured.
@@ -273,6 +275,7 @@ where
         max_ns: spec.poll_max_ns,
         ..PollParams::iothread()
     });
+    ctx.set_poll_idle_interval(spec.poll_idle);
     let queues: Vec<Arc<Virtqueue>> = (0..spec.disks)
         .map(|_| Virtqueue::new().map(Arc::new))
         .collect::<io::Result<_>>()?;

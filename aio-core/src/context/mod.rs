@@ -894,33 +894,38 @@ impl<L: EventLoop> AioContext<L> {
     /// waiting.
     fn run_poll_handlers(&self, window_ns: u64, ready: &mut Vec<Token>) -> bool {
         let start = self.now_ns();
-        let tokens: Vec<Token> = self.handlers.borrow().poll_set.clone();
-        if tokens.is_empty() {
+        // One snapshot per window: io_poll checks run no loop code, so the table cannot change
+        // while we spin, and each pass is then an indirect call per handler, nothing more.
+        let handlers: Vec<(Token, Rc<FdHandler<L>>)> = {
+            let table = self.handlers.borrow();
+            table
+                .poll_set
+                .iter()
+                .filter_map(|&t| table.get(t).map(|slot| (t, slot.callbacks.clone())))
+                .filter(|(_, cbs)| {
+                    // A handler whose callback is running further up the stack cannot be
+                    // dispatched now; reporting it ready would only make a nested poll spin.
+                    let ready_cb = cbs.io_poll_ready.as_ref().or(cbs.io_read.as_ref());
+                    cbs.io_poll.is_some() && !ready_cb.is_some_and(|cb| cb.is_busy())
+                })
+                .collect()
+        };
+        if handlers.is_empty() {
             // Nothing to poll: spinning would only check for notifications the wait sees too.
             return self.shared.notified.load(Ordering::Acquire);
         }
         let mut found = false;
         let mut now = start;
         loop {
-            for &token in &tokens {
-                let check = match self.handlers.borrow().get(token) {
-                    Some(slot) => slot.callbacks.clone(),
-                    None => continue,
-                };
-                let Some(io_poll) = &check.io_poll else {
+            for (token, cbs) in &handlers {
+                let Some(io_poll) = &cbs.io_poll else {
                     continue;
                 };
-                // A handler whose callback is running further up the stack cannot be
-                // dispatched now; reporting it ready would only make a nested poll spin.
-                let ready_cb = check.io_poll_ready.as_ref().or(check.io_read.as_ref());
-                if ready_cb.is_some_and(|cb| cb.is_busy()) {
-                    continue;
-                }
                 let Ok(mut f) = io_poll.try_borrow_mut() else {
                     continue;
                 };
                 if f() {
-                    ready.push(token);
+                    ready.push(*token);
                     found = true;
                 }
             }
