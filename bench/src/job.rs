@@ -316,3 +316,52 @@ where
         wall_s: start.elapsed().as_secs_f64(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    #[allow(unused_imports)]
+    use super::*;
+    #[allow(unused_imports)]
+    use std::io::Write;
+    #[allow(unused_imports)]
+    use std::os::unix::fs::OpenOptionsExt;
+
+    #[test]
+    #[cfg(all(feature = "pool", feature = "poll"))]
+    fn a_short_job_moves_data_and_measures_it() {
+        let path = std::env::temp_dir().join(format!("aio-bench-job-{}", std::process::id()));
+        std::fs::File::create(&path)
+            .and_then(|mut f| f.write_all(&vec![7u8; 1 << 20]))
+            .unwrap();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+            .map(IoFile::from)
+            .unwrap();
+        for pattern in [Pattern::RandRead, Pattern::Write] {
+            let spec = JobSpec {
+                pattern,
+                bs: 4096,
+                iodepth: 4,
+                runtime: Duration::from_millis(150),
+                ramp: Duration::from_millis(20),
+                poll_max_ns: 32_768,
+            };
+            let engine = aio_pool::ThreadPool::new(aio_pool::PoolConfig::default()).unwrap();
+            let r = run_job(
+                aio_backend_poll::PollLoop::new(),
+                engine,
+                &file,
+                1 << 20,
+                spec,
+            )
+            .unwrap();
+            assert!(r.ios > 0 && r.errors == 0, "{pattern}: {r:?}");
+            assert_eq!(r.bytes, r.ios * 4096);
+            assert!(r.iops() > 0.0 && r.mean_lat_us() > 0.0);
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+}

@@ -1,6 +1,7 @@
 //! `aio-bench`: compare aio-rs backends, and compare them with fio.
 //!
-//! Subcommands: `matrix` (the scsi-disk scaling matrix of seed 003), `vs-fio` (the same job
+//! Subcommands: `matrix` (the scsi-disk scaling matrix of seed 003), `latency` (seed 000's QD1
+//! table: polling off, at QEMU's default, and at given values), `vs-fio` (the same job
 //! through fio and through one of our engines, alternating A B / B A) and `probe` (which
 //! backends this build and kernel offer).
 
@@ -30,6 +31,9 @@ struct Cli {
 enum Command {
     /// The scsi-disk scaling matrix (seed 003): MB/s as 1..256 disks share one iothread.
     Matrix(MatrixArgs),
+    /// Seed 000's table: QD1 latency per engine with the loop's polling off, at QEMU's IOThread
+    /// default, and at the values given.
+    Latency(LatencyArgs),
     /// Run one job through fio and through an aio-rs engine, alternating (A B, B A, ...), and
     /// print both figures and their ratio.
     VsFio(VsFioArgs),
@@ -76,6 +80,34 @@ struct VsFioArgs {
     /// `--fdmon uring`), so completions need no eventfd.
     #[arg(long)]
     shared_ring: bool,
+}
+
+#[derive(clap::Args, Debug)]
+struct LatencyArgs {
+    /// Engines, comma-separated. Default: all this build has.
+    #[arg(long, value_delimiter = ',', value_parser = parse_engine)]
+    engine: Vec<EngineKind>,
+    /// poll_max_ns values beyond 0 and 32768, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    poll_max_ns: Vec<u64>,
+    /// read, write, randread or randwrite.
+    #[arg(long, default_value = "randread", value_parser = parse_pattern)]
+    rw: Pattern,
+    /// Block size.
+    #[arg(long, default_value = "4k", value_parser = parse_size_arg)]
+    bs: u64,
+    /// Measured time per cell.
+    #[arg(long, default_value = "3s", value_parser = parse_duration_arg)]
+    runtime: Duration,
+    /// Size of the test file.
+    #[arg(long, default_value = "64m", value_parser = parse_size_arg)]
+    size: u64,
+    /// Directory for the test file (default: the system temp dir).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Our fd monitor.
+    #[arg(long, default_value = "epoll", value_parser = parse_monitor)]
+    fdmon: MonitorKind,
 }
 
 #[derive(clap::Args, Debug)]
@@ -484,6 +516,74 @@ fn matrix(args: MatrixArgs) -> Result<(), (u8, String)> {
     Ok(())
 }
 
+fn latency(args: LatencyArgs) -> Result<(), (u8, String)> {
+    let dir = check_target(args.dir.as_deref(), args.bs, args.size, "--size")?;
+    let engines: Vec<EngineKind> = if args.engine.is_empty() {
+        EngineKind::ALL
+            .into_iter()
+            .filter(|k| k.build().is_ok())
+            .collect()
+    } else {
+        args.engine.clone()
+    };
+    let mut polls = vec![0u64, 32_768];
+    for &p in &args.poll_max_ns {
+        if !polls.contains(&p) {
+            polls.push(p);
+        }
+    }
+    let image = Image::create(&dir, args.size).map_err(|e| {
+        (
+            2,
+            format!("creating the test file in {}: {e}", dir.display()),
+        )
+    })?;
+    let file = image.open_direct().map_err(|e| {
+        (
+            2,
+            format!("{}: O_DIRECT open failed: {e}", image.path.display()),
+        )
+    })?;
+    println!(
+        "QD1 {} bs={} on {} ({} MiB, O_DIRECT), fd monitor {}, {:?} per cell: mean latency in µs (p99)",
+        args.rw,
+        args.bs,
+        image.path.display(),
+        args.size >> 20,
+        args.fdmon,
+        args.runtime
+    );
+    print!("{:<10}", "engine");
+    for p in &polls {
+        print!(" {:>22}", format!("poll_max_ns={p}"));
+    }
+    println!();
+    for engine in engines {
+        print!("{:<10}", engine.name());
+        for &poll_max_ns in &polls {
+            let spec = JobSpec {
+                pattern: args.rw,
+                bs: args.bs as usize,
+                iodepth: 1,
+                runtime: args.runtime,
+                ramp: Duration::from_millis(300),
+                poll_max_ns,
+            };
+            let monitor = args
+                .fdmon
+                .build()
+                .map_err(|e| (1, format!("{}: {e}", args.fdmon)))?;
+            let eng = engine.build().map_err(|e| (1, format!("{engine}: {e}")))?;
+            let r =
+                run_job(monitor, eng, &file, args.size, spec).map_err(|e| (1, e.to_string()))?;
+            let p99 = r.latency_ns.value_at_quantile(0.99) as f64 / 1000.0;
+            print!(" {:>22}", format!("{:.1} ({:.1})", r.mean_lat_us(), p99));
+        }
+        println!();
+    }
+    Ok(())
+}
+
 fn probe() {
     println!("fd monitors:");
     for k in MonitorKind::ALL {
@@ -512,6 +612,13 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err((code, msg)) => {
                 eprintln!("aio-bench matrix: {msg}");
+                ExitCode::from(code)
+            }
+        },
+        Command::Latency(args) => match latency(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err((code, msg)) => {
+                eprintln!("aio-bench latency: {msg}");
                 ExitCode::from(code)
             }
         },

@@ -356,8 +356,10 @@ pub fn to_json(spec: &MatrixSpec, cells: &[Cell]) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[allow(unused_imports)]
     use std::time::Duration;
 
+    #[cfg(all(feature = "pool", feature = "poll", feature = "epoll"))]
     fn spec() -> MatrixSpec {
         MatrixSpec {
             fdmons: vec![MonitorKind::Poll, MonitorKind::Epoll],
@@ -390,6 +392,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(all(feature = "pool", feature = "poll", feature = "epoll"))]
     fn a_small_matrix_runs_every_cell_and_reports_it() {
         let spec = spec();
         let dir = std::env::temp_dir().join(format!("aio-bench-test-{}", std::process::id()));
