@@ -115,6 +115,24 @@ impl Event {
     }
 }
 
+/// The contract's error for `register` of an fd that is already registered
+/// (`io::ErrorKind::AlreadyExists`); every monitor returns this one.
+pub fn already_registered(fd: RawFd) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        format!("fd {fd} is already registered"),
+    )
+}
+
+/// The contract's error for `modify` or `deregister` of an fd that is not registered
+/// (`io::ErrorKind::NotFound`); every monitor returns this one.
+pub fn not_registered(fd: RawFd) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("fd {fd} is not registered"),
+    )
+}
+
 /// A pluggable fd monitor: register fds with an interest and a token, wait for readiness.
 ///
 /// See the [module documentation](self) for the contract every implementation keeps.

@@ -150,10 +150,7 @@ impl<S: EventLoop, G: EventLoop> EventLoop for Hybrid<S, G> {
 
     fn register(&mut self, fd: RawFd, token: Token, interest: Interest) -> io::Result<()> {
         if self.registry.contains_key(&fd) {
-            return Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                format!("fd {fd} is already registered"),
-            ));
+            return Err(crate::event_loop::already_registered(fd));
         }
         match self.active().register(fd, token, interest) {
             // The large monitor refuses this fd (epoll and a regular file): go back to the
@@ -175,10 +172,7 @@ impl<S: EventLoop, G: EventLoop> EventLoop for Hybrid<S, G> {
 
     fn modify(&mut self, fd: RawFd, token: Token, interest: Interest) -> io::Result<()> {
         let Some(entry) = self.registry.get(&fd).copied() else {
-            return Err(io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("fd {fd} is not registered"),
-            ));
+            return Err(crate::event_loop::not_registered(fd));
         };
         self.active().modify(fd, token, interest)?;
         if entry != (token, interest) {
@@ -189,10 +183,7 @@ impl<S: EventLoop, G: EventLoop> EventLoop for Hybrid<S, G> {
 
     fn deregister(&mut self, fd: RawFd) -> io::Result<()> {
         if self.registry.remove(&fd).is_none() {
-            return Err(io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("fd {fd} is not registered"),
-            ));
+            return Err(crate::event_loop::not_registered(fd));
         }
         let result = self.active().deregister(fd);
         if self.refused_fd == Some(fd) {

@@ -134,10 +134,7 @@ impl EventLoop for EpollLoop {
 
     fn register(&mut self, fd: RawFd, token: Token, interest: Interest) -> io::Result<()> {
         if self.registered.contains(&fd) {
-            return Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                format!("fd {fd} is already registered"),
-            ));
+            return Err(aio_core::event_loop::already_registered(fd));
         }
         self.ctl(libc::EPOLL_CTL_ADD, fd, Some(epoll_event(token, interest)))?;
         self.registered.insert(fd);
@@ -146,20 +143,14 @@ impl EventLoop for EpollLoop {
 
     fn modify(&mut self, fd: RawFd, token: Token, interest: Interest) -> io::Result<()> {
         if !self.registered.contains(&fd) {
-            return Err(io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("fd {fd} is not registered"),
-            ));
+            return Err(aio_core::event_loop::not_registered(fd));
         }
         self.ctl(libc::EPOLL_CTL_MOD, fd, Some(epoll_event(token, interest)))
     }
 
     fn deregister(&mut self, fd: RawFd) -> io::Result<()> {
         if !self.registered.contains(&fd) {
-            return Err(io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("fd {fd} is not registered"),
-            ));
+            return Err(aio_core::event_loop::not_registered(fd));
         }
         match self.ctl(libc::EPOLL_CTL_DEL, fd, None) {
             // Closed since registration: the kernel already dropped it.

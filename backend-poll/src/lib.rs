@@ -48,10 +48,7 @@ impl EventLoop for PollLoop {
             return Err(io::Error::from_raw_os_error(libc::EBADF));
         }
         if self.index.contains_key(&fd) {
-            return Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                format!("fd {fd} is already registered"),
-            ));
+            return Err(aio_core::event_loop::already_registered(fd));
         }
         self.index.insert(fd, self.pollfds.len());
         self.pollfds.push(libc::pollfd {
@@ -64,24 +61,20 @@ impl EventLoop for PollLoop {
     }
 
     fn modify(&mut self, fd: RawFd, token: Token, interest: Interest) -> io::Result<()> {
-        let i = *self.index.get(&fd).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("fd {fd} is not registered"),
-            )
-        })?;
+        let i = *self
+            .index
+            .get(&fd)
+            .ok_or_else(|| aio_core::event_loop::not_registered(fd))?;
         self.pollfds[i].events = interest.to_poll_events();
         self.tokens[i] = token;
         Ok(())
     }
 
     fn deregister(&mut self, fd: RawFd) -> io::Result<()> {
-        let i = self.index.remove(&fd).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("fd {fd} is not registered"),
-            )
-        })?;
+        let i = self
+            .index
+            .remove(&fd)
+            .ok_or_else(|| aio_core::event_loop::not_registered(fd))?;
         self.pollfds.swap_remove(i);
         self.tokens.swap_remove(i);
         if let Some(moved) = self.pollfds.get(i) {

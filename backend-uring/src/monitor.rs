@@ -232,10 +232,7 @@ impl EventLoop for UringLoop {
             return Err(io::Error::from_raw_os_error(libc::EBADF));
         }
         if self.registrations.contains_key(&fd) {
-            return Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                format!("fd {fd} is already registered"),
-            ));
+            return Err(aio_core::event_loop::already_registered(fd));
         }
         let generation = self.new_generation();
         self.registrations.insert(
@@ -254,10 +251,7 @@ impl EventLoop for UringLoop {
 
     fn modify(&mut self, fd: RawFd, token: Token, interest: Interest) -> io::Result<()> {
         let Some(reg) = self.registrations.get(&fd).copied() else {
-            return Err(io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("fd {fd} is not registered"),
-            ));
+            return Err(aio_core::event_loop::not_registered(fd));
         };
         self.remove_poll(fd, &reg)?;
         let generation = self.new_generation();
@@ -277,10 +271,7 @@ impl EventLoop for UringLoop {
 
     fn deregister(&mut self, fd: RawFd) -> io::Result<()> {
         let Some(reg) = self.registrations.remove(&fd) else {
-            return Err(io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("fd {fd} is not registered"),
-            ));
+            return Err(aio_core::event_loop::not_registered(fd));
         };
         // Its poll (if any) is cancelled; the completion that follows has a generation no
         // registration has any more and is ignored.
