@@ -104,7 +104,8 @@ pub fn run(
     dir: &Path,
     mut progress: impl FnMut(usize, usize, &Cell),
 ) -> io::Result<Vec<Cell>> {
-    raise_fd_limit();
+    // 256 disks need two notifiers and an image each.
+    aio_core::sys::raise_fd_limit();
     let max_disks = spec.disks.iter().copied().max().unwrap_or(1);
     let mut images = Vec::with_capacity(max_disks);
     for i in 0..max_disks {
@@ -148,21 +149,6 @@ pub fn run(
         }
     }
     Ok(cells)
-}
-
-/// 256 disks need two notifiers and an image each: raise the soft fd limit to the hard one.
-fn raise_fd_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `lim` is a valid rlimit to fill and pass back.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
 }
 
 /// Seed 003's table: one per engine, a row per disk count, a column group per fd monitor with

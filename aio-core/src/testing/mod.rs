@@ -141,19 +141,7 @@ pub fn drain_fd(fd: RawFd) -> usize {
 
 /// Raises the soft fd limit to the hard limit (tests open hundreds of pipes).
 pub fn raise_fd_limit() -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `lim` is a valid rlimit to fill and then pass back.
-    unsafe {
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
-        lim.rlim_cur = lim.rlim_max;
-        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-    }
-    #[allow(clippy::unnecessary_cast)] // rlim_t is not u64 on every target
-    let cur = lim.rlim_cur as u64;
-    cur
+    crate::sys::raise_fd_limit()
 }
 
 /// Arms a timer that sets the returned flag after `limit`: a test that blocks checks the flag
