@@ -180,6 +180,16 @@ pub(crate) struct State {
     pub(crate) handles: Vec<JoinHandle<()>>,
 }
 
+impl State {
+    /// The spawn rule (QEMU's, seed 002): queued work outnumbers the threads that will take it
+    /// (idle = waiting, spinning, or spawned and not yet at the queue) and the maximum allows
+    /// another thread.
+    pub(crate) fn needs_thread(&self) -> bool {
+        self.jobs.len() > self.idle + self.arriving + self.spinning
+            && self.threads < self.config.max_threads
+    }
+}
+
 pub(crate) struct Shared {
     pub(crate) state: Mutex<State>,
     /// Workers wait here for jobs.
@@ -298,10 +308,7 @@ impl ThreadPool {
         check(&config)?;
         let mut st = self.shared.lock();
         st.config = config;
-        while st.threads < config.min_threads
-            || (st.jobs.len() > st.idle + st.arriving + st.spinning
-                && st.threads < config.max_threads)
-        {
+        while st.threads < config.min_threads || st.needs_thread() {
             worker::spawn(&self.shared, &mut st).map_err(PoolError::Spawn)?;
         }
         drop(st);
@@ -359,9 +366,7 @@ impl ThreadPool {
         let n = jobs.len();
         st.jobs.extend(jobs);
         self.shared.jobs_len.store(st.jobs.len(), Ordering::Release);
-        while st.jobs.len() > st.idle + st.arriving + st.spinning
-            && st.threads < st.config.max_threads
-        {
+        while st.needs_thread() {
             if let Err(e) = worker::spawn(&self.shared, &mut st) {
                 if st.threads > 0 {
                     // The threads alive will get to the queue.
