@@ -138,12 +138,23 @@ impl JobResult {
     }
 }
 
+/// A latency histogram in ns (1 ns to 60 s, 3 significant digits), as every report uses.
+pub(crate) fn latency_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid histogram bounds")
+}
+
 /// A small deterministic PRNG (xorshift64*) for offsets.
 #[derive(Debug, Clone)]
-struct Rng(u64);
+pub(crate) struct Rng(u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    /// A generator seeded with `seed` (never the all-zero state).
+    pub(crate) fn new(seed: u64) -> Rng {
+        Rng(seed | 1)
+    }
+
+    /// The next value.
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -221,7 +232,7 @@ where
         spec,
         file: file.clone(),
         blocks,
-        rng: Rng(0x9e37_79b9_7f4a_7c15),
+        rng: Rng::new(0x9e37_79b9_7f4a_7c15),
         next_seq: 0,
         started: vec![start; spec.iodepth],
         measuring_since: None,
@@ -229,7 +240,7 @@ where
         ios: 0,
         bytes: 0,
         errors: 0,
-        hist: Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds"),
+        hist: latency_histogram(),
         outstanding: 0,
     }));
     let engine_slot: Rc<RefCell<Option<AttachedEngine<L, E>>>> = Rc::default();

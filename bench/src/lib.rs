@@ -7,6 +7,7 @@
 
 pub mod engines;
 pub mod fio;
+pub mod image;
 pub mod job;
 pub mod matrix;
 pub mod monitors;

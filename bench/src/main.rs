@@ -5,15 +5,13 @@
 //! through fio and through one of our engines, alternating A B / B A) and `probe` (which
 //! backends this build and kernel offer).
 
-use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use aio_bench::engines::EngineKind;
 use aio_bench::fio;
+use aio_bench::image::DiskImage;
 use aio_bench::job::{run_job, JobResult, JobSpec, Pattern};
 use aio_bench::monitors::MonitorKind;
 use aio_bench::units::{parse_duration, parse_size};
@@ -205,41 +203,15 @@ fn parse_duration_arg(s: &str) -> Result<Duration, String> {
     parse_duration(s).map_err(|e| e.to_string())
 }
 
-/// A test image that is removed when dropped (also when the run fails).
-struct Image {
-    path: PathBuf,
-}
-
-impl Image {
-    fn create(dir: &Path, size: u64) -> std::io::Result<Image> {
-        let path = dir.join(format!("aio-bench-{}.img", std::process::id()));
-        let image = Image { path };
-        let mut f = File::create(&image.path)?;
-        let chunk: Vec<u8> = (0..1 << 20).map(|i| (i * 7 + 1) as u8).collect();
-        let mut left = size;
-        while left > 0 {
-            let n = left.min(chunk.len() as u64) as usize;
-            f.write_all(&chunk[..n])?;
-            left -= n as u64;
-        }
-        f.sync_all()?;
-        Ok(image)
-    }
-
-    fn open_direct(&self) -> std::io::Result<IoFile> {
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(&self.path)
-            .map(IoFile::from)
-    }
-}
-
-impl Drop for Image {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
+/// The O_DIRECT test file of `vs-fio` and `latency`, in `dir` (exit code 2 if it cannot be made).
+fn test_image(dir: &Path, size: u64) -> Result<DiskImage, (u8, String)> {
+    let path = dir.join(format!("aio-bench-{}.img", std::process::id()));
+    DiskImage::create(path, size, 0).map_err(|e| {
+        (
+            2,
+            format!("creating the test file in {}: {e}", dir.display()),
+        )
+    })
 }
 
 fn ours(args: &VsFioArgs, file: &IoFile, spec: JobSpec) -> Result<JobResult, String> {
@@ -313,14 +285,8 @@ fn vs_fio(args: VsFioArgs) -> Result<(), (u8, String)> {
         ramp: args.ramp,
         poll_max_ns: args.poll_max_ns,
     };
-    let image = Image::create(&dir, args.size)
-        .map_err(|e| bad(format!("creating the test file in {}: {e}", dir.display())))?;
-    let file = image.open_direct().map_err(|e| {
-        bad(format!(
-            "{}: O_DIRECT open failed: {e}",
-            image.path.display()
-        ))
-    })?;
+    let image = test_image(&dir, args.size)?;
+    let file = image.file().clone();
     let ioengine = args.engine.fio_ioengine();
     let fdmon = if args.shared_ring {
         "uring, one shared ring".to_string()
@@ -343,7 +309,7 @@ fn vs_fio(args: VsFioArgs) -> Result<(), (u8, String)> {
         args.iodepth,
         args.runtime,
         args.ramp,
-        image.path.display(),
+        image.path().display(),
         args.size >> 20
     );
     println!(
@@ -353,7 +319,7 @@ fn vs_fio(args: VsFioArgs) -> Result<(), (u8, String)> {
     let (mut fio_iops, mut our_iops, mut fio_lat, mut our_lat) = (0.0, 0.0, 0.0, 0.0);
     for round in 1..=args.rounds {
         let f =
-            fio::run(ioengine, &image.path, args.size, &spec).map_err(|e| (1, e.to_string()))?;
+            fio::run(ioengine, image.path(), args.size, &spec).map_err(|e| (1, e.to_string()))?;
         let o = ours(&args, &file, spec).map_err(|e| (1, e))?;
         if o.errors > 0 {
             return Err((1, format!("{} requests failed in our run", o.errors)));
@@ -532,23 +498,13 @@ fn latency(args: LatencyArgs) -> Result<(), (u8, String)> {
             polls.push(p);
         }
     }
-    let image = Image::create(&dir, args.size).map_err(|e| {
-        (
-            2,
-            format!("creating the test file in {}: {e}", dir.display()),
-        )
-    })?;
-    let file = image.open_direct().map_err(|e| {
-        (
-            2,
-            format!("{}: O_DIRECT open failed: {e}", image.path.display()),
-        )
-    })?;
+    let image = test_image(&dir, args.size)?;
+    let file = image.file().clone();
     println!(
         "QD1 {} bs={} on {} ({} MiB, O_DIRECT), fd monitor {}, {:?} per cell: mean latency in µs (p99)",
         args.rw,
         args.bs,
-        image.path.display(),
+        image.path().display(),
         args.size >> 20,
         args.fdmon,
         args.runtime

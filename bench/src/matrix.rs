@@ -11,9 +11,10 @@ use std::path::Path;
 use serde_json::json;
 
 use crate::engines::EngineKind;
+use crate::image::DiskImage;
 use crate::job::Pattern;
 use crate::monitors::MonitorKind;
-use crate::scsi::{run_cell, CellResult, CellSpec, DiskImage};
+use crate::scsi::{run_cell, CellResult, CellSpec};
 
 /// A workload of the matrix (seed 003's columns).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,7 +112,11 @@ pub fn run(
     for i in 0..max_disks {
         let driven = spec.active_all || i == 0;
         let size = if driven { spec.disk_size } else { 1 << 20 };
-        images.push(DiskImage::create(dir, i, size)?);
+        images.push(DiskImage::create(
+            dir.join(format!("disk-{i:03}.img")),
+            size,
+            i as u8,
+        )?);
     }
     let total = spec.fdmons.len() * spec.engines.len() * spec.disks.len() * spec.workloads.len();
     let mut cells = Vec::with_capacity(total);

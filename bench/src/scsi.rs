@@ -18,17 +18,17 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use aio_core::engine::{AlignedBuf, AttachedEngine, IoEngine, IoFile, Request};
+use aio_core::engine::{AlignedBuf, AttachedEngine, IoEngine, Request};
 use aio_core::{AioContext, EventLoop, FdHandler, LoopCounters, Notifier, PollParams};
 use hdrhistogram::Histogram;
 
-use crate::job::{thread_cpu_seconds, Pattern};
+use crate::image::DiskImage;
+use crate::job::{latency_histogram, thread_cpu_seconds, Pattern, Rng};
 
 /// One guest request in a virtqueue.
 #[derive(Debug, Clone, Copy)]
@@ -57,53 +57,6 @@ impl Virtqueue {
             used: Mutex::new(Vec::new()),
             interrupt: Notifier::new()?,
         })
-    }
-}
-
-/// A disk's backing image, removed when dropped.
-#[derive(Debug)]
-pub struct DiskImage {
-    path: PathBuf,
-    file: IoFile,
-    size: u64,
-}
-
-impl DiskImage {
-    /// Writes an image of `size` bytes (every block touched, so reads hit real blocks) and opens
-    /// it with O_DIRECT.
-    pub fn create(dir: &Path, index: usize, size: u64) -> io::Result<DiskImage> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let path = dir.join(format!("disk-{index:03}.img"));
-        {
-            let mut f = std::fs::File::create(&path)?;
-            let chunk: Vec<u8> = (0..1 << 20)
-                .map(|i| (i as u8) ^ (index as u8) | 1)
-                .collect();
-            let mut left = size;
-            while left > 0 {
-                let n = left.min(chunk.len() as u64) as usize;
-                f.write_all(&chunk[..n])?;
-                left -= n as u64;
-            }
-            f.sync_all()?;
-        }
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(&path)
-            .map(IoFile::from)
-            .map_err(|e| {
-                io::Error::new(e.kind(), format!("{}: O_DIRECT open: {e}", path.display()))
-            })?;
-        Ok(DiskImage { path, file, size })
-    }
-}
-
-impl Drop for DiskImage {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
     }
 }
 
@@ -170,15 +123,9 @@ fn guest(
         ios: 0,
         bytes: 0,
         errors: 0,
-        hist: Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram"),
+        hist: latency_histogram(),
     };
-    let mut rng = seed | 1;
-    let next = |r: &mut u64| {
-        *r ^= *r >> 12;
-        *r ^= *r << 25;
-        *r ^= *r >> 27;
-        r.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    };
+    let mut rng = Rng::new(seed);
     let start = Instant::now();
     let measure_from = start + spec.ramp;
     let deadline = measure_from + spec.runtime;
@@ -196,10 +143,10 @@ fn guest(
                     seq += 1;
                     (seq - 1) % blocks
                 } else {
-                    next(&mut rng) % blocks
+                    rng.next() % blocks
                 };
                 let write = if spec.mixed {
-                    next(&mut rng) & 1 == 0
+                    rng.next() & 1 == 0
                 } else {
                     matches!(spec.pattern, Pattern::Write | Pattern::RandWrite)
                 };
@@ -317,7 +264,7 @@ where
                 vq.clone(),
                 attached.clone(),
                 buffers.clone(),
-                images[disk].file.clone(),
+                images[disk].file().clone(),
             );
             Rc::new(move || {
                 let taken: Vec<GuestRequest> = {
@@ -369,7 +316,7 @@ where
     let guests: Vec<_> = (0..spec.active)
         .map(|disk| {
             let (vq, fin, wake) = (queues[disk].clone(), finished.clone(), ctx.notify_handle());
-            let blocks = images[disk].size / spec.bs as u64;
+            let blocks = images[disk].size() / spec.bs as u64;
             std::thread::Builder::new()
                 .name(format!("guest-{disk}"))
                 .spawn(move || guest(vq, spec, blocks.max(1), 0x9e37 + disk as u64, fin, wake))
@@ -384,7 +331,7 @@ where
         ios: 0,
         bytes: 0,
         elapsed: spec.runtime,
-        latency_ns: Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram"),
+        latency_ns: latency_histogram(),
         counters: ctx.counters(),
         iothread_cpu_s,
         errors: 0,
