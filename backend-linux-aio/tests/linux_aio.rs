@@ -4,18 +4,11 @@
 use aio_backend_linux_aio::{probe, BufferedPolicy, LinuxAio, LinuxAioConfig, LinuxAioError};
 use aio_core::engine::{AlignedBuf, IoEngine, Request, RequestError};
 use aio_core::testing::engine::{wait_for, TempFile};
-use aio_core::testing::skip;
 
 const BLOCK: usize = 4096;
 
 fn available() -> bool {
-    match probe() {
-        Ok(()) => true,
-        Err(e) => {
-            skip(&format!("Linux AIO unavailable: {e}"));
-            false
-        }
-    }
+    aio_core::testing::available("Linux AIO unavailable", probe()).is_some()
 }
 
 #[test]
@@ -193,7 +186,7 @@ fn exhausting_aio_max_nr_is_a_typed_error_naming_the_limit() {
         .unwrap_or(65536);
     // The kernel refuses more than 2^28 / 32 events with EINVAL before it checks the limit.
     if max >= (1 << 23) - 1 {
-        skip(&format!(
+        aio_core::testing::skip(&format!(
             "aio-max-nr is {max}: too large to exhaust from a test"
         ));
         return;

@@ -7,14 +7,10 @@ use std::rc::Rc;
 
 use aio_backend_uring::{probe, shared_ring, UringConfig, UringEngine, UringLoop};
 use aio_core::testing::engine as suite;
-use aio_core::testing::skip;
 
 /// Builds the pair once; the suite asks for the monitor first, then the engine.
 fn pair() -> Option<(impl Fn() -> UringEngine, impl Fn() -> UringLoop)> {
-    if let Err(e) = probe() {
-        skip(&format!("io_uring unusable: {e}"));
-        return None;
-    }
+    aio_core::testing::available("io_uring unusable", probe())?;
     let engine_slot: Rc<RefCell<Option<UringEngine>>> = Rc::default();
     let e = engine_slot.clone();
     let monitor = move || {

@@ -4,18 +4,11 @@
 use aio_backend_uring::{probe, UringConfig, UringEngine};
 use aio_core::engine::{AlignedBuf, IoEngine, Request};
 use aio_core::testing::engine::{wait_for, TempFile};
-use aio_core::testing::skip;
 
 const BLOCK: usize = 4096;
 
 fn available() -> bool {
-    match probe() {
-        Ok(_) => true,
-        Err(e) => {
-            skip(&format!("io_uring unusable: {e}"));
-            false
-        }
-    }
+    aio_core::testing::available("io_uring unusable", probe()).is_some()
 }
 
 #[test]

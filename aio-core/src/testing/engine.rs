@@ -34,8 +34,7 @@ macro_rules! engine_conformance {
         $(
             #[test]
             fn $name() {
-                if let ::std::result::Result::Err(reason) = $probe {
-                    $crate::testing::skip(&::std::format!("{}: {}", ::std::stringify!($name), reason));
+                if $crate::testing::available(::std::stringify!($name), $probe).is_none() {
                     return;
                 }
                 $crate::testing::engine::$name(|| $engine, || $monitor);

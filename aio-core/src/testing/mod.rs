@@ -29,6 +29,18 @@ pub fn require_all_backends() -> bool {
     std::env::var("AIO_REQUIRE_ALL_BACKENDS").is_ok_and(|v| v == "1")
 }
 
+/// A probe's answer for a test: `Some` when the feature is there; otherwise reports the skip
+/// (see [`skip`]) with `what` and the probe's reason, and gives `None`.
+pub fn available<T, E: std::fmt::Display>(what: &str, probe: Result<T, E>) -> Option<T> {
+    match probe {
+        Ok(v) => Some(v),
+        Err(reason) => {
+            skip(&format!("{what}: {reason}"));
+            None
+        }
+    }
+}
+
 /// Reports a skipped test: prints `skipped: <reason>`, or panics when
 /// `AIO_REQUIRE_ALL_BACKENDS=1` says nothing may be skipped.
 pub fn skip(reason: &str) {
