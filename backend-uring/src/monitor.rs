@@ -104,6 +104,23 @@ impl UringLoop {
         Ok(())
     }
 
+    /// Records a (new or changed) registration under a fresh generation and queues its poll
+    /// for the next wait; completions of older generations are ignored from now on.
+    fn arm_new(&mut self, fd: RawFd, token: Token, interest: Interest, dead: bool) {
+        let generation = self.new_generation();
+        self.registrations.insert(
+            fd,
+            Registration {
+                token,
+                interest,
+                generation,
+                armed: false,
+                dead,
+            },
+        );
+        self.to_arm.push(fd);
+    }
+
     fn new_generation(&mut self) -> u32 {
         let g = self.next_generation;
         self.next_generation = (self.next_generation.wrapping_add(1) & GENERATION_MASK).max(1);
@@ -234,18 +251,7 @@ impl EventLoop for UringLoop {
         if self.registrations.contains_key(&fd) {
             return Err(aio_core::event_loop::already_registered(fd));
         }
-        let generation = self.new_generation();
-        self.registrations.insert(
-            fd,
-            Registration {
-                token,
-                interest,
-                generation,
-                armed: false,
-                dead: false,
-            },
-        );
-        self.to_arm.push(fd);
+        self.arm_new(fd, token, interest, false);
         Ok(())
     }
 
@@ -254,18 +260,7 @@ impl EventLoop for UringLoop {
             return Err(aio_core::event_loop::not_registered(fd));
         };
         self.remove_poll(fd, &reg)?;
-        let generation = self.new_generation();
-        self.registrations.insert(
-            fd,
-            Registration {
-                token,
-                interest,
-                generation,
-                armed: false,
-                dead: reg.dead,
-            },
-        );
-        self.to_arm.push(fd);
+        self.arm_new(fd, token, interest, reg.dead);
         Ok(())
     }
 
