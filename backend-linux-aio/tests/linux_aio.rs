@@ -3,9 +3,9 @@
 
 use aio_backend_linux_aio::{probe, BufferedPolicy, LinuxAio, LinuxAioConfig, LinuxAioError};
 use aio_core::engine::{AlignedBuf, IoEngine, Request, RequestError};
-use aio_core::testing::engine::{wait_for, TempFile};
+use aio_core::testing::engine::{read_block, wait_for, TempFile};
 
-const BLOCK: usize = 4096;
+use aio_core::testing::engine::BLOCK;
 
 fn available() -> bool {
     aio_core::testing::available("Linux AIO unavailable", probe()).is_some()
@@ -26,14 +26,7 @@ fn a_tiny_ring_queues_the_rest_and_batches_stay_bounded() {
     let file = tmp.open(libc::O_DIRECT).unwrap();
     let mut done = Vec::new();
     for t in 0..1000u64 {
-        engine
-            .submit(Request::read(
-                &file,
-                (t % 64) * BLOCK as u64,
-                AlignedBuf::new(BLOCK),
-                t,
-            ))
-            .unwrap();
+        engine.submit(read_block(&file, t % 64, t)).unwrap();
         assert!(
             engine.in_kernel() <= 4,
             "never more in the kernel than the ring holds"
@@ -129,14 +122,7 @@ fn an_io_submit_error_fails_only_the_head_request() {
     engine
         .submit(Request::read(&rw, BLOCK as u64, AlignedBuf::new(BLOCK), 2))
         .unwrap();
-    engine
-        .submit(Request::read(
-            &rw,
-            2 * BLOCK as u64,
-            AlignedBuf::new(BLOCK),
-            3,
-        ))
-        .unwrap();
+    engine.submit(read_block(&rw, 2, 3)).unwrap();
     engine.unplug();
     let mut done = wait_for(&mut engine, 4);
     done.sort_by_key(|c| c.token);

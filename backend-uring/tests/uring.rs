@@ -3,9 +3,9 @@
 
 use aio_backend_uring::{probe, UringConfig, UringEngine};
 use aio_core::engine::{AlignedBuf, IoEngine, Request};
-use aio_core::testing::engine::{wait_for, TempFile};
+use aio_core::testing::engine::{read_block, wait_for, TempFile};
 
-const BLOCK: usize = 4096;
+use aio_core::testing::engine::BLOCK;
 
 fn available() -> bool {
     aio_core::testing::available("io_uring unusable", probe()).is_some()
@@ -44,14 +44,7 @@ fn a_tiny_ring_overflows_its_completion_queue_and_loses_nothing() {
     let tmp = TempFile::with_len(64 * BLOCK, 5);
     let file = tmp.open(0).unwrap();
     for t in 0..300u64 {
-        engine
-            .submit(Request::read(
-                &file,
-                (t % 64) * BLOCK as u64,
-                AlignedBuf::new(BLOCK),
-                t,
-            ))
-            .unwrap();
+        engine.submit(read_block(&file, t % 64, t)).unwrap();
     }
     // Nothing reaped yet: far more completions than the 4-entry CQ holds.
     std::thread::sleep(std::time::Duration::from_millis(100));
@@ -87,14 +80,7 @@ fn a_full_submission_queue_queues_instead_of_failing() {
     let file = tmp.open(0).unwrap();
     engine.plug();
     for t in 0..100u64 {
-        engine
-            .submit(Request::read(
-                &file,
-                (t % 64) * BLOCK as u64,
-                AlignedBuf::new(BLOCK),
-                t,
-            ))
-            .unwrap();
+        engine.submit(read_block(&file, t % 64, t)).unwrap();
     }
     engine.unplug();
     let done = wait_for(&mut engine, 100);
@@ -115,14 +101,7 @@ fn registered_files_are_used_when_asked_for() {
     let tmp = TempFile::with_len(8 * BLOCK, 5);
     let file = tmp.open(0).unwrap();
     for t in 0..8u64 {
-        engine
-            .submit(Request::read(
-                &file,
-                t * BLOCK as u64,
-                AlignedBuf::new(BLOCK),
-                t,
-            ))
-            .unwrap();
+        engine.submit(read_block(&file, t, t)).unwrap();
     }
     let done = engine.drain();
     assert!(done.iter().all(|c| c.result.as_ref().ok() == Some(&BLOCK)));

@@ -196,7 +196,13 @@ fn ok(c: &Completion) -> usize {
     }
 }
 
-const BLOCK: usize = 4096;
+/// The block size of the engine tests.
+pub const BLOCK: usize = 4096;
+
+/// A read of block `block` (of [`BLOCK`] bytes) of `file` into a fresh buffer.
+pub fn read_block(file: &IoFile, block: u64, token: u64) -> Request {
+    Request::read(file, block * BLOCK as u64, AlignedBuf::new(BLOCK), token)
+}
 
 /// Writes at random block offsets, reads them back, and checks every byte.
 pub fn write_then_read_at_random_offsets<E: IoEngine, L: EventLoop>(
@@ -469,7 +475,7 @@ pub fn ten_thousand_requests_complete_exactly_once<E: IoEngine, L: EventLoop>(
                         next,
                     )
                 } else {
-                    Request::read(&file, block * BLOCK as u64, AlignedBuf::new(BLOCK), next)
+                    read_block(&file, block, next)
                 };
                 engine.submit(req).expect("submit");
                 next += 1;
@@ -505,14 +511,7 @@ pub fn cancel_of_a_queued_request_ends_with_ecanceled<E: IoEngine, L: EventLoop>
     let file = tmp.open(0).unwrap();
     engine.plug();
     for t in 0..4 {
-        engine
-            .submit(Request::read(
-                &file,
-                t * BLOCK as u64,
-                AlignedBuf::new(BLOCK),
-                t,
-            ))
-            .unwrap();
+        engine.submit(read_block(&file, t, t)).unwrap();
     }
     assert!(engine.cancel(2));
     assert!(!engine.cancel(2), "already cancelled");
@@ -542,14 +541,7 @@ pub fn drain_hands_every_buffer_back<E: IoEngine, L: EventLoop>(
     let tmp = TempFile::with_len(256 * BLOCK, 4);
     let file = tmp.open(0).unwrap();
     for t in 0..256u64 {
-        engine
-            .submit(Request::read(
-                &file,
-                t * BLOCK as u64,
-                AlignedBuf::new(BLOCK),
-                t,
-            ))
-            .unwrap();
+        engine.submit(read_block(&file, t, t)).unwrap();
     }
     let done = engine.drain();
     assert_eq!(done.len(), 256);
@@ -614,14 +606,7 @@ pub fn notifier_signals_every_completion_batch<E: IoEngine, L: EventLoop>(
     let file = tmp.open(0).unwrap();
     let mut out = VecDeque::new();
     for round in 0..500u64 {
-        engine
-            .submit(Request::read(
-                &file,
-                (round % 16) * BLOCK as u64,
-                AlignedBuf::new(BLOCK),
-                round,
-            ))
-            .unwrap();
+        engine.submit(read_block(&file, round % 16, round)).unwrap();
         let mut pfd = libc::pollfd {
             fd: engine.notifier().as_raw_fd(),
             events: libc::POLLIN,
@@ -749,14 +734,7 @@ pub fn attached_engine_delivers_in_the_loop<E: IoEngine + 'static, L: EventLoop 
         })
         .unwrap();
     for t in 0..64u64 {
-        attached
-            .submit(Request::read(
-                &file,
-                t * BLOCK as u64,
-                AlignedBuf::new(BLOCK),
-                t,
-            ))
-            .unwrap();
+        attached.submit(read_block(&file, t, t)).unwrap();
     }
     super::poll_until(&ctx, "64 completions", || got.borrow().len() == 64);
     let mut tokens = got.borrow().clone();
@@ -813,14 +791,7 @@ pub fn nested_poll_in_a_completion_callback_loses_and_duplicates_nothing<
         .unwrap();
     attached.plug();
     for t in 0..16u64 {
-        attached
-            .submit(Request::read(
-                &file,
-                t * BLOCK as u64,
-                AlignedBuf::new(BLOCK),
-                t,
-            ))
-            .unwrap();
+        attached.submit(read_block(&file, t, t)).unwrap();
     }
     attached.unplug();
     super::poll_until(&ctx, "all completions", || nested_done.get());
@@ -878,14 +849,7 @@ pub fn callback_that_submits_and_waits_in_a_nested_loop_is_not_stuck_in_a_batch<
         let engine = guard.as_ref().unwrap();
         engine.plug();
         for t in 0..4u64 {
-            engine
-                .submit(Request::read(
-                    &file,
-                    t * BLOCK as u64,
-                    AlignedBuf::new(BLOCK),
-                    t,
-                ))
-                .unwrap();
+            engine.submit(read_block(&file, t, t)).unwrap();
         }
         engine.unplug();
     }
