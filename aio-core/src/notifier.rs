@@ -66,6 +66,15 @@ impl Notifier {
         })
     }
 
+    /// A second handle on the same notifier (its fds duplicated): notifying either sets both,
+    /// and the clone may outlive the original (e.g. in a thread that signals it later).
+    pub fn try_clone(&self) -> io::Result<Self> {
+        Ok(Self {
+            read: self.read.try_clone()?,
+            write: self.write.as_ref().map(OwnedFd::try_clone).transpose()?,
+        })
+    }
+
     /// Which kernel object backs this notifier.
     pub fn kind(&self) -> NotifierKind {
         if self.write.is_some() {
@@ -153,6 +162,11 @@ mod tests {
     }
 
     fn exercise(n: Notifier) {
+        let clone = n.try_clone().unwrap();
+        clone.notify().unwrap();
+        assert!(readable(&n), "a clone's notify sets the original");
+        assert!(n.test_and_clear());
+        drop(clone);
         assert!(!n.test_and_clear(), "a new notifier is clear");
         assert!(!readable(&n));
         n.notify().unwrap();

@@ -67,6 +67,15 @@ impl EngineKind {
     }
 }
 
+/// The engine `auto` picks: the first of uring, linux-aio, pool that this build and kernel can
+/// build, with one line per candidate saying why it was taken or passed over.
+pub fn auto() -> io::Result<(EngineKind, Vec<String>)> {
+    crate::monitors::pick(
+        [EngineKind::Uring, EngineKind::LinuxAio, EngineKind::Pool],
+        |k| k.build().map(drop),
+    )
+}
+
 impl fmt::Display for EngineKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -98,6 +107,8 @@ mod tests {
             assert_eq!(k.name().parse::<EngineKind>().unwrap(), k);
             assert_eq!(k.build().unwrap().name(), k.name());
         }
+        let (k, why) = auto().unwrap();
+        assert_eq!(why.last().unwrap(), &format!("{k}: usable, picked"));
         assert!("spdk"
             .parse::<EngineKind>()
             .unwrap_err()

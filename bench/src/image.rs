@@ -8,7 +8,14 @@ use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use std::sync::{Arc, Mutex};
+
 use aio_core::engine::IoFile;
+
+use crate::verify::Ledger;
+
+/// Bytes written per `write` while an image is created.
+const CHUNK: usize = 1 << 20;
 
 /// An image file, removed on drop.
 #[derive(Debug)]
@@ -16,27 +23,63 @@ pub struct DiskImage {
     path: PathBuf,
     file: Option<IoFile>,
     size: u64,
+    ledger: Option<Arc<Mutex<Ledger>>>,
 }
 
 impl DiskImage {
     /// Writes `size` bytes of a pattern derived from `seed` to `path`, syncs them and opens the
     /// file with O_DIRECT. Whatever happens, no file is left behind by a failure.
     pub fn create(path: PathBuf, size: u64, seed: u8) -> io::Result<DiskImage> {
+        let pattern: Vec<u8> = (0..CHUNK)
+            .map(|i| (i as u8).wrapping_mul(7) ^ seed | 1)
+            .collect();
+        Self::create_with(path, size, CHUNK, |_, chunk| {
+            chunk.copy_from_slice(&pattern[..chunk.len()])
+        })
+    }
+
+    /// As [`create`](Self::create), with every `bs`-byte block stamped for `--verify`
+    /// (generation 0, see [`crate::verify`]). `size` is rounded down to whole blocks.
+    pub fn create_stamped(path: PathBuf, size: u64, bs: usize) -> io::Result<DiskImage> {
+        let size = size / bs as u64 * bs as u64;
+        let chunk_len = bs * (CHUNK / bs).max(1);
+        let mut image = Self::create_with(path, size, chunk_len, |offset, chunk| {
+            for (i, block) in chunk.chunks_mut(bs).enumerate() {
+                crate::verify::stamp(block, offset + (i * bs) as u64, 0);
+            }
+        })?;
+        image.ledger = Some(Arc::new(Mutex::new(Ledger::new(size / bs as u64, bs))));
+        Ok(image)
+    }
+
+    /// For a stamped image: what its writer knows about each block.
+    pub fn ledger(&self) -> Option<&Arc<Mutex<Ledger>>> {
+        self.ledger.as_ref()
+    }
+
+    /// Creates the image, `fill` writing each chunk of `chunk_len` bytes (the last may be
+    /// shorter) given its offset.
+    fn create_with(
+        path: PathBuf,
+        size: u64,
+        chunk_len: usize,
+        mut fill: impl FnMut(u64, &mut [u8]),
+    ) -> io::Result<DiskImage> {
         // The guard exists before the file does: an error below removes it.
         let mut image = DiskImage {
             path,
             file: None,
             size,
+            ledger: None,
         };
         let mut f = File::create(&image.path)?;
-        let chunk: Vec<u8> = (0..1usize << 20)
-            .map(|i| (i as u8).wrapping_mul(7) ^ seed | 1)
-            .collect();
-        let mut left = size;
-        while left > 0 {
-            let n = left.min(chunk.len() as u64) as usize;
+        let mut chunk = vec![0u8; chunk_len];
+        let mut offset = 0;
+        while offset < size {
+            let n = (size - offset).min(chunk_len as u64) as usize;
+            fill(offset, &mut chunk[..n]);
             f.write_all(&chunk[..n])?;
-            left -= n as u64;
+            offset += n as u64;
         }
         f.sync_all()?;
         let direct = OpenOptions::new()

@@ -7,12 +7,13 @@
 
 use std::cell::RefCell;
 use std::fmt;
+use std::os::fd::AsRawFd;
 use std::rc::Rc;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use aio_core::engine::{AlignedBuf, AttachedEngine, IoEngine, IoFile, Request};
-use aio_core::{AioContext, EventLoop, LoopCounters, PollParams};
+use aio_core::{AioContext, EventLoop, FdHandler, LoopCounters, Notifier, PollParams};
 use hdrhistogram::Histogram;
 
 /// The I/O pattern of a job (fio's `rw=`).
@@ -26,9 +27,23 @@ pub enum Pattern {
     RandRead,
     /// Random writes.
     RandWrite,
+    /// Sequential reads and writes, mixed by `rwmixread` (fio `rw=rw` or `readwrite`).
+    ReadWrite,
+    /// Random reads and writes, mixed by `rwmixread` (fio `rw=randrw`).
+    RandReadWrite,
 }
 
 impl Pattern {
+    /// Every pattern, in fio's order.
+    pub const ALL: [Pattern; 6] = [
+        Pattern::Read,
+        Pattern::Write,
+        Pattern::RandRead,
+        Pattern::RandWrite,
+        Pattern::ReadWrite,
+        Pattern::RandReadWrite,
+    ];
+
     /// fio's name for the pattern.
     pub fn fio_name(self) -> &'static str {
         match self {
@@ -36,30 +51,43 @@ impl Pattern {
             Pattern::Write => "write",
             Pattern::RandRead => "randread",
             Pattern::RandWrite => "randwrite",
+            Pattern::ReadWrite => "rw",
+            Pattern::RandReadWrite => "randrw",
         }
     }
 
-    fn is_write(self) -> bool {
-        matches!(self, Pattern::Write | Pattern::RandWrite)
+    /// Whether offsets are random.
+    pub fn is_random(self) -> bool {
+        matches!(
+            self,
+            Pattern::RandRead | Pattern::RandWrite | Pattern::RandReadWrite
+        )
     }
 
-    fn is_random(self) -> bool {
-        matches!(self, Pattern::RandRead | Pattern::RandWrite)
+    /// The percentage of requests that read, given a mixed job's `rwmixread`.
+    pub fn read_percent(self, rwmixread: u8) -> u8 {
+        match self {
+            Pattern::Read | Pattern::RandRead => 100,
+            Pattern::Write | Pattern::RandWrite => 0,
+            Pattern::ReadWrite | Pattern::RandReadWrite => rwmixread.min(100),
+        }
     }
 }
 
 impl FromStr for Pattern {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "read" => Ok(Pattern::Read),
-            "write" => Ok(Pattern::Write),
-            "randread" => Ok(Pattern::RandRead),
-            "randwrite" => Ok(Pattern::RandWrite),
-            other => Err(format!(
-                "unknown pattern '{other}' (expected read, write, randread or randwrite)"
-            )),
+        if s == "readwrite" {
+            return Ok(Pattern::ReadWrite);
         }
+        Pattern::ALL
+            .into_iter()
+            .find(|p| p.fio_name() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown pattern '{s}' (expected read, write, randread, randwrite, rw, readwrite or randrw)"
+                )
+            })
     }
 }
 
@@ -69,37 +97,139 @@ impl fmt::Display for Pattern {
     }
 }
 
+/// Where the next request goes and which way: the offset stream of a job, shared by the job
+/// runner and the matrix's guest.
+#[derive(Debug, Clone)]
+pub(crate) struct OffsetStream {
+    pattern: Pattern,
+    read_percent: u8,
+    blocks: u64,
+    bs: u64,
+    next_seq: u64,
+    rng: Rng,
+}
+
+impl OffsetStream {
+    /// A stream over `blocks` blocks of `bs` bytes (at least one block).
+    pub(crate) fn new(pattern: Pattern, rwmixread: u8, blocks: u64, bs: u64, seed: u64) -> Self {
+        OffsetStream {
+            pattern,
+            read_percent: pattern.read_percent(rwmixread),
+            blocks: blocks.max(1),
+            bs,
+            next_seq: 0,
+            rng: Rng::new(seed),
+        }
+    }
+
+    /// The next block index.
+    pub(crate) fn next_block(&mut self) -> u64 {
+        if self.pattern.is_random() {
+            self.rng.next() % self.blocks
+        } else {
+            let b = self.next_seq % self.blocks;
+            self.next_seq += 1;
+            b
+        }
+    }
+
+    /// Whether the next request writes.
+    pub(crate) fn next_is_write(&mut self) -> bool {
+        match self.read_percent {
+            100 => false,
+            0 => true,
+            p => self.rng.next() % 100 >= u64::from(p),
+        }
+    }
+
+    /// The byte offset of `block`.
+    pub(crate) fn offset(&self, block: u64) -> u64 {
+        block * self.bs
+    }
+}
+
 /// What a job does.
 #[derive(Debug, Clone, Copy)]
 pub struct JobSpec {
     /// The pattern.
     pub pattern: Pattern,
+    /// Percentage of reads in a mixed pattern (fio's `rwmixread`).
+    pub rwmixread: u8,
     /// Block size in bytes (a multiple of 512 for O_DIRECT).
     pub bs: usize,
     /// Requests kept in flight.
     pub iodepth: usize,
-    /// Measured time.
+    /// Measured time (the job stops at `ramp + runtime` even if `io_limit` is not reached).
     pub runtime: Duration,
     /// Time run before measuring starts.
     pub ramp: Duration,
     /// The loop's adaptive polling limit.
     pub poll_max_ns: u64,
+    /// Stop issuing after this many bytes (fio without `time_based`: `size` bytes per job).
+    pub io_limit: Option<u64>,
+    /// Idle fds registered in the loop next to the job's I/O (the matrix's idle disks: a
+    /// doorbell notifier each, with read and poll handlers, that never fires).
+    pub idle_fds: usize,
+}
+
+impl JobSpec {
+    /// A time-based job: `pattern` in `bs` blocks, `iodepth` in flight, for `runtime`, no ramp,
+    /// polling at QEMU's IOThread default, no idle fds.
+    pub fn new(pattern: Pattern, bs: usize, iodepth: usize, runtime: Duration) -> JobSpec {
+        JobSpec {
+            pattern,
+            rwmixread: 50,
+            bs,
+            iodepth,
+            runtime,
+            ramp: Duration::ZERO,
+            poll_max_ns: 32_768,
+            io_limit: None,
+            idle_fds: 0,
+        }
+    }
+}
+
+/// What one direction (reads or writes) of a job measured.
+#[derive(Debug, Clone)]
+pub struct IoStats {
+    /// Completed requests in the measured window.
+    pub ios: u64,
+    /// Bytes moved in the measured window.
+    pub bytes: u64,
+    /// Submit-to-completion latency in ns.
+    pub latency_ns: Histogram<u64>,
+}
+
+impl IoStats {
+    fn new() -> IoStats {
+        IoStats {
+            ios: 0,
+            bytes: 0,
+            latency_ns: latency_histogram(),
+        }
+    }
+
+    /// Adds `other`'s requests to these.
+    pub fn merge(&mut self, other: &IoStats) {
+        self.ios += other.ios;
+        self.bytes += other.bytes;
+        let _ = self.latency_ns.add(&other.latency_ns);
+    }
 }
 
 /// What a job measured.
 #[derive(Debug, Clone)]
 pub struct JobResult {
-    /// Completed requests in the measured window.
-    pub ios: u64,
-    /// Bytes moved in the measured window.
-    pub bytes: u64,
+    /// Reads.
+    pub read: IoStats,
+    /// Writes.
+    pub write: IoStats,
     /// Length of the measured window.
     pub elapsed: Duration,
-    /// Submit-to-completion latency in ns.
-    pub latency_ns: Histogram<u64>,
     /// The loop's counters over the whole job.
     pub counters: LoopCounters,
-    /// Errors completions reported.
+    /// Errors completions reported (and submissions refused).
     pub errors: u64,
     /// CPU time (user + system) of the loop thread over the whole job, in seconds.
     pub iothread_cpu_s: f64,
@@ -122,19 +252,45 @@ fn unsafe_zeroed_rusage() -> libc::rusage {
 }
 
 impl JobResult {
-    /// Completed requests per second.
+    /// Reads and writes together.
+    pub fn total(&self) -> IoStats {
+        let mut t = self.read.clone();
+        t.merge(&self.write);
+        t
+    }
+
+    /// Completed requests per second, both directions.
     pub fn iops(&self) -> f64 {
-        self.ios as f64 / self.elapsed.as_secs_f64()
+        (self.read.ios + self.write.ios) as f64 / self.elapsed.as_secs_f64()
     }
 
-    /// MB/s (10^6 bytes per second, as fio's MB/s).
+    /// MB/s (10^6 bytes per second, as fio's MB/s), both directions.
     pub fn mb_s(&self) -> f64 {
-        self.bytes as f64 / 1e6 / self.elapsed.as_secs_f64()
+        (self.read.bytes + self.write.bytes) as f64 / 1e6 / self.elapsed.as_secs_f64()
     }
 
-    /// Mean latency in µs.
+    /// Mean latency in µs, both directions.
     pub fn mean_lat_us(&self) -> f64 {
-        self.latency_ns.mean() / 1000.0
+        self.total().latency_ns.mean() / 1000.0
+    }
+
+    /// Adds a parallel clone's results (fio's `numjobs` with `group_reporting`): requests,
+    /// errors and CPU add up, the window is the longer one.
+    pub fn merge(&mut self, other: &JobResult) {
+        self.read.merge(&other.read);
+        self.write.merge(&other.write);
+        self.elapsed = self.elapsed.max(other.elapsed);
+        self.errors += other.errors;
+        self.iothread_cpu_s += other.iothread_cpu_s;
+        self.wall_s = self.wall_s.max(other.wall_s);
+        let (a, b) = (&mut self.counters, &other.counters);
+        a.iterations += b.iterations;
+        a.blocking_waits += b.blocking_waits;
+        a.nonblocking_waits += b.nonblocking_waits;
+        a.notifier_writes += b.notifier_writes;
+        a.poll_hits += b.poll_hits;
+        a.busy_poll_ns += b.busy_poll_ns;
+        a.handler_calls += b.handler_calls;
     }
 }
 
@@ -165,36 +321,40 @@ impl Rng {
 struct Generator {
     spec: JobSpec,
     file: IoFile,
-    blocks: u64,
-    rng: Rng,
-    next_seq: u64,
+    offsets: OffsetStream,
     started: Vec<Instant>,
-    measuring_since: Option<Instant>,
+    slot_writes: Vec<bool>,
     deadline: Instant,
-    ios: u64,
-    bytes: u64,
+    issued_bytes: u64,
+    read: IoStats,
+    write: IoStats,
     errors: u64,
-    hist: Histogram<u64>,
     outstanding: usize,
+    last_completion: Option<Instant>,
 }
 
 impl Generator {
-    fn request(&mut self, slot: usize, buf: AlignedBuf) -> Request {
-        let block = if self.spec.pattern.is_random() {
-            self.rng.next() % self.blocks
-        } else {
-            let b = self.next_seq % self.blocks;
-            self.next_seq += 1;
-            b
-        };
-        let offset = block * self.spec.bs as u64;
+    /// The next request for `slot`, or `None` once the job's I/O limit is reached.
+    fn request(&mut self, slot: usize, buf: AlignedBuf) -> Option<Request> {
+        if self
+            .spec
+            .io_limit
+            .is_some_and(|limit| self.issued_bytes >= limit)
+        {
+            return None;
+        }
+        let block = self.offsets.next_block();
+        let offset = self.offsets.offset(block);
+        self.issued_bytes += self.spec.bs as u64;
         self.started[slot] = Instant::now();
         self.outstanding += 1;
-        if self.spec.pattern.is_write() {
+        let write = self.offsets.next_is_write();
+        self.slot_writes[slot] = write;
+        Some(if write {
             Request::write(&self.file, offset, buf, slot as u64)
         } else {
             Request::read(&self.file, offset, buf, slot as u64)
-        }
+        })
     }
 }
 
@@ -226,22 +386,38 @@ where
         max_ns: spec.poll_max_ns,
         ..PollParams::iothread()
     });
+    // The idle disks: registered, never ready.
+    let idle: Vec<Notifier> = (0..spec.idle_fds)
+        .map(|_| Notifier::new())
+        .collect::<std::io::Result<_>>()?;
+    for n in &idle {
+        ctx.set_fd_handler(
+            n.as_raw_fd(),
+            FdHandler::new().on_read(|_| {}).on_poll(|| false),
+        )
+        .map_err(std::io::Error::from)?;
+    }
     let start = Instant::now();
     let cpu_start = thread_cpu_seconds();
     let generator = Rc::new(RefCell::new(Generator {
         spec,
         file: file.clone(),
-        blocks,
-        rng: Rng::new(0x9e37_79b9_7f4a_7c15),
-        next_seq: 0,
+        offsets: OffsetStream::new(
+            spec.pattern,
+            spec.rwmixread,
+            blocks,
+            spec.bs as u64,
+            0x9e37_79b9_7f4a_7c15,
+        ),
         started: vec![start; spec.iodepth],
-        measuring_since: None,
+        slot_writes: vec![false; spec.iodepth],
         deadline: start + spec.ramp + spec.runtime,
-        ios: 0,
-        bytes: 0,
+        issued_bytes: 0,
+        read: IoStats::new(),
+        write: IoStats::new(),
         errors: 0,
-        hist: latency_histogram(),
         outstanding: 0,
+        last_completion: None,
     }));
     let engine_slot: Rc<RefCell<Option<AttachedEngine<L, E>>>> = Rc::default();
     let ramp_end = start + spec.ramp;
@@ -253,15 +429,18 @@ where
         gen.outstanding -= 1;
         let i = c.token as usize;
         if now >= ramp_end && now < gen.deadline {
-            if gen.measuring_since.is_none() {
-                gen.measuring_since = Some(ramp_end);
-            }
+            gen.last_completion = Some(now);
+            let ns = now.duration_since(gen.started[i]).as_nanos() as u64;
             match &c.result {
                 Ok(n) => {
-                    gen.ios += 1;
-                    gen.bytes += *n as u64;
-                    let ns = now.duration_since(gen.started[i]).as_nanos() as u64;
-                    let _ = gen.hist.record(ns.max(1));
+                    let stats = if gen.slot_writes[i] {
+                        &mut gen.write
+                    } else {
+                        &mut gen.read
+                    };
+                    stats.ios += 1;
+                    stats.bytes += *n as u64;
+                    let _ = stats.latency_ns.record(ns.max(1));
                 }
                 Err(_) => gen.errors += 1,
             }
@@ -270,7 +449,9 @@ where
             return;
         }
         let Some(buf) = c.buf.into_one() else { return };
-        let req = gen.request(i, buf);
+        let Some(req) = gen.request(i, buf) else {
+            return;
+        };
         drop(gen);
         let slot = slot.upgrade();
         let sent = match slot.as_ref().and_then(|s| s.try_borrow().ok()) {
@@ -294,11 +475,14 @@ where
         engine.plug();
         for i in 0..spec.iodepth {
             let mut buf = AlignedBuf::new(spec.bs);
-            if spec.pattern.is_write() {
-                buf.fill(0x5a);
+            buf.fill(0x5a);
+            let Some(req) = generator.borrow_mut().request(i, buf) else {
+                break;
+            };
+            if let Err(e) = engine.submit(req) {
+                engine.unplug();
+                return Err(std::io::Error::from(e));
             }
-            let req = generator.borrow_mut().request(i, buf);
-            engine.submit(req).map_err(std::io::Error::from)?;
         }
         engine.unplug();
     }
@@ -311,16 +495,22 @@ where
             .detach(&ctx)
             .map_err(|(e, _)| std::io::Error::from(e))?,
     );
-    let end = Instant::now().min(generator.borrow().deadline);
+    for n in &idle {
+        let _ = ctx.remove_fd_handler(n.as_raw_fd());
+    }
     let gen = generator.borrow();
-    let measured_from = gen.measuring_since.unwrap_or(ramp_end);
+    // The window: from the ramp's end to the deadline, or to the last completion when the
+    // job's I/O ran out first.
+    let end = match (spec.io_limit, gen.last_completion) {
+        (Some(_), Some(last)) => last.min(gen.deadline),
+        _ => Instant::now().min(gen.deadline),
+    };
     Ok(JobResult {
-        ios: gen.ios,
-        bytes: gen.bytes,
+        read: gen.read.clone(),
+        write: gen.write.clone(),
         elapsed: end
-            .saturating_duration_since(measured_from)
+            .saturating_duration_since(ramp_end)
             .max(Duration::from_millis(1)),
-        latency_ns: gen.hist.clone(),
         counters: ctx.counters(),
         errors: gen.errors,
         iothread_cpu_s: thread_cpu_seconds() - cpu_start,
@@ -351,28 +541,48 @@ mod tests {
             .open(&path)
             .map(IoFile::from)
             .unwrap();
-        for pattern in [Pattern::RandRead, Pattern::Write] {
-            let spec = JobSpec {
-                pattern,
-                bs: 4096,
-                iodepth: 4,
-                runtime: Duration::from_millis(150),
-                ramp: Duration::from_millis(20),
-                poll_max_ns: 32_768,
-            };
+        let run = |spec: JobSpec| {
             let engine = aio_pool::ThreadPool::new(aio_pool::PoolConfig::default()).unwrap();
-            let r = run_job(
+            run_job(
                 aio_backend_poll::PollLoop::new(),
                 engine,
                 &file,
                 1 << 20,
                 spec,
             )
-            .unwrap();
-            assert!(r.ios > 0 && r.errors == 0, "{pattern}: {r:?}");
-            assert_eq!(r.bytes, r.ios * 4096);
+            .unwrap()
+        };
+        for pattern in [Pattern::RandRead, Pattern::Write, Pattern::RandReadWrite] {
+            let spec = JobSpec {
+                ramp: Duration::from_millis(20),
+                idle_fds: 8,
+                rwmixread: 70,
+                ..JobSpec::new(pattern, 4096, 4, Duration::from_millis(150))
+            };
+            let r = run(spec);
+            let t = r.total();
+            assert!(t.ios > 0 && r.errors == 0, "{pattern}: {r:?}");
+            assert_eq!(t.bytes, t.ios * 4096);
             assert!(r.iops() > 0.0 && r.mean_lat_us() > 0.0);
+            match pattern {
+                Pattern::RandRead => assert_eq!(r.write.ios, 0),
+                Pattern::Write => assert_eq!(r.read.ios, 0),
+                _ => assert!(
+                    r.read.ios > r.write.ios && r.write.ios > 0,
+                    "70% reads: {} reads, {} writes",
+                    r.read.ios,
+                    r.write.ios
+                ),
+            }
         }
+        // Without time_based: the job stops after io_limit bytes, long before its runtime.
+        let spec = JobSpec {
+            io_limit: Some(64 * 4096),
+            ..JobSpec::new(Pattern::Read, 4096, 4, Duration::from_secs(30))
+        };
+        let r = run(spec);
+        assert_eq!(r.read.ios, 64, "exactly io_limit / bs requests");
+        assert!(r.wall_s < 10.0);
         let _ = std::fs::remove_file(&path);
     }
 }

@@ -1,15 +1,24 @@
 //! # aio-bench
 //!
-//! The project's benchmark crate. Today it holds the backend selection that every comparison
-//! uses ([`monitors`], [`engines`]) and runs the conformance suite against the hybrid monitor (which needs
-//! both backend-poll and backend-epoll, so it cannot live in either of them). The scsi-disk
-//! scaling matrix, fio job files and the `aio-bench` binary arrive with the bench issue.
+//! The project's benchmark crate, behind the `aio-bench` binary:
+//!
+//! * backend selection by name and `auto` ([`monitors`], [`engines`]);
+//! * the scsi-disk scaling matrix of seed 003 ([`scsi`] for one cell, [`matrix`] for the axes
+//!   and the reports), with `--verify` stamps ([`verify`]) on images ([`image`]);
+//! * the fio-like load generator ([`job`]), fio job files ([`jobfile`]) and their runs in fio's
+//!   formats ([`runner`]), fio itself for side-by-side runs ([`fio`]), fio's units ([`units`]).
+//!
+//! It also runs the conformance suite against the hybrid monitor (which needs both
+//! backend-poll and backend-epoll, so it cannot live in either of them).
 
 pub mod engines;
 pub mod fio;
 pub mod image;
 pub mod job;
+pub mod jobfile;
 pub mod matrix;
 pub mod monitors;
+pub mod runner;
 pub mod scsi;
 pub mod units;
+pub mod verify;

@@ -1,9 +1,10 @@
 //! `aio-bench`: compare aio-rs backends, and compare them with fio.
 //!
 //! Subcommands: `matrix` (the scsi-disk scaling matrix of seed 003), `latency` (seed 000's QD1
-//! table: polling off, at QEMU's default, and at given values), `vs-fio` (the same job
-//! through fio and through one of our engines, alternating A B / B A) and `probe` (which
-//! backends this build and kernel offer).
+//! table: polling off, at QEMU's default, and at given values), `run` (fio job files, reported
+//! in fio's formats), `vs-fio` (the same job through fio and through one of our engines,
+//! alternating A B / B A) and `probe` (which backends this build and kernel offer, and what
+//! `auto` picks).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -35,8 +36,20 @@ enum Command {
     /// Run one job through fio and through an aio-rs engine, alternating (A B, B A, ...), and
     /// print both figures and their ratio.
     VsFio(VsFioArgs),
-    /// Say which fd monitors and engines this build and kernel offer.
+    /// Run fio job files through aio-rs engines and report like fio.
+    Run(RunArgs),
+    /// Say which fd monitors and engines this build and kernel offer, and what `auto` picks.
     Probe,
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// fio job files (`[global]` and job sections; see `aio_bench::jobfile` for the options).
+    #[arg(required = true)]
+    jobfiles: Vec<PathBuf>,
+    /// `normal` (fio's text summary) or `json` (fio's JSON field names).
+    #[arg(long, default_value = "normal", value_parser = ["normal", "json"])]
+    output_format: String,
 }
 
 #[derive(clap::Args, Debug)]
@@ -110,11 +123,13 @@ struct LatencyArgs {
 
 #[derive(clap::Args, Debug)]
 struct MatrixArgs {
-    /// Fd monitors, comma-separated (poll,epoll,hybrid,uring). Default: all this build has.
-    #[arg(long, value_delimiter = ',', value_parser = parse_monitor)]
+    /// Fd monitors, comma-separated (poll,epoll,hybrid,uring, or auto: what the probe picks).
+    /// Default: all this build and kernel have.
+    #[arg(long, value_delimiter = ',', value_parser = parse_monitor_or_auto)]
     fdmon: Vec<MonitorKind>,
-    /// Engines, comma-separated (pool,linux-aio,uring). Default: all this build has.
-    #[arg(long, value_delimiter = ',', value_parser = parse_engine)]
+    /// Engines, comma-separated (pool,linux-aio,uring, or auto: what the probe picks).
+    /// Default: all this build and kernel have.
+    #[arg(long, value_delimiter = ',', value_parser = parse_engine_or_auto)]
     engine: Vec<EngineKind>,
     /// Disk counts, comma-separated (1..=256). Default: 1,16,256 (--full: 1,4,8,...,256).
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=256))]
@@ -163,6 +178,10 @@ struct MatrixArgs {
     /// All pairs, all disk counts, all workloads.
     #[arg(long)]
     full: bool,
+    /// Stamp every block written with its offset, a generation and a crc32c, and check every
+    /// block read; report mismatches with their disk and offset (exit code 1 if any).
+    #[arg(long)]
+    verify: bool,
 }
 
 /// Bytes available to us in the file system holding `dir` (0 if unknown).
@@ -192,6 +211,24 @@ fn parse_engine(s: &str) -> Result<EngineKind, String> {
 fn parse_monitor(s: &str) -> Result<MonitorKind, String> {
     s.parse()
         .map_err(|e: aio_bench::monitors::UnknownMonitor| e.to_string())
+}
+/// A monitor name or `auto` (resolved now, by the probe order uring -> hybrid -> poll).
+fn parse_monitor_or_auto(s: &str) -> Result<MonitorKind, String> {
+    if s == "auto" {
+        return aio_bench::monitors::auto()
+            .map(|(k, _)| k)
+            .map_err(|e| e.to_string());
+    }
+    parse_monitor(s).map_err(|e| format!("{e}, or auto"))
+}
+/// An engine name or `auto` (resolved now, by the probe order uring -> linux-aio -> pool).
+fn parse_engine_or_auto(s: &str) -> Result<EngineKind, String> {
+    if s == "auto" {
+        return aio_bench::engines::auto()
+            .map(|(k, _)| k)
+            .map_err(|e| e.to_string());
+    }
+    parse_engine(s).map_err(|e| format!("{e}, or auto"))
 }
 fn parse_pattern(s: &str) -> Result<Pattern, String> {
     s.parse()
@@ -278,12 +315,14 @@ fn vs_fio(args: VsFioArgs) -> Result<(), (u8, String)> {
     }
     let version = fio::version().map_err(|e| (2, e.to_string()))?;
     let spec = JobSpec {
-        pattern: args.rw,
-        bs: args.bs as usize,
-        iodepth: args.iodepth as usize,
-        runtime: args.runtime,
         ramp: args.ramp,
         poll_max_ns: args.poll_max_ns,
+        ..JobSpec::new(
+            args.rw,
+            args.bs as usize,
+            args.iodepth as usize,
+            args.runtime,
+        )
     };
     let image = test_image(&dir, args.size)?;
     let file = image.file().clone();
@@ -432,13 +471,13 @@ fn matrix(args: MatrixArgs) -> Result<(), (u8, String)> {
             disks: 1,
             active: 1,
             pattern: Pattern::Read,
-            mixed: false,
             bs: args.bs as usize,
             iodepth: args.iodepth as usize,
             runtime: args.runtime,
             ramp: args.ramp,
             poll_max_ns: args.poll_max_ns,
             poll_idle: args.poll_idle,
+            verify: args.verify,
         },
         disk_size: args.disk_size,
     };
@@ -454,18 +493,25 @@ fn matrix(args: MatrixArgs) -> Result<(), (u8, String)> {
         args.runtime,
         run_dir.display()
     );
-    let cells = matrix::run(&spec, &run_dir, |i, n, c| {
-        eprintln!(
-            "[{i}/{n}] {} {} disks={} {}: {:.1} MB/s, {:.0} IOPS",
-            c.engine,
-            c.fdmon,
-            c.disks,
-            c.workload.name(),
-            c.mb_s(),
-            c.iops()
+    let total = spec.fdmons.len() * spec.engines.len() * spec.disks.len() * spec.workloads.len();
+    let progress = Progress::new(total as u64, "cells");
+    let cells = matrix::run(&spec, &run_dir, |i, _, c| {
+        progress.step(
+            i as u64,
+            format!(
+                "{} {} disks={} {}: {:.1} MB/s, {:.0} IOPS",
+                c.engine,
+                c.fdmon,
+                c.disks,
+                c.workload.name(),
+                c.mb_s(),
+                c.iops()
+            ),
         );
     })
-    .map_err(|e| (1, format!("matrix: {e}")))?;
+    .map_err(|e| (1, format!("matrix: {e}")));
+    progress.finish();
+    let cells = cells?;
     print!("{}", matrix::table(&spec, &cells));
     if let Some(path) = &args.svg {
         let svg = matrix::to_svg(&spec, &cells).map_err(|e| (1, format!("--svg: {e}")))?;
@@ -478,6 +524,120 @@ fn matrix(args: MatrixArgs) -> Result<(), (u8, String)> {
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&matrix::to_json(&spec, &cells)).expect("json");
         std::fs::write(path, text).map_err(|e| (1, format!("--json {}: {e}", path.display())))?;
+    }
+    if args.verify {
+        let checked: u64 = cells.iter().map(|c| c.result.verified_reads).sum();
+        let bad: u64 = cells.iter().map(|c| c.result.verify_errors).sum();
+        println!("verify: {checked} reads checked, {bad} mismatches");
+        if bad > 0 {
+            for c in cells.iter().filter(|c| c.result.verify_errors > 0) {
+                for r in &c.result.verify_reports {
+                    println!(
+                        "  {} {} disks={} {}: {r}",
+                        c.engine,
+                        c.fdmon,
+                        c.disks,
+                        c.workload.name()
+                    );
+                }
+            }
+            return Err((1, format!("verify found {bad} mismatches")));
+        }
+    }
+    Ok(())
+}
+
+/// Progress of a long run on stderr: an indicatif bar when stderr is a terminal, plain lines
+/// otherwise (logs, CI).
+enum Progress {
+    Bar(indicatif::ProgressBar),
+    Lines(u64),
+}
+
+impl Progress {
+    fn new(total: u64, unit: &str) -> Progress {
+        use std::io::IsTerminal;
+        if !std::io::stderr().is_terminal() {
+            return Progress::Lines(total);
+        }
+        let bar = indicatif::ProgressBar::new(total);
+        let template =
+            format!("{{elapsed_precise}} [{{bar:30}}] {{pos}}/{{len}} {unit}, eta {{eta}}");
+        if let Ok(style) = indicatif::ProgressStyle::with_template(&template) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar.enable_steady_tick(Duration::from_millis(250));
+        Progress::Bar(bar)
+    }
+
+    /// Step `done` of the total finished; `line` says what it measured.
+    fn step(&self, done: u64, line: String) {
+        match self {
+            Progress::Bar(bar) => {
+                bar.println(line);
+                bar.set_position(done);
+            }
+            Progress::Lines(total) => eprintln!("[{done}/{total}] {line}"),
+        }
+    }
+
+    fn finish(&self) {
+        if let Progress::Bar(bar) = self {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+fn run(args: RunArgs) -> Result<(), (u8, String)> {
+    use aio_bench::{jobfile, runner};
+    // Parse every file first: a syntax error anywhere stops the run before anything starts.
+    let files: Vec<jobfile::JobFile> = args
+        .jobfiles
+        .iter()
+        .map(|p| jobfile::load(p))
+        .collect::<Result<_, _>>()
+        .map_err(|e| (2, e.to_string()))?;
+    for note in files.iter().flat_map(|f| &f.notes) {
+        eprintln!("note: {note}");
+    }
+    let total: usize = files.iter().map(|f| f.jobs.len()).sum();
+    let progress = Progress::new(total as u64, "jobs");
+    let mut reports = Vec::new();
+    let mut done = 0;
+    for f in &files {
+        for def in &f.jobs {
+            let r = runner::run_one(def);
+            done += 1;
+            match r {
+                Ok(r) => {
+                    progress.step(
+                        done,
+                        format!(
+                            "{}: {:.0} IOPS, {:.1} MB/s on {} / {}",
+                            def.name,
+                            r.result.iops(),
+                            r.result.mb_s(),
+                            r.engine,
+                            r.fdmon
+                        ),
+                    );
+                    reports.push(r);
+                }
+                Err(e) => {
+                    progress.finish();
+                    return Err((1, e.to_string()));
+                }
+            }
+        }
+    }
+    progress.finish();
+    if args.output_format == "json" {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&runner::to_fio_json(&reports)).expect("json")
+        );
+    } else {
+        print!("{}", runner::to_normal(&reports));
     }
     Ok(())
 }
@@ -518,12 +678,9 @@ fn latency(args: LatencyArgs) -> Result<(), (u8, String)> {
         print!("{:<10}", engine.name());
         for &poll_max_ns in &polls {
             let spec = JobSpec {
-                pattern: args.rw,
-                bs: args.bs as usize,
-                iodepth: 1,
-                runtime: args.runtime,
                 ramp: Duration::from_millis(300),
                 poll_max_ns,
+                ..JobSpec::new(args.rw, args.bs as usize, 1, args.runtime)
             };
             let monitor = args
                 .fdmon
@@ -532,7 +689,7 @@ fn latency(args: LatencyArgs) -> Result<(), (u8, String)> {
             let eng = engine.build().map_err(|e| (1, format!("{engine}: {e}")))?;
             let r =
                 run_job(monitor, eng, &file, args.size, spec).map_err(|e| (1, e.to_string()))?;
-            let p99 = r.latency_ns.value_at_quantile(0.99) as f64 / 1000.0;
+            let p99 = r.total().latency_ns.value_at_quantile(0.99) as f64 / 1000.0;
             print!(" {:>22}", format!("{:.1} ({:.1})", r.mean_lat_us(), p99));
         }
         println!();
@@ -553,6 +710,27 @@ fn probe() {
         match k.build() {
             Ok(_) => println!("  {:<10} ok", k.name()),
             Err(e) => println!("  {:<10} unavailable: {e}", k.name()),
+        }
+    }
+    println!("auto (engines uring -> linux-aio -> pool, fd monitors uring -> hybrid -> poll):");
+    for (what, picked) in [
+        (
+            "fd monitor",
+            aio_bench::monitors::auto().map(|(k, why)| (k.name(), why)),
+        ),
+        (
+            "engine",
+            aio_bench::engines::auto().map(|(k, why)| (k.name(), why)),
+        ),
+    ] {
+        match picked {
+            Ok((name, why)) => {
+                println!("  {what}: {name}");
+                for line in why {
+                    println!("    {line}");
+                }
+            }
+            Err(e) => println!("  {what}: none: {e}"),
         }
     }
     match fio::version() {
@@ -582,6 +760,13 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err((code, msg)) => {
                 eprintln!("aio-bench vs-fio: {msg}");
+                ExitCode::from(code)
+            }
+        },
+        Command::Run(args) => match run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err((code, msg)) => {
+                eprintln!("aio-bench run: {msg}");
                 ExitCode::from(code)
             }
         },

@@ -31,6 +31,15 @@ impl Workload {
     /// Every workload, in table order.
     pub const ALL: [Workload; 3] = [Workload::Rd, Workload::Wr, Workload::RandRw];
 
+    /// The guest's fio pattern.
+    pub fn pattern(self) -> Pattern {
+        match self {
+            Workload::Rd => Pattern::Read,
+            Workload::Wr => Pattern::Write,
+            Workload::RandRw => Pattern::RandReadWrite,
+        }
+    }
+
     /// The name used on the command line and in reports.
     pub fn name(self) -> &'static str {
         match self {
@@ -112,11 +121,12 @@ pub fn run(
     for i in 0..max_disks {
         let driven = spec.active_all || i == 0;
         let size = if driven { spec.disk_size } else { 1 << 20 };
-        images.push(DiskImage::create(
-            dir.join(format!("disk-{i:03}.img")),
-            size,
-            i as u8,
-        )?);
+        let path = dir.join(format!("disk-{i:03}.img"));
+        images.push(if spec.cell.verify && driven {
+            DiskImage::create_stamped(path, size, spec.cell.bs)?
+        } else {
+            DiskImage::create(path, size, i as u8)?
+        });
     }
     let total = spec.fdmons.len() * spec.engines.len() * spec.disks.len() * spec.workloads.len();
     let mut cells = Vec::with_capacity(total);
@@ -127,12 +137,7 @@ pub fn run(
                     let mut cell = spec.cell;
                     cell.disks = disks;
                     cell.active = if spec.active_all { disks } else { 1 };
-                    cell.mixed = workload == Workload::RandRw;
-                    cell.pattern = match workload {
-                        Workload::Rd => Pattern::Read,
-                        Workload::Wr => Pattern::Write,
-                        Workload::RandRw => Pattern::RandRead,
-                    };
+                    cell.pattern = workload.pattern();
                     let monitor = fdmon.build().map_err(|e| {
                         io::Error::new(e.kind(), format!("fd monitor {fdmon}: {e}"))
                     })?;
@@ -337,6 +342,8 @@ pub fn to_json(spec: &MatrixSpec, cells: &[Cell]) -> serde_json::Value {
                     "busy_poll_ns": k.busy_poll_ns,
                     "handler_calls": k.handler_calls,
                     "errors": c.result.errors,
+                    "verified_reads": c.result.verified_reads,
+                    "verify_errors": c.result.verify_errors,
                 },
             })
         })
@@ -362,13 +369,13 @@ mod tests {
                 disks: 1,
                 active: 1,
                 pattern: Pattern::Read,
-                mixed: false,
                 bs: 4096,
                 iodepth: 4,
                 runtime: Duration::from_millis(150),
                 ramp: Duration::from_millis(20),
                 poll_max_ns: 32768,
                 poll_idle: Duration::from_millis(10),
+                verify: true,
             },
             disk_size: 1 << 20,
         }
@@ -404,6 +411,10 @@ mod tests {
             );
             assert_eq!(c.result.errors, 0);
             assert!(c.mb_s() > 0.0);
+            assert_eq!(c.result.verify_errors, 0, "{:?}", c.result.verify_reports);
+            if c.workload == Workload::RandRw {
+                assert!(c.result.verified_reads > 0, "randrw reads are verified");
+            }
         }
         assert_eq!(
             std::fs::read_dir(&dir).unwrap().count(),

@@ -64,6 +64,36 @@ impl MonitorKind {
     }
 }
 
+/// The fd monitor `auto` picks: the first of uring, hybrid, poll that this build and kernel can
+/// build, with one line per candidate saying why it was taken or passed over.
+pub fn auto() -> io::Result<(MonitorKind, Vec<String>)> {
+    pick(
+        [MonitorKind::Uring, MonitorKind::Hybrid, MonitorKind::Poll],
+        |k| k.build().map(drop),
+    )
+}
+
+/// The first of `order` that `try_build` accepts, and the reasons for each candidate tried.
+pub(crate) fn pick<K: Copy + fmt::Display>(
+    order: impl IntoIterator<Item = K>,
+    try_build: impl Fn(K) -> io::Result<()>,
+) -> io::Result<(K, Vec<String>)> {
+    let mut why = Vec::new();
+    for k in order {
+        match try_build(k) {
+            Ok(()) => {
+                why.push(format!("{k}: usable, picked"));
+                return Ok((k, why));
+            }
+            Err(e) => why.push(format!("{k}: passed over: {e}")),
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!("no backend is usable: {}", why.join("; ")),
+    ))
+}
+
 impl fmt::Display for MonitorKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -95,6 +125,8 @@ mod tests {
             assert_eq!(k.name().parse::<MonitorKind>().unwrap(), k);
             assert_eq!(k.build().unwrap().name(), k.name());
         }
+        let (k, why) = auto().unwrap();
+        assert_eq!(why.last().unwrap(), &format!("{k}: usable, picked"));
         let e = "kqueue".parse::<MonitorKind>().unwrap_err();
         assert!(e.to_string().contains("kqueue"));
     }

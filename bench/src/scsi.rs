@@ -28,7 +28,8 @@ use aio_core::{AioContext, EventLoop, FdHandler, LoopCounters, Notifier, PollPar
 use hdrhistogram::Histogram;
 
 use crate::image::DiskImage;
-use crate::job::{latency_histogram, thread_cpu_seconds, Pattern, Rng};
+use crate::job::{latency_histogram, thread_cpu_seconds, OffsetStream, Pattern};
+use crate::verify::{self, Ledger, VerifyError};
 
 /// One guest request in a virtqueue.
 #[derive(Debug, Clone, Copy)]
@@ -36,6 +37,18 @@ struct GuestRequest {
     slot: u32,
     offset: u64,
     write: bool,
+    /// With verify: the generation a write stamps.
+    generation: u64,
+}
+
+/// One entry of the used ring: a finished request.
+#[derive(Debug, Clone)]
+struct UsedEntry {
+    slot: u32,
+    /// Bytes, or a negative errno.
+    result: i64,
+    /// With verify, for a read that succeeded: the stamp's generation, or what is wrong.
+    stamp: Option<Result<u64, VerifyError>>,
 }
 
 /// A virtqueue: the available ring and doorbell (guest -> iothread), the used ring and
@@ -44,7 +57,7 @@ struct Virtqueue {
     avail: Mutex<VecDeque<GuestRequest>>,
     avail_len: AtomicUsize,
     doorbell: Notifier,
-    used: Mutex<Vec<(u32, i64)>>,
+    used: Mutex<Vec<UsedEntry>>,
     interrupt: Notifier,
 }
 
@@ -67,10 +80,8 @@ pub struct CellSpec {
     pub disks: usize,
     /// Disks the guest drives (the first `active` ones).
     pub active: usize,
-    /// The I/O pattern (`RandRead` and `RandWrite` mixed 50/50 when `mixed` is set).
+    /// The I/O pattern (mixed patterns are 50/50 reads and writes).
     pub pattern: Pattern,
-    /// 50/50 random reads and writes (fio `randrw`).
-    pub mixed: bool,
     /// Block size.
     pub bs: usize,
     /// Requests in flight per active disk.
@@ -83,6 +94,10 @@ pub struct CellSpec {
     pub poll_max_ns: u64,
     /// How long a disk may stay idle before its doorbell leaves the poll set (QEMU: 7 s).
     pub poll_idle: Duration,
+    /// Stamp every block written and check every block read ([`crate::verify`]); the images
+    /// must have been created with [`DiskImage::create_stamped`]. One request per block at a
+    /// time, so that each read has exactly one right answer.
+    pub verify: bool,
 }
 
 /// What one cell measured.
@@ -102,6 +117,12 @@ pub struct CellResult {
     pub iothread_cpu_s: f64,
     /// Requests that failed.
     pub errors: u64,
+    /// With verify: reads checked.
+    pub verified_reads: u64,
+    /// With verify: reads that did not hold what was last written there.
+    pub verify_errors: u64,
+    /// With verify: the first mismatches (up to 10), each naming its disk and offset.
+    pub verify_reports: Vec<String>,
 }
 
 struct GuestStats {
@@ -109,13 +130,26 @@ struct GuestStats {
     bytes: u64,
     errors: u64,
     hist: Histogram<u64>,
+    verified_reads: u64,
+    verify_errors: u64,
+    verify_reports: Vec<String>,
+}
+
+/// Where each slot's request went, for the guest's bookkeeping.
+#[derive(Debug, Clone, Copy)]
+struct SlotInfo {
+    issued_at: Instant,
+    block: u64,
+    write: bool,
+    generation: u64,
 }
 
 fn guest(
     vq: Arc<Virtqueue>,
     spec: CellSpec,
+    disk: usize,
     blocks: u64,
-    seed: u64,
+    ledger: Option<Arc<Mutex<Ledger>>>,
     finished: Arc<AtomicUsize>,
     wake_iothread: aio_core::NotifyHandle,
 ) -> GuestStats {
@@ -124,37 +158,74 @@ fn guest(
         bytes: 0,
         errors: 0,
         hist: latency_histogram(),
+        verified_reads: 0,
+        verify_errors: 0,
+        verify_reports: Vec::new(),
     };
-    let mut rng = Rng::new(seed);
+    let mut offsets = OffsetStream::new(
+        spec.pattern,
+        50,
+        blocks,
+        spec.bs as u64,
+        0x9e37 + disk as u64,
+    );
+    // This guest is the disk's only writer while the cell runs.
+    let mut ledger_guard = ledger
+        .as_ref()
+        .map(|l| l.lock().unwrap_or_else(PoisonError::into_inner));
+    let mut ledger = ledger_guard.as_deref_mut();
     let start = Instant::now();
     let measure_from = start + spec.ramp;
     let deadline = measure_from + spec.runtime;
-    let mut seq = 0u64;
-    let mut issued_at = vec![start; spec.iodepth];
+    let mut slots = vec![
+        SlotInfo {
+            issued_at: start,
+            block: 0,
+            write: false,
+            generation: 0,
+        };
+        spec.iodepth
+    ];
     let mut outstanding = 0usize;
     let mut free: Vec<u32> = (0..spec.iodepth as u32).collect();
     loop {
         let now = Instant::now();
         if now < deadline && !free.is_empty() {
             let mut queue = vq.avail.lock().unwrap_or_else(PoisonError::into_inner);
-            while let Some(slot) = free.pop() {
-                let block = if matches!(spec.pattern, Pattern::Read | Pattern::Write) && !spec.mixed
-                {
-                    seq += 1;
-                    (seq - 1) % blocks
-                } else {
-                    rng.next() % blocks
+            while let Some(&slot) = free.last() {
+                let mut block = offsets.next_block();
+                if let Some(l) = &ledger {
+                    // One request per block at a time; give up for now if all tried are busy.
+                    let mut tries = 0;
+                    while l.busy[block as usize] && tries < 64 {
+                        block = offsets.next_block();
+                        tries += 1;
+                    }
+                    if l.busy[block as usize] {
+                        break;
+                    }
+                }
+                free.pop();
+                let write = offsets.next_is_write();
+                let mut generation = 0;
+                if let Some(l) = &mut ledger {
+                    l.busy[block as usize] = true;
+                    if write {
+                        generation = l.next_generation;
+                        l.next_generation += 1;
+                    }
+                }
+                slots[slot as usize] = SlotInfo {
+                    issued_at: now,
+                    block,
+                    write,
+                    generation,
                 };
-                let write = if spec.mixed {
-                    rng.next() & 1 == 0
-                } else {
-                    matches!(spec.pattern, Pattern::Write | Pattern::RandWrite)
-                };
-                issued_at[slot as usize] = now;
                 queue.push_back(GuestRequest {
                     slot,
-                    offset: block * spec.bs as u64,
+                    offset: offsets.offset(block),
                     write,
+                    generation,
                 });
                 outstanding += 1;
             }
@@ -175,19 +246,39 @@ fn guest(
         // SAFETY: one valid pollfd for the duration of the call.
         unsafe { libc::poll(&mut pfd, 1, 100) };
         vq.interrupt.test_and_clear();
-        let done: Vec<(u32, i64)> =
+        let done: Vec<UsedEntry> =
             std::mem::take(&mut *vq.used.lock().unwrap_or_else(PoisonError::into_inner));
         let now = Instant::now();
-        for (slot, res) in done {
+        for entry in done {
             outstanding -= 1;
-            free.push(slot);
+            free.push(entry.slot);
+            let info = slots[entry.slot as usize];
+            if let Some(l) = &mut ledger {
+                let b = info.block as usize;
+                l.busy[b] = false;
+                if info.write {
+                    l.acked[b] = (entry.result >= 0).then_some(info.generation);
+                } else if entry.result >= 0 {
+                    stats.verified_reads += 1;
+                    let offset = offsets.offset(info.block);
+                    let stamp = entry
+                        .stamp
+                        .unwrap_or(Err(VerifyError::NotStamped { offset }));
+                    if let Err(e) = l.judge(info.block, offset, stamp) {
+                        stats.verify_errors += 1;
+                        if stats.verify_reports.len() < 10 {
+                            stats.verify_reports.push(format!("disk {disk}: {e}"));
+                        }
+                    }
+                }
+            }
             if now >= measure_from && now < deadline {
-                if res < 0 {
+                if entry.result < 0 {
                     stats.errors += 1;
                 } else {
                     stats.ios += 1;
-                    stats.bytes += res as u64;
-                    let ns = now.duration_since(issued_at[slot as usize]).as_nanos() as u64;
+                    stats.bytes += entry.result as u64;
+                    let ns = now.duration_since(info.issued_at).as_nanos() as u64;
                     let _ = stats.hist.record(ns.max(1));
                 }
             }
@@ -203,7 +294,16 @@ fn guest(
     stats
 }
 
-type Buffers = Rc<RefCell<Vec<Vec<Option<AlignedBuf>>>>>;
+/// The iothread's side of a guest slot: its buffer while it is home, and what the request in
+/// flight does (for verify at completion).
+struct HostSlot {
+    buf: Option<AlignedBuf>,
+    offset: u64,
+    write: bool,
+}
+
+/// Every active disk's slots.
+type HostSlots = Rc<RefCell<Vec<Vec<HostSlot>>>>;
 
 /// Runs one cell on `images` (at least `spec.disks`; the first `spec.active` are driven).
 pub fn run_cell<L, E>(
@@ -217,6 +317,21 @@ where
     E: IoEngine + 'static,
 {
     assert!(images.len() >= spec.disks && spec.active <= spec.disks);
+    if spec.verify {
+        if let Some(i) = images[..spec.active].iter().position(|im| {
+            im.ledger()
+                .is_none_or(|l| l.lock().unwrap_or_else(PoisonError::into_inner).bs != spec.bs)
+        }) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "verify: disk {i} ({}) was not stamped with bs {} (DiskImage::create_stamped)",
+                    images[i].path().display(),
+                    spec.bs
+                ),
+            ));
+        }
+    }
     let ctx = AioContext::new(monitor)?;
     ctx.set_poll_params(PollParams {
         max_ns: spec.poll_max_ns,
@@ -226,14 +341,18 @@ where
     let queues: Vec<Arc<Virtqueue>> = (0..spec.disks)
         .map(|_| Virtqueue::new().map(Arc::new))
         .collect::<io::Result<_>>()?;
-    let buffers: Buffers = Rc::new(RefCell::new(
+    let buffers: HostSlots = Rc::new(RefCell::new(
         (0..spec.active)
             .map(|_| {
                 (0..spec.iodepth)
                     .map(|_| {
                         let mut b = AlignedBuf::new(spec.bs);
                         b.fill(0x5a);
-                        Some(b)
+                        HostSlot {
+                            buf: Some(b),
+                            offset: 0,
+                            write: false,
+                        }
                     })
                     .collect()
             })
@@ -244,16 +363,26 @@ where
     let attached = ctx.attach_engine(engine, move |_, c| {
         let disk = (c.token >> 32) as usize;
         let slot = c.token as u32;
-        let res = match &c.result {
+        let result = match &c.result {
             Ok(n) => *n as i64,
             Err(e) => -(e.raw_os_error().unwrap_or(libc::EIO) as i64),
         };
-        bufs.borrow_mut()[disk][slot as usize] = c.buf.into_one();
+        let mut bufs = bufs.borrow_mut();
+        let host = &mut bufs[disk][slot as usize];
+        host.buf = c.buf.into_one();
+        let stamp = match (&host.buf, spec.verify && !host.write && result >= 0) {
+            (Some(b), true) => Some(verify::check(b, host.offset)),
+            _ => None,
+        };
         q[disk]
             .used
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .push((slot, res));
+            .push(UsedEntry {
+                slot,
+                result,
+                stamp,
+            });
         let _ = q[disk].interrupt.notify();
     })?;
     let attached: Rc<AttachedEngine<L, E>> = Rc::new(attached);
@@ -278,21 +407,34 @@ where
                 engine.plug();
                 for r in taken {
                     let token = ((disk as u64) << 32) | r.slot as u64;
-                    let buf = bufs.borrow_mut()[disk][r.slot as usize]
-                        .take()
-                        .expect("a slot's buffer is home while the guest may reuse it");
+                    let mut buf = {
+                        let mut slots = bufs.borrow_mut();
+                        let host = &mut slots[disk][r.slot as usize];
+                        host.offset = r.offset;
+                        host.write = r.write;
+                        host.buf
+                            .take()
+                            .expect("a slot's buffer is home while the guest may reuse it")
+                    };
+                    if spec.verify && r.write {
+                        verify::stamp(&mut buf, r.offset, r.generation);
+                    }
                     let req = if r.write {
                         Request::write(&file, r.offset, buf, token)
                     } else {
                         Request::read(&file, r.offset, buf, token)
                     };
                     if let Err(e) = engine.submit(req) {
-                        bufs.borrow_mut()[disk][r.slot as usize] =
+                        bufs.borrow_mut()[disk][r.slot as usize].buf =
                             e.request.op.into_buffers().into_one();
                         vq.used
                             .lock()
                             .unwrap_or_else(PoisonError::into_inner)
-                            .push((r.slot, -(libc::EINVAL as i64)));
+                            .push(UsedEntry {
+                                slot: r.slot,
+                                result: -(libc::EINVAL as i64),
+                                stamp: None,
+                            });
                         let _ = vq.interrupt.notify();
                     }
                 }
@@ -317,9 +459,13 @@ where
         .map(|disk| {
             let (vq, fin, wake) = (queues[disk].clone(), finished.clone(), ctx.notify_handle());
             let blocks = images[disk].size() / spec.bs as u64;
+            let ledger = spec
+                .verify
+                .then(|| images[disk].ledger().cloned())
+                .flatten();
             std::thread::Builder::new()
                 .name(format!("guest-{disk}"))
-                .spawn(move || guest(vq, spec, blocks.max(1), 0x9e37 + disk as u64, fin, wake))
+                .spawn(move || guest(vq, spec, disk, blocks.max(1), ledger, fin, wake))
         })
         .collect::<io::Result<_>>()?;
     let cpu0 = thread_cpu_seconds();
@@ -335,6 +481,9 @@ where
         counters: ctx.counters(),
         iothread_cpu_s,
         errors: 0,
+        verified_reads: 0,
+        verify_errors: 0,
+        verify_reports: Vec::new(),
     };
     for g in guests {
         let s = g
@@ -344,6 +493,9 @@ where
         result.bytes += s.bytes;
         result.errors += s.errors;
         let _ = result.latency_ns.add(&s.hist);
+        result.verified_reads += s.verified_reads;
+        result.verify_errors += s.verify_errors;
+        result.verify_reports.extend(s.verify_reports);
     }
     for vq in &queues {
         let _ = ctx.remove_fd_handler(vq.doorbell.as_raw_fd());

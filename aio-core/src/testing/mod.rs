@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use crate::{AioContext, AioError, EventLoop, FdHandler, Notifier, PollParams};
 
 pub mod engine;
+pub mod faults;
 
 /// Whether `AIO_REQUIRE_ALL_BACKENDS=1` is set: a test that would skip for a missing kernel
 /// feature fails instead.

@@ -1,0 +1,189 @@
+//! Block stamps for `--verify`: every block written carries its offset, a generation and a
+//! crc32c, so a read can tell a correct block from a misplaced, torn, stale or corrupt one.
+//!
+//! This module owns the stamp layout and its check. It does not decide which generation a
+//! read must see; the caller (the matrix's guest) knows what it wrote and compares.
+//!
+//! Layout of a stamped block (little-endian):
+//!
+//! | bytes   | field                                              |
+//! | ------- | -------------------------------------------------- |
+//! | 0..8    | magic `aio-rsV1`                                   |
+//! | 8..16   | the block's byte offset in the disk                |
+//! | 16..24  | generation (0 = as the image was created)          |
+//! | 24..28  | crc32c of bytes 8..24 and 32..end                  |
+//! | 28..32  | zero                                               |
+//! | 32..end | payload derived from offset and generation        |
+
+/// The stamp's magic.
+const MAGIC: &[u8; 8] = b"aio-rsV1";
+
+/// Bytes of the header before the payload.
+pub const HEADER: usize = 32;
+
+/// A block that does not hold what its stamp promises.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum VerifyError {
+    /// No stamp at all (never written by us, or overwritten by something else).
+    #[error("offset {offset}: no stamp (magic missing)")]
+    NotStamped {
+        /// The block's offset.
+        offset: u64,
+    },
+    /// A stamp for another offset: the data landed in the wrong place.
+    #[error("offset {offset}: holds the block stamped for offset {found}")]
+    WrongOffset {
+        /// The block's offset.
+        offset: u64,
+        /// The offset in the stamp.
+        found: u64,
+    },
+    /// The checksum does not match: a torn or corrupted block.
+    #[error("offset {offset}: crc32c mismatch (generation {generation} in the stamp)")]
+    Corrupt {
+        /// The block's offset.
+        offset: u64,
+        /// The generation in the stamp.
+        generation: u64,
+    },
+    /// A valid stamp of another generation than the last write acknowledged.
+    #[error("offset {offset}: generation {found}, expected {expected} (stale or lost write)")]
+    Stale {
+        /// The block's offset.
+        offset: u64,
+        /// The generation of the last acknowledged write.
+        expected: u64,
+        /// The generation read.
+        found: u64,
+    },
+}
+
+/// What the writer of a stamped disk knows about each block: which generation it last wrote
+/// and had acknowledged, and which blocks have a request in flight. It lives with the disk
+/// image, so it outlasts the runs (cells) that use the disk.
+#[derive(Debug, Clone)]
+pub struct Ledger {
+    /// The block size the disk was stamped with.
+    pub bs: usize,
+    /// Per block: the generation of the last acknowledged write (`None`: a write failed, so
+    /// the contents are unknown and any valid stamp is accepted).
+    pub acked: Vec<Option<u64>>,
+    /// Per block: a request is in flight (the writer keeps one per block at a time, so that
+    /// each read has exactly one right answer).
+    pub busy: Vec<bool>,
+    /// The generation the next write gets.
+    pub next_generation: u64,
+}
+
+impl Ledger {
+    /// A ledger for `blocks` blocks of `bs` bytes, all stamped with generation 0.
+    pub fn new(blocks: u64, bs: usize) -> Ledger {
+        Ledger {
+            bs,
+            acked: vec![Some(0); blocks as usize],
+            busy: vec![false; blocks as usize],
+            next_generation: 1,
+        }
+    }
+
+    /// Judges a successful read of `block` at `offset` whose stamp check gave `stamp`.
+    pub fn judge(
+        &self,
+        block: u64,
+        offset: u64,
+        stamp: Result<u64, VerifyError>,
+    ) -> Result<(), VerifyError> {
+        match (stamp?, self.acked[block as usize]) {
+            (found, Some(expected)) if found != expected => Err(VerifyError::Stale {
+                offset,
+                expected,
+                found,
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn crc(block: &[u8]) -> u32 {
+    let c = crc32c::crc32c(&block[8..24]);
+    crc32c::crc32c_append(c, &block[HEADER..])
+}
+
+/// Stamps `block` (at least [`HEADER`] bytes, a multiple of 8) for `offset` and `generation`.
+pub fn stamp(block: &mut [u8], offset: u64, generation: u64) {
+    assert!(block.len() >= HEADER && block.len() % 8 == 0);
+    block[..8].copy_from_slice(MAGIC);
+    block[8..16].copy_from_slice(&offset.to_le_bytes());
+    block[16..24].copy_from_slice(&generation.to_le_bytes());
+    block[28..32].fill(0);
+    let mut x = (offset ^ generation.rotate_left(32)) | 1;
+    for word in block[HEADER..].chunks_exact_mut(8) {
+        // xorshift: cheap, and a different payload per offset and generation.
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        word.copy_from_slice(&x.to_le_bytes());
+    }
+    let c = crc(block);
+    block[24..28].copy_from_slice(&c.to_le_bytes());
+}
+
+/// Checks that `block` is a valid stamp for `offset` and returns its generation.
+pub fn check(block: &[u8], offset: u64) -> Result<u64, VerifyError> {
+    if block.len() < HEADER || &block[..8] != MAGIC {
+        return Err(VerifyError::NotStamped { offset });
+    }
+    let word = |r: std::ops::Range<usize>| u64::from_le_bytes(block[r].try_into().expect("8"));
+    let (found, generation) = (word(8..16), word(16..24));
+    let stored = u32::from_le_bytes(block[24..28].try_into().expect("4"));
+    if stored != crc(block) {
+        return Err(VerifyError::Corrupt { offset, generation });
+    }
+    if found != offset {
+        return Err(VerifyError::WrongOffset { offset, found });
+    }
+    Ok(generation)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stamp_checks_and_every_kind_of_damage_is_named() {
+        let mut b = vec![0u8; 4096];
+        assert_eq!(check(&b, 0), Err(VerifyError::NotStamped { offset: 0 }));
+        stamp(&mut b, 8192, 7);
+        assert_eq!(check(&b, 8192), Ok(7));
+        assert_eq!(
+            check(&b, 4096),
+            Err(VerifyError::WrongOffset {
+                offset: 4096,
+                found: 8192
+            })
+        );
+        let mut torn = b.clone();
+        torn[2048] ^= 1;
+        assert_eq!(
+            check(&torn, 8192),
+            Err(VerifyError::Corrupt {
+                offset: 8192,
+                generation: 7
+            })
+        );
+        let mut other = vec![0u8; 4096];
+        stamp(&mut other, 8192, 8);
+        assert_ne!(
+            b[HEADER..],
+            other[HEADER..],
+            "payload depends on generation"
+        );
+        // Half of one generation, half of the next: torn, caught by the crc.
+        let mut mixed = b.clone();
+        mixed[2048..].copy_from_slice(&other[2048..]);
+        assert!(matches!(
+            check(&mixed, 8192),
+            Err(VerifyError::Corrupt { .. })
+        ));
+    }
+}
