@@ -53,3 +53,9 @@ ratio("QD1 O_DIRECT randread, workers spin 50us: poll 32768 / poll 0",
       mean_ns("qd1_randread_4k_odirect", "pool_spin50us_poll_32768"), mean_ns("qd1_randread_4k_odirect", "pool_spin50us_poll_0"))
 ratio("QD1 O_DIRECT randread: pool (spin 50us, poll 32768) / sync pread",
       mean_ns("qd1_randread_4k_odirect", "pool_spin50us_poll_32768"), mean_ns("qd1_randread_4k_odirect", "sync_pread"))
+for eng in ["pool", "linux-aio", "uring", "uring-shared-ring"]:
+    ratio(f"round_trip QD1 4k read: {eng} / raw pread",
+          mean_ns("round_trip", eng), mean_ns("round_trip", "pread"))
+ratio("round_trip: uring on the loop's ring / uring with its own ring",
+      mean_ns("round_trip", "uring-shared-ring"), mean_ns("round_trip", "uring"))
+ratio("round_trip: uring / linux-aio", mean_ns("round_trip", "uring"), mean_ns("round_trip", "linux-aio"))

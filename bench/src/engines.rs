@@ -34,6 +34,14 @@ impl EngineKind {
         }
     }
 
+    /// Every kind this build and kernel can build, in report order.
+    pub fn available() -> Vec<EngineKind> {
+        EngineKind::ALL
+            .into_iter()
+            .filter(|k| k.build().is_ok())
+            .collect()
+    }
+
     /// The name used on the command line and in reports.
     pub fn name(self) -> &'static str {
         match self {

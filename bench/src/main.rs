@@ -399,20 +399,13 @@ fn matrix(args: MatrixArgs) -> Result<(), (u8, String)> {
     use aio_bench::scsi::CellSpec;
     let bad = |m: String| (2u8, m);
     let dir = check_target(args.dir.as_deref(), args.bs, args.disk_size, "--disk-size")?;
-    let available = |k: &dyn Fn() -> bool| k();
     let fdmons: Vec<MonitorKind> = if args.fdmon.is_empty() {
-        MonitorKind::ALL
-            .into_iter()
-            .filter(|k| available(&|| k.build().is_ok()))
-            .collect()
+        MonitorKind::available()
     } else {
         args.fdmon.clone()
     };
     let engines: Vec<EngineKind> = if args.engine.is_empty() {
-        EngineKind::ALL
-            .into_iter()
-            .filter(|k| available(&|| k.build().is_ok()))
-            .collect()
+        EngineKind::available()
     } else {
         args.engine.clone()
     };
@@ -493,7 +486,7 @@ fn matrix(args: MatrixArgs) -> Result<(), (u8, String)> {
         args.runtime,
         run_dir.display()
     );
-    let total = spec.fdmons.len() * spec.engines.len() * spec.disks.len() * spec.workloads.len();
+    let total = spec.cell_count();
     let progress = Progress::new(total as u64, "cells");
     let cells = matrix::run(&spec, &run_dir, |i, _, c| {
         progress.step(
@@ -645,10 +638,7 @@ fn run(args: RunArgs) -> Result<(), (u8, String)> {
 fn latency(args: LatencyArgs) -> Result<(), (u8, String)> {
     let dir = check_target(args.dir.as_deref(), args.bs, args.size, "--size")?;
     let engines: Vec<EngineKind> = if args.engine.is_empty() {
-        EngineKind::ALL
-            .into_iter()
-            .filter(|k| k.build().is_ok())
-            .collect()
+        EngineKind::available()
     } else {
         args.engine.clone()
     };

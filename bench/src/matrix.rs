@@ -79,6 +79,40 @@ pub struct MatrixSpec {
     pub disk_size: u64,
 }
 
+impl MatrixSpec {
+    /// The quick matrix, `aio-bench matrix`'s default: every fd monitor and engine this build
+    /// and kernel offer, 1, 16 and 256 disks, workloads rd and randrw, one active disk, 4 KiB
+    /// blocks at iodepth 8, 200 ms ramp and 1 s per cell, QEMU's IOThread polling (32768 ns),
+    /// 64 MiB images.
+    pub fn quick() -> MatrixSpec {
+        MatrixSpec {
+            fdmons: MonitorKind::available(),
+            engines: EngineKind::available(),
+            disks: vec![1, 16, 256],
+            workloads: vec![Workload::Rd, Workload::RandRw],
+            active_all: false,
+            cell: CellSpec {
+                disks: 1,
+                active: 1,
+                pattern: Pattern::Read,
+                bs: 4096,
+                iodepth: 8,
+                runtime: std::time::Duration::from_secs(1),
+                ramp: std::time::Duration::from_millis(200),
+                poll_max_ns: 32_768,
+                poll_idle: std::time::Duration::from_millis(100),
+                verify: false,
+            },
+            disk_size: 64 << 20,
+        }
+    }
+
+    /// How many cells the matrix has.
+    pub fn cell_count(&self) -> usize {
+        self.fdmons.len() * self.engines.len() * self.disks.len() * self.workloads.len()
+    }
+}
+
 /// One measured cell.
 #[derive(Debug, Clone)]
 pub struct Cell {
@@ -128,7 +162,7 @@ pub fn run(
             DiskImage::create(path, size, i as u8)?
         });
     }
-    let total = spec.fdmons.len() * spec.engines.len() * spec.disks.len() * spec.workloads.len();
+    let total = spec.cell_count();
     let mut cells = Vec::with_capacity(total);
     for &engine in &spec.engines {
         for &fdmon in &spec.fdmons {

@@ -31,6 +31,14 @@ impl MonitorKind {
         MonitorKind::Uring,
     ];
 
+    /// Every kind this build and kernel can build, in report order.
+    pub fn available() -> Vec<MonitorKind> {
+        MonitorKind::ALL
+            .into_iter()
+            .filter(|k| k.build().is_ok())
+            .collect()
+    }
+
     /// The name used on the command line and in reports.
     pub fn name(self) -> &'static str {
         match self {

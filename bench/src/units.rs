@@ -1,5 +1,5 @@
 //! fio's units: sizes (`4k` = 4096, `1m`, `2g`, `512`) and durations (`10s`, `500ms`, `2m`,
-//! `1h`, a bare number = seconds).
+//! `1h`, `1d`, a bare number = seconds).
 //!
 //! This module owns parsing and its errors only.
 
@@ -12,7 +12,7 @@ pub enum UnitError {
     #[error("'{0}' is not a size (examples: 4096, 4k, 1m, 2g)")]
     Size(String),
     /// Not a duration.
-    #[error("'{0}' is not a duration (examples: 10, 10s, 500ms, 2m, 1h)")]
+    #[error("'{0}' is not a duration (examples: 10, 10s, 500ms, 2m, 1h, 1d)")]
     Duration(String),
 }
 
@@ -53,6 +53,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, UnitError> {
         "us" => Duration::from_micros(n),
         "m" => Duration::from_secs(n.checked_mul(60).ok_or_else(err)?),
         "h" => Duration::from_secs(n.checked_mul(3600).ok_or_else(err)?),
+        "d" => Duration::from_secs(n.checked_mul(86_400).ok_or_else(err)?),
         _ => return Err(err()),
     };
     Ok(d)
@@ -82,6 +83,65 @@ mod tests {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("5d").is_err());
+        assert_eq!(parse_duration("1d"), Ok(Duration::from_secs(86_400)));
+        assert!(parse_duration("5w").is_err());
+    }
+
+    /// Property tests with a seeded generator: random strings never panic and either parse or
+    /// name the input; every number with every suffix parses to number x unit, or is refused as
+    /// an overflow (never wrapped).
+    #[test]
+    fn random_input_never_panics_and_units_multiply_exactly() {
+        let mut rng = crate::job::Rng::new(11);
+        let alphabet: Vec<char> = "0123456789kKmMgGtTbBiIsSuUhHdD .-+x\u{e9}"
+            .chars()
+            .collect();
+        for _ in 0..50_000 {
+            let len = (rng.next() % 12) as usize;
+            let s: String = (0..len)
+                .map(|_| alphabet[(rng.next() % alphabet.len() as u64) as usize])
+                .collect();
+            if let Err(e) = parse_size(&s) {
+                assert!(e.to_string().contains(&format!("'{s}'")));
+            }
+            if let Err(e) = parse_duration(&s) {
+                assert!(e.to_string().contains(&format!("'{s}'")));
+            }
+        }
+        let sizes = [
+            ("", 1u64),
+            ("k", 1 << 10),
+            ("m", 1 << 20),
+            ("g", 1 << 30),
+            ("t", 1 << 40),
+        ];
+        let times = [
+            ("", 1_000_000u64),
+            ("s", 1_000_000),
+            ("ms", 1_000),
+            ("us", 1),
+            ("m", 60_000_000),
+            ("h", 3_600_000_000),
+            ("d", 86_400_000_000),
+        ];
+        for _ in 0..20_000 {
+            // Numbers of every magnitude, up to u64::MAX.
+            let n = rng.next() >> (rng.next() % 64);
+            let (suffix, unit) = sizes[(rng.next() % sizes.len() as u64) as usize];
+            match n.checked_mul(unit) {
+                Some(v) => assert_eq!(parse_size(&format!("{n}{suffix}")), Ok(v)),
+                None => assert!(parse_size(&format!("{n}{suffix}")).is_err()),
+            }
+            let (suffix, us) = times[(rng.next() % times.len() as u64) as usize];
+            let got = parse_duration(&format!("{n}{suffix}"));
+            match n.checked_mul(us / 1_000_000).filter(|_| us >= 1_000_000) {
+                Some(secs) => assert_eq!(got, Ok(Duration::from_secs(secs))),
+                None if us < 1_000_000 => assert_eq!(
+                    got.map(|d| d.as_micros()),
+                    Ok(u128::from(n) * u128::from(us))
+                ),
+                None => assert!(got.is_err()),
+            }
+        }
     }
 }

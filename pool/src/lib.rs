@@ -36,6 +36,8 @@
 //! assert_eq!(answer.get(), 42);
 //! ```
 
+#[cfg(all(test, aio_loom))]
+mod loom_model;
 mod offload;
 mod worker;
 
@@ -181,12 +183,88 @@ pub(crate) struct State {
 }
 
 impl State {
+    /// No threads, no jobs.
+    pub(crate) fn new(config: PoolConfig) -> State {
+        State {
+            jobs: VecDeque::new(),
+            config,
+            threads: 0,
+            idle: 0,
+            arriving: 0,
+            spinning: 0,
+            running: 0,
+            peak: 0,
+            spawned: 0,
+            finished: 0,
+            shutdown: false,
+            handles: Vec::new(),
+        }
+    }
+
     /// The spawn rule (QEMU's, seed 002): queued work outnumbers the threads that will take it
     /// (idle = waiting, spinning, or spawned and not yet at the queue) and the maximum allows
     /// another thread.
     pub(crate) fn needs_thread(&self) -> bool {
         self.jobs.len() > self.idle + self.arriving + self.spinning
             && self.threads < self.config.max_threads
+    }
+
+    // The transitions of the idle accounting, in the order a thread goes through them. The
+    // worker loop (`worker::run`) and the loom model (`loom_model`) both use exactly these.
+
+    /// Counts a thread about to be started: it is arriving until it reaches the queue.
+    pub(crate) fn reserve_thread(&mut self) {
+        self.threads += 1;
+        self.arriving += 1;
+        self.spawned += 1;
+        self.peak = self.peak.max(self.threads);
+    }
+
+    /// Undoes [`reserve_thread`](Self::reserve_thread) when the thread could not be started.
+    pub(crate) fn unreserve_thread(&mut self) {
+        self.threads -= 1;
+        self.arriving -= 1;
+        self.spawned -= 1;
+    }
+
+    /// A started thread reached the queue.
+    pub(crate) fn arrived(&mut self) {
+        self.arriving -= 1;
+    }
+
+    /// Takes the next job; the thread counts as running until [`job_done`](Self::job_done).
+    pub(crate) fn take_job(&mut self) -> Option<Job> {
+        let job = self.jobs.pop_front()?;
+        self.running += 1;
+        Some(job)
+    }
+
+    /// The thread finished a job.
+    pub(crate) fn job_done(&mut self) {
+        self.running -= 1;
+        self.finished += 1;
+    }
+
+    /// With no job to take: whether the thread must exit (shutdown, or above the maximum).
+    pub(crate) fn must_exit(&self) -> bool {
+        self.shutdown || self.threads > self.config.max_threads
+    }
+
+    /// The thread is about to wait for work: idle exactly while it waits (seed 002).
+    pub(crate) fn idle_begin(&mut self) {
+        self.idle += 1;
+    }
+
+    /// The thread is back from its wait; returns whether it retires (its wait timed out, no
+    /// job is queued, and more than the minimum of threads are left).
+    pub(crate) fn idle_end(&mut self, timed_out: bool) -> bool {
+        self.idle -= 1;
+        timed_out && self.jobs.is_empty() && self.threads > self.config.min_threads
+    }
+
+    /// The thread exits.
+    pub(crate) fn retire(&mut self) {
+        self.threads -= 1;
     }
 }
 
@@ -260,20 +338,7 @@ impl ThreadPool {
     pub fn new(config: PoolConfig) -> Result<Self, PoolError> {
         check(&config)?;
         let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                jobs: VecDeque::new(),
-                config,
-                threads: 0,
-                idle: 0,
-                arriving: 0,
-                spinning: 0,
-                running: 0,
-                peak: 0,
-                spawned: 0,
-                finished: 0,
-                shutdown: false,
-                handles: Vec::new(),
-            }),
+            state: Mutex::new(State::new(config)),
             work: Condvar::new(),
             progress: Condvar::new(),
             jobs_len: AtomicUsize::new(0),

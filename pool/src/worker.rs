@@ -20,27 +20,32 @@ use crate::{Job, Shared, State};
 pub(crate) fn spawn(shared: &Arc<Shared>, st: &mut MutexGuard<'_, State>) -> io::Result<()> {
     st.handles.retain(|h| !h.is_finished());
     let s = shared.clone();
-    let handle = std::thread::Builder::new()
+    // Counted before the thread exists, so that it cannot reach `arrived` first.
+    st.reserve_thread();
+    match std::thread::Builder::new()
         .name("aio-pool".into())
-        .spawn(move || run(&s))?;
-    st.handles.push(handle);
-    st.threads += 1;
-    st.arriving += 1;
-    st.spawned += 1;
-    st.peak = st.peak.max(st.threads);
-    Ok(())
+        .spawn(move || run(&s))
+    {
+        Ok(handle) => {
+            st.handles.push(handle);
+            Ok(())
+        }
+        Err(e) => {
+            st.unreserve_thread();
+            Err(e)
+        }
+    }
 }
 
 fn run(shared: &Shared) {
     let mut st = shared.lock();
-    st.arriving -= 1;
+    st.arrived();
     // Whether this idle period already spun (spin once, then sleep).
     let mut spun = false;
     loop {
-        if let Some(job) = st.jobs.pop_front() {
+        if let Some(job) = st.take_job() {
             spun = false;
             shared.jobs_len.store(st.jobs.len(), Ordering::Release);
-            st.running += 1;
             drop(st);
             let completion = execute(job);
             // This thread is busy until it waits again: a request submitted meanwhile sees no
@@ -48,12 +53,11 @@ fn run(shared: &Shared) {
             // is also what keeps a QD1 round trip from paying a cross-vCPU wake-up every time.
             shared.finish(completion);
             st = shared.lock();
-            st.running -= 1;
-            st.finished += 1;
+            st.job_done();
             shared.progress.notify_all();
             continue;
         }
-        if st.shutdown || st.threads > st.config.max_threads {
+        if st.must_exit() {
             break;
         }
         let spin = st.config.spin;
@@ -75,19 +79,18 @@ fn run(shared: &Shared) {
             continue;
         }
         // Idle only while waiting: a thread that has work is never counted idle.
-        st.idle += 1;
+        st.idle_begin();
         let timeout = st.config.idle_timeout;
         let (guard, result) = shared
             .work
             .wait_timeout(st, timeout)
             .unwrap_or_else(PoisonError::into_inner);
         st = guard;
-        st.idle -= 1;
-        if result.timed_out() && st.jobs.is_empty() && st.threads > st.config.min_threads {
+        if st.idle_end(result.timed_out()) {
             break;
         }
     }
-    st.threads -= 1;
+    st.retire();
     shared.progress.notify_all();
 }
 

@@ -10,10 +10,11 @@
 //! while bottom halves run goes to the next iteration" exact.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::Shared;
+use crate::sync::AtomicU64;
 
 const SCHEDULED: u64 = 1;
 const DELETED: u64 = 2;
@@ -31,12 +32,74 @@ pub(crate) struct BhEntry {
 }
 
 /// The state shared between a bottom half's handles and its slot on the loop thread.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct BhState {
     word: AtomicU64,
 }
 
+/// A schedule refused because the bottom half is deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Deleted;
+
+impl Default for BhState {
+    fn default() -> Self {
+        BhState {
+            word: AtomicU64::new(0),
+        }
+    }
+}
+
 impl BhState {
+    /// Any side: schedules. `Ok(Some(ticket))`: newly scheduled, the caller queues an entry
+    /// for `ticket` and wakes the loop; `Ok(None)`: already scheduled, nothing to do.
+    pub(crate) fn try_schedule(&self) -> Result<Option<u64>, Deleted> {
+        let mut word = self.word.load(Ordering::Acquire);
+        loop {
+            if word & DELETED != 0 {
+                return Err(Deleted);
+            }
+            if word & SCHEDULED != 0 {
+                return Ok(None);
+            }
+            let ticket = (word >> TICKET_SHIFT) + 1;
+            let new = (ticket << TICKET_SHIFT) | SCHEDULED;
+            match self
+                .word
+                .compare_exchange_weak(word, new, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Ok(Some(ticket)),
+                Err(actual) => word = actual,
+            }
+        }
+    }
+
+    /// Any side: drops a pending schedule; returns whether one was pending.
+    pub(crate) fn cancel(&self) -> bool {
+        let mut word = self.word.load(Ordering::Acquire);
+        while word & SCHEDULED != 0 {
+            match self.word.compare_exchange_weak(
+                word,
+                word & !SCHEDULED,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => word = actual,
+            }
+        }
+        false
+    }
+
+    /// Whether a schedule is pending.
+    pub(crate) fn is_scheduled(&self) -> bool {
+        self.word.load(Ordering::Acquire) & SCHEDULED != 0
+    }
+
+    /// Any side: marks deleted; returns false if it already was.
+    pub(crate) fn delete(&self) -> bool {
+        self.word.fetch_or(DELETED, Ordering::AcqRel) & DELETED == 0
+    }
+
     /// Loop side: claims the schedule named by `ticket`; true means "run it now".
     pub(crate) fn claim(&self, ticket: u64) -> bool {
         let scheduled = (ticket << TICKET_SHIFT) | SCHEDULED;
@@ -97,36 +160,21 @@ impl BottomHalf {
     /// Returns false if it was deleted. Scheduling a bottom half that is already scheduled
     /// returns true and does not make it run twice.
     pub fn schedule(&self) -> bool {
-        let mut word = self.state.word.load(Ordering::Acquire);
-        loop {
-            if word & DELETED != 0 {
-                return false;
-            }
-            if word & SCHEDULED != 0 {
-                return true;
-            }
-            let ticket = (word >> TICKET_SHIFT) + 1;
-            let new = (ticket << TICKET_SHIFT) | SCHEDULED;
-            match self.state.word.compare_exchange_weak(
-                word,
-                new,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => {
-                    self.shared.push_bh(BhEntry {
-                        index: self.index,
-                        generation: self.generation,
-                        ticket,
-                    });
-                    // The loop thread recomputes its timeout (and sees the queue) before it
-                    // blocks; only other threads need to wake it.
-                    if !self.shared.on_loop_thread() {
-                        self.shared.notify();
-                    }
-                    return true;
+        match self.state.try_schedule() {
+            Err(Deleted) => false,
+            Ok(None) => true,
+            Ok(Some(ticket)) => {
+                self.shared.push_bh(BhEntry {
+                    index: self.index,
+                    generation: self.generation,
+                    ticket,
+                });
+                // The loop thread recomputes its timeout (and sees the queue) before it
+                // blocks; only other threads need to wake it.
+                if !self.shared.on_loop_thread() {
+                    self.shared.notify();
                 }
-                Err(actual) => word = actual,
+                true
             }
         }
     }
@@ -134,32 +182,19 @@ impl BottomHalf {
     /// Cancels a pending schedule; returns whether one was pending. A bottom half that is
     /// already running finishes; it does not run again unless scheduled again.
     pub fn cancel(&self) -> bool {
-        let mut word = self.state.word.load(Ordering::Acquire);
-        while word & SCHEDULED != 0 {
-            match self.state.word.compare_exchange_weak(
-                word,
-                word & !SCHEDULED,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return true,
-                Err(actual) => word = actual,
-            }
-        }
-        false
+        self.state.cancel()
     }
 
     /// Whether a schedule is pending.
     pub fn is_scheduled(&self) -> bool {
-        self.state.word.load(Ordering::Acquire) & SCHEDULED != 0
+        self.state.is_scheduled()
     }
 
     /// Deletes the bottom half: a pending schedule is dropped, later schedules return false,
     /// and the loop frees the callback in its next iteration. Returns false if it was already
     /// deleted.
     pub fn delete(&self) -> bool {
-        let old = self.state.word.fetch_or(DELETED, Ordering::AcqRel);
-        if old & DELETED != 0 {
+        if !self.state.delete() {
             return false;
         }
         self.cancel();

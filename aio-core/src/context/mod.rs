@@ -18,6 +18,9 @@
 //! [`NotifyHandle`] and [`BottomHalf`], which are `Send + Sync`.
 
 mod bottom_half;
+mod wakeup;
+
+use wakeup::Wakeup;
 mod handlers;
 mod timers;
 
@@ -27,7 +30,7 @@ use std::fmt;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
-use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -102,11 +105,9 @@ pub struct LoopCounters {
 /// The part of a context that other threads reach.
 pub(crate) struct Shared {
     notifier: Notifier,
-    /// Non-zero while the loop is (about to be) blocked in the monitor: only then does
-    /// `notify()` write the notifier (QEMU's `notify_me`).
-    notify_me: AtomicU32,
-    /// Set by `notify()`, cleared by the loop when it accepts the notification.
-    notified: AtomicBool,
+    /// The notify_me handshake: only while the loop is (about to be) blocked does `notify()`
+    /// write the notifier.
+    wakeup: Wakeup,
     notifier_writes: AtomicU64,
     notify_calls: AtomicU64,
     bh_queue: Mutex<Vec<BhEntry>>,
@@ -117,11 +118,9 @@ pub(crate) struct Shared {
 impl Shared {
     pub(crate) fn notify(&self) {
         self.notify_calls.fetch_add(1, Ordering::Relaxed);
-        self.notified.store(true, Ordering::Release);
-        // Pairs with the fence in `AioContext::block_begin`: either the loop sees `notified`
-        // (or the queued bottom half) before it sleeps, or we see `notify_me` and write.
-        fence(Ordering::SeqCst);
-        if self.notify_me.load(Ordering::Relaxed) != 0 {
+        // Either the loop sees the notification (or the queued bottom half) before it sleeps,
+        // or we see it about to sleep and write (see `wakeup`).
+        if self.wakeup.notify() {
             self.notifier_writes.fetch_add(1, Ordering::Relaxed);
             // A write can only fail if the fd is gone, which the context prevents by owning it.
             let _ = self.notifier.notify();
@@ -241,8 +240,7 @@ impl<L: EventLoop> AioContext<L> {
             monitor: RefCell::new(monitor),
             shared: Arc::new(Shared {
                 notifier,
-                notify_me: AtomicU32::new(0),
-                notified: AtomicBool::new(false),
+                wakeup: Wakeup::new(),
                 notifier_writes: AtomicU64::new(0),
                 notify_calls: AtomicU64::new(0),
                 bh_queue: Mutex::new(Vec::new()),
@@ -789,9 +787,8 @@ impl<L: EventLoop> AioContext<L> {
         } else {
             let armed = timeout != Some(0);
             if armed {
-                self.block_begin();
                 // A notification or a schedule that raced with the handshake: don't sleep.
-                if self.shared.notified.load(Ordering::Acquire) {
+                if self.shared.wakeup.block_begin() {
                     timeout = Some(0);
                 } else {
                     timeout = self.compute_timeout();
@@ -799,7 +796,7 @@ impl<L: EventLoop> AioContext<L> {
             }
             wait_result = self.wait(timeout, &mut events);
             if armed {
-                self.shared.notify_me.fetch_sub(2, Ordering::Release);
+                self.shared.wakeup.block_end();
             }
         }
         let end = self.now_ns();
@@ -812,7 +809,7 @@ impl<L: EventLoop> AioContext<L> {
         }
 
         // Accept the notification (QEMU's aio_notify_accept).
-        if self.shared.notified.swap(false, Ordering::AcqRel) {
+        if self.shared.wakeup.accept() {
             self.shared.notifier.test_and_clear();
         }
 
@@ -848,13 +845,6 @@ impl<L: EventLoop> AioContext<L> {
                 Err(e)
             }
         })
-    }
-
-    /// QEMU's `notify_me += 2` followed by a full barrier: from here on `notify()` writes the
-    /// notifier, and anything scheduled before is seen by the re-check that follows.
-    fn block_begin(&self) {
-        self.shared.notify_me.fetch_add(2, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
     }
 
     fn wait(&self, timeout_ns: Option<u64>, events: &mut Vec<Event>) -> Result<(), AioError> {
@@ -912,7 +902,7 @@ impl<L: EventLoop> AioContext<L> {
         };
         if handlers.is_empty() {
             // Nothing to poll: spinning would only check for notifications the wait sees too.
-            return self.shared.notified.load(Ordering::Acquire);
+            return self.shared.wakeup.is_notified();
         }
         let mut found = false;
         let mut now = start;
@@ -929,7 +919,7 @@ impl<L: EventLoop> AioContext<L> {
                     found = true;
                 }
             }
-            if found || self.shared.notified.load(Ordering::Acquire) {
+            if found || self.shared.wakeup.is_notified() {
                 break;
             }
             now = self.now_ns();
@@ -938,7 +928,7 @@ impl<L: EventLoop> AioContext<L> {
             }
             std::hint::spin_loop();
         }
-        let hit = found || self.shared.notified.load(Ordering::Acquire);
+        let hit = found || self.shared.wakeup.is_notified();
         let spent = now.max(self.now_ns()).saturating_sub(start);
         self.count(|c| {
             c.poll_attempts += 1;

@@ -1,13 +1,18 @@
-//! Micro-benchmarks of the loop's building blocks.
+//! The backends side by side, in one criterion run:
 //!
 //! * `notifier`: `notify()` + `test_and_clear()` for eventfd and pipe;
 //! * `bottom_half`: schedule -> run in one `poll(false)`;
 //! * `iteration/<N>`: one loop iteration with N registered idle fds and one active fd
 //!   (write a byte, `poll(true)`, the handler reads it) for poll, epoll, hybrid and uring, next to
-//!   `bare-epoll`: the same write + `epoll_wait` + read with no loop around it.
+//!   `bare-epoll`: the same write + `epoll_wait` + read with no loop around it;
+//! * `round_trip`: one 4 KiB O_DIRECT read submitted and completed through an `AioContext`
+//!   (QD1, polling off) for each engine (pool, linux-aio, uring, and uring on the loop's own
+//!   ring), next to `pread`: the raw syscall on the same file.
 //!
-//! Run: `cargo bench -p aio-core --bench event_loop`. Compare within one run: the ratio of
-//! `iteration/256/*` to `iteration/1/*` is the per-fd cost of a monitor.
+//! Run: `cargo bench -p aio-bench --bench backends` (then `python3 scripts/criterion_ratios.py`).
+//! Compare within one run: the ratio of `iteration/256/*` to `iteration/1/*` is the per-fd cost
+//! of a monitor; `round_trip/<engine>` over `round_trip/pread` is an engine's overhead (on a
+//! tmpfs temp dir, `TMPDIR=/dev/shm`, where the read itself costs least).
 
 #![allow(missing_docs)] // criterion_group! generates undocumented functions
 
@@ -17,8 +22,11 @@ use std::rc::Rc;
 
 use aio_backend_epoll::EpollLoop;
 use aio_backend_poll::PollLoop;
+use aio_bench::engines::EngineKind;
+use aio_bench::image::DiskImage;
+use aio_core::engine::{AlignedBuf, IoEngine, Request};
 use aio_core::testing::{drain_fd, raise_fd_limit, write_byte, Pipe};
-use aio_core::{AioContext, EventLoop, FdHandler, Hybrid, Notifier};
+use aio_core::{AioContext, EventLoop, FdHandler, Hybrid, Notifier, PollParams};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 
 const FD_COUNTS: [usize; 4] = [1, 64, 256, 1024];
@@ -134,5 +142,101 @@ fn iteration(c: &mut Criterion) {
     bench_monitor(c, "poll", PollLoop::new);
 }
 
-criterion_group!(benches, notifier, bottom_half, iteration);
+const BLOCK: usize = 4096;
+const FILE_BLOCKS: u64 = 4096; // 16 MiB
+
+/// QD1 read round trips through `engine` attached to a context over `monitor`.
+fn bench_engine<L, E>(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    monitor: L,
+    engine: E,
+    image: &DiskImage,
+) where
+    L: EventLoop + 'static,
+    E: IoEngine + 'static,
+{
+    let ctx = AioContext::new(monitor).unwrap();
+    ctx.set_poll_params(PollParams {
+        max_ns: 0,
+        ..PollParams::iothread()
+    });
+    let done: Rc<std::cell::Cell<Option<AlignedBuf>>> = Rc::default();
+    let d = done.clone();
+    let attached = ctx
+        .attach_engine(engine, move |_, c| {
+            assert!(c.result.is_ok(), "{:?}", c.result);
+            d.set(c.buf.into_one());
+        })
+        .unwrap();
+    let mut buf = Some(AlignedBuf::new(BLOCK));
+    let mut block = 0u64;
+    g.bench_function(name, |b| {
+        b.iter(|| {
+            block = (block + 7919) % FILE_BLOCKS;
+            let req = Request::read(image.file(), block * BLOCK as u64, buf.take().unwrap(), 0);
+            attached.submit(req).unwrap();
+            loop {
+                if let Some(b) = done.take() {
+                    buf = Some(b);
+                    break;
+                }
+                ctx.poll(true);
+            }
+        })
+    });
+    let Ok(engine) = attached.detach(&ctx) else {
+        panic!("detach refused");
+    };
+    drop(engine);
+}
+
+fn round_trip(c: &mut Criterion) {
+    let path = std::env::temp_dir().join(format!("aio-bench-backends-{}.img", std::process::id()));
+    let image = match DiskImage::create(path, FILE_BLOCKS * BLOCK as u64, 3) {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("skipped: round_trip: {e}");
+            return;
+        }
+    };
+    let mut g = c.benchmark_group("round_trip");
+    let mut buf = AlignedBuf::new(BLOCK);
+    let mut block = 0u64;
+    let fd = image.file().raw_fd();
+    g.bench_function("pread", |b| {
+        b.iter(|| {
+            block = (block + 7919) % FILE_BLOCKS;
+            // SAFETY: `buf` is a live, exclusively borrowed buffer of BLOCK bytes.
+            let n = unsafe {
+                libc::pread(
+                    fd,
+                    buf.as_mut_ptr().cast(),
+                    BLOCK,
+                    (block * BLOCK as u64) as libc::off_t,
+                )
+            };
+            assert_eq!(n, BLOCK as isize);
+        })
+    });
+    for kind in EngineKind::ALL {
+        match kind.build() {
+            Ok(engine) => bench_engine(
+                &mut g,
+                kind.name(),
+                EpollLoop::new().unwrap(),
+                engine,
+                &image,
+            ),
+            Err(e) => eprintln!("skipped: round_trip/{kind}: {e}"),
+        }
+    }
+    match aio_backend_uring::shared_ring(aio_backend_uring::UringConfig::default()) {
+        Ok((monitor, engine)) => bench_engine(&mut g, "uring-shared-ring", monitor, engine, &image),
+        Err(e) => eprintln!("skipped: round_trip/uring-shared-ring: {e}"),
+    }
+    g.finish();
+}
+
+criterion_group!(benches, notifier, bottom_half, iteration, round_trip);
 criterion_main!(benches);

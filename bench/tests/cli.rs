@@ -1,0 +1,216 @@
+//! The `aio-bench` binary as a user runs it: bad input, job files, and `auto` when the kernel
+//! refuses io_uring and Linux AIO (a seccomp filter in the child).
+
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn bench() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_aio-bench"))
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A fresh directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!("aio-bench-cli-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    fn entries(&self) -> usize {
+        std::fs::read_dir(&self.0).unwrap().count()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn bad_input_exits_2_says_what_and_leaves_no_images() {
+    let dir = TempDir::new("bad");
+    let d = dir.0.to_str().unwrap();
+    let bad_job = dir.0.join("bad.fio");
+    std::fs::write(&bad_job, "[global]\nbs=4k\n[j]\nrw=sideways\n").unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["matrix", "--fdmon", "kqueue"], "kqueue"),
+        (vec!["matrix", "--engine", "spdk"], "spdk"),
+        (vec!["matrix", "--workloads", "seq"], "seq"),
+        (vec!["matrix", "--disks", "0"], "--disks"),
+        (vec!["matrix", "--bs", "4x"], "4x"),
+        (vec!["matrix", "--runtime", "soon"], "soon"),
+        (
+            vec!["matrix", "--dir", "/nonexistent/aio-bench"],
+            "not an existing directory",
+        ),
+        (
+            vec!["matrix", "--dir", "/etc/hostname"],
+            "not an existing directory",
+        ),
+        (vec!["matrix", "--dir", d, "--disk-size", "64t"], "MiB free"),
+        (
+            vec!["run", bad_job.to_str().unwrap()],
+            "bad.fio:4: rw=sideways",
+        ),
+        (vec!["run", "/nonexistent/job.fio"], "/nonexistent/job.fio"),
+    ];
+    for (args, needle) in cases {
+        let o = bench().args(&args).output().unwrap();
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {t}");
+        assert!(
+            t.contains(needle),
+            "{args:?}: '{t}' does not name '{needle}'"
+        );
+    }
+    assert_eq!(dir.entries(), 1, "only the job file: no images left behind");
+}
+
+#[test]
+#[cfg(all(feature = "pool", feature = "poll"))]
+fn run_reports_a_job_file_in_fio_json() {
+    let dir = TempDir::new("run");
+    let job = dir.0.join("j.fio");
+    std::fs::write(
+        &job,
+        format!(
+            "[global]\ndirectory={}\nsize=1m\ndirect=1\n; fio's default engine is psync\n\
+             [reads]\nrw=randread\niodepth=2\nfdmon=poll\ntime_based\nruntime=200ms\n",
+            dir.0.display()
+        ),
+    )
+    .unwrap();
+    let o = bench()
+        .args(["run", job.to_str().unwrap(), "--output-format=json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["jobs"][0]["jobname"], "reads");
+    assert!(v["jobs"][0]["read"]["iops"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["jobs"][0]["aio-bench"]["engine"], "pool");
+    assert_eq!(dir.entries(), 1, "the job's file is removed afterwards");
+}
+
+/// Installs a seccomp filter that fails the given syscalls with EPERM (as a container
+/// runtime's default profile does for io_uring).
+fn refuse(cmd: &mut Command, syscalls: &'static [libc::c_long]) {
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl with a
+    // filter program that lives on its stack for the duration of the call.
+    unsafe {
+        cmd.pre_exec(move || {
+            let stmt = |code: u32, k: u32| libc::sock_filter {
+                code: code as u16,
+                jt: 0,
+                jf: 0,
+                k,
+            };
+            let mut prog = vec![stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0)]; // nr
+            let n = syscalls.len() as u8;
+            for (i, &nr) in syscalls.iter().enumerate() {
+                prog.push(libc::sock_filter {
+                    code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+                    jt: n - i as u8, // to the EPERM return
+                    jf: 0,
+                    k: nr as u32,
+                });
+            }
+            prog.push(stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW));
+            prog.push(stmt(
+                libc::BPF_RET | libc::BPF_K,
+                libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+            ));
+            let fprog = libc::sock_fprog {
+                len: prog.len() as u16,
+                filter: prog.as_mut_ptr(),
+            };
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                || libc::prctl(
+                    libc::PR_SET_SECCOMP,
+                    libc::SECCOMP_MODE_FILTER,
+                    &fprog as *const libc::sock_fprog,
+                ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+fn probe_under(syscalls: &'static [libc::c_long]) -> String {
+    let mut cmd = bench();
+    cmd.arg("probe");
+    refuse(&mut cmd, syscalls);
+    let o = cmd.output().unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    eprintln!("probe refusing {syscalls:?}:\n{t}");
+    t
+}
+
+#[test]
+#[cfg(all(feature = "uring", feature = "linux-aio", feature = "pool"))]
+fn auto_falls_back_when_seccomp_refuses_io_uring_and_linux_aio() {
+    const URING: &[libc::c_long] = &[libc::SYS_io_uring_setup];
+    const BOTH: &[libc::c_long] = &[libc::SYS_io_uring_setup, libc::SYS_io_setup];
+    // io_uring refused: linux-aio and hybrid.
+    let t = probe_under(URING);
+    assert!(t.contains("  fd monitor: hybrid\n"), "{t}");
+    assert!(t.contains("  engine: linux-aio\n"), "{t}");
+    assert!(
+        t.contains("uring: passed over:"),
+        "the reason is given: {t}"
+    );
+    // Both refused: the pool.
+    let t = probe_under(BOTH);
+    assert!(t.contains("  engine: pool\n"), "{t}");
+    assert!(t.contains("linux-aio: passed over:"), "{t}");
+    // io_uring and epoll refused: the fd monitor falls back to poll.
+    const NO_EPOLL: &[libc::c_long] = &[libc::SYS_io_uring_setup, libc::SYS_epoll_create1];
+    let t = probe_under(NO_EPOLL);
+    assert!(t.contains("  fd monitor: poll\n"), "{t}");
+    assert!(t.contains("hybrid: passed over:"), "{t}");
+    // And the bench still runs, on what auto picked.
+    let dir = TempDir::new("seccomp");
+    let mut cmd = bench();
+    cmd.args([
+        "matrix",
+        "--fdmon",
+        "auto",
+        "--engine",
+        "auto",
+        "--disks",
+        "1,4",
+        "--workloads",
+        "rd",
+        "--runtime",
+        "200ms",
+        "--ramp",
+        "0ms",
+        "--disk-size",
+        "4m",
+        "--dir",
+        dir.0.to_str().unwrap(),
+    ]);
+    refuse(&mut cmd, BOTH);
+    let o = cmd.output().unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("engine pool (MB/s)") && t.contains("hybrid"),
+        "{t}"
+    );
+    assert_eq!(dir.entries(), 0);
+}
