@@ -26,14 +26,9 @@ if [ "${1:-}" = "--asan" ]; then
     exit 0
 fi
 
-if ! command -v valgrind >/dev/null 2>&1; then
-    echo "memcheck: valgrind is missing; installing it with apt-get" >&2
-    if [ "$(id -u)" -ne 0 ]; then
-        echo "memcheck: not root: run 'sudo apt-get install -y valgrind' first" >&2
-        exit 2
-    fi
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
-fi
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
+ensure_installed valgrind valgrind
 
 # The test binaries, built once, then each run under memcheck.
 mapfile -t BINARIES < <(

@@ -8,12 +8,7 @@
 #   scripts/vs-fio.sh --engine pool --iodepth 8
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! command -v fio >/dev/null 2>&1; then
-    echo "vs-fio: fio is missing; installing it with apt-get" >&2
-    if [ "$(id -u)" -ne 0 ]; then
-        echo "vs-fio: not root: run 'sudo apt-get install -y fio' first" >&2
-        exit 2
-    fi
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fio >/dev/null
-fi
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
+ensure_installed fio fio
 exec cargo run --release -q -p aio-bench -- vs-fio "$@"

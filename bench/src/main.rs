@@ -29,7 +29,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// The scsi-disk scaling matrix (seed 003): MB/s as 1..256 disks share one iothread.
-    Matrix(MatrixArgs),
+    Matrix(Box<MatrixArgs>),
     /// Seed 000's table: QD1 latency per engine with the loop's polling off, at QEMU's IOThread
     /// default, and at the values given.
     Latency(LatencyArgs),
@@ -178,10 +178,65 @@ struct MatrixArgs {
     /// All pairs, all disk counts, all workloads.
     #[arg(long)]
     full: bool,
+    /// Run every cell this many times, round after round, and report each cell's median run:
+    /// steadier figures on a noisy machine.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100))]
+    repeat: u64,
     /// Stamp every block written with its offset, a generation and a crc32c, and check every
     /// block read; report mismatches with their disk and offset (exit code 1 if any).
     #[arg(long)]
     verify: bool,
+    /// Run every thread of the bench (iothread, guests, pool workers) on these CPUs
+    /// (`0`, `0,1`, `0-3`), as `taskset` would. On a small VM, `--cpus 0` keeps the scheduler
+    /// from moving the guest and the iothread between vCPUs, the largest source of noise.
+    #[arg(long, value_parser = parse_cpus)]
+    cpus: Option<CpuList>,
+}
+
+/// CPU numbers given with `--cpus`.
+#[derive(Debug, Clone)]
+struct CpuList(Vec<usize>);
+
+/// A CPU list: `0`, `0,2`, `0-3`, `0-1,4`.
+fn parse_cpus(s: &str) -> Result<CpuList, String> {
+    let mut cpus = Vec::new();
+    for part in s.split(',') {
+        let bad = || format!("'{part}' is not a CPU or a range of CPUs (examples: 0, 0,1, 0-3)");
+        let (lo, hi) = match part.split_once('-') {
+            Some((a, b)) => (
+                a.trim().parse().map_err(|_| bad())?,
+                b.trim().parse().map_err(|_| bad())?,
+            ),
+            None => {
+                let n: usize = part.trim().parse().map_err(|_| bad())?;
+                (n, n)
+            }
+        };
+        if lo > hi || hi >= libc::CPU_SETSIZE as usize {
+            return Err(bad());
+        }
+        cpus.extend(lo..=hi);
+    }
+    Ok(CpuList(cpus))
+}
+
+/// Pins the calling thread (and so every thread it starts later) to `cpus`.
+fn pin_to(cpus: &[usize]) -> Result<(), String> {
+    // SAFETY: cpu_set_t is plain old data; CPU_SET writes inside it for indices below
+    // CPU_SETSIZE (checked by parse_cpus); sched_setaffinity reads `set` for its size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cpus {
+            libc::CPU_SET(c, &mut set);
+        }
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(format!(
+                "--cpus {cpus:?}: {} (does this machine have those CPUs?)",
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Bytes available to us in the file system holding `dir` (0 if unknown).
@@ -399,6 +454,9 @@ fn matrix(args: MatrixArgs) -> Result<(), (u8, String)> {
     use aio_bench::scsi::CellSpec;
     let bad = |m: String| (2u8, m);
     let dir = check_target(args.dir.as_deref(), args.bs, args.disk_size, "--disk-size")?;
+    if let Some(CpuList(cpus)) = &args.cpus {
+        pin_to(cpus).map_err(bad)?;
+    }
     let fdmons: Vec<MonitorKind> = if args.fdmon.is_empty() {
         MonitorKind::available()
     } else {
@@ -473,9 +531,10 @@ fn matrix(args: MatrixArgs) -> Result<(), (u8, String)> {
             verify: args.verify,
         },
         disk_size: args.disk_size,
+        repeat: args.repeat as usize,
     };
     eprintln!(
-        "matrix: fdmon {:?} x engine {:?} x disks {:?} x workloads {:?}; bs {} iodepth {} active {} runtime {:?}; images in {}",
+        "matrix: fdmon {:?} x engine {:?} x disks {:?} x workloads {:?}; bs {} iodepth {} active {} runtime {:?}{}{}; images in {}",
         spec.fdmons.iter().map(|k| k.name()).collect::<Vec<_>>(),
         spec.engines.iter().map(|k| k.name()).collect::<Vec<_>>(),
         spec.disks,
@@ -484,10 +543,19 @@ fn matrix(args: MatrixArgs) -> Result<(), (u8, String)> {
         args.iodepth,
         args.active,
         args.runtime,
+        if args.repeat > 1 {
+            format!("; median of {} rounds", args.repeat)
+        } else {
+            String::new()
+        },
+        args.cpus
+            .as_ref()
+            .map(|c| format!("; on CPUs {:?}", c.0))
+            .unwrap_or_default(),
         run_dir.display()
     );
-    let total = spec.cell_count();
-    let progress = Progress::new(total as u64, "cells");
+    let total = spec.run_count();
+    let progress = Progress::new(total as u64, "cell runs");
     let cells = matrix::run(&spec, &run_dir, |i, _, c| {
         progress.step(
             i as u64,
@@ -732,7 +800,7 @@ fn probe() {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Matrix(args) => match matrix(args) {
+        Command::Matrix(args) => match matrix(*args) {
             Ok(()) => ExitCode::SUCCESS,
             Err((code, msg)) => {
                 eprintln!("aio-bench matrix: {msg}");

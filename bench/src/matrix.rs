@@ -77,6 +77,9 @@ pub struct MatrixSpec {
     pub cell: CellSpec,
     /// Size of each driven disk's image.
     pub disk_size: u64,
+    /// Rounds: every cell runs this many times, round after round (so slow drift of the
+    /// machine touches every cell alike), and reports its median run by MB/s.
+    pub repeat: usize,
 }
 
 impl MatrixSpec {
@@ -104,12 +107,18 @@ impl MatrixSpec {
                 verify: false,
             },
             disk_size: 64 << 20,
+            repeat: 1,
         }
     }
 
     /// How many cells the matrix has.
     pub fn cell_count(&self) -> usize {
         self.fdmons.len() * self.engines.len() * self.disks.len() * self.workloads.len()
+    }
+
+    /// How many cell runs the matrix makes (cells x rounds).
+    pub fn run_count(&self) -> usize {
+        self.cell_count() * self.repeat.max(1)
     }
 }
 
@@ -162,37 +171,73 @@ pub fn run(
             DiskImage::create(path, size, i as u8)?
         });
     }
-    let total = spec.cell_count();
-    let mut cells = Vec::with_capacity(total);
-    for &engine in &spec.engines {
-        for &fdmon in &spec.fdmons {
-            for &disks in &spec.disks {
-                for &workload in &spec.workloads {
-                    let mut cell = spec.cell;
-                    cell.disks = disks;
-                    cell.active = if spec.active_all { disks } else { 1 };
-                    cell.pattern = workload.pattern();
-                    let monitor = fdmon.build().map_err(|e| {
-                        io::Error::new(e.kind(), format!("fd monitor {fdmon}: {e}"))
-                    })?;
-                    let eng = engine
-                        .build()
-                        .map_err(|e| io::Error::new(e.kind(), format!("engine {engine}: {e}")))?;
-                    let result = run_cell(monitor, eng, &images[..disks], cell)?;
-                    let c = Cell {
-                        fdmon,
-                        engine,
-                        disks,
-                        workload,
-                        result,
-                    };
-                    progress(cells.len() + 1, total, &c);
-                    cells.push(c);
+    let total = spec.run_count();
+    let rounds = spec.repeat.max(1);
+    // runs[i] holds every round's run of cell i.
+    let mut runs: Vec<Vec<Cell>> = Vec::with_capacity(spec.cell_count());
+    let mut done = 0;
+    for round in 0..rounds {
+        let mut i = 0;
+        for &engine in &spec.engines {
+            for &fdmon in &spec.fdmons {
+                for &disks in &spec.disks {
+                    for &workload in &spec.workloads {
+                        let mut cell = spec.cell;
+                        cell.disks = disks;
+                        cell.active = if spec.active_all { disks } else { 1 };
+                        cell.pattern = workload.pattern();
+                        let monitor = fdmon.build().map_err(|e| {
+                            io::Error::new(e.kind(), format!("fd monitor {fdmon}: {e}"))
+                        })?;
+                        let eng = engine.build().map_err(|e| {
+                            io::Error::new(e.kind(), format!("engine {engine}: {e}"))
+                        })?;
+                        let result = run_cell(monitor, eng, &images[..disks], cell)?;
+                        let c = Cell {
+                            fdmon,
+                            engine,
+                            disks,
+                            workload,
+                            result,
+                        };
+                        done += 1;
+                        progress(done, total, &c);
+                        if round == 0 {
+                            runs.push(vec![c]);
+                        } else {
+                            runs[i].push(c);
+                        }
+                        i += 1;
+                    }
                 }
             }
         }
     }
-    Ok(cells)
+    Ok(runs.into_iter().map(median_run).collect())
+}
+
+/// The run with the median MB/s (the lower middle one for an even count), with every run's
+/// errors and verify findings added to it so that none is hidden by the choice.
+fn median_run(mut runs: Vec<Cell>) -> Cell {
+    let (errors, verified, verify_errors): (u64, u64, u64) = runs.iter().fold((0, 0, 0), |a, c| {
+        (
+            a.0 + c.result.errors,
+            a.1 + c.result.verified_reads,
+            a.2 + c.result.verify_errors,
+        )
+    });
+    let reports: Vec<String> = runs
+        .iter()
+        .flat_map(|c| c.result.verify_reports.iter().cloned())
+        .take(10)
+        .collect();
+    runs.sort_by(|a, b| a.mb_s().total_cmp(&b.mb_s()));
+    let mut m = runs.swap_remove((runs.len() - 1) / 2);
+    m.result.errors = errors;
+    m.result.verified_reads = verified;
+    m.result.verify_errors = verify_errors;
+    m.result.verify_reports = reports;
+    m
 }
 
 /// Seed 003's table: one per engine, a row per disk count, a column group per fd monitor with
@@ -393,25 +438,22 @@ mod tests {
 
     #[cfg(all(feature = "pool", feature = "poll", feature = "epoll"))]
     fn spec() -> MatrixSpec {
+        let quick = MatrixSpec::quick();
         MatrixSpec {
             fdmons: vec![MonitorKind::Poll, MonitorKind::Epoll],
             engines: vec![EngineKind::Pool],
             disks: vec![1, 4],
-            workloads: vec![Workload::Rd, Workload::RandRw],
-            active_all: false,
             cell: CellSpec {
-                disks: 1,
-                active: 1,
-                pattern: Pattern::Read,
-                bs: 4096,
                 iodepth: 4,
                 runtime: Duration::from_millis(150),
                 ramp: Duration::from_millis(20),
-                poll_max_ns: 32768,
                 poll_idle: Duration::from_millis(10),
                 verify: true,
+                ..quick.cell
             },
             disk_size: 1 << 20,
+            repeat: 2,
+            ..quick
         }
     }
 
@@ -432,10 +474,10 @@ mod tests {
         let mut seen = 0;
         let cells = run(&spec, &dir, |_, n, _| {
             seen += 1;
-            assert_eq!(n, 8);
+            assert_eq!(n, 16, "8 cells, 2 rounds");
         })
         .unwrap();
-        assert_eq!((cells.len(), seen), (8, 8));
+        assert_eq!((cells.len(), seen), (8, 16));
         for c in &cells {
             assert!(
                 c.result.ios > 0,
