@@ -30,7 +30,9 @@ fi
 . scripts/lib.sh
 ensure_installed valgrind valgrind
 
-# The test binaries, built once, then each run under memcheck.
+# The test binaries, built once (a failed build stops the script here), then each run under
+# memcheck.
+cargo test --no-run "${PACKAGES[@]}" "${TESTS[@]}" --test shared_ring
 mapfile -t BINARIES < <(
     cargo test --no-run --message-format=json "${PACKAGES[@]}" "${TESTS[@]}" --test shared_ring 2>/dev/null |
         python3 -c 'import json,sys
@@ -39,6 +41,10 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
         print(m["executable"])'
 )
+if [ "${#BINARIES[@]}" -ne 4 ]; then
+    echo "memcheck: expected 4 test binaries, found ${#BINARIES[@]}: ${BINARIES[*]}" >&2
+    exit 1
+fi
 LOG_DIR="${CARGO_TARGET_DIR:-target}/memcheck"
 rm -rf "$LOG_DIR" && mkdir -p "$LOG_DIR"
 status=0

@@ -101,6 +101,11 @@ fn bare_epoll(c: &mut Criterion) {
         // SAFETY: plain epoll syscalls on fds this function owns; `events` outlives each wait.
         unsafe {
             let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
+            assert!(
+                ep >= 0,
+                "epoll_create1: {}",
+                std::io::Error::last_os_error()
+            );
             for (i, p) in pipes.iter().enumerate() {
                 let mut ev = libc::epoll_event {
                     events: libc::EPOLLIN as u32,
@@ -115,7 +120,8 @@ fn bare_epoll(c: &mut Criterion) {
                 b.iter(|| {
                     write_byte(wfd);
                     let k = libc::epoll_wait(ep, events.as_mut_ptr(), 128, -1);
-                    for ev in &events[..k as usize] {
+                    // EINTR: nothing was returned; the next iteration waits again.
+                    for ev in &events[..k.max(0) as usize] {
                         let idx = ev.u64 as usize;
                         black_box(idx);
                         drain_fd(rfd);

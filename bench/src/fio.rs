@@ -76,31 +76,41 @@ pub fn run(ioengine: &str, file: &Path, size: u64, spec: &JobSpec) -> Result<Fio
             stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         });
     }
-    parse(
-        &String::from_utf8_lossy(&out.stdout),
-        spec.pattern.fio_name().contains("write"),
-    )
+    let read_percent = spec.pattern.read_percent(spec.rwmixread);
+    parse(&String::from_utf8_lossy(&out.stdout), read_percent)
 }
 
-/// Reads IOPS and mean latency from fio's JSON (the first job, or the group report).
-pub fn parse(json: &str, write: bool) -> Result<FioResult, FioError> {
+/// Reads IOPS and mean latency from fio's JSON (the first job, or the group report): the read
+/// side when `read_percent` is 100, the write side when it is 0, and both together (IOPS added,
+/// latency weighted by IOPS) for a mixed job.
+pub fn parse(json: &str, read_percent: u8) -> Result<FioResult, FioError> {
     // fio may print notes before the JSON object.
     let start = json
         .find('{')
         .ok_or_else(|| FioError::Output("no JSON object".into()))?;
     let v: serde_json::Value =
         serde_json::from_str(&json[start..]).map_err(|e| FioError::Output(e.to_string()))?;
-    let side = if write { "write" } else { "read" };
-    let job = &v["jobs"][0][side];
-    let iops = job["iops"]
-        .as_f64()
-        .ok_or_else(|| FioError::Output(format!("jobs[0].{side}.iops missing")))?;
-    let lat = job["lat_ns"]["mean"]
-        .as_f64()
-        .ok_or_else(|| FioError::Output(format!("jobs[0].{side}.lat_ns.mean missing")))?;
+    let sides: &[&str] = match read_percent {
+        100 => &["read"],
+        0 => &["write"],
+        _ => &["read", "write"],
+    };
+    let (mut iops, mut weighted_lat) = (0.0, 0.0);
+    for side in sides {
+        let job = &v["jobs"][0][side];
+        let side_iops = job["iops"]
+            .as_f64()
+            .ok_or_else(|| FioError::Output(format!("jobs[0].{side}.iops missing")))?;
+        let lat = job["lat_ns"]["mean"]
+            .as_f64()
+            .ok_or_else(|| FioError::Output(format!("jobs[0].{side}.lat_ns.mean missing")))?;
+        iops += side_iops;
+        weighted_lat += side_iops * lat;
+    }
+    let mean_lat_ns = if iops > 0.0 { weighted_lat / iops } else { 0.0 };
     Ok(FioResult {
         iops,
-        mean_lat_us: lat / 1000.0,
+        mean_lat_us: mean_lat_ns / 1000.0,
     })
 }
 
@@ -113,10 +123,16 @@ mod tests {
         let json = r#"note: both iodepth >= 1 and synchronous I/O engine are selected
 {"fio version":"fio-3.33","jobs":[{"jobname":"x","read":{"io_bytes":4096,"iops":1234.5,
 "lat_ns":{"min":1,"max":9,"mean":40500.0}},"write":{"iops":0.0,"lat_ns":{"mean":0.0}}}]}"#;
-        let r = parse(json, false).unwrap();
+        let r = parse(json, 100).unwrap();
         assert_eq!(r.iops, 1234.5);
         assert_eq!(r.mean_lat_us, 40.5);
-        assert!(parse("{}", false).is_err());
-        assert!(parse("garbage", false).is_err());
+        let mixed = r#"{"jobs":[{"read":{"iops":300.0,"lat_ns":{"mean":1000.0}},
+"write":{"iops":100.0,"lat_ns":{"mean":5000.0}}}]}"#;
+        let m = parse(mixed, 50).unwrap();
+        assert_eq!(m.iops, 400.0, "a mixed job's IOPS are both sides'");
+        assert_eq!(m.mean_lat_us, 2.0, "latency weighted by IOPS");
+        assert_eq!(parse(mixed, 0).unwrap().iops, 100.0);
+        assert!(parse("{}", 100).is_err());
+        assert!(parse("garbage", 100).is_err());
     }
 }

@@ -33,7 +33,18 @@ impl DiskImage {
         let pattern: Vec<u8> = (0..CHUNK)
             .map(|i| (i as u8).wrapping_mul(7) ^ seed | 1)
             .collect();
-        Self::create_with(path, size, CHUNK, |_, chunk| {
+        Self::create_with(path, size, CHUNK, true, |_, chunk| {
+            chunk.copy_from_slice(&pattern[..chunk.len()])
+        })
+    }
+
+    /// As [`create`](Self::create), opened without O_DIRECT (fio's `direct=0`), so it also
+    /// works where the file system refuses O_DIRECT.
+    pub fn create_buffered(path: PathBuf, size: u64, seed: u8) -> io::Result<DiskImage> {
+        let pattern: Vec<u8> = (0..CHUNK)
+            .map(|i| (i as u8).wrapping_mul(7) ^ seed | 1)
+            .collect();
+        Self::create_with(path, size, CHUNK, false, |_, chunk| {
             chunk.copy_from_slice(&pattern[..chunk.len()])
         })
     }
@@ -43,7 +54,7 @@ impl DiskImage {
     pub fn create_stamped(path: PathBuf, size: u64, bs: usize) -> io::Result<DiskImage> {
         let size = size / bs as u64 * bs as u64;
         let chunk_len = bs * (CHUNK / bs).max(1);
-        let mut image = Self::create_with(path, size, chunk_len, |offset, chunk| {
+        let mut image = Self::create_with(path, size, chunk_len, true, |offset, chunk| {
             for (i, block) in chunk.chunks_mut(bs).enumerate() {
                 crate::verify::stamp(block, offset + (i * bs) as u64, 0);
             }
@@ -58,11 +69,12 @@ impl DiskImage {
     }
 
     /// Creates the image, `fill` writing each chunk of `chunk_len` bytes (the last may be
-    /// shorter) given its offset.
+    /// shorter) given its offset, and opens it (with O_DIRECT if `direct`).
     fn create_with(
         path: PathBuf,
         size: u64,
         chunk_len: usize,
+        direct: bool,
         mut fill: impl FnMut(u64, &mut [u8]),
     ) -> io::Result<DiskImage> {
         // The guard exists before the file does: an error below removes it.
@@ -82,18 +94,16 @@ impl DiskImage {
             offset += n as u64;
         }
         f.sync_all()?;
-        let direct = OpenOptions::new()
+        let opened = OpenOptions::new()
             .read(true)
             .write(true)
-            .custom_flags(libc::O_DIRECT)
+            .custom_flags(if direct { libc::O_DIRECT } else { 0 })
             .open(&image.path)
             .map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("{}: O_DIRECT open: {e}", image.path.display()),
-                )
+                let how = if direct { "O_DIRECT open" } else { "open" };
+                io::Error::new(e.kind(), format!("{}: {how}: {e}", image.path.display()))
             })?;
-        image.file = Some(IoFile::from(direct));
+        image.file = Some(IoFile::from(opened));
         Ok(image)
     }
 
@@ -102,7 +112,7 @@ impl DiskImage {
         &self.path
     }
 
-    /// The image, opened with O_DIRECT.
+    /// The image, opened with O_DIRECT (except for [`create_buffered`](Self::create_buffered)).
     pub fn file(&self) -> &IoFile {
         self.file.as_ref().expect("set by create")
     }

@@ -186,6 +186,9 @@ impl From<JobFileError> for std::io::Error {
     }
 }
 
+/// The most buffer memory one job may ask for (`bs x iodepth x numjobs`).
+const MAX_BUFFER_BYTES: u64 = 1 << 30;
+
 /// fio options that only change fio's own bookkeeping or reporting: accepted, noted, ignored.
 const BOOKKEEPING: &[&str] = &[
     "gtod_reduce",
@@ -223,7 +226,6 @@ const BOOKKEEPING: &[&str] = &[
     "ioscheduler",
     "create_on_open",
     "fadvise_hint",
-    "kb_base",
 ];
 
 /// Reads and parses `path`.
@@ -296,6 +298,13 @@ pub fn parse(text: &str, path: &Path) -> Result<JobFile, JobFileError> {
         }
         let setting = Setting { line, key, value };
         if in_global {
+            // Checked now, so that a [global] after the last job is checked too.
+            apply(
+                &mut JobDef::defaults(String::new(), line),
+                &setting,
+                &shown,
+                &mut Vec::new(),
+            )?;
             global.push(setting);
         } else {
             sections.last_mut().expect("a job section").3.push(setting);
@@ -314,9 +323,22 @@ pub fn parse(text: &str, path: &Path) -> Result<JobFile, JobFileError> {
         for s in global[..globals].iter().chain(&own) {
             apply(&mut job, s, &shown, &mut notes)?;
         }
+        let buffers = job.bs * job.iodepth * job.numjobs;
+        if buffers > MAX_BUFFER_BYTES {
+            return Err(syntax(
+                line,
+                format!(
+                    "job '{}': bs x iodepth x numjobs = {buffers} bytes of buffers, more than the {} MiB this tool allows",
+                    job.name,
+                    MAX_BUFFER_BYTES >> 20
+                ),
+            ));
+        }
         jobs.push(job);
     }
-    notes.dedup();
+    // A [global] option is noted once, not once per job.
+    let mut seen = std::collections::HashSet::new();
+    notes.retain(|n| seen.insert(n.clone()));
     Ok(JobFile {
         path: path.to_path_buf(),
         jobs,
@@ -416,6 +438,12 @@ fn apply(
         }
         "disks" => job.disks = count(1, 256)?,
         "poll_max_ns" => job.poll_max_ns = count(0, 1_000_000_000)?,
+        // Sizes here are binary (4k = 4096): fio's default, the only base accepted.
+        "kb_base" => {
+            if needs_value()? != "1024" {
+                return Err(bad("only kb_base=1024 (fio's default) is supported".into()));
+            }
+        }
         k if BOOKKEEPING.contains(&k) => {
             notes.push(format!(
                 "{path}:{}: '{}' only changes fio's bookkeeping; ignored",
@@ -474,6 +502,11 @@ bs=4K
         assert_eq!(j.rw, Pattern::RandRead);
         assert_eq!(f.notes.len(), 1);
         assert!(f.notes[0].contains("t.fio:7") && f.notes[0].contains("gtod_reduce"));
+        let two = p(&format!("{SEED_001}[job2]\n")).unwrap();
+        assert_eq!(
+            two.notes, f.notes,
+            "a [global] note is given once, not per job"
+        );
     }
 
     #[test]
@@ -512,6 +545,13 @@ bs=4K
             ("[a]\ndirect=yes\n", 2, "0 or 1"),
             ("[global]\nbs=4k\n", 2, "no job section"),
             ("[a]\nbad key=1\n", 2, "not key=value"),
+            (
+                "[a]\n[global]\nfrobnicate=1\n",
+                3,
+                "unknown option 'frobnicate'",
+            ),
+            ("[a]\nkb_base=1000\n", 2, "kb_base=1024"),
+            ("[a]\nbs=64m\niodepth=64\n", 1, "bytes of buffers"),
         ];
         for (text, line, needle) in cases {
             let e = p(text).unwrap_err();

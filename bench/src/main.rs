@@ -57,7 +57,7 @@ struct VsFioArgs {
     /// Our engine: pool, linux-aio or uring (compared with fio's psync, libaio or io_uring).
     #[arg(long, default_value = "linux-aio", value_parser = parse_engine)]
     engine: EngineKind,
-    /// read, write, randread or randwrite.
+    /// read, write, randread, randwrite, rw or randrw (mixed 50/50).
     #[arg(long, default_value = "randread", value_parser = parse_pattern)]
     rw: Pattern,
     /// Block size (fio units: 4k, 64k, 1m).
@@ -101,7 +101,7 @@ struct LatencyArgs {
     /// poll_max_ns values beyond 0 and 32768, comma-separated.
     #[arg(long, value_delimiter = ',')]
     poll_max_ns: Vec<u64>,
-    /// read, write, randread or randwrite.
+    /// read, write, randread, randwrite, rw or randrw (mixed 50/50).
     #[arg(long, default_value = "randread", value_parser = parse_pattern)]
     rw: Pattern,
     /// Block size.

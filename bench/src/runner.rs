@@ -136,13 +136,13 @@ fn target(def: &JobDef, clone: u64) -> Result<Target, RunError> {
     let size = def
         .size
         .ok_or_else(|| fail("does not exist, and the job has no size= to create it with".into()))?;
-    let image =
-        DiskImage::create(path.clone(), size, clone as u8).map_err(|e| fail(e.to_string()))?;
-    let file = if def.direct {
-        image.file().clone()
+    let image = if def.direct {
+        DiskImage::create(path.clone(), size, clone as u8)
     } else {
-        IoFile::from(open(false).map_err(|e| fail(format!("open: {e}")))?)
-    };
+        DiskImage::create_buffered(path.clone(), size, clone as u8)
+    }
+    .map_err(|e| fail(e.to_string()))?;
+    let file = image.file().clone();
     Ok(Target {
         path,
         file,
@@ -170,6 +170,8 @@ fn backends(def: &JobDef) -> Result<(EngineKind, MonitorKind), RunError> {
 
 /// Runs one job: its clones in parallel threads, each with its own loop and engine.
 pub fn run_one(def: &JobDef) -> Result<JobReport, RunError> {
+    // `disks=` registers a notifier per idle disk in each clone's loop.
+    aio_core::sys::raise_fd_limit();
     let (engine, fdmon) = backends(def)?;
     let failed = |reason: String| RunError::Run {
         job: def.name.clone(),
@@ -189,7 +191,7 @@ pub fn run_one(def: &JobDef) -> Result<JobReport, RunError> {
         bs: def.bs as usize,
         iodepth: def.iodepth as usize,
         // Without runtime, fio runs until the job's size is done.
-        runtime: def.runtime.unwrap_or(Duration::from_secs(365 * 24 * 3600)),
+        runtime: def.runtime.unwrap_or(crate::units::MAX_DURATION),
         ramp: def.ramp,
         poll_max_ns: def.poll_max_ns,
         io_limit: (!def.time_based || def.runtime.is_none()).then_some(size),
@@ -458,7 +460,7 @@ mod tests {
         assert_eq!(v["jobs"][1]["write"]["io_bytes"], 1 << 20);
         assert_eq!(v["jobs"][1]["read"]["io_bytes"], 0);
         // fio's own parser in this crate reads it.
-        let back = crate::fio::parse(&v.to_string(), false).unwrap();
+        let back = crate::fio::parse(&v.to_string(), 100).unwrap();
         assert!((back.iops - read["iops"].as_f64().unwrap()).abs() < 1e-6);
     }
 

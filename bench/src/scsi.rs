@@ -284,8 +284,17 @@ fn guest(
             }
         }
         if now >= deadline + Duration::from_secs(30) {
-            // The iothread stopped answering: give up rather than hang the bench.
+            // The iothread stopped answering: give up rather than hang the bench. The blocks
+            // of the abandoned requests are free again but their contents unknown.
             stats.errors += outstanding as u64;
+            if let Some(l) = &mut ledger {
+                for (slot, info) in slots.iter().enumerate() {
+                    if !free.contains(&(slot as u32)) {
+                        l.busy[info.block as usize] = false;
+                        l.acked[info.block as usize] = None;
+                    }
+                }
+            }
             break;
         }
     }

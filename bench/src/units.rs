@@ -14,7 +14,13 @@ pub enum UnitError {
     /// Not a duration.
     #[error("'{0}' is not a duration (examples: 10, 10s, 500ms, 2m, 1h, 1d)")]
     Duration(String),
+    /// A duration longer than [`MAX_DURATION`].
+    #[error("'{0}' is longer than the longest run this tool accepts (365d)")]
+    TooLong(String),
 }
+
+/// The longest duration accepted: a year (deadlines are computed as `now + duration`).
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 86_400);
 
 fn split_number(s: &str) -> Option<(u64, &str)> {
     let digits = s.bytes().take_while(|b| b.is_ascii_digit()).count();
@@ -56,6 +62,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, UnitError> {
         "d" => Duration::from_secs(n.checked_mul(86_400).ok_or_else(err)?),
         _ => return Err(err()),
     };
+    if d > MAX_DURATION {
+        return Err(UnitError::TooLong(s.to_string()));
+    }
     Ok(d)
 }
 
@@ -85,6 +94,8 @@ mod tests {
         assert!(parse_duration("soon").is_err());
         assert_eq!(parse_duration("1d"), Ok(Duration::from_secs(86_400)));
         assert!(parse_duration("5w").is_err());
+        assert_eq!(parse_duration("365d"), Ok(MAX_DURATION));
+        assert!(matches!(parse_duration("366d"), Err(UnitError::TooLong(_))));
     }
 
     /// Property tests with a seeded generator: random strings never panic and either parse or
@@ -134,13 +145,11 @@ mod tests {
             }
             let (suffix, us) = times[(rng.next() % times.len() as u64) as usize];
             let got = parse_duration(&format!("{n}{suffix}"));
-            match n.checked_mul(us / 1_000_000).filter(|_| us >= 1_000_000) {
-                Some(secs) => assert_eq!(got, Ok(Duration::from_secs(secs))),
-                None if us < 1_000_000 => assert_eq!(
-                    got.map(|d| d.as_micros()),
-                    Ok(u128::from(n) * u128::from(us))
-                ),
-                None => assert!(got.is_err()),
+            let want_us = u128::from(n) * u128::from(us);
+            if want_us <= MAX_DURATION.as_micros() {
+                assert_eq!(got.map(|d| d.as_micros()), Ok(want_us), "{n}{suffix}");
+            } else {
+                assert!(got.is_err(), "{n}{suffix} is longer than MAX_DURATION");
             }
         }
     }

@@ -106,34 +106,37 @@ fn run_reports_a_job_file_in_fio_json() {
 /// Installs a seccomp filter that fails the given syscalls with EPERM (as a container
 /// runtime's default profile does for io_uring).
 fn refuse(cmd: &mut Command, syscalls: &'static [libc::c_long]) {
-    // SAFETY: the closure runs in the forked child before exec and only calls prctl with a
-    // filter program that lives on its stack for the duration of the call.
+    // The program is built here, in the parent: the child between fork and exec must not
+    // allocate.
+    let stmt = |code: u32, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let mut prog = vec![stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0)]; // load nr
+    let n = syscalls.len() as u8;
+    for (i, &nr) in syscalls.iter().enumerate() {
+        prog.push(libc::sock_filter {
+            code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+            jt: n - i as u8, // to the EPERM return
+            jf: 0,
+            k: nr as u32,
+        });
+    }
+    prog.push(stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW));
+    prog.push(stmt(
+        libc::BPF_RET | libc::BPF_K,
+        libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+    ));
+    // SAFETY: the closure runs in the forked child before exec. It allocates nothing: `prog`
+    // was built above and moved in, and `fprog` lives on the child's stack while the two prctl
+    // calls (async-signal-safe syscalls) read it.
     unsafe {
         cmd.pre_exec(move || {
-            let stmt = |code: u32, k: u32| libc::sock_filter {
-                code: code as u16,
-                jt: 0,
-                jf: 0,
-                k,
-            };
-            let mut prog = vec![stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0)]; // nr
-            let n = syscalls.len() as u8;
-            for (i, &nr) in syscalls.iter().enumerate() {
-                prog.push(libc::sock_filter {
-                    code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
-                    jt: n - i as u8, // to the EPERM return
-                    jf: 0,
-                    k: nr as u32,
-                });
-            }
-            prog.push(stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW));
-            prog.push(stmt(
-                libc::BPF_RET | libc::BPF_K,
-                libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
-            ));
             let fprog = libc::sock_fprog {
                 len: prog.len() as u16,
-                filter: prog.as_mut_ptr(),
+                filter: prog.as_ptr() as *mut libc::sock_filter,
             };
             if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
                 || libc::prctl(

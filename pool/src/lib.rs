@@ -216,15 +216,18 @@ impl State {
     pub(crate) fn reserve_thread(&mut self) {
         self.threads += 1;
         self.arriving += 1;
-        self.spawned += 1;
-        self.peak = self.peak.max(self.threads);
     }
 
     /// Undoes [`reserve_thread`](Self::reserve_thread) when the thread could not be started.
     pub(crate) fn unreserve_thread(&mut self) {
         self.threads -= 1;
         self.arriving -= 1;
-        self.spawned -= 1;
+    }
+
+    /// The reserved thread was started.
+    pub(crate) fn thread_started(&mut self) {
+        self.spawned += 1;
+        self.peak = self.peak.max(self.threads);
     }
 
     /// A started thread reached the queue.

@@ -1,13 +1,14 @@
 //! The loom model of the pool's idle accounting and spawn decision (seed 002), built with
 //! `--cfg aio_loom` (scripts/loom.sh).
 //!
-//! The model runs the real [`State`] transitions (`reserve_thread`, `arrived`, `take_job`,
-//! `job_done`, `must_exit`, `idle_begin`, `idle_end`, `retire`) and the real spawn rule
-//! (`needs_thread`) in the same order as `worker::run` and `ThreadPool::enqueue`, with loom's
-//! mutex, condition variable and threads in place of std's, so loom explores every
-//! interleaving of submitters, workers, idle timeouts and shutdown. What it cannot run is the
-//! I/O itself (jobs here count their runs) and real time (an idle timeout is a thread that
-//! fires it at any point).
+//! The model runs the real [`State`] transitions (`reserve_thread`, `thread_started`,
+//! `arrived`, `take_job`, `job_done`, `must_exit`, `idle_begin`, `idle_end`, `retire`) and the
+//! real spawn rule (`needs_thread`), with loom's mutex, condition variable and threads in place
+//! of std's, so loom explores every interleaving of submitters, workers, idle timeouts and
+//! shutdown. The worker loop itself is a copy of `worker::run`'s sleeping path (without
+//! `PoolConfig::spin`, off by default), so the model checks the accounting and the decision,
+//! not where the real loop calls them. What it cannot run is the I/O (jobs here count their
+//! runs) and real time (an idle timeout is a thread that fires it at any point).
 
 use std::time::Duration;
 
@@ -81,6 +82,7 @@ fn submit(m: &Arc<Model>, handles: &mut Vec<thread::JoinHandle<()>>) {
         st.reserve_thread();
         let w = m.clone();
         handles.push(thread::spawn(move || worker(w)));
+        st.thread_started();
     }
     // The rule's promise: what is queued has a thread that will take it (or the pool is full).
     assert!(

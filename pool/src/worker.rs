@@ -28,6 +28,7 @@ pub(crate) fn spawn(shared: &Arc<Shared>, st: &mut MutexGuard<'_, State>) -> io:
     {
         Ok(handle) => {
             st.handles.push(handle);
+            st.thread_started();
             Ok(())
         }
         Err(e) => {

@@ -15,7 +15,7 @@
 //!     reorder: true,
 //!     ..FaultPlan::default()
 //! };
-//! FaultyEngine::new(engine, plan).expect("a notifier clone for the delay alarm")
+//! FaultyEngine::new(engine, plan).expect("the delay alarm thread")
 //! # }
 //! ```
 
@@ -69,7 +69,7 @@ struct Alarm {
 }
 
 impl Alarm {
-    fn new(notifier: Notifier) -> Alarm {
+    fn new(notifier: Notifier) -> io::Result<Alarm> {
         let (tx, rx) = mpsc::channel::<Instant>();
         let thread = std::thread::Builder::new()
             .name("fault-alarm".into())
@@ -78,12 +78,11 @@ impl Alarm {
                     std::thread::sleep(at.saturating_duration_since(Instant::now()));
                     let _ = notifier.notify();
                 }
-            })
-            .ok();
-        Alarm {
+            })?;
+        Ok(Alarm {
             deadlines: Some(tx),
-            thread,
-        }
+            thread: Some(thread),
+        })
     }
 
     fn ring_at(&self, at: Instant) {
@@ -116,9 +115,10 @@ pub struct FaultyEngine<E: IoEngine> {
 }
 
 impl<E: IoEngine> FaultyEngine<E> {
-    /// Wraps `inner`. Fails only if the notifier cannot be duplicated for the alarm thread.
+    /// Wraps `inner`. Fails only if the alarm thread (which wakes the loop for delayed
+    /// completions) or its copy of the notifier cannot be made.
     pub fn new(inner: E, plan: FaultPlan) -> io::Result<Self> {
-        let alarm = Alarm::new(inner.notifier().try_clone()?);
+        let alarm = Alarm::new(inner.notifier().try_clone()?)?;
         Ok(FaultyEngine {
             inner,
             plan,
