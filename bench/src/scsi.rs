@@ -153,6 +153,10 @@ fn guest(
     finished: Arc<AtomicUsize>,
     wake_iothread: aio_core::NotifyHandle,
 ) -> GuestStats {
+    let done = GuestDone {
+        finished,
+        wake_iothread,
+    };
     let mut stats = GuestStats {
         ios: 0,
         bytes: 0,
@@ -298,9 +302,22 @@ fn guest(
             break;
         }
     }
-    finished.fetch_add(1, Ordering::AcqRel);
-    wake_iothread.notify();
+    drop(done);
     stats
+}
+
+/// Counts a guest as finished and wakes the iothread when dropped: also when the guest
+/// panics, so the iothread never waits for a guest that is gone.
+struct GuestDone {
+    finished: Arc<AtomicUsize>,
+    wake_iothread: aio_core::NotifyHandle,
+}
+
+impl Drop for GuestDone {
+    fn drop(&mut self) {
+        self.finished.fetch_add(1, Ordering::AcqRel);
+        self.wake_iothread.notify();
+    }
 }
 
 /// The iothread's side of a guest slot: its buffer while it is home, and what the request in
