@@ -259,14 +259,22 @@ impl UringEngine {
         loop {
             let mut pushed = 0usize;
             let batch = self.core.queue.max_batch();
+            // Fresh requests this round may take: decided once, so that pulling them one by
+            // one does not shrink a full batch below the plug's threshold half-way.
+            let mut fresh = if force {
+                usize::MAX
+            } else {
+                self.core.queue.sendable()
+            };
             while pushed < batch && self.in_kernel + pushed < cap {
                 let slot = match self.core.table.pop_resubmit() {
                     Some(slot) => slot,
                     None => {
-                        let next = if force {
+                        let next = if fresh > 0 {
+                            fresh -= 1;
                             self.core.queue.force_batch(1).next()
                         } else {
-                            self.core.queue.next_batch(1).next()
+                            None
                         };
                         match next {
                             Some(request) => self.core.table.insert(request),

@@ -170,6 +170,8 @@ pub struct JobSpec {
     /// Idle fds registered in the loop next to the job's I/O (the matrix's idle disks: a
     /// doorbell notifier each, with read and poll handlers, that never fires).
     pub idle_fds: usize,
+    /// The engine's largest batch per submission (`None`: the engine's default).
+    pub max_batch: Option<usize>,
 }
 
 impl JobSpec {
@@ -186,6 +188,7 @@ impl JobSpec {
             poll_max_ns: 32_768,
             io_limit: None,
             idle_fds: 0,
+            max_batch: None,
         }
     }
 }
@@ -362,7 +365,7 @@ impl Generator {
 /// `monitor`.
 pub fn run_job<L, E>(
     monitor: L,
-    engine: E,
+    mut engine: E,
     file: &IoFile,
     file_size: u64,
     spec: JobSpec,
@@ -380,6 +383,9 @@ where
                 spec.bs
             ),
         ));
+    }
+    if let Some(n) = spec.max_batch {
+        engine.set_max_batch(n);
     }
     let ctx = AioContext::new(monitor)?;
     ctx.set_poll_params(PollParams {

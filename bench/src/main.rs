@@ -91,6 +91,10 @@ struct VsFioArgs {
     /// `--fdmon uring`), so completions need no eventfd.
     #[arg(long)]
     shared_ring: bool,
+    /// Our engine's largest batch per submission (default: the engine's, 32). Requests that
+    /// completion callbacks resubmit go out whenever a batch is full.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    max_batch: Option<u64>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -372,6 +376,7 @@ fn vs_fio(args: VsFioArgs) -> Result<(), (u8, String)> {
     let spec = JobSpec {
         ramp: args.ramp,
         poll_max_ns: args.poll_max_ns,
+        max_batch: args.max_batch.map(|n| n as usize),
         ..JobSpec::new(
             args.rw,
             args.bs as usize,

@@ -459,7 +459,7 @@ impl ThreadPool {
         }
     }
 
-    /// Sends queued I/O requests when not plugged.
+    /// Sends what the queue lets go (everything unplugged; full batches while plugged).
     fn flush(&mut self, force: bool) {
         loop {
             let batch: Vec<Job> = if force {

@@ -62,7 +62,8 @@ pub trait IoEngine {
     /// Accepts a request, or refuses it (handing it back) if it can never run.
     fn submit(&mut self, request: Request) -> Result<(), SubmitError>;
 
-    /// Starts (or nests) a batch: submissions queue until the matching `unplug`.
+    /// Starts (or nests) a batch: submissions queue until the matching `unplug`, or until a
+    /// full batch (`set_max_batch`) is queued, which goes out at once (QEMU's rule).
     fn plug(&mut self);
 
     /// Ends a batch; at the outermost level, sends what queued.

@@ -78,14 +78,21 @@ impl SubmitQueue {
         self.queue.is_empty()
     }
 
-    /// The next batch to send when `free` slots are available: nothing while plugged, else
-    /// up to `min(free, max_batch)` requests from the head.
-    pub fn next_batch(&mut self, free: usize) -> std::collections::vec_deque::Drain<'_, Request> {
-        let n = if self.is_plugged() {
+    /// How many requests may go out now (before the free-slot limit): while plugged, a full
+    /// batch once `max_batch` are queued (QEMU's rule: a plug never holds more than a batch),
+    /// else nothing; unplugged, up to `max_batch`.
+    pub fn sendable(&self) -> usize {
+        if self.is_plugged() && self.queue.len() < self.max_batch {
             0
         } else {
-            free.min(self.max_batch).min(self.queue.len())
-        };
+            self.max_batch.min(self.queue.len())
+        }
+    }
+
+    /// The next batch to send when `free` slots are available: up to
+    /// `min(free, sendable())` requests from the head.
+    pub fn next_batch(&mut self, free: usize) -> std::collections::vec_deque::Drain<'_, Request> {
+        let n = free.min(self.sendable());
         self.queue.drain(..n)
     }
 
@@ -108,5 +115,34 @@ impl SubmitQueue {
             .drain(..)
             .map(|r| r.complete(Err(std::io::Error::from_raw_os_error(libc::ECANCELED))))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{AlignedBuf, IoFile};
+
+    #[test]
+    fn a_plug_holds_less_than_a_batch_and_releases_a_full_one() {
+        let file = IoFile::from(std::fs::File::open("/dev/null").unwrap());
+        let mut q = SubmitQueue::new();
+        q.set_max_batch(4);
+        q.plug();
+        for t in 0..3 {
+            q.push(Request::read(&file, 0, AlignedBuf::new(512), t));
+        }
+        assert_eq!(q.next_batch(usize::MAX).count(), 0, "3 < max_batch: held");
+        q.push(Request::read(&file, 0, AlignedBuf::new(512), 3));
+        q.push(Request::read(&file, 0, AlignedBuf::new(512), 4));
+        assert_eq!(q.sendable(), 4);
+        assert_eq!(q.next_batch(2).count(), 2, "never more than the free slots");
+        assert_eq!(q.next_batch(usize::MAX).count(), 0, "3 left: held again");
+        assert!(q.unplug());
+        assert_eq!(
+            q.next_batch(usize::MAX).count(),
+            3,
+            "unplugged: the rest goes"
+        );
     }
 }

@@ -51,6 +51,7 @@ macro_rules! engine_conformance {
             errors_are_per_request_and_the_batch_completes,
             ten_thousand_requests_complete_exactly_once,
             cancel_of_a_queued_request_ends_with_ecanceled,
+            plug_releases_a_full_batch,
             drain_hands_every_buffer_back,
             notifier_signals_every_completion_batch,
             qd1_through_the_loop_without_polling,
@@ -500,6 +501,26 @@ pub fn ten_thousand_requests_complete_exactly_once<E: IoEngine, L: EventLoop>(
         seen.iter().all(|&n| n == 1),
         "a request completed twice or never"
     );
+    assert_eq!(engine.in_flight(), 0);
+}
+
+/// A plugged engine sends a full batch (`set_max_batch`) without waiting for `unplug`, as
+/// QEMU's Linux AIO plug does: a plug never holds more than one batch.
+pub fn plug_releases_a_full_batch<E: IoEngine, L: EventLoop>(
+    engine: impl Fn() -> E,
+    _monitor: impl Fn() -> L,
+) {
+    let mut engine = engine();
+    let tmp = TempFile::with_len(8 * BLOCK, 4);
+    let file = tmp.open(0).unwrap();
+    engine.set_max_batch(4);
+    engine.plug();
+    for t in 0..4 {
+        engine.submit(read_block(&file, t, t)).unwrap();
+    }
+    let done = wait_for(&mut engine, 4);
+    assert_eq!(done.len(), 4, "the full batch went out while plugged");
+    engine.unplug();
     assert_eq!(engine.in_flight(), 0);
 }
 
