@@ -30,21 +30,20 @@ impl DiskImage {
     /// Writes `size` bytes of a pattern derived from `seed` to `path`, syncs them and opens the
     /// file with O_DIRECT. Whatever happens, no file is left behind by a failure.
     pub fn create(path: PathBuf, size: u64, seed: u8) -> io::Result<DiskImage> {
-        let pattern: Vec<u8> = (0..CHUNK)
-            .map(|i| (i as u8).wrapping_mul(7) ^ seed | 1)
-            .collect();
-        Self::create_with(path, size, CHUNK, true, |_, chunk| {
-            chunk.copy_from_slice(&pattern[..chunk.len()])
-        })
+        Self::create_patterned(path, size, seed, true)
     }
 
     /// As [`create`](Self::create), opened without O_DIRECT (fio's `direct=0`), so it also
     /// works where the file system refuses O_DIRECT.
     pub fn create_buffered(path: PathBuf, size: u64, seed: u8) -> io::Result<DiskImage> {
+        Self::create_patterned(path, size, seed, false)
+    }
+
+    fn create_patterned(path: PathBuf, size: u64, seed: u8, direct: bool) -> io::Result<Self> {
         let pattern: Vec<u8> = (0..CHUNK)
             .map(|i| (i as u8).wrapping_mul(7) ^ seed | 1)
             .collect();
-        Self::create_with(path, size, CHUNK, false, |_, chunk| {
+        Self::create_with(path, size, CHUNK, direct, |_, chunk| {
             chunk.copy_from_slice(&pattern[..chunk.len()])
         })
     }
