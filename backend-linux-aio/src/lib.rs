@@ -442,9 +442,7 @@ impl LinuxAio {
         if matches!(request.op, Op::Fsync | Op::Fdatasync) {
             return Ok(());
         }
-        // SAFETY: F_GETFL on an fd that `request.file` keeps open.
-        let flags = unsafe { libc::fcntl(request.file.raw_fd(), libc::F_GETFL) };
-        if flags < 0 || flags & libc::O_DIRECT != 0 {
+        if request.file.is_direct() {
             return Ok(());
         }
         match self.config.buffered {

@@ -17,6 +17,8 @@ use super::buf::AlignedBuf;
 #[derive(Clone)]
 pub struct IoFile {
     fd: Arc<OwnedFd>,
+    /// O_DIRECT as the fd was when this `IoFile` was made (read once, not per request).
+    direct: bool,
 }
 
 impl fmt::Debug for IoFile {
@@ -28,8 +30,12 @@ impl fmt::Debug for IoFile {
 impl IoFile {
     /// Takes ownership of an open fd (e.g. from `File::into()`).
     pub fn new(fd: impl Into<OwnedFd>) -> Self {
+        let fd: OwnedFd = fd.into();
+        // SAFETY: F_GETFL reads the status flags of an fd we own; it takes no pointer.
+        let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
         IoFile {
-            fd: Arc::new(fd.into()),
+            fd: Arc::new(fd),
+            direct: flags >= 0 && flags & libc::O_DIRECT != 0,
         }
     }
 
@@ -53,6 +59,13 @@ impl IoFile {
     /// The raw fd (valid while this `IoFile` or a clone lives).
     pub fn raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+
+    /// Whether the fd was opened with `O_DIRECT`, as read once when this `IoFile` was made
+    /// (a later `fcntl(F_SETFL)` on the fd is not seen). Engines use it to tell buffered I/O
+    /// apart without a syscall per request.
+    pub fn is_direct(&self) -> bool {
+        self.direct
     }
 }
 
@@ -497,6 +510,25 @@ impl Transfer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn is_direct_follows_the_open_flags() {
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = std::env::temp_dir().join(format!("aio-core-direct-{}", std::process::id()));
+        std::fs::write(&path, vec![0u8; 4096]).unwrap();
+        let buffered = IoFile::from(std::fs::File::open(&path).unwrap());
+        assert!(!buffered.is_direct());
+        // The engine tests need O_DIRECT in the temp dir too (README, Tests).
+        let direct = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+            .expect("O_DIRECT in the system temp dir");
+        let direct = IoFile::from(direct);
+        assert!(direct.is_direct());
+        assert!(direct.clone().is_direct(), "clones share it");
+        std::fs::remove_file(&path).unwrap();
+    }
 
     fn file() -> IoFile {
         IoFile::dup_raw(0)
