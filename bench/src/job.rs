@@ -286,14 +286,7 @@ impl JobResult {
         self.errors += other.errors;
         self.iothread_cpu_s += other.iothread_cpu_s;
         self.wall_s = self.wall_s.max(other.wall_s);
-        let (a, b) = (&mut self.counters, &other.counters);
-        a.iterations += b.iterations;
-        a.blocking_waits += b.blocking_waits;
-        a.nonblocking_waits += b.nonblocking_waits;
-        a.notifier_writes += b.notifier_writes;
-        a.poll_hits += b.poll_hits;
-        a.busy_poll_ns += b.busy_poll_ns;
-        a.handler_calls += b.handler_calls;
+        self.counters.merge(&other.counters);
     }
 }
 

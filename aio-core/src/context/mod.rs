@@ -102,6 +102,57 @@ pub struct LoopCounters {
     pub max_nesting: u64,
 }
 
+impl LoopCounters {
+    /// Adds another loop's counters to these, as for loops that ran side by side (a job's
+    /// parallel clones): counts and handler totals add up; the polling window and the nesting
+    /// depth keep the larger value.
+    pub fn merge(&mut self, other: &LoopCounters) {
+        // Destructured so that a new field cannot be forgotten here.
+        let LoopCounters {
+            iterations,
+            blocking_waits,
+            nonblocking_waits,
+            waits_skipped,
+            wait_retries,
+            wait_errors,
+            notifier_writes,
+            notify_calls,
+            poll_attempts,
+            poll_hits,
+            busy_poll_ns,
+            poll_ns,
+            poll_set,
+            unpolled_handlers,
+            poll_idle_removals,
+            bh_runs,
+            timer_runs,
+            handler_calls,
+            closed_fds,
+            max_nesting,
+        } = *other;
+        self.iterations += iterations;
+        self.blocking_waits += blocking_waits;
+        self.nonblocking_waits += nonblocking_waits;
+        self.waits_skipped += waits_skipped;
+        self.wait_retries += wait_retries;
+        self.wait_errors += wait_errors;
+        self.notifier_writes += notifier_writes;
+        self.notify_calls += notify_calls;
+        self.poll_attempts += poll_attempts;
+        self.poll_hits += poll_hits;
+        self.busy_poll_ns += busy_poll_ns;
+        self.poll_ns = self.poll_ns.max(poll_ns);
+        self.poll_set += poll_set;
+        self.unpolled_handlers += unpolled_handlers;
+        self.poll_idle_removals += poll_idle_removals;
+        self.bh_runs += bh_runs;
+        self.timer_runs += timer_runs;
+        self.handler_calls += handler_calls;
+        self.closed_fds += closed_fds;
+        self.max_nesting = self.max_nesting.max(max_nesting);
+    }
+}
+
 /// The part of a context that other threads reach.
 pub(crate) struct Shared {
     notifier: Notifier,

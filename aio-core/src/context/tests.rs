@@ -293,3 +293,27 @@ fn a_running_timer_does_not_block_other_timers_in_a_nested_poll() {
     assert!(b_ran.get());
     assert!(seen.get(), "timer b ran inside a's nested poll");
 }
+
+#[test]
+fn merged_counters_add_counts_and_keep_the_larger_gauges() {
+    let a = LoopCounters {
+        iterations: 3,
+        bh_runs: 1,
+        poll_ns: 4_000,
+        poll_set: 2,
+        max_nesting: 1,
+        ..LoopCounters::default()
+    };
+    let b = LoopCounters {
+        iterations: 5,
+        timer_runs: 7,
+        poll_ns: 1_000,
+        poll_set: 3,
+        max_nesting: 2,
+        ..LoopCounters::default()
+    };
+    let mut m = a;
+    m.merge(&b);
+    assert_eq!((m.iterations, m.bh_runs, m.timer_runs), (8, 1, 7));
+    assert_eq!((m.poll_ns, m.poll_set, m.max_nesting), (4_000, 5, 2));
+}
