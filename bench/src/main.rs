@@ -804,38 +804,21 @@ fn probe() {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {
-        Command::Matrix(args) => match matrix(*args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err((code, msg)) => {
-                eprintln!("aio-bench matrix: {msg}");
-                ExitCode::from(code)
-            }
-        },
-        Command::Latency(args) => match latency(args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err((code, msg)) => {
-                eprintln!("aio-bench latency: {msg}");
-                ExitCode::from(code)
-            }
-        },
-        Command::VsFio(args) => match vs_fio(args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err((code, msg)) => {
-                eprintln!("aio-bench vs-fio: {msg}");
-                ExitCode::from(code)
-            }
-        },
-        Command::Run(args) => match run(args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err((code, msg)) => {
-                eprintln!("aio-bench run: {msg}");
-                ExitCode::from(code)
-            }
-        },
+    let (name, result) = match cli.command {
+        Command::Matrix(args) => ("matrix", matrix(*args)),
+        Command::Latency(args) => ("latency", latency(args)),
+        Command::VsFio(args) => ("vs-fio", vs_fio(args)),
+        Command::Run(args) => ("run", run(args)),
         Command::Probe => {
             probe();
-            ExitCode::SUCCESS
+            ("probe", Ok(()))
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err((code, msg)) => {
+            eprintln!("aio-bench {name}: {msg}");
+            ExitCode::from(code)
         }
     }
 }

@@ -161,8 +161,9 @@ fn blocker(release: &Arc<AtomicBool>) -> impl FnOnce() -> std::io::Result<usize>
     }
 }
 
-#[test]
-fn cancel_removes_queued_work_only() {
+/// A pool of one thread that runs `blocker` (token 0) until the flag is set: whatever is
+/// submitted next stays queued.
+fn one_thread_running_a_blocker() -> (ThreadPool, Arc<AtomicBool>) {
     let mut pool = ThreadPool::new(PoolConfig {
         max_threads: 1,
         ..PoolConfig::default()
@@ -174,6 +175,12 @@ fn cancel_removes_queued_work_only() {
     while pool.stats().running == 0 {
         std::thread::sleep(Duration::from_millis(1));
     }
+    (pool, release)
+}
+
+#[test]
+fn cancel_removes_queued_work_only() {
+    let (mut pool, release) = one_thread_running_a_blocker();
     let tmp = TempFile::with_len(4096, 1);
     let file = tmp.open(0).unwrap();
     pool.submit(Request::read(&file, 0, AlignedBuf::new(4096), 1))
@@ -192,16 +199,7 @@ fn cancel_removes_queued_work_only() {
 
 #[test]
 fn shutdown_cancels_queued_work_finishes_running_work_and_joins() {
-    let mut pool = ThreadPool::new(PoolConfig {
-        max_threads: 1,
-        ..PoolConfig::default()
-    })
-    .unwrap();
-    let release = Arc::new(AtomicBool::new(false));
-    pool.submit_work(0, blocker(&release)).unwrap();
-    while pool.stats().running == 0 {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    let (mut pool, release) = one_thread_running_a_blocker();
     for t in 1..6 {
         pool.submit_work(t, || Ok(7)).unwrap();
     }
