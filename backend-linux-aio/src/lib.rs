@@ -300,7 +300,14 @@ impl LinuxAio {
     fn submit_pending(&mut self, force: bool) {
         let capacity = self.config.ring_size as usize;
         while !self.submit_blocked && self.in_kernel < capacity {
-            let room = (capacity - self.in_kernel).min(self.core.queue.max_batch());
+            // The queue's batch rule (no larger than the work the kernel already has), or
+            // whole batches when draining.
+            let batch = if force {
+                self.core.queue.max_batch()
+            } else {
+                self.core.queue.batch_limit(self.in_kernel)
+            };
+            let room = (capacity - self.in_kernel).min(batch);
             self.batch.clear();
             while self.batch.len() < room {
                 match self.core.table.pop_resubmit() {
@@ -312,7 +319,7 @@ impl LinuxAio {
             let fresh: Vec<Request> = if force {
                 self.core.queue.force_batch(want).collect()
             } else {
-                self.core.queue.next_batch(want).collect()
+                self.core.queue.next_batch(want, self.in_kernel).collect()
             };
             for request in fresh {
                 let slot = self.core.table.insert(request);

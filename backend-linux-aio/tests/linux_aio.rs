@@ -112,6 +112,12 @@ fn an_io_submit_error_fails_only_the_head_request() {
     let tmp = TempFile::with_len(4 * BLOCK, 2);
     let rw = tmp.open(libc::O_DIRECT).unwrap();
     let ro = tmp.open_read_only();
+    // Four reads first (unplugged: one call each), so that the kernel holds 4 and the next
+    // four requests go in one batch of 4 (the batch rule), with the bad one second.
+    for t in 10..14 {
+        engine.submit(read_block(&rw, t % 4, t)).unwrap();
+    }
+    assert_eq!(engine.stats().submit_calls, 4);
     engine.plug();
     engine
         .submit(Request::read(&rw, 0, AlignedBuf::new(BLOCK), 0))
@@ -124,17 +130,20 @@ fn an_io_submit_error_fails_only_the_head_request() {
         .unwrap();
     engine.submit(read_block(&rw, 2, 3)).unwrap();
     engine.unplug();
-    let mut done = wait_for(&mut engine, 4);
+    let mut done = wait_for(&mut engine, 8);
     done.sort_by_key(|c| c.token);
     assert_eq!(done[1].errno(), Some(libc::EBADF));
-    for i in [0, 2, 3] {
+    for i in [0, 2, 3, 4, 5, 6, 7] {
         assert_eq!(done[i].result.as_ref().unwrap(), &BLOCK);
     }
+    let stats = engine.stats();
     assert_eq!(
-        engine.stats().submit_errors,
-        1,
+        stats.submit_errors, 1,
         "io_submit refused the write synchronously"
     );
+    // 4 calls for the first four; then the batch of 4 (1 accepted: partial), the retry that
+    // fails the head, and one for the last two.
+    assert_eq!(stats.submit_calls, 7, "{stats:?}");
 }
 
 #[test]

@@ -258,13 +258,19 @@ impl UringEngine {
         };
         loop {
             let mut pushed = 0usize;
-            let batch = self.core.queue.max_batch();
+            // This round's batch: the queue's batch rule (no larger than the work the kernel
+            // already has), or whole batches when draining.
+            let batch = if force {
+                self.core.queue.max_batch()
+            } else {
+                self.core.queue.batch_limit(self.in_kernel)
+            };
             // Fresh requests this round may take: decided once, so that pulling them one by
             // one does not shrink a full batch below the plug's threshold half-way.
             let mut fresh = if force {
                 usize::MAX
             } else {
-                self.core.queue.sendable()
+                self.core.queue.sendable(self.in_kernel)
             };
             while pushed < batch && self.in_kernel + pushed < cap {
                 let slot = match self.core.table.pop_resubmit() {

@@ -74,6 +74,10 @@ pub struct JobDef {
     pub disks: u64,
     /// `poll_max_ns=` (default 32768, QEMU's IOThread default).
     pub poll_max_ns: u64,
+    /// `iodepth_batch_submit=` (alias `iodepth_batch`): the engine's largest batch per
+    /// submission call; 0 means `iodepth`, as in fio. Unset, the engine's own default (32)
+    /// applies (fio's default is 1).
+    pub batch_submit: Option<u64>,
 }
 
 impl JobDef {
@@ -97,6 +101,7 @@ impl JobDef {
             fdmon: MonitorChoice::Auto,
             disks: 1,
             poll_max_ns: 32_768,
+            batch_submit: None,
         }
     }
 }
@@ -438,6 +443,8 @@ fn apply(
         }
         "disks" => job.disks = count(1, 256)?,
         "poll_max_ns" => job.poll_max_ns = count(0, 1_000_000_000)?,
+        // fio: 0 means "iodepth".
+        "iodepth_batch_submit" | "iodepth_batch" => job.batch_submit = Some(count(0, 4096)?),
         // Sizes here are binary (4k = 4096): fio's default, the only base accepted.
         "kb_base" => {
             if needs_value()? != "1024" {
@@ -525,6 +532,14 @@ bs=4K
         );
         assert_eq!(c.fdmon, MonitorChoice::Kind(MonitorKind::Epoll));
         assert_eq!((c.disks, c.poll_max_ns), (64, 0));
+    }
+
+    #[test]
+    fn iodepth_batch_submit_sets_the_engine_batch() {
+        let f = p("[a]\niodepth_batch_submit=8\n[b]\niodepth_batch=0\n[c]\n").unwrap();
+        let got: Vec<_> = f.jobs.iter().map(|j| j.batch_submit).collect();
+        assert_eq!(got, [Some(8), Some(0), None]);
+        assert!(p("[a]\niodepth_batch_submit=5000\n").is_err());
     }
 
     #[test]

@@ -196,7 +196,9 @@ pub fn run_one(def: &JobDef) -> Result<JobReport, RunError> {
         poll_max_ns: def.poll_max_ns,
         io_limit: (!def.time_based || def.runtime.is_none()).then_some(size),
         idle_fds: def.disks as usize - 1,
-        max_batch: None,
+        max_batch: def
+            .batch_submit
+            .map(|n| if n == 0 { def.iodepth } else { n } as usize),
     };
     let results: Vec<io::Result<JobResult>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..def.numjobs as usize)

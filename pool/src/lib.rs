@@ -459,13 +459,19 @@ impl ThreadPool {
         }
     }
 
-    /// Sends what the queue lets go (everything unplugged; full batches while plugged).
+    /// Sends what the queue lets go (everything unplugged; whole batches while plugged, sized
+    /// by the work the threads already hold: the batch rule of [`SubmitQueue`]).
     fn flush(&mut self, force: bool) {
         loop {
             let batch: Vec<Job> = if force {
                 self.queue.force_batch(usize::MAX).map(Job::Io).collect()
             } else {
-                self.queue.next_batch(usize::MAX).map(Job::Io).collect()
+                // Accepted, not returned and not queued here: with the threads.
+                let with_threads = (self.submitted - self.returned) as usize - self.queue.len();
+                self.queue
+                    .next_batch(usize::MAX, with_threads)
+                    .map(Job::Io)
+                    .collect()
             };
             if batch.is_empty() {
                 return;

@@ -22,9 +22,11 @@
 //! * **Whole transfers.** Short reads and writes are resubmitted for the remainder
 //!   ([`Transfer`]); a read that reaches end of file completes with the bytes that exist (0 at
 //!   or past EOF).
-//! * **Batching.** Between `plug()` and `unplug()` (nestable) submissions only queue;
-//!   `unplug()` sends them in batches of at most `max_batch` (default [`DEFAULT_MAX_BATCH`],
-//!   QEMU's aio-max-batch).
+//! * **Batching.** Between `plug()` and `unplug()` (nestable) submissions queue until a whole
+//!   batch is queued; `unplug()` sends the rest. A batch is at most `max_batch` (default
+//!   [`DEFAULT_MAX_BATCH`], QEMU's aio-max-batch) and never larger than the work the kernel
+//!   already holds (at least 1), so an idle device gets its first request at once and batches
+//!   grow 1, 1, 2, 4, ... (the [batch rule](queue#the-batch-rule), kept by [`SubmitQueue`]).
 //! * **Signalling.** The engine's [`Notifier`] becomes readable when completions are waiting;
 //!   `has_completions()` says the same without a syscall (the `io_poll` check).
 //! * **Cancel** is best effort: a request still queued in the engine completes with
@@ -63,7 +65,9 @@ pub trait IoEngine {
     fn submit(&mut self, request: Request) -> Result<(), SubmitError>;
 
     /// Starts (or nests) a batch: submissions queue until the matching `unplug`, or until a
-    /// full batch (`set_max_batch`) is queued, which goes out at once (QEMU's rule).
+    /// whole batch is queued, which goes out at once (QEMU's rule). A whole batch is
+    /// `set_max_batch` requests, or fewer while the kernel holds fewer (the
+    /// [batch rule](queue#the-batch-rule)): on an idle device the first request goes at once.
     fn plug(&mut self);
 
     /// Ends a batch; at the outermost level, sends what queued.
