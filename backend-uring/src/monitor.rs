@@ -45,7 +45,12 @@ fn user_data(fd: RawFd, generation: u32) -> u64 {
     ((generation as u64) << 32) | fd as u32 as u64
 }
 
-/// The io_uring poll monitor. See the [module docs](self).
+/// The io_uring poll monitor: an [`EventLoop`] over `IORING_OP_POLL_ADD`.
+///
+/// Each registered fd has at most one one-shot poll outstanding; a poll that fired is re-armed
+/// at the next `wait`, which reports the fd again if it is still ready (level-triggered, as the
+/// contract requires). A completion that arrives after its registration was changed or removed
+/// is recognised by its generation and ignored, so removal is safe while a poll is outstanding.
 pub struct UringLoop {
     ring: RingHandle,
     registrations: HashMap<RawFd, Registration>,

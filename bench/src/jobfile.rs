@@ -535,6 +535,23 @@ bs=4K
     }
 
     #[test]
+    fn the_shipped_job_file_parses() {
+        let f = p(include_str!("../jobs/uring-vs-linux-aio.fio")).unwrap();
+        assert_eq!(f.jobs.len(), 8);
+        assert!(f.jobs.iter().all(|j| j.direct && j.time_based));
+        let engines: Vec<_> = f.jobs.iter().map(|j| j.engine).collect();
+        assert_eq!(
+            engines[..4],
+            [
+                EngineKind::LinuxAio,
+                EngineKind::Uring,
+                EngineKind::Uring,
+                EngineKind::LinuxAio
+            ]
+        );
+    }
+
+    #[test]
     fn iodepth_batch_submit_sets_the_engine_batch() {
         let f = p("[a]\niodepth_batch_submit=8\n[b]\niodepth_batch=0\n[c]\n").unwrap();
         let got: Vec<_> = f.jobs.iter().map(|j| j.batch_submit).collect();

@@ -92,7 +92,8 @@ struct VsFioArgs {
     #[arg(long)]
     shared_ring: bool,
     /// Our engine's largest batch per submission (default: the engine's, 32). Requests that
-    /// completion callbacks resubmit go out whenever a batch is full.
+    /// completion callbacks resubmit go out whenever a batch is full; a batch is never larger
+    /// than what the kernel already holds (aio-core's batch rule).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=4096))]
     max_batch: Option<u64>,
 }

@@ -5,17 +5,7 @@
 //! fd handlers, timers). It does not know which monitor it runs on and never issues fd-monitor
 //! syscalls itself, only through the [`EventLoop`] trait.
 //!
-//! # Re-entrancy
-//!
-//! Every method takes `&self` and no borrow of the context's tables is held while a callback
-//! runs, so a callback may add, change or remove any handler (itself included), schedule or
-//! cancel bottom halves, arm timers, and call [`AioContext::poll`] again (a nested loop). A
-//! callback is never re-entered: a nested `poll()` skips the handler, bottom half or timer whose
-//! callback is running further up the stack, and leaves its work for later (level-triggered fds
-//! are reported again; a bottom half's schedule is kept).
-//!
-//! The context is `!Send`: create it on the thread that runs it. Other threads talk to it through
-//! [`NotifyHandle`] and [`BottomHalf`], which are `Send + Sync`.
+//! The re-entrancy rules are on [`AioContext`] itself, where users read them.
 
 mod bottom_half;
 mod wakeup;
@@ -224,7 +214,19 @@ struct BhSlot<L: EventLoop> {
 }
 
 /// The event loop: fd handlers, bottom halves, timers, cross-thread notify and adaptive busy
-/// polling over a pluggable [`EventLoop`] monitor. See the [module docs](self) for re-entrancy.
+/// polling over a pluggable [`EventLoop`] monitor.
+///
+/// # Re-entrancy
+///
+/// Every method takes `&self` and no borrow of the context's tables is held while a callback
+/// runs, so a callback may add, change or remove any handler (itself included), schedule or
+/// cancel bottom halves, arm timers, and call [`AioContext::poll`] again (a nested loop). A
+/// callback is never re-entered: a nested `poll()` skips the handler, bottom half or timer whose
+/// callback is running further up the stack, and leaves its work for later (level-triggered fds
+/// are reported again; a bottom half's schedule is kept).
+///
+/// The context is `!Send`: create it on the thread that runs it. Other threads talk to it through
+/// [`NotifyHandle`] and [`BottomHalf`], which are `Send + Sync`.
 ///
 /// ```no_run
 /// # fn demo<L: aio_core::EventLoop>(monitor: L) -> Result<(), aio_core::AioError> {
