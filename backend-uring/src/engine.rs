@@ -306,8 +306,9 @@ impl UringEngine {
             // consumes it, and its memory is pinned in the table until its CQE.
             self.in_kernel += pushed;
             if self.is_shared() && !force && pushed < batch {
-                // One ring with the monitor: its next wait enters the kernel anyway and
-                // submits these with it (one io_uring_enter per loop iteration, as fio does).
+                // One ring with the monitor, and less than this round's batch: its next wait
+                // enters the kernel anyway and submits these with it. A whole round (by the
+                // batch rule, the first request to an idle ring is one) goes now.
                 return;
             }
             self.stats.submit_calls += 1;
@@ -421,6 +422,14 @@ impl IoEngine for UringEngine {
 
     fn notifier(&self) -> &Notifier {
         &self.notifier
+    }
+
+    fn clear_notifier(&self) {
+        // On a shared ring nothing writes the eventfd: the monitor reports it ready from the
+        // completion queue, so reading it would be a syscall that always finds nothing.
+        if !self.is_shared() {
+            self.notifier.test_and_clear();
+        }
     }
 
     fn cancel(&mut self, token: u64) -> bool {

@@ -1,5 +1,5 @@
 //! io_uring-specific behaviour: the probe, completion-queue overflow with a tiny ring, a full
-//! submission queue, registered files.
+//! submission queue, registered files, clearing the completion signal.
 
 use aio_backend_uring::{probe, UringConfig, UringEngine};
 use aio_core::engine::{AlignedBuf, IoEngine, Request};
@@ -112,4 +112,18 @@ fn registered_files_are_used_when_asked_for() {
         .unwrap();
     plain.drain();
     assert_eq!(plain.stats().fixed_file_requests, 0);
+}
+
+#[test]
+fn clear_notifier_reads_the_eventfd_of_an_engine_with_its_own_ring() {
+    if !available() {
+        return;
+    }
+    let engine = UringEngine::new(UringConfig::default()).unwrap();
+    engine.notifier().notify().unwrap();
+    engine.clear_notifier();
+    assert!(
+        !engine.notifier().test_and_clear(),
+        "the completion signal was consumed"
+    );
 }

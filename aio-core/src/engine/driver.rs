@@ -183,7 +183,7 @@ impl<L: EventLoop + 'static> AioContext<L> {
         let handler = FdHandler::new()
             .on_read_reentrant(move |ctx| {
                 if let Ok(engine) = on_read.engine.try_borrow() {
-                    engine.notifier().test_and_clear();
+                    engine.clear_notifier();
                 }
                 on_read.process(ctx);
             })

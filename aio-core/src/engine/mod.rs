@@ -86,6 +86,14 @@ pub trait IoEngine {
     /// The notifier that becomes readable when completions are waiting.
     fn notifier(&self) -> &Notifier;
 
+    /// Clears the notifier's signal; the loop calls it when the notifier is reported readable,
+    /// before it collects completions. The default reads the notifier. An engine whose
+    /// readiness is reported without the notifier being written (io_uring on a ring shared
+    /// with the fd monitor) overrides it and skips a syscall that would find nothing.
+    fn clear_notifier(&self) {
+        self.notifier().test_and_clear();
+    }
+
     /// Cancels a request if it is still queued in the engine (it completes with
     /// `ECANCELED`); returns whether it was.
     fn cancel(&mut self, token: u64) -> bool;
@@ -122,6 +130,9 @@ impl<E: IoEngine + ?Sized> IoEngine for Box<E> {
     }
     fn notifier(&self) -> &Notifier {
         (**self).notifier()
+    }
+    fn clear_notifier(&self) {
+        (**self).clear_notifier()
     }
     fn cancel(&mut self, token: u64) -> bool {
         (**self).cancel(token)
