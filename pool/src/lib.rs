@@ -467,7 +467,8 @@ impl ThreadPool {
                 self.queue.force_batch(usize::MAX).map(Job::Io).collect()
             } else {
                 // Accepted, not returned and not queued here: with the threads.
-                let with_threads = (self.submitted - self.returned) as usize - self.queue.len();
+                let with_threads =
+                    ((self.submitted - self.returned) as usize).saturating_sub(self.queue.len());
                 self.queue
                     .next_batch(usize::MAX, with_threads)
                     .map(Job::Io)
