@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The engine conformance suite of every engine (pool, linux-aio, io_uring with its own ring,
-# registered files, on the uring monitor, and the shared ring) under valgrind's memcheck: any invalid read or write, use of freed memory or uninitialised
+# registered files, with registered files and buffers, on the uring monitor, and the shared ring) under valgrind's memcheck: any invalid read or write, use of freed memory or uninitialised
 # value fails the run (exit code 1 from valgrind's --error-exitcode).
 #
 #   scripts/memcheck.sh            # valgrind (installed with apt-get where missing)

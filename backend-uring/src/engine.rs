@@ -20,6 +20,7 @@ use std::rc::Rc;
 use io_uring::{opcode, squeue, types, IoUring};
 
 use crate::probe::{classify, UringUnavailable};
+use crate::registered_buffers::{RegisteredBuffers, MAX_REGISTERED_BUFFERS};
 use crate::ring::{drain_cq, RingHandle, SharedCore, ENGINE_BIT};
 
 /// Engine settings.
@@ -32,6 +33,15 @@ pub struct UringConfig {
     /// Register each file once (`IORING_REGISTER_FILES`) and submit with fixed-file indexes,
     /// saving the kernel an fd lookup and reference per request. Default off.
     pub register_files: bool,
+    /// Slots of a registered-buffer table (0: off, the default; at most
+    /// [`MAX_REGISTERED_BUFFERS`]). Single-buffer reads and writes then use
+    /// `IORING_OP_READ_FIXED` / `WRITE_FIXED`: each buffer allocation is registered on its
+    /// first use (its pages pinned once, saving the kernel the page lookup and pinning of every
+    /// request) and keeps its slot while requests bring it back. When every slot is in use a
+    /// request goes without; vectored requests always do. If the kernel refuses a
+    /// registration (the memlock limit), the engine goes on without registered buffers and
+    /// says why in [`UringEngine::fixed_buffers_error`].
+    pub fixed_buffers: u32,
 }
 
 impl Default for UringConfig {
@@ -40,8 +50,23 @@ impl Default for UringConfig {
             entries: 128,
             max_batch: DEFAULT_MAX_BATCH,
             register_files: false,
+            fixed_buffers: 0,
         }
     }
+}
+
+/// Refuses settings the kernel would refuse later, with a message that names them.
+fn check_config(config: &UringConfig) -> Result<(), UringUnavailable> {
+    if config.fixed_buffers > MAX_REGISTERED_BUFFERS {
+        return Err(UringUnavailable::Other(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "fixed_buffers = {} is more than the kernel's {} registered buffers",
+                config.fixed_buffers, MAX_REGISTERED_BUFFERS
+            ),
+        )));
+    }
+    Ok(())
 }
 
 /// How many files the registered table holds; beyond that, requests use plain fds.
@@ -64,6 +89,10 @@ pub struct UringStats {
     pub cq_overflows: u64,
     /// Requests submitted with a registered file.
     pub fixed_file_requests: u64,
+    /// Requests submitted with a registered buffer (`READ_FIXED` / `WRITE_FIXED`).
+    pub fixed_buffer_requests: u64,
+    /// Buffers registered (`io_uring_register` calls that filled a slot).
+    pub buffer_registrations: u64,
 }
 
 /// The io_uring engine. See the [crate docs](crate).
@@ -76,6 +105,11 @@ pub struct UringEngine {
     /// Registered files: fd -> (index, a clone that keeps the fd number from being reused).
     files: HashMap<RawFd, (u32, IoFile)>,
     files_ready: bool,
+    /// The registered-buffer table (None: off, or turned off by `buffers_error`).
+    buffers: Option<RegisteredBuffers>,
+    /// The registered-buffer slot each in-flight table slot uses.
+    buffer_of: Vec<Option<u16>>,
+    buffers_error: Option<io::Error>,
     stats: UringStats,
 }
 
@@ -90,8 +124,10 @@ impl std::fmt::Debug for UringEngine {
 }
 
 impl UringEngine {
-    /// Sets up the ring and registers its completion eventfd.
+    /// Sets up the ring and registers its completion eventfd. A `fixed_buffers` above
+    /// [`MAX_REGISTERED_BUFFERS`] is refused (`UringUnavailable::Other`, `InvalidInput`).
     pub fn new(config: UringConfig) -> Result<Self, UringUnavailable> {
+        check_config(&config)?;
         let ring = IoUring::builder()
             .setup_cqsize(config.entries.max(1) * 2)
             .build(config.entries.max(1))
@@ -113,6 +149,7 @@ impl UringEngine {
         core: Rc<RefCell<SharedCore>>,
         config: UringConfig,
     ) -> Result<Self, UringUnavailable> {
+        check_config(&config)?;
         // Never written: the monitor reports this fd readable itself when completions wait.
         let notifier = Notifier::new_eventfd().map_err(UringUnavailable::Other)?;
         core.borrow_mut().engine_fd = Some(notifier.as_raw_fd());
@@ -128,6 +165,13 @@ impl UringEngine {
                     .is_ok()
             });
         }
+        let (mut buffers, mut buffers_error) = (None, None);
+        if config.fixed_buffers > 0 {
+            match ring.with(|r| r.submitter().register_buffers_sparse(config.fixed_buffers)) {
+                Ok(()) => buffers = Some(RegisteredBuffers::new(config.fixed_buffers)),
+                Err(e) => buffers_error = Some(e),
+            }
+        }
         UringEngine {
             ring,
             notifier,
@@ -136,6 +180,9 @@ impl UringEngine {
             in_kernel: 0,
             files: HashMap::new(),
             files_ready,
+            buffers,
+            buffer_of: Vec::new(),
+            buffers_error,
             stats: UringStats::default(),
         }
     }
@@ -153,6 +200,70 @@ impl UringEngine {
     /// Requests the kernel holds right now.
     pub fn in_kernel(&self) -> usize {
         self.in_kernel
+    }
+
+    /// Why registered buffers are off although `fixed_buffers` asked for them: the kernel
+    /// refused the table or a registration (`ENOMEM`: the memlock limit, `RLIMIT_MEMLOCK`).
+    pub fn fixed_buffers_error(&self) -> Option<&io::Error> {
+        self.buffers_error.as_ref()
+    }
+
+    /// The registered-buffer slot for `slot`'s buffer, registering it on first use (None:
+    /// off, a vectored request or a sync, or every slot in use).
+    fn fixed_buffer(&mut self, slot: u32) -> Option<u16> {
+        if let Some(Some(index)) = self.buffer_of.get(slot as usize) {
+            // A resubmitted remainder keeps its slot.
+            return Some(*index);
+        }
+        let table = self.buffers.as_mut()?;
+        let buf = self.core.table.single_buffer(slot)?;
+        let (ring, stats) = (&self.ring, &mut self.stats);
+        let acquired = table.acquire(buf, |index, iovec| {
+            // SAFETY: `iovec` covers the whole buffer of a live request, which stays in the
+            // in-flight table (neither moved nor freed) until the request completes; the
+            // kernel pins these pages now. The slot serves only requests whose buffer is this
+            // same allocation (matched by id, never by address), so the kernel writes through
+            // it only into a buffer that a request in flight owns. Once the allocation is
+            // freed no request uses the slot again: the kernel merely keeps the old pages
+            // pinned, without touching them, until the slot is replaced or the ring dropped.
+            let registered = ring.with(|r| unsafe {
+                r.submitter().register_buffers_update(
+                    index as u32,
+                    std::slice::from_ref(iovec),
+                    None,
+                )
+            });
+            if registered.is_ok() {
+                stats.buffer_registrations += 1;
+            }
+            registered
+        });
+        match acquired {
+            Ok(Some(index)) => {
+                if self.buffer_of.len() <= slot as usize {
+                    self.buffer_of.resize(slot as usize + 1, None);
+                }
+                self.buffer_of[slot as usize] = Some(index);
+                Some(index)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                // Off for good (the next registration would be refused too); in-flight users
+                // of registered slots finish normally.
+                self.buffers_error = Some(e);
+                self.buffers = None;
+                None
+            }
+        }
+    }
+
+    /// `slot`'s request completed: its registered-buffer slot has one user less.
+    fn release_fixed_buffer(&mut self, slot: u32) {
+        if let Some(index) = self.buffer_of.get_mut(slot as usize).and_then(Option::take) {
+            if let Some(table) = self.buffers.as_mut() {
+                table.release(index);
+            }
+        }
     }
 
     /// Whether the kernel keeps overflowed completions (`IORING_FEAT_NODROP`).
@@ -219,7 +330,30 @@ impl UringEngine {
                 if count == 1 && first_len <= u32::MAX as usize {
                     // SAFETY: `iovecs` points to one live iovec in the table.
                     let v = unsafe { *iovecs };
-                    if is_read {
+                    // The remainder lies inside the registered whole buffer.
+                    let registered = self.fixed_buffer(slot);
+                    if let Some(index) = registered {
+                        self.stats.fixed_buffer_requests += 1;
+                        if is_read {
+                            target!(|t| opcode::ReadFixed::new(
+                                t,
+                                v.iov_base.cast(),
+                                v.iov_len as u32,
+                                index
+                            )
+                            .offset(offset)
+                            .build())
+                        } else {
+                            target!(|t| opcode::WriteFixed::new(
+                                t,
+                                v.iov_base.cast(),
+                                v.iov_len as u32,
+                                index
+                            )
+                            .offset(offset)
+                            .build())
+                        }
+                    } else if is_read {
                         target!(
                             |t| opcode::Read::new(t, v.iov_base.cast(), v.iov_len as u32)
                                 .offset(offset)
@@ -344,7 +478,7 @@ impl UringEngine {
                 // Not ours (cannot happen with the user-data split; never miscount for it).
                 Outcome::Stale => continue,
                 Outcome::Resubmit => self.stats.resubmits += 1,
-                Outcome::Completed => {}
+                Outcome::Completed => self.release_fixed_buffer(slot),
             }
             self.in_kernel -= 1;
         }

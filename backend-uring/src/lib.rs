@@ -9,9 +9,9 @@
 //!   check); completion-queue overflow loses nothing (the kernel keeps overflowed CQEs,
 //!   `IORING_FEAT_NODROP`, and the engine flushes them; on kernels without it the engine never
 //!   has more in flight than the CQ holds); short reads and writes, `-EAGAIN` and `-EINTR` are
-//!   resubmitted; registered files as an option ([`UringConfig::register_files`]); drop waits
-//!   for everything in flight. Fixed (registered) buffers are not offered: requests bring their
-//!   own buffers, which would need a registration per request.
+//!   resubmitted; registered files ([`UringConfig::register_files`]) and registered ("fixed")
+//!   buffers ([`UringConfig::fixed_buffers`]: each buffer allocation registered on first use
+//!   and kept while requests bring it back) as options; drop waits for everything in flight.
 //! * [`UringLoop`]: an [`EventLoop`](aio_core::EventLoop) over `IORING_OP_POLL_ADD`, one-shot
 //!   polls re-armed at each wait (which keeps the contract's level-triggered semantics), safe
 //!   removal while a poll is outstanding (stale completions are recognised by a generation and
@@ -36,8 +36,10 @@
 mod engine;
 mod monitor;
 mod probe;
+mod registered_buffers;
 mod ring;
 
 pub use engine::{UringConfig, UringEngine, UringStats, REGISTERED_FILES};
 pub use monitor::{shared_ring, UringLoop};
 pub use probe::{probe, UringSupport, UringUnavailable};
+pub use registered_buffers::MAX_REGISTERED_BUFFERS;

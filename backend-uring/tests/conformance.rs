@@ -1,5 +1,6 @@
 //! The whole aio-core conformance suites against io_uring: the engine suite against
-//! `UringEngine` (default and with registered files), the event-loop suite against `UringLoop`.
+//! `UringEngine` (default, with registered files, with registered buffers in a table smaller
+//! than the requests in flight), the event-loop suite against `UringLoop`.
 //! Where io_uring is unusable every test says why (`skipped: ...`), and fails under
 //! `AIO_REQUIRE_ALL_BACKENDS=1`.
 
@@ -15,6 +16,21 @@ mod engine_registered_files {
     aio_core::engine_conformance!(
         probe: aio_backend_uring::probe().map(drop),
         aio_backend_uring::UringEngine::new(aio_backend_uring::UringConfig {
+            register_files: true,
+            ..Default::default()
+        })
+        .expect("io_uring_setup"),
+        aio_backend_poll::PollLoop::new()
+    );
+}
+
+mod engine_fixed_buffers {
+    // 8 slots: the suites keep more buffers than that in flight, so registration, reuse,
+    // replacement of idle slots and requests going without a slot all happen.
+    aio_core::engine_conformance!(
+        probe: aio_backend_uring::probe().map(drop),
+        aio_backend_uring::UringEngine::new(aio_backend_uring::UringConfig {
+            fixed_buffers: 8,
             register_files: true,
             ..Default::default()
         })

@@ -1,5 +1,5 @@
 //! io_uring-specific behaviour: the probe, completion-queue overflow with a tiny ring, a full
-//! submission queue, registered files, clearing the completion signal.
+//! submission queue, registered files and buffers, clearing the completion signal.
 
 use aio_backend_uring::{probe, UringConfig, UringEngine};
 use aio_core::engine::{AlignedBuf, IoEngine, Request};
@@ -126,4 +126,91 @@ fn clear_notifier_reads_the_eventfd_of_an_engine_with_its_own_ring() {
         !engine.notifier().test_and_clear(),
         "the completion signal was consumed"
     );
+}
+
+#[test]
+fn registered_buffers_are_registered_once_and_reused() {
+    if !available() {
+        return;
+    }
+    let mut engine = UringEngine::new(UringConfig {
+        fixed_buffers: 2,
+        ..UringConfig::default()
+    })
+    .unwrap();
+    let tmp = TempFile::with_len(8 * BLOCK, 0);
+    let file = tmp.open(libc::O_DIRECT).unwrap();
+    // One buffer going round: written with its block's number, then read back into it.
+    let mut buf = AlignedBuf::new(BLOCK);
+    for block in 0..8u64 {
+        buf.fill(block as u8 + 1);
+        engine
+            .submit(Request::write(&file, block * BLOCK as u64, buf, block))
+            .unwrap();
+        let mut done = wait_for(&mut engine, 1);
+        assert_eq!(done[0].result.as_ref().unwrap(), &BLOCK);
+        buf = done.pop().unwrap().buf.into_one().unwrap();
+    }
+    for block in 0..8u64 {
+        buf.fill(0);
+        engine
+            .submit(Request::read(&file, block * BLOCK as u64, buf, block))
+            .unwrap();
+        let mut done = wait_for(&mut engine, 1);
+        assert_eq!(done[0].result.as_ref().unwrap(), &BLOCK);
+        buf = done.pop().unwrap().buf.into_one().unwrap();
+        assert!(buf.iter().all(|&b| b == block as u8 + 1), "block {block}");
+    }
+    let stats = engine.stats();
+    assert!(engine.fixed_buffers_error().is_none());
+    assert_eq!(stats.fixed_buffer_requests, 16, "{stats:?}");
+    assert_eq!(
+        stats.buffer_registrations, 1,
+        "one allocation, one registration"
+    );
+    // A new allocation (even at the freed buffer's address) is registered anew.
+    drop(buf);
+    engine.submit(read_block(&file, 3, 99)).unwrap();
+    let done = wait_for(&mut engine, 1);
+    let read = done.into_iter().next().unwrap().buf.into_one().unwrap();
+    assert!(read.iter().all(|&b| b == 4));
+    assert_eq!(engine.stats().buffer_registrations, 2);
+}
+
+#[test]
+fn more_buffers_in_flight_than_slots_go_without_and_all_complete() {
+    if !available() {
+        return;
+    }
+    let mut engine = UringEngine::new(UringConfig {
+        fixed_buffers: 4,
+        ..UringConfig::default()
+    })
+    .unwrap();
+    let tmp = TempFile::with_len(64 * BLOCK, 7);
+    let file = tmp.open(libc::O_DIRECT).unwrap();
+    engine.plug();
+    for t in 0..64u64 {
+        engine.submit(read_block(&file, t, t)).unwrap();
+    }
+    engine.unplug();
+    let done = wait_for(&mut engine, 64);
+    assert_eq!(done.len(), 64);
+    for c in done {
+        assert_eq!(c.result.as_ref().unwrap(), &BLOCK);
+        assert!(c.buf.into_one().unwrap().iter().all(|&b| b == 7));
+    }
+    let stats = engine.stats();
+    assert!(stats.fixed_buffer_requests >= 4, "{stats:?}");
+    assert!(stats.fixed_buffer_requests < 64, "{stats:?}");
+}
+
+#[test]
+fn too_many_registered_buffers_is_a_clear_error() {
+    let err = UringEngine::new(UringConfig {
+        fixed_buffers: aio_backend_uring::MAX_REGISTERED_BUFFERS + 1,
+        ..UringConfig::default()
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("fixed_buffers"), "{err}");
 }

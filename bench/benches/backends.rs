@@ -7,7 +7,11 @@
 //!   `bare-epoll`: the same write + `epoll_wait` + read with no loop around it;
 //! * `round_trip`: one 4 KiB O_DIRECT read submitted and completed through an `AioContext`
 //!   (QD1, polling off) for each engine (pool, linux-aio, uring, and uring on the loop's own
-//!   ring), next to `pread`: the raw syscall on the same file.
+//!   ring), next to `pread`: the raw syscall on the same file;
+//! * `registrations`: a batch of 32 buffered 4 KiB reads from the page cache (completed inline,
+//!   so the batch costs CPU only) through the io_uring engine alone, `plain`, with registered
+//!   files (`files`), registered buffers (`buffers`) and both (`both`): what each saves per
+//!   request.
 //!
 //! Run: `cargo bench -p aio-bench --bench backends` (then `python3 scripts/criterion_ratios.py`).
 //! Compare within one run: the ratio of `iteration/256/*` to `iteration/1/*` is the per-fd cost
@@ -244,5 +248,72 @@ fn round_trip(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, notifier, bottom_half, iteration, round_trip);
+const BATCH: usize = 32;
+
+fn registrations(c: &mut Criterion) {
+    use aio_backend_uring::{UringConfig, UringEngine};
+    let path =
+        std::env::temp_dir().join(format!("aio-bench-registered-{}.img", std::process::id()));
+    let image = match DiskImage::create_buffered(path, FILE_BLOCKS * BLOCK as u64, 5) {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("skipped: registrations: {e}");
+            return;
+        }
+    };
+    let mut g = c.benchmark_group("registrations");
+    for (name, register_files, fixed_buffers) in [
+        ("plain", false, 0),
+        ("files", true, 0),
+        ("buffers", false, BATCH as u32),
+        ("both", true, BATCH as u32),
+    ] {
+        let config = UringConfig {
+            register_files,
+            fixed_buffers,
+            ..UringConfig::default()
+        };
+        let mut engine = match UringEngine::new(config) {
+            Ok(e) => e,
+            Err(e) => {
+                eprintln!("skipped: registrations/{name}: {e}");
+                continue;
+            }
+        };
+        let mut bufs: Vec<AlignedBuf> = (0..BATCH).map(|_| AlignedBuf::new(BLOCK)).collect();
+        let mut block = 0u64;
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                engine.plug();
+                for (t, buf) in bufs.drain(..).enumerate() {
+                    block = (block + 7919) % FILE_BLOCKS;
+                    let req = Request::read(image.file(), block * BLOCK as u64, buf, t as u64);
+                    engine.submit(req).unwrap();
+                }
+                engine.unplug();
+                for c in aio_core::testing::engine::wait_for(&mut engine, BATCH) {
+                    assert_eq!(c.result.as_ref().ok(), Some(&BLOCK));
+                    bufs.push(c.buf.into_one().unwrap());
+                }
+            })
+        });
+        let stats = engine.stats();
+        assert_eq!(stats.fixed_file_requests > 0, register_files, "{stats:?}");
+        assert_eq!(
+            stats.fixed_buffer_requests > 0,
+            fixed_buffers > 0,
+            "{stats:?}"
+        );
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    notifier,
+    bottom_half,
+    iteration,
+    round_trip,
+    registrations
+);
 criterion_main!(benches);

@@ -10,6 +10,23 @@ use std::str::FromStr;
 
 use aio_core::IoEngine;
 
+/// The io_uring engine's optional registrations, as fio's io_uring engine names them
+/// (`registerfiles`, `fixedbufs`). Other engines have none.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UringOptions {
+    /// Register each file with the ring (`UringConfig::register_files`).
+    pub register_files: bool,
+    /// Registered-buffer slots (`UringConfig::fixed_buffers`; 0: off).
+    pub fixed_buffers: u32,
+}
+
+impl UringOptions {
+    /// Whether any option is on.
+    pub fn any(self) -> bool {
+        self.register_files || self.fixed_buffers > 0
+    }
+}
+
 /// An I/O engine this project offers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EngineKind {
@@ -53,6 +70,18 @@ impl EngineKind {
 
     /// Builds the engine with its defaults, or says why this build cannot.
     pub fn build(self) -> io::Result<Box<dyn IoEngine>> {
+        self.build_with(UringOptions::default())
+    }
+
+    /// Builds the engine; `uring` applies to the io_uring engine only (others refuse options
+    /// that are on, with an error naming them).
+    pub fn build_with(self, uring: UringOptions) -> io::Result<Box<dyn IoEngine>> {
+        if uring.any() && self != EngineKind::Uring {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("registerfiles and fixedbufs are io_uring options, not {self}'s"),
+            ));
+        }
         match self {
             #[cfg(feature = "pool")]
             EngineKind::Pool => Ok(Box::new(aio_pool::ThreadPool::new(
@@ -64,7 +93,11 @@ impl EngineKind {
             )?)),
             #[cfg(feature = "uring")]
             EngineKind::Uring => Ok(Box::new(aio_backend_uring::UringEngine::new(
-                aio_backend_uring::UringConfig::default(),
+                aio_backend_uring::UringConfig {
+                    register_files: uring.register_files,
+                    fixed_buffers: uring.fixed_buffers,
+                    ..Default::default()
+                },
             )?)),
             #[allow(unreachable_patterns)]
             other => Err(io::Error::new(

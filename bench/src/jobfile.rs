@@ -16,7 +16,8 @@
 //! * anything else unknown is an error naming the file and the line.
 //!
 //! This project adds three keys: `fdmon=` (an fd monitor, or `auto`), `disks=` (fd-monitored
-//! idle disks next to the job's file, as in the matrix) and `poll_max_ns=`.
+//! idle disks next to the job's file, as in the matrix) and `poll_max_ns=`. Of fio's
+//! engine-specific options it takes io_uring's `registerfiles` and `fixedbufs`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -78,6 +79,10 @@ pub struct JobDef {
     /// submission call; 0 means `iodepth`, as in fio. Unset, the engine's own default (32)
     /// applies (fio's default is 1).
     pub batch_submit: Option<u64>,
+    /// `registerfiles` (fio's io_uring option): register the file with the ring.
+    pub register_files: bool,
+    /// `fixedbufs` (fio's io_uring option): registered buffers, one slot per `iodepth`.
+    pub fixed_bufs: bool,
 }
 
 impl JobDef {
@@ -102,6 +107,8 @@ impl JobDef {
             disks: 1,
             poll_max_ns: 32_768,
             batch_submit: None,
+            register_files: false,
+            fixed_bufs: false,
         }
     }
 }
@@ -445,6 +452,9 @@ fn apply(
         "poll_max_ns" => job.poll_max_ns = count(0, 1_000_000_000)?,
         // fio: 0 means "iodepth".
         "iodepth_batch_submit" | "iodepth_batch" => job.batch_submit = Some(count(0, 4096)?),
+        // fio's io_uring engine options (an error at run time with another engine).
+        "registerfiles" => job.register_files = flag()?,
+        "fixedbufs" => job.fixed_bufs = flag()?,
         // Sizes here are binary (4k = 4096): fio's default, the only base accepted.
         "kb_base" => {
             if needs_value()? != "1024" {
@@ -535,7 +545,17 @@ bs=4K
     }
 
     #[test]
-    fn the_shipped_job_file_parses() {
+    fn the_shipped_job_files_parse() {
+        let f = p(include_str!("../jobs/uring-registered.fio")).unwrap();
+        let opts: Vec<_> = f
+            .jobs
+            .iter()
+            .map(|j| (j.register_files, j.fixed_bufs))
+            .collect();
+        assert_eq!(
+            opts[..4],
+            [(false, false), (true, false), (false, true), (true, true)]
+        );
         let f = p(include_str!("../jobs/uring-vs-linux-aio.fio")).unwrap();
         assert_eq!(f.jobs.len(), 8);
         assert!(f.jobs.iter().all(|j| j.direct && j.time_based));

@@ -23,7 +23,7 @@ use aio_core::engine::IoFile;
 use hdrhistogram::Histogram;
 use serde_json::{json, Map, Value};
 
-use crate::engines::EngineKind;
+use crate::engines::{EngineKind, UringOptions};
 use crate::image::DiskImage;
 use crate::job::{run_job, IoStats, JobResult, JobSpec};
 use crate::jobfile::{JobDef, JobFile, MonitorChoice};
@@ -178,6 +178,20 @@ pub fn run_one(def: &JobDef) -> Result<JobReport, RunError> {
         line: def.line,
         reason,
     };
+    let uring = UringOptions {
+        register_files: def.register_files,
+        fixed_buffers: if def.fixed_bufs {
+            def.iodepth as u32
+        } else {
+            0
+        },
+    };
+    if uring.any() && engine != EngineKind::Uring {
+        return Err(failed(format!(
+            "registerfiles and fixedbufs are io_uring options; this job's ioengine is {}",
+            engine.fio_ioengine()
+        )));
+    }
     let targets: Vec<Target> = if def.filename.is_some() {
         vec![target(def, 0)?]
     } else {
@@ -207,7 +221,7 @@ pub fn run_one(def: &JobDef) -> Result<JobReport, RunError> {
                 let (file, size) = (t.file.clone(), t.size);
                 s.spawn(move || {
                     let monitor = fdmon.build()?;
-                    let engine = engine.build()?;
+                    let engine = engine.build_with(uring)?;
                     run_job(monitor, engine, &file, size, spec(size))
                 })
             })
@@ -477,6 +491,20 @@ mod tests {
         let e = run_one(&f.jobs[0]).unwrap_err().to_string();
         assert!(
             e.contains("job 'j' (line 1)") && e.contains("no size="),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn io_uring_options_on_another_engine_are_an_error_naming_the_job() {
+        let f = jobfile::parse(
+            "[j]\nioengine=libaio\nfixedbufs\nsize=1m\nfilename=/nonexistent/aio-bench/f\n",
+            Path::new("x.fio"),
+        )
+        .unwrap();
+        let e = run_one(&f.jobs[0]).unwrap_err().to_string();
+        assert!(
+            e.contains("job 'j' (line 1)") && e.contains("io_uring options"),
             "{e}"
         );
     }

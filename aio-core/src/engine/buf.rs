@@ -9,6 +9,10 @@ use std::alloc::{self, Layout};
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The next [`AlignedBuf::id`]; 0 is never given.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// The default alignment: a 4 KiB page, which satisfies `O_DIRECT` on every common device.
 pub const DEFAULT_ALIGN: usize = 4096;
@@ -34,6 +38,7 @@ pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
     layout: Layout,
+    id: u64,
 }
 
 // SAFETY: AlignedBuf owns its allocation exclusively (like Vec<u8>); moving it to another
@@ -61,7 +66,12 @@ impl AlignedBuf {
         let Some(ptr) = NonNull::new(raw) else {
             alloc::handle_alloc_error(layout)
         };
-        Ok(AlignedBuf { ptr, len, layout })
+        Ok(AlignedBuf {
+            ptr,
+            len,
+            layout,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        })
     }
 
     /// A buffer holding a copy of `data`, aligned to [`DEFAULT_ALIGN`].
@@ -69,6 +79,15 @@ impl AlignedBuf {
         let mut b = Self::new(data.len());
         b.copy_from_slice(data);
         b
+    }
+
+    /// This allocation's identity: unique in the process for as long as it runs (a clone is a
+    /// new allocation with a new id; moving the buffer, into a request and back out of its
+    /// completion, keeps it). Engines that register buffers with the kernel (io_uring's fixed
+    /// buffers) key the registration by it, never by address: a new allocation at a freed
+    /// buffer's address has another id, so it is never mistaken for the pages registered then.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// The alignment of the buffer's address.
@@ -152,5 +171,19 @@ mod tests {
         );
         assert!(AlignedBuf::with_alignment(usize::MAX - 10, 4096).is_err());
         assert_eq!(&*AlignedBuf::from_slice(b"abc"), b"abc");
+    }
+
+    #[test]
+    fn ids_follow_the_allocation() {
+        let a = AlignedBuf::new(512);
+        let id = a.id();
+        assert_ne!(id, 0);
+        assert_ne!(a.clone().id(), id, "a clone is another allocation");
+        let moved = vec![a];
+        assert_eq!(moved[0].id(), id, "moving keeps the id");
+        drop(moved);
+        // The allocator may hand the same address back; the id is new regardless.
+        let b = AlignedBuf::new(512);
+        assert!(b.id() > id);
     }
 }

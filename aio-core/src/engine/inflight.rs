@@ -48,6 +48,17 @@ pub enum Prepared {
     },
 }
 
+/// The whole buffer of an in-flight read or write ([`InFlightTable::single_buffer`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WholeBuffer {
+    /// The allocation's [`AlignedBuf::id`](super::AlignedBuf::id).
+    pub id: u64,
+    /// Its first byte.
+    pub ptr: *const u8,
+    /// Its length.
+    pub len: usize,
+}
+
 /// What a kernel result meant for its request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -106,6 +117,20 @@ impl InFlightTable {
             .get(slot as usize)?
             .as_ref()
             .map(|e| e.request.file.clone())
+    }
+
+    /// The whole buffer of a live single-buffer read or write (None for vectored requests and
+    /// syncs): what an engine registers with the kernel for fixed-buffer I/O. The memory stays
+    /// where it is until the slot completes.
+    pub fn single_buffer(&self, slot: u32) -> Option<WholeBuffer> {
+        match &self.slots.get(slot as usize)?.as_ref()?.request.op {
+            Op::Read { buf, .. } | Op::Write { buf, .. } => Some(WholeBuffer {
+                id: buf.id(),
+                ptr: buf.as_ptr(),
+                len: buf.len(),
+            }),
+            _ => None,
+        }
     }
 
     /// The token of a live slot.

@@ -45,7 +45,7 @@ use std::collections::VecDeque;
 
 pub use buf::{AlignedBuf, BufError, DEFAULT_ALIGN};
 pub use driver::AttachedEngine;
-pub use inflight::{EngineCore, InFlightTable, Outcome, Prepared};
+pub use inflight::{EngineCore, InFlightTable, Outcome, Prepared, WholeBuffer};
 pub use queue::SubmitQueue;
 pub use request::{
     Completion, IoBuffers, IoFile, Op, Request, RequestError, Step, SubmitError, Transfer,
