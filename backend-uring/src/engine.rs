@@ -38,9 +38,15 @@ pub struct UringConfig {
     /// `IORING_OP_READ_FIXED` / `WRITE_FIXED`: each buffer allocation is registered on its
     /// first use (its pages pinned once, saving the kernel the page lookup and pinning of every
     /// request) and keeps its slot while requests bring it back. When every slot is in use a
-    /// request goes without; vectored requests always do. If the kernel refuses a
-    /// registration (the memlock limit), the engine goes on without registered buffers and
-    /// says why in [`UringEngine::fixed_buffers_error`].
+    /// request goes without; vectored requests and buffers over 1 GiB always do. If the
+    /// kernel refuses a registration for lack of lockable memory (`ENOMEM`, the memlock limit)
+    /// or permission, the engine goes on without registered buffers and says why in
+    /// [`UringEngine::fixed_buffers_error`]; another refusal affects that buffer only.
+    ///
+    /// Meant for buffers that are reused (a VMM's guest memory, a request pool): a freed
+    /// buffer's pages stay pinned, and counted against the memlock limit, until its slot is
+    /// given to another buffer, and a new allocation per request costs one `io_uring_register`
+    /// call per request.
     pub fixed_buffers: u32,
 }
 
@@ -93,6 +99,8 @@ pub struct UringStats {
     pub fixed_buffer_requests: u64,
     /// Buffers registered (`io_uring_register` calls that filled a slot).
     pub buffer_registrations: u64,
+    /// Registrations the kernel refused for one buffer (that request went without).
+    pub buffer_registrations_refused: u64,
 }
 
 /// The io_uring engine. See the [crate docs](crate).
@@ -247,11 +255,17 @@ impl UringEngine {
                 Some(index)
             }
             Ok(None) => None,
-            Err(e) => {
-                // Off for good (the next registration would be refused too); in-flight users
-                // of registered slots finish normally.
+            // Out of lockable memory (or not allowed): the next registration would be
+            // refused too, so the table is off for good; in-flight users of registered
+            // slots finish normally.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOMEM) | Some(libc::EPERM)) => {
                 self.buffers_error = Some(e);
                 self.buffers = None;
+                None
+            }
+            // Refused for this buffer only (EFAULT, EINVAL...): it goes without.
+            Err(_) => {
+                self.stats.buffer_registrations_refused += 1;
                 None
             }
         }
@@ -292,15 +306,15 @@ impl UringEngine {
         Some(index)
     }
 
-    fn entry(&mut self, slot: u32) -> squeue::Entry {
+    /// The submission entry for `slot`, and whether it names a registered file and a
+    /// registered buffer (counted by the caller once the entry is in the SQ).
+    fn entry(&mut self, slot: u32) -> (squeue::Entry, bool, bool) {
         let prepared = self.core.table.prepare(slot).expect("live slot");
         let fd = match prepared {
             Prepared::Sync { fd, .. } | Prepared::Rw { fd, .. } => fd,
         };
         let fixed = self.fixed_index(slot, fd);
-        if fixed.is_some() {
-            self.stats.fixed_file_requests += 1;
-        }
+        let mut fixed_buffer = false;
         macro_rules! target {
             ($build:expr) => {
                 match fixed {
@@ -333,7 +347,7 @@ impl UringEngine {
                     // The remainder lies inside the registered whole buffer.
                     let registered = self.fixed_buffer(slot);
                     if let Some(index) = registered {
-                        self.stats.fixed_buffer_requests += 1;
+                        fixed_buffer = true;
                         if is_read {
                             target!(|t| opcode::ReadFixed::new(
                                 t,
@@ -378,7 +392,11 @@ impl UringEngine {
             }
         };
         let tag = if self.is_shared() { ENGINE_BIT } else { 0 };
-        entry.user_data(tag | slot as u64)
+        (
+            entry.user_data(tag | slot as u64),
+            fixed.is_some(),
+            fixed_buffer,
+        )
     }
 
     /// Moves waiting requests (remainders first) into the submission queue and submits them.
@@ -422,7 +440,7 @@ impl UringEngine {
                         }
                     }
                 };
-                let entry = self.entry(slot);
+                let (entry, fixed_file, fixed_buffer) = self.entry(slot);
                 // SAFETY: the entry's buffers and iovecs live in `self.table` until its CQE
                 // is reaped (or, at Drop, until the kernel is done with them).
                 let full = !unsafe { self.ring.try_push(&entry) };
@@ -431,6 +449,8 @@ impl UringEngine {
                     self.core.table.unsent(&[slot]);
                     break;
                 }
+                self.stats.fixed_file_requests += fixed_file as u64;
+                self.stats.fixed_buffer_requests += fixed_buffer as u64;
                 pushed += 1;
             }
             if pushed == 0 {
@@ -449,8 +469,15 @@ impl UringEngine {
             match self.ring.with(|r| r.submit()) {
                 Ok(n) => self.stats.entries_submitted += n as u64,
                 // EAGAIN / EBUSY / EINTR: the entries stay in the SQ and go with the next
-                // enter (the next submit, reap or wait).
-                Err(_) => return,
+                // enter (the next submit, reap or wait). With its own ring nothing else may
+                // come (the kernel may hold nothing but these): wake the loop, whose
+                // `poll_completions` submits what waits in the SQ.
+                Err(_) => {
+                    if !self.is_shared() {
+                        let _ = self.notifier.notify();
+                    }
+                    return;
+                }
             }
             if pushed < batch {
                 return;
@@ -616,6 +643,11 @@ impl Drop for UringEngine {
             }
         }
         if let RingHandle::Shared(shared) = &self.ring {
+            if self.buffers.is_some() {
+                // The ring outlives this engine: unpin our registered buffers now (nothing
+                // is in flight any more).
+                let _ = shared.borrow().ring.submitter().unregister_buffers();
+            }
             // The monitor must stop reporting our (soon closed) notifier fd.
             let mut shared = shared.borrow_mut();
             shared.engine_fd = None;

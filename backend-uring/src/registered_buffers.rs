@@ -20,6 +20,9 @@ use aio_core::engine::WholeBuffer;
 /// The kernel's limit on registered buffers (`IORING_MAX_REG_BUFFERS`).
 pub const MAX_REGISTERED_BUFFERS: u32 = 1 << 14;
 
+/// The kernel's limit on one registered buffer (1 GiB); larger ones go without.
+const MAX_BUFFER_LEN: usize = 1 << 30;
+
 #[derive(Debug, Clone, Copy, Default)]
 struct Slot {
     /// The allocation registered here (0: none yet).
@@ -61,7 +64,7 @@ impl RegisteredBuffers {
             self.slots[index as usize].users += 1;
             return Ok(Some(index));
         }
-        if buf.len == 0 {
+        if buf.len == 0 || buf.len > MAX_BUFFER_LEN {
             return Ok(None);
         }
         let n = self.slots.len();
@@ -178,6 +181,18 @@ mod tests {
                 .unwrap(),
             None,
             "an empty buffer is never registered"
+        );
+        let huge = WholeBuffer {
+            id: u64::MAX,
+            ptr: std::ptr::null(),
+            len: MAX_BUFFER_LEN + 1,
+        };
+        assert_eq!(
+            table
+                .acquire(huge, |_, _| panic!("never registered"))
+                .unwrap(),
+            None,
+            "over the kernel's 1 GiB per buffer"
         );
     }
 }

@@ -135,3 +135,53 @@ fn monitor_removals_on_a_shared_ring_never_reach_the_engine() {
     drop(attached);
     drop(ctx);
 }
+
+#[test]
+fn registered_buffers_on_a_shared_ring_are_used_and_released_with_the_engine() {
+    use aio_core::engine::{AlignedBuf, Request};
+    use aio_core::testing::engine::TempFile;
+    use aio_core::testing::Pipe;
+    use aio_core::{AioContext, FdHandler};
+    use std::os::fd::AsRawFd;
+    if aio_core::testing::available("io_uring unusable", probe()).is_none() {
+        return;
+    }
+    let (monitor, engine) = shared_ring(UringConfig {
+        fixed_buffers: 4,
+        ..UringConfig::default()
+    })
+    .expect("shared ring");
+    let ctx = AioContext::new(monitor).unwrap();
+    let tmp = TempFile::with_len(8 * 4096, 9);
+    let file = tmp.open(libc::O_DIRECT).unwrap();
+    let good = Rc::new(RefCell::new(0u32));
+    let g = good.clone();
+    let attached = ctx
+        .attach_engine(engine, move |_, c| {
+            assert_eq!(c.result.as_ref().ok(), Some(&4096));
+            assert!(c.buf.into_one().unwrap().iter().all(|&b| b == 9));
+            *g.borrow_mut() += 1;
+        })
+        .unwrap();
+    for t in 0..8u64 {
+        attached
+            .submit(Request::read(&file, t * 4096, AlignedBuf::new(4096), t))
+            .unwrap();
+    }
+    aio_core::testing::poll_until(&ctx, "eight reads", || *good.borrow() == 8);
+    let stats = attached.with_engine(|e| e.stats());
+    assert!(stats.fixed_buffer_requests >= 4, "{stats:?}");
+    // The engine goes (unregistering its buffers); the ring stays the monitor's and works.
+    let engine = attached.detach(&ctx).map_err(|(e, _)| e).unwrap();
+    drop(engine);
+    let pipe = Pipe::new();
+    let seen = Rc::new(RefCell::new(false));
+    let s = seen.clone();
+    ctx.set_fd_handler(
+        pipe.read.as_raw_fd(),
+        FdHandler::new().on_read(move |_| *s.borrow_mut() = true),
+    )
+    .unwrap();
+    aio_core::testing::write_byte(pipe.write.as_raw_fd());
+    aio_core::testing::poll_until(&ctx, "the pipe", || *seen.borrow());
+}
