@@ -301,13 +301,7 @@ impl LinuxAio {
     fn submit_pending(&mut self, force: bool) {
         let capacity = self.config.ring_size as usize;
         while !self.submit_blocked && self.in_kernel < capacity {
-            // The queue's batch rule (no larger than the work the kernel already has), or
-            // whole batches when draining.
-            let batch = if force {
-                self.core.queue.max_batch()
-            } else {
-                self.core.queue.batch_limit(self.in_kernel)
-            };
+            let batch = self.core.queue.round_limit(self.in_kernel, force);
             let room = (capacity - self.in_kernel).min(batch);
             self.batch.clear();
             while self.batch.len() < room {

@@ -410,13 +410,7 @@ impl UringEngine {
         };
         loop {
             let mut pushed = 0usize;
-            // This round's batch: the queue's batch rule (no larger than the work the kernel
-            // already has), or whole batches when draining.
-            let batch = if force {
-                self.core.queue.max_batch()
-            } else {
-                self.core.queue.batch_limit(self.in_kernel)
-            };
+            let batch = self.core.queue.round_limit(self.in_kernel, force);
             // Fresh requests this round may take: decided once, so that pulling them one by
             // one does not shrink a full batch below the plug's threshold half-way.
             let mut fresh = if force {

@@ -25,6 +25,17 @@ impl UringOptions {
     pub fn any(self) -> bool {
         self.register_files || self.fixed_buffers > 0
     }
+
+    /// Refuses options that are on for an engine other than io_uring, saying which.
+    pub fn check_for(self, engine: EngineKind) -> Result<(), String> {
+        if self.any() && engine != EngineKind::Uring {
+            return Err(format!(
+                "registerfiles and fixedbufs are io_uring options; this engine is {}",
+                engine.fio_ioengine()
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// An I/O engine this project offers.
@@ -76,12 +87,9 @@ impl EngineKind {
     /// Builds the engine; `uring` applies to the io_uring engine only (others refuse options
     /// that are on, with an error naming them).
     pub fn build_with(self, uring: UringOptions) -> io::Result<Box<dyn IoEngine>> {
-        if uring.any() && self != EngineKind::Uring {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("registerfiles and fixedbufs are io_uring options, not {self}'s"),
-            ));
-        }
+        uring
+            .check_for(self)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         match self {
             #[cfg(feature = "pool")]
             EngineKind::Pool => Ok(Box::new(aio_pool::ThreadPool::new(

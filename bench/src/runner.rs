@@ -186,12 +186,7 @@ pub fn run_one(def: &JobDef) -> Result<JobReport, RunError> {
             0
         },
     };
-    if uring.any() && engine != EngineKind::Uring {
-        return Err(failed(format!(
-            "registerfiles and fixedbufs are io_uring options; this job's ioengine is {}",
-            engine.fio_ioengine()
-        )));
-    }
+    uring.check_for(engine).map_err(failed)?;
     let targets: Vec<Target> = if def.filename.is_some() {
         vec![target(def, 0)?]
     } else {

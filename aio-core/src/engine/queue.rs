@@ -103,6 +103,16 @@ impl SubmitQueue {
         in_kernel.clamp(1, self.max_batch)
     }
 
+    /// The size of one round of an engine's submit loop: [`SubmitQueue::batch_limit`], or a
+    /// whole `max_batch` when `draining` (`drain`, drop), where holding back buys nothing.
+    pub fn round_limit(&self, in_kernel: usize, draining: bool) -> usize {
+        if draining {
+            self.max_batch
+        } else {
+            self.batch_limit(in_kernel)
+        }
+    }
+
     /// How many requests may go out now (before the free-slot limit), the kernel holding
     /// `in_kernel`: while plugged, a whole batch ([`SubmitQueue::batch_limit`]) once that many
     /// are queued, else nothing; unplugged, up to a batch.
