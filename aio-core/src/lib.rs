@@ -56,4 +56,4 @@ pub use error::AioError;
 pub use event_loop::{Event, EventLoop, Interest, Token};
 pub use hybrid::Hybrid;
 pub use notifier::{Notifier, NotifierKind};
-pub use polling::PollParams;
+pub use polling::{PollParams, PollRule};

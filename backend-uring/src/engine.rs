@@ -17,11 +17,12 @@ use aio_core::Notifier;
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use io_uring::{opcode, squeue, types, IoUring};
+use io_uring::{opcode, squeue, types};
 
 use crate::probe::{classify, UringUnavailable};
 use crate::registered_buffers::{RegisteredBuffers, MAX_REGISTERED_BUFFERS};
 use crate::ring::{drain_cq, RingHandle, SharedCore, ENGINE_BIT};
+use crate::task_run::{build_ring, TaskRun};
 
 /// Engine settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +49,11 @@ pub struct UringConfig {
     /// given to another buffer, and a new allocation per request costs one `io_uring_register`
     /// call per request.
     pub fixed_buffers: u32,
+    /// How completions are made visible to the loop (io_uring's task-work modes). Default
+    /// [`TaskRun::Auto`]: deferred task work where the kernel has it (6.1), so a busy-polling
+    /// loop is never interrupted and a sleeping one wakes once, on its eventfd. Only a ring of
+    /// the engine's own: a ring shared with the monitor keeps the kernel's default.
+    pub task_run: TaskRun,
 }
 
 impl Default for UringConfig {
@@ -57,6 +63,7 @@ impl Default for UringConfig {
             max_batch: DEFAULT_MAX_BATCH,
             register_files: false,
             fixed_buffers: 0,
+            task_run: TaskRun::Auto,
         }
     }
 }
@@ -101,6 +108,9 @@ pub struct UringStats {
     pub buffer_registrations: u64,
     /// Registrations the kernel refused for one buffer (that request went without).
     pub buffer_registrations_refused: u64,
+    /// `io_uring_enter` calls made to run pending task work (the `IORING_SQ_TASKRUN` flag
+    /// was set; [`TaskRun::Cooperative`] and [`TaskRun::Deferred`] only).
+    pub task_run_enters: u64,
 }
 
 /// The io_uring engine. See the [crate docs](crate).
@@ -118,6 +128,8 @@ pub struct UringEngine {
     /// The registered-buffer slot each in-flight table slot uses.
     buffer_of: Vec<Option<u16>>,
     buffers_error: Option<io::Error>,
+    /// The task-work mode the ring runs in (never `Auto`).
+    task_run: TaskRun,
     stats: UringStats,
 }
 
@@ -136,10 +148,9 @@ impl UringEngine {
     /// [`MAX_REGISTERED_BUFFERS`] is refused (`UringUnavailable::Other`, `InvalidInput`).
     pub fn new(config: UringConfig) -> Result<Self, UringUnavailable> {
         check_config(&config)?;
-        let ring = IoUring::builder()
-            .setup_cqsize(config.entries.max(1) * 2)
-            .build(config.entries.max(1))
-            .map_err(classify)?;
+        let entries = config.entries.max(1);
+        let (ring, task_run) =
+            build_ring(entries, entries * 2, config.task_run).map_err(classify)?;
         let notifier = Notifier::new_eventfd().map_err(UringUnavailable::Other)?;
         ring.submitter()
             .register_eventfd(notifier.as_raw_fd())
@@ -148,6 +159,7 @@ impl UringEngine {
             RingHandle::Own(Box::new(ring)),
             notifier,
             config,
+            task_run,
         ))
     }
 
@@ -161,10 +173,20 @@ impl UringEngine {
         // Never written: the monitor reports this fd readable itself when completions wait.
         let notifier = Notifier::new_eventfd().map_err(UringUnavailable::Other)?;
         core.borrow_mut().engine_fd = Some(notifier.as_raw_fd());
-        Ok(Self::assemble(RingHandle::Shared(core), notifier, config))
+        Ok(Self::assemble(
+            RingHandle::Shared(core),
+            notifier,
+            config,
+            TaskRun::Signal,
+        ))
     }
 
-    fn assemble(ring: RingHandle, notifier: Notifier, config: UringConfig) -> Self {
+    fn assemble(
+        ring: RingHandle,
+        notifier: Notifier,
+        config: UringConfig,
+        task_run: TaskRun,
+    ) -> Self {
         let mut files_ready = false;
         if config.register_files {
             files_ready = ring.with(|r| {
@@ -191,6 +213,7 @@ impl UringEngine {
             buffers,
             buffer_of: Vec::new(),
             buffers_error,
+            task_run,
             stats: UringStats::default(),
         }
     }
@@ -198,6 +221,20 @@ impl UringEngine {
     /// Whether this engine shares its ring with the fd monitor.
     pub fn is_shared(&self) -> bool {
         matches!(self.ring, RingHandle::Shared(_))
+    }
+
+    /// The task-work mode the ring runs in: [`UringConfig::task_run`], or what `Auto` chose
+    /// on this kernel (never `Auto`).
+    pub fn task_run(&self) -> TaskRun {
+        self.task_run
+    }
+
+    /// Whether the kernel holds completion work for this ring that only an enter runs
+    /// (`IORING_SQ_TASKRUN`, in the modes that use it).
+    fn task_work_pending(&self) -> bool {
+        self.task_run.uses_flag()
+            // SAFETY: a transient view of the SQ flags; no SubmissionQueue is alive.
+            && self.ring.with(|r| unsafe { r.submission_shared() }.taskrun())
     }
 
     /// The engine's numbers.
@@ -482,6 +519,12 @@ impl UringEngine {
     /// Reaps the completion queue (flushing kernel-side overflow first).
     fn reap(&mut self) -> usize {
         let mut results: Vec<(u32, i32)> = Vec::new();
+        if self.task_work_pending() {
+            // The completions exist but are not posted yet: one enter with GETEVENTS (the
+            // crate adds it when it sees the flag) runs the work and posts them.
+            self.stats.task_run_enters += 1;
+            let _ = self.ring.with(|r| r.submit());
+        }
         match &mut self.ring {
             RingHandle::Own(ring) => {
                 self.stats.cq_overflows +=
@@ -565,9 +608,13 @@ impl IoEngine for UringEngine {
             return true;
         }
         match &self.ring {
-            // SAFETY: a transient view of the CQ; no other CompletionQueue exists meanwhile
-            // (every `&mut self` method creates its own and drops it before returning).
-            RingHandle::Own(r) => !unsafe { r.completion_shared() }.is_empty(),
+            RingHandle::Own(r) => {
+                // SAFETY: a transient view of the CQ; no other CompletionQueue exists meanwhile
+                // (every `&mut self` method creates its own and drops it before returning).
+                let cq_empty = unsafe { r.completion_shared() }.is_empty();
+                // Completions the kernel holds as task work are there too, one enter away.
+                !cq_empty || self.task_work_pending()
+            }
             RingHandle::Shared(core) => core.try_borrow().is_ok_and(|c| {
                 // SAFETY: as above; the monitor is not inside a method (it is not borrowed).
                 c.engine_ready() || !unsafe { c.ring.completion_shared() }.is_empty()

@@ -1,6 +1,7 @@
 //! The whole aio-core conformance suites against io_uring: the engine suite against
 //! `UringEngine` (default, with registered files, with registered buffers in a table smaller
-//! than the requests in flight), the event-loop suite against `UringLoop`.
+//! than the requests in flight, in each task-work mode), the event-loop suite against
+//! `UringLoop`.
 //! Where io_uring is unusable every test says why (`skipped: ...`), and fails under
 //! `AIO_REQUIRE_ALL_BACKENDS=1`.
 
@@ -32,6 +33,32 @@ mod engine_fixed_buffers {
         aio_backend_uring::UringEngine::new(aio_backend_uring::UringConfig {
             fixed_buffers: 8,
             register_files: true,
+            ..Default::default()
+        })
+        .expect("io_uring_setup"),
+        aio_backend_poll::PollLoop::new()
+    );
+}
+
+// The default (`TaskRun::Auto`) is deferred task work on this project's kernels; the other two
+// modes post completions differently (an interrupt, a flag the `io_poll` check reads).
+mod engine_task_run_signal {
+    aio_core::engine_conformance!(
+        probe: aio_backend_uring::probe().map(drop),
+        aio_backend_uring::UringEngine::new(aio_backend_uring::UringConfig {
+            task_run: aio_backend_uring::TaskRun::Signal,
+            ..Default::default()
+        })
+        .expect("io_uring_setup"),
+        aio_backend_poll::PollLoop::new()
+    );
+}
+
+mod engine_task_run_cooperative {
+    aio_core::engine_conformance!(
+        probe: aio_backend_uring::probe().map(drop),
+        aio_backend_uring::UringEngine::new(aio_backend_uring::UringConfig {
+            task_run: aio_backend_uring::TaskRun::Cooperative,
             ..Default::default()
         })
         .expect("io_uring_setup"),

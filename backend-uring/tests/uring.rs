@@ -1,8 +1,11 @@
 //! io_uring-specific behaviour: the probe, completion-queue overflow with a tiny ring, a full
-//! submission queue, registered files and buffers, clearing the completion signal.
+//! submission queue, registered files and buffers, clearing the completion signal, the
+//! task-work modes.
 
-use aio_backend_uring::{probe, UringConfig, UringEngine};
-use aio_core::engine::{AlignedBuf, IoEngine, Request};
+use std::collections::VecDeque;
+
+use aio_backend_uring::{probe, TaskRun, UringConfig, UringEngine};
+use aio_core::engine::{AlignedBuf, IoEngine, IoFile, Request};
 use aio_core::testing::engine::{read_block, wait_for, TempFile};
 
 use aio_core::testing::engine::BLOCK;
@@ -213,4 +216,93 @@ fn too_many_registered_buffers_is_a_clear_error() {
     })
     .unwrap_err();
     assert!(err.to_string().contains("fixed_buffers"), "{err}");
+}
+
+/// A pipe (read end, write end) as files; the read end is what the engine reads.
+fn pipe() -> (std::fs::File, std::fs::File) {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
+    assert_eq!(rc, 0, "pipe2: {}", std::io::Error::last_os_error());
+    use std::os::fd::FromRawFd;
+    // SAFETY: both fds were just created and are owned by nobody else.
+    unsafe {
+        (
+            std::fs::File::from_raw_fd(fds[0]),
+            std::fs::File::from_raw_fd(fds[1]),
+        )
+    }
+}
+
+#[test]
+fn auto_takes_deferred_task_work_where_the_kernel_has_it() {
+    if !available() {
+        return;
+    }
+    let engine = UringEngine::new(UringConfig::default()).unwrap();
+    // Every kernel this project supports for io_uring tests (5.19+) has one of the flag
+    // modes; 6.1 and later have deferred task work.
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut parts = release.trim().split(['.', '-']);
+    let major: u32 = parts.next().unwrap().parse().unwrap();
+    let minor: u32 = parts.next().unwrap().parse().unwrap();
+    let expected = if (major, minor) >= (6, 1) {
+        TaskRun::Deferred
+    } else {
+        TaskRun::Cooperative
+    };
+    assert_eq!(engine.task_run(), expected, "kernel {}", release.trim());
+}
+
+#[test]
+fn completions_held_as_task_work_wake_the_eventfd_and_are_seen_by_io_poll() {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    if !available() {
+        return;
+    }
+    for mode in [TaskRun::Deferred, TaskRun::Cooperative, TaskRun::Signal] {
+        let mut engine = UringEngine::new(UringConfig {
+            task_run: mode,
+            ..UringConfig::default()
+        })
+        .unwrap();
+        assert_eq!(engine.task_run(), mode);
+        let (read_end, mut write_end) = pipe();
+        let file = IoFile::from(read_end);
+        // An empty pipe: the read waits in the kernel until the write below, then completes
+        // as task work of this thread (not inline in a syscall of ours).
+        engine
+            .submit(Request::read(&file, 0, AlignedBuf::new(4096), 7))
+            .unwrap();
+        assert!(!engine.has_completions(), "{mode:?}: nothing written yet");
+        // One atomic pipe write (PIPE_BUF) of the whole buffer: the read is not short.
+        write_end.write_all(&[0x5a; 4096]).unwrap();
+        // A loop asleep on the eventfd wakes (5 s is only a hang guard).
+        let mut pfd = libc::pollfd {
+            fd: engine.notifier().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let ready = unsafe { libc::poll(&mut pfd, 1, 5_000) };
+        assert_eq!(ready, 1, "{mode:?}: the eventfd was not written");
+        assert!(engine.has_completions(), "{mode:?}: io_poll missed it");
+        let mut done = VecDeque::new();
+        assert_eq!(engine.poll_completions(&mut done), 1, "{mode:?}");
+        let c = done.pop_front().unwrap();
+        assert_eq!(
+            (c.token, c.result.as_ref().ok()),
+            (7, Some(&4096)),
+            "{mode:?}"
+        );
+        assert!(c.buf.into_one().unwrap().iter().all(|&b| b == 0x5a));
+        let enters = engine.stats().task_run_enters;
+        match mode {
+            // The work waited for the engine's enter: it had to make one.
+            TaskRun::Deferred => assert!(enters >= 1, "{mode:?}: {enters} enters"),
+            TaskRun::Signal => assert_eq!(enters, 0, "the flag is not used"),
+            _ => {}
+        }
+    }
 }

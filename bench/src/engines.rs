@@ -10,27 +10,43 @@ use std::str::FromStr;
 
 use aio_core::IoEngine;
 
-/// The io_uring engine's optional registrations, as fio's io_uring engine names them
-/// (`registerfiles`, `fixedbufs`). Other engines have none.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// The names of io_uring's task-work modes (`UringConfig::task_run`), as job files write them
+/// (`uring_taskrun=`): `auto` (the default), `signal`, `coop`, `defer`.
+pub const URING_TASK_RUN_MODES: [&str; 4] = ["auto", "signal", "coop", "defer"];
+
+/// The io_uring engine's options: the registrations, as fio's io_uring engine names them
+/// (`registerfiles`, `fixedbufs`), and the task-work mode. Other engines have none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UringOptions {
     /// Register each file with the ring (`UringConfig::register_files`).
     pub register_files: bool,
     /// Registered-buffer slots (`UringConfig::fixed_buffers`; 0: off).
     pub fixed_buffers: u32,
+    /// The task-work mode, one of [`URING_TASK_RUN_MODES`] (`UringConfig::task_run`).
+    pub task_run: &'static str,
+}
+
+impl Default for UringOptions {
+    fn default() -> Self {
+        UringOptions {
+            register_files: false,
+            fixed_buffers: 0,
+            task_run: URING_TASK_RUN_MODES[0],
+        }
+    }
 }
 
 impl UringOptions {
-    /// Whether any option is on.
+    /// Whether any option differs from the default.
     pub fn any(self) -> bool {
-        self.register_files || self.fixed_buffers > 0
+        self != UringOptions::default()
     }
 
     /// Refuses options that are on for an engine other than io_uring, saying which.
     pub fn check_for(self, engine: EngineKind) -> Result<(), String> {
         if self.any() && engine != EngineKind::Uring {
             return Err(format!(
-                "registerfiles and fixedbufs are io_uring options; this engine is {}",
+                "registerfiles, fixedbufs and uring_taskrun are io_uring options; this engine is {}",
                 engine.fio_ioengine()
             ));
         }
@@ -104,6 +120,8 @@ impl EngineKind {
                 aio_backend_uring::UringConfig {
                     register_files: uring.register_files,
                     fixed_buffers: uring.fixed_buffers,
+                    task_run: aio_backend_uring::TaskRun::from_name(uring.task_run)
+                        .unwrap_or_default(),
                     ..Default::default()
                 },
             )?)),
@@ -149,6 +167,21 @@ impl FromStr for EngineKind {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg(feature = "uring")]
+    fn every_task_run_name_is_one_the_uring_crate_knows() {
+        for name in URING_TASK_RUN_MODES {
+            let mode = aio_backend_uring::TaskRun::from_name(name).expect(name);
+            assert_eq!(mode.name(), name);
+        }
+        let opts = UringOptions {
+            task_run: "signal",
+            ..UringOptions::default()
+        };
+        assert!(opts.check_for(EngineKind::LinuxAio).is_err());
+        assert!(opts.check_for(EngineKind::Uring).is_ok());
+    }
 
     #[test]
     fn names_round_trip_and_unknown_is_an_error() {

@@ -1,11 +1,14 @@
 //! Test images: a file written once (so reads touch real blocks), opened with O_DIRECT, and
-//! removed when dropped — also when creating it fails half-way.
+//! removed when dropped — also when creating it fails half-way. An image may also be a region
+//! of a block device (the fast device, [`crate::loopdev`]): the device is opened, never
+//! created or removed.
 //!
-//! This module owns image files only; the matrix's disks and `vs-fio` / `latency` use it.
+//! This module owns image files and regions only; the matrix's disks and `vs-fio` / `latency`
+//! use it.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io::{self, Seek, SeekFrom};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use std::sync::{Arc, Mutex};
@@ -17,12 +20,16 @@ use crate::verify::Ledger;
 /// Bytes written per `write` while an image is created.
 const CHUNK: usize = 1 << 20;
 
-/// An image file, removed on drop.
+/// An image file, removed on drop; or a region of a block device, left as it is on drop.
 #[derive(Debug)]
 pub struct DiskImage {
     path: PathBuf,
     file: Option<IoFile>,
+    /// Where the image starts in `path` (0 for an image file).
+    base: u64,
     size: u64,
+    /// An image file this guard created (and removes); false for a device region.
+    owned: bool,
     ledger: Option<Arc<Mutex<Ledger>>>,
 }
 
@@ -43,7 +50,8 @@ impl DiskImage {
         let pattern: Vec<u8> = (0..CHUNK)
             .map(|i| (i as u8).wrapping_mul(7) ^ seed | 1)
             .collect();
-        Self::create_with(path, size, CHUNK, direct, |_, chunk| {
+        let image = DiskImage::new(path, 0, size, true);
+        image.fill_and_open(CHUNK, direct, |_, chunk| {
             chunk.copy_from_slice(&pattern[..chunk.len()])
         })
     }
@@ -51,9 +59,42 @@ impl DiskImage {
     /// As [`create`](Self::create), with every `bs`-byte block stamped for `--verify`
     /// (generation 0, see [`crate::verify`]). `size` is rounded down to whole blocks.
     pub fn create_stamped(path: PathBuf, size: u64, bs: usize) -> io::Result<DiskImage> {
-        let size = size / bs as u64 * bs as u64;
+        DiskImage::new(path, 0, size, true).stamp_and_open(bs)
+    }
+
+    /// `len` bytes of the existing block device (or file) `device` from byte `base`, opened
+    /// with O_DIRECT as they are: nothing is written, and nothing is removed on drop. Offsets
+    /// given to [`file`](Self::file) must add [`base`](Self::base).
+    pub fn region(device: PathBuf, base: u64, len: u64) -> io::Result<DiskImage> {
+        let mut image = DiskImage::new(device, base, len, false);
+        image.file = Some(image.open(true)?);
+        Ok(image)
+    }
+
+    /// As [`region`](Self::region), with every `bs`-byte block of the region stamped for
+    /// `--verify`; a stamp carries the block's offset within the region, as if the region were
+    /// an image file of its own. `len` is rounded down to whole blocks.
+    pub fn region_stamped(device: PathBuf, base: u64, len: u64, bs: usize) -> io::Result<Self> {
+        DiskImage::new(device, base, len, false).stamp_and_open(bs)
+    }
+
+    fn new(path: PathBuf, base: u64, size: u64, owned: bool) -> DiskImage {
+        DiskImage {
+            path,
+            file: None,
+            base,
+            size,
+            owned,
+            ledger: None,
+        }
+    }
+
+    /// Stamps every `bs`-byte block (generation 0), opens with O_DIRECT, and sets the ledger.
+    fn stamp_and_open(mut self, bs: usize) -> io::Result<DiskImage> {
+        self.size = self.size / bs as u64 * bs as u64;
         let chunk_len = bs * (CHUNK / bs).max(1);
-        let mut image = Self::create_with(path, size, chunk_len, true, |offset, chunk| {
+        let size = self.size;
+        let mut image = self.fill_and_open(chunk_len, true, |offset, chunk| {
             for (i, block) in chunk.chunks_mut(bs).enumerate() {
                 crate::verify::stamp(block, offset + (i * bs) as u64, 0);
             }
@@ -67,48 +108,78 @@ impl DiskImage {
         self.ledger.as_ref()
     }
 
-    /// Creates the image, `fill` writing each chunk of `chunk_len` bytes (the last may be
-    /// shorter) given its offset, and opens it (with O_DIRECT if `direct`).
-    fn create_with(
-        path: PathBuf,
-        size: u64,
+    /// Writes the image (creating the file if it is `owned`, else into the existing region),
+    /// `fill` writing each chunk of `chunk_len` bytes (the last may be shorter) given its offset
+    /// in the image, and opens it (with O_DIRECT if `direct`).
+    fn fill_and_open(
+        mut self,
         chunk_len: usize,
         direct: bool,
         mut fill: impl FnMut(u64, &mut [u8]),
     ) -> io::Result<DiskImage> {
-        // The guard exists before the file does: an error below removes it.
-        let mut image = DiskImage {
-            path,
-            file: None,
-            size,
-            ledger: None,
+        // `self` is the guard and exists before the file does: an error below removes it.
+        let f = if self.owned {
+            File::create(&self.path)?
+        } else {
+            self.check_region(OpenOptions::new().write(true).open(&self.path)?)?
         };
-        let mut f = File::create(&image.path)?;
         let mut chunk = vec![0u8; chunk_len];
         let mut offset = 0;
-        while offset < size {
-            let n = (size - offset).min(chunk_len as u64) as usize;
+        while offset < self.size {
+            let n = (self.size - offset).min(chunk_len as u64) as usize;
             fill(offset, &mut chunk[..n]);
-            f.write_all(&chunk[..n])?;
+            f.write_all_at(&chunk[..n], self.base + offset)?;
             offset += n as u64;
         }
         f.sync_all()?;
+        self.file = Some(self.open(direct)?);
+        Ok(self)
+    }
+
+    /// Opens the image's file for reading and writing (with O_DIRECT if `direct`).
+    fn open(&self, direct: bool) -> io::Result<IoFile> {
         let opened = OpenOptions::new()
             .read(true)
             .write(true)
             .custom_flags(if direct { libc::O_DIRECT } else { 0 })
-            .open(&image.path)
+            .open(&self.path)
             .map_err(|e| {
                 let how = if direct { "O_DIRECT open" } else { "open" };
-                io::Error::new(e.kind(), format!("{}: {how}: {e}", image.path.display()))
+                io::Error::new(e.kind(), format!("{}: {how}: {e}", self.path.display()))
             })?;
-        image.file = Some(IoFile::from(opened));
-        Ok(image)
+        if !self.owned {
+            return self.check_region(opened).map(IoFile::from);
+        }
+        Ok(IoFile::from(opened))
     }
 
-    /// Where the image is.
+    /// `f` if the region lies inside it (seeking to the end gives the size of block devices
+    /// and regular files alike).
+    fn check_region(&self, mut f: File) -> io::Result<File> {
+        let len = f.seek(SeekFrom::End(0))?;
+        if self.base.saturating_add(self.size) > len {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{}: region {}..{} passes its end ({len} bytes)",
+                    self.path.display(),
+                    self.base,
+                    self.base.saturating_add(self.size)
+                ),
+            ));
+        }
+        Ok(f)
+    }
+
+    /// Where the image is (for a region, the device).
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Where the image starts in its file: 0 for an image file, the region's first byte on a
+    /// device. Requests on [`file`](Self::file) go to `base() + offset`.
+    pub fn base(&self) -> u64 {
+        self.base
     }
 
     /// The image, opened with O_DIRECT (except for [`create_buffered`](Self::create_buffered)).
@@ -124,6 +195,24 @@ impl DiskImage {
 
 impl Drop for DiskImage {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        if self.owned {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Bytes available to an unprivileged user in the file system holding `dir` (0 if unknown).
+pub fn free_bytes(dir: &Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return 0;
+    };
+    // SAFETY: statvfs is plain old data; `c` is a valid NUL-terminated path for the call.
+    unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(c.as_ptr(), &mut st) != 0 {
+            return 0;
+        }
+        st.f_bavail as u64 * st.f_frsize as u64
     }
 }

@@ -13,7 +13,7 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use aio_core::engine::{AlignedBuf, AttachedEngine, IoEngine, IoFile, Request};
-use aio_core::{AioContext, EventLoop, FdHandler, LoopCounters, Notifier, PollParams};
+use aio_core::{AioContext, EventLoop, FdHandler, LoopCounters, Notifier, PollParams, PollRule};
 use hdrhistogram::Histogram;
 
 /// The I/O pattern of a job (fio's `rw=`).
@@ -165,6 +165,8 @@ pub struct JobSpec {
     pub ramp: Duration,
     /// The loop's adaptive polling limit.
     pub poll_max_ns: u64,
+    /// How the loop's polling window adapts.
+    pub poll_rule: PollRule,
     /// Stop issuing after this many bytes (fio without `time_based`: `size` bytes per job).
     pub io_limit: Option<u64>,
     /// Idle fds registered in the loop next to the job's I/O (the matrix's idle disks: a
@@ -186,6 +188,7 @@ impl JobSpec {
             runtime,
             ramp: Duration::ZERO,
             poll_max_ns: 32_768,
+            poll_rule: PollRule::default(),
             io_limit: None,
             idle_fds: 0,
             max_batch: None,
@@ -383,6 +386,7 @@ where
     let ctx = AioContext::new(monitor)?;
     ctx.set_poll_params(PollParams {
         max_ns: spec.poll_max_ns,
+        rule: spec.poll_rule,
         ..PollParams::iothread()
     });
     // The idle disks: registered, never ready.

@@ -15,17 +15,20 @@
 //!   and listed in [`JobFile::notes`];
 //! * anything else unknown is an error naming the file and the line.
 //!
-//! This project adds three keys: `fdmon=` (an fd monitor, or `auto`), `disks=` (fd-monitored
-//! idle disks next to the job's file, as in the matrix) and `poll_max_ns=`. Of fio's
+//! This project adds five keys: `fdmon=` (an fd monitor, or `auto`), `disks=` (fd-monitored
+//! idle disks next to the job's file, as in the matrix), `poll_max_ns=`, `poll_rule=`
+//! (`recovering`, the default, or `qemu`: how the polling window adapts) and `uring_taskrun=`
+//! (io_uring's task-work mode: `auto`, `signal`, `coop` or `defer`). Of fio's
 //! engine-specific options it takes io_uring's `registerfiles` and `fixedbufs`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::engines::EngineKind;
+use crate::engines::{EngineKind, URING_TASK_RUN_MODES};
 use crate::job::Pattern;
 use crate::monitors::MonitorKind;
 use crate::units::{parse_duration, parse_size};
+use aio_core::PollRule;
 
 /// The fd monitor a job asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +78,11 @@ pub struct JobDef {
     pub disks: u64,
     /// `poll_max_ns=` (default 32768, QEMU's IOThread default).
     pub poll_max_ns: u64,
+    /// `poll_rule=` (`recovering`, the default, or `qemu`).
+    pub poll_rule: PollRule,
+    /// `uring_taskrun=`: io_uring's task-work mode, one of
+    /// [`URING_TASK_RUN_MODES`](crate::engines::URING_TASK_RUN_MODES) (default `auto`).
+    pub uring_task_run: &'static str,
     /// `iodepth_batch_submit=` (alias `iodepth_batch`): the engine's largest batch per
     /// submission call; 0 means `iodepth`, as in fio. Unset, the engine's own default (32)
     /// applies (fio's default is 1).
@@ -106,6 +114,8 @@ impl JobDef {
             fdmon: MonitorChoice::Auto,
             disks: 1,
             poll_max_ns: 32_768,
+            poll_rule: PollRule::default(),
+            uring_task_run: URING_TASK_RUN_MODES[0],
             batch_submit: None,
             register_files: false,
             fixed_bufs: false,
@@ -450,6 +460,20 @@ fn apply(
         }
         "disks" => job.disks = count(1, 256)?,
         "poll_max_ns" => job.poll_max_ns = count(0, 1_000_000_000)?,
+        "poll_rule" => {
+            job.poll_rule = match needs_value()? {
+                "recovering" => PollRule::Recovering,
+                "qemu" => PollRule::Qemu,
+                _ => return Err(bad("expected recovering or qemu".into())),
+            }
+        }
+        "uring_taskrun" => {
+            let v = needs_value()?;
+            job.uring_task_run = URING_TASK_RUN_MODES
+                .into_iter()
+                .find(|m| *m == v)
+                .ok_or_else(|| bad(format!("expected {}", URING_TASK_RUN_MODES.join(", "))))?;
+        }
         // fio: 0 means "iodepth".
         "iodepth_batch_submit" | "iodepth_batch" => job.batch_submit = Some(count(0, 4096)?),
         // fio's io_uring engine options (an error at run time with another engine).
@@ -577,6 +601,23 @@ bs=4K
         let got: Vec<_> = f.jobs.iter().map(|j| j.batch_submit).collect();
         assert_eq!(got, [Some(8), Some(0), None]);
         assert!(p("[a]\niodepth_batch_submit=5000\n").is_err());
+    }
+
+    #[test]
+    fn poll_rule_and_uring_taskrun_are_parsed() {
+        let f = p("[a]\npoll_rule=qemu\nuring_taskrun=signal\n[b]\n").unwrap();
+        assert_eq!(
+            (f.jobs[0].poll_rule, f.jobs[0].uring_task_run),
+            (PollRule::Qemu, "signal")
+        );
+        assert_eq!(
+            (f.jobs[1].poll_rule, f.jobs[1].uring_task_run),
+            (PollRule::Recovering, "auto")
+        );
+        let e = p("[a]\npoll_rule=fast\n").unwrap_err().to_string();
+        assert!(e.contains("recovering or qemu"), "{e}");
+        let e = p("[a]\nuring_taskrun=sqpoll\n").unwrap_err().to_string();
+        assert!(e.contains("auto, signal, coop, defer"), "{e}");
     }
 
     #[test]

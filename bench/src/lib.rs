@@ -6,18 +6,27 @@
 //! * the scsi-disk scaling matrix of seed 003 ([`scsi`] for one cell, [`matrix`] for the axes
 //!   and the reports), with `--verify` stamps ([`verify`]) on images ([`image`]);
 //! * the fio-like load generator ([`job`]), fio job files ([`jobfile`]) and their runs in fio's
-//!   formats ([`runner`]), fio itself for side-by-side runs ([`fio`]), fio's units ([`units`]).
+//!   formats ([`runner`]), fio itself for side-by-side runs ([`fio`]), fio's units ([`units`]);
+//! * the fast device, a loop device with direct I/O over a file in `/dev/shm` ([`loopdev`]),
+//!   and undoing a run's setup on signals too ([`cleanup`]);
+//! * the command line's pieces: `--cpus` ([`cpus`]), progress lines ([`progress`]), the
+//!   `probe` report ([`probe`]).
 //!
 //! It also runs the conformance suite against the hybrid monitor (which needs both
 //! backend-poll and backend-epoll, so it cannot live in either of them).
 
+pub mod cleanup;
+pub mod cpus;
 pub mod engines;
 pub mod fio;
 pub mod image;
 pub mod job;
 pub mod jobfile;
+pub mod loopdev;
 pub mod matrix;
 pub mod monitors;
+pub mod probe;
+pub mod progress;
 pub mod runner;
 pub mod scsi;
 pub mod units;

@@ -10,11 +10,15 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use aio_bench::cleanup::RunDir;
+use aio_bench::cpus::CpuList;
 use aio_bench::engines::EngineKind;
 use aio_bench::fio;
-use aio_bench::image::DiskImage;
+use aio_bench::image::{free_bytes, DiskImage};
 use aio_bench::job::{run_job, JobResult, JobSpec, Pattern};
+use aio_bench::loopdev::{LoopDevice, LoopSpec};
 use aio_bench::monitors::MonitorKind;
+use aio_bench::progress::Progress;
 use aio_bench::units::{parse_duration, parse_size};
 use aio_core::engine::IoFile;
 use clap::{Parser, Subcommand};
@@ -50,6 +54,11 @@ struct RunArgs {
     /// `normal` (fio's text summary) or `json` (fio's JSON field names).
     #[arg(long, default_value = "normal", value_parser = ["normal", "json"])]
     output_format: String,
+    /// Run every job on the fast device, `loop` or `loop:SIZE` (default 512m): a loop device
+    /// with direct I/O over a file in /dev/shm (needs root). Replaces the jobs' `filename=` and
+    /// `directory=`; their `size=` is limited to the device's.
+    #[arg(long, value_parser = parse_device)]
+    device: Option<LoopSpec>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -81,6 +90,10 @@ struct VsFioArgs {
     /// A B pairs to run.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=100))]
     rounds: u64,
+    /// The fast device instead of the test file, for fio and ours alike: `loop` or `loop:SIZE`
+    /// (default 512m), a loop device with direct I/O over a file in /dev/shm (needs root).
+    #[arg(long, value_parser = parse_device, conflicts_with_all = ["dir", "size"])]
+    device: Option<LoopSpec>,
     /// Our fd monitor.
     #[arg(long, default_value = "epoll", value_parser = parse_monitor)]
     fdmon: MonitorKind,
@@ -121,6 +134,10 @@ struct LatencyArgs {
     /// Directory for the test file (default: the system temp dir).
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// The fast device instead of the test file: `loop` or `loop:SIZE` (default 512m), a loop
+    /// device with direct I/O over a file in /dev/shm (needs root).
+    #[arg(long, value_parser = parse_device, conflicts_with_all = ["dir", "size"])]
+    device: Option<LoopSpec>,
     /// Our fd monitor.
     #[arg(long, default_value = "epoll", value_parser = parse_monitor)]
     fdmon: MonitorKind,
@@ -163,6 +180,11 @@ struct MatrixArgs {
     /// Size of each driven disk's image.
     #[arg(long, default_value = "64m", value_parser = parse_size_arg)]
     disk_size: u64,
+    /// The disks on the fast device instead of image files: `loop` or `loop:SIZE` (default
+    /// 512m), a loop device with direct I/O over a file in /dev/shm (needs root); each disk
+    /// gets its own fd and SIZE / disks of it.
+    #[arg(long, value_parser = parse_device, conflicts_with_all = ["dir", "disk_size"])]
+    device: Option<LoopSpec>,
     /// The iothread's adaptive polling limit (QEMU's IOThread default).
     #[arg(long, default_value_t = 32768)]
     poll_max_ns: u64,
@@ -194,70 +216,8 @@ struct MatrixArgs {
     /// Run every thread of the bench (iothread, guests, pool workers) on these CPUs
     /// (`0`, `0,1`, `0-3`), as `taskset` would. On a small VM, `--cpus 0` keeps the scheduler
     /// from moving the guest and the iothread between vCPUs, the largest source of noise.
-    #[arg(long, value_parser = parse_cpus)]
+    #[arg(long)]
     cpus: Option<CpuList>,
-}
-
-/// CPU numbers given with `--cpus`.
-#[derive(Debug, Clone)]
-struct CpuList(Vec<usize>);
-
-/// A CPU list: `0`, `0,2`, `0-3`, `0-1,4`.
-fn parse_cpus(s: &str) -> Result<CpuList, String> {
-    let mut cpus = Vec::new();
-    for part in s.split(',') {
-        let bad = || format!("'{part}' is not a CPU or a range of CPUs (examples: 0, 0,1, 0-3)");
-        let (lo, hi) = match part.split_once('-') {
-            Some((a, b)) => (
-                a.trim().parse().map_err(|_| bad())?,
-                b.trim().parse().map_err(|_| bad())?,
-            ),
-            None => {
-                let n: usize = part.trim().parse().map_err(|_| bad())?;
-                (n, n)
-            }
-        };
-        if lo > hi || hi >= libc::CPU_SETSIZE as usize {
-            return Err(bad());
-        }
-        cpus.extend(lo..=hi);
-    }
-    Ok(CpuList(cpus))
-}
-
-/// Pins the calling thread (and so every thread it starts later) to `cpus`.
-fn pin_to(cpus: &[usize]) -> Result<(), String> {
-    // SAFETY: cpu_set_t is plain old data; CPU_SET writes inside it for indices below
-    // CPU_SETSIZE (checked by parse_cpus); sched_setaffinity reads `set` for its size.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        for &c in cpus {
-            libc::CPU_SET(c, &mut set);
-        }
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            return Err(format!(
-                "--cpus {cpus:?}: {} (does this machine have those CPUs?)",
-                std::io::Error::last_os_error()
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Bytes available to us in the file system holding `dir` (0 if unknown).
-fn free_bytes(dir: &Path) -> u64 {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
-        return 0;
-    };
-    // SAFETY: statvfs is plain old data; `c` is a valid NUL-terminated path for the call.
-    unsafe {
-        let mut st: libc::statvfs = std::mem::zeroed();
-        if libc::statvfs(c.as_ptr(), &mut st) != 0 {
-            return 0;
-        }
-        st.f_bavail as u64 * st.f_frsize as u64
-    }
 }
 
 fn parse_workload(s: &str) -> Result<aio_bench::matrix::Workload, String> {
@@ -299,16 +259,31 @@ fn parse_size_arg(s: &str) -> Result<u64, String> {
 fn parse_duration_arg(s: &str) -> Result<Duration, String> {
     parse_duration(s).map_err(|e| e.to_string())
 }
+fn parse_device(s: &str) -> Result<LoopSpec, String> {
+    s.parse()
+        .map_err(|e: aio_bench::loopdev::LoopError| e.to_string())
+}
 
-/// The O_DIRECT test file of `vs-fio` and `latency`, in `dir` (exit code 2 if it cannot be made).
-fn test_image(dir: &Path, size: u64) -> Result<DiskImage, (u8, String)> {
+/// The O_DIRECT test target of `vs-fio` and `latency`: the whole fast device with `--device`,
+/// else a file of `size` bytes in `dir` (exit code 2 if it cannot be made).
+fn test_image(
+    dir: &Path,
+    size: u64,
+    device: Option<LoopSpec>,
+) -> Result<(Option<LoopDevice>, DiskImage), (u8, String)> {
+    if let Some(spec) = device {
+        let dev = LoopDevice::attach(spec)?;
+        let image = dev.whole()?;
+        return Ok((Some(dev), image));
+    }
     let path = dir.join(format!("aio-bench-{}.img", std::process::id()));
-    DiskImage::create(path, size, 0).map_err(|e| {
+    let image = DiskImage::create(path, size, 0).map_err(|e| {
         (
             2,
             format!("creating the test file in {}: {e}", dir.display()),
         )
-    })
+    })?;
+    Ok((None, image))
 }
 
 fn ours(args: &VsFioArgs, file: &IoFile, spec: JobSpec) -> Result<JobResult, String> {
@@ -364,8 +339,10 @@ fn check_target(
     Ok(dir)
 }
 
-fn vs_fio(args: VsFioArgs) -> Result<(), (u8, String)> {
+fn vs_fio(mut args: VsFioArgs) -> Result<(), (u8, String)> {
     let bad = |m: String| (2u8, m);
+    // On the fast device, both fio and ours use all of it.
+    args.size = args.device.map_or(args.size, |d| d.size);
     let dir = check_target(args.dir.as_deref(), args.bs, args.size, "--size")?;
     if args.shared_ring && args.engine != EngineKind::Uring {
         return Err(bad(format!(
@@ -385,7 +362,7 @@ fn vs_fio(args: VsFioArgs) -> Result<(), (u8, String)> {
             args.runtime,
         )
     };
-    let image = test_image(&dir, args.size)?;
+    let (_device, image) = test_image(&dir, args.size, args.device)?;
     let file = image.file().clone();
     let ioengine = args.engine.fio_ioengine();
     let fdmon = if args.shared_ring {
@@ -461,7 +438,7 @@ fn matrix(args: MatrixArgs) -> Result<(), (u8, String)> {
     let bad = |m: String| (2u8, m);
     let dir = check_target(args.dir.as_deref(), args.bs, args.disk_size, "--disk-size")?;
     if let Some(CpuList(cpus)) = &args.cpus {
-        pin_to(cpus).map_err(bad)?;
+        aio_bench::cpus::pin_to(cpus).map_err(bad)?;
     }
     let fdmons: Vec<MonitorKind> = if args.fdmon.is_empty() {
         MonitorKind::available()
@@ -487,38 +464,7 @@ fn matrix(args: MatrixArgs) -> Result<(), (u8, String)> {
     } else {
         vec![Workload::Rd, Workload::RandRw]
     };
-    // A private directory for this run's images, removed afterwards (also on error).
-    let run_dir = dir.join(format!("aio-bench-matrix-{}", std::process::id()));
-    std::fs::create_dir(&run_dir)
-        .map_err(|e| bad(format!("creating {}: {e}", run_dir.display())))?;
-    struct RemoveDir(PathBuf);
-    impl Drop for RemoveDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-    let _cleanup = RemoveDir(run_dir.clone());
-    // Ctrl-C: remove the images before exiting (the Drop above does it on every other exit).
-    let on_signal = run_dir.clone();
-    let _ = ctrlc::set_handler(move || {
-        let _ = std::fs::remove_dir_all(&on_signal);
-        eprintln!("aio-bench matrix: interrupted; disk images removed");
-        std::process::exit(130);
-    });
-    // Enough free space for the images (driven disks at --disk-size, idle ones at 1 MiB)?
-    let max_disks = disks.iter().copied().max().unwrap_or(1) as u64;
-    let driven = if args.active == "all" { max_disks } else { 1 };
-    let needed = driven * args.disk_size + (max_disks - driven) * (1 << 20);
-    let free = free_bytes(&run_dir);
-    if free < needed {
-        return Err(bad(format!(
-            "--dir {}: {} MiB free, the images need {} MiB (use --disk-size, --disks or another --dir)",
-            dir.display(),
-            free >> 20,
-            needed >> 20
-        )));
-    }
-    let spec = MatrixSpec {
+    let mut spec = MatrixSpec {
         fdmons,
         engines,
         disks,
@@ -539,8 +485,48 @@ fn matrix(args: MatrixArgs) -> Result<(), (u8, String)> {
         disk_size: args.disk_size,
         repeat: args.repeat as usize,
     };
+    // The disks: regions of the fast device, or images in a private directory (removed
+    // afterwards, also on a signal or an error).
+    let max_disks = spec.max_disks();
+    let (_device, _run_dir, images, place) = match args.device {
+        Some(loop_spec) => {
+            spec.disk_size = loop_spec.per_disk(max_disks as u64, args.bs)?;
+            let dev = LoopDevice::attach(loop_spec)?;
+            let images = dev.disks(max_disks, spec.disk_size, args.bs as usize, |i| {
+                spec.is_stamped(i)
+            })?;
+            let place = format!(
+                "disks on {} ({} KiB each, direct I/O over {})",
+                dev.path().display(),
+                spec.disk_size >> 10,
+                dev.backing_file().display()
+            );
+            (Some(dev), None, images, place)
+        }
+        None => {
+            let run_dir = dir.join(format!("aio-bench-matrix-{}", std::process::id()));
+            let run_dir = RunDir::create(run_dir.clone())
+                .map_err(|e| bad(format!("creating {}: {e}", run_dir.display())))?;
+            // Enough free space (driven disks at --disk-size, idle ones at 1 MiB)?
+            let driven = if spec.active_all { max_disks as u64 } else { 1 };
+            let needed = driven * args.disk_size + (max_disks as u64 - driven) * (1 << 20);
+            let free = free_bytes(run_dir.path());
+            if free < needed {
+                return Err(bad(format!(
+                    "--dir {}: {} MiB free, the images need {} MiB (use --disk-size, --disks or another --dir)",
+                    dir.display(),
+                    free >> 20,
+                    needed >> 20
+                )));
+            }
+            let images = matrix::create_images(&spec, run_dir.path())
+                .map_err(|e| (1, format!("matrix: creating the images: {e}")))?;
+            let place = format!("images in {}", run_dir.path().display());
+            (None, Some(run_dir), images, place)
+        }
+    };
     eprintln!(
-        "matrix: fdmon {:?} x engine {:?} x disks {:?} x workloads {:?}; bs {} iodepth {} active {} runtime {:?}{}{}; images in {}",
+        "matrix: fdmon {:?} x engine {:?} x disks {:?} x workloads {:?}; bs {} iodepth {} active {} runtime {:?}{}{}; {}",
         spec.fdmons.iter().map(|k| k.name()).collect::<Vec<_>>(),
         spec.engines.iter().map(|k| k.name()).collect::<Vec<_>>(),
         spec.disks,
@@ -558,11 +544,11 @@ fn matrix(args: MatrixArgs) -> Result<(), (u8, String)> {
             .as_ref()
             .map(|c| format!("; on CPUs {:?}", c.0))
             .unwrap_or_default(),
-        run_dir.display()
+        place
     );
     let total = spec.run_count();
     let progress = Progress::new(total as u64, "cell runs");
-    let cells = matrix::run(&spec, &run_dir, |i, _, c| {
+    let cells = matrix::run_on(&spec, &images, |i, _, c| {
         progress.step(
             i as u64,
             format!(
@@ -614,51 +600,10 @@ fn matrix(args: MatrixArgs) -> Result<(), (u8, String)> {
     Ok(())
 }
 
-/// Progress of a long run on stderr: an indicatif bar when stderr is a terminal, plain lines
-/// otherwise (logs, CI).
-enum Progress {
-    Bar(indicatif::ProgressBar),
-    Lines(u64),
-}
-
-impl Progress {
-    fn new(total: u64, unit: &str) -> Progress {
-        use std::io::IsTerminal;
-        if !std::io::stderr().is_terminal() {
-            return Progress::Lines(total);
-        }
-        let bar = indicatif::ProgressBar::new(total);
-        let template =
-            format!("{{elapsed_precise}} [{{bar:30}}] {{pos}}/{{len}} {unit}, eta {{eta}}");
-        if let Ok(style) = indicatif::ProgressStyle::with_template(&template) {
-            bar.set_style(style.progress_chars("=> "));
-        }
-        bar.enable_steady_tick(Duration::from_millis(250));
-        Progress::Bar(bar)
-    }
-
-    /// Step `done` of the total finished; `line` says what it measured.
-    fn step(&self, done: u64, line: String) {
-        match self {
-            Progress::Bar(bar) => {
-                bar.println(line);
-                bar.set_position(done);
-            }
-            Progress::Lines(total) => eprintln!("[{done}/{total}] {line}"),
-        }
-    }
-
-    fn finish(&self) {
-        if let Progress::Bar(bar) = self {
-            bar.finish_and_clear();
-        }
-    }
-}
-
 fn run(args: RunArgs) -> Result<(), (u8, String)> {
     use aio_bench::{jobfile, runner};
     // Parse every file first: a syntax error anywhere stops the run before anything starts.
-    let files: Vec<jobfile::JobFile> = args
+    let mut files: Vec<jobfile::JobFile> = args
         .jobfiles
         .iter()
         .map(|p| jobfile::load(p))
@@ -666,6 +611,13 @@ fn run(args: RunArgs) -> Result<(), (u8, String)> {
         .map_err(|e| (2, e.to_string()))?;
     for note in files.iter().flat_map(|f| &f.notes) {
         eprintln!("note: {note}");
+    }
+    let device = args.device.map(LoopDevice::attach).transpose()?;
+    if let Some(dev) = &device {
+        files
+            .iter_mut()
+            .flat_map(|f| &mut f.jobs)
+            .for_each(|def| dev.retarget(def));
     }
     let total: usize = files.iter().map(|f| f.jobs.len()).sum();
     let progress = Progress::new(total as u64, "jobs");
@@ -709,7 +661,8 @@ fn run(args: RunArgs) -> Result<(), (u8, String)> {
     Ok(())
 }
 
-fn latency(args: LatencyArgs) -> Result<(), (u8, String)> {
+fn latency(mut args: LatencyArgs) -> Result<(), (u8, String)> {
+    args.size = args.device.map_or(args.size, |d| d.size);
     let dir = check_target(args.dir.as_deref(), args.bs, args.size, "--size")?;
     let engines: Vec<EngineKind> = if args.engine.is_empty() {
         EngineKind::available()
@@ -722,7 +675,7 @@ fn latency(args: LatencyArgs) -> Result<(), (u8, String)> {
             polls.push(p);
         }
     }
-    let image = test_image(&dir, args.size)?;
+    let (_device, image) = test_image(&dir, args.size, args.device)?;
     let file = image.file().clone();
     println!(
         "QD1 {} bs={} on {} ({} MiB, O_DIRECT), fd monitor {}, {:?} per cell: mean latency in µs (p99)",
@@ -761,48 +714,6 @@ fn latency(args: LatencyArgs) -> Result<(), (u8, String)> {
     Ok(())
 }
 
-fn probe() {
-    println!("fd monitors:");
-    for k in MonitorKind::ALL {
-        match k.build() {
-            Ok(m) => println!("  {:<10} ok ({})", k.name(), m.describe()),
-            Err(e) => println!("  {:<10} unavailable: {e}", k.name()),
-        }
-    }
-    println!("engines:");
-    for k in EngineKind::ALL {
-        match k.build() {
-            Ok(_) => println!("  {:<10} ok", k.name()),
-            Err(e) => println!("  {:<10} unavailable: {e}", k.name()),
-        }
-    }
-    println!("auto (engines uring -> linux-aio -> pool, fd monitors uring -> hybrid -> poll):");
-    for (what, picked) in [
-        (
-            "fd monitor",
-            aio_bench::monitors::auto().map(|(k, why)| (k.name(), why)),
-        ),
-        (
-            "engine",
-            aio_bench::engines::auto().map(|(k, why)| (k.name(), why)),
-        ),
-    ] {
-        match picked {
-            Ok((name, why)) => {
-                println!("  {what}: {name}");
-                for line in why {
-                    println!("    {line}");
-                }
-            }
-            Err(e) => println!("  {what}: none: {e}"),
-        }
-    }
-    match fio::version() {
-        Ok(v) => println!("fio: {v}"),
-        Err(e) => println!("fio: {e}"),
-    }
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let (name, result) = match cli.command {
@@ -811,7 +722,7 @@ fn main() -> ExitCode {
         Command::VsFio(args) => ("vs-fio", vs_fio(args)),
         Command::Run(args) => ("run", run(args)),
         Command::Probe => {
-            probe();
+            print!("{}", aio_bench::probe::report());
             ("probe", Ok(()))
         }
     };

@@ -120,6 +120,21 @@ impl MatrixSpec {
     pub fn run_count(&self) -> usize {
         self.cell_count() * self.repeat.max(1)
     }
+
+    /// The largest disk count: how many disks (images) the matrix needs.
+    pub fn max_disks(&self) -> usize {
+        self.disks.iter().copied().max().unwrap_or(1)
+    }
+
+    /// Whether disk `i` is driven in some cell (the first always; all with `active_all`).
+    pub fn is_driven(&self, i: usize) -> bool {
+        self.active_all || i == 0
+    }
+
+    /// Whether disk `i` must be stamped for `--verify` (driven disks, when verifying).
+    pub fn is_stamped(&self, i: usize) -> bool {
+        self.cell.verify && self.is_driven(i)
+    }
 }
 
 /// One measured cell.
@@ -150,26 +165,50 @@ impl Cell {
 }
 
 /// Runs every cell, calling `progress` after each one. Images are created once in `dir` for
-/// the largest disk count (driven disks at `disk_size`, idle ones at 1 MiB) and removed when
-/// this returns, also on error.
+/// the largest disk count (see [`create_images`]) and removed when this returns, also on error.
 pub fn run(
     spec: &MatrixSpec,
     dir: &Path,
+    progress: impl FnMut(usize, usize, &Cell),
+) -> io::Result<Vec<Cell>> {
+    let images = create_images(spec, dir)?;
+    run_on(spec, &images, progress)
+}
+
+/// The largest disk count's images in `dir`: driven disks at `disk_size` (stamped with
+/// `verify`), idle ones at 1 MiB; each removed when dropped.
+pub fn create_images(spec: &MatrixSpec, dir: &Path) -> io::Result<Vec<DiskImage>> {
+    // 256 disks need an image each.
+    aio_core::sys::raise_fd_limit();
+    let max_disks = spec.max_disks();
+    let mut images = Vec::with_capacity(max_disks);
+    for i in 0..max_disks {
+        let path = dir.join(format!("disk-{i:03}.img"));
+        images.push(if spec.is_stamped(i) {
+            DiskImage::create_stamped(path, spec.disk_size, spec.cell.bs)?
+        } else if spec.is_driven(i) {
+            DiskImage::create(path, spec.disk_size, i as u8)?
+        } else {
+            DiskImage::create(path, 1 << 20, i as u8)?
+        });
+    }
+    Ok(images)
+}
+
+/// Runs every cell on `images` (at least [`MatrixSpec::max_disks`]: image files from
+/// [`create_images`], or regions of a device), calling `progress` after each one.
+pub fn run_on(
+    spec: &MatrixSpec,
+    images: &[DiskImage],
     mut progress: impl FnMut(usize, usize, &Cell),
 ) -> io::Result<Vec<Cell>> {
     // 256 disks need two notifiers and an image each.
     aio_core::sys::raise_fd_limit();
-    let max_disks = spec.disks.iter().copied().max().unwrap_or(1);
-    let mut images = Vec::with_capacity(max_disks);
-    for i in 0..max_disks {
-        let driven = spec.active_all || i == 0;
-        let size = if driven { spec.disk_size } else { 1 << 20 };
-        let path = dir.join(format!("disk-{i:03}.img"));
-        images.push(if spec.cell.verify && driven {
-            DiskImage::create_stamped(path, size, spec.cell.bs)?
-        } else {
-            DiskImage::create(path, size, i as u8)?
-        });
+    if images.len() < spec.max_disks() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} images for {} disks", images.len(), spec.max_disks()),
+        ));
     }
     let total = spec.run_count();
     let rounds = spec.repeat.max(1);

@@ -20,6 +20,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use aio_core::engine::IoFile;
+use aio_core::LoopCounters;
 use hdrhistogram::Histogram;
 use serde_json::{json, Map, Value};
 
@@ -185,6 +186,7 @@ pub fn run_one(def: &JobDef) -> Result<JobReport, RunError> {
         } else {
             0
         },
+        task_run: def.uring_task_run,
     };
     uring.check_for(engine).map_err(failed)?;
     let targets: Vec<Target> = if def.filename.is_some() {
@@ -203,6 +205,7 @@ pub fn run_one(def: &JobDef) -> Result<JobReport, RunError> {
         runtime: def.runtime.unwrap_or(crate::units::MAX_DURATION),
         ramp: def.ramp,
         poll_max_ns: def.poll_max_ns,
+        poll_rule: def.poll_rule,
         io_limit: (!def.time_based || def.runtime.is_none()).then_some(size),
         idle_fds: def.disks as usize - 1,
         max_batch: def
@@ -373,6 +376,60 @@ fn side_json(st: &IoStats, elapsed: Duration) -> Value {
     })
 }
 
+/// Every loop counter of a job, by its field name: why a figure is what it is.
+pub fn counters_json(k: &LoopCounters) -> Value {
+    let LoopCounters {
+        iterations,
+        blocking_waits,
+        nonblocking_waits,
+        waits_skipped,
+        wait_retries,
+        wait_errors,
+        notifier_writes,
+        notify_calls,
+        poll_attempts,
+        poll_hits,
+        busy_poll_ns,
+        poll_ns,
+        poll_set,
+        unpolled_handlers,
+        poll_idle_removals,
+        poll_shrinks,
+        poll_probes,
+        poll_probe_hits,
+        bh_runs,
+        timer_runs,
+        handler_calls,
+        closed_fds,
+        max_nesting,
+    } = *k;
+    json!({
+        "iterations": iterations,
+        "blocking_waits": blocking_waits,
+        "nonblocking_waits": nonblocking_waits,
+        "waits_skipped": waits_skipped,
+        "wait_retries": wait_retries,
+        "wait_errors": wait_errors,
+        "notifier_writes": notifier_writes,
+        "notify_calls": notify_calls,
+        "poll_attempts": poll_attempts,
+        "poll_hits": poll_hits,
+        "busy_poll_ns": busy_poll_ns,
+        "poll_ns": poll_ns,
+        "poll_set": poll_set,
+        "unpolled_handlers": unpolled_handlers,
+        "poll_idle_removals": poll_idle_removals,
+        "poll_shrinks": poll_shrinks,
+        "poll_probes": poll_probes,
+        "poll_probe_hits": poll_probe_hits,
+        "bh_runs": bh_runs,
+        "timer_runs": timer_runs,
+        "handler_calls": handler_calls,
+        "closed_fds": closed_fds,
+        "max_nesting": max_nesting,
+    })
+}
+
 /// fio's JSON output (`--output-format=json`) for `reports`.
 pub fn to_fio_json(reports: &[JobReport]) -> Value {
     let jobs: Vec<Value> = reports
@@ -401,6 +458,7 @@ pub fn to_fio_json(reports: &[JobReport]) -> Value {
                     "file": r.file.display().to_string(),
                     "errors": r.result.errors,
                     "iothread_cpu_s": r.result.iothread_cpu_s,
+                    "counters": counters_json(&r.result.counters),
                 },
             })
         })

@@ -2,10 +2,10 @@
 //!
 //! This module owns the model and one cell's run:
 //!
-//! * a **disk** is a backing image (an O_DIRECT file), a request queue (the virtqueue's available
-//!   ring), a doorbell [`Notifier`] registered in the iothread's context with `io_read` and
-//!   `io_poll` handlers (the ioeventfd), and a completion path back to the guest (the used ring
-//!   and an interrupt notifier);
+//! * a **disk** is a backing image (an O_DIRECT file, or a region of a block device), a request
+//!   queue (the virtqueue's available ring), a doorbell [`Notifier`] registered in the
+//!   iothread's context with `io_read` and `io_poll` handlers (the ioeventfd), and a completion
+//!   path back to the guest (the used ring and an interrupt notifier);
 //! * the **guest** is one load-generator thread per active disk, keeping `iodepth` requests in
 //!   flight, as fio does in the guest;
 //! * the **iothread** is the calling thread: one [`AioContext`] over the chosen monitor, every
@@ -415,11 +415,12 @@ where
     // The ioeventfd handlers: every disk, active or idle.
     for (disk, vq) in queues.iter().enumerate() {
         let process = {
-            let (vq, engine, bufs, file) = (
+            let (vq, engine, bufs, file, base) = (
                 vq.clone(),
                 attached.clone(),
                 buffers.clone(),
                 images[disk].file().clone(),
+                images[disk].base(),
             );
             Rc::new(move || {
                 let taken: Vec<GuestRequest> = {
@@ -445,10 +446,11 @@ where
                     if spec.verify && r.write {
                         verify::stamp(&mut buf, r.offset, r.generation);
                     }
+                    // The guest's offsets are the disk's; its image may be a device region.
                     let req = if r.write {
-                        Request::write(&file, r.offset, buf, token)
+                        Request::write(&file, base + r.offset, buf, token)
                     } else {
-                        Request::read(&file, r.offset, buf, token)
+                        Request::read(&file, base + r.offset, buf, token)
                     };
                     if let Err(e) = engine.submit(req) {
                         bufs.borrow_mut()[disk][r.slot as usize].buf =

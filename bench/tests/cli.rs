@@ -217,3 +217,142 @@ fn auto_falls_back_when_seccomp_refuses_io_uring_and_linux_aio() {
     );
     assert_eq!(dir.entries(), 0);
 }
+
+/// Why `--device loop` cannot run here (not root, no losetup, no loop driver), or `None`.
+fn loop_device_unusable() -> Option<String> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("--device loop needs root".into());
+    }
+    if Command::new("losetup").arg("--version").output().is_err() {
+        return Some("losetup is not installed".into());
+    }
+    if !std::path::Path::new("/dev/loop-control").exists() {
+        return Some("no /dev/loop-control (loop driver missing)".into());
+    }
+    None
+}
+
+/// The loop devices whose backing file is `file` (`losetup -a`, deleted files included).
+fn attached_to(file: &std::path::Path) -> Vec<String> {
+    let out = Command::new("losetup").arg("-a").output().unwrap();
+    let name = file.to_string_lossy().into_owned();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&name))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Asserts that no loop device is left over `file` (the kernel may finish a detach of a device
+/// that was busy when its last fd closes: allowed a few seconds) and that `file` is gone.
+fn assert_cleaned_up(file: &std::path::Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !attached_to(file).is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(
+        attached_to(file),
+        Vec::<String>::new(),
+        "device left attached"
+    );
+    assert!(!file.exists(), "{} left behind", file.display());
+}
+
+#[test]
+fn device_bad_input_exits_2_and_says_what() {
+    let dir = TempDir::new("device-bad");
+    let job = dir.0.join("j.fio");
+    std::fs::write(&job, "[j]\nrw=randread\n").unwrap();
+    let job = job.to_str().unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["run", job, "--device", "loop:12q"], "'12q'"),
+        (vec!["latency", "--device", "loop:1000"], "'1000'"),
+        (vec!["vs-fio", "--device", "loop:"], "'' is not a size"),
+        (vec!["matrix", "--device", "nvme"], "unknown device"),
+        // Checked before anything is set up: no root needed to be told.
+        (
+            vec!["matrix", "--device", "loop:64m", "--disks", "256"],
+            "256 disks",
+        ),
+        (vec!["matrix", "--device", "loop", "--dir", "/tmp"], "--dir"),
+    ];
+    for (args, needle) in cases {
+        let o = bench().args(&args).output().unwrap();
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {t}");
+        assert!(
+            t.contains(needle),
+            "{args:?}: '{t}' does not name '{needle}'"
+        );
+    }
+}
+
+#[test]
+#[cfg(all(feature = "linux-aio", feature = "pool"))]
+fn run_on_the_loop_device_detaches_it_afterwards() {
+    if let Some(reason) = loop_device_unusable() {
+        aio_core::testing::skip(&reason);
+        return;
+    }
+    let dir = TempDir::new("device-run");
+    let job = dir.0.join("j.fio");
+    std::fs::write(
+        &job,
+        "[global]\nrw=randread\niodepth=1\ndirect=1\ntime_based\nruntime=200ms\nfdmon=poll\n\
+         [aio]\nioengine=libaio\n[threads]\nioengine=psync\nfilename=ignored.img\n",
+    )
+    .unwrap();
+    let child = bench()
+        .args(["run", job.to_str().unwrap(), "--device", "loop:64m"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let backing = PathBuf::from(format!("/dev/shm/aio-bench-loop-{}.img", child.id()));
+    let o = child.wait_with_output().unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("aio: (groupid=0"), "{t}");
+    assert!(
+        t.contains("file=/dev/loop"),
+        "the jobs ran on the device: {t}"
+    );
+    assert!(!t.contains("ignored.img"), "filename= is replaced: {t}");
+    assert!(t.contains("read: IOPS="), "{t}");
+    assert_cleaned_up(&backing);
+    assert_eq!(dir.entries(), 1, "only the job file");
+}
+
+#[test]
+fn a_signal_detaches_the_loop_device() {
+    if let Some(reason) = loop_device_unusable() {
+        aio_core::testing::skip(&reason);
+        return;
+    }
+    let mut child = bench()
+        .args(["latency", "--device", "loop:64m", "--runtime", "60s"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let backing = PathBuf::from(format!("/dev/shm/aio-bench-loop-{}.img", child.id()));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while attached_to(&backing).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(),
+            "the device never appeared"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // Into the run (the first cells), then SIGTERM (ctrlc's `termination` feature): the
+    // handler detaches the busy device and removes its file.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // SAFETY: kill with a valid pid of our own child and a valid signal number.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let o = child.wait_with_output().unwrap();
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(130), "{t}");
+    assert!(t.contains("interrupted; loop device"), "{t}");
+    assert_cleaned_up(&backing);
+}

@@ -36,7 +36,7 @@ use crate::clock::{Clock, MonotonicClock};
 use crate::error::AioError;
 use crate::event_loop::{Event, EventLoop, Interest, Token};
 use crate::notifier::Notifier;
-use crate::polling::{PollParams, DEFAULT_POLL_IDLE_NS, POLL_START_NS};
+use crate::polling::{PollParams, PollWindow, WindowChange, DEFAULT_POLL_IDLE_NS};
 use crate::sys::fd_is_open;
 
 /// The token of the context's own notifier in the monitor (never a handler's token: handler
@@ -80,6 +80,13 @@ pub struct LoopCounters {
     pub unpolled_handlers: u64,
     /// Times a handler left the poll set because it was idle for the idle interval.
     pub poll_idle_removals: u64,
+    /// Times the polling window shrank (to 0 with the default `shrink`).
+    pub poll_shrinks: u64,
+    /// Probes of a collapsed window ([`PollRule::Recovering`](crate::PollRule)): one busy
+    /// poll of `poll_max_ns` while the window is 0.
+    pub poll_probes: u64,
+    /// Probes that found the event, restoring the window to `poll_max_ns`.
+    pub poll_probe_hits: u64,
     /// Bottom-half callbacks run.
     pub bh_runs: u64,
     /// Timer callbacks run.
@@ -114,6 +121,9 @@ impl LoopCounters {
             poll_set,
             unpolled_handlers,
             poll_idle_removals,
+            poll_shrinks,
+            poll_probes,
+            poll_probe_hits,
             bh_runs,
             timer_runs,
             handler_calls,
@@ -135,6 +145,9 @@ impl LoopCounters {
         self.poll_set += poll_set;
         self.unpolled_handlers += unpolled_handlers;
         self.poll_idle_removals += poll_idle_removals;
+        self.poll_shrinks += poll_shrinks;
+        self.poll_probes += poll_probes;
+        self.poll_probe_hits += poll_probe_hits;
         self.bh_runs += bh_runs;
         self.timer_runs += timer_runs;
         self.handler_calls += handler_calls;
@@ -252,7 +265,7 @@ pub struct AioContext<L: EventLoop> {
     bh_deferred: RefCell<Vec<BhEntry>>,
     timers: RefCell<TimerTable<L>>,
     params: Cell<PollParams>,
-    poll_ns: Cell<u64>,
+    window: Cell<PollWindow>,
     poll_idle_ns: Cell<u64>,
     counters: RefCell<LoopCounters>,
     depth: Cell<u32>,
@@ -308,7 +321,7 @@ impl<L: EventLoop> AioContext<L> {
             bh_deferred: RefCell::new(Vec::new()),
             timers: RefCell::new(TimerTable::new()),
             params: Cell::new(PollParams::default()),
-            poll_ns: Cell::new(0),
+            window: Cell::new(PollWindow::default()),
             poll_idle_ns: Cell::new(DEFAULT_POLL_IDLE_NS),
             counters: RefCell::new(LoopCounters {
                 max_nesting: 0,
@@ -355,7 +368,7 @@ impl<L: EventLoop> AioContext<L> {
         let mut c = *self.counters.borrow();
         c.notifier_writes = self.shared.notifier_writes.load(Ordering::Relaxed);
         c.notify_calls = self.shared.notify_calls.load(Ordering::Relaxed);
-        c.poll_ns = self.poll_ns.get();
+        c.poll_ns = self.window.get().ns();
         let handlers = self.handlers.borrow();
         c.poll_set = handlers.poll_set.len() as u64;
         c.unpolled_handlers = handlers.unpolled() as u64;
@@ -377,14 +390,9 @@ impl<L: EventLoop> AioContext<L> {
     /// polling on starts the window at 4 µs; turning it off (max 0) resets the window to 0.
     pub fn set_poll_params(&self, params: PollParams) {
         self.params.set(params);
-        let ns = if params.max_ns == 0 {
-            0
-        } else if self.poll_ns.get() == 0 {
-            POLL_START_NS.min(params.max_ns)
-        } else {
-            self.poll_ns.get().min(params.max_ns)
-        };
-        self.poll_ns.set(ns);
+        let mut window = self.window.get();
+        window.reset(&params);
+        self.window.set(window);
     }
 
     /// The current adaptive polling parameters.
@@ -821,10 +829,18 @@ impl<L: EventLoop> AioContext<L> {
         }
 
         // Busy polling: only worth it when we would otherwise block.
-        let poll_ns = self.poll_ns.get();
+        let mut window = self.window.get();
+        let (poll_ns, probe) = if blocking && timeout != Some(0) {
+            window.next_window(&self.params.get())
+        } else {
+            (window.ns(), false)
+        };
+        if probe {
+            self.count(|c| c.poll_probes += 1);
+        }
         if blocking && poll_ns > 0 && timeout != Some(0) {
-            let window = timeout.map_or(poll_ns, |t| t.min(poll_ns));
-            let found = self.run_poll_handlers(window, &mut poll_ready);
+            let spin_ns = timeout.map_or(poll_ns, |t| t.min(poll_ns));
+            let found = self.run_poll_handlers(spin_ns, &mut poll_ready);
             if found {
                 timeout = Some(0);
             }
@@ -857,8 +873,13 @@ impl<L: EventLoop> AioContext<L> {
         if blocking {
             let params = self.params.get();
             let block_ns = end.saturating_sub(start);
-            self.poll_ns
-                .set(params.adjust(self.poll_ns.get(), block_ns));
+            let change = window.update(&params, block_ns, probe);
+            self.window.set(window);
+            match change {
+                WindowChange::Shrank => self.count(|c| c.poll_shrinks += 1),
+                WindowChange::ProbeHit => self.count(|c| c.poll_probe_hits += 1),
+                _ => {}
+            }
         }
 
         // Accept the notification (QEMU's aio_notify_accept).

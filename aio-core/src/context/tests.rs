@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::clock::FakeClock;
-use crate::polling::DEFAULT_POLL_MAX_NS;
+use crate::polling::{PollRule, DEFAULT_POLL_MAX_NS, POLL_START_NS};
 
 /// A monitor whose waits advance a fake clock by scripted amounts and report injected fds.
 #[derive(Default, Clone)]
@@ -71,7 +71,11 @@ fn scripted() -> (AioContext<Script>, Script) {
 #[test]
 fn adaptive_window_grows_keeps_and_shrinks_with_a_fake_clock() {
     let (ctx, script) = scripted();
-    ctx.set_poll_params(PollParams::iothread());
+    // QEMU's rule, each wait judged alone.
+    ctx.set_poll_params(PollParams {
+        rule: PollRule::Qemu,
+        ..PollParams::iothread()
+    });
     assert_eq!(
         ctx.counters().poll_ns,
         POLL_START_NS,
@@ -122,6 +126,7 @@ fn adaptive_window_grows_keeps_and_shrinks_with_a_fake_clock() {
         max_ns: DEFAULT_POLL_MAX_NS,
         grow: 4,
         shrink: 2,
+        rule: PollRule::Qemu,
     });
     script.blocks.borrow_mut().push_back(2_000);
     ctx.poll(true);
@@ -131,6 +136,64 @@ fn adaptive_window_grows_keeps_and_shrinks_with_a_fake_clock() {
     assert_eq!(ctx.counters().poll_ns, 8_000, "shrink /2");
     let busy = ctx.counters().busy_poll_ns;
     assert!(busy > 0 && ctx.counters().poll_attempts >= 6);
+}
+
+#[test]
+fn a_collapsed_window_is_probed_back_by_the_default_rule() {
+    let (ctx, script) = scripted();
+    ctx.set_poll_params(PollParams::iothread());
+    // An io_poll handler that says "ready" on its 3rd check after being armed.
+    let doorbell = Notifier::new().unwrap();
+    let countdown = Rc::new(Cell::new(0u32));
+    let c = countdown.clone();
+    ctx.set_fd_handler(
+        doorbell.as_raw_fd(),
+        FdHandler::new()
+            .on_poll(move || match c.get() {
+                0 => false,
+                1 => {
+                    c.set(0);
+                    true
+                }
+                n => {
+                    c.set(n - 1);
+                    false
+                }
+            })
+            .on_poll_ready(|_| {}),
+    )
+    .unwrap();
+    // One wait beyond the max is forgiven, the second in a row collapses the window.
+    script.blocks.borrow_mut().push_back(1_000_000);
+    ctx.poll(true);
+    assert_eq!(
+        ctx.counters().poll_ns,
+        POLL_START_NS,
+        "one late event forgiven"
+    );
+    script.blocks.borrow_mut().push_back(1_000_000);
+    ctx.poll(true);
+    assert_eq!(ctx.counters().poll_ns, 0);
+    assert_eq!(ctx.counters().poll_shrinks, 1);
+    // Collapsed: waits that sleep past the max leave it at 0 (QEMU's rule would stay there)...
+    let attempts = ctx.counters().poll_attempts;
+    for _ in 0..4 {
+        script.blocks.borrow_mut().push_back(1_000_000);
+        ctx.poll(true);
+    }
+    assert_eq!(
+        ctx.counters().poll_attempts,
+        attempts,
+        "no polling while collapsed"
+    );
+    assert_eq!(ctx.counters().poll_ns, 0);
+    // ...until the probe: one window of poll_max_ns, which finds the event and restores it.
+    countdown.set(3);
+    assert!(ctx.poll(true));
+    let k = ctx.counters();
+    assert_eq!((k.poll_probes, k.poll_probe_hits), (1, 1));
+    assert_eq!(k.poll_ns, DEFAULT_POLL_MAX_NS);
+    assert_eq!(k.poll_attempts, attempts + 1);
 }
 
 #[test]

@@ -1,0 +1,72 @@
+//! `--cpus`: a CPU list, and pinning the bench's threads to it as `taskset` would.
+//!
+//! This module owns the list's syntax and the affinity call only.
+
+/// CPU numbers given with `--cpus`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpuList(pub Vec<usize>);
+
+impl std::str::FromStr for CpuList {
+    type Err = String;
+
+    /// A CPU list: `0`, `0,2`, `0-3`, `0-1,4`.
+    fn from_str(s: &str) -> Result<CpuList, String> {
+        let mut cpus = Vec::new();
+        for part in s.split(',') {
+            let bad =
+                || format!("'{part}' is not a CPU or a range of CPUs (examples: 0, 0,1, 0-3)");
+            let (lo, hi) = match part.split_once('-') {
+                Some((a, b)) => (
+                    a.trim().parse().map_err(|_| bad())?,
+                    b.trim().parse().map_err(|_| bad())?,
+                ),
+                None => {
+                    let n: usize = part.trim().parse().map_err(|_| bad())?;
+                    (n, n)
+                }
+            };
+            if lo > hi || hi >= libc::CPU_SETSIZE as usize {
+                return Err(bad());
+            }
+            cpus.extend(lo..=hi);
+        }
+        Ok(CpuList(cpus))
+    }
+}
+
+/// Pins the calling thread (and so every thread it starts later) to `cpus` (each below
+/// `CPU_SETSIZE`, as [`CpuList`]'s parser ensures).
+pub fn pin_to(cpus: &[usize]) -> Result<(), String> {
+    if let Some(&c) = cpus.iter().find(|&&c| c >= libc::CPU_SETSIZE as usize) {
+        return Err(format!("--cpus: CPU {c} is out of range"));
+    }
+    // SAFETY: cpu_set_t is plain old data; CPU_SET writes inside it for indices below
+    // CPU_SETSIZE (checked above); sched_setaffinity reads `set` for its size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cpus {
+            libc::CPU_SET(c, &mut set);
+        }
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(format!(
+                "--cpus {cpus:?}: {} (does this machine have those CPUs?)",
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_cpu_lists() {
+        assert_eq!("0".parse::<CpuList>().unwrap().0, vec![0]);
+        assert_eq!("0-1,4".parse::<CpuList>().unwrap().0, vec![0, 1, 4]);
+        assert!("3-1".parse::<CpuList>().unwrap_err().contains("'3-1'"));
+        assert!("x".parse::<CpuList>().is_err());
+        assert!("99999".parse::<CpuList>().is_err());
+    }
+}

@@ -1,0 +1,497 @@
+//! The fast device (`--device loop[:SIZE]`): a loop device with direct I/O over a file in
+//! `/dev/shm`.
+//!
+//! Such a device answers 4 KiB O_DIRECT reads asynchronously in tens of µs for Linux AIO and
+//! io_uring alike, as an NVMe drive does: the setting in which the loop's own latency shows. A
+//! file in tmpfs completes O_DIRECT inside the submitting syscall (so the engines never wait),
+//! and this VM's virtual disk (about 80 µs, noisy) hides the loop's cost in the device's.
+//!
+//! This module owns the `--device` argument ([`LoopSpec`]), the device's life ([`LoopDevice`]:
+//! the backing file written once, `losetup --find --show --direct-io=on`, the check that the
+//! kernel really does direct I/O; detached and removed on drop and on a signal), and how the
+//! subcommands use it: one image ([`LoopDevice::whole`]), one region per matrix disk
+//! ([`LoopDevice::disks`]), or every job of a job file ([`LoopDevice::retarget`]).
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::cleanup::{self, OnSignal};
+use crate::image::{free_bytes, DiskImage};
+use crate::jobfile::JobDef;
+use crate::units::parse_size;
+
+/// The device's size with a bare `--device loop`.
+pub const DEFAULT_SIZE: u64 = 512 << 20;
+
+/// The smallest region a matrix disk may get.
+pub const MIN_DISK: u64 = 1 << 20;
+
+/// Where the backing file goes.
+const SHM: &str = "/dev/shm";
+
+/// A `--device` argument: `loop` or `loop:SIZE` (fio's units, a multiple of 4k, at least 1m).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoopSpec {
+    /// The device's size in bytes.
+    pub size: u64,
+}
+
+impl Default for LoopSpec {
+    fn default() -> Self {
+        LoopSpec { size: DEFAULT_SIZE }
+    }
+}
+
+impl FromStr for LoopSpec {
+    type Err = LoopError;
+
+    fn from_str(s: &str) -> Result<LoopSpec, LoopError> {
+        let unknown = || LoopError::UnknownDevice(s.to_string());
+        let rest = s.strip_prefix("loop").ok_or_else(unknown)?;
+        if rest.is_empty() {
+            return Ok(LoopSpec::default());
+        }
+        let value = rest.strip_prefix(':').ok_or_else(unknown)?;
+        let bad = |reason: String| LoopError::BadSize {
+            value: value.to_string(),
+            reason,
+        };
+        let size = parse_size(value).map_err(|e| bad(e.to_string()))?;
+        if size < MIN_DISK {
+            return Err(bad(format!(
+                "SIZE '{value}' is less than the smallest device, 1m"
+            )));
+        }
+        if size % 4096 != 0 {
+            return Err(bad(format!(
+                "SIZE '{value}' ({size} bytes) is not a multiple of 4k"
+            )));
+        }
+        Ok(LoopSpec { size })
+    }
+}
+
+impl LoopSpec {
+    /// Each of `disks` matrix disks' region: the size split evenly, rounded down to 4 KiB;
+    /// refused when that is less than [`MIN_DISK`] or than one `bs` block.
+    pub fn per_disk(&self, disks: u64, bs: u64) -> Result<u64, LoopError> {
+        let per_disk = self.size / disks.max(1) / 4096 * 4096;
+        if per_disk < MIN_DISK.max(bs) {
+            return Err(LoopError::DiskTooSmall {
+                size_mib: self.size >> 20,
+                disks,
+                per_disk,
+                least: MIN_DISK.max(bs),
+            });
+        }
+        Ok(per_disk)
+    }
+}
+
+/// Why the fast device cannot be set up or used.
+#[derive(Debug, thiserror::Error)]
+pub enum LoopError {
+    /// Not a device this tool knows.
+    #[error("--device {0}: unknown device (expected loop or loop:SIZE, e.g. loop:512m)")]
+    UnknownDevice(String),
+    /// SIZE in `loop:SIZE` is unusable.
+    #[error("--device loop:{value}: {reason}")]
+    BadSize {
+        /// The SIZE as given.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A matrix disk would get too small a region.
+    #[error(
+        "--device loop: {size_mib} MiB over {disks} disks is {} KiB each, less than {} KiB \
+         (give a larger SIZE, e.g. loop:{}m, or fewer --disks)",
+        .per_disk >> 10,
+        .least >> 10,
+        (.least * .disks).div_ceil(1 << 20)
+    )]
+    DiskTooSmall {
+        /// The device's size, MiB.
+        size_mib: u64,
+        /// The disks sharing it.
+        disks: u64,
+        /// What each would get, bytes.
+        per_disk: u64,
+        /// What each needs at least, bytes.
+        least: u64,
+    },
+    /// losetup needs root.
+    #[error("--device loop needs root (losetup)")]
+    NotRoot,
+    /// There is no /dev/shm.
+    #[error("--device loop: {SHM} is missing or not a directory (the backing file goes there)")]
+    NoShm,
+    /// /dev/shm has too little room for the backing file.
+    #[error("--device loop: {SHM} has {free_mib} MiB free, the backing file needs {need_mib} MiB (give a smaller SIZE)")]
+    ShmTooSmall {
+        /// Free space, MiB.
+        free_mib: u64,
+        /// The backing file, MiB.
+        need_mib: u64,
+    },
+    /// losetup is not installed.
+    #[error("--device loop: losetup is not installed (it is in util-linux: apt-get install -y util-linux)")]
+    LosetupMissing,
+    /// losetup failed.
+    #[error("--device loop: `losetup {args}` failed ({status}): {stderr}")]
+    LosetupFailed {
+        /// Its arguments.
+        args: String,
+        /// Its exit status.
+        status: String,
+        /// What it printed on stderr.
+        stderr: String,
+    },
+    /// The device does not do direct I/O.
+    #[error(
+        "--device loop: {device} does not do direct I/O ({dio_file} reads '{dio}'); the \
+         backing file's file system must take O_DIRECT (tmpfs does from Linux 6.6)"
+    )]
+    NoDirectIo {
+        /// The device.
+        device: String,
+        /// The sysfs attribute read.
+        dio_file: String,
+        /// What it held.
+        dio: String,
+    },
+    /// Writing the backing file, or opening the device, failed.
+    #[error("--device loop: {what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The error.
+        source: io::Error,
+    },
+}
+
+impl From<LoopError> for (u8, String) {
+    /// The CLI's exit code and message: 2, as for any other bad input or setup failure.
+    fn from(e: LoopError) -> (u8, String) {
+        (2, e.to_string())
+    }
+}
+
+/// A loop device with direct I/O over a private file in `/dev/shm`. Dropping it detaches the
+/// device and removes the file; a signal does the same ([`crate::cleanup`]).
+#[derive(Debug)]
+pub struct LoopDevice {
+    /// `/dev/loopN`, once attached.
+    device: Option<PathBuf>,
+    size: u64,
+    /// The backing file (removed when dropped, after the device is detached).
+    backing: Option<DiskImage>,
+    backing_path: PathBuf,
+    _on_signal: OnSignal,
+}
+
+impl LoopDevice {
+    /// Sets the device up: checks root and `/dev/shm`, writes the backing file
+    /// (`/dev/shm/aio-bench-loop-PID.img`, a non-zero pattern), attaches it with
+    /// `losetup --find --show --direct-io=on` and checks `/sys/block/loopN/loop/dio`. Whatever
+    /// fails, nothing is left attached or on disk.
+    pub fn attach(spec: LoopSpec) -> Result<LoopDevice, LoopError> {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err(LoopError::NotRoot);
+        }
+        let shm = Path::new(SHM);
+        if !shm.is_dir() {
+            return Err(LoopError::NoShm);
+        }
+        let free = free_bytes(shm);
+        if free < spec.size {
+            return Err(LoopError::ShmTooSmall {
+                free_mib: free >> 20,
+                need_mib: spec.size.div_ceil(1 << 20),
+            });
+        }
+        let backing_path = shm.join(backing_name());
+        // Registered before the file exists: a signal at any point below undoes what is done.
+        let on_signal = {
+            let file = backing_path.clone();
+            cleanup::on_signal(
+                format!("loop device over {} detached, file removed", file.display()),
+                move || {
+                    for dev in attached_to(&file) {
+                        let _ = losetup(&["-d", &dev]);
+                    }
+                    let _ = std::fs::remove_file(&file);
+                },
+            )
+        };
+        let mut dev = LoopDevice {
+            device: None,
+            size: spec.size,
+            backing: None,
+            backing_path: backing_path.clone(),
+            _on_signal: on_signal,
+        };
+        dev.backing = Some(
+            DiskImage::create_buffered(backing_path.clone(), spec.size, 0x4c).map_err(|e| {
+                LoopError::Io {
+                    what: format!("writing {}", backing_path.display()),
+                    source: e,
+                }
+            })?,
+        );
+        let file = backing_path.to_string_lossy();
+        let args = ["--find", "--show", "--direct-io=on", &file];
+        let out = losetup(&args)?;
+        let device = out.trim();
+        if !device.starts_with("/dev/loop") {
+            // Detach whatever it did attach to our file before saying so.
+            for d in attached_to(&backing_path) {
+                let _ = losetup(&["-d", &d]);
+            }
+            return Err(LoopError::LosetupFailed {
+                args: args.join(" "),
+                status: "exit status 0".into(),
+                stderr: format!("printed '{device}', not a /dev/loopN device"),
+            });
+        }
+        dev.device = Some(PathBuf::from(device));
+        let name = device.trim_start_matches("/dev/");
+        let dio_file = format!("/sys/block/{name}/loop/dio");
+        let dio = std::fs::read_to_string(&dio_file)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|e| format!("unreadable: {e}"));
+        if dio != "1" {
+            return Err(LoopError::NoDirectIo {
+                device: device.to_string(),
+                dio_file,
+                dio,
+            });
+        }
+        Ok(dev)
+    }
+
+    /// The device, `/dev/loopN`.
+    pub fn path(&self) -> &Path {
+        self.device.as_deref().expect("set by attach")
+    }
+
+    /// The device's size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The backing file in `/dev/shm`.
+    pub fn backing_file(&self) -> &Path {
+        &self.backing_path
+    }
+
+    /// The whole device as one O_DIRECT image (`latency`, `vs-fio`).
+    pub fn whole(&self) -> Result<DiskImage, LoopError> {
+        self.region(0, self.size, None)
+    }
+
+    /// The matrix's disks: `count` regions of `per_disk` bytes one after another (see
+    /// [`LoopSpec::per_disk`]), each with its own O_DIRECT fd; disk `i` is stamped for
+    /// `--verify` with `bs` blocks when `stamped(i)`. The backing file already holds data, so
+    /// the other regions are used as they are.
+    pub fn disks(
+        &self,
+        count: usize,
+        per_disk: u64,
+        bs: usize,
+        stamped: impl Fn(usize) -> bool,
+    ) -> Result<Vec<DiskImage>, LoopError> {
+        (0..count)
+            .map(|i| self.region(i as u64 * per_disk, per_disk, stamped(i).then_some(bs)))
+            .collect()
+    }
+
+    fn region(&self, base: u64, len: u64, stamp_bs: Option<usize>) -> Result<DiskImage, LoopError> {
+        let path = self.path().to_path_buf();
+        match stamp_bs {
+            Some(bs) => DiskImage::region_stamped(path, base, len, bs),
+            None => DiskImage::region(path, base, len),
+        }
+        .map_err(|e| LoopError::Io {
+            what: format!("{} at {base}: {len} bytes", self.path().display()),
+            source: e,
+        })
+    }
+
+    /// Points a job at the device: `filename=` the device, no `directory=`, `size=` at most
+    /// the device's (the whole device when the job has none).
+    pub fn retarget(&self, def: &mut JobDef) {
+        def.filename = Some(self.path().to_path_buf());
+        def.directory = None;
+        def.size = Some(def.size.map_or(self.size, |s| s.min(self.size)));
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        if let Some(dev) = &self.device {
+            if let Err(e) = losetup(&["-d", &dev.to_string_lossy()]) {
+                eprintln!("aio-bench: {e}");
+            }
+        }
+        // Then `backing` drops (the file is removed) and `_on_signal` unregisters.
+    }
+}
+
+/// The backing file's name: `aio-bench-loop-PID.img`, then `aio-bench-loop-PID-N.img` for
+/// further devices of the same process.
+fn backing_name() -> String {
+    static DEVICES: AtomicU64 = AtomicU64::new(0);
+    match DEVICES.fetch_add(1, Ordering::Relaxed) {
+        0 => format!("aio-bench-loop-{}.img", std::process::id()),
+        n => format!("aio-bench-loop-{}-{n}.img", std::process::id()),
+    }
+}
+
+/// Runs losetup with `args`; its stdout, or why it failed.
+fn losetup(args: &[&str]) -> Result<String, LoopError> {
+    let out = Command::new("losetup").args(args).output().map_err(|e| {
+        if e.kind() == io::ErrorKind::NotFound {
+            LoopError::LosetupMissing
+        } else {
+            LoopError::LosetupFailed {
+                args: args.join(" "),
+                status: "not started".into(),
+                stderr: e.to_string(),
+            }
+        }
+    })?;
+    if !out.status.success() {
+        return Err(LoopError::LosetupFailed {
+            args: args.join(" "),
+            status: out.status.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The loop devices attached to `file` (`losetup -j FILE`: lines `/dev/loopN: [...]: (FILE)`).
+fn attached_to(file: &Path) -> Vec<String> {
+    let Ok(out) = losetup(&["-j", &file.to_string_lossy()]) else {
+        return Vec::new();
+    };
+    out.lines()
+        .filter_map(|l| l.split_once(':').map(|(dev, _)| dev.to_string()))
+        .filter(|dev| dev.starts_with("/dev/loop"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_loop_sizes() {
+        assert_eq!("loop".parse::<LoopSpec>().unwrap().size, DEFAULT_SIZE);
+        assert_eq!("loop:64m".parse::<LoopSpec>().unwrap().size, 64 << 20);
+        assert_eq!("loop:1G".parse::<LoopSpec>().unwrap().size, 1 << 30);
+        assert_eq!("loop:2048k".parse::<LoopSpec>().unwrap().size, 2 << 20);
+        for (arg, needle) in [
+            ("loop:abc", "'abc'"),
+            ("loop:", "''"),
+            ("loop:4x", "'4x'"),
+            ("loop:0", "'0'"),
+            ("loop:512k", "less than"),
+            ("loop:1049600", "not a multiple of 4k"),
+        ] {
+            let e = arg.parse::<LoopSpec>().unwrap_err();
+            assert!(matches!(e, LoopError::BadSize { .. }), "{arg}: {e:?}");
+            assert!(
+                e.to_string().contains(needle),
+                "{arg}: '{e}' lacks {needle}"
+            );
+        }
+        for arg in ["nvme", "loopy", "loop;64m", ""] {
+            let e = arg.parse::<LoopSpec>().unwrap_err();
+            assert!(matches!(e, LoopError::UnknownDevice(_)), "{arg}: {e:?}");
+        }
+    }
+
+    #[test]
+    fn splits_the_device_between_disks() {
+        let spec = LoopSpec { size: 512 << 20 };
+        assert_eq!(spec.per_disk(1, 4096).unwrap(), 512 << 20);
+        assert_eq!(spec.per_disk(256, 4096).unwrap(), 2 << 20);
+        // Rounded down to 4 KiB, so every region starts aligned for O_DIRECT.
+        let odd = LoopSpec { size: 100 << 20 };
+        assert_eq!(odd.per_disk(3, 4096).unwrap() % 4096, 0);
+        let e = LoopSpec { size: 64 << 20 }.per_disk(256, 4096).unwrap_err();
+        assert!(e.to_string().contains("256 disks"), "{e}");
+        assert!(
+            e.to_string().contains("loop:256m"),
+            "the size that would do: {e}"
+        );
+        assert!(LoopSpec { size: 4 << 20 }.per_disk(1, 8 << 20).is_err());
+    }
+
+    /// The matrix with `--verify` on four disks of one device, all driven with writes: every
+    /// read holds what its own disk last wrote (the regions do not overlap), and afterwards
+    /// nothing is left attached or in /dev/shm.
+    #[test]
+    #[cfg(all(feature = "epoll", feature = "linux-aio"))]
+    fn matrix_disks_share_the_device_and_verify() {
+        use std::os::unix::fs::FileExt;
+        use std::time::Duration;
+
+        use crate::engines::EngineKind;
+        use crate::matrix::{self, MatrixSpec, Workload};
+        use crate::monitors::MonitorKind;
+
+        let loop_spec = LoopSpec { size: 16 << 20 };
+        let Some(dev) = aio_core::testing::available(
+            "the fast device (root, losetup, O_DIRECT in /dev/shm)",
+            LoopDevice::attach(loop_spec),
+        ) else {
+            return;
+        };
+        let quick = MatrixSpec::quick();
+        let mut spec = MatrixSpec {
+            fdmons: vec![MonitorKind::Epoll],
+            engines: vec![EngineKind::LinuxAio],
+            disks: vec![4],
+            workloads: vec![Workload::RandRw],
+            active_all: true,
+            ..quick
+        };
+        spec.cell.iodepth = 4;
+        spec.cell.runtime = Duration::from_millis(200);
+        spec.cell.ramp = Duration::ZERO;
+        spec.cell.verify = true;
+        spec.disk_size = loop_spec.per_disk(4, 4096).unwrap();
+        assert_eq!(spec.disk_size, 4 << 20);
+        let images = dev
+            .disks(4, spec.disk_size, 4096, |i| spec.is_stamped(i))
+            .unwrap();
+        let cells = matrix::run_on(&spec, &images, |_, _, _| {}).unwrap();
+        let r = &cells[0].result;
+        assert_eq!(r.errors, 0);
+        assert!(r.verified_reads > 0, "reads were checked");
+        assert_eq!(r.verify_errors, 0, "{:?}", r.verify_reports);
+        // Disk 2's first blocks, read through the device: stamped for offsets in disk 2.
+        let f = std::fs::File::open(dev.path()).unwrap();
+        let mut block = vec![0u8; 4096];
+        for offset in [0u64, 4096, spec.disk_size - 4096] {
+            f.read_exact_at(&mut block, 2 * spec.disk_size + offset)
+                .unwrap();
+            crate::verify::check(&block, offset).unwrap();
+        }
+        drop((f, images));
+        let backing = dev.backing_file().to_path_buf();
+        let device = dev.path().display().to_string();
+        drop(dev);
+        assert!(!backing.exists(), "{} left behind", backing.display());
+        let listed = losetup(&["-a"]).unwrap();
+        let name = backing.display().to_string();
+        assert!(!listed.contains(&name), "{device} left attached: {listed}");
+    }
+}
