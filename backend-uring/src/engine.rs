@@ -51,8 +51,8 @@ pub struct UringConfig {
     pub fixed_buffers: u32,
     /// How completions are made visible to the loop (io_uring's task-work modes). Default
     /// [`TaskRun::Auto`]: deferred task work where the kernel has it (6.1), so a busy-polling
-    /// loop is never interrupted and a sleeping one wakes once, on its eventfd. Only a ring of
-    /// the engine's own: a ring shared with the monitor keeps the kernel's default.
+    /// loop is never interrupted and a sleeping one wakes once, on its eventfd (or, on a
+    /// [`shared_ring`](crate::shared_ring), in the monitor's own wait).
     pub task_run: TaskRun,
 }
 
@@ -168,6 +168,7 @@ impl UringEngine {
     pub(crate) fn on_shared(
         core: Rc<RefCell<SharedCore>>,
         config: UringConfig,
+        task_run: TaskRun,
     ) -> Result<Self, UringUnavailable> {
         check_config(&config)?;
         // Never written: the monitor reports this fd readable itself when completions wait.
@@ -177,7 +178,7 @@ impl UringEngine {
             RingHandle::Shared(core),
             notifier,
             config,
-            TaskRun::Signal,
+            task_run,
         ))
     }
 
@@ -617,7 +618,11 @@ impl IoEngine for UringEngine {
             }
             RingHandle::Shared(core) => core.try_borrow().is_ok_and(|c| {
                 // SAFETY: as above; the monitor is not inside a method (it is not borrowed).
-                c.engine_ready() || !unsafe { c.ring.completion_shared() }.is_empty()
+                let cq_empty = unsafe { c.ring.completion_shared() }.is_empty();
+                // SAFETY: a transient view of the SQ flags; no SubmissionQueue is alive.
+                let task_work =
+                    self.task_run.uses_flag() && unsafe { c.ring.submission_shared() }.taskrun();
+                c.engine_ready() || !cq_empty || task_work
             }),
         }
     }

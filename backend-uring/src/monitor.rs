@@ -22,6 +22,7 @@ use io_uring::{opcode, squeue, types, IoUring};
 use crate::engine::{UringConfig, UringEngine};
 use crate::probe::{classify, UringUnavailable};
 use crate::ring::{drain_cq, RingHandle, SharedCore};
+use crate::task_run::{build_ring, TaskRun};
 
 // Generation 0 is never given to a registration, and bit 63 stays clear (on a shared ring it
 // marks the engine's entries), so neither value can be a poll's user data.
@@ -67,16 +68,16 @@ impl std::fmt::Debug for UringLoop {
 }
 
 impl UringLoop {
-    /// A monitor with a 256-entry ring (1024 completions).
+    /// A monitor with a 256-entry ring (1024 completions), with deferred task work where the
+    /// kernel has it ([`TaskRun::Auto`]): poll completions are posted by the monitor's own
+    /// waits, never by interrupting the loop.
     pub fn new() -> Result<Self, UringUnavailable> {
-        Ok(Self::on(RingHandle::Own(Box::new(Self::build_ring(256)?))))
+        let (ring, _) = Self::build_ring(256, TaskRun::Auto)?;
+        Ok(Self::on(RingHandle::Own(Box::new(ring))))
     }
 
-    fn build_ring(entries: u32) -> Result<IoUring, UringUnavailable> {
-        IoUring::builder()
-            .setup_cqsize(entries.max(256) * 4)
-            .build(entries.max(1))
-            .map_err(classify)
+    fn build_ring(entries: u32, task_run: TaskRun) -> Result<(IoUring, TaskRun), UringUnavailable> {
+        build_ring(entries.max(1), entries.max(256) * 4, task_run).map_err(classify)
     }
 
     fn on(ring: RingHandle) -> Self {
@@ -231,8 +232,11 @@ impl UringLoop {
 /// completions arrive in the completion queue the monitor waits on, so they need no eventfd
 /// and no extra wakeup. Use the monitor for the [`AioContext`](aio_core::AioContext) and
 /// attach the engine to that same context.
+///
+/// The ring runs in [`UringConfig::task_run`]'s mode; with the flag modes (the default), the
+/// engine's `io_poll` check sees completions the kernel still holds as task work.
 pub fn shared_ring(config: UringConfig) -> Result<(UringLoop, UringEngine), UringUnavailable> {
-    let ring = UringLoop::build_ring(config.entries)?;
+    let (ring, task_run) = UringLoop::build_ring(config.entries, config.task_run)?;
     let core = Rc::new(RefCell::new(SharedCore {
         ring,
         io_results: Vec::new(),
@@ -240,7 +244,7 @@ pub fn shared_ring(config: UringConfig) -> Result<(UringLoop, UringEngine), Urin
         engine_fd: None,
         engine_kick: false,
     }));
-    let engine = UringEngine::on_shared(core.clone(), config)?;
+    let engine = UringEngine::on_shared(core.clone(), config, task_run)?;
     Ok((UringLoop::on(RingHandle::Shared(core)), engine))
 }
 
