@@ -41,6 +41,7 @@ pub mod event_loop;
 pub mod hybrid;
 pub mod notifier;
 pub mod polling;
+mod slots;
 mod sync;
 pub mod sys;
 #[cfg(feature = "testing")]

@@ -10,10 +10,16 @@
 //! while bottom halves run goes to the next iteration" exact.
 
 use std::fmt;
+use std::rc::Rc;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 
-use super::Shared;
+use super::handlers::LoopCallback;
+use super::notify::Shared;
+use super::AioContext;
+use crate::error::AioError;
+use crate::event_loop::EventLoop;
+use crate::slots::SlotId;
 use crate::sync::AtomicU64;
 
 const SCHEDULED: u64 = 1;
@@ -26,8 +32,7 @@ pub(crate) const DELETE_TICKET: u64 = u64::MAX;
 /// One schedule (or deletion) on its way to the loop thread.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct BhEntry {
-    pub(crate) index: u32,
-    pub(crate) generation: u32,
+    pub(crate) id: SlotId,
     pub(crate) ticket: u64,
 }
 
@@ -134,8 +139,7 @@ impl BhState {
 /// scheduled bottom half does nothing (it runs once); each run consumes one schedule.
 #[derive(Clone)]
 pub struct BottomHalf {
-    pub(crate) index: u32,
-    pub(crate) generation: u32,
+    pub(crate) id: SlotId,
     pub(crate) state: Arc<BhState>,
     pub(crate) shared: Arc<Shared>,
 }
@@ -152,7 +156,7 @@ impl fmt::Debug for BottomHalf {
 impl BottomHalf {
     /// A number that identifies this bottom half within its context (for error messages).
     pub fn id(&self) -> u64 {
-        ((self.generation as u64) << 32) | self.index as u64
+        self.id.to_u64()
     }
 
     /// Schedules the bottom half to run in the loop's next iteration and wakes the loop.
@@ -165,8 +169,7 @@ impl BottomHalf {
             Ok(None) => true,
             Ok(Some(ticket)) => {
                 self.shared.push_bh(BhEntry {
-                    index: self.index,
-                    generation: self.generation,
+                    id: self.id,
                     ticket,
                 });
                 // The loop thread recomputes its timeout (and sees the queue) before it
@@ -199,10 +202,157 @@ impl BottomHalf {
         }
         self.cancel();
         self.shared.push_bh(BhEntry {
-            index: self.index,
-            generation: self.generation,
+            id: self.id,
             ticket: DELETE_TICKET,
         });
         true
+    }
+}
+
+/// A bottom half's slot on the loop thread: its callback never leaves this thread.
+pub(super) struct BhSlot<L: EventLoop> {
+    pub(super) state: Arc<BhState>,
+    callback: Rc<LoopCallback<L>>,
+    oneshot: bool,
+}
+
+impl<L: EventLoop> AioContext<L> {
+    /// Creates a bottom half running `callback` on the loop thread, once per schedule.
+    pub fn bh_new(&self, callback: impl FnMut(&AioContext<L>) + 'static) -> BottomHalf {
+        self.bh_create(LoopCallback::exclusive(callback), false)
+    }
+
+    /// Creates a bottom half whose callback a nested `poll()` may re-enter: scheduled again
+    /// while it runs, it runs again in the next iteration of a nested loop (QEMU's semantics),
+    /// where a [`AioContext::bh_new`] one waits until it has returned.
+    pub fn bh_new_reentrant(&self, callback: impl Fn(&AioContext<L>) + 'static) -> BottomHalf {
+        self.bh_create(LoopCallback::reentrant(callback), false)
+    }
+
+    /// Schedules `callback` to run once in the next iteration, then frees it (QEMU's
+    /// `aio_bh_schedule_oneshot`).
+    pub fn bh_schedule_oneshot(&self, callback: impl FnOnce(&AioContext<L>) + 'static) {
+        let mut callback = Some(callback);
+        let bh = self.bh_create(
+            LoopCallback::exclusive(move |ctx| {
+                if let Some(f) = callback.take() {
+                    f(ctx)
+                }
+            }),
+            true,
+        );
+        bh.schedule();
+    }
+
+    fn bh_create(&self, callback: LoopCallback<L>, oneshot: bool) -> BottomHalf {
+        let state = Arc::new(BhState::default());
+        let id = self.bhs.borrow_mut().insert(BhSlot {
+            state: state.clone(),
+            callback: Rc::new(callback),
+            oneshot,
+        });
+        BottomHalf {
+            id,
+            state,
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Deletes a bottom half of this context (same as [`BottomHalf::delete`], but checks that
+    /// the handle belongs here).
+    pub fn bh_delete(&self, bh: &BottomHalf) -> Result<(), AioError> {
+        if !Arc::ptr_eq(&bh.shared, &self.shared) || bh.state.is_deleted() {
+            return Err(AioError::UnknownBottomHalf { id: bh.id() });
+        }
+        bh.delete();
+        Ok(())
+    }
+
+    /// Whether a bottom half waits to run: a queued schedule that is still live. A cancelled
+    /// one leaves a stale entry that must not cost an extra iteration (QEMU cancels its
+    /// completion bottom half once every completion is processed; that must cost nothing).
+    pub(super) fn bh_pending(&self) -> bool {
+        let live = |e: &BhEntry| {
+            e.ticket == DELETE_TICKET
+                || self
+                    .bhs
+                    .borrow()
+                    .get(e.id)
+                    .is_some_and(|s| s.state.is_pending(e.ticket))
+        };
+        let queued = self
+            .shared
+            .bh_queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .any(live);
+        queued || self.bh_slices.borrow().iter().flatten().any(live)
+    }
+
+    /// Runs the bottom halves scheduled before this call; returns whether any ran.
+    pub(super) fn bh_poll(&self) -> bool {
+        let queued = self.shared.take_bh_queue();
+        let my_level = {
+            let mut slices = self.bh_slices.borrow_mut();
+            slices.push(queued.into());
+            slices.len()
+        };
+        let mut progress = false;
+        loop {
+            let entry = {
+                let mut slices = self.bh_slices.borrow_mut();
+                let next = slices[..my_level].iter_mut().find_map(|s| s.pop_front());
+                match next {
+                    Some(e) => e,
+                    None => break,
+                }
+            };
+            progress |= self.bh_run_entry(entry);
+        }
+        self.bh_slices.borrow_mut().truncate(my_level - 1);
+        progress
+    }
+
+    fn bh_run_entry(&self, entry: BhEntry) -> bool {
+        let (state, callback, oneshot) = {
+            match self.bhs.borrow().get(entry.id) {
+                Some(s) => (s.state.clone(), s.callback.clone(), s.oneshot),
+                None => return false,
+            }
+        };
+        if entry.ticket == DELETE_TICKET {
+            if state.is_deleted() {
+                self.bh_free_slot(entry.id);
+            }
+            return false;
+        }
+        if !state.is_pending(entry.ticket) {
+            return false;
+        }
+        if callback.is_busy() {
+            // Running further up the stack: keep the schedule for after it returns.
+            self.bh_deferred.borrow_mut().push(entry);
+            return false;
+        }
+        if !state.claim(entry.ticket) {
+            return false;
+        }
+        if oneshot {
+            self.bh_free_slot(entry.id);
+        }
+        self.count(|c| c.bh_runs += 1);
+        callback.invoke(self);
+        let deferred = std::mem::take(&mut *self.bh_deferred.borrow_mut());
+        for e in deferred {
+            self.shared.push_bh(e);
+        }
+        true
+    }
+
+    fn bh_free_slot(&self, id: SlotId) {
+        let old = self.bhs.borrow_mut().remove(id);
+        // Dropped here, outside the borrow: the callback's captures may call into the context.
+        drop(old);
     }
 }

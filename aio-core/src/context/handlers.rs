@@ -8,10 +8,15 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt;
-use std::os::fd::RawFd;
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
 
+use crate::error::AioError;
+use crate::sys::fd_is_open;
+
 use crate::event_loop::{EventLoop, Interest, Token};
+use crate::slots::{SlotId, Slots};
 use crate::AioContext;
 
 /// A boxed callback that runs on the loop thread with access to the context.
@@ -162,7 +167,6 @@ impl<L: EventLoop> FdHandler<L> {
 /// One installed handler.
 pub(crate) struct HandlerSlot<L: EventLoop> {
     pub(crate) fd: RawFd,
-    pub(crate) generation: u32,
     pub(crate) callbacks: Rc<FdHandler<L>>,
     /// The fd was reported closed (`POLLNVAL`); it is no longer watched.
     pub(crate) closed: bool,
@@ -177,10 +181,8 @@ pub(crate) struct HandlerSlot<L: EventLoop> {
 /// Slots addressed by token: the low 32 bits index, the high 32 bits a generation, so that an
 /// event or poll-set entry of a removed handler can never reach a new handler in the same slot.
 pub(crate) struct HandlerTable<L: EventLoop> {
-    slots: Vec<Option<HandlerSlot<L>>>,
-    free: Vec<u32>,
+    slots: Slots<HandlerSlot<L>>,
     by_fd: HashMap<RawFd, Token>,
-    next_generation: u32,
     /// Handlers with an `io_write` callback.
     writers: usize,
     /// Tokens of handlers that busy polling checks (have `io_poll`, not idle, not closed).
@@ -190,10 +192,8 @@ pub(crate) struct HandlerTable<L: EventLoop> {
 impl<L: EventLoop> HandlerTable<L> {
     pub(crate) fn new() -> Self {
         HandlerTable {
-            slots: Vec::new(),
-            free: Vec::new(),
+            slots: Slots::new(),
             by_fd: HashMap::new(),
-            next_generation: 1,
             writers: 0,
             poll_set: Vec::new(),
         }
@@ -218,33 +218,17 @@ impl<L: EventLoop> HandlerTable<L> {
         self.unpolled() == 0 && self.writers == 0
     }
 
-    fn split(token: Token) -> (usize, u32) {
-        ((token.0 & 0xffff_ffff) as usize, (token.0 >> 32) as u32)
-    }
-
     pub(crate) fn get(&self, token: Token) -> Option<&HandlerSlot<L>> {
-        let (index, generation) = Self::split(token);
-        match self.slots.get(index) {
-            Some(Some(slot)) if slot.generation == generation => Some(slot),
-            _ => None,
-        }
+        self.slots.get(SlotId::from_u64(token.0))
     }
 
     pub(crate) fn get_mut(&mut self, token: Token) -> Option<&mut HandlerSlot<L>> {
-        let (index, generation) = Self::split(token);
-        match self.slots.get_mut(index) {
-            Some(Some(slot)) if slot.generation == generation => Some(slot),
-            _ => None,
-        }
+        self.slots.get_mut(SlotId::from_u64(token.0))
     }
 
-    /// Reserves a slot for `fd`; the handler is live once [`HandlerTable::insert`] fills it.
+    /// The token the next [`HandlerTable::insert`] gives (the monitor learns it first).
     pub(crate) fn next_token(&self) -> Token {
-        let index = match self.free.last() {
-            Some(&i) => i,
-            None => self.slots.len() as u32,
-        };
-        Token(((self.next_generation as u64) << 32) | index as u64)
+        Token(self.slots.next_id().to_u64())
     }
 
     pub(crate) fn insert(
@@ -254,25 +238,20 @@ impl<L: EventLoop> HandlerTable<L> {
         now: u64,
         idle_ns: u64,
     ) -> Token {
-        let token = self.next_token();
-        let (index, generation) = Self::split(token);
-        self.next_generation = self.next_generation.wrapping_add(1).max(1);
-        if self.free.last() == Some(&(index as u32)) {
-            self.free.pop();
-        } else {
-            self.slots.push(None);
-        }
         let polled = callbacks.io_poll.is_some();
         self.writers += usize::from(callbacks.io_write.is_some());
-        self.slots[index] = Some(HandlerSlot {
-            fd,
-            generation,
-            callbacks,
-            closed: false,
-            poll_idle_deadline: now.saturating_add(idle_ns),
-            last_read_dispatch: 0,
-            last_write_dispatch: 0,
-        });
+        let token = Token(
+            self.slots
+                .insert(HandlerSlot {
+                    fd,
+                    callbacks,
+                    closed: false,
+                    poll_idle_deadline: now.saturating_add(idle_ns),
+                    last_read_dispatch: 0,
+                    last_write_dispatch: 0,
+                })
+                .to_u64(),
+        );
         self.by_fd.insert(fd, token);
         if polled {
             self.poll_set.push(token);
@@ -306,11 +285,8 @@ impl<L: EventLoop> HandlerTable<L> {
     }
 
     pub(crate) fn remove(&mut self, token: Token) -> Option<HandlerSlot<L>> {
-        let (index, _) = Self::split(token);
-        self.get(token)?;
-        let slot = self.slots[index].take()?;
+        let slot = self.slots.remove(SlotId::from_u64(token.0))?;
         self.writers -= usize::from(slot.callbacks.io_write.is_some());
-        self.free.push(index as u32);
         self.by_fd.remove(&slot.fd);
         self.poll_set.retain(|t| *t != token);
         Some(slot)
@@ -335,8 +311,9 @@ impl<L: EventLoop> HandlerTable<L> {
         let before = self.poll_set.len();
         let slots = &self.slots;
         self.poll_set.retain(|t| {
-            let (index, generation) = Self::split(*t);
-            matches!(slots.get(index), Some(Some(s)) if s.generation == generation && s.poll_idle_deadline > now)
+            slots
+                .get(SlotId::from_u64(t.0))
+                .is_some_and(|s| s.poll_idle_deadline > now)
         });
         before - self.poll_set.len()
     }
@@ -351,5 +328,110 @@ impl<L: EventLoop> HandlerTable<L> {
         let fd = slot.fd;
         self.poll_set.retain(|t| *t != token);
         Some(fd)
+    }
+}
+
+impl<L: EventLoop> AioContext<L> {
+    /// Installs `handler` for `fd` and starts watching it.
+    ///
+    /// Errors: [`AioError::InvalidFd`] for a negative or closed fd, [`AioError::AlreadyRegistered`]
+    /// if `fd` has a handler, [`AioError::NoCallbacks`] for an empty handler,
+    /// [`AioError::Monitor`] if the monitor refuses the fd (epoll refuses regular files).
+    pub fn set_fd_handler(&self, fd: RawFd, handler: FdHandler<L>) -> Result<(), AioError> {
+        if !fd_is_open(fd) || fd == self.shared.notifier.as_raw_fd() {
+            return Err(AioError::InvalidFd { fd });
+        }
+        if handler.io_read.is_none() && handler.io_write.is_none() && handler.io_poll.is_none() {
+            return Err(AioError::NoCallbacks { fd });
+        }
+        let mut table = self.handlers.borrow_mut();
+        if table.token_of(fd).is_some() {
+            return Err(AioError::AlreadyRegistered { fd });
+        }
+        let token = table.next_token();
+        let mut monitor = self.monitor.borrow_mut();
+        monitor
+            .register(fd, token, handler.interest())
+            .map_err(|source| AioError::Monitor {
+                monitor: monitor.name(),
+                op: "register",
+                fd,
+                source,
+            })?;
+        let inserted = table.insert(fd, Rc::new(handler), self.now_ns(), self.poll_idle_ns.get());
+        debug_assert_eq!(inserted, token);
+        Ok(())
+    }
+
+    /// Replaces the callbacks of `fd`'s handler (the interest follows the new callbacks).
+    /// Works from inside any callback, the handler's own included: the running callback
+    /// finishes, the new ones are used from then on.
+    pub fn update_fd_handler(&self, fd: RawFd, handler: FdHandler<L>) -> Result<(), AioError> {
+        if handler.io_read.is_none() && handler.io_write.is_none() && handler.io_poll.is_none() {
+            return Err(AioError::NoCallbacks { fd });
+        }
+        let mut table = self.handlers.borrow_mut();
+        let token = table.token_of(fd).ok_or(AioError::NotRegistered { fd })?;
+        let closed = table.get(token).is_some_and(|s| s.closed);
+        if !closed {
+            let mut monitor = self.monitor.borrow_mut();
+            monitor
+                .modify(fd, token, handler.interest())
+                .map_err(|source| AioError::Monitor {
+                    monitor: monitor.name(),
+                    op: "modify",
+                    fd,
+                    source,
+                })?;
+        }
+        let old = table.replace(
+            token,
+            Rc::new(handler),
+            self.now_ns(),
+            self.poll_idle_ns.get(),
+        );
+        drop(table);
+        // The old callbacks may own values whose Drop calls back into the context.
+        drop(old);
+        Ok(())
+    }
+
+    /// Removes `fd`'s handler: none of its callbacks runs again, even if an event for it is
+    /// already pending in this iteration. The fd itself is not closed.
+    pub fn remove_fd_handler(&self, fd: RawFd) -> Result<(), AioError> {
+        let mut table = self.handlers.borrow_mut();
+        let token = table.token_of(fd).ok_or(AioError::NotRegistered { fd })?;
+        let slot = table.remove(token).ok_or(AioError::NotRegistered { fd })?;
+        drop(table);
+        if !slot.closed {
+            let mut monitor = self.monitor.borrow_mut();
+            if let Err(source) = monitor.deregister(fd) {
+                // The fd may have been closed behind our back: the kernel already forgot it
+                // (EBADF, ENOENT). The handler is gone either way; anything else is reported.
+                let forgotten = matches!(
+                    source.raw_os_error(),
+                    Some(libc::EBADF) | Some(libc::ENOENT)
+                ) || source.kind() == io::ErrorKind::NotFound;
+                if !forgotten {
+                    return Err(AioError::Monitor {
+                        monitor: monitor.name(),
+                        op: "deregister",
+                        fd,
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `fd` has a handler in this context.
+    pub fn has_fd_handler(&self, fd: RawFd) -> bool {
+        self.handlers.borrow().token_of(fd).is_some()
+    }
+
+    /// How many fd handlers are installed.
+    pub fn fd_handler_count(&self) -> usize {
+        self.handlers.borrow().len()
     }
 }

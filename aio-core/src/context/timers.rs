@@ -5,9 +5,14 @@
 
 use std::collections::BTreeSet;
 use std::rc::Rc;
+use std::time::Duration;
+
+use super::AioContext;
+use crate::error::AioError;
 
 use super::handlers::LoopCallback;
 use crate::event_loop::EventLoop;
+use crate::slots::{SlotId, Slots};
 
 /// Identifies a timer within its context.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -21,16 +26,13 @@ impl TimerId {
 }
 
 struct TimerSlot<L: EventLoop> {
-    generation: u32,
     callback: Rc<LoopCallback<L>>,
     /// `(deadline, sequence)` while armed.
     armed: Option<(u64, u64)>,
 }
 
 pub(crate) struct TimerTable<L: EventLoop> {
-    slots: Vec<Option<TimerSlot<L>>>,
-    free: Vec<u32>,
-    next_generation: u32,
+    slots: Slots<TimerSlot<L>>,
     next_sequence: u64,
     /// Armed timers by `(deadline, arming sequence, id)`: deadline order, ties in arming order.
     order: BTreeSet<(u64, u64, u64)>,
@@ -39,42 +41,22 @@ pub(crate) struct TimerTable<L: EventLoop> {
 impl<L: EventLoop> TimerTable<L> {
     pub(crate) fn new() -> Self {
         TimerTable {
-            slots: Vec::new(),
-            free: Vec::new(),
-            next_generation: 1,
+            slots: Slots::new(),
             next_sequence: 0,
             order: BTreeSet::new(),
         }
     }
 
     fn slot_mut(&mut self, id: TimerId) -> Option<&mut TimerSlot<L>> {
-        let index = (id.0 & 0xffff_ffff) as usize;
-        let generation = (id.0 >> 32) as u32;
-        match self.slots.get_mut(index) {
-            Some(Some(s)) if s.generation == generation => Some(s),
-            _ => None,
-        }
+        self.slots.get_mut(SlotId::from_u64(id.0))
     }
 
     pub(crate) fn create(&mut self, callback: Rc<LoopCallback<L>>) -> TimerId {
-        let generation = self.next_generation;
-        self.next_generation = self.next_generation.wrapping_add(1).max(1);
-        let slot = TimerSlot {
-            generation,
+        let id = self.slots.insert(TimerSlot {
             callback,
             armed: None,
-        };
-        let index = match self.free.pop() {
-            Some(i) => {
-                self.slots[i as usize] = Some(slot);
-                i
-            }
-            None => {
-                self.slots.push(Some(slot));
-                (self.slots.len() - 1) as u32
-            }
-        };
-        TimerId(((generation as u64) << 32) | index as u64)
+        });
+        TimerId(id.to_u64())
     }
 
     /// Arms (or re-arms) a timer; false if the id is unknown.
@@ -112,10 +94,9 @@ impl<L: EventLoop> TimerTable<L> {
         if !self.disarm(id) {
             return None;
         }
-        let index = (id.0 & 0xffff_ffff) as usize;
-        let slot = self.slots[index].take()?;
-        self.free.push(index as u32);
-        Some(slot.callback)
+        self.slots
+            .remove(SlotId::from_u64(id.0))
+            .map(|slot| slot.callback)
     }
 
     /// The sequence number the next arming will get.
@@ -124,8 +105,9 @@ impl<L: EventLoop> TimerTable<L> {
     }
 
     fn is_running(&self, raw: u64) -> bool {
-        let index = (raw & 0xffff_ffff) as usize;
-        matches!(self.slots.get(index), Some(Some(s)) if s.callback.is_busy())
+        self.slots
+            .get(SlotId::from_u64(raw))
+            .is_some_and(|s| s.callback.is_busy())
     }
 
     /// The earliest deadline among armed timers whose callback is not running further up the
@@ -156,5 +138,86 @@ impl<L: EventLoop> TimerTable<L> {
         let callback = slot.callback.clone();
         self.order.remove(&(deadline, sequence, raw));
         Some((id, callback))
+    }
+}
+
+impl<L: EventLoop> AioContext<L> {
+    /// Creates a disarmed timer running `callback` when its deadline passes.
+    pub fn timer_new(&self, callback: impl FnMut(&AioContext<L>) + 'static) -> TimerId {
+        self.timers
+            .borrow_mut()
+            .create(Rc::new(LoopCallback::exclusive(callback)))
+    }
+
+    /// Arms `timer` for the absolute deadline `deadline_ns` on [`AioContext::now_ns`]'s clock
+    /// (re-arming replaces the previous deadline). A deadline in the past fires in the next
+    /// iteration. The timer never fires before its deadline.
+    pub fn timer_mod(&self, timer: TimerId, deadline_ns: u64) -> Result<(), AioError> {
+        if self.timers.borrow_mut().arm(timer, deadline_ns) {
+            Ok(())
+        } else {
+            Err(AioError::UnknownTimer { id: timer.0 })
+        }
+    }
+
+    /// Arms `timer` to fire `after` from now. A delay that overflows the 64-bit nanosecond
+    /// clock is [`AioError::TimeoutOverflow`].
+    pub fn timer_mod_in(&self, timer: TimerId, after: Duration) -> Result<(), AioError> {
+        let now = self.now_ns();
+        let deadline = u64::try_from(after.as_nanos())
+            .ok()
+            .and_then(|ns| now.checked_add(ns))
+            .ok_or(AioError::TimeoutOverflow {
+                requested_ns: after.as_nanos(),
+                now_ns: now,
+            })?;
+        self.timer_mod(timer, deadline)
+    }
+
+    /// Disarms `timer` (it can be armed again).
+    pub fn timer_del(&self, timer: TimerId) -> Result<(), AioError> {
+        if self.timers.borrow_mut().disarm(timer) {
+            Ok(())
+        } else {
+            Err(AioError::UnknownTimer { id: timer.0 })
+        }
+    }
+
+    /// The deadline `timer` is armed for, `None` if disarmed.
+    pub fn timer_deadline(&self, timer: TimerId) -> Result<Option<u64>, AioError> {
+        self.timers
+            .borrow_mut()
+            .deadline(timer)
+            .ok_or(AioError::UnknownTimer { id: timer.0 })
+    }
+
+    /// Frees `timer`; its id becomes unknown.
+    pub fn timer_free(&self, timer: TimerId) -> Result<(), AioError> {
+        let freed = self.timers.borrow_mut().free(timer);
+        // Dropped outside the borrow: the callback's captures may call into the context.
+        match freed {
+            Some(callback) => {
+                drop(callback);
+                Ok(())
+            }
+            None => Err(AioError::UnknownTimer { id: timer.0 }),
+        }
+    }
+
+    /// Runs the timers that expired by the time this call started and were armed before it:
+    /// a callback that re-arms its timer in the past runs again in the next iteration, not in
+    /// a loop here.
+    pub(super) fn run_timers(&self) -> bool {
+        let mut progress = false;
+        let now = self.now_ns();
+        let armed_before = self.timers.borrow().next_sequence();
+        loop {
+            let expired = self.timers.borrow_mut().pop_expired(now, armed_before);
+            let Some((_, callback)) = expired else { break };
+            // pop_expired skipped busy timers, so this one runs.
+            self.count(|c| c.timer_runs += 1);
+            progress |= callback.invoke(self);
+        }
+        progress
     }
 }

@@ -14,6 +14,7 @@ use std::collections::VecDeque;
 use std::io;
 
 use super::request::{Completion, Op, Request, Step, Transfer};
+use crate::slots::Slots;
 
 /// A request the kernel holds, or that waits to go back to it for its remainder.
 #[derive(Debug)]
@@ -71,13 +72,14 @@ pub enum Outcome {
 }
 
 /// Slots for requests in the kernel's hands; see the [module docs](self).
+///
+/// A slot's index is the kernel's user data: the request owns the slot until it completes, so
+/// the index alone names it (a result for a freed slot is [`Outcome::Stale`]).
 #[derive(Debug, Default)]
 pub struct InFlightTable {
-    slots: Vec<Option<InFlight>>,
-    free: Vec<u32>,
+    slots: Slots<InFlight>,
     resubmit: VecDeque<u32>,
     done: VecDeque<Completion>,
-    live: usize,
 }
 
 impl InFlightTable {
@@ -88,42 +90,30 @@ impl InFlightTable {
 
     /// Takes a request in; returns its slot (use it as the kernel's user data).
     pub fn insert(&mut self, request: Request) -> u32 {
-        let entry = InFlight {
-            request,
-            transfer: Transfer::default(),
-            iovecs: Vec::new(),
-        };
-        self.live += 1;
-        match self.free.pop() {
-            Some(i) => {
-                self.slots[i as usize] = Some(entry);
-                i
-            }
-            None => {
-                self.slots.push(Some(entry));
-                (self.slots.len() - 1) as u32
-            }
-        }
+        self.slots
+            .insert(InFlight {
+                request,
+                transfer: Transfer::default(),
+                iovecs: Vec::new(),
+            })
+            .index()
     }
 
     /// Requests in the table (in the kernel or waiting to go back).
     pub fn live(&self) -> usize {
-        self.live
+        self.slots.len()
     }
 
     /// The file of a live slot (a clone: it keeps the fd open).
     pub fn file(&self, slot: u32) -> Option<super::request::IoFile> {
-        self.slots
-            .get(slot as usize)?
-            .as_ref()
-            .map(|e| e.request.file.clone())
+        self.slots.get_index(slot).map(|e| e.request.file.clone())
     }
 
     /// The whole buffer of a live single-buffer read or write (None for vectored requests and
     /// syncs): what an engine registers with the kernel for fixed-buffer I/O. The memory stays
     /// where it is until the slot completes.
     pub fn single_buffer(&self, slot: u32) -> Option<WholeBuffer> {
-        match &self.slots.get(slot as usize)?.as_ref()?.request.op {
+        match &self.slots.get_index(slot)?.request.op {
             Op::Read { buf, .. } | Op::Write { buf, .. } => Some(WholeBuffer {
                 id: buf.id(),
                 ptr: buf.as_ptr(),
@@ -135,15 +125,12 @@ impl InFlightTable {
 
     /// The token of a live slot.
     pub fn token(&self, slot: u32) -> Option<u64> {
-        self.slots
-            .get(slot as usize)?
-            .as_ref()
-            .map(|e| e.request.token)
+        self.slots.get_index(slot).map(|e| e.request.token)
     }
 
     /// Describes what to submit for `slot` (the remainder of its transfer).
     pub fn prepare(&mut self, slot: u32) -> Option<Prepared> {
-        let entry = self.slots.get_mut(slot as usize)?.as_mut()?;
+        let entry = self.slots.get_index_mut(slot)?;
         let fd = entry.request.file.raw_fd();
         let op = &mut entry.request.op;
         Some(match op {
@@ -168,7 +155,7 @@ impl InFlightTable {
 
     /// Applies a kernel result (`res`: bytes, or `-errno`) to `slot`.
     pub fn on_result(&mut self, slot: u32, res: i64) -> Outcome {
-        let Some(Some(entry)) = self.slots.get_mut(slot as usize) else {
+        let Some(entry) = self.slots.get_index_mut(slot) else {
             return Outcome::Stale;
         };
         if res < 0 {
@@ -197,9 +184,7 @@ impl InFlightTable {
 
     /// Completes `slot` with `result`, freeing it.
     pub fn complete(&mut self, slot: u32, result: io::Result<usize>) {
-        if let Some(entry) = self.slots.get_mut(slot as usize).and_then(Option::take) {
-            self.free.push(slot);
-            self.live -= 1;
+        if let Some(entry) = self.slots.remove_index(slot) {
             self.done.push_back(entry.request.complete(result));
         }
     }

@@ -1,0 +1,92 @@
+//! Cross-thread wake-ups: the part of a context other threads reach (QEMU's `aio_notify`).
+//!
+//! This module owns [`NotifyHandle`], the shared state behind it and the bottom-half queue that
+//! carries schedules to the loop thread; the notify_me handshake itself is in `wakeup`. It never
+//! runs a callback.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::bottom_half::BhEntry;
+use super::wakeup::Wakeup;
+use super::AioContext;
+use crate::event_loop::EventLoop;
+use crate::notifier::Notifier;
+
+/// The part of a context that other threads reach.
+pub(crate) struct Shared {
+    pub(super) notifier: Notifier,
+    /// The notify_me handshake: only while the loop is (about to be) blocked does `notify()`
+    /// write the notifier.
+    pub(super) wakeup: Wakeup,
+    pub(super) notifier_writes: AtomicU64,
+    pub(super) notify_calls: AtomicU64,
+    pub(super) bh_queue: Mutex<Vec<BhEntry>>,
+    /// The thread that runs the loop: a bottom half scheduled from it needs no wake-up.
+    pub(super) loop_thread: std::thread::ThreadId,
+}
+
+impl Shared {
+    pub(crate) fn notify(&self) {
+        self.notify_calls.fetch_add(1, Ordering::Relaxed);
+        // Either the loop sees the notification (or the queued bottom half) before it sleeps,
+        // or we see it about to sleep and write (see `wakeup`).
+        if self.wakeup.notify() {
+            self.notifier_writes.fetch_add(1, Ordering::Relaxed);
+            // A write can only fail if the fd is gone, which the context prevents by owning it.
+            let _ = self.notifier.notify();
+        }
+    }
+
+    /// Whether the caller is the loop's own thread (it will see queued work before it
+    /// blocks, so it needs no notification).
+    pub(crate) fn on_loop_thread(&self) -> bool {
+        std::thread::current().id() == self.loop_thread
+    }
+
+    pub(crate) fn push_bh(&self, entry: BhEntry) {
+        self.bh_queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(entry);
+    }
+
+    pub(super) fn take_bh_queue(&self) -> Vec<BhEntry> {
+        std::mem::take(&mut *self.bh_queue.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+/// A `Send + Sync` handle that wakes a context from any thread.
+#[derive(Clone)]
+pub struct NotifyHandle {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for NotifyHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NotifyHandle").finish_non_exhaustive()
+    }
+}
+
+impl NotifyHandle {
+    /// Wakes the context: a blocked `poll(true)` returns, a busy-polling one stops polling.
+    /// Writes the notifier only when the loop is (about to be) blocked.
+    pub fn notify(&self) {
+        self.shared.notify();
+    }
+}
+
+impl<L: EventLoop> AioContext<L> {
+    /// Wakes the loop (see [`NotifyHandle::notify`]).
+    pub fn notify(&self) {
+        self.shared.notify();
+    }
+
+    /// A handle that wakes this context from any thread.
+    pub fn notify_handle(&self) -> NotifyHandle {
+        NotifyHandle {
+            shared: self.shared.clone(),
+        }
+    }
+}
