@@ -59,3 +59,9 @@ for eng in ["pool", "linux-aio", "uring", "uring-shared-ring"]:
 ratio("round_trip: uring on the loop's ring / uring with its own ring",
       mean_ns("round_trip", "uring-shared-ring"), mean_ns("round_trip", "uring"))
 ratio("round_trip: uring / linux-aio", mean_ns("round_trip", "uring"), mean_ns("round_trip", "linux-aio"))
+# The fast device (a loop device with direct I/O over tmpfs; set up when the bench runs as root).
+for eng in ["pool", "linux-aio", "uring", "uring-shared-ring"]:
+    ratio(f"round_trip on the loop device, polling off: {eng} / raw pread",
+          mean_ns("round_trip", f"loop_{eng}"), mean_ns("round_trip", "loop_pread"))
+    ratio(f"round_trip on the loop device, polling 32768: {eng} / raw pread",
+          mean_ns("round_trip", f"loop_{eng}_poll"), mean_ns("round_trip", "loop_pread"))

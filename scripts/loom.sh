@@ -2,8 +2,9 @@
 # The loom models of the cross-thread protocols, every interleaving explored:
 #   aio-core: the notify_me handshake and bottom-half scheduling (no lost wake-up, each
 #             schedule runs once)            -> aio-core/src/context/wakeup.rs
-#   aio-pool: the idle accounting and spawn decision of seed 002 (no stranded job, the
-#             counters return to zero)       -> pool/src/loom_model.rs
+#   aio-pool: the idle accounting and spawn decision (QEMU's thread-pool idle-thread
+#             accounting: no stranded job, the counters return to zero)
+#                                            -> pool/src/loom_model.rs
 # Built with `--cfg aio_loom` in a separate target dir (target/loom), so the normal build is
 # untouched. Takes a few minutes on 2 cores, most of it compiling.
 set -euo pipefail

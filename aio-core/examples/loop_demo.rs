@@ -1,6 +1,6 @@
-//! A tour of the loop on a monitor picked by a flag: a pipe echo handler, a timer, a bottom
-//! half scheduled from another thread, a cross-thread `notify()`, and the counters that explain
-//! what the loop did.
+//! A tour of the loop on a monitor picked by a flag: an echo handler on a socket pair, a timer, a
+//! bottom half scheduled from another thread, a cross-thread `notify()`, and the counters that
+//! explain what the loop did. Plain `aio-core` and std: no test helpers.
 //!
 //! ```text
 //! cargo run -p aio-core --example loop_demo -- --monitor epoll [--poll-max-ns 32768]
@@ -8,15 +8,38 @@
 //! Monitors: `poll`, `epoll`, `hybrid` (ppoll below 64 fds, epoll from 64 up).
 
 use std::cell::Cell;
+use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
 use std::rc::Rc;
 use std::time::Duration;
 
 use aio_backend_epoll::EpollLoop;
 use aio_backend_poll::PollLoop;
-use aio_core::testing::{drain_fd, write_byte, Pipe};
 use aio_core::{AioContext, EventLoop, FdHandler, Hybrid, PollParams};
+
+/// A connected pair of non-blocking sockets: what one end writes, the other end reads.
+fn socket_pair() -> (UnixStream, UnixStream) {
+    let (a, b) = UnixStream::pair().expect("socketpair");
+    a.set_nonblocking(true).expect("non-blocking");
+    b.set_nonblocking(true).expect("non-blocking");
+    (a, b)
+}
+
+/// Reads `socket` until it would block; returns the byte count.
+fn drain(mut socket: &UnixStream) -> usize {
+    let mut buf = [0u8; 4096];
+    let mut total = 0;
+    loop {
+        match socket.read(&mut buf) {
+            Ok(0) => return total,
+            Ok(n) => total += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return total, // WouldBlock: drained
+        }
+    }
+}
 
 fn run<L: EventLoop>(monitor: L, poll_max_ns: u64) {
     let ctx = AioContext::new(monitor).expect("context");
@@ -25,19 +48,17 @@ fn run<L: EventLoop>(monitor: L, poll_max_ns: u64) {
         ..PollParams::iothread()
     });
 
-    // 1. An fd handler: echo what arrives on one pipe into another.
-    let input = Pipe::new();
-    let output = Rc::new(Pipe::new());
+    // 1. An fd handler: echo what arrives on one socket into another.
+    let (input, input_writer) = socket_pair();
+    let (output_reader, output) = socket_pair();
     let echoed = Rc::new(Cell::new(0usize));
-    let (out, e) = (output.clone(), echoed.clone());
-    let in_fd = input.read.as_raw_fd();
+    let e = echoed.clone();
+    let in_fd = input.as_raw_fd();
     ctx.set_fd_handler(
         in_fd,
         FdHandler::new().on_read(move |_| {
-            let n = drain_fd(in_fd);
-            for _ in 0..n {
-                write_byte(out.write.as_raw_fd());
-            }
+            let n = drain(&input);
+            (&output).write_all(&vec![1u8; n]).expect("echo");
             e.set(e.get() + n);
         }),
     )
@@ -63,11 +84,11 @@ fn run<L: EventLoop>(monitor: L, poll_max_ns: u64) {
     let b = bh_ran.clone();
     let bh = ctx.bh_new(move |_| b.set(true));
     let notify = ctx.notify_handle();
-    let writer = input.write.as_raw_fd();
+    let writer = input_writer.try_clone().expect("clone the socket");
     let worker = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(5));
-        write_byte(writer);
-        write_byte(writer);
+        (&writer).write_all(&[1]).expect("write");
+        (&writer).write_all(&[1]).expect("write");
         bh.schedule();
         std::thread::sleep(Duration::from_millis(5));
         notify.notify();
@@ -79,6 +100,7 @@ fn run<L: EventLoop>(monitor: L, poll_max_ns: u64) {
     worker.join().unwrap();
     println!("monitor:        {}", ctx.describe_monitor());
     println!("echoed bytes:   {}", echoed.get());
+    assert_eq!(drain(&output_reader), echoed.get());
     println!("timer ticks:    {}", ticks.get());
     println!("bottom half:    ran");
     println!("counters:       {:#?}", ctx.counters());

@@ -1,5 +1,6 @@
-//! Seed 003's situation in miniature: many attached "disks" (doorbell notifiers) of which one is
-//! busy. With epoll a wakeup costs the same whether 1 or 1024 doorbells are registered.
+//! The scsi-disk scaling test from the QEMU epoll discussion (1..256 disks on one IOThread) in
+//! miniature: many attached "disks" (doorbell notifiers) of which one is busy. With epoll a
+//! wakeup costs the same whether 1 or 1024 doorbells are registered.
 //!
 //! ```text
 //! cargo run --release -p aio-backend-epoll --example idle_disks -- 1024

@@ -6,14 +6,50 @@
 //! ```
 
 use std::cell::Cell;
+use std::fs::File;
+use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
 use std::rc::Rc;
 
 use aio_backend_uring::{probe, UringConfig, UringEngine, UringLoop};
-use aio_core::engine::{AlignedBuf, Request};
-use aio_core::testing::engine::TempFile;
-use aio_core::testing::Pipe;
+use aio_core::engine::{AlignedBuf, IoFile, Request};
 use aio_core::{AioContext, FdHandler};
+
+/// A file of `len` bytes (each `fill`) in the system temp dir, removed on drop.
+struct ScratchFile(PathBuf);
+
+impl ScratchFile {
+    fn create(len: usize, fill: u8) -> io::Result<ScratchFile> {
+        let name = format!("aio-rs-example-{}", std::process::id());
+        let scratch = ScratchFile(std::env::temp_dir().join(name));
+        let mut f = File::create(&scratch.0)?;
+        f.write_all(&vec![fill; len])?;
+        f.sync_all()?;
+        Ok(scratch)
+    }
+}
+
+impl Drop for ScratchFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Reads `socket` until it would block; returns the byte count.
+fn drain(mut socket: &UnixStream) -> usize {
+    let mut buf = [0u8; 4096];
+    let mut total = 0;
+    loop {
+        match socket.read(&mut buf) {
+            Ok(0) => return total,
+            Ok(n) => total += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return total, // WouldBlock: drained
+        }
+    }
+}
 
 fn main() {
     let support = match probe() {
@@ -27,19 +63,21 @@ fn main() {
 
     let ctx = AioContext::new(UringLoop::new().expect("uring monitor")).expect("context");
 
-    // A pipe watched through IORING_OP_POLL_ADD.
-    let pipe = Rc::new(Pipe::new());
+    // A socket watched through IORING_OP_POLL_ADD.
+    let (reader, writer) = UnixStream::pair().expect("socketpair");
+    reader.set_nonblocking(true).expect("non-blocking");
     let got = Rc::new(Cell::new(0usize));
-    let (p, g) = (pipe.clone(), got.clone());
+    let g = got.clone();
+    let reader_fd = reader.as_raw_fd();
     ctx.set_fd_handler(
-        pipe.read.as_raw_fd(),
-        FdHandler::new().on_read(move |_| g.set(g.get() + p.drain())),
+        reader_fd,
+        FdHandler::new().on_read(move |_| g.set(g.get() + drain(&reader))),
     )
     .expect("handler");
 
     // Block I/O through the io_uring engine.
-    let image = TempFile::with_len(1 << 20, 0x77);
-    let file = image.open(0).expect("open");
+    let image = ScratchFile::create(1 << 20, 0x77).expect("scratch file");
+    let file = IoFile::from(File::open(&image.0).expect("open"));
     let bytes = Rc::new(Cell::new(0usize));
     let b = bytes.clone();
     let engine = ctx
@@ -55,8 +93,8 @@ fn main() {
             .expect("submit");
     }
     engine.unplug();
-    pipe.poke();
-    pipe.poke();
+    (&writer).write_all(&[1]).expect("write");
+    (&writer).write_all(&[1]).expect("write");
 
     while bytes.get() < 1 << 20 || got.get() < 2 {
         ctx.poll(true);

@@ -1,6 +1,7 @@
 //! `cargo bench -p aio-bench --bench matrix`: the quick scsi-disk matrix (every fd monitor and
 //! engine this kernel offers; 1, 16 and 256 disks; rd and randrw; 1 s per cell), printed as
-//! seed 003's table. The same as `cargo run --release -p aio-bench -- matrix`.
+//! the table of the scsi-disk scaling test from the QEMU epoll discussion (1..256 disks on one
+//! IOThread). The same as `cargo run --release -p aio-bench -- matrix`.
 
 use aio_bench::matrix::{self, MatrixSpec};
 

@@ -81,7 +81,7 @@ pub struct JobDef {
     /// `poll_rule=` (`recovering`, the default, or `qemu`).
     pub poll_rule: PollRule,
     /// `uring_taskrun=`: io_uring's task-work mode, one of
-    /// [`URING_TASK_RUN_MODES`](crate::engines::URING_TASK_RUN_MODES) (default `auto`).
+    /// [`crate::engines::URING_TASK_RUN_MODES`] (default `auto`).
     pub uring_task_run: &'static str,
     /// `iodepth_batch_submit=` (alias `iodepth_batch`): the engine's largest batch per
     /// submission call; 0 means `iodepth`, as in fio. Unset, the engine's own default (32)
@@ -511,8 +511,9 @@ mod tests {
         parse(text, Path::new("t.fio"))
     }
 
-    /// Seed 001's job file, as posted.
-    const SEED_001: &str = "[global]
+    /// The fio job file posted with QEMU's linux-aio patch "Cancel BH if not needed" (direct
+    /// completion processing, a bottom half only as the nested-loop safety net), unchanged.
+    const POSTED_LINUX_AIO_JOB: &str = "[global]
 filename=/dev/vdb
 ioengine=libaio
 direct=1
@@ -528,8 +529,8 @@ bs=4K
 ";
 
     #[test]
-    fn seed_001_job_file_parses() {
-        let f = p(SEED_001).unwrap();
+    fn the_job_file_posted_with_the_linux_aio_patch_parses() {
+        let f = p(POSTED_LINUX_AIO_JOB).unwrap();
         assert_eq!(f.jobs.len(), 1);
         let j = &f.jobs[0];
         assert_eq!(j.name, "job1");
@@ -543,7 +544,7 @@ bs=4K
         assert_eq!(j.rw, Pattern::RandRead);
         assert_eq!(f.notes.len(), 1);
         assert!(f.notes[0].contains("t.fio:7") && f.notes[0].contains("gtod_reduce"));
-        let two = p(&format!("{SEED_001}[job2]\n")).unwrap();
+        let two = p(&format!("{POSTED_LINUX_AIO_JOB}[job2]\n")).unwrap();
         assert_eq!(
             two.notes, f.notes,
             "a [global] note is given once, not per job"
@@ -660,7 +661,7 @@ bs=4K
     #[test]
     fn fuzzed_job_files_never_panic_and_errors_name_a_line() {
         let corpus = [
-            SEED_001,
+            POSTED_LINUX_AIO_JOB,
             "[global]\nbs=8k\n[a]\nrw=randrw\nrwmixread=70\ntime_based\nruntime=2s\n",
             "[x]\nsize=1g\nfilename=/tmp/f\nioengine=io_uring\niodepth=32\n",
         ];

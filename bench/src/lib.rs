@@ -3,8 +3,9 @@
 //! The project's benchmark crate, behind the `aio-bench` binary:
 //!
 //! * backend selection by name and `auto` ([`monitors`], [`engines`]);
-//! * the scsi-disk scaling matrix of seed 003 ([`scsi`] for one cell, [`matrix`] for the axes
-//!   and the reports), with `--verify` stamps ([`verify`]) on images ([`image`]);
+//! * the scsi-disk scaling matrix from the QEMU epoll discussion, 1..256 disks on one IOThread
+//!   ([`scsi`] for one cell, [`matrix`] for the axes and the reports), with `--verify` stamps
+//!   ([`verify`]) on images ([`image`]);
 //! * the fio-like load generator ([`job`]), fio job files ([`jobfile`]) and their runs in fio's
 //!   formats ([`runner`]), fio itself for side-by-side runs ([`fio`]), fio's units ([`units`]);
 //! * the fast device, a loop device with direct I/O over a file in `/dev/shm` ([`loopdev`]),

@@ -1,10 +1,11 @@
 //! `aio-bench`: compare aio-rs backends, and compare them with fio.
 //!
-//! Subcommands: `matrix` (the scsi-disk scaling matrix of seed 003), `latency` (seed 000's QD1
-//! table: polling off, at QEMU's default, and at given values), `run` (fio job files, reported
-//! in fio's formats), `vs-fio` (the same job through fio and through one of our engines,
-//! alternating A B / B A) and `probe` (which backends this build and kernel offer, and what
-//! `auto` picks).
+//! Subcommands: `matrix` (the scsi-disk scaling test from the QEMU epoll discussion, 1..256
+//! disks on one IOThread), `latency` (QD1 latency per engine, the measurement of QEMU's
+//! thread-pool notifier/io_poll change: polling off, at QEMU's default, and at given values),
+//! `run` (fio job files, reported in fio's formats), `vs-fio` (the same job through fio and
+//! through one of our engines, alternating A B / B A) and `probe` (which backends this build
+//! and kernel offer, and what `auto` picks).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -32,10 +33,11 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// The scsi-disk scaling matrix (seed 003): MB/s as 1..256 disks share one iothread.
+    /// The scsi-disk scaling matrix (the QEMU epoll discussion's test): MB/s as 1..256 disks
+    /// share one iothread.
     Matrix(Box<MatrixArgs>),
-    /// Seed 000's table: QD1 latency per engine with the loop's polling off, at QEMU's IOThread
-    /// default, and at the values given.
+    /// QD1 latency per engine with the loop's polling off, at QEMU's IOThread default, and at
+    /// the values given (as QEMU measured its thread-pool notifier/io_poll change).
     Latency(LatencyArgs),
     /// Run one job through fio and through an aio-rs engine, alternating (A B, B A, ...), and
     /// print both figures and their ratio.
@@ -165,7 +167,7 @@ struct MatrixArgs {
     /// Requests in flight per driven disk.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1024))]
     iodepth: u64,
-    /// Drive one disk (seed 003) or all of them.
+    /// Drive one disk (the QEMU epoll discussion's setup) or all of them.
     #[arg(long, default_value = "one", value_parser = ["one", "all"])]
     active: String,
     /// Measured time per cell.

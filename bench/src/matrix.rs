@@ -16,7 +16,7 @@ use crate::job::Pattern;
 use crate::monitors::MonitorKind;
 use crate::scsi::{run_cell, CellResult, CellSpec};
 
-/// A workload of the matrix (seed 003's columns).
+/// A workload of the matrix (the columns of the QEMU epoll discussion's scsi-disk table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Workload {
     /// Sequential reads (fio `rw=read`).
@@ -71,7 +71,7 @@ pub struct MatrixSpec {
     pub disks: Vec<usize>,
     /// Workloads.
     pub workloads: Vec<Workload>,
-    /// Drive every disk (`all`) or only the first (`one`, seed 003's setup).
+    /// Drive every disk (`all`) or only the first (`one`, the QEMU epoll discussion's setup).
     pub active_all: bool,
     /// The per-disk job (pattern is set per workload).
     pub cell: CellSpec,
@@ -279,8 +279,8 @@ fn median_run(mut runs: Vec<Cell>) -> Cell {
     m
 }
 
-/// Seed 003's table: one per engine, a row per disk count, a column group per fd monitor with
-/// a column per workload, in MB/s.
+/// The scsi-disk scaling table, shaped as in the QEMU epoll discussion: one per engine, a row
+/// per disk count, a column group per fd monitor with a column per workload, in MB/s.
 pub fn table(spec: &MatrixSpec, cells: &[Cell]) -> String {
     let mut out = String::new();
     let width = 8 * spec.workloads.len();

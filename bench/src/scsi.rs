@@ -1,4 +1,5 @@
-//! The scsi-disk model of seed 003, in process: disks on one iothread, a guest driving them.
+//! The scsi-disk model of the scaling test from the QEMU epoll discussion (1..256 disks on one
+//! IOThread), in process: disks on one iothread, a guest driving them.
 //!
 //! This module owns the model and one cell's run:
 //!
@@ -9,8 +10,8 @@
 //! * the **guest** is one load-generator thread per active disk, keeping `iodepth` requests in
 //!   flight, as fio does in the guest;
 //! * the **iothread** is the calling thread: one [`AioContext`] over the chosen monitor, every
-//!   disk's doorbell registered (idle disks too: that is what seed 003 measures), requests
-//!   pushed into the chosen engine, completions pushed back to the guest.
+//!   disk's doorbell registered (idle disks too: that is what the QEMU test measures),
+//!   requests pushed into the chosen engine, completions pushed back to the guest.
 //!
 //! It never touches a backend's internals: only the `EventLoop` and `IoEngine` traits.
 

@@ -1,5 +1,5 @@
-//! The loom model of the pool's idle accounting and spawn decision (seed 002), built with
-//! `--cfg aio_loom` (scripts/loom.sh).
+//! The loom model of the pool's idle accounting and spawn decision (QEMU's thread-pool
+//! idle-thread accounting), built with `--cfg aio_loom` (scripts/loom.sh).
 //!
 //! The model runs the real [`State`] transitions (`reserve_thread`, `thread_started`,
 //! `arrived`, `take_job`, `job_done`, `must_exit`, `idle_begin`, `idle_end`, `retire`) and the
@@ -26,7 +26,7 @@ struct Model {
     timeout_fired: AtomicBool,
     runs: AtomicUsize,
     /// Threads really blocked in `work.wait` (changed only under the state lock): what
-    /// `State::idle` must equal whenever a submitter looks (seed 002).
+    /// `State::idle` must equal whenever a submitter looks (QEMU's idle-thread accounting).
     waiting: AtomicUsize,
 }
 

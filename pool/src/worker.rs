@@ -1,8 +1,9 @@
 //! The worker threads: waiting for jobs, the idle accounting, and the blocking syscalls.
 //!
 //! This module owns what runs on a pool thread. It touches the shared state only under its
-//! lock, counts a thread as idle exactly while it waits on the condition variable (seed 002),
-//! and owns a job's buffers while it runs it, so nothing else can see them meanwhile.
+//! lock, counts a thread as idle exactly while it waits on the condition variable (QEMU's
+//! thread-pool idle-thread accounting), and owns a job's buffers while it runs it, so nothing
+//! else can see them meanwhile.
 
 use std::io;
 use std::os::fd::RawFd;
@@ -50,8 +51,9 @@ fn run(shared: &Shared) {
             drop(st);
             let completion = execute(job);
             // This thread is busy until it waits again: a request submitted meanwhile sees no
-            // idle thread and may spawn one (QEMU's rule, seed 002). On VMs that extra thread
-            // is also what keeps a QD1 round trip from paying a cross-vCPU wake-up every time.
+            // idle thread and may spawn one (QEMU's idle-thread accounting). On VMs that extra
+            // thread is also what keeps a QD1 round trip from paying a cross-vCPU wake-up every
+            // time.
             shared.finish(completion);
             st = shared.lock();
             st.job_done();

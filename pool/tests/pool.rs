@@ -1,5 +1,5 @@
-//! Pool-specific behaviour: thread accounting (seed 002), limits, idle exit, cancel,
-//! shutdown, and the typed offload in the loop.
+//! Pool-specific behaviour: thread accounting (QEMU's thread-pool idle-thread accounting),
+//! limits, idle exit, cancel, shutdown, and the typed offload in the loop.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -56,7 +56,7 @@ fn sixteen_blocking_requests_run_at_once_and_idle_threads_are_reused() {
     let stats = pool.stats();
     assert_eq!(stats.spawned, 16);
     assert_eq!(stats.peak_threads, 16);
-    // All 16 wait for work now; a second burst reuses them (idle = waiting, seed 002).
+    // All 16 wait for work now; a second burst reuses them (idle = waiting, as QEMU counts).
     let deadline = Instant::now() + Duration::from_secs(5);
     while pool.stats().idle < 16 {
         assert!(

@@ -1,10 +1,12 @@
 //! Attaching an engine to an [`AioContext`]: completions delivered in the loop.
 //!
-//! This module owns the glue between one engine and one context (seed 001's design):
+//! This module owns the glue between one engine and one context (QEMU's direct completion
+//! processing in the notifier callback, with a bottom half only as the nested-loop safety net):
 //!
 //! * the engine's notifier is registered with `io_read` (clear it, process completions) and
 //!   `io_poll` (the engine's syscall-free `has_completions`), so adaptive polling finds
-//!   completions without a wakeup (seed 000);
+//!   completions without a wakeup (QEMU's thread-pool notifier/io_poll change: QD1 69.87 ->
+//!   49.45 µs);
 //! * completions are delivered **directly** from that callback, one at a time, to the user's
 //!   callback;
 //! * before each delivery a bottom half is scheduled as a safety net: if a completion callback
@@ -81,8 +83,8 @@ impl<L: EventLoop, E: IoEngine> Driver<L, E> {
                 }
             };
             // Scheduled before each user callback (a no-op while still scheduled), so that a
-            // nested loop sees the completions still queued here (seed 001), also after a
-            // nested delivery cancelled it.
+            // nested loop sees the completions still queued here (the nested-loop safety net),
+            // also after a nested delivery cancelled it.
             if let Some(bh) = self.safety_net.borrow().as_ref() {
                 bh.schedule();
             }
