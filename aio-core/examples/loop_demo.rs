@@ -9,7 +9,6 @@
 
 use std::cell::Cell;
 use std::io::{self, Read, Write};
-use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
 use std::rc::Rc;
@@ -53,11 +52,12 @@ fn run<L: EventLoop>(monitor: L, poll_max_ns: u64) {
     let (output_reader, output) = socket_pair();
     let echoed = Rc::new(Cell::new(0usize));
     let e = echoed.clone();
-    let in_fd = input.as_raw_fd();
+    let input = Rc::new(input);
+    let i = input.clone();
     ctx.set_fd_handler(
-        in_fd,
+        &*input,
         FdHandler::new().on_read(move |_| {
-            let n = drain(&input);
+            let n = drain(&i);
             (&output).write_all(&vec![1u8; n]).expect("echo");
             e.set(e.get() + n);
         }),

@@ -28,59 +28,90 @@
 //!   ready (the rest come next time, they are level-triggered).
 
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{BorrowedFd, RawFd};
 use std::time::Duration;
 
 /// An opaque value a monitor reports back with each event of an fd.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Token(pub u64);
 
-/// What to watch an fd for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Interest {
-    /// Report when a read would not block (data, EOF, hang-up or error).
-    pub readable: bool,
-    /// Report when a write would not block.
-    pub writable: bool,
-}
+/// What to watch an fd for: an opaque set of directions, built from the constants and `|`
+/// (`Interest::READABLE | Interest::WRITABLE`), as `mio` does.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Interest(u8);
+
+const READ_BIT: u8 = 1;
+const WRITE_BIT: u8 = 2;
 
 impl Interest {
-    /// Readable only.
-    pub const READABLE: Interest = Interest {
-        readable: true,
-        writable: false,
-    };
-    /// Writable only.
-    pub const WRITABLE: Interest = Interest {
-        readable: false,
-        writable: true,
-    };
+    /// Report when a read would not block (data, EOF, hang-up or error).
+    pub const READABLE: Interest = Interest(READ_BIT);
+    /// Report when a write would not block.
+    pub const WRITABLE: Interest = Interest(WRITE_BIT);
     /// Both readable and writable.
-    pub const BOTH: Interest = Interest {
-        readable: true,
-        writable: true,
-    };
+    pub const BOTH: Interest = Interest(READ_BIT | WRITE_BIT);
     /// Neither (the fd stays registered but is not reported).
-    pub const NONE: Interest = Interest {
-        readable: false,
-        writable: false,
-    };
+    pub const NONE: Interest = Interest(0);
+
+    /// Whether reads are of interest.
+    pub const fn is_readable(self) -> bool {
+        self.0 & READ_BIT != 0
+    }
+
+    /// Whether writes are of interest.
+    pub const fn is_writable(self) -> bool {
+        self.0 & WRITE_BIT != 0
+    }
 
     /// Whether neither direction is of interest.
-    pub fn is_empty(self) -> bool {
-        !self.readable && !self.writable
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// This interest with `other`'s directions added (`|` in a `const`).
+    pub const fn add(self, other: Interest) -> Interest {
+        Interest(self.0 | other.0)
+    }
+
+    /// This interest without `other`'s directions.
+    pub const fn remove(self, other: Interest) -> Interest {
+        Interest(self.0 & !other.0)
     }
 
     /// The `poll(2)` event mask for this interest.
     pub fn to_poll_events(self) -> libc::c_short {
         let mut ev = 0;
-        if self.readable {
+        if self.is_readable() {
             ev |= libc::POLLIN;
         }
-        if self.writable {
+        if self.is_writable() {
             ev |= libc::POLLOUT;
         }
         ev
+    }
+}
+
+impl std::ops::BitOr for Interest {
+    type Output = Interest;
+    fn bitor(self, other: Interest) -> Interest {
+        self.add(other)
+    }
+}
+
+impl std::ops::BitOrAssign for Interest {
+    fn bitor_assign(&mut self, other: Interest) {
+        *self = self.add(other);
+    }
+}
+
+impl std::fmt::Debug for Interest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.is_readable(), self.is_writable()) {
+            (true, true) => f.write_str("READABLE | WRITABLE"),
+            (true, false) => f.write_str("READABLE"),
+            (false, true) => f.write_str("WRITABLE"),
+            (false, false) => f.write_str("NONE"),
+        }
     }
 }
 
@@ -141,14 +172,24 @@ pub trait EventLoop {
     fn name(&self) -> &'static str;
 
     /// Starts watching `fd` for `interest`, reporting `token`.
-    fn register(&mut self, fd: RawFd, token: Token, interest: Interest) -> io::Result<()>;
+    ///
+    /// The registration outlives the borrow: the caller deregisters the fd before it closes
+    /// it. An fd closed while registered is not undefined behaviour, only a lost registration:
+    /// the kernel forgets it (epoll, io_uring) or reports it [`Event::invalid`] (ppoll), and the
+    /// caller then calls [`EventLoop::forget_closed`].
+    fn register(&mut self, fd: BorrowedFd<'_>, token: Token, interest: Interest)
+        -> io::Result<()>;
 
     /// Changes the interest and token of a registered fd.
-    fn modify(&mut self, fd: RawFd, token: Token, interest: Interest) -> io::Result<()>;
+    fn modify(&mut self, fd: BorrowedFd<'_>, token: Token, interest: Interest) -> io::Result<()>;
 
-    /// Stops watching `fd`. A monitor must accept the deregistration of an fd that has been
-    /// closed since it was registered (the kernel may already have forgotten it).
-    fn deregister(&mut self, fd: RawFd) -> io::Result<()>;
+    /// Stops watching `fd`.
+    fn deregister(&mut self, fd: BorrowedFd<'_>) -> io::Result<()>;
+
+    /// Drops the registration of fd number `fd`, which was found closed (an [`Event::invalid`]
+    /// report): the monitor forgets it without acting on the number, which may already name
+    /// another file. `NotFound` if nothing is registered under it.
+    fn forget_closed(&mut self, fd: RawFd) -> io::Result<()>;
 
     /// Waits for readiness for at most `timeout` (`None`: no limit) and appends the events
     /// to `events`.
@@ -173,14 +214,22 @@ impl<T: EventLoop + ?Sized> EventLoop for Box<T> {
     fn name(&self) -> &'static str {
         (**self).name()
     }
-    fn register(&mut self, fd: RawFd, token: Token, interest: Interest) -> io::Result<()> {
+    fn register(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        token: Token,
+        interest: Interest,
+    ) -> io::Result<()> {
         (**self).register(fd, token, interest)
     }
-    fn modify(&mut self, fd: RawFd, token: Token, interest: Interest) -> io::Result<()> {
+    fn modify(&mut self, fd: BorrowedFd<'_>, token: Token, interest: Interest) -> io::Result<()> {
         (**self).modify(fd, token, interest)
     }
-    fn deregister(&mut self, fd: RawFd) -> io::Result<()> {
+    fn deregister(&mut self, fd: BorrowedFd<'_>) -> io::Result<()> {
         (**self).deregister(fd)
+    }
+    fn forget_closed(&mut self, fd: RawFd) -> io::Result<()> {
+        (**self).forget_closed(fd)
     }
     fn wait(&mut self, timeout: Option<Duration>, events: &mut Vec<Event>) -> io::Result<()> {
         (**self).wait(timeout, events)
@@ -215,5 +264,19 @@ mod tests {
             Interest::BOTH.to_poll_events(),
             libc::POLLIN | libc::POLLOUT
         );
+    }
+
+    #[test]
+    fn interest_is_a_bit_set() {
+        let both = Interest::READABLE | Interest::WRITABLE;
+        assert_eq!(both, Interest::BOTH);
+        assert!(both.is_readable() && both.is_writable() && !both.is_empty());
+        assert_eq!(both.remove(Interest::WRITABLE), Interest::READABLE);
+        let mut i = Interest::NONE;
+        assert!(i.is_empty() && !i.is_readable());
+        i |= Interest::WRITABLE;
+        assert!(i.is_writable() && !i.is_readable());
+        assert_eq!(format!("{both:?}"), "READABLE | WRITABLE");
+        assert_eq!(Interest::default(), Interest::NONE);
     }
 }

@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::time::Duration;
 
 use crate::event_loop::{Event, EventLoop, Interest, Token};
@@ -99,6 +99,18 @@ impl<S: EventLoop, G: EventLoop> Hybrid<S, G> {
     }
 
     /// Moves every registration to the other monitor; on refusal, rolls back and stays.
+    /// What removing `fd` changes: a refused fd no longer pins the small side, and a registry
+    /// that fell under half the threshold goes back to it.
+    fn after_removal(&mut self, fd: RawFd) {
+        if self.refused_fd == Some(fd) {
+            self.refused_fd = None;
+            self.maybe_upgrade();
+        }
+        if self.side == HybridSide::Large && self.registry.len() < self.threshold / 2 {
+            self.switch_to(HybridSide::Small);
+        }
+    }
+
     fn switch_to(&mut self, target: HybridSide) {
         if self.side == target {
             return;
@@ -110,7 +122,13 @@ impl<S: EventLoop, G: EventLoop> Hybrid<S, G> {
         let mut moved = Vec::with_capacity(self.registry.len());
         let mut refused = None;
         for (&fd, &(token, interest)) in &self.registry {
-            match to.register(fd, token, interest) {
+            // SAFETY: `fd` was registered with us and not deregistered; the `EventLoop`
+            // contract has callers deregister an fd before they close it, so it is open. A
+            // caller that breaks it gets `EBADF` below (handled) or a registration of whatever
+            // file now has the number: the monitors only hand the number to the kernel and
+            // never reach memory through it.
+            let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+            match to.register(borrowed, token, interest) {
                 Ok(()) => moved.push(fd),
                 // Closed behind our back: nothing to move, the registry keeps it for deregister.
                 Err(e) if e.raw_os_error() == Some(libc::EBADF) => {}
@@ -122,14 +140,16 @@ impl<S: EventLoop, G: EventLoop> Hybrid<S, G> {
         }
         if refused.is_some() {
             for fd in moved {
-                let _ = to.deregister(fd);
+                // SAFETY: as above; registered a moment ago.
+                let _ = to.deregister(unsafe { BorrowedFd::borrow_raw(fd) });
             }
             self.failed_upgrades += 1;
             self.refused_fd = refused;
             return;
         }
         for &fd in self.registry.keys() {
-            let _ = from.deregister(fd);
+            // SAFETY: as above.
+            let _ = from.deregister(unsafe { BorrowedFd::borrow_raw(fd) });
         }
         self.side = target;
         self.switches += 1;
@@ -148,11 +168,17 @@ impl<S: EventLoop, G: EventLoop> EventLoop for Hybrid<S, G> {
         }
     }
 
-    fn register(&mut self, fd: RawFd, token: Token, interest: Interest) -> io::Result<()> {
+    fn register(
+        &mut self,
+        borrowed: BorrowedFd<'_>,
+        token: Token,
+        interest: Interest,
+    ) -> io::Result<()> {
+        let fd = borrowed.as_raw_fd();
         if self.registry.contains_key(&fd) {
             return Err(crate::event_loop::already_registered(fd));
         }
-        match self.active().register(fd, token, interest) {
+        match self.active().register(borrowed, token, interest) {
             // The large monitor refuses this fd (epoll and a regular file): go back to the
             // small one, which takes anything, and stay there while this fd is registered.
             Err(e) if self.side == HybridSide::Large && e.raw_os_error() == Some(libc::EPERM) => {
@@ -160,7 +186,7 @@ impl<S: EventLoop, G: EventLoop> EventLoop for Hybrid<S, G> {
                 if self.side != HybridSide::Small {
                     return Err(e);
                 }
-                self.small.register(fd, token, interest)?;
+                self.small.register(borrowed, token, interest)?;
                 self.refused_fd = Some(fd);
             }
             other => other?,
@@ -170,29 +196,39 @@ impl<S: EventLoop, G: EventLoop> EventLoop for Hybrid<S, G> {
         Ok(())
     }
 
-    fn modify(&mut self, fd: RawFd, token: Token, interest: Interest) -> io::Result<()> {
+    fn modify(
+        &mut self,
+        borrowed: BorrowedFd<'_>,
+        token: Token,
+        interest: Interest,
+    ) -> io::Result<()> {
+        let fd = borrowed.as_raw_fd();
         let Some(entry) = self.registry.get(&fd).copied() else {
             return Err(crate::event_loop::not_registered(fd));
         };
-        self.active().modify(fd, token, interest)?;
+        self.active().modify(borrowed, token, interest)?;
         if entry != (token, interest) {
             self.registry.insert(fd, (token, interest));
         }
         Ok(())
     }
 
-    fn deregister(&mut self, fd: RawFd) -> io::Result<()> {
+    fn deregister(&mut self, borrowed: BorrowedFd<'_>) -> io::Result<()> {
+        let fd = borrowed.as_raw_fd();
         if self.registry.remove(&fd).is_none() {
             return Err(crate::event_loop::not_registered(fd));
         }
-        let result = self.active().deregister(fd);
-        if self.refused_fd == Some(fd) {
-            self.refused_fd = None;
-            self.maybe_upgrade();
+        let result = self.active().deregister(borrowed);
+        self.after_removal(fd);
+        result
+    }
+
+    fn forget_closed(&mut self, fd: RawFd) -> io::Result<()> {
+        if self.registry.remove(&fd).is_none() {
+            return Err(crate::event_loop::not_registered(fd));
         }
-        if self.side == HybridSide::Large && self.registry.len() < self.threshold / 2 {
-            self.switch_to(HybridSide::Small);
-        }
+        let result = self.active().forget_closed(fd);
+        self.after_removal(fd);
         result
     }
 

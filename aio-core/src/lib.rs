@@ -19,9 +19,9 @@
 //!
 //! ```no_run
 //! use aio_core::{AioContext, EventLoop, FdHandler};
-//! # fn demo<L: EventLoop>(monitor: L, fd: std::os::fd::RawFd) -> Result<(), aio_core::AioError> {
+//! # fn demo<L: EventLoop>(monitor: L, fd: std::os::unix::net::UnixStream) -> Result<(), aio_core::AioError> {
 //! let ctx = AioContext::new(monitor)?;
-//! ctx.set_fd_handler(fd, FdHandler::new().on_read(|ctx: &AioContext<L>| {
+//! ctx.set_fd_handler(&fd, FdHandler::new().on_read(|ctx: &AioContext<L>| {
 //!     // read from fd ...
 //!     ctx.bh_schedule_oneshot(|_| println!("deferred work"));
 //! }))?;

@@ -22,7 +22,7 @@
 
 use std::collections::HashSet;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use aio_core::sys::{cvt, timeout_ms_round_up, timespec_from};
@@ -42,10 +42,10 @@ pub struct EpollLoop {
 
 fn epoll_event(token: Token, interest: Interest) -> libc::epoll_event {
     let mut events = 0u32;
-    if interest.readable {
+    if interest.is_readable() {
         events |= (libc::EPOLLIN | libc::EPOLLRDHUP) as u32;
     }
-    if interest.writable {
+    if interest.is_writable() {
         events |= libc::EPOLLOUT as u32;
     }
     libc::epoll_event {
@@ -132,7 +132,8 @@ impl EventLoop for EpollLoop {
         "epoll"
     }
 
-    fn register(&mut self, fd: RawFd, token: Token, interest: Interest) -> io::Result<()> {
+    fn register(&mut self, fd: BorrowedFd<'_>, token: Token, interest: Interest) -> io::Result<()> {
+        let fd = fd.as_raw_fd();
         if self.registered.contains(&fd) {
             return Err(aio_core::event_loop::already_registered(fd));
         }
@@ -141,14 +142,16 @@ impl EventLoop for EpollLoop {
         Ok(())
     }
 
-    fn modify(&mut self, fd: RawFd, token: Token, interest: Interest) -> io::Result<()> {
+    fn modify(&mut self, fd: BorrowedFd<'_>, token: Token, interest: Interest) -> io::Result<()> {
+        let fd = fd.as_raw_fd();
         if !self.registered.contains(&fd) {
             return Err(aio_core::event_loop::not_registered(fd));
         }
         self.ctl(libc::EPOLL_CTL_MOD, fd, Some(epoll_event(token, interest)))
     }
 
-    fn deregister(&mut self, fd: RawFd) -> io::Result<()> {
+    fn deregister(&mut self, fd: BorrowedFd<'_>) -> io::Result<()> {
+        let fd = fd.as_raw_fd();
         if !self.registered.contains(&fd) {
             return Err(aio_core::event_loop::not_registered(fd));
         }
@@ -159,6 +162,15 @@ impl EventLoop for EpollLoop {
             Ok(()) => {}
         }
         self.registered.remove(&fd);
+        Ok(())
+    }
+
+    fn forget_closed(&mut self, fd: RawFd) -> io::Result<()> {
+        // epoll drops a closed fd from its set by itself; `EPOLL_CTL_DEL` on the number could
+        // reach a file that reused it, so only our record goes.
+        if !self.registered.remove(&fd) {
+            return Err(aio_core::event_loop::not_registered(fd));
+        }
         Ok(())
     }
 

@@ -8,7 +8,7 @@
 use std::cell::RefCell;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
 
 use aio_backend_poll::PollLoop;
@@ -31,15 +31,14 @@ fn main() {
     let done = Rc::new(RefCell::new(false));
 
     let (i, o, d) = (input.clone(), output.clone(), done.clone());
-    let fd = input.borrow().as_raw_fd();
     ctx.set_fd_handler(
-        fd,
+        &*input.borrow(),
         FdHandler::new().on_read(move |ctx| {
             let mut buf = [0u8; 4096];
             let n = i.borrow_mut().read(&mut buf).expect("read");
             if n == 0 {
                 // Writer hung up: stop watching and let main() finish.
-                ctx.remove_fd_handler(fd).expect("remove");
+                ctx.remove_fd_handler(&*i.borrow()).expect("remove");
                 *d.borrow_mut() = true;
                 return;
             }

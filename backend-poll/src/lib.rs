@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::time::Duration;
 
 use aio_core::sys::timespec_from;
@@ -43,10 +43,8 @@ impl EventLoop for PollLoop {
         "poll"
     }
 
-    fn register(&mut self, fd: RawFd, token: Token, interest: Interest) -> io::Result<()> {
-        if fd < 0 {
-            return Err(io::Error::from_raw_os_error(libc::EBADF));
-        }
+    fn register(&mut self, fd: BorrowedFd<'_>, token: Token, interest: Interest) -> io::Result<()> {
+        let fd = fd.as_raw_fd();
         if self.index.contains_key(&fd) {
             return Err(aio_core::event_loop::already_registered(fd));
         }
@@ -60,7 +58,8 @@ impl EventLoop for PollLoop {
         Ok(())
     }
 
-    fn modify(&mut self, fd: RawFd, token: Token, interest: Interest) -> io::Result<()> {
+    fn modify(&mut self, fd: BorrowedFd<'_>, token: Token, interest: Interest) -> io::Result<()> {
+        let fd = fd.as_raw_fd();
         let i = *self
             .index
             .get(&fd)
@@ -70,7 +69,12 @@ impl EventLoop for PollLoop {
         Ok(())
     }
 
-    fn deregister(&mut self, fd: RawFd) -> io::Result<()> {
+    fn deregister(&mut self, fd: BorrowedFd<'_>) -> io::Result<()> {
+        self.forget_closed(fd.as_raw_fd())
+    }
+
+    fn forget_closed(&mut self, fd: RawFd) -> io::Result<()> {
+        // The array entry is all ppoll knows of an fd: dropping it acts on no file.
         let i = self
             .index
             .remove(&fd)

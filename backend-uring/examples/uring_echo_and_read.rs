@@ -8,7 +8,6 @@
 use std::cell::Cell;
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -68,10 +67,11 @@ fn main() {
     reader.set_nonblocking(true).expect("non-blocking");
     let got = Rc::new(Cell::new(0usize));
     let g = got.clone();
-    let reader_fd = reader.as_raw_fd();
+    let reader = Rc::new(reader);
+    let r = reader.clone();
     ctx.set_fd_handler(
-        reader_fd,
-        FdHandler::new().on_read(move |_| g.set(g.get() + drain(&reader))),
+        &*reader,
+        FdHandler::new().on_read(move |_| g.set(g.get() + drain(&r))),
     )
     .expect("handler");
 

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::time::Duration;
 
 use aio_core::{Event, EventLoop, Interest, Token};
@@ -143,10 +143,10 @@ impl UringLoop {
                 continue;
             }
             let mut mask = 0u32;
-            if reg.interest.readable {
+            if reg.interest.is_readable() {
                 mask |= (libc::POLLIN | libc::POLLRDHUP) as u32;
             }
-            if reg.interest.writable {
+            if reg.interest.is_writable() {
                 mask |= libc::POLLOUT as u32;
             }
             let entry = opcode::PollAdd::new(types::Fd(fd), mask)
@@ -253,10 +253,8 @@ impl EventLoop for UringLoop {
         "uring"
     }
 
-    fn register(&mut self, fd: RawFd, token: Token, interest: Interest) -> io::Result<()> {
-        if fd < 0 {
-            return Err(io::Error::from_raw_os_error(libc::EBADF));
-        }
+    fn register(&mut self, fd: BorrowedFd<'_>, token: Token, interest: Interest) -> io::Result<()> {
+        let fd = fd.as_raw_fd();
         if self.registrations.contains_key(&fd) {
             return Err(aio_core::event_loop::already_registered(fd));
         }
@@ -264,7 +262,8 @@ impl EventLoop for UringLoop {
         Ok(())
     }
 
-    fn modify(&mut self, fd: RawFd, token: Token, interest: Interest) -> io::Result<()> {
+    fn modify(&mut self, fd: BorrowedFd<'_>, token: Token, interest: Interest) -> io::Result<()> {
+        let fd = fd.as_raw_fd();
         let Some(reg) = self.registrations.get(&fd).copied() else {
             return Err(aio_core::event_loop::not_registered(fd));
         };
@@ -273,7 +272,12 @@ impl EventLoop for UringLoop {
         Ok(())
     }
 
-    fn deregister(&mut self, fd: RawFd) -> io::Result<()> {
+    fn deregister(&mut self, fd: BorrowedFd<'_>) -> io::Result<()> {
+        self.forget_closed(fd.as_raw_fd())
+    }
+
+    fn forget_closed(&mut self, fd: RawFd) -> io::Result<()> {
+        // A poll is cancelled by its user data, never through the fd number.
         let Some(reg) = self.registrations.remove(&fd) else {
             return Err(aio_core::event_loop::not_registered(fd));
         };

@@ -98,7 +98,6 @@ fn monitor_removals_on_a_shared_ring_never_reach_the_engine() {
     use aio_core::testing::engine::TempFile;
     use aio_core::testing::Pipe;
     use aio_core::{AioContext, FdHandler};
-    use std::os::fd::AsRawFd;
     let Some((engine, monitor)) = pair() else {
         return;
     };
@@ -118,12 +117,12 @@ fn monitor_removals_on_a_shared_ring_never_reach_the_engine() {
     let pipes: Vec<Pipe> = (0..8).map(|_| Pipe::new()).collect();
     for round in 0..20u64 {
         for p in &pipes {
-            ctx.set_fd_handler(p.read.as_raw_fd(), FdHandler::new().on_read(|_| {}))
+            ctx.set_fd_handler(&p.read, FdHandler::new().on_read(|_| {}))
                 .unwrap();
         }
         ctx.poll(false);
         for p in &pipes {
-            ctx.remove_fd_handler(p.read.as_raw_fd()).unwrap();
+            ctx.remove_fd_handler(&p.read).unwrap();
         }
         attached
             .submit(Request::read(&file, 0, AlignedBuf::new(4096), round))
@@ -142,7 +141,6 @@ fn registered_buffers_on_a_shared_ring_are_used_and_released_with_the_engine() {
     use aio_core::testing::engine::TempFile;
     use aio_core::testing::Pipe;
     use aio_core::{AioContext, FdHandler};
-    use std::os::fd::AsRawFd;
     if aio_core::testing::available("io_uring unusable", probe()).is_none() {
         return;
     }
@@ -178,10 +176,10 @@ fn registered_buffers_on_a_shared_ring_are_used_and_released_with_the_engine() {
     let seen = Rc::new(RefCell::new(false));
     let s = seen.clone();
     ctx.set_fd_handler(
-        pipe.read.as_raw_fd(),
+        &pipe.read,
         FdHandler::new().on_read(move |_| *s.borrow_mut() = true),
     )
     .unwrap();
-    aio_core::testing::write_byte(pipe.write.as_raw_fd());
+    aio_core::testing::write_byte(&pipe.write);
     aio_core::testing::poll_until(&ctx, "the pipe", || *seen.borrow());
 }

@@ -24,7 +24,7 @@
 #![allow(missing_docs)] // criterion_group! generates undocumented functions
 
 use std::hint::black_box;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::rc::Rc;
 
 use aio_backend_epoll::EpollLoop;
@@ -66,35 +66,33 @@ fn bottom_half(c: &mut Criterion) {
     });
 }
 
-/// Registers `idle` idle pipes plus one active one; returns the pipes and the active write fd.
-fn setup<L: EventLoop>(ctx: &AioContext<L>, idle: usize) -> (Vec<Pipe>, RawFd) {
-    let mut pipes: Vec<Pipe> = (0..idle + 1).map(|_| Pipe::new()).collect();
-    let active = pipes.pop().unwrap();
+/// Registers `idle` idle pipes plus one active one; returns the idle pipes and the active one.
+fn setup<L: EventLoop>(ctx: &AioContext<L>, idle: usize) -> (Vec<Pipe>, Rc<Pipe>) {
+    let pipes: Vec<Pipe> = (0..idle).map(|_| Pipe::new()).collect();
     for p in &pipes {
-        ctx.set_fd_handler(p.read.as_raw_fd(), FdHandler::new().on_read(|_| {}))
+        ctx.set_fd_handler(&p.read, FdHandler::new().on_read(|_| {}))
             .unwrap();
     }
-    let rfd = active.read.as_raw_fd();
+    let active = Rc::new(Pipe::new());
+    let a = active.clone();
     ctx.set_fd_handler(
-        rfd,
+        &active.read,
         FdHandler::new().on_read(move |_| {
-            drain_fd(rfd);
+            drain_fd(&a.read);
         }),
     )
     .unwrap();
-    let wfd = active.write.as_raw_fd();
-    pipes.push(active);
-    (pipes, wfd)
+    (pipes, active)
 }
 
 fn bench_monitor<L: EventLoop>(c: &mut Criterion, name: &str, make: impl Fn() -> L) {
     let mut g = c.benchmark_group("iteration");
     for n in FD_COUNTS {
         let ctx = Rc::new(AioContext::new(make()).unwrap());
-        let (_pipes, wfd) = setup(&ctx, n - 1);
+        let (_pipes, active) = setup(&ctx, n - 1);
         g.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {
             b.iter(|| {
-                write_byte(wfd);
+                write_byte(&active.write);
                 black_box(ctx.poll(true))
             })
         });
@@ -122,17 +120,17 @@ fn bare_epoll(c: &mut Criterion) {
                 libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, p.read.as_raw_fd(), &mut ev);
             }
             let active = pipes.last().unwrap();
-            let (rfd, wfd) = (active.read.as_raw_fd(), active.write.as_raw_fd());
+
             let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 128];
             g.bench_with_input(BenchmarkId::new("bare-epoll", n), &n, |b, _| {
                 b.iter(|| {
-                    write_byte(wfd);
+                    write_byte(&active.write);
                     let k = libc::epoll_wait(ep, events.as_mut_ptr(), 128, -1);
                     // EINTR: nothing was returned; the next iteration waits again.
                     for ev in &events[..k.max(0) as usize] {
                         let idx = ev.u64 as usize;
                         black_box(idx);
-                        drain_fd(rfd);
+                        drain_fd(&active.read);
                     }
                 })
             });

@@ -7,7 +7,6 @@
 
 use std::cell::RefCell;
 use std::fmt;
-use std::os::fd::AsRawFd;
 use std::rc::Rc;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
@@ -395,7 +394,7 @@ where
         .collect::<std::io::Result<_>>()?;
     for n in &idle {
         ctx.set_fd_handler(
-            n.as_raw_fd(),
+            &n,
             FdHandler::new().on_read(|_| {}).on_poll(|| false),
         )
         .map_err(std::io::Error::from)?;
@@ -499,7 +498,7 @@ where
             .map_err(|(e, _)| std::io::Error::from(e))?,
     );
     for n in &idle {
-        let _ = ctx.remove_fd_handler(n.as_raw_fd());
+        let _ = ctx.remove_fd_handler(&n);
     }
     let gen = generator.borrow();
     // The window: from the ramp's end to the deadline, or to the last completion when the

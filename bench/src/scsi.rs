@@ -472,7 +472,7 @@ where
         };
         let (p1, p2, vq2, vq3) = (process.clone(), process, vq.clone(), vq.clone());
         ctx.set_fd_handler(
-            vq.doorbell.as_raw_fd(),
+            &vq.doorbell,
             FdHandler::new()
                 .on_read(move |_| {
                     vq2.doorbell.test_and_clear();
@@ -527,7 +527,7 @@ where
         result.verify_reports.extend(s.verify_reports);
     }
     for vq in &queues {
-        let _ = ctx.remove_fd_handler(vq.doorbell.as_raw_fd());
+        let _ = ctx.remove_fd_handler(&vq.doorbell);
     }
     drop(ctx);
     Ok(result)

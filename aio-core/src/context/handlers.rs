@@ -9,7 +9,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt;
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::rc::Rc;
 
 use crate::error::AioError;
@@ -154,13 +154,17 @@ impl<L: EventLoop> FdHandler<L> {
 
     /// What the monitor must watch the fd for.
     pub(crate) fn interest(&self) -> Interest {
-        Interest {
-            // A handler that only polls still needs its fd watched, so that it is woken when
-            // it has left the poll set (idle) or polling is off; its readiness then runs
-            // io_poll_ready.
-            readable: self.io_read.is_some() || self.io_poll.is_some(),
-            writable: self.io_write.is_some(),
+        // A handler that only polls still needs its fd watched, so that it is woken when it
+        // has left the poll set (idle) or polling is off; its readiness then runs
+        // io_poll_ready.
+        let mut interest = Interest::NONE;
+        if self.io_read.is_some() || self.io_poll.is_some() {
+            interest |= Interest::READABLE;
         }
+        if self.io_write.is_some() {
+            interest |= Interest::WRITABLE;
+        }
+        interest
     }
 }
 
@@ -334,10 +338,18 @@ impl<L: EventLoop> HandlerTable<L> {
 impl<L: EventLoop> AioContext<L> {
     /// Installs `handler` for `fd` and starts watching it.
     ///
-    /// Errors: [`AioError::InvalidFd`] for a negative or closed fd, [`AioError::AlreadyRegistered`]
-    /// if `fd` has a handler, [`AioError::NoCallbacks`] for an empty handler,
-    /// [`AioError::Monitor`] if the monitor refuses the fd (epoll refuses regular files).
-    pub fn set_fd_handler(&self, fd: RawFd, handler: FdHandler<L>) -> Result<(), AioError> {
+    /// The handler outlives the borrow: remove it ([`AioContext::remove_fd_handler`]) before
+    /// the fd is closed. An fd closed while its handler is installed is no memory hazard, only
+    /// a lost registration: where the monitor says so (ppoll's `POLLNVAL`) the handler's
+    /// `io_read` runs once and the fd is no longer watched (`LoopCounters::closed_fds`).
+    ///
+    /// Errors: [`AioError::InvalidFd`] for the context's own notifier,
+    /// [`AioError::AlreadyRegistered`] if `fd` has a handler, [`AioError::NoCallbacks`] for an
+    /// empty handler, [`AioError::Monitor`] if the monitor refuses the fd (epoll refuses
+    /// regular files).
+    pub fn set_fd_handler(&self, fd: impl AsFd, handler: FdHandler<L>) -> Result<(), AioError> {
+        let borrowed = fd.as_fd();
+        let fd = borrowed.as_raw_fd();
         if !fd_is_open(fd) || fd == self.shared.notifier.as_raw_fd() {
             return Err(AioError::InvalidFd { fd });
         }
@@ -351,7 +363,7 @@ impl<L: EventLoop> AioContext<L> {
         let token = table.next_token();
         let mut monitor = self.monitor.borrow_mut();
         monitor
-            .register(fd, token, handler.interest())
+            .register(borrowed, token, handler.interest())
             .map_err(|source| AioError::Monitor {
                 monitor: monitor.name(),
                 op: "register",
@@ -366,7 +378,9 @@ impl<L: EventLoop> AioContext<L> {
     /// Replaces the callbacks of `fd`'s handler (the interest follows the new callbacks).
     /// Works from inside any callback, the handler's own included: the running callback
     /// finishes, the new ones are used from then on.
-    pub fn update_fd_handler(&self, fd: RawFd, handler: FdHandler<L>) -> Result<(), AioError> {
+    pub fn update_fd_handler(&self, fd: impl AsFd, handler: FdHandler<L>) -> Result<(), AioError> {
+        let borrowed = fd.as_fd();
+        let fd = borrowed.as_raw_fd();
         if handler.io_read.is_none() && handler.io_write.is_none() && handler.io_poll.is_none() {
             return Err(AioError::NoCallbacks { fd });
         }
@@ -376,7 +390,7 @@ impl<L: EventLoop> AioContext<L> {
         if !closed {
             let mut monitor = self.monitor.borrow_mut();
             monitor
-                .modify(fd, token, handler.interest())
+                .modify(borrowed, token, handler.interest())
                 .map_err(|source| AioError::Monitor {
                     monitor: monitor.name(),
                     op: "modify",
@@ -398,16 +412,19 @@ impl<L: EventLoop> AioContext<L> {
 
     /// Removes `fd`'s handler: none of its callbacks runs again, even if an event for it is
     /// already pending in this iteration. The fd itself is not closed.
-    pub fn remove_fd_handler(&self, fd: RawFd) -> Result<(), AioError> {
+    pub fn remove_fd_handler(&self, fd: impl AsFd) -> Result<(), AioError> {
+        let borrowed = fd.as_fd();
+        let fd = borrowed.as_raw_fd();
         let mut table = self.handlers.borrow_mut();
         let token = table.token_of(fd).ok_or(AioError::NotRegistered { fd })?;
         let slot = table.remove(token).ok_or(AioError::NotRegistered { fd })?;
         drop(table);
         if !slot.closed {
             let mut monitor = self.monitor.borrow_mut();
-            if let Err(source) = monitor.deregister(fd) {
-                // The fd may have been closed behind our back: the kernel already forgot it
-                // (EBADF, ENOENT). The handler is gone either way; anything else is reported.
+            if let Err(source) = monitor.deregister(borrowed) {
+                // The kernel may have forgotten the fd already (EBADF, ENOENT: it was closed
+                // and reopened meanwhile). The handler is gone either way; anything else is
+                // reported.
                 let forgotten = matches!(
                     source.raw_os_error(),
                     Some(libc::EBADF) | Some(libc::ENOENT)
@@ -425,9 +442,29 @@ impl<L: EventLoop> AioContext<L> {
         Ok(())
     }
 
+    /// Removes the handler of fd number `fd` after that fd was closed while the handler was
+    /// installed (against [`AioContext::set_fd_handler`]'s rule; the number can no longer be
+    /// lent as a live fd). None of its callbacks runs again; the monitor forgets the number
+    /// without acting on it, since it may already name another file.
+    /// [`AioError::NotRegistered`] if no handler is installed under that number.
+    pub fn forget_closed_fd(&self, fd: RawFd) -> Result<(), AioError> {
+        let mut table = self.handlers.borrow_mut();
+        let token = table.token_of(fd).ok_or(AioError::NotRegistered { fd })?;
+        let slot = table.remove(token).ok_or(AioError::NotRegistered { fd })?;
+        drop(table);
+        if !slot.closed {
+            // Not reported closed yet (epoll and io_uring forget closed fds silently).
+            let _ = self.monitor.borrow_mut().forget_closed(fd);
+        }
+        Ok(())
+    }
+
     /// Whether `fd` has a handler in this context.
-    pub fn has_fd_handler(&self, fd: RawFd) -> bool {
-        self.handlers.borrow().token_of(fd).is_some()
+    pub fn has_fd_handler(&self, fd: impl AsFd) -> bool {
+        self.handlers
+            .borrow()
+            .token_of(fd.as_fd().as_raw_fd())
+            .is_some()
     }
 
     /// How many fd handlers are installed.

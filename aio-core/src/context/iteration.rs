@@ -368,7 +368,7 @@ impl<L: EventLoop> AioContext<L> {
         let fd = self.handlers.borrow_mut().mark_closed(token);
         let Some(fd) = fd else { return false };
         self.count(|c| c.closed_fds += 1);
-        let _ = self.monitor.borrow_mut().deregister(fd);
+        let _ = self.monitor.borrow_mut().forget_closed(fd);
         let callbacks = {
             let mut table = self.handlers.borrow_mut();
             let Some(slot) = table.get_mut(token) else {

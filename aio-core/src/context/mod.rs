@@ -29,7 +29,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::fmt;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
@@ -123,7 +123,7 @@ impl<L: EventLoop> AioContext<L> {
     pub fn with_clock(mut monitor: L, clock: Box<dyn Clock>) -> Result<Self, AioError> {
         let notifier = Notifier::new().map_err(AioError::Notifier)?;
         monitor
-            .register(notifier.as_raw_fd(), CONTEXT_NOTIFIER, Interest::READABLE)
+            .register(notifier.as_fd(), CONTEXT_NOTIFIER, Interest::READABLE)
             .map_err(|source| AioError::Monitor {
                 monitor: monitor.name(),
                 op: "register",

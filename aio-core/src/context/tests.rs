@@ -3,7 +3,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -24,15 +24,18 @@ impl EventLoop for Script {
     fn name(&self) -> &'static str {
         "script"
     }
-    fn register(&mut self, fd: RawFd, token: Token, _: Interest) -> io::Result<()> {
-        self.tokens.borrow_mut().insert(fd, token);
+    fn register(&mut self, fd: BorrowedFd<'_>, token: Token, _: Interest) -> io::Result<()> {
+        self.tokens.borrow_mut().insert(fd.as_raw_fd(), token);
         Ok(())
     }
-    fn modify(&mut self, fd: RawFd, token: Token, _: Interest) -> io::Result<()> {
-        self.tokens.borrow_mut().insert(fd, token);
+    fn modify(&mut self, fd: BorrowedFd<'_>, token: Token, _: Interest) -> io::Result<()> {
+        self.tokens.borrow_mut().insert(fd.as_raw_fd(), token);
         Ok(())
     }
-    fn deregister(&mut self, fd: RawFd) -> io::Result<()> {
+    fn deregister(&mut self, fd: BorrowedFd<'_>) -> io::Result<()> {
+        self.forget_closed(fd.as_raw_fd())
+    }
+    fn forget_closed(&mut self, fd: RawFd) -> io::Result<()> {
         self.tokens.borrow_mut().remove(&fd);
         Ok(())
     }
@@ -86,7 +89,7 @@ fn adaptive_window_grows_keeps_and_shrinks_with_a_fake_clock() {
     let countdown = Rc::new(Cell::new(0u32));
     let c = countdown.clone();
     ctx.set_fd_handler(
-        doorbell.as_raw_fd(),
+        &doorbell,
         FdHandler::new()
             .on_poll(move || match c.get() {
                 0 => false,
@@ -147,7 +150,7 @@ fn a_collapsed_window_is_probed_back_by_the_default_rule() {
     let countdown = Rc::new(Cell::new(0u32));
     let c = countdown.clone();
     ctx.set_fd_handler(
-        doorbell.as_raw_fd(),
+        &doorbell,
         FdHandler::new()
             .on_poll(move || match c.get() {
                 0 => false,
@@ -204,7 +207,7 @@ fn idle_handlers_leave_the_poll_set_and_return_on_activity() {
     let fds: Vec<Notifier> = (0..3).map(|_| Notifier::new().unwrap()).collect();
     for n in &fds {
         ctx.set_fd_handler(
-            n.as_raw_fd(),
+            &n,
             FdHandler::new().on_read(|_| {}).on_poll(|| false),
         )
         .unwrap();
@@ -298,7 +301,7 @@ fn io_poll_without_poll_ready_falls_back_to_io_read() {
     let reads = Rc::new(Cell::new(0u32));
     let (p, p2, r) = (pending.clone(), pending.clone(), reads.clone());
     ctx.set_fd_handler(
-        doorbell.as_raw_fd(),
+        &doorbell,
         FdHandler::new().on_poll(move || p.get()).on_read(move |_| {
             p2.set(false);
             r.set(r.get() + 1);

@@ -193,7 +193,10 @@ impl<L: EventLoop + 'static> AioContext<L> {
             .on_poll_ready_reentrant(move |ctx| {
                 on_ready.process(ctx);
             });
-        if let Err(e) = self.set_fd_handler(fd, handler) {
+        // The engine, and so its notifier, lives in the driver until `detach`, which removes the
+        // handler first.
+        let registered = self.set_fd_handler(driver.engine.borrow().notifier(), handler);
+        if let Err(e) = registered {
             if let Some(bh) = driver.safety_net.borrow_mut().take() {
                 bh.delete();
             }
@@ -264,7 +267,8 @@ impl<L: EventLoop, E: IoEngine> AttachedEngine<L, E> {
             return Err((AioError::EngineBusy, self));
         }
         self.driver.process(ctx);
-        if let Err(e) = ctx.remove_fd_handler(self.fd) {
+        let removed = ctx.remove_fd_handler(self.driver.engine.borrow().notifier());
+        if let Err(e) = removed {
             return Err((e, self));
         }
         if let Some(bh) = self.driver.safety_net.borrow_mut().take() {

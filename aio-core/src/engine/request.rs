@@ -39,21 +39,11 @@ impl IoFile {
         }
     }
 
-    /// Duplicates a raw fd that the caller keeps owning. A negative or closed fd is
-    /// [`RequestError::InvalidFd`].
-    pub fn dup_raw(fd: RawFd) -> Result<Self, RequestError> {
-        if fd < 0 {
-            return Err(RequestError::InvalidFd { fd });
-        }
-        // SAFETY: F_DUPFD_CLOEXEC on any int is memory-safe; failure (EBADF) is checked.
-        let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
-        if new < 0 {
-            return Err(RequestError::InvalidFd { fd });
-        }
-        // SAFETY: `new` is a fresh descriptor owned by nobody else.
-        Ok(IoFile::new(unsafe {
-            <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(new)
-        }))
+    /// Duplicates (close-on-exec) an fd that the caller keeps owning: requests then hold the
+    /// duplicate, whatever the caller does with its own. Fails only when the process is out of
+    /// descriptors (`EMFILE`).
+    pub fn dup(fd: impl AsFd) -> io::Result<Self> {
+        Ok(IoFile::new(fd.as_fd().try_clone_to_owned()?))
     }
 
     /// The raw fd (valid while this `IoFile` or a clone lives).
@@ -376,12 +366,6 @@ pub enum RequestError {
         /// How many were given.
         count: usize,
     },
-    /// A negative or closed fd.
-    #[error("fd {fd} is not an open file descriptor")]
-    InvalidFd {
-        /// The fd.
-        fd: RawFd,
-    },
     /// The engine was shut down.
     #[error("the {engine} engine is shut down")]
     ShutDown {
@@ -531,10 +515,7 @@ mod tests {
     }
 
     fn file() -> IoFile {
-        IoFile::dup_raw(0)
-            .or_else(|_| IoFile::dup_raw(1))
-            .or_else(|_| IoFile::dup_raw(2))
-            .expect("a standard fd")
+        IoFile::dup(std::fs::File::open("/dev/null").expect("/dev/null")).expect("dup")
     }
 
     #[test]
@@ -560,14 +541,6 @@ mod tests {
         assert!(matches!(
             Request::readv(&f, 0, many, 1).validate(),
             Err(RequestError::TooManyBuffers { .. })
-        ));
-        assert!(matches!(
-            IoFile::dup_raw(-1),
-            Err(RequestError::InvalidFd { fd: -1 })
-        ));
-        assert!(matches!(
-            IoFile::dup_raw(1_000_000),
-            Err(RequestError::InvalidFd { .. })
         ));
         let e: io::Error = RequestError::ZeroLength { op: "read" }.into();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);

@@ -13,7 +13,7 @@
 //! hanging.
 
 use std::cell::{Cell, RefCell};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
@@ -115,12 +115,12 @@ impl Pipe {
 
     /// Writes one byte.
     pub fn poke(&self) {
-        write_byte(self.write.as_raw_fd());
+        write_byte(self.write.as_fd());
     }
 
     /// Reads everything available; returns the byte count.
     pub fn drain(&self) -> usize {
-        drain_fd(self.read.as_raw_fd())
+        drain_fd(self.read.as_fd())
     }
 }
 
@@ -131,15 +131,16 @@ impl Default for Pipe {
 }
 
 /// Writes one byte to `fd`, asserting success.
-pub fn write_byte(fd: RawFd) {
+pub fn write_byte(fd: impl AsFd) {
     let b = 1u8;
-    // SAFETY: one byte from a live local.
-    let r = unsafe { libc::write(fd, (&b as *const u8).cast(), 1) };
+    // SAFETY: one byte from a live local, to an fd the caller lends us.
+    let r = unsafe { libc::write(fd.as_fd().as_raw_fd(), (&b as *const u8).cast(), 1) };
     assert_eq!(r, 1, "write: {}", std::io::Error::last_os_error());
 }
 
 /// Reads `fd` until it would block; returns the byte count.
-pub fn drain_fd(fd: RawFd) -> usize {
+pub fn drain_fd(fd: impl AsFd) -> usize {
+    let fd = fd.as_fd().as_raw_fd();
     let mut buf = [0u8; 4096];
     let mut total = 0;
     loop {
@@ -195,7 +196,7 @@ pub fn readable_fd_runs_io_read<L: EventLoop>(make: impl Fn() -> L) {
     let reads = counter();
     let (r, p) = (reads.clone(), pipe.clone());
     ctx.set_fd_handler(
-        pipe.read.as_raw_fd(),
+        pipe.read.as_fd(),
         FdHandler::new().on_read(move |_| {
             bump(&r);
             p.drain();
@@ -216,15 +217,14 @@ pub fn readable_fd_runs_io_read<L: EventLoop>(make: impl Fn() -> L) {
 /// A writable fd runs `io_write`.
 pub fn writable_fd_runs_io_write<L: EventLoop>(make: impl Fn() -> L) {
     let ctx = ctx_of(&make);
-    let pipe = Pipe::new();
+    let pipe = Rc::new(Pipe::new());
     let writes = counter();
-    let w = writes.clone();
-    let fd = pipe.write.as_raw_fd();
+    let (w, p) = (writes.clone(), pipe.clone());
     ctx.set_fd_handler(
-        fd,
+        &pipe.write,
         FdHandler::new().on_write(move |ctx| {
             bump(&w);
-            ctx.remove_fd_handler(fd).unwrap();
+            ctx.remove_fd_handler(&p.write).unwrap();
         }),
     )
     .unwrap();
@@ -237,20 +237,19 @@ pub fn writable_fd_runs_io_write<L: EventLoop>(make: impl Fn() -> L) {
 /// Each handler removes both itself and the other one: exactly one of them ever runs.
 pub fn handler_removes_itself_and_another_during_dispatch<L: EventLoop>(make: impl Fn() -> L) {
     let ctx = ctx_of(&make);
-    let a = Pipe::new();
-    let b = Pipe::new();
-    a.poke();
-    b.poke();
+    let pipes = [Rc::new(Pipe::new()), Rc::new(Pipe::new())];
+    for p in &pipes {
+        p.poke();
+    }
     let calls = counter();
-    let fds = [a.read.as_raw_fd(), b.read.as_raw_fd()];
-    for fd in fds {
-        let c = calls.clone();
+    for p in &pipes {
+        let (c, both) = (calls.clone(), pipes.clone());
         ctx.set_fd_handler(
-            fd,
+            &p.read,
             FdHandler::new().on_read(move |ctx| {
                 bump(&c);
-                for fd in fds {
-                    ctx.remove_fd_handler(fd).unwrap();
+                for p in &both {
+                    ctx.remove_fd_handler(&p.read).unwrap();
                 }
             }),
         )
@@ -262,7 +261,7 @@ pub fn handler_removes_itself_and_another_during_dispatch<L: EventLoop>(make: im
     assert_eq!(calls.get(), 1, "a removed handler never runs again");
     assert_eq!(ctx.fd_handler_count(), 0);
     assert!(matches!(
-        ctx.remove_fd_handler(fds[0]),
+        ctx.remove_fd_handler(&pipes[0].read),
         Err(AioError::NotRegistered { .. })
     ));
 }
@@ -276,13 +275,13 @@ pub fn handler_added_from_callback_runs<L: EventLoop>(make: impl Fn() -> L) {
     let b_calls = counter();
     let (bc, a2, b2) = (b_calls.clone(), a.clone(), b.clone());
     ctx.set_fd_handler(
-        a.read.as_raw_fd(),
+        a.read.as_fd(),
         FdHandler::new().on_read(move |ctx| {
             a2.drain();
             let (bc, b3) = (bc.clone(), b2.clone());
-            if !ctx.has_fd_handler(b2.read.as_raw_fd()) {
+            if !ctx.has_fd_handler(b2.read.as_fd()) {
                 ctx.set_fd_handler(
-                    b2.read.as_raw_fd(),
+                    b2.read.as_fd(),
                     FdHandler::new().on_read(move |_| {
                         bump(&bc);
                         b3.drain();
@@ -306,15 +305,14 @@ pub fn handler_replaced_from_its_own_callback<L: EventLoop>(make: impl Fn() -> L
     let old_calls = counter();
     let new_calls = counter();
     let (o, n, p) = (old_calls.clone(), new_calls.clone(), pipe.clone());
-    let fd = pipe.read.as_raw_fd();
     ctx.set_fd_handler(
-        fd,
+        &pipe.read,
         FdHandler::new().on_read(move |ctx| {
             bump(&o);
             p.drain();
             let (n, p2) = (n.clone(), p.clone());
             ctx.update_fd_handler(
-                fd,
+                &p.read,
                 FdHandler::new().on_read(move |_| {
                     bump(&n);
                     p2.drain();
@@ -612,7 +610,7 @@ pub fn io_poll_handler_found_without_blocking_wait<L: EventLoop>(make: impl Fn()
         read_calls.clone(),
     );
     ctx.set_fd_handler(
-        doorbell.as_raw_fd(),
+        doorbell.as_fd(),
         FdHandler::new()
             .on_read(move |_| bump(&rd))
             .on_poll(move || p.get())
@@ -647,14 +645,14 @@ pub fn handler_without_io_poll_does_not_switch_polling_off<L: EventLoop>(make: i
     let ctx = ctx_of(&make);
     ctx.set_poll_params(PollParams::iothread());
     let plain = Pipe::new();
-    ctx.set_fd_handler(plain.read.as_raw_fd(), FdHandler::new().on_read(|_| {}))
+    ctx.set_fd_handler(plain.read.as_fd(), FdHandler::new().on_read(|_| {}))
         .unwrap();
     let doorbell = Notifier::new().unwrap();
     let pending = Rc::new(Cell::new(true));
     let ready = counter();
     let (p, p2, r) = (pending.clone(), pending.clone(), ready.clone());
     ctx.set_fd_handler(
-        doorbell.as_raw_fd(),
+        doorbell.as_fd(),
         FdHandler::new()
             .on_poll(move || p.get())
             .on_poll_ready(move |_| {
@@ -693,7 +691,7 @@ pub fn nested_poll_loses_and_duplicates_nothing<L: EventLoop>(make: impl Fn() ->
     let nested_progress = Rc::new(Cell::new(false));
     let np = nested_progress.clone();
     ctx.set_fd_handler(
-        a.read.as_raw_fd(),
+        a.read.as_fd(),
         FdHandler::new().on_read(move |ctx| {
             bump(&ac);
             bh.schedule();
@@ -710,7 +708,7 @@ pub fn nested_poll_loses_and_duplicates_nothing<L: EventLoop>(make: impl Fn() ->
     .unwrap();
     let (bc, b2) = (b_calls.clone(), b.clone());
     ctx.set_fd_handler(
-        b.read.as_raw_fd(),
+        b.read.as_fd(),
         FdHandler::new().on_read(move |_| {
             bump(&bc);
             b2.drain();
@@ -738,7 +736,7 @@ pub fn many_registered_fds_one_active<L: EventLoop>(make: impl Fn() -> L) {
     for (i, p) in pipes.iter().enumerate() {
         let (c, p2) = (calls.clone(), p.clone());
         ctx.set_fd_handler(
-            p.read.as_raw_fd(),
+            p.read.as_fd(),
             FdHandler::new().on_read(move |_| {
                 c.borrow_mut()[i] += 1;
                 p2.drain();
@@ -754,7 +752,7 @@ pub fn many_registered_fds_one_active<L: EventLoop>(make: impl Fn() -> L) {
         assert_eq!(calls.borrow().iter().sum::<usize>(), round + 1);
     }
     for p in &pipes {
-        ctx.remove_fd_handler(p.read.as_raw_fd()).unwrap();
+        ctx.remove_fd_handler(p.read.as_fd()).unwrap();
     }
     assert_eq!(ctx.fd_handler_count(), 0);
 }
@@ -774,16 +772,19 @@ pub fn fd_closed_while_registered_is_handled<L: EventLoop>(make: impl Fn() -> L)
     // SAFETY: F_DUPFD_CLOEXEC duplicates a valid fd onto the lowest free number >= floor.
     let high = unsafe { libc::fcntl(pipe.read.as_raw_fd(), libc::F_DUPFD_CLOEXEC, floor) };
     assert!(high >= 0, "dup: {}", std::io::Error::last_os_error());
+    // SAFETY: `high` is a fresh descriptor owned by nobody else.
+    let high = unsafe { OwnedFd::from_raw_fd(high) };
+    let high_number = high.as_raw_fd();
     let Pipe { read, write } = pipe;
     drop(read);
     let calls = counter();
     let c = calls.clone();
-    ctx.set_fd_handler(high, FdHandler::new().on_read(move |_| bump(&c)))
+    ctx.set_fd_handler(&high, FdHandler::new().on_read(move |_| bump(&c)))
         .unwrap();
     assert!(ctx.poll(false));
     assert_eq!(calls.get(), 1);
-    // SAFETY: `high` is our own duplicate; nothing else uses it.
-    unsafe { libc::close(high) };
+    // Closed while its handler is installed (what the contract tells users not to do).
+    drop(high);
     let reports = ctx.with_monitor(|m| m.reports_closed_fds());
     for _ in 0..5 {
         ctx.poll(false);
@@ -796,8 +797,14 @@ pub fn fd_closed_while_registered_is_handled<L: EventLoop>(make: impl Fn() -> L)
     );
     assert_eq!(ctx.counters().closed_fds, u64::from(reports));
     assert!(!ctx.poll(false), "no busy loop on a closed fd");
-    ctx.remove_fd_handler(high).unwrap();
-    assert!(!ctx.has_fd_handler(high));
+    // It can no longer be named by a live fd: forgotten by number.
+    assert_eq!(ctx.fd_handler_count(), 1);
+    ctx.forget_closed_fd(high_number).unwrap();
+    assert_eq!(ctx.fd_handler_count(), 0);
+    assert!(matches!(
+        ctx.forget_closed_fd(high_number),
+        Err(AioError::NotRegistered { .. })
+    ));
     drop(write);
 }
 
@@ -821,7 +828,7 @@ pub fn eintr_during_wait_is_retried<L: EventLoop>(make: impl Fn() -> L) {
     let got = counter();
     let (g, p) = (got.clone(), pipe.clone());
     ctx.set_fd_handler(
-        pipe.read.as_raw_fd(),
+        pipe.read.as_fd(),
         FdHandler::new().on_read(move |_| {
             bump(&g);
             p.drain();
@@ -830,7 +837,7 @@ pub fn eintr_during_wait_is_retried<L: EventLoop>(make: impl Fn() -> L) {
     .unwrap();
     // SAFETY: pthread_self has no preconditions.
     let me = unsafe { libc::pthread_self() };
-    let write_fd = pipe.write.as_raw_fd();
+    let write_fd = pipe.write.try_clone().unwrap();
     let signals = Arc::new(AtomicUsize::new(0));
     let s = signals.clone();
     let t = std::thread::spawn(move || {
@@ -840,7 +847,7 @@ pub fn eintr_during_wait_is_retried<L: EventLoop>(make: impl Fn() -> L) {
             unsafe { libc::pthread_kill(me, libc::SIGURG) };
             s.fetch_add(1, Ordering::Relaxed);
         }
-        write_byte(write_fd);
+        write_byte(&write_fd);
     });
     poll_until(&ctx, "the byte after the signals", || got.get() == 1);
     t.join().unwrap();
@@ -856,25 +863,21 @@ pub fn eintr_during_wait_is_retried<L: EventLoop>(make: impl Fn() -> L) {
 pub fn bad_input_gets_typed_errors_and_loop_keeps_running<L: EventLoop>(make: impl Fn() -> L) {
     let ctx = ctx_of(&make);
     let pipe = Pipe::new();
-    let fd = pipe.read.as_raw_fd();
+    let fd = pipe.read.as_fd();
     ctx.set_fd_handler(fd, FdHandler::new().on_read(|_| {}))
         .unwrap();
     let again = ctx.set_fd_handler(fd, FdHandler::new().on_read(|_| {}));
-    assert!(matches!(again, Err(AioError::AlreadyRegistered { fd: f }) if f == fd));
+    assert!(matches!(again, Err(AioError::AlreadyRegistered { fd: f }) if f == fd.as_raw_fd()));
     assert!(matches!(
-        ctx.set_fd_handler(-1, FdHandler::new().on_read(|_| {})),
-        Err(AioError::InvalidFd { fd: -1 })
-    ));
-    assert!(matches!(
-        ctx.set_fd_handler(pipe.write.as_raw_fd(), FdHandler::new()),
+        ctx.set_fd_handler(pipe.write.as_fd(), FdHandler::new()),
         Err(AioError::NoCallbacks { .. })
     ));
     assert!(matches!(
-        ctx.remove_fd_handler(pipe.write.as_raw_fd()),
+        ctx.remove_fd_handler(pipe.write.as_fd()),
         Err(AioError::NotRegistered { .. })
     ));
     assert!(matches!(
-        ctx.update_fd_handler(pipe.write.as_raw_fd(), FdHandler::new().on_read(|_| {})),
+        ctx.update_fd_handler(pipe.write.as_fd(), FdHandler::new().on_read(|_| {})),
         Err(AioError::NotRegistered { .. })
     ));
     let t = ctx.timer_new(|_| {});
