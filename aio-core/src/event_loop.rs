@@ -177,8 +177,7 @@ pub trait EventLoop {
     /// it. An fd closed while registered is not undefined behaviour, only a lost registration:
     /// the kernel forgets it (epoll, io_uring) or reports it [`Event::invalid`] (ppoll), and the
     /// caller then calls [`EventLoop::forget_closed`].
-    fn register(&mut self, fd: BorrowedFd<'_>, token: Token, interest: Interest)
-        -> io::Result<()>;
+    fn register(&mut self, fd: BorrowedFd<'_>, token: Token, interest: Interest) -> io::Result<()>;
 
     /// Changes the interest and token of a registered fd.
     fn modify(&mut self, fd: BorrowedFd<'_>, token: Token, interest: Interest) -> io::Result<()>;
@@ -214,12 +213,7 @@ impl<T: EventLoop + ?Sized> EventLoop for Box<T> {
     fn name(&self) -> &'static str {
         (**self).name()
     }
-    fn register(
-        &mut self,
-        fd: BorrowedFd<'_>,
-        token: Token,
-        interest: Interest,
-    ) -> io::Result<()> {
+    fn register(&mut self, fd: BorrowedFd<'_>, token: Token, interest: Interest) -> io::Result<()> {
         (**self).register(fd, token, interest)
     }
     fn modify(&mut self, fd: BorrowedFd<'_>, token: Token, interest: Interest) -> io::Result<()> {

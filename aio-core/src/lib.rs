@@ -33,6 +33,7 @@
 
 #![warn(missing_docs)]
 
+pub mod backend;
 pub mod clock;
 mod context;
 pub mod engine;
@@ -43,7 +44,7 @@ pub mod notifier;
 pub mod polling;
 mod slots;
 mod sync;
-pub mod sys;
+mod sys;
 #[cfg(feature = "testing")]
 pub mod testing;
 
@@ -58,3 +59,4 @@ pub use event_loop::{Event, EventLoop, Interest, Token};
 pub use hybrid::Hybrid;
 pub use notifier::{Notifier, NotifierKind};
 pub use polling::{PollParams, PollRule};
+pub use sys::raise_fd_limit;

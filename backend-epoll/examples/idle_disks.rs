@@ -26,7 +26,7 @@ fn main() {
     for d in &doorbells {
         let (s, d2) = (served.clone(), d.clone());
         ctx.set_fd_handler(
-            &d,
+            d,
             FdHandler::new().on_read(move |_| {
                 if d2.test_and_clear() {
                     s.set(s.get() + 1);

@@ -25,7 +25,7 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
-use aio_core::sys::{cvt, timeout_ms_round_up, timespec_from};
+use aio_core::backend::{cvt, timeout_ms_round_up, timespec_from};
 use aio_core::{Event, EventLoop, Interest, Token};
 
 /// Events fetched per `epoll_wait` call.

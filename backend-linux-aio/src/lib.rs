@@ -42,16 +42,14 @@
 //! assert_eq!(done[0].token, 1);
 //! ```
 
-pub mod abi;
+mod abi;
 
 use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use aio_core::engine::{
-    Completion, EngineCore, IoEngine, Op, Outcome, Prepared, Request, RequestError, SubmitError,
-    DEFAULT_MAX_BATCH,
-};
+use aio_core::backend::{EngineCore, Outcome, Prepared};
+use aio_core::engine::{Completion, IoEngine, Op, Request, RequestError, DEFAULT_MAX_BATCH};
 use aio_core::Notifier;
 
 use abi::{AioContextId, IoEvent, Iocb, Ring};
@@ -477,28 +475,7 @@ impl IoEngine for LinuxAio {
         "linux-aio"
     }
 
-    fn submit(&mut self, request: Request) -> Result<(), SubmitError> {
-        if let Err(e) = self.check_buffered(&request) {
-            return Err(SubmitError::new(e, request));
-        }
-        self.core.accept(request)?;
-        self.submit_pending(false);
-        Ok(())
-    }
-
-    fn plug(&mut self) {
-        self.core.queue.plug();
-    }
-
-    fn unplug(&mut self) {
-        if self.core.queue.unplug() {
-            self.submit_pending(false);
-        }
-    }
-
-    fn set_max_batch(&mut self, max: usize) {
-        self.core.queue.set_max_batch(max);
-    }
+    aio_core::engine_queue_methods!(core: core, send: submit_pending, check: check_buffered);
 
     fn poll_completions(&mut self, out: &mut VecDeque<Completion>) -> usize {
         self.reap();

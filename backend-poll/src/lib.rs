@@ -19,7 +19,7 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::time::Duration;
 
-use aio_core::sys::timespec_from;
+use aio_core::backend::timespec_from;
 use aio_core::{Event, EventLoop, Interest, Token};
 
 /// The `ppoll(2)` monitor.

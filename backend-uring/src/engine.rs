@@ -9,10 +9,8 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 
-use aio_core::engine::{
-    Completion, EngineCore, IoEngine, IoFile, Outcome, Prepared, Request, SubmitError,
-    DEFAULT_MAX_BATCH,
-};
+use aio_core::backend::{EngineCore, Outcome, Prepared};
+use aio_core::engine::{Completion, IoEngine, IoFile, DEFAULT_MAX_BATCH};
 use aio_core::Notifier;
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -568,25 +566,7 @@ impl IoEngine for UringEngine {
         "uring"
     }
 
-    fn submit(&mut self, request: Request) -> Result<(), SubmitError> {
-        self.core.accept(request)?;
-        self.submit_pending(false);
-        Ok(())
-    }
-
-    fn plug(&mut self) {
-        self.core.queue.plug();
-    }
-
-    fn unplug(&mut self) {
-        if self.core.queue.unplug() {
-            self.submit_pending(false);
-        }
-    }
-
-    fn set_max_batch(&mut self, max: usize) {
-        self.core.queue.set_max_batch(max);
-    }
+    aio_core::engine_queue_methods!(core: core, send: submit_pending);
 
     fn poll_completions(&mut self, out: &mut VecDeque<Completion>) -> usize {
         let reaped = self.reap();

@@ -393,11 +393,8 @@ where
         .map(|_| Notifier::new())
         .collect::<std::io::Result<_>>()?;
     for n in &idle {
-        ctx.set_fd_handler(
-            &n,
-            FdHandler::new().on_read(|_| {}).on_poll(|| false),
-        )
-        .map_err(std::io::Error::from)?;
+        ctx.set_fd_handler(n, FdHandler::new().on_read(|_| {}).on_poll(|| false))
+            .map_err(std::io::Error::from)?;
     }
     let start = Instant::now();
     let cpu_start = thread_cpu_seconds();
@@ -498,7 +495,7 @@ where
             .map_err(|(e, _)| std::io::Error::from(e))?,
     );
     for n in &idle {
-        let _ = ctx.remove_fd_handler(&n);
+        let _ = ctx.remove_fd_handler(n);
     }
     let gen = generator.borrow();
     // The window: from the ramp's end to the deadline, or to the last completion when the

@@ -172,7 +172,7 @@ fn backends(def: &JobDef) -> Result<(EngineKind, MonitorKind), RunError> {
 /// Runs one job: its clones in parallel threads, each with its own loop and engine.
 pub fn run_one(def: &JobDef) -> Result<JobReport, RunError> {
     // `disks=` registers a notifier per idle disk in each clone's loop.
-    aio_core::sys::raise_fd_limit();
+    aio_core::raise_fd_limit();
     let (engine, fdmon) = backends(def)?;
     let failed = |reason: String| RunError::Run {
         job: def.name.clone(),

@@ -49,7 +49,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use aio_core::engine::{Completion, IoEngine, Request, RequestError, SubmitError, SubmitQueue};
+use aio_core::backend::SubmitQueue;
+use aio_core::engine::{Completion, IoEngine, Request, RequestError, SubmitError};
 use aio_core::Notifier;
 
 pub use offload::{PoolContext, WORK_TOKEN_BIT};

@@ -12,7 +12,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use aio_core::engine::{Op, Request, Step, Transfer};
+use aio_core::backend::{Step, Transfer};
+use aio_core::engine::{Op, Request};
 
 use crate::{Job, Shared, State};
 

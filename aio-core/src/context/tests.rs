@@ -206,11 +206,8 @@ fn idle_handlers_leave_the_poll_set_and_return_on_activity() {
     ctx.set_poll_idle_interval(Duration::from_secs(7));
     let fds: Vec<Notifier> = (0..3).map(|_| Notifier::new().unwrap()).collect();
     for n in &fds {
-        ctx.set_fd_handler(
-            &n,
-            FdHandler::new().on_read(|_| {}).on_poll(|| false),
-        )
-        .unwrap();
+        ctx.set_fd_handler(n, FdHandler::new().on_read(|_| {}).on_poll(|| false))
+            .unwrap();
     }
     assert_eq!(ctx.counters().poll_set, 3);
     // 8 s pass with nothing happening.

@@ -16,7 +16,7 @@
 //! * requests that completion callbacks submit are batched (the engine is plugged during the
 //!   deliveries and unplugged after them), so a queue refilled from its completions costs one
 //!   submission call per batch, not one per request; the engine sizes those batches by the
-//!   work the kernel still holds (the [batch rule](super::queue#the-batch-rule)), so a
+//!   work the kernel still holds (the [batch rule](crate::backend::queue#the-batch-rule)), so a
 //!   device that drained while the completions were delivered is refilled at once.
 //!
 //! It never touches the engine's internals: only the [`IoEngine`] trait.

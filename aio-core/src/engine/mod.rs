@@ -1,9 +1,11 @@
 //! The block I/O engine contract (`IoEngine`) and what every engine shares.
 //!
-//! This module owns the trait, its documentation, and the pieces engines must not write twice:
-//! request and completion types ([`request`]), O_DIRECT buffers ([`buf`]), the plug/batch
-//! queue ([`queue`]), the in-flight table of kernel-queue engines ([`inflight`]) and the attachment of an engine to an [`AioContext`](crate::AioContext)
-//! ([`driver`]). It performs no I/O itself.
+//! This module owns the trait, its documentation and the types a user of an engine handles:
+//! requests and completions ([`Request`], [`Completion`], [`IoFile`]), O_DIRECT buffers
+//! ([`AlignedBuf`]) and the attachment of an engine to an [`AioContext`](crate::AioContext)
+//! ([`AttachedEngine`]). It performs no I/O itself. What only an engine author needs (the
+//! plug/batch queue, the in-flight table, short-transfer arithmetic) is in
+//! [`backend`](crate::backend).
 //!
 //! # The contract an engine keeps
 //!
@@ -20,13 +22,14 @@
 //! * **Never full.** What does not fit the kernel or the workers right now is queued, not
 //!   refused. `EAGAIN` and `EINTR` are retried, never reported.
 //! * **Whole transfers.** Short reads and writes are resubmitted for the remainder
-//!   ([`Transfer`]); a read that reaches end of file completes with the bytes that exist (0 at
+//!   ([`Transfer`](crate::backend::Transfer)); a read that reaches end of file completes with the bytes that exist (0 at
 //!   or past EOF).
 //! * **Batching.** Between `plug()` and `unplug()` (nestable) submissions queue until a whole
 //!   batch is queued; `unplug()` sends the rest. A batch is at most `max_batch` (default
 //!   [`DEFAULT_MAX_BATCH`], QEMU's aio-max-batch) and never larger than the work the kernel
 //!   already holds (at least 1), so an idle device gets its first request at once and batches
-//!   grow 1, 1, 2, 4, ... (the [batch rule](queue#the-batch-rule), kept by [`SubmitQueue`]).
+//!   grow 1, 1, 2, 4, ... (the [batch rule](crate::backend::queue#the-batch-rule), kept by
+//!   [`SubmitQueue`](crate::backend::SubmitQueue)).
 //! * **Signalling.** The engine's [`Notifier`] becomes readable when completions are waiting;
 //!   `has_completions()` says the same without a syscall (the `io_poll` check).
 //! * **Cancel** is best effort: a request still queued in the engine completes with
@@ -35,21 +38,15 @@
 //!   buffers (queued requests are cancelled), then frees them. `drain()` does the same and
 //!   hands every outstanding completion back.
 
-pub mod buf;
-pub mod driver;
-pub mod inflight;
-pub mod queue;
-pub mod request;
+mod buf;
+mod driver;
+mod request;
 
 use std::collections::VecDeque;
 
 pub use buf::{AlignedBuf, BufError, DEFAULT_ALIGN};
 pub use driver::AttachedEngine;
-pub use inflight::{EngineCore, InFlightTable, Outcome, Prepared, WholeBuffer};
-pub use queue::SubmitQueue;
-pub use request::{
-    Completion, IoBuffers, IoFile, Op, Request, RequestError, Step, SubmitError, Transfer,
-};
+pub use request::{Completion, IoBuffers, IoFile, Op, Request, RequestError, SubmitError, IOV_MAX};
 
 use crate::notifier::Notifier;
 
@@ -67,7 +64,7 @@ pub trait IoEngine {
     /// Starts (or nests) a batch: submissions queue until the matching `unplug`, or until a
     /// whole batch is queued, which goes out at once (QEMU's rule). A whole batch is
     /// `set_max_batch` requests, or fewer while the kernel holds fewer (the
-    /// [batch rule](queue#the-batch-rule)): on an idle device the first request goes at once.
+    /// [batch rule](crate::backend::queue#the-batch-rule)): on an idle device the first request goes at once.
     fn plug(&mut self);
 
     /// Ends a batch; at the outermost level, sends what queued.

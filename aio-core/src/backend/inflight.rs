@@ -13,7 +13,8 @@
 use std::collections::VecDeque;
 use std::io;
 
-use super::request::{Completion, Op, Request, Step, Transfer};
+use super::transfer::{Step, Transfer};
+use crate::engine::{Completion, Op, Request};
 use crate::slots::Slots;
 
 /// A request the kernel holds, or that waits to go back to it for its remainder.
@@ -52,7 +53,7 @@ pub enum Prepared {
 /// The whole buffer of an in-flight read or write ([`InFlightTable::single_buffer`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WholeBuffer {
-    /// The allocation's [`AlignedBuf::id`](super::AlignedBuf::id).
+    /// The allocation's [`AlignedBuf::id`](crate::engine::AlignedBuf::id).
     pub id: u64,
     /// Its first byte.
     pub ptr: *const u8,
@@ -71,7 +72,12 @@ pub enum Outcome {
     Stale,
 }
 
-/// Slots for requests in the kernel's hands; see the [module docs](self).
+/// Slots for requests in the kernel's hands, or waiting to go back to it for the remainder of
+/// a short transfer.
+///
+/// Memory: an entry's buffers (and the iovec array built for it) stay in the table, neither
+/// moved nor dropped, until [`InFlightTable::on_result`] completes it; an engine must not drop
+/// the table while the kernel holds entries (see the engines' `Drop`).
 ///
 /// A slot's index is the kernel's user data: the request owns the slot until it completes, so
 /// the index alone names it (a result for a freed slot is [`Outcome::Stale`]).
@@ -105,7 +111,7 @@ impl InFlightTable {
     }
 
     /// The file of a live slot (a clone: it keeps the fd open).
-    pub fn file(&self, slot: u32) -> Option<super::request::IoFile> {
+    pub fn file(&self, slot: u32) -> Option<crate::engine::IoFile> {
         self.slots.get_index(slot).map(|e| e.request.file.clone())
     }
 
@@ -226,7 +232,7 @@ impl InFlightTable {
 
 /// The bookkeeping every engine repeats around its kernel interface: the plug/batch queue of
 /// accepted requests, the in-flight table, and the accepted/returned counts behind
-/// [`IoEngine::in_flight`](super::IoEngine::in_flight).
+/// [`IoEngine::in_flight`](crate::engine::IoEngine::in_flight).
 #[derive(Debug, Default)]
 pub struct EngineCore {
     /// Accepted, not yet sent.
@@ -251,9 +257,9 @@ impl EngineCore {
     }
 
     /// Validates and queues a request (the engine then sends what it can).
-    pub fn accept(&mut self, request: Request) -> Result<(), super::request::SubmitError> {
+    pub fn accept(&mut self, request: Request) -> Result<(), crate::engine::SubmitError> {
         if let Err(e) = request.validate() {
-            return Err(super::request::SubmitError::new(e, request));
+            return Err(crate::engine::SubmitError::new(e, request));
         }
         self.accepted += 1;
         self.queue.push(request);

@@ -23,8 +23,7 @@
 
 use std::collections::VecDeque;
 
-use super::request::{Completion, Request};
-use super::DEFAULT_MAX_BATCH;
+use crate::engine::{Completion, Request, DEFAULT_MAX_BATCH};
 
 /// Requests accepted by an engine but not yet handed to the kernel or a worker.
 #[derive(Debug)]

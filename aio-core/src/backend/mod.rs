@@ -1,0 +1,76 @@
+//! For writing an engine or a monitor: the pieces every backend shares, so that none writes
+//! them twice. A user of the loop and of the engines needs none of this (see
+//! [`engine`](crate::engine) and [`AioContext`](crate::AioContext)).
+//!
+//! This module owns the engine-writer toolkit, never the contracts themselves (those are
+//! [`IoEngine`](crate::engine::IoEngine) and [`EventLoop`](crate::EventLoop)):
+//!
+//! * [`SubmitQueue`]: the plug/batch queue in front of a kernel interface, with
+//!   [the batch rule](queue#the-batch-rule);
+//! * [`InFlightTable`]: the requests a kernel-queue engine handed to the kernel, the iovecs
+//!   built for them, and the mapping of a kernel result to "done", "again" or "failed";
+//! * [`EngineCore`]: the queue, the table and the accepted/returned counts, with
+//!   [`engine_queue_methods!`](crate::engine_queue_methods) writing the `IoEngine` methods that
+//!   only queue work (`submit`, `plug`, `unplug`, `set_max_batch`);
+//! * [`Transfer`] and [`Step`]: resubmitting the remainder of a short read or write;
+//! * for monitors: the contract's two errors ([`already_registered`], [`not_registered`]) and
+//!   the conversions of timeouts ([`timespec_from`], [`timeout_ms_round_up`]) and of `-1`
+//!   returns ([`cvt`]).
+
+mod inflight;
+pub mod queue;
+mod transfer;
+
+pub use crate::event_loop::{already_registered, not_registered};
+pub use crate::sys::{cvt, timeout_ms_round_up, timespec_from};
+pub use inflight::{EngineCore, InFlightTable, Outcome, Prepared, WholeBuffer};
+pub use queue::SubmitQueue;
+pub use transfer::{Step, Transfer};
+
+/// Writes the [`IoEngine`](crate::engine::IoEngine) methods that only queue work, for an engine
+/// that keeps an [`EngineCore`] and sends what the queue releases with a method of its own.
+///
+/// Inside `impl IoEngine for MyEngine { ... }`:
+///
+/// ```ignore
+/// aio_core::engine_queue_methods!(core: core, send: submit_pending);
+/// // or, with a check of its own before a request is accepted
+/// // (fn(&self, &Request) -> Result<(), RequestError>):
+/// aio_core::engine_queue_methods!(core: core, send: submit_pending, check: check_buffered);
+/// ```
+///
+/// `send(&mut self, force: bool)` hands the kernel what the queue releases (`force`: all of
+/// it). The macro writes `submit` (validate, check, queue, send), `plug`, `unplug` (send
+/// when the outermost plug ends) and `set_max_batch`.
+#[macro_export]
+macro_rules! engine_queue_methods {
+    (core: $core:ident, send: $send:ident $(, check: $check:ident)?) => {
+        fn submit(
+            &mut self,
+            request: $crate::engine::Request,
+        ) -> ::std::result::Result<(), $crate::engine::SubmitError> {
+            $(
+                if let Err(e) = self.$check(&request) {
+                    return Err($crate::engine::SubmitError::new(e, request));
+                }
+            )?
+            self.$core.accept(request)?;
+            self.$send(false);
+            Ok(())
+        }
+
+        fn plug(&mut self) {
+            self.$core.queue.plug();
+        }
+
+        fn unplug(&mut self) {
+            if self.$core.queue.unplug() {
+                self.$send(false);
+            }
+        }
+
+        fn set_max_batch(&mut self, max: usize) {
+            self.$core.queue.set_max_batch(max);
+        }
+    };
+}
