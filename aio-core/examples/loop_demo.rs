@@ -42,10 +42,7 @@ fn drain(mut socket: &UnixStream) -> usize {
 
 fn run<L: EventLoop>(monitor: L, poll_max_ns: u64) {
     let ctx = AioContext::new(monitor).expect("context");
-    ctx.set_poll_params(PollParams {
-        max_ns: poll_max_ns,
-        ..PollParams::iothread()
-    });
+    ctx.set_poll_params(PollParams::iothread().with_max_ns(poll_max_ns));
 
     // 1. An fd handler: echo what arrives on one socket into another.
     let (input, input_writer) = socket_pair();

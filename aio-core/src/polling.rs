@@ -52,8 +52,10 @@ pub enum PollRule {
 }
 
 /// Adaptive polling parameters, settable at run time with
-/// [`AioContext::set_poll_params`](crate::AioContext::set_poll_params).
+/// [`AioContext::set_poll_params`](crate::AioContext::set_poll_params). Built from
+/// [`PollParams::default`] (polling off) or [`PollParams::iothread`] and the `with_*` setters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PollParams {
     /// The longest busy-poll window in ns; 0 turns polling off.
     pub max_ns: u64,
@@ -87,6 +89,30 @@ impl PollParams {
             shrink: 0,
             rule: PollRule::Recovering,
         }
+    }
+
+    /// With the longest busy-poll window `max_ns` (0 turns polling off).
+    pub fn with_max_ns(mut self, max_ns: u64) -> Self {
+        self.max_ns = max_ns;
+        self
+    }
+
+    /// With the growth factor `grow` (0: x2).
+    pub fn with_grow(mut self, grow: u64) -> Self {
+        self.grow = grow;
+        self
+    }
+
+    /// With the shrink divisor `shrink` (0: reset the window to 0).
+    pub fn with_shrink(mut self, shrink: u64) -> Self {
+        self.shrink = shrink;
+        self
+    }
+
+    /// With the window rule `rule`.
+    pub fn with_rule(mut self, rule: PollRule) -> Self {
+        self.rule = rule;
+        self
     }
 
     /// The next polling window after a wait that blocked for `block_ns` with window `poll_ns`.

@@ -21,8 +21,8 @@
 //!   kernel or file system lacks them the request completes with `EINVAL` from the kernel; the
 //!   pool engine is the fallback for such files.
 //! * **Buffered files**: io_submit on a file opened without `O_DIRECT` does the I/O inside the
-//!   syscall, so the loop blocks. [`BufferedPolicy::WarnOnce`] (the default) accepts such
-//!   requests, says so once on stderr and counts them in [`LinuxAioStats::buffered_requests`];
+//!   syscall, so the loop blocks. [`BufferedPolicy::Count`] (the default) accepts such
+//!   requests and counts them in [`LinuxAioStats::buffered_requests`] (a library never prints);
 //!   [`BufferedPolicy::Refuse`] refuses them with [`RequestError::Unsupported`].
 //! * **Limits**: `io_setup` failing with `EAGAIN` (the system-wide `aio-max-nr` is used up) is
 //!   [`LinuxAioError::AioMaxNr`], which names `/proc/sys/fs/aio-max-nr` and the numbers.
@@ -46,7 +46,6 @@ mod abi;
 
 use std::collections::VecDeque;
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use aio_core::backend::{EngineCore, Outcome, Prepared};
 use aio_core::engine::{Completion, IoEngine, Op, Request, RequestError, DEFAULT_MAX_BATCH};
@@ -57,15 +56,17 @@ use abi::{AioContextId, IoEvent, Iocb, Ring};
 /// What to do with requests on files opened without `O_DIRECT`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BufferedPolicy {
-    /// Accept them (io_submit then blocks for the I/O); warn once per process on stderr.
+    /// Accept them (io_submit then blocks for the I/O) and count them in
+    /// [`LinuxAioStats::buffered_requests`], where a caller can see and report it.
     #[default]
-    WarnOnce,
+    Count,
     /// Refuse them with [`RequestError::Unsupported`].
     Refuse,
 }
 
-/// Engine settings.
+/// Engine settings: [`LinuxAioConfig::default`] and the `with_*` setters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LinuxAioConfig {
     /// Completion ring size: the most requests the kernel holds at once (default 1024).
     pub ring_size: u32,
@@ -80,8 +81,28 @@ impl Default for LinuxAioConfig {
         LinuxAioConfig {
             ring_size: 1024,
             max_batch: DEFAULT_MAX_BATCH,
-            buffered: BufferedPolicy::WarnOnce,
+            buffered: BufferedPolicy::Count,
         }
+    }
+}
+
+impl LinuxAioConfig {
+    /// With a completion ring of `ring_size` events (at least 1).
+    pub fn with_ring_size(mut self, ring_size: u32) -> Self {
+        self.ring_size = ring_size;
+        self
+    }
+
+    /// With at most `max_batch` iocbs per `io_submit` (at least 1).
+    pub fn with_max_batch(mut self, max_batch: usize) -> Self {
+        self.max_batch = max_batch;
+        self
+    }
+
+    /// With the policy `buffered` for files without `O_DIRECT`.
+    pub fn with_buffered(mut self, buffered: BufferedPolicy) -> Self {
+        self.buffered = buffered;
+        self
     }
 }
 
@@ -105,9 +126,14 @@ pub enum LinuxAioError {
     /// The kernel has no Linux AIO (`ENOSYS`) or a seccomp filter refuses it (`EPERM`).
     #[error("Linux AIO is not available here: io_setup failed: {0}")]
     Unavailable(#[source] io::Error),
-    /// A zero ring size.
-    #[error("ring_size must be at least 1")]
-    ZeroRing,
+    /// A setting of [`LinuxAioConfig`] that cannot work, named.
+    #[error("LinuxAioConfig::{field}: {reason}")]
+    BadConfig {
+        /// The field.
+        field: &'static str,
+        /// What is wrong with its value.
+        reason: String,
+    },
     /// Another failure creating the context or its eventfd.
     #[error("creating the Linux AIO engine failed: {0}")]
     Io(#[source] io::Error),
@@ -118,7 +144,7 @@ impl From<LinuxAioError> for io::Error {
         let kind = match &e {
             LinuxAioError::AioMaxNr { .. } => io::ErrorKind::WouldBlock,
             LinuxAioError::Unavailable(s) | LinuxAioError::Io(s) => s.kind(),
-            LinuxAioError::ZeroRing => io::ErrorKind::InvalidInput,
+            LinuxAioError::BadConfig { .. } => io::ErrorKind::InvalidInput,
         };
         io::Error::new(kind, e)
     }
@@ -153,8 +179,6 @@ pub struct LinuxAioStats {
     /// Requests on files without `O_DIRECT`.
     pub buffered_requests: u64,
 }
-
-static BUFFERED_WARNED: AtomicBool = AtomicBool::new(false);
 
 /// The Linux AIO engine. See the [crate docs](crate).
 pub struct LinuxAio {
@@ -194,8 +218,17 @@ fn read_proc(path: &str) -> String {
 impl LinuxAio {
     /// Creates the AIO context (`io_setup(ring_size)`) and its eventfd.
     pub fn new(config: LinuxAioConfig) -> Result<Self, LinuxAioError> {
+        if config.max_batch == 0 {
+            return Err(LinuxAioError::BadConfig {
+                field: "max_batch",
+                reason: "0: at least 1 iocb per io_submit".into(),
+            });
+        }
         if config.ring_size == 0 {
-            return Err(LinuxAioError::ZeroRing);
+            return Err(LinuxAioError::BadConfig {
+                field: "ring_size",
+                reason: "0: the ring must hold at least 1 event".into(),
+            });
         }
         // IOCB_FLAG_RESFD needs an eventfd; the pipe fallback cannot serve.
         let notifier = Notifier::new_eventfd().map_err(LinuxAioError::Io)?;
@@ -455,15 +488,8 @@ impl LinuxAio {
                     request.file.raw_fd()
                 ),
             }),
-            BufferedPolicy::WarnOnce => {
+            BufferedPolicy::Count => {
                 self.stats.buffered_requests += 1;
-                if !BUFFERED_WARNED.swap(true, Ordering::Relaxed) {
-                    eprintln!(
-                        "aio-backend-linux-aio: fd {} is not opened with O_DIRECT: io_submit \
-                         performs buffered I/O synchronously and blocks the loop (warned once)",
-                        request.file.raw_fd()
-                    );
-                }
                 Ok(())
             }
         }

@@ -16,11 +16,11 @@ fn a_tiny_ring_queues_the_rest_and_batches_stay_bounded() {
     if !available() {
         return;
     }
-    let mut engine = LinuxAio::new(LinuxAioConfig {
-        ring_size: 4,
-        max_batch: 3,
-        ..LinuxAioConfig::default()
-    })
+    let mut engine = LinuxAio::new(
+        LinuxAioConfig::default()
+            .with_ring_size(4)
+            .with_max_batch(3),
+    )
     .unwrap();
     let tmp = TempFile::with_len(64 * BLOCK, 7);
     let file = tmp.open(libc::O_DIRECT).unwrap();
@@ -65,11 +65,8 @@ fn buffered_files_are_refused_or_accepted_by_policy() {
         return;
     }
     let tmp = TempFile::with_len(BLOCK, 1);
-    let mut strict = LinuxAio::new(LinuxAioConfig {
-        buffered: BufferedPolicy::Refuse,
-        ..LinuxAioConfig::default()
-    })
-    .unwrap();
+    let mut strict =
+        LinuxAio::new(LinuxAioConfig::default().with_buffered(BufferedPolicy::Refuse)).unwrap();
     let e = strict
         .submit(Request::read(
             &tmp.open(0).unwrap(),
@@ -186,11 +183,7 @@ fn exhausting_aio_max_nr_is_a_typed_error_naming_the_limit() {
         ));
         return;
     }
-    let e = LinuxAio::new(LinuxAioConfig {
-        ring_size: (max + 1) as u32,
-        ..LinuxAioConfig::default()
-    })
-    .unwrap_err();
+    let e = LinuxAio::new(LinuxAioConfig::default().with_ring_size((max + 1) as u32)).unwrap_err();
     assert!(matches!(e, LinuxAioError::AioMaxNr { .. }), "{e}");
     let msg = e.to_string();
     assert!(
@@ -199,11 +192,13 @@ fn exhausting_aio_max_nr_is_a_typed_error_naming_the_limit() {
     );
     let io: std::io::Error = e.into();
     assert_eq!(io.kind(), std::io::ErrorKind::WouldBlock);
-    assert!(matches!(
-        LinuxAio::new(LinuxAioConfig {
-            ring_size: 0,
-            ..LinuxAioConfig::default()
-        }),
-        Err(LinuxAioError::ZeroRing)
-    ));
+    for (config, field) in [
+        (LinuxAioConfig::default().with_ring_size(0), "ring_size"),
+        (LinuxAioConfig::default().with_max_batch(0), "max_batch"),
+    ] {
+        match LinuxAio::new(config) {
+            Err(LinuxAioError::BadConfig { field: f, .. }) => assert_eq!(f, field),
+            other => panic!("{field}: {other:?}"),
+        }
+    }
 }

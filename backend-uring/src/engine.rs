@@ -22,8 +22,9 @@ use crate::registered_buffers::{RegisteredBuffers, MAX_REGISTERED_BUFFERS};
 use crate::ring::{drain_cq, RingHandle, SharedCore, ENGINE_BIT};
 use crate::task_run::{build_ring, TaskRun};
 
-/// Engine settings.
+/// Engine settings: [`UringConfig::default`] and the `with_*` setters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct UringConfig {
     /// Submission queue entries (the completion queue is twice as large). Default 128.
     pub entries: u32,
@@ -66,16 +67,61 @@ impl Default for UringConfig {
     }
 }
 
-/// Refuses settings the kernel would refuse later, with a message that names them.
+impl UringConfig {
+    /// With `entries` submission-queue entries (1..=32768; the CQ is twice as large).
+    pub fn with_entries(mut self, entries: u32) -> Self {
+        self.entries = entries;
+        self
+    }
+
+    /// With at most `max_batch` entries per `io_uring_enter` (at least 1).
+    pub fn with_max_batch(mut self, max_batch: usize) -> Self {
+        self.max_batch = max_batch;
+        self
+    }
+
+    /// With registered files on or off.
+    pub fn with_register_files(mut self, on: bool) -> Self {
+        self.register_files = on;
+        self
+    }
+
+    /// With a registered-buffer table of `slots` (0: off).
+    pub fn with_fixed_buffers(mut self, slots: u32) -> Self {
+        self.fixed_buffers = slots;
+        self
+    }
+
+    /// With the task-work mode `mode`.
+    pub fn with_task_run(mut self, mode: TaskRun) -> Self {
+        self.task_run = mode;
+        self
+    }
+}
+
+/// io_uring's limit on submission-queue entries (`IORING_MAX_ENTRIES`).
+pub const MAX_ENTRIES: u32 = 32_768;
+
+/// Refuses settings the kernel would refuse later, with an error that names them.
 fn check_config(config: &UringConfig) -> Result<(), UringUnavailable> {
+    let bad = |field: &'static str, reason: String| UringUnavailable::BadConfig { field, reason };
+    if config.entries == 0 || config.entries > MAX_ENTRIES {
+        return Err(bad(
+            "entries",
+            format!("{} is outside 1..={MAX_ENTRIES}", config.entries),
+        ));
+    }
+    if config.max_batch == 0 {
+        return Err(bad("max_batch", "0: at least 1 entry per enter".into()));
+    }
     if config.fixed_buffers > MAX_REGISTERED_BUFFERS {
-        return Err(UringUnavailable::Other(io::Error::new(
-            io::ErrorKind::InvalidInput,
+        return Err(bad(
+            "fixed_buffers",
             format!(
-                "fixed_buffers = {} is more than the kernel's {} registered buffers",
-                config.fixed_buffers, MAX_REGISTERED_BUFFERS
+                "{} is more than the kernel's {MAX_REGISTERED_BUFFERS} registered buffers",
+                config.fixed_buffers
             ),
-        )));
+        ));
     }
     Ok(())
 }

@@ -40,7 +40,7 @@ mod registered_buffers;
 mod ring;
 mod task_run;
 
-pub use engine::{UringConfig, UringEngine, UringStats, REGISTERED_FILES};
+pub use engine::{UringConfig, UringEngine, UringStats, MAX_ENTRIES, REGISTERED_FILES};
 pub use monitor::{shared_ring, UringLoop};
 pub use probe::{probe, UringSupport, UringUnavailable};
 pub use registered_buffers::MAX_REGISTERED_BUFFERS;

@@ -32,6 +32,14 @@ pub enum UringUnavailable {
         /// The current soft limit.
         memlock: String,
     },
+    /// A setting of [`UringConfig`](crate::UringConfig) that cannot work, named.
+    #[error("UringConfig::{field}: {reason}")]
+    BadConfig {
+        /// The field.
+        field: &'static str,
+        /// What is wrong with its value.
+        reason: String,
+    },
     /// Another error.
     #[error("io_uring_setup failed: {0}")]
     Other(#[source] io::Error),
@@ -45,6 +53,7 @@ impl From<UringUnavailable> for io::Error {
             }
             UringUnavailable::NotImplemented => io::ErrorKind::Unsupported,
             UringUnavailable::OutOfLockedMemory { .. } => io::ErrorKind::OutOfMemory,
+            UringUnavailable::BadConfig { .. } => io::ErrorKind::InvalidInput,
             UringUnavailable::Other(s) => s.kind(),
         };
         io::Error::new(kind, e)

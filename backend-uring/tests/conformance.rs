@@ -16,10 +16,7 @@ mod engine {
 mod engine_registered_files {
     aio_core::engine_conformance!(
         probe: aio_backend_uring::probe().map(drop),
-        aio_backend_uring::UringEngine::new(aio_backend_uring::UringConfig {
-            register_files: true,
-            ..Default::default()
-        })
+        aio_backend_uring::UringEngine::new(aio_backend_uring::UringConfig::default().with_register_files(true))
         .expect("io_uring_setup"),
         aio_backend_poll::PollLoop::new()
     );
@@ -30,11 +27,7 @@ mod engine_fixed_buffers {
     // replacement of idle slots and requests going without a slot all happen.
     aio_core::engine_conformance!(
         probe: aio_backend_uring::probe().map(drop),
-        aio_backend_uring::UringEngine::new(aio_backend_uring::UringConfig {
-            fixed_buffers: 8,
-            register_files: true,
-            ..Default::default()
-        })
+        aio_backend_uring::UringEngine::new(aio_backend_uring::UringConfig::default().with_fixed_buffers(8).with_register_files(true))
         .expect("io_uring_setup"),
         aio_backend_poll::PollLoop::new()
     );
@@ -45,10 +38,7 @@ mod engine_fixed_buffers {
 mod engine_task_run_signal {
     aio_core::engine_conformance!(
         probe: aio_backend_uring::probe().map(drop),
-        aio_backend_uring::UringEngine::new(aio_backend_uring::UringConfig {
-            task_run: aio_backend_uring::TaskRun::Signal,
-            ..Default::default()
-        })
+        aio_backend_uring::UringEngine::new(aio_backend_uring::UringConfig::default().with_task_run(aio_backend_uring::TaskRun::Signal))
         .expect("io_uring_setup"),
         aio_backend_poll::PollLoop::new()
     );
@@ -57,10 +47,7 @@ mod engine_task_run_signal {
 mod engine_task_run_cooperative {
     aio_core::engine_conformance!(
         probe: aio_backend_uring::probe().map(drop),
-        aio_backend_uring::UringEngine::new(aio_backend_uring::UringConfig {
-            task_run: aio_backend_uring::TaskRun::Cooperative,
-            ..Default::default()
-        })
+        aio_backend_uring::UringEngine::new(aio_backend_uring::UringConfig::default().with_task_run(aio_backend_uring::TaskRun::Cooperative))
         .expect("io_uring_setup"),
         aio_backend_poll::PollLoop::new()
     );

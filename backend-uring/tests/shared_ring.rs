@@ -144,11 +144,8 @@ fn registered_buffers_on_a_shared_ring_are_used_and_released_with_the_engine() {
     if aio_core::testing::available("io_uring unusable", probe()).is_none() {
         return;
     }
-    let (monitor, engine) = shared_ring(UringConfig {
-        fixed_buffers: 4,
-        ..UringConfig::default()
-    })
-    .expect("shared ring");
+    let (monitor, engine) =
+        shared_ring(UringConfig::default().with_fixed_buffers(4)).expect("shared ring");
     let ctx = AioContext::new(monitor).unwrap();
     let tmp = TempFile::with_len(8 * 4096, 9);
     let file = tmp.open(libc::O_DIRECT).unwrap();

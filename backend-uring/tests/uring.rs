@@ -39,11 +39,7 @@ fn a_tiny_ring_overflows_its_completion_queue_and_loses_nothing() {
     if !available() {
         return;
     }
-    let mut engine = UringEngine::new(UringConfig {
-        entries: 2,
-        ..UringConfig::default()
-    })
-    .unwrap();
+    let mut engine = UringEngine::new(UringConfig::default().with_entries(2)).unwrap();
     let tmp = TempFile::with_len(64 * BLOCK, 5);
     let file = tmp.open(0).unwrap();
     for t in 0..300u64 {
@@ -74,11 +70,7 @@ fn a_full_submission_queue_queues_instead_of_failing() {
     if !available() {
         return;
     }
-    let mut engine = UringEngine::new(UringConfig {
-        entries: 4,
-        ..UringConfig::default()
-    })
-    .unwrap();
+    let mut engine = UringEngine::new(UringConfig::default().with_entries(4)).unwrap();
     let tmp = TempFile::with_len(64 * BLOCK, 5);
     let file = tmp.open(0).unwrap();
     engine.plug();
@@ -96,11 +88,7 @@ fn registered_files_are_used_when_asked_for() {
     if !available() {
         return;
     }
-    let mut engine = UringEngine::new(UringConfig {
-        register_files: true,
-        ..UringConfig::default()
-    })
-    .unwrap();
+    let mut engine = UringEngine::new(UringConfig::default().with_register_files(true)).unwrap();
     let tmp = TempFile::with_len(8 * BLOCK, 5);
     let file = tmp.open(0).unwrap();
     for t in 0..8u64 {
@@ -136,11 +124,7 @@ fn registered_buffers_are_registered_once_and_reused() {
     if !available() {
         return;
     }
-    let mut engine = UringEngine::new(UringConfig {
-        fixed_buffers: 2,
-        ..UringConfig::default()
-    })
-    .unwrap();
+    let mut engine = UringEngine::new(UringConfig::default().with_fixed_buffers(2)).unwrap();
     let tmp = TempFile::with_len(8 * BLOCK, 0);
     let file = tmp.open(libc::O_DIRECT).unwrap();
     // One buffer going round: written with its block's number, then read back into it.
@@ -185,11 +169,7 @@ fn more_buffers_in_flight_than_slots_go_without_and_all_complete() {
     if !available() {
         return;
     }
-    let mut engine = UringEngine::new(UringConfig {
-        fixed_buffers: 4,
-        ..UringConfig::default()
-    })
-    .unwrap();
+    let mut engine = UringEngine::new(UringConfig::default().with_fixed_buffers(4)).unwrap();
     let tmp = TempFile::with_len(64 * BLOCK, 7);
     let file = tmp.open(libc::O_DIRECT).unwrap();
     engine.plug();
@@ -209,13 +189,32 @@ fn more_buffers_in_flight_than_slots_go_without_and_all_complete() {
 }
 
 #[test]
-fn too_many_registered_buffers_is_a_clear_error() {
-    let err = UringEngine::new(UringConfig {
-        fixed_buffers: aio_backend_uring::MAX_REGISTERED_BUFFERS + 1,
-        ..UringConfig::default()
-    })
-    .unwrap_err();
-    assert!(err.to_string().contains("fixed_buffers"), "{err}");
+fn bad_settings_are_errors_that_name_the_field() {
+    use aio_backend_uring::UringUnavailable;
+    for (config, field) in [
+        (
+            UringConfig::default()
+                .with_fixed_buffers(aio_backend_uring::MAX_REGISTERED_BUFFERS + 1),
+            "fixed_buffers",
+        ),
+        (UringConfig::default().with_entries(0), "entries"),
+        (
+            UringConfig::default().with_entries(aio_backend_uring::MAX_ENTRIES + 1),
+            "entries",
+        ),
+        (UringConfig::default().with_max_batch(0), "max_batch"),
+    ] {
+        // Refused before any ring is set up: no io_uring needed.
+        match UringEngine::new(config) {
+            Err(e @ UringUnavailable::BadConfig { field: f, .. }) => {
+                assert_eq!(f, field);
+                assert!(e.to_string().contains(field), "{e}");
+                let io: std::io::Error = e.into();
+                assert_eq!(io.kind(), std::io::ErrorKind::InvalidInput);
+            }
+            other => panic!("{field}: {other:?}"),
+        }
+    }
 }
 
 /// A pipe (read end, write end) as files; the read end is what the engine reads.
@@ -262,11 +261,7 @@ fn completions_held_as_task_work_wake_the_eventfd_and_are_seen_by_io_poll() {
         return;
     }
     for mode in [TaskRun::Deferred, TaskRun::Cooperative, TaskRun::Signal] {
-        let mut engine = UringEngine::new(UringConfig {
-            task_run: mode,
-            ..UringConfig::default()
-        })
-        .unwrap();
+        let mut engine = UringEngine::new(UringConfig::default().with_task_run(mode)).unwrap();
         assert_eq!(engine.task_run(), mode);
         let (read_end, mut write_end) = pipe();
         let file = IoFile::from(read_end);

@@ -174,10 +174,7 @@ fn bench_engine<L, E>(
 {
     let blocks = image.size() / BLOCK as u64;
     let ctx = AioContext::new(monitor).unwrap();
-    ctx.set_poll_params(PollParams {
-        max_ns: poll_max_ns,
-        ..PollParams::iothread()
-    });
+    ctx.set_poll_params(PollParams::iothread().with_max_ns(poll_max_ns));
     let done: Rc<std::cell::Cell<Option<AlignedBuf>>> = Rc::default();
     let d = done.clone();
     let attached = ctx
@@ -292,11 +289,9 @@ fn registrations(c: &mut Criterion) {
         ("buffers", false, BATCH as u32),
         ("both", true, BATCH as u32),
     ] {
-        let config = UringConfig {
-            register_files,
-            fixed_buffers,
-            ..UringConfig::default()
-        };
+        let config = UringConfig::default()
+            .with_register_files(register_files)
+            .with_fixed_buffers(fixed_buffers);
         let mut engine = match UringEngine::new(config) {
             Ok(e) => e,
             Err(e) => {

@@ -117,13 +117,12 @@ impl EngineKind {
             )?)),
             #[cfg(feature = "uring")]
             EngineKind::Uring => Ok(Box::new(aio_backend_uring::UringEngine::new(
-                aio_backend_uring::UringConfig {
-                    register_files: uring.register_files,
-                    fixed_buffers: uring.fixed_buffers,
-                    task_run: aio_backend_uring::TaskRun::from_name(uring.task_run)
-                        .unwrap_or_default(),
-                    ..Default::default()
-                },
+                aio_backend_uring::UringConfig::default()
+                    .with_register_files(uring.register_files)
+                    .with_fixed_buffers(uring.fixed_buffers)
+                    .with_task_run(
+                        aio_backend_uring::TaskRun::from_name(uring.task_run).unwrap_or_default(),
+                    ),
             )?)),
             #[allow(unreachable_patterns)]
             other => Err(io::Error::new(

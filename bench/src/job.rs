@@ -383,11 +383,11 @@ where
         engine.set_max_batch(n);
     }
     let ctx = AioContext::new(monitor)?;
-    ctx.set_poll_params(PollParams {
-        max_ns: spec.poll_max_ns,
-        rule: spec.poll_rule,
-        ..PollParams::iothread()
-    });
+    ctx.set_poll_params(
+        PollParams::iothread()
+            .with_max_ns(spec.poll_max_ns)
+            .with_rule(spec.poll_rule),
+    );
     // The idle disks: registered, never ready.
     let idle: Vec<Notifier> = (0..spec.idle_fds)
         .map(|_| Notifier::new())

@@ -378,56 +378,12 @@ fn side_json(st: &IoStats, elapsed: Duration) -> Value {
 
 /// Every loop counter of a job, by its field name: why a figure is what it is.
 pub fn counters_json(k: &LoopCounters) -> Value {
-    let LoopCounters {
-        iterations,
-        blocking_waits,
-        nonblocking_waits,
-        waits_skipped,
-        wait_retries,
-        wait_errors,
-        notifier_writes,
-        notify_calls,
-        poll_attempts,
-        poll_hits,
-        busy_poll_ns,
-        poll_ns,
-        poll_set,
-        unpolled_handlers,
-        poll_idle_removals,
-        poll_shrinks,
-        poll_probes,
-        poll_probe_hits,
-        bh_runs,
-        timer_runs,
-        handler_calls,
-        closed_fds,
-        max_nesting,
-    } = *k;
-    json!({
-        "iterations": iterations,
-        "blocking_waits": blocking_waits,
-        "nonblocking_waits": nonblocking_waits,
-        "waits_skipped": waits_skipped,
-        "wait_retries": wait_retries,
-        "wait_errors": wait_errors,
-        "notifier_writes": notifier_writes,
-        "notify_calls": notify_calls,
-        "poll_attempts": poll_attempts,
-        "poll_hits": poll_hits,
-        "busy_poll_ns": busy_poll_ns,
-        "poll_ns": poll_ns,
-        "poll_set": poll_set,
-        "unpolled_handlers": unpolled_handlers,
-        "poll_idle_removals": poll_idle_removals,
-        "poll_shrinks": poll_shrinks,
-        "poll_probes": poll_probes,
-        "poll_probe_hits": poll_probe_hits,
-        "bh_runs": bh_runs,
-        "timer_runs": timer_runs,
-        "handler_calls": handler_calls,
-        "closed_fds": closed_fds,
-        "max_nesting": max_nesting,
-    })
+    Value::Object(
+        k.named()
+            .into_iter()
+            .map(|(name, v)| (name.to_string(), json!(v)))
+            .collect(),
+    )
 }
 
 /// fio's JSON output (`--output-format=json`) for `reports`.

@@ -360,10 +360,7 @@ where
         }
     }
     let ctx = AioContext::new(monitor)?;
-    ctx.set_poll_params(PollParams {
-        max_ns: spec.poll_max_ns,
-        ..PollParams::iothread()
-    });
+    ctx.set_poll_params(PollParams::iothread().with_max_ns(spec.poll_max_ns));
     ctx.set_poll_idle_interval(spec.poll_idle);
     let queues: Vec<Arc<Virtqueue>> = (0..spec.disks)
         .map(|_| Virtqueue::new().map(Arc::new))

@@ -33,10 +33,7 @@ fn roundtrip(c: &mut Criterion) {
     let mut g = c.benchmark_group("roundtrip");
     for (name, poll_max_ns) in [("pool_run", 0u64), ("pool_run_poll_32768", 32_768)] {
         let ctx = AioContext::new(EpollLoop::new().unwrap()).unwrap();
-        ctx.set_poll_params(PollParams {
-            max_ns: poll_max_ns,
-            ..PollParams::iothread()
-        });
+        ctx.set_poll_params(PollParams::iothread().with_max_ns(poll_max_ns));
         let pool = ThreadPool::new(PoolConfig::default()).unwrap();
         let pool = PoolContext::attach(&ctx, pool, |_, _| {}).unwrap();
         let done = Rc::new(Cell::new(false));
@@ -93,10 +90,7 @@ fn qd1_randread(c: &mut Criterion) {
     });
     for (spin_us, poll_max_ns) in [(0u64, 0u64), (0, 32_768), (50, 0), (50, 32_768)] {
         let ctx = AioContext::new(EpollLoop::new().unwrap()).unwrap();
-        ctx.set_poll_params(PollParams {
-            max_ns: poll_max_ns,
-            ..PollParams::iothread()
-        });
+        ctx.set_poll_params(PollParams::iothread().with_max_ns(poll_max_ns));
         let back: Rc<Cell<Option<AlignedBuf>>> = Rc::default();
         let b2 = back.clone();
         let pool = ThreadPool::new(PoolConfig {

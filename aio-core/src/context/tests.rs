@@ -75,10 +75,7 @@ fn scripted() -> (AioContext<Script>, Script) {
 fn adaptive_window_grows_keeps_and_shrinks_with_a_fake_clock() {
     let (ctx, script) = scripted();
     // QEMU's rule, each wait judged alone.
-    ctx.set_poll_params(PollParams {
-        rule: PollRule::Qemu,
-        ..PollParams::iothread()
-    });
+    ctx.set_poll_params(PollParams::iothread().with_rule(PollRule::Qemu));
     assert_eq!(
         ctx.counters().poll_ns,
         POLL_START_NS,
