@@ -49,7 +49,9 @@ mod sys;
 pub mod testing;
 
 pub use clock::{Clock, FakeClock, MonotonicClock};
-pub use context::{AioContext, BottomHalf, FdHandler, LoopCounters, NotifyHandle, TimerId};
+pub use context::{
+    AioContext, BottomHalf, FdHandler, LoopCounters, NotifyHandle, TimerId, IDLE_BH_DELAY_NS,
+};
 pub use engine::{
     AlignedBuf, AttachedEngine, Completion, IoBuffers, IoEngine, IoFile, Op, Request, RequestError,
     SubmitError,

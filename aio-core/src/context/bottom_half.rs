@@ -24,7 +24,20 @@ use crate::sync::AtomicU64;
 
 const SCHEDULED: u64 = 1;
 const DELETED: u64 = 2;
-const TICKET_SHIFT: u32 = 2;
+/// The pending schedule is idle ([`BottomHalf::schedule_idle`]).
+const IDLE: u64 = 4;
+const TICKET_SHIFT: u32 = 3;
+
+/// What a schedule did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Scheduled {
+    /// Newly scheduled under this ticket: queue an entry and wake the loop.
+    New(u64),
+    /// Already scheduled: nothing to do.
+    Already,
+    /// Was scheduled idle, is urgent now: queue an urgent entry for this ticket.
+    Upgraded(u64),
+}
 
 /// The ticket value of a queue entry that asks the loop to free a deleted bottom half's slot.
 pub(crate) const DELETE_TICKET: u64 = u64::MAX;
@@ -34,6 +47,23 @@ pub(crate) const DELETE_TICKET: u64 = u64::MAX;
 pub(crate) struct BhEntry {
     pub(crate) id: SlotId,
     pub(crate) ticket: u64,
+    /// Scheduled with [`BottomHalf::schedule_idle`]: it does not make the wait non-blocking.
+    pub(crate) idle: bool,
+}
+
+/// How long an idle bottom half may wait for the loop (QEMU's `qemu_bh_schedule_idle`: the
+/// wait timeout is at most 10 ms while one is pending).
+pub const IDLE_BH_DELAY_NS: u64 = 10_000_000;
+
+/// What bottom halves ask of the next wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BhWait {
+    /// Nothing pending.
+    None,
+    /// Only idle bottom halves: wait at most [`IDLE_BH_DELAY_NS`].
+    Idle,
+    /// A bottom half waits to run: do not block.
+    Now,
 }
 
 /// The state shared between a bottom half's handles and its slot on the loop thread.
@@ -57,22 +87,40 @@ impl Default for BhState {
 impl BhState {
     /// Any side: schedules. `Ok(Some(ticket))`: newly scheduled, the caller queues an entry
     /// for `ticket` and wakes the loop; `Ok(None)`: already scheduled, nothing to do.
+    #[cfg(aio_loom)]
     pub(crate) fn try_schedule(&self) -> Result<Option<u64>, Deleted> {
+        self.try_schedule_as(false).map(|s| match s {
+            Scheduled::New(ticket) => Some(ticket),
+            Scheduled::Already | Scheduled::Upgraded(_) => None,
+        })
+    }
+
+    /// Any side: schedules, idle or not; an urgent schedule of a bottom half scheduled idle
+    /// makes it urgent ([`Scheduled::Upgraded`]).
+    pub(crate) fn try_schedule_as(&self, idle: bool) -> Result<Scheduled, Deleted> {
         let mut word = self.word.load(Ordering::Acquire);
         loop {
             if word & DELETED != 0 {
                 return Err(Deleted);
             }
-            if word & SCHEDULED != 0 {
-                return Ok(None);
-            }
-            let ticket = (word >> TICKET_SHIFT) + 1;
-            let new = (ticket << TICKET_SHIFT) | SCHEDULED;
+            let (new, result) = if word & SCHEDULED != 0 {
+                if idle || word & IDLE == 0 {
+                    return Ok(Scheduled::Already);
+                }
+                (word & !IDLE, Scheduled::Upgraded(word >> TICKET_SHIFT))
+            } else {
+                let ticket = (word >> TICKET_SHIFT) + 1;
+                let idle_bit = if idle { IDLE } else { 0 };
+                (
+                    (ticket << TICKET_SHIFT) | SCHEDULED | idle_bit,
+                    Scheduled::New(ticket),
+                )
+            };
             match self
                 .word
                 .compare_exchange_weak(word, new, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return Ok(Some(ticket)),
+                Ok(_) => return Ok(result),
                 Err(actual) => word = actual,
             }
         }
@@ -84,7 +132,7 @@ impl BhState {
         while word & SCHEDULED != 0 {
             match self.word.compare_exchange_weak(
                 word,
-                word & !SCHEDULED,
+                word & !(SCHEDULED | IDLE),
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
@@ -108,19 +156,22 @@ impl BhState {
     /// Loop side: claims the schedule named by `ticket`; true means "run it now".
     pub(crate) fn claim(&self, ticket: u64) -> bool {
         let scheduled = (ticket << TICKET_SHIFT) | SCHEDULED;
-        self.word
-            .compare_exchange(
-                scheduled,
-                ticket << TICKET_SHIFT,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            )
-            .is_ok()
+        // Idle or not, the same schedule.
+        [scheduled, scheduled | IDLE].into_iter().any(|current| {
+            self.word
+                .compare_exchange(
+                    current,
+                    ticket << TICKET_SHIFT,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+        })
     }
 
     /// Whether the schedule named by `ticket` is still pending (not cancelled, not run).
     pub(crate) fn is_pending(&self, ticket: u64) -> bool {
-        self.word.load(Ordering::Acquire) == (ticket << TICKET_SHIFT) | SCHEDULED
+        self.word.load(Ordering::Acquire) & !IDLE == (ticket << TICKET_SHIFT) | SCHEDULED
     }
 
     /// Loop side, at context drop: no handle can schedule any more.
@@ -162,24 +213,39 @@ impl BottomHalf {
     /// Schedules the bottom half to run in the loop's next iteration and wakes the loop.
     ///
     /// Returns false if it was deleted. Scheduling a bottom half that is already scheduled
-    /// returns true and does not make it run twice.
+    /// returns true and does not make it run twice (one scheduled idle becomes urgent).
     pub fn schedule(&self) -> bool {
-        match self.state.try_schedule() {
-            Err(Deleted) => false,
-            Ok(None) => true,
-            Ok(Some(ticket)) => {
-                self.shared.push_bh(BhEntry {
-                    id: self.id,
-                    ticket,
-                });
-                // The loop thread recomputes its timeout (and sees the queue) before it
-                // blocks; only other threads need to wake it.
-                if !self.shared.on_loop_thread() {
-                    self.shared.notify();
-                }
-                true
+        self.schedule_as(false)
+    }
+
+    /// Schedules the bottom half without hurrying the loop (QEMU's `qemu_bh_schedule_idle`):
+    /// it runs in an iteration that happens anyway, and a loop with nothing else to do waits
+    /// at most [`IDLE_BH_DELAY_NS`] (10 ms) for it instead of not waiting at all. For
+    /// housekeeping that must happen soon but not now. Returns false if it was deleted.
+    pub fn schedule_idle(&self) -> bool {
+        self.schedule_as(true)
+    }
+
+    fn schedule_as(&self, idle: bool) -> bool {
+        let ticket = match self.state.try_schedule_as(idle) {
+            Err(Deleted) => return false,
+            Ok(Scheduled::Already) => return true,
+            // A second entry for the same ticket makes it urgent; whichever entry comes first
+            // runs it, the other is then stale.
+            Ok(Scheduled::Upgraded(ticket)) => ticket,
+            Ok(Scheduled::New(ticket)) => ticket,
+        };
+        self.push(ticket, idle);
+        // The loop thread recomputes its timeout (and sees the queue) before it blocks; only
+        // other threads need to wake it, and an idle schedule only a loop that is blocked.
+        if !self.shared.on_loop_thread() {
+            if idle {
+                self.shared.notify_if_blocked();
+            } else {
+                self.shared.notify();
             }
         }
+        true
     }
 
     /// Cancels a pending schedule; returns whether one was pending. A bottom half that is
@@ -204,8 +270,17 @@ impl BottomHalf {
         self.shared.push_bh(BhEntry {
             id: self.id,
             ticket: DELETE_TICKET,
+            idle: false,
         });
         true
+    }
+
+    fn push(&self, ticket: u64, idle: bool) {
+        self.shared.push_bh(BhEntry {
+            id: self.id,
+            ticket,
+            idle,
+        });
     }
 }
 
@@ -271,23 +346,31 @@ impl<L: EventLoop> AioContext<L> {
     /// Whether a bottom half waits to run: a queued schedule that is still live. A cancelled
     /// one leaves a stale entry that must not cost an extra iteration (QEMU cancels its
     /// completion bottom half once every completion is processed; that must cost nothing).
-    pub(super) fn bh_pending(&self) -> bool {
-        let live = |e: &BhEntry| {
-            e.ticket == DELETE_TICKET
+    pub(super) fn bh_pending(&self) -> BhWait {
+        let mut wait = BhWait::None;
+        let mut look = |e: &BhEntry| {
+            let live = e.ticket == DELETE_TICKET
                 || self
                     .bhs
                     .borrow()
                     .get(e.id)
-                    .is_some_and(|s| s.state.is_pending(e.ticket))
+                    .is_some_and(|s| s.state.is_pending(e.ticket));
+            if live {
+                wait = if e.idle { BhWait::Idle } else { BhWait::Now };
+            }
+            wait == BhWait::Now
         };
-        let queued = self
+        let urgent = self
             .shared
             .bh_queue
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
-            .any(live);
-        queued || self.bh_slices.borrow().iter().flatten().any(live)
+            .any(&mut look);
+        if !urgent {
+            self.bh_slices.borrow().iter().flatten().any(&mut look);
+        }
+        wait
     }
 
     /// Runs the bottom halves scheduled before this call; returns whether any ran.

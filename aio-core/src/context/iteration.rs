@@ -10,6 +10,7 @@ use std::io;
 use std::rc::Rc;
 use std::time::Duration;
 
+use super::bottom_half::{BhWait, IDLE_BH_DELAY_NS};
 use super::handlers::{FdHandler, LoopCallback};
 use super::{AioContext, CONTEXT_NOTIFIER};
 use crate::error::AioError;
@@ -46,14 +47,23 @@ impl<L: EventLoop> AioContext<L> {
             .set(u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX));
     }
 
-    /// The wait timeout: 0 with a bottom half pending, else until the earliest timer, else
-    /// infinite (`None`). In ns.
+    /// The wait timeout: 0 with a bottom half pending, else until the earliest timer, at most
+    /// 10 ms while an idle bottom half is pending, else infinite (`None`). In ns.
     pub(super) fn compute_timeout(&self) -> Option<u64> {
-        if self.bh_pending() {
-            return Some(0);
+        let idle_cap = match self.bh_pending() {
+            BhWait::Now => return Some(0),
+            BhWait::Idle => Some(IDLE_BH_DELAY_NS),
+            BhWait::None => None,
+        };
+        let timer = self
+            .timers
+            .borrow()
+            .earliest_runnable()
+            .map(|earliest| earliest.saturating_sub(self.now_ns()));
+        match (timer, idle_cap) {
+            (Some(t), Some(cap)) => Some(t.min(cap)),
+            (t, cap) => t.or(cap),
         }
-        let earliest = self.timers.borrow().earliest_runnable()?;
-        Some(earliest.saturating_sub(self.now_ns()))
     }
 
     /// Runs one iteration: waits for events (if `blocking`, until one arrives), then runs the

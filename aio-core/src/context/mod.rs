@@ -33,7 +33,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
-pub use bottom_half::BottomHalf;
+pub use bottom_half::{BottomHalf, IDLE_BH_DELAY_NS};
 pub use counters::LoopCounters;
 pub use handlers::FdHandler;
 pub use notify::NotifyHandle;

@@ -28,6 +28,16 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// Wakes the loop only if it is (about to be) blocked: an idle bottom half was queued.
+    pub(crate) fn notify_if_blocked(&self) {
+        self.notify_calls.fetch_add(1, Ordering::Relaxed);
+        if self.wakeup.notify_if_blocked() {
+            self.notifier_writes.fetch_add(1, Ordering::Relaxed);
+            // A write can only fail if the fd is gone, which the context prevents by owning it.
+            let _ = self.notifier.notify();
+        }
+    }
+
     pub(crate) fn notify(&self) {
         self.notify_calls.fetch_add(1, Ordering::Relaxed);
         // Either the loop sees the notification (or the queued bottom half) before it sleeps,

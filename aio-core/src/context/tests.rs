@@ -197,6 +197,46 @@ fn a_collapsed_window_is_probed_back_by_the_default_rule() {
 }
 
 #[test]
+fn idle_bottom_halves_cap_the_wait_at_10_ms_and_urgent_ones_do_not_wait() {
+    let (ctx, script) = scripted();
+    let runs = Rc::new(Cell::new(0));
+    let r = runs.clone();
+    let bh = ctx.bh_new(move |_| r.set(r.get() + 1));
+    assert_eq!(ctx.compute_timeout(), None, "nothing pending");
+    assert!(bh.schedule_idle());
+    assert_eq!(
+        ctx.compute_timeout(),
+        Some(IDLE_BH_DELAY_NS),
+        "idle: wait, at most 10 ms"
+    );
+    // A timer due sooner still shortens the wait; one due later does not lengthen it.
+    let t = ctx.timer_new(|_| {});
+    ctx.timer_mod(t, ctx.now_ns() + 1_000_000).unwrap();
+    assert!(ctx.compute_timeout().unwrap() <= 1_000_000);
+    ctx.timer_mod(t, ctx.now_ns() + 50_000_000).unwrap();
+    assert_eq!(ctx.compute_timeout(), Some(IDLE_BH_DELAY_NS));
+    // The blocking iteration waited (not a zero-timeout wait) and ran the bottom half.
+    let before = ctx.counters();
+    script.blocks.borrow_mut().push_back(IDLE_BH_DELAY_NS);
+    assert!(ctx.poll(true));
+    assert_eq!(runs.get(), 1);
+    assert_eq!(ctx.counters().blocking_waits, before.blocking_waits + 1);
+    // Scheduled idle, then urgent: no wait.
+    assert!(bh.schedule_idle());
+    assert!(bh.schedule());
+    assert_eq!(ctx.compute_timeout(), Some(0), "urgent overrides idle");
+    assert!(ctx.poll(true));
+    assert_eq!(runs.get(), 2, "ran once for the two schedules");
+    assert!(!ctx.poll(false), "the stale entry runs nothing");
+    assert_eq!(runs.get(), 2);
+    // Urgent, then idle: stays urgent.
+    assert!(bh.schedule());
+    assert!(bh.schedule_idle());
+    assert_eq!(ctx.compute_timeout(), Some(0));
+    ctx.timer_free(t).unwrap();
+}
+
+#[test]
 fn idle_handlers_leave_the_poll_set_and_return_on_activity() {
     let (ctx, script) = scripted();
     ctx.set_poll_params(PollParams::iothread());

@@ -45,6 +45,19 @@ impl Wakeup {
         self.notify_me.load(Ordering::Relaxed) != 0
     }
 
+    /// Another thread's notification that must not stop the loop from waiting (an idle bottom
+    /// half): the loop is woken only if it is (about to be) blocked, and otherwise finds the
+    /// queued work when it recomputes its timeout after [`Wakeup::block_begin`]'s fence.
+    /// Returns whether the caller must write the notifier.
+    pub(crate) fn notify_if_blocked(&self) -> bool {
+        fence(Ordering::SeqCst);
+        if self.notify_me.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        self.notified.store(true, Ordering::Release);
+        true
+    }
+
     /// The loop, about to block: from here on notifications write the notifier. Returns
     /// whether a notification already arrived (then the loop must not sleep). The caller
     /// re-checks its queues after this too: anything queued before a notification's fence is

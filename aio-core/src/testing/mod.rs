@@ -65,6 +65,7 @@ macro_rules! event_loop_conformance {
             cancelled_bottom_half_does_not_run,
             bottom_half_scheduled_while_bottom_halves_run_waits_for_next_iteration,
             oneshot_and_deleted_bottom_halves,
+            idle_bottom_half_runs_in_a_wait_that_blocks,
             timers_fire_in_deadline_order_and_never_early,
             wait_timeout_follows_bottom_halves_and_timers,
             notify_from_another_thread_wakes_blocked_poll,
@@ -86,6 +87,45 @@ macro_rules! event_loop_conformance {
             }
         )*
     };
+}
+
+/// An idle bottom half (QEMU's `qemu_bh_schedule_idle`) runs in a blocking `poll` that really
+/// waits on the monitor (with the 10 ms cap, not a zero timeout), also when scheduled from
+/// another thread; an urgent schedule of it does not wait.
+pub fn idle_bottom_half_runs_in_a_wait_that_blocks<L: EventLoop>(make: impl Fn() -> L) {
+    let ctx = ctx_of(&make);
+    let runs = counter();
+    let r = runs.clone();
+    let bh = ctx.bh_new(move |_| bump(&r));
+    for from_another_thread in [false, true] {
+        let before = ctx.counters();
+        if from_another_thread {
+            let b = bh.clone();
+            std::thread::spawn(move || assert!(b.schedule_idle()))
+                .join()
+                .unwrap();
+        } else {
+            assert!(bh.schedule_idle());
+        }
+        poll_until(&ctx, "the idle bottom half", || {
+            runs.get() == 1 + usize::from(from_another_thread)
+        });
+        let after = ctx.counters();
+        assert!(
+            after.blocking_waits > before.blocking_waits,
+            "an idle bottom half must not make the wait non-blocking: {after:?}"
+        );
+    }
+    let before = ctx.counters();
+    assert!(bh.schedule_idle());
+    assert!(bh.schedule(), "urgent now");
+    assert!(ctx.poll(true));
+    assert_eq!(runs.get(), 3);
+    assert_eq!(
+        ctx.counters().blocking_waits,
+        before.blocking_waits,
+        "did not wait"
+    );
 }
 
 /// A non-blocking pipe.
