@@ -40,6 +40,7 @@ pub mod engine;
 pub mod error;
 pub mod event_loop;
 pub mod hybrid;
+pub mod ladder;
 pub mod notifier;
 pub mod polling;
 mod slots;
@@ -59,6 +60,7 @@ pub use engine::{
 pub use error::AioError;
 pub use event_loop::{Event, EventLoop, Interest, Token};
 pub use hybrid::Hybrid;
+pub use ladder::{Choice, Ladder, NoneUsable, RungReport};
 pub use notifier::{Notifier, NotifierKind};
 pub use polling::{PollParams, PollRule};
 pub use sys::raise_fd_limit;

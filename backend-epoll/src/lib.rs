@@ -54,6 +54,12 @@ fn epoll_event(token: Token, interest: Interest) -> libc::epoll_event {
     }
 }
 
+/// Whether this kernel allows epoll here: creates and closes an epoll instance (a seccomp
+/// filter may refuse `epoll_create1`). For [`aio_core::Ladder`] rungs.
+pub fn probe() -> io::Result<()> {
+    EpollLoop::new().map(drop)
+}
+
 impl EpollLoop {
     /// Creates the epoll instance (close-on-exec).
     pub fn new() -> io::Result<Self> {

@@ -38,6 +38,12 @@ impl PollLoop {
     }
 }
 
+/// Whether this kernel allows `ppoll` here (a seccomp filter could refuse it): one wait on
+/// no fds with a zero timeout. For [`aio_core::Ladder`] rungs, where ppoll is the last one.
+pub fn probe() -> io::Result<()> {
+    PollLoop::new().wait(Some(Duration::ZERO), &mut Vec::new())
+}
+
 impl EventLoop for PollLoop {
     fn name(&self) -> &'static str {
         "poll"
