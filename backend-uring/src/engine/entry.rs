@@ -1,0 +1,194 @@
+//! Building submission entries: one SQE per in-flight slot, with the registered file and
+//! registered buffer it may use.
+//!
+//! This module owns the translation of a prepared request into an `io_uring` entry and the
+//! registrations that entry relies on (files and buffers registered on first use). It never
+//! submits or reaps: that is the engine's (`mod.rs`).
+
+use std::os::fd::RawFd;
+
+use aio_core::backend::Prepared;
+use io_uring::{opcode, squeue, types};
+
+use super::{UringEngine, REGISTERED_FILES};
+use crate::ring::ENGINE_BIT;
+
+impl UringEngine {
+    /// The registered-buffer slot for `slot`'s buffer, registering it on first use (None:
+    /// off, a vectored request or a sync, or every slot in use).
+    pub(super) fn fixed_buffer(&mut self, slot: u32) -> Option<u16> {
+        if let Some(Some(index)) = self.buffer_of.get(slot as usize) {
+            // A resubmitted remainder keeps its slot.
+            return Some(*index);
+        }
+        let table = self.buffers.as_mut()?;
+        let buf = self.core.table.single_buffer(slot)?;
+        let (ring, stats) = (&self.ring, &mut self.stats);
+        let acquired = table.acquire(buf, |index, iovec| {
+            // SAFETY: `iovec` covers the whole buffer of a live request, which stays in the
+            // in-flight table (neither moved nor freed) until the request completes; the
+            // kernel pins these pages now. The slot serves only requests whose buffer is this
+            // same allocation (matched by id, never by address), so the kernel writes through
+            // it only into a buffer that a request in flight owns. Once the allocation is
+            // freed no request uses the slot again: the kernel merely keeps the old pages
+            // pinned, without touching them, until the slot is replaced or the ring dropped.
+            let registered = ring.with(|r| unsafe {
+                r.submitter().register_buffers_update(
+                    index as u32,
+                    std::slice::from_ref(iovec),
+                    None,
+                )
+            });
+            if registered.is_ok() {
+                stats.buffer_registrations += 1;
+            }
+            registered
+        });
+        match acquired {
+            Ok(Some(index)) => {
+                if self.buffer_of.len() <= slot as usize {
+                    self.buffer_of.resize(slot as usize + 1, None);
+                }
+                self.buffer_of[slot as usize] = Some(index);
+                Some(index)
+            }
+            Ok(None) => None,
+            // Out of lockable memory (or not allowed): the next registration would be
+            // refused too, so the table is off for good; in-flight users of registered
+            // slots finish normally.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOMEM) | Some(libc::EPERM)) => {
+                self.buffers_error = Some(e);
+                self.buffers = None;
+                None
+            }
+            // Refused for this buffer only (EFAULT, EINVAL...): it goes without.
+            Err(_) => {
+                self.stats.buffer_registrations_refused += 1;
+                None
+            }
+        }
+    }
+
+    /// `slot`'s request completed: its registered-buffer slot has one user less.
+    pub(super) fn release_fixed_buffer(&mut self, slot: u32) {
+        if let Some(index) = self.buffer_of.get_mut(slot as usize).and_then(Option::take) {
+            if let Some(table) = self.buffers.as_mut() {
+                table.release(index);
+            }
+        }
+    }
+
+    /// The registered index for `fd`, registering it on first use (None: plain fd).
+    fn fixed_index(&mut self, slot: u32, fd: RawFd) -> Option<u32> {
+        if !self.files_ready {
+            return None;
+        }
+        if let Some((index, _)) = self.files.get(&fd) {
+            return Some(*index);
+        }
+        let index = self.files.len() as u32;
+        if index >= REGISTERED_FILES {
+            return None;
+        }
+        self.ring
+            .with(|r| r.submitter().register_files_update(index, &[fd]))
+            .ok()?;
+        // Keep the file open while it is registered, so its fd number cannot be reused.
+        let file = self.core.table.file(slot)?;
+        self.files.insert(fd, (index, file));
+        Some(index)
+    }
+
+    /// The submission entry for `slot`, and whether it names a registered file and a
+    /// registered buffer (counted by the caller once the entry is in the SQ).
+    pub(super) fn entry(&mut self, slot: u32) -> (squeue::Entry, bool, bool) {
+        let prepared = self.core.table.prepare(slot).expect("live slot");
+        let fd = match prepared {
+            Prepared::Sync { fd, .. } | Prepared::Rw { fd, .. } => fd,
+        };
+        let fixed = self.fixed_index(slot, fd);
+        let mut fixed_buffer = false;
+        macro_rules! target {
+            ($build:expr) => {
+                match fixed {
+                    Some(i) => $build(types::Fixed(i)),
+                    None => $build(types::Fd(fd)),
+                }
+            };
+        }
+        let entry = match prepared {
+            Prepared::Sync { datasync, .. } => {
+                let flags = if datasync {
+                    types::FsyncFlags::DATASYNC
+                } else {
+                    types::FsyncFlags::empty()
+                };
+                target!(|t| opcode::Fsync::new(t).flags(flags).build())
+            }
+            Prepared::Rw {
+                is_read,
+                offset,
+                iovecs,
+                count,
+                ..
+            } => {
+                // SAFETY: `iovecs` points to `count` >= 1 live iovecs in the table.
+                let first_len = unsafe { (*iovecs).iov_len };
+                if count == 1 && first_len <= u32::MAX as usize {
+                    // SAFETY: `iovecs` points to one live iovec in the table.
+                    let v = unsafe { *iovecs };
+                    // The remainder lies inside the registered whole buffer.
+                    let registered = self.fixed_buffer(slot);
+                    if let Some(index) = registered {
+                        fixed_buffer = true;
+                        if is_read {
+                            target!(|t| opcode::ReadFixed::new(
+                                t,
+                                v.iov_base.cast(),
+                                v.iov_len as u32,
+                                index
+                            )
+                            .offset(offset)
+                            .build())
+                        } else {
+                            target!(|t| opcode::WriteFixed::new(
+                                t,
+                                v.iov_base.cast(),
+                                v.iov_len as u32,
+                                index
+                            )
+                            .offset(offset)
+                            .build())
+                        }
+                    } else if is_read {
+                        target!(
+                            |t| opcode::Read::new(t, v.iov_base.cast(), v.iov_len as u32)
+                                .offset(offset)
+                                .build()
+                        )
+                    } else {
+                        target!(
+                            |t| opcode::Write::new(t, v.iov_base.cast(), v.iov_len as u32)
+                                .offset(offset)
+                                .build()
+                        )
+                    }
+                } else if is_read {
+                    target!(|t| opcode::Readv::new(t, iovecs, count as u32)
+                        .offset(offset)
+                        .build())
+                } else {
+                    target!(|t| opcode::Writev::new(t, iovecs, count as u32)
+                        .offset(offset)
+                        .build())
+                }
+            }
+        };
+        let tag = if self.is_shared() { ENGINE_BIT } else { 0 };
+        (
+            entry.user_data(tag | slot as u64),
+            fixed.is_some(),
+            fixed_buffer,
+        )
+    }
+}
