@@ -6,9 +6,12 @@
 //! readable while the notifier is set.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
-use crate::sys::cvt;
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use nix::unistd;
 
 /// Which kernel object backs a [`Notifier`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,20 +49,16 @@ impl Notifier {
 
     /// Creates an eventfd notifier (no fallback).
     pub fn new_eventfd() -> io::Result<Self> {
-        // SAFETY: eventfd takes no pointers; the returned fd is checked by `cvt`.
-        let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })?;
-        // SAFETY: `fd` was just returned by the kernel and is owned by nobody else.
-        let read = unsafe { OwnedFd::from_raw_fd(fd) };
-        Ok(Self { read, write: None })
+        let fd = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
+        Ok(Self {
+            read: OwnedFd::from(fd),
+            write: None,
+        })
     }
 
     /// Creates a pipe notifier (the fallback, also usable on purpose, e.g. in tests).
     pub fn new_pipe() -> io::Result<Self> {
-        let mut fds = [0 as RawFd; 2];
-        // SAFETY: `fds` is a valid, writable array of two ints as pipe2 requires.
-        cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) })?;
-        // SAFETY: both fds were just created by pipe2 and are owned by nobody else.
-        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let (read, write) = unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC)?;
         Ok(Self {
             read,
             write: Some(write),
@@ -89,21 +88,16 @@ impl Notifier {
     /// A notifier that is already set stays set; a full eventfd counter or a full pipe is not an
     /// error (the fd is readable either way).
     pub fn notify(&self) -> io::Result<()> {
-        let value: u64 = 1;
-        let fd = self.write.as_ref().unwrap_or(&self.read).as_raw_fd();
+        let value = 1u64.to_ne_bytes();
+        let fd = self.write.as_ref().unwrap_or(&self.read);
         // A pipe only needs one byte; an eventfd needs exactly eight.
         let len = if self.write.is_some() { 1 } else { 8 };
         loop {
-            // SAFETY: `value` lives across the call and is at least `len` (<= 8) bytes long.
-            let r = unsafe { libc::write(fd, (&value as *const u64).cast(), len) };
-            if r >= 0 {
-                return Ok(());
-            }
-            let err = io::Error::last_os_error();
-            match err.raw_os_error() {
-                Some(libc::EINTR) => continue,
-                Some(libc::EAGAIN) => return Ok(()),
-                _ => return Err(err),
+            match unistd::write(fd, &value[..len]) {
+                Ok(_) => return Ok(()),
+                Err(Errno::EINTR) => continue,
+                Err(Errno::EAGAIN) => return Ok(()),
+                Err(e) => return Err(e.into()),
             }
         }
     }
@@ -111,25 +105,22 @@ impl Notifier {
     /// Clears the notifier and returns whether it was set.
     pub fn test_and_clear(&self) -> bool {
         let mut buf = [0u8; 512];
-        let fd = self.read.as_raw_fd();
         let mut was_set = false;
         loop {
             // An eventfd read returns the whole counter (8 bytes); a pipe may hold many bytes,
             // so drain it until EAGAIN.
             let len = if self.write.is_some() { buf.len() } else { 8 };
-            // SAFETY: `buf` is valid for writes of `len <= buf.len()` bytes during the call.
-            let r = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), len) };
-            if r > 0 {
-                was_set = true;
-                if self.write.is_none() || (r as usize) < len {
-                    return true;
+            match unistd::read(&self.read, &mut buf[..len]) {
+                Ok(r) if r > 0 => {
+                    was_set = true;
+                    if self.write.is_none() || r < len {
+                        return true;
+                    }
                 }
-                continue;
+                Err(Errno::EINTR) => {}
+                // EAGAIN (drained), end of file, or an error: nothing more to clear.
+                _ => return was_set,
             }
-            if r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-                continue;
-            }
-            return was_set;
         }
     }
 }
@@ -150,15 +141,15 @@ impl AsRawFd for Notifier {
 mod tests {
     use super::*;
 
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+
     fn readable(n: &Notifier) -> bool {
-        let mut pfd = libc::pollfd {
-            fd: n.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd, zero timeout.
-        let r = unsafe { libc::poll(&mut pfd, 1, 0) };
-        r == 1 && pfd.revents & libc::POLLIN != 0
+        let mut pfd = [PollFd::new(n.as_fd(), PollFlags::POLLIN)];
+        let r = poll(&mut pfd, PollTimeout::ZERO).unwrap();
+        r == 1
+            && pfd[0]
+                .revents()
+                .is_some_and(|e| e.contains(PollFlags::POLLIN))
     }
 
     fn exercise(n: Notifier) {
@@ -206,9 +197,7 @@ mod tests {
     fn eventfd_full_counter_is_not_an_error() {
         let n = Notifier::new_eventfd().unwrap();
         let max: u64 = u64::MAX - 1;
-        // SAFETY: writing 8 bytes from a live u64 to our own eventfd.
-        let r = unsafe { libc::write(n.as_raw_fd(), (&max as *const u64).cast(), 8) };
-        assert_eq!(r, 8);
+        assert_eq!(unistd::write(&n, &max.to_ne_bytes()), Ok(8));
         n.notify().unwrap();
         assert!(n.test_and_clear());
     }
