@@ -93,10 +93,9 @@ fn qd1_randread(c: &mut Criterion) {
         ctx.set_poll_params(PollParams::iothread().with_max_ns(poll_max_ns));
         let back: Rc<Cell<Option<AlignedBuf>>> = Rc::default();
         let b2 = back.clone();
-        let pool = ThreadPool::new(PoolConfig {
-            spin: std::time::Duration::from_micros(spin_us),
-            ..PoolConfig::default()
-        })
+        let pool = ThreadPool::new(
+            PoolConfig::default().with_spin(std::time::Duration::from_micros(spin_us)),
+        )
         .unwrap();
         let pool = PoolContext::attach(&ctx, pool, move |_, c| {
             assert_eq!(c.result.unwrap(), BLOCK);

@@ -6,8 +6,10 @@
 use std::io;
 use std::time::Duration;
 
-/// Thread limits (QEMU's `thread-pool-min`, `thread-pool-max`, and its 10 s idle timeout).
+/// Thread limits (QEMU's `thread-pool-min`, `thread-pool-max`, and its 10 s idle timeout):
+/// [`PoolConfig::default`] and the `with_*` setters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PoolConfig {
     /// Most threads at once (QEMU: 64).
     pub max_threads: usize,
@@ -29,6 +31,32 @@ impl Default for PoolConfig {
             idle_timeout: Duration::from_secs(10),
             spin: Duration::ZERO,
         }
+    }
+}
+
+impl PoolConfig {
+    /// With at most `max_threads` threads (at least 1, and at least `min_threads`).
+    pub fn with_max_threads(mut self, max_threads: usize) -> Self {
+        self.max_threads = max_threads;
+        self
+    }
+
+    /// With `min_threads` threads kept when idle.
+    pub fn with_min_threads(mut self, min_threads: usize) -> Self {
+        self.min_threads = min_threads;
+        self
+    }
+
+    /// With threads above the minimum exiting after `idle_timeout` without work.
+    pub fn with_idle_timeout(mut self, idle_timeout: Duration) -> Self {
+        self.idle_timeout = idle_timeout;
+        self
+    }
+
+    /// With threads busy-waiting `spin` for more work before they sleep.
+    pub fn with_spin(mut self, spin: Duration) -> Self {
+        self.spin = spin;
+        self
     }
 }
 

@@ -83,11 +83,7 @@ fn sixteen_blocking_requests_run_at_once_and_idle_threads_are_reused() {
 
 #[test]
 fn max_threads_is_respected_and_work_queues() {
-    let mut pool = ThreadPool::new(PoolConfig {
-        max_threads: 4,
-        ..PoolConfig::default()
-    })
-    .unwrap();
+    let mut pool = ThreadPool::new(PoolConfig::default().with_max_threads(4)).unwrap();
     let running = Arc::new(AtomicUsize::new(0));
     let seen_max = Arc::new(AtomicUsize::new(0));
     for t in 0..12 {
@@ -106,12 +102,12 @@ fn max_threads_is_respected_and_work_queues() {
 
 #[test]
 fn threads_above_the_minimum_exit_after_the_idle_timeout() {
-    let mut pool = ThreadPool::new(PoolConfig {
-        max_threads: 8,
-        min_threads: 2,
-        idle_timeout: Duration::from_millis(100),
-        ..PoolConfig::default()
-    })
+    let mut pool = ThreadPool::new(
+        PoolConfig::default()
+            .with_max_threads(8)
+            .with_min_threads(2)
+            .with_idle_timeout(Duration::from_millis(100)),
+    )
     .unwrap();
     assert_eq!(pool.stats().threads, 2, "min_threads start at once");
     let running = Arc::new(AtomicUsize::new(0));
@@ -134,19 +130,19 @@ fn threads_above_the_minimum_exit_after_the_idle_timeout() {
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(pool.stats().threads, 2, "the minimum stays");
     // Limits change at run time.
-    pool.set_config(PoolConfig {
-        max_threads: 8,
-        min_threads: 5,
-        ..PoolConfig::default()
-    })
+    pool.set_config(
+        PoolConfig::default()
+            .with_max_threads(8)
+            .with_min_threads(5),
+    )
     .unwrap();
     assert_eq!(pool.stats().threads, 5);
     assert!(pool
-        .set_config(PoolConfig {
-            max_threads: 1,
-            min_threads: 2,
-            ..PoolConfig::default()
-        })
+        .set_config(
+            PoolConfig::default()
+                .with_max_threads(1)
+                .with_min_threads(2)
+        )
         .is_err());
 }
 
@@ -164,11 +160,7 @@ fn blocker(release: &Arc<AtomicBool>) -> impl FnOnce() -> std::io::Result<usize>
 /// A pool of one thread that runs `blocker` (token 0) until the flag is set: whatever is
 /// submitted next stays queued.
 fn one_thread_running_a_blocker() -> (ThreadPool, Arc<AtomicBool>) {
-    let mut pool = ThreadPool::new(PoolConfig {
-        max_threads: 1,
-        ..PoolConfig::default()
-    })
-    .unwrap();
+    let mut pool = ThreadPool::new(PoolConfig::default().with_max_threads(1)).unwrap();
     let release = Arc::new(AtomicBool::new(false));
     pool.submit_work(0, blocker(&release)).unwrap();
     // Wait until the blocker runs, so it cannot be cancelled.
@@ -239,11 +231,7 @@ fn shutdown_cancels_queued_work_finishes_running_work_and_joins() {
 #[test]
 fn offloaded_closures_return_typed_results_in_the_loop() {
     let ctx = AioContext::new(PollLoop::new()).unwrap();
-    let pool = ThreadPool::new(PoolConfig {
-        max_threads: 1,
-        ..PoolConfig::default()
-    })
-    .unwrap();
+    let pool = ThreadPool::new(PoolConfig::default().with_max_threads(1)).unwrap();
     let pool = PoolContext::attach(&ctx, pool, |_, _| {}).unwrap();
     let results: Rc<RefCell<Vec<String>>> = Rc::default();
     let r = results.clone();
@@ -320,11 +308,8 @@ fn offloaded_closures_return_typed_results_in_the_loop() {
 
 #[test]
 fn spinning_threads_take_the_next_job_without_a_spawn() {
-    let mut pool = ThreadPool::new(PoolConfig {
-        spin: Duration::from_millis(50),
-        ..PoolConfig::default()
-    })
-    .unwrap();
+    let mut pool =
+        ThreadPool::new(PoolConfig::default().with_spin(Duration::from_millis(50))).unwrap();
     for t in 0..200 {
         pool.submit_work(t, move || Ok(t as usize)).unwrap();
         let done = wait_for(&mut pool, 1);
