@@ -168,17 +168,12 @@ impl<S: EventLoop, G: EventLoop> EventLoop for Hybrid<S, G> {
         }
     }
 
-    fn register(
-        &mut self,
-        borrowed: BorrowedFd<'_>,
-        token: Token,
-        interest: Interest,
-    ) -> io::Result<()> {
-        let fd = borrowed.as_raw_fd();
-        if self.registry.contains_key(&fd) {
-            return Err(crate::event_loop::already_registered(fd));
+    fn register(&mut self, fd: BorrowedFd<'_>, token: Token, interest: Interest) -> io::Result<()> {
+        let raw = fd.as_raw_fd();
+        if self.registry.contains_key(&raw) {
+            return Err(crate::event_loop::already_registered(raw));
         }
-        match self.active().register(borrowed, token, interest) {
+        match self.active().register(fd, token, interest) {
             // The large monitor refuses this fd (epoll and a regular file): go back to the
             // small one, which takes anything, and stay there while this fd is registered.
             Err(e) if self.side == HybridSide::Large && e.raw_os_error() == Some(libc::EPERM) => {
@@ -186,40 +181,35 @@ impl<S: EventLoop, G: EventLoop> EventLoop for Hybrid<S, G> {
                 if self.side != HybridSide::Small {
                     return Err(e);
                 }
-                self.small.register(borrowed, token, interest)?;
-                self.refused_fd = Some(fd);
+                self.small.register(fd, token, interest)?;
+                self.refused_fd = Some(raw);
             }
             other => other?,
         }
-        self.registry.insert(fd, (token, interest));
+        self.registry.insert(raw, (token, interest));
         self.maybe_upgrade();
         Ok(())
     }
 
-    fn modify(
-        &mut self,
-        borrowed: BorrowedFd<'_>,
-        token: Token,
-        interest: Interest,
-    ) -> io::Result<()> {
-        let fd = borrowed.as_raw_fd();
-        let Some(entry) = self.registry.get(&fd).copied() else {
-            return Err(crate::event_loop::not_registered(fd));
+    fn modify(&mut self, fd: BorrowedFd<'_>, token: Token, interest: Interest) -> io::Result<()> {
+        let raw = fd.as_raw_fd();
+        let Some(entry) = self.registry.get(&raw).copied() else {
+            return Err(crate::event_loop::not_registered(raw));
         };
-        self.active().modify(borrowed, token, interest)?;
+        self.active().modify(fd, token, interest)?;
         if entry != (token, interest) {
-            self.registry.insert(fd, (token, interest));
+            self.registry.insert(raw, (token, interest));
         }
         Ok(())
     }
 
-    fn deregister(&mut self, borrowed: BorrowedFd<'_>) -> io::Result<()> {
-        let fd = borrowed.as_raw_fd();
-        if self.registry.remove(&fd).is_none() {
-            return Err(crate::event_loop::not_registered(fd));
+    fn deregister(&mut self, fd: BorrowedFd<'_>) -> io::Result<()> {
+        let raw = fd.as_raw_fd();
+        if self.registry.remove(&raw).is_none() {
+            return Err(crate::event_loop::not_registered(raw));
         }
-        let result = self.active().deregister(borrowed);
-        self.after_removal(fd);
+        let result = self.active().deregister(fd);
+        self.after_removal(raw);
         result
     }
 

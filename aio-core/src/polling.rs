@@ -80,6 +80,17 @@ impl Default for PollParams {
     }
 }
 
+crate::with_setters!(PollParams {
+    /// With the longest busy-poll window `max_ns` (0 turns polling off).
+    with_max_ns => max_ns: u64,
+    /// With the growth factor `grow` (0: x2).
+    with_grow => grow: u64,
+    /// With the shrink divisor `shrink` (0: reset the window to 0).
+    with_shrink => shrink: u64,
+    /// With the window rule `rule`.
+    with_rule => rule: PollRule,
+});
+
 impl PollParams {
     /// QEMU's IOThread defaults: `poll-max-ns` 32768, grow x2, shrink to 0.
     pub fn iothread() -> Self {
@@ -89,30 +100,6 @@ impl PollParams {
             shrink: 0,
             rule: PollRule::Recovering,
         }
-    }
-
-    /// With the longest busy-poll window `max_ns` (0 turns polling off).
-    pub fn with_max_ns(mut self, max_ns: u64) -> Self {
-        self.max_ns = max_ns;
-        self
-    }
-
-    /// With the growth factor `grow` (0: x2).
-    pub fn with_grow(mut self, grow: u64) -> Self {
-        self.grow = grow;
-        self
-    }
-
-    /// With the shrink divisor `shrink` (0: reset the window to 0).
-    pub fn with_shrink(mut self, shrink: u64) -> Self {
-        self.shrink = shrink;
-        self
-    }
-
-    /// With the window rule `rule`.
-    pub fn with_rule(mut self, rule: PollRule) -> Self {
-        self.rule = rule;
-        self
     }
 
     /// The next polling window after a wait that blocked for `block_ns` with window `poll_ns`.

@@ -7,8 +7,7 @@
 //! Without a path it reads a 64 MiB file it creates (and removes) in the system temp dir.
 
 use std::cell::{Cell, RefCell};
-use std::fs::File;
-use std::io::{self, Write};
+use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -22,33 +21,15 @@ use aio_core::AioContext;
 const BS: usize = 64 * 1024;
 const DEPTH: u64 = 32;
 
-/// A file of `len` bytes (each `fill`) in the system temp dir, removed on drop.
-struct ScratchFile(PathBuf);
-
-impl ScratchFile {
-    fn create(len: usize, fill: u8) -> io::Result<ScratchFile> {
-        let name = format!("aio-rs-example-{}", std::process::id());
-        let scratch = ScratchFile(std::env::temp_dir().join(name));
-        let mut f = File::create(&scratch.0)?;
-        f.write_all(&vec![fill; len])?;
-        f.sync_all()?;
-        Ok(scratch)
-    }
-}
-
-impl Drop for ScratchFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 fn main() -> std::io::Result<()> {
-    let tmp;
+    let mut tmp;
     let path = match std::env::args().nth(1) {
         Some(p) => PathBuf::from(p),
         None => {
-            tmp = ScratchFile::create(64 << 20, 0x42)?;
-            tmp.0.clone()
+            // 64 MiB of data in a temporary file, removed when `tmp` is dropped.
+            tmp = tempfile::NamedTempFile::new()?;
+            tmp.write_all(&vec![0x42; 64 << 20])?;
+            tmp.path().to_path_buf()
         }
     };
     let f = std::fs::OpenOptions::new()

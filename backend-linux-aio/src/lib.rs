@@ -86,25 +86,14 @@ impl Default for LinuxAioConfig {
     }
 }
 
-impl LinuxAioConfig {
+aio_core::with_setters!(LinuxAioConfig {
     /// With a completion ring of `ring_size` events (at least 1).
-    pub fn with_ring_size(mut self, ring_size: u32) -> Self {
-        self.ring_size = ring_size;
-        self
-    }
-
+    with_ring_size => ring_size: u32,
     /// With at most `max_batch` iocbs per `io_submit` (at least 1).
-    pub fn with_max_batch(mut self, max_batch: usize) -> Self {
-        self.max_batch = max_batch;
-        self
-    }
-
+    with_max_batch => max_batch: usize,
     /// With the policy `buffered` for files without `O_DIRECT`.
-    pub fn with_buffered(mut self, buffered: BufferedPolicy) -> Self {
-        self.buffered = buffered;
-        self
-    }
-}
+    with_buffered => buffered: BufferedPolicy,
+});
 
 /// Why a Linux AIO engine cannot be created.
 #[derive(Debug, thiserror::Error)]
@@ -527,10 +516,6 @@ impl IoEngine for LinuxAio {
             let _ = self.notifier.notify();
         }
         cancelled
-    }
-
-    fn in_flight(&self) -> usize {
-        self.core.in_flight()
     }
 
     fn drain(&mut self) -> Vec<Completion> {

@@ -7,48 +7,13 @@
 
 use std::cell::Cell;
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 use std::rc::Rc;
 
 use aio_backend_uring::{probe, UringConfig, UringEngine, UringLoop};
 use aio_core::engine::{AlignedBuf, IoFile, Request};
 use aio_core::{AioContext, FdHandler};
-
-/// A file of `len` bytes (each `fill`) in the system temp dir, removed on drop.
-struct ScratchFile(PathBuf);
-
-impl ScratchFile {
-    fn create(len: usize, fill: u8) -> io::Result<ScratchFile> {
-        let name = format!("aio-rs-example-{}", std::process::id());
-        let scratch = ScratchFile(std::env::temp_dir().join(name));
-        let mut f = File::create(&scratch.0)?;
-        f.write_all(&vec![fill; len])?;
-        f.sync_all()?;
-        Ok(scratch)
-    }
-}
-
-impl Drop for ScratchFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-/// Reads `socket` until it would block; returns the byte count.
-fn drain(mut socket: &UnixStream) -> usize {
-    let mut buf = [0u8; 4096];
-    let mut total = 0;
-    loop {
-        match socket.read(&mut buf) {
-            Ok(0) => return total,
-            Ok(n) => total += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => return total, // WouldBlock: drained
-        }
-    }
-}
 
 fn main() {
     let support = match probe() {
@@ -71,13 +36,20 @@ fn main() {
     let r = reader.clone();
     ctx.set_fd_handler(
         &*reader,
-        FdHandler::new().on_read(move |_| g.set(g.get() + drain(&r))),
+        FdHandler::new().on_read(move |_| {
+            let mut buf = [0u8; 64];
+            // Non-blocking: WouldBlock when a nested wake-up found it drained already.
+            if let Ok(n) = (&*r).read(&mut buf) {
+                g.set(g.get() + n);
+            }
+        }),
     )
     .expect("handler");
 
     // Block I/O through the io_uring engine.
-    let image = ScratchFile::create(1 << 20, 0x77).expect("scratch file");
-    let file = IoFile::from(File::open(&image.0).expect("open"));
+    let mut image = tempfile::NamedTempFile::new().expect("temp file");
+    image.write_all(&[0x77; 1 << 20]).expect("write");
+    let file = IoFile::from(File::open(image.path()).expect("open"));
     let bytes = Rc::new(Cell::new(0usize));
     let b = bytes.clone();
     let engine = ctx

@@ -7,34 +7,13 @@
 
 use std::cell::Cell;
 use std::fs::File;
-use std::io::{self, Write};
-use std::path::PathBuf;
+use std::io::Write;
 use std::rc::Rc;
 
 use aio_backend_epoll::EpollLoop;
 use aio_core::engine::{AlignedBuf, IoFile, Request};
 use aio_core::AioContext;
 use aio_pool::{PoolConfig, PoolContext, ThreadPool};
-
-/// A file of `len` bytes (each `fill`) in the system temp dir, removed on drop.
-struct ScratchFile(PathBuf);
-
-impl ScratchFile {
-    fn create(len: usize, fill: u8) -> io::Result<ScratchFile> {
-        let name = format!("aio-rs-example-{}", std::process::id());
-        let scratch = ScratchFile(std::env::temp_dir().join(name));
-        let mut f = File::create(&scratch.0)?;
-        f.write_all(&vec![fill; len])?;
-        f.sync_all()?;
-        Ok(scratch)
-    }
-}
-
-impl Drop for ScratchFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
 
 fn main() {
     let ctx = AioContext::new(EpollLoop::new().expect("epoll")).expect("context");
@@ -50,8 +29,9 @@ fn main() {
     .expect("attach");
 
     // 1. Sixteen 64 KiB reads of a 1 MiB file, sent as one batch.
-    let image = ScratchFile::create(1 << 20, 0xab).expect("scratch file");
-    let file = IoFile::from(File::open(&image.0).expect("open"));
+    let mut image = tempfile::NamedTempFile::new().expect("temp file");
+    image.write_all(&[0xab; 1 << 20]).expect("write");
+    let file = IoFile::from(File::open(image.path()).expect("open"));
     pool.plug();
     for i in 0..16u64 {
         let req = Request::read(&file, i * 65536, AlignedBuf::new(65536), i);

@@ -34,31 +34,16 @@ impl Default for PoolConfig {
     }
 }
 
-impl PoolConfig {
+aio_core::with_setters!(PoolConfig {
     /// With at most `max_threads` threads (at least 1, and at least `min_threads`).
-    pub fn with_max_threads(mut self, max_threads: usize) -> Self {
-        self.max_threads = max_threads;
-        self
-    }
-
+    with_max_threads => max_threads: usize,
     /// With `min_threads` threads kept when idle.
-    pub fn with_min_threads(mut self, min_threads: usize) -> Self {
-        self.min_threads = min_threads;
-        self
-    }
-
+    with_min_threads => min_threads: usize,
     /// With threads above the minimum exiting after `idle_timeout` without work.
-    pub fn with_idle_timeout(mut self, idle_timeout: Duration) -> Self {
-        self.idle_timeout = idle_timeout;
-        self
-    }
-
+    with_idle_timeout => idle_timeout: Duration,
     /// With threads busy-waiting `spin` for more work before they sleep.
-    pub fn with_spin(mut self, spin: Duration) -> Self {
-        self.spin = spin;
-        self
-    }
-}
+    with_spin => spin: Duration,
+});
 
 /// An error creating or configuring a pool.
 #[derive(Debug, thiserror::Error)]

@@ -11,7 +11,8 @@
 //!   built for them, and the mapping of a kernel result to "done", "again" or "failed";
 //! * [`EngineCore`]: the queue, the table and the accepted/returned counts, with
 //!   [`engine_queue_methods!`](crate::engine_queue_methods) writing the `IoEngine` methods that
-//!   only queue work (`submit`, `plug`, `unplug`, `set_max_batch`);
+//!   only queue or count work (`submit`, `plug`, `unplug`, `set_max_batch`, `in_flight`);
+//! * [`with_setters!`](crate::with_setters): the `with_*` setters of a config struct;
 //! * [`Transfer`] and [`Step`]: resubmitting the remainder of a short read or write;
 //! * for monitors: the contract's two errors ([`already_registered`], [`not_registered`]) and
 //!   the conversions of timeouts ([`timespec_from`], [`timeout_ms_round_up`]) and of `-1`
@@ -71,6 +72,35 @@ macro_rules! engine_queue_methods {
 
         fn set_max_batch(&mut self, max: usize) {
             self.$core.queue.set_max_batch(max);
+        }
+
+        fn in_flight(&self) -> usize {
+            self.$core.in_flight()
+        }
+    };
+}
+
+/// Writes builder-style setters for a `#[non_exhaustive]` config struct, so that adding an
+/// option is not a breaking change and every config reads the same way:
+///
+/// ```ignore
+/// aio_core::with_setters!(MyConfig {
+///     /// With `entries` submission-queue entries.
+///     with_entries => entries: u32,
+/// });
+/// // MyConfig::default().with_entries(256)
+/// ```
+#[macro_export]
+macro_rules! with_setters {
+    ($ty:ty { $($(#[$doc:meta])* $setter:ident => $field:ident: $fty:ty,)* }) => {
+        impl $ty {
+            $(
+                $(#[$doc])*
+                pub fn $setter(mut self, $field: $fty) -> Self {
+                    self.$field = $field;
+                    self
+                }
+            )*
         }
     };
 }

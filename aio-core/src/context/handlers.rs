@@ -361,15 +361,9 @@ impl<L: EventLoop> AioContext<L> {
             return Err(AioError::AlreadyRegistered { fd });
         }
         let token = table.next_token();
-        let mut monitor = self.monitor.borrow_mut();
-        monitor
-            .register(borrowed, token, handler.interest())
-            .map_err(|source| AioError::Monitor {
-                monitor: monitor.name(),
-                op: "register",
-                fd,
-                source,
-            })?;
+        self.monitor_call("register", fd, |m| {
+            m.register(borrowed, token, handler.interest())
+        })?;
         let inserted = table.insert(fd, Rc::new(handler), self.now_ns(), self.poll_idle_ns.get());
         debug_assert_eq!(inserted, token);
         Ok(())
@@ -388,15 +382,9 @@ impl<L: EventLoop> AioContext<L> {
         let token = table.token_of(fd).ok_or(AioError::NotRegistered { fd })?;
         let closed = table.get(token).is_some_and(|s| s.closed);
         if !closed {
-            let mut monitor = self.monitor.borrow_mut();
-            monitor
-                .modify(borrowed, token, handler.interest())
-                .map_err(|source| AioError::Monitor {
-                    monitor: monitor.name(),
-                    op: "modify",
-                    fd,
-                    source,
-                })?;
+            self.monitor_call("modify", fd, |m| {
+                m.modify(borrowed, token, handler.interest())
+            })?;
         }
         let old = table.replace(
             token,
@@ -457,6 +445,22 @@ impl<L: EventLoop> AioContext<L> {
             let _ = self.monitor.borrow_mut().forget_closed(fd);
         }
         Ok(())
+    }
+
+    /// Runs one monitor call; its failure becomes [`AioError::Monitor`] naming the call.
+    fn monitor_call(
+        &self,
+        op: &'static str,
+        fd: RawFd,
+        call: impl FnOnce(&mut L) -> io::Result<()>,
+    ) -> Result<(), AioError> {
+        let mut monitor = self.monitor.borrow_mut();
+        call(&mut monitor).map_err(|source| AioError::Monitor {
+            monitor: monitor.name(),
+            op,
+            fd,
+            source,
+        })
     }
 
     /// Whether `fd` has a handler in this context.

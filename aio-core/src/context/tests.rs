@@ -71,17 +71,9 @@ fn scripted() -> (AioContext<Script>, Script) {
     (ctx, script)
 }
 
-#[test]
-fn adaptive_window_grows_keeps_and_shrinks_with_a_fake_clock() {
-    let (ctx, script) = scripted();
-    // QEMU's rule, each wait judged alone.
-    ctx.set_poll_params(PollParams::iothread().with_rule(PollRule::Qemu));
-    assert_eq!(
-        ctx.counters().poll_ns,
-        POLL_START_NS,
-        "polling starts at 4 us"
-    );
-    // An io_poll handler that says "ready" on its 3rd check after being armed.
+/// An `io_poll` handler that says "ready" on the n-th check after its countdown is set to n
+/// (0: never); returns its notifier (keep it alive) and the countdown.
+fn countdown_handler(ctx: &AioContext<Script>) -> (Notifier, Rc<Cell<u32>>) {
     let doorbell = Notifier::new().unwrap();
     let countdown = Rc::new(Cell::new(0u32));
     let c = countdown.clone();
@@ -102,6 +94,20 @@ fn adaptive_window_grows_keeps_and_shrinks_with_a_fake_clock() {
             .on_poll_ready(|_| {}),
     )
     .unwrap();
+    (doorbell, countdown)
+}
+
+#[test]
+fn adaptive_window_grows_keeps_and_shrinks_with_a_fake_clock() {
+    let (ctx, script) = scripted();
+    // QEMU's rule, each wait judged alone.
+    ctx.set_poll_params(PollParams::iothread().with_rule(PollRule::Qemu));
+    assert_eq!(
+        ctx.counters().poll_ns,
+        POLL_START_NS,
+        "polling starts at 4 us"
+    );
+    let (_doorbell, countdown) = countdown_handler(&ctx);
     // Blocked a little longer than the window (polling found nothing): grow x2.
     script.blocks.borrow_mut().push_back(2_000);
     ctx.poll(true);
@@ -142,27 +148,7 @@ fn adaptive_window_grows_keeps_and_shrinks_with_a_fake_clock() {
 fn a_collapsed_window_is_probed_back_by_the_default_rule() {
     let (ctx, script) = scripted();
     ctx.set_poll_params(PollParams::iothread());
-    // An io_poll handler that says "ready" on its 3rd check after being armed.
-    let doorbell = Notifier::new().unwrap();
-    let countdown = Rc::new(Cell::new(0u32));
-    let c = countdown.clone();
-    ctx.set_fd_handler(
-        &doorbell,
-        FdHandler::new()
-            .on_poll(move || match c.get() {
-                0 => false,
-                1 => {
-                    c.set(0);
-                    true
-                }
-                n => {
-                    c.set(n - 1);
-                    false
-                }
-            })
-            .on_poll_ready(|_| {}),
-    )
-    .unwrap();
+    let (_doorbell, countdown) = countdown_handler(&ctx);
     // One wait beyond the max is forgiven, the second in a row collapses the window.
     script.blocks.borrow_mut().push_back(1_000_000);
     ctx.poll(true);

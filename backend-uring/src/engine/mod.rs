@@ -67,37 +67,18 @@ impl Default for UringConfig {
     }
 }
 
-impl UringConfig {
+aio_core::with_setters!(UringConfig {
     /// With `entries` submission-queue entries (1..=32768; the CQ is twice as large).
-    pub fn with_entries(mut self, entries: u32) -> Self {
-        self.entries = entries;
-        self
-    }
-
+    with_entries => entries: u32,
     /// With at most `max_batch` entries per `io_uring_enter` (at least 1).
-    pub fn with_max_batch(mut self, max_batch: usize) -> Self {
-        self.max_batch = max_batch;
-        self
-    }
-
+    with_max_batch => max_batch: usize,
     /// With registered files on or off.
-    pub fn with_register_files(mut self, on: bool) -> Self {
-        self.register_files = on;
-        self
-    }
-
-    /// With a registered-buffer table of `slots` (0: off).
-    pub fn with_fixed_buffers(mut self, slots: u32) -> Self {
-        self.fixed_buffers = slots;
-        self
-    }
-
-    /// With the task-work mode `mode`.
-    pub fn with_task_run(mut self, mode: TaskRun) -> Self {
-        self.task_run = mode;
-        self
-    }
-}
+    with_register_files => register_files: bool,
+    /// With a registered-buffer table of `fixed_buffers` (0: off).
+    with_fixed_buffers => fixed_buffers: u32,
+    /// With the task-work mode `task_run`.
+    with_task_run => task_run: TaskRun,
+});
 
 /// io_uring's limit on submission-queue entries (`IORING_MAX_ENTRIES`).
 pub const MAX_ENTRIES: u32 = 32_768;
@@ -498,10 +479,6 @@ impl IoEngine for UringEngine {
             }
         }
         cancelled
-    }
-
-    fn in_flight(&self) -> usize {
-        self.core.in_flight()
     }
 
     fn drain(&mut self) -> Vec<Completion> {
