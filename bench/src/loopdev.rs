@@ -199,8 +199,7 @@ impl LoopDevice {
     /// `losetup --find --show --direct-io=on` and checks `/sys/block/loopN/loop/dio`. Whatever
     /// fails, nothing is left attached or on disk.
     pub fn attach(spec: LoopSpec) -> Result<LoopDevice, LoopError> {
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        if unsafe { libc::geteuid() } != 0 {
+        if !nix::unistd::geteuid().is_root() {
             return Err(LoopError::NotRoot);
         }
         let shm = Path::new(SHM);

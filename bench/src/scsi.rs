@@ -18,7 +18,7 @@
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use aio_core::engine::{AlignedBuf, AttachedEngine, IoEngine, Request};
 use aio_core::{AioContext, EventLoop, FdHandler, LoopCounters, Notifier, PollParams};
 use hdrhistogram::Histogram;
+use nix::poll::{poll, PollFd, PollFlags};
 
 use crate::image::DiskImage;
 use crate::job::{latency_histogram, thread_cpu_seconds, OffsetStream, Pattern};
@@ -243,13 +244,8 @@ fn guest(
             break;
         }
         // Wait for the interrupt.
-        let mut pfd = libc::pollfd {
-            fd: vq.interrupt.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the duration of the call.
-        unsafe { libc::poll(&mut pfd, 1, 100) };
+        let mut pfd = [PollFd::new(vq.interrupt.as_fd(), PollFlags::POLLIN)];
+        let _ = poll(&mut pfd, 100u16);
         vq.interrupt.test_and_clear();
         let done: Vec<UsedEntry> =
             std::mem::take(&mut *vq.used.lock().unwrap_or_else(PoisonError::into_inner));
