@@ -2,6 +2,9 @@
 //!
 //! This module owns the list's syntax and the affinity call only.
 
+use nix::sched::{sched_setaffinity, CpuSet};
+use nix::unistd::Pid;
+
 /// CPU numbers given with `--cpus`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CpuList(pub Vec<usize>);
@@ -37,23 +40,18 @@ impl std::str::FromStr for CpuList {
 /// Pins the calling thread (and so every thread it starts later) to `cpus` (each below
 /// `CPU_SETSIZE`, as [`CpuList`]'s parser ensures).
 pub fn pin_to(cpus: &[usize]) -> Result<(), String> {
-    if let Some(&c) = cpus.iter().find(|&&c| c >= libc::CPU_SETSIZE as usize) {
-        return Err(format!("--cpus: CPU {c} is out of range"));
+    let mut set = CpuSet::new();
+    for &c in cpus {
+        // Refused for CPUs at or above CPU_SETSIZE.
+        set.set(c)
+            .map_err(|_| format!("--cpus: CPU {c} is out of range"))?;
     }
-    // SAFETY: cpu_set_t is plain old data; CPU_SET writes inside it for indices below
-    // CPU_SETSIZE (checked above); sched_setaffinity reads `set` for its size.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        for &c in cpus {
-            libc::CPU_SET(c, &mut set);
-        }
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            return Err(format!(
-                "--cpus {cpus:?}: {} (does this machine have those CPUs?)",
-                std::io::Error::last_os_error()
-            ));
-        }
-    }
+    sched_setaffinity(Pid::from_raw(0), &set).map_err(|e| {
+        format!(
+            "--cpus {cpus:?}: {} (does this machine have those CPUs?)",
+            std::io::Error::from(e)
+        )
+    })?;
     Ok(())
 }
 

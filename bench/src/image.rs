@@ -202,17 +202,10 @@ impl Drop for DiskImage {
 }
 
 /// Bytes available to an unprivileged user in the file system holding `dir` (0 if unknown).
+// fsblkcnt_t and c_ulong are u64 here but 32-bit on some targets.
+#[allow(clippy::useless_conversion)]
 pub fn free_bytes(dir: &Path) -> u64 {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
-        return 0;
-    };
-    // SAFETY: statvfs is plain old data; `c` is a valid NUL-terminated path for the call.
-    unsafe {
-        let mut st: libc::statvfs = std::mem::zeroed();
-        if libc::statvfs(c.as_ptr(), &mut st) != 0 {
-            return 0;
-        }
-        st.f_bavail as u64 * st.f_frsize as u64
-    }
+    nix::sys::statvfs::statvfs(dir)
+        .map(|st| u64::from(st.blocks_available()) * u64::from(st.fragment_size()))
+        .unwrap_or(0)
 }

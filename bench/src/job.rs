@@ -244,16 +244,13 @@ pub struct JobResult {
 
 /// CPU time (user + system) the calling thread has used, in seconds.
 pub fn thread_cpu_seconds() -> f64 {
-    let mut ru: libc::rusage = unsafe_zeroed_rusage();
-    // SAFETY: `ru` is a valid rusage to fill; RUSAGE_THREAD is Linux's per-thread usage.
-    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
-fn unsafe_zeroed_rusage() -> libc::rusage {
-    // SAFETY: rusage is plain old data; all-zero is a valid value.
-    unsafe { std::mem::zeroed() }
+    use nix::sys::resource::{getrusage, UsageWho};
+    // RUSAGE_THREAD (Linux's per-thread usage) cannot fail for the calling thread.
+    let Ok(ru) = getrusage(UsageWho::RUSAGE_THREAD) else {
+        return 0.0;
+    };
+    let tv = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+    tv(ru.user_time()) + tv(ru.system_time())
 }
 
 impl JobResult {

@@ -11,7 +11,7 @@
 //! * the fast device, a loop device with direct I/O over a file in `/dev/shm` ([`loopdev`]),
 //!   and undoing a run's setup on signals too ([`cleanup`]);
 //! * the command line's pieces: `--cpus` ([`cpus`]), progress lines ([`progress`]), the
-//!   `probe` report ([`probe`]).
+//!   `probe` report ([`probe`]), and the one error type with its exit codes ([`error`]).
 //!
 //! It also runs the conformance suite against the hybrid monitor (which needs both
 //! backend-poll and backend-epoll, so it cannot live in either of them).
@@ -19,6 +19,7 @@
 pub mod cleanup;
 pub mod cpus;
 pub mod engines;
+pub mod error;
 pub mod fio;
 pub mod image;
 pub mod job;

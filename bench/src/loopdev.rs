@@ -173,13 +173,6 @@ pub enum LoopError {
     },
 }
 
-impl From<LoopError> for (u8, String) {
-    /// The CLI's exit code and message: 2, as for any other bad input or setup failure.
-    fn from(e: LoopError) -> (u8, String) {
-        (2, e.to_string())
-    }
-}
-
 /// A loop device with direct I/O over a private file in `/dev/shm`. Dropping it detaches the
 /// device and removes the file; a signal does the same ([`crate::cleanup`]).
 #[derive(Debug)]
@@ -199,8 +192,7 @@ impl LoopDevice {
     /// `losetup --find --show --direct-io=on` and checks `/sys/block/loopN/loop/dio`. Whatever
     /// fails, nothing is left attached or on disk.
     pub fn attach(spec: LoopSpec) -> Result<LoopDevice, LoopError> {
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        if unsafe { libc::geteuid() } != 0 {
+        if !nix::unistd::geteuid().is_root() {
             return Err(LoopError::NotRoot);
         }
         let shm = Path::new(SHM);

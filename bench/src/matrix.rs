@@ -61,7 +61,7 @@ impl std::str::FromStr for Workload {
 }
 
 /// The axes and the per-cell job.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct MatrixSpec {
     /// Fd monitors.
     pub fdmons: Vec<MonitorKind>,
@@ -84,30 +84,34 @@ pub struct MatrixSpec {
 
 impl MatrixSpec {
     /// The quick matrix, `aio-bench matrix`'s default: every fd monitor and engine this build
-    /// and kernel offer, 1, 16 and 256 disks, workloads rd and randrw, one active disk, 4 KiB
-    /// blocks at iodepth 8, 200 ms ramp and 1 s per cell, QEMU's IOThread polling (32768 ns),
-    /// 64 MiB images.
+    /// and kernel offer (see [`MatrixSpec::quick_over`]).
     pub fn quick() -> MatrixSpec {
+        MatrixSpec::quick_over(MonitorKind::available(), EngineKind::available())
+    }
+
+    /// The quick matrix over `fdmons` and `engines`: 1, 16 and 256 disks, workloads rd and
+    /// randrw, one active disk, the quick cell ([`CellSpec::quick`]: 4 KiB blocks at iodepth
+    /// 8, 200 ms ramp and 1 s per cell, QEMU's IOThread polling), 64 MiB images, one round.
+    pub fn quick_over(fdmons: Vec<MonitorKind>, engines: Vec<EngineKind>) -> MatrixSpec {
         MatrixSpec {
-            fdmons: MonitorKind::available(),
-            engines: EngineKind::available(),
+            fdmons,
+            engines,
             disks: vec![1, 16, 256],
             workloads: vec![Workload::Rd, Workload::RandRw],
             active_all: false,
-            cell: CellSpec {
-                disks: 1,
-                active: 1,
-                pattern: Pattern::Read,
-                bs: 4096,
-                iodepth: 8,
-                runtime: std::time::Duration::from_secs(1),
-                ramp: std::time::Duration::from_millis(200),
-                poll_max_ns: 32_768,
-                poll_idle: std::time::Duration::from_millis(100),
-                verify: false,
-            },
+            cell: CellSpec::quick(),
             disk_size: 64 << 20,
             repeat: 1,
+        }
+    }
+
+    /// This matrix over the full matrix's disk counts (1, 4, 8, 16, 32, 64, 128 and 256) and
+    /// all three workloads: `aio-bench matrix --full`.
+    pub fn full(self) -> MatrixSpec {
+        MatrixSpec {
+            disks: vec![1, 4, 8, 16, 32, 64, 128, 256],
+            workloads: Workload::ALL.to_vec(),
+            ..self
         }
     }
 

@@ -8,29 +8,35 @@
 //!   iothread's context with `io_read` and `io_poll` handlers (the ioeventfd), and a completion
 //!   path back to the guest (the used ring and an interrupt notifier);
 //! * the **guest** is one load-generator thread per active disk, keeping `iodepth` requests in
-//!   flight, as fio does in the guest;
+//!   flight, as fio does in the guest (its own file, `scsi/guest.rs`);
 //! * the **iothread** is the calling thread: one [`AioContext`] over the chosen monitor, every
 //!   disk's doorbell registered (idle disks too: that is what the QEMU test measures),
 //!   requests pushed into the chosen engine, completions pushed back to the guest.
 //!
-//! It never touches a backend's internals: only the `EventLoop` and `IoEngine` traits.
+//! [`run_cell`] is three steps: set up (the iothread's context with the engine attached and
+//! every doorbell registered, then the guests), drive (the loop until every guest is done) and
+//! collect (the guests' figures and the loop's counters). It never touches a backend's
+//! internals: only the `EventLoop` and `IoEngine` traits.
+
+mod guest;
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
-use aio_core::engine::{AlignedBuf, AttachedEngine, IoEngine, Request};
+use aio_core::engine::{AlignedBuf, AttachedEngine, Completion, IoEngine, IoFile, Request};
 use aio_core::{AioContext, EventLoop, FdHandler, LoopCounters, Notifier, PollParams};
 use hdrhistogram::Histogram;
 
+use self::guest::{GuestDone, GuestStats};
 use crate::image::DiskImage;
-use crate::job::{latency_histogram, thread_cpu_seconds, OffsetStream, Pattern};
-use crate::verify::{self, Ledger, VerifyError};
+use crate::job::{latency_histogram, thread_cpu_seconds, Pattern};
+use crate::verify::{self, VerifyError};
 
 /// One guest request in a virtqueue.
 #[derive(Debug, Clone, Copy)]
@@ -72,10 +78,31 @@ impl Virtqueue {
             interrupt: Notifier::new()?,
         })
     }
+
+    /// The iothread takes every request of the available ring.
+    fn take_avail(&self) -> Vec<GuestRequest> {
+        let mut q = self.avail.lock().unwrap_or_else(PoisonError::into_inner);
+        self.avail_len.store(0, Ordering::Release);
+        q.drain(..).collect()
+    }
+
+    /// The iothread puts a finished request on the used ring and raises the interrupt.
+    fn push_used(&self, entry: UsedEntry) {
+        self.used
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(entry);
+        let _ = self.interrupt.notify();
+    }
+
+    /// The guest takes every entry of the used ring.
+    fn take_used(&self) -> Vec<UsedEntry> {
+        std::mem::take(&mut *self.used.lock().unwrap_or_else(PoisonError::into_inner))
+    }
 }
 
 /// What one cell runs.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CellSpec {
     /// Disks attached to the iothread.
     pub disks: usize,
@@ -99,6 +126,27 @@ pub struct CellSpec {
     /// must have been created with [`DiskImage::create_stamped`]. One request per block at a
     /// time, so that each read has exactly one right answer.
     pub verify: bool,
+}
+
+impl CellSpec {
+    /// The quick matrix's cell (`aio-bench matrix`'s defaults; the matrix sets disks, active
+    /// and pattern per cell): one disk driven with sequential reads of 4 KiB blocks at iodepth
+    /// 8, 200 ms ramp and 1 s measured, QEMU's IOThread polling limit (32768 ns), idle disks
+    /// out of the poll set after 100 ms, no verify.
+    pub const fn quick() -> CellSpec {
+        CellSpec {
+            disks: 1,
+            active: 1,
+            pattern: Pattern::Read,
+            bs: 4096,
+            iodepth: 8,
+            runtime: Duration::from_secs(1),
+            ramp: Duration::from_millis(200),
+            poll_max_ns: 32_768,
+            poll_idle: Duration::from_millis(100),
+            verify: false,
+        }
+    }
 }
 
 /// What one cell measured.
@@ -126,198 +174,76 @@ pub struct CellResult {
     pub verify_reports: Vec<String>,
 }
 
-struct GuestStats {
-    ios: u64,
-    bytes: u64,
-    errors: u64,
-    hist: Histogram<u64>,
-    verified_reads: u64,
-    verify_errors: u64,
-    verify_reports: Vec<String>,
-}
-
-/// Where each slot's request went, for the guest's bookkeeping.
-#[derive(Debug, Clone, Copy)]
-struct SlotInfo {
-    issued_at: Instant,
-    block: u64,
-    write: bool,
-    generation: u64,
-}
-
-fn guest(
-    vq: Arc<Virtqueue>,
-    spec: CellSpec,
-    disk: usize,
-    blocks: u64,
-    ledger: Option<Arc<Mutex<Ledger>>>,
-    finished: Arc<AtomicUsize>,
-    wake_iothread: aio_core::NotifyHandle,
-) -> GuestStats {
-    let done = GuestDone {
-        finished,
-        wake_iothread,
-    };
-    let mut stats = GuestStats {
-        ios: 0,
-        bytes: 0,
-        errors: 0,
-        hist: latency_histogram(),
-        verified_reads: 0,
-        verify_errors: 0,
-        verify_reports: Vec::new(),
-    };
-    let mut offsets = OffsetStream::new(
-        spec.pattern,
-        50,
-        blocks,
-        spec.bs as u64,
-        0x9e37 + disk as u64,
-    );
-    // This guest is the disk's only writer while the cell runs.
-    let mut ledger_guard = ledger
-        .as_ref()
-        .map(|l| l.lock().unwrap_or_else(PoisonError::into_inner));
-    let mut ledger = ledger_guard.as_deref_mut();
-    let start = Instant::now();
-    let measure_from = start + spec.ramp;
-    let deadline = measure_from + spec.runtime;
-    let mut slots = vec![
-        SlotInfo {
-            issued_at: start,
-            block: 0,
-            write: false,
-            generation: 0,
-        };
-        spec.iodepth
-    ];
-    let mut outstanding = 0usize;
-    let mut free: Vec<u32> = (0..spec.iodepth as u32).collect();
-    loop {
-        let now = Instant::now();
-        if now < deadline && !free.is_empty() {
-            let mut queue = vq.avail.lock().unwrap_or_else(PoisonError::into_inner);
-            while let Some(&slot) = free.last() {
-                let mut block = offsets.next_block();
-                if let Some(l) = &ledger {
-                    // One request per block at a time; give up for now if all tried are busy.
-                    let mut tries = 0;
-                    while l.busy[block as usize] && tries < 64 {
-                        block = offsets.next_block();
-                        tries += 1;
-                    }
-                    if l.busy[block as usize] {
-                        break;
-                    }
-                }
-                free.pop();
-                let write = offsets.next_is_write();
-                let mut generation = 0;
-                if let Some(l) = &mut ledger {
-                    l.busy[block as usize] = true;
-                    if write {
-                        generation = l.next_generation;
-                        l.next_generation += 1;
-                    }
-                }
-                slots[slot as usize] = SlotInfo {
-                    issued_at: now,
-                    block,
-                    write,
-                    generation,
-                };
-                queue.push_back(GuestRequest {
-                    slot,
-                    offset: offsets.offset(block),
-                    write,
-                    generation,
-                });
-                outstanding += 1;
-            }
-            vq.avail_len.store(queue.len(), Ordering::Release);
-            drop(queue);
-            // The guest kicks the ioeventfd.
-            let _ = vq.doorbell.notify();
-        }
-        if outstanding == 0 {
-            break;
-        }
-        // Wait for the interrupt.
-        let mut pfd = libc::pollfd {
-            fd: vq.interrupt.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the duration of the call.
-        unsafe { libc::poll(&mut pfd, 1, 100) };
-        vq.interrupt.test_and_clear();
-        let done: Vec<UsedEntry> =
-            std::mem::take(&mut *vq.used.lock().unwrap_or_else(PoisonError::into_inner));
-        let now = Instant::now();
-        for entry in done {
-            outstanding -= 1;
-            free.push(entry.slot);
-            let info = slots[entry.slot as usize];
-            if let Some(l) = &mut ledger {
-                let b = info.block as usize;
-                l.busy[b] = false;
-                if info.write {
-                    l.acked[b] = (entry.result >= 0).then_some(info.generation);
-                } else if entry.result >= 0 {
-                    stats.verified_reads += 1;
-                    let offset = offsets.offset(info.block);
-                    let stamp = entry
-                        .stamp
-                        .unwrap_or(Err(VerifyError::NotStamped { offset }));
-                    if let Err(e) = l.judge(info.block, offset, stamp) {
-                        stats.verify_errors += 1;
-                        if stats.verify_reports.len() < 10 {
-                            stats.verify_reports.push(format!("disk {disk}: {e}"));
-                        }
-                    }
-                }
-            }
-            if now >= measure_from && now < deadline {
-                if entry.result < 0 {
-                    stats.errors += 1;
-                } else {
-                    stats.ios += 1;
-                    stats.bytes += entry.result as u64;
-                    let ns = now.duration_since(info.issued_at).as_nanos() as u64;
-                    let _ = stats.hist.record(ns.max(1));
-                }
-            }
-        }
-        if now >= deadline + Duration::from_secs(30) {
-            // The iothread stopped answering: give up rather than hang the bench. The blocks
-            // of the abandoned requests are free again but their contents unknown.
-            stats.errors += outstanding as u64;
-            if let Some(l) = &mut ledger {
-                for (slot, info) in slots.iter().enumerate() {
-                    if !free.contains(&(slot as u32)) {
-                        l.busy[info.block as usize] = false;
-                        l.acked[info.block as usize] = None;
-                    }
-                }
-            }
-            break;
+impl CellResult {
+    /// The iothread's figures, before any guest's are added.
+    fn new(elapsed: Duration, counters: LoopCounters, iothread_cpu_s: f64) -> CellResult {
+        CellResult {
+            ios: 0,
+            bytes: 0,
+            elapsed,
+            latency_ns: latency_histogram(),
+            counters,
+            iothread_cpu_s,
+            errors: 0,
+            verified_reads: 0,
+            verify_errors: 0,
+            verify_reports: Vec::new(),
         }
     }
-    drop(done);
-    stats
+
+    /// Adds one guest's figures.
+    fn add(&mut self, s: GuestStats) {
+        self.ios += s.ios;
+        self.bytes += s.bytes;
+        self.errors += s.errors;
+        let _ = self.latency_ns.add(&s.hist);
+        self.verified_reads += s.verified_reads;
+        self.verify_errors += s.verify_errors;
+        self.verify_reports.extend(s.verify_reports);
+    }
 }
 
-/// Counts a guest as finished and wakes the iothread when dropped: also when the guest
-/// panics, so the iothread never waits for a guest that is gone.
-struct GuestDone {
-    finished: Arc<AtomicUsize>,
-    wake_iothread: aio_core::NotifyHandle,
+/// Runs one cell on `images` (at least `spec.disks`; the first `spec.active` are driven).
+pub fn run_cell<L, E>(
+    monitor: L,
+    engine: E,
+    images: &[DiskImage],
+    spec: CellSpec,
+) -> io::Result<CellResult>
+where
+    L: EventLoop + 'static,
+    E: IoEngine + 'static,
+{
+    assert!(images.len() >= spec.disks && spec.active <= spec.disks);
+    // Set up: the iothread with every disk attached, then a guest per active disk.
+    check_stamps(images, &spec)?;
+    let iothread = Iothread::set_up(monitor, engine, images, spec)?;
+    let guests = iothread.spawn_guests(images)?;
+    // Drive: the iothread's loop, until every guest is done.
+    let iothread_cpu_s = iothread.drive();
+    // Collect: the guests' figures and the loop's counters.
+    iothread.collect(guests, iothread_cpu_s)
 }
 
-impl Drop for GuestDone {
-    fn drop(&mut self) {
-        self.finished.fetch_add(1, Ordering::AcqRel);
-        self.wake_iothread.notify();
+/// With verify: refuses a driven disk not stamped with the cell's block size.
+fn check_stamps(images: &[DiskImage], spec: &CellSpec) -> io::Result<()> {
+    if !spec.verify {
+        return Ok(());
+    }
+    let unstamped = images[..spec.active].iter().position(|im| {
+        im.ledger()
+            .is_none_or(|l| l.lock().unwrap_or_else(PoisonError::into_inner).bs != spec.bs)
+    });
+    match unstamped {
+        None => Ok(()),
+        Some(i) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "verify: disk {i} ({}) was not stamped with bs {} (DiskImage::create_stamped)",
+                images[i].path().display(),
+                spec.bs
+            ),
+        )),
     }
 }
 
@@ -332,200 +258,235 @@ struct HostSlot {
 /// Every active disk's slots.
 type HostSlots = Rc<RefCell<Vec<Vec<HostSlot>>>>;
 
-/// Runs one cell on `images` (at least `spec.disks`; the first `spec.active` are driven).
-pub fn run_cell<L, E>(
-    monitor: L,
-    engine: E,
-    images: &[DiskImage],
-    spec: CellSpec,
-) -> io::Result<CellResult>
-where
-    L: EventLoop + 'static,
-    E: IoEngine + 'static,
-{
-    assert!(images.len() >= spec.disks && spec.active <= spec.disks);
-    if spec.verify {
-        if let Some(i) = images[..spec.active].iter().position(|im| {
-            im.ledger()
-                .is_none_or(|l| l.lock().unwrap_or_else(PoisonError::into_inner).bs != spec.bs)
-        }) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "verify: disk {i} ({}) was not stamped with bs {} (DiskImage::create_stamped)",
-                    images[i].path().display(),
-                    spec.bs
-                ),
-            ));
+/// Every active disk's slots, each with a `bs` buffer.
+fn host_slots(spec: &CellSpec) -> HostSlots {
+    let slot = || {
+        let mut b = AlignedBuf::new(spec.bs);
+        b.fill(0x5a);
+        HostSlot {
+            buf: Some(b),
+            offset: 0,
+            write: false,
+        }
+    };
+    Rc::new(RefCell::new(
+        (0..spec.active)
+            .map(|_| (0..spec.iodepth).map(|_| slot()).collect())
+            .collect(),
+    ))
+}
+
+/// The iothread's view of one disk: its virtqueue and where its blocks are.
+struct HostDisk {
+    index: usize,
+    vq: Arc<Virtqueue>,
+    file: IoFile,
+    /// The disk's first byte in `file` (its image may be a device region).
+    base: u64,
+}
+
+impl HostDisk {
+    /// Takes the available ring's requests into the engine, one plugged batch.
+    fn process<L: EventLoop, E: IoEngine>(
+        &self,
+        engine: &AttachedEngine<L, E>,
+        slots: &HostSlots,
+        verify: bool,
+    ) {
+        let taken = self.vq.take_avail();
+        if taken.is_empty() {
+            return;
+        }
+        engine.plug();
+        for r in taken {
+            self.submit(engine, slots, r, verify);
+        }
+        engine.unplug();
+    }
+
+    /// Submits one guest request with its slot's buffer (stamped for a write with verify); a
+    /// request the engine refuses goes straight to the used ring as `EINVAL`.
+    fn submit<L: EventLoop, E: IoEngine>(
+        &self,
+        engine: &AttachedEngine<L, E>,
+        slots: &HostSlots,
+        r: GuestRequest,
+        verify: bool,
+    ) {
+        let token = ((self.index as u64) << 32) | r.slot as u64;
+        let mut buf = {
+            let mut slots = slots.borrow_mut();
+            let host = &mut slots[self.index][r.slot as usize];
+            host.offset = r.offset;
+            host.write = r.write;
+            host.buf
+                .take()
+                .expect("a slot's buffer is home while the guest may reuse it")
+        };
+        if verify && r.write {
+            verify::stamp(&mut buf, r.offset, r.generation);
+        }
+        // The guest's offsets are the disk's; its image may be a device region.
+        let req = if r.write {
+            Request::write(&self.file, self.base + r.offset, buf, token)
+        } else {
+            Request::read(&self.file, self.base + r.offset, buf, token)
+        };
+        if let Err(e) = engine.submit(req) {
+            slots.borrow_mut()[self.index][r.slot as usize].buf =
+                e.request.op.into_buffers().into_one();
+            self.vq.push_used(UsedEntry {
+                slot: r.slot,
+                result: -(libc::EINVAL as i64),
+                stamp: None,
+            });
         }
     }
-    let ctx = AioContext::new(monitor)?;
-    ctx.set_poll_params(PollParams::iothread().with_max_ns(spec.poll_max_ns));
-    ctx.set_poll_idle_interval(spec.poll_idle);
-    let queues: Vec<Arc<Virtqueue>> = (0..spec.disks)
-        .map(|_| Virtqueue::new().map(Arc::new))
-        .collect::<io::Result<_>>()?;
-    let buffers: HostSlots = Rc::new(RefCell::new(
-        (0..spec.active)
-            .map(|_| {
-                (0..spec.iodepth)
-                    .map(|_| {
-                        let mut b = AlignedBuf::new(spec.bs);
-                        b.fill(0x5a);
-                        HostSlot {
-                            buf: Some(b),
-                            offset: 0,
-                            write: false,
-                        }
-                    })
-                    .collect()
-            })
-            .collect(),
-    ));
-    // Completions go back to the guest: used ring + interrupt.
-    let (q, bufs) = (queues.clone(), buffers.clone());
-    let attached = ctx.attach_engine(engine, move |_, c| {
+}
+
+/// The completion path back to the guest: the slot's buffer home (checked with verify, for a
+/// read), the used ring, the interrupt.
+fn on_complete<L: EventLoop>(
+    queues: Vec<Arc<Virtqueue>>,
+    slots: HostSlots,
+    verify: bool,
+) -> impl Fn(&AioContext<L>, Completion) + 'static {
+    move |_, c| {
         let disk = (c.token >> 32) as usize;
         let slot = c.token as u32;
         let result = match &c.result {
             Ok(n) => *n as i64,
             Err(e) => -(e.raw_os_error().unwrap_or(libc::EIO) as i64),
         };
-        let mut bufs = bufs.borrow_mut();
-        let host = &mut bufs[disk][slot as usize];
+        let mut slots = slots.borrow_mut();
+        let host = &mut slots[disk][slot as usize];
         host.buf = c.buf.into_one();
-        let stamp = match (&host.buf, spec.verify && !host.write && result >= 0) {
+        let stamp = match (&host.buf, verify && !host.write && result >= 0) {
             (Some(b), true) => Some(verify::check(b, host.offset)),
             _ => None,
         };
-        q[disk]
-            .used
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(UsedEntry {
-                slot,
-                result,
-                stamp,
-            });
-        let _ = q[disk].interrupt.notify();
-    })?;
-    let attached: Rc<AttachedEngine<L, E>> = Rc::new(attached);
-    // The ioeventfd handlers: every disk, active or idle.
-    for (disk, vq) in queues.iter().enumerate() {
-        let process = {
-            let (vq, engine, bufs, file, base) = (
-                vq.clone(),
-                attached.clone(),
-                buffers.clone(),
-                images[disk].file().clone(),
-                images[disk].base(),
-            );
-            Rc::new(move || {
-                let taken: Vec<GuestRequest> = {
-                    let mut q = vq.avail.lock().unwrap_or_else(PoisonError::into_inner);
-                    vq.avail_len.store(0, Ordering::Release);
-                    q.drain(..).collect()
-                };
-                if taken.is_empty() {
-                    return;
-                }
-                engine.plug();
-                for r in taken {
-                    let token = ((disk as u64) << 32) | r.slot as u64;
-                    let mut buf = {
-                        let mut slots = bufs.borrow_mut();
-                        let host = &mut slots[disk][r.slot as usize];
-                        host.offset = r.offset;
-                        host.write = r.write;
-                        host.buf
-                            .take()
-                            .expect("a slot's buffer is home while the guest may reuse it")
-                    };
-                    if spec.verify && r.write {
-                        verify::stamp(&mut buf, r.offset, r.generation);
-                    }
-                    // The guest's offsets are the disk's; its image may be a device region.
-                    let req = if r.write {
-                        Request::write(&file, base + r.offset, buf, token)
-                    } else {
-                        Request::read(&file, base + r.offset, buf, token)
-                    };
-                    if let Err(e) = engine.submit(req) {
-                        bufs.borrow_mut()[disk][r.slot as usize].buf =
-                            e.request.op.into_buffers().into_one();
-                        vq.used
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .push(UsedEntry {
-                                slot: r.slot,
-                                result: -(libc::EINVAL as i64),
-                                stamp: None,
-                            });
-                        let _ = vq.interrupt.notify();
-                    }
-                }
-                engine.unplug();
-            })
+        queues[disk].push_used(UsedEntry {
+            slot,
+            result,
+            stamp,
+        });
+    }
+}
+
+/// One cell's iothread: its context, with the engine attached and every disk's doorbell
+/// registered. Fields drop in order: the context (and its handlers) before the engine.
+struct Iothread<L: EventLoop + 'static, E: IoEngine + 'static> {
+    ctx: AioContext<L>,
+    _engine: Rc<AttachedEngine<L, E>>,
+    queues: Vec<Arc<Virtqueue>>,
+    /// Guests that have finished (or panicked).
+    finished: Arc<AtomicUsize>,
+    spec: CellSpec,
+}
+
+impl<L: EventLoop + 'static, E: IoEngine + 'static> Iothread<L, E> {
+    /// The context over `monitor` with the cell's polling, `engine` attached, and a virtqueue
+    /// per disk with its doorbell registered.
+    fn set_up(monitor: L, engine: E, images: &[DiskImage], spec: CellSpec) -> io::Result<Self> {
+        let ctx = AioContext::new(monitor)?;
+        ctx.set_poll_params(PollParams::iothread().with_max_ns(spec.poll_max_ns));
+        ctx.set_poll_idle_interval(spec.poll_idle);
+        let queues: Vec<Arc<Virtqueue>> = (0..spec.disks)
+            .map(|_| Virtqueue::new().map(Arc::new))
+            .collect::<io::Result<_>>()?;
+        let slots = host_slots(&spec);
+        let complete = on_complete(queues.clone(), slots.clone(), spec.verify);
+        let engine = Rc::new(ctx.attach_engine(engine, complete)?);
+        let iothread = Iothread {
+            ctx,
+            _engine: engine.clone(),
+            queues,
+            finished: Arc::new(AtomicUsize::new(0)),
+            spec,
         };
+        // The ioeventfd handlers: every disk, active or idle.
+        for (disk, image) in images[..spec.disks].iter().enumerate() {
+            iothread.register_doorbell(disk, image, &engine, &slots)?;
+        }
+        Ok(iothread)
+    }
+
+    /// Registers disk `disk`'s doorbell: `io_read` and `io_poll_ready` take its requests into
+    /// the engine, `io_poll` looks at its available ring.
+    fn register_doorbell(
+        &self,
+        disk: usize,
+        image: &DiskImage,
+        engine: &Rc<AttachedEngine<L, E>>,
+        slots: &HostSlots,
+    ) -> io::Result<()> {
+        let vq = &self.queues[disk];
+        let host = HostDisk {
+            index: disk,
+            vq: vq.clone(),
+            file: image.file().clone(),
+            base: image.base(),
+        };
+        let (engine, slots, verify) = (engine.clone(), slots.clone(), self.spec.verify);
+        let process = Rc::new(move || host.process(&engine, &slots, verify));
         let (p1, p2, vq2, vq3) = (process.clone(), process, vq.clone(), vq.clone());
-        ctx.set_fd_handler(
-            &vq.doorbell,
-            FdHandler::new()
-                .on_read(move |_| {
-                    vq2.doorbell.test_and_clear();
-                    p1();
-                })
-                .on_poll(move || vq3.avail_len.load(Ordering::Acquire) > 0)
-                .on_poll_ready(move |_| p2()),
-        )
-        .map_err(io::Error::from)?;
+        self.ctx
+            .set_fd_handler(
+                &vq.doorbell,
+                FdHandler::new()
+                    .on_read(move |_| {
+                        vq2.doorbell.test_and_clear();
+                        p1();
+                    })
+                    .on_poll(move || vq3.avail_len.load(Ordering::Acquire) > 0)
+                    .on_poll_ready(move |_| p2()),
+            )
+            .map_err(io::Error::from)
     }
-    let finished = Arc::new(AtomicUsize::new(0));
-    let guests: Vec<_> = (0..spec.active)
-        .map(|disk| {
-            let (vq, fin, wake) = (queues[disk].clone(), finished.clone(), ctx.notify_handle());
-            let blocks = images[disk].size() / spec.bs as u64;
-            let ledger = spec
-                .verify
-                .then(|| images[disk].ledger().cloned())
-                .flatten();
-            std::thread::Builder::new()
-                .name(format!("guest-{disk}"))
-                .spawn(move || guest(vq, spec, disk, blocks.max(1), ledger, fin, wake))
-        })
-        .collect::<io::Result<_>>()?;
-    let cpu0 = thread_cpu_seconds();
-    while finished.load(Ordering::Acquire) < spec.active {
-        ctx.poll(true);
+
+    /// A guest thread per active disk.
+    fn spawn_guests(&self, images: &[DiskImage]) -> io::Result<Vec<JoinHandle<GuestStats>>> {
+        let spec = self.spec;
+        (0..spec.active)
+            .map(|disk| {
+                let blocks = images[disk].size() / spec.bs as u64;
+                let ledger = spec
+                    .verify
+                    .then(|| images[disk].ledger().cloned())
+                    .flatten();
+                let done = GuestDone::new(self.finished.clone(), self.ctx.notify_handle());
+                let vq = self.queues[disk].clone();
+                guest::spawn(vq, spec, disk, blocks.max(1), ledger, done)
+            })
+            .collect()
     }
-    let iothread_cpu_s = thread_cpu_seconds() - cpu0;
-    let mut result = CellResult {
-        ios: 0,
-        bytes: 0,
-        elapsed: spec.runtime,
-        latency_ns: latency_histogram(),
-        counters: ctx.counters(),
-        iothread_cpu_s,
-        errors: 0,
-        verified_reads: 0,
-        verify_errors: 0,
-        verify_reports: Vec::new(),
-    };
-    for g in guests {
-        let s = g
-            .join()
-            .map_err(|_| io::Error::other("a guest thread panicked"))?;
-        result.ios += s.ios;
-        result.bytes += s.bytes;
-        result.errors += s.errors;
-        let _ = result.latency_ns.add(&s.hist);
-        result.verified_reads += s.verified_reads;
-        result.verify_errors += s.verify_errors;
-        result.verify_reports.extend(s.verify_reports);
+
+    /// Runs the loop until every guest has finished; the iothread's CPU time meanwhile, s.
+    fn drive(&self) -> f64 {
+        let cpu0 = thread_cpu_seconds();
+        while self.finished.load(Ordering::Acquire) < self.spec.active {
+            self.ctx.poll(true);
+        }
+        thread_cpu_seconds() - cpu0
     }
-    for vq in &queues {
-        let _ = ctx.remove_fd_handler(&vq.doorbell);
+
+    /// The cell's result: the loop's counters and every guest's figures; the doorbells
+    /// deregistered and the context dropped.
+    fn collect(
+        self,
+        guests: Vec<JoinHandle<GuestStats>>,
+        iothread_cpu_s: f64,
+    ) -> io::Result<CellResult> {
+        let mut result = CellResult::new(self.spec.runtime, self.ctx.counters(), iothread_cpu_s);
+        for g in guests {
+            let stats = g
+                .join()
+                .map_err(|_| io::Error::other("a guest thread panicked"))?;
+            result.add(stats);
+        }
+        for vq in &self.queues {
+            let _ = self.ctx.remove_fd_handler(&vq.doorbell);
+        }
+        Ok(result)
     }
-    drop(ctx);
-    Ok(result)
 }

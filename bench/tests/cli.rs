@@ -1,7 +1,6 @@
 //! The `aio-bench` binary as a user runs it: bad input, job files, and `auto` when the kernel
 //! refuses io_uring and Linux AIO (a seccomp filter in the child).
 
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
@@ -105,7 +104,9 @@ fn run_reports_a_job_file_in_fio_json() {
 
 /// Installs a seccomp filter that fails the given syscalls with EPERM (as a container
 /// runtime's default profile does for io_uring).
+#[cfg(all(feature = "uring", feature = "linux-aio", feature = "pool"))]
 fn refuse(cmd: &mut Command, syscalls: &'static [libc::c_long]) {
+    use std::os::unix::process::CommandExt;
     // The program is built here, in the parent: the child between fork and exec must not
     // allocate.
     let stmt = |code: u32, k: u32| libc::sock_filter {
@@ -152,6 +153,7 @@ fn refuse(cmd: &mut Command, syscalls: &'static [libc::c_long]) {
     }
 }
 
+#[cfg(all(feature = "uring", feature = "linux-aio", feature = "pool"))]
 fn probe_under(syscalls: &'static [libc::c_long]) -> String {
     let mut cmd = bench();
     cmd.arg("probe");
@@ -220,8 +222,7 @@ fn auto_falls_back_when_seccomp_refuses_io_uring_and_linux_aio() {
 
 /// Why `--device loop` cannot run here (not root, no losetup, no loop driver), or `None`.
 fn loop_device_unusable() -> Option<String> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
+    if !nix::unistd::geteuid().is_root() {
         return Some("--device loop needs root".into());
     }
     if Command::new("losetup").arg("--version").output().is_err() {
@@ -348,8 +349,8 @@ fn a_signal_detaches_the_loop_device() {
     // Into the run (the first cells), then SIGTERM (ctrlc's `termination` feature): the
     // handler detaches the busy device and removes its file.
     std::thread::sleep(std::time::Duration::from_millis(500));
-    // SAFETY: kill with a valid pid of our own child and a valid signal number.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     let o = child.wait_with_output().unwrap();
     let t = text(&o);
     assert_eq!(o.status.code(), Some(130), "{t}");

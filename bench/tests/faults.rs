@@ -18,17 +18,16 @@ fn cell(plan: FaultPlan) -> (CellResult, aio_core::testing::faults::FaultStats) 
     let images: Vec<DiskImage> = (0..4)
         .map(|i| DiskImage::create_stamped(dir.join(format!("d{i}")), 1 << 20, 4096).unwrap())
         .collect();
+    // The quick matrix's cell (4 KiB blocks at iodepth 8), on four disks, two driven.
     let spec = CellSpec {
         disks: 4,
         active: 2,
         pattern: Pattern::RandReadWrite,
-        bs: 4096,
-        iodepth: 8,
         runtime: Duration::from_millis(300),
         ramp: Duration::ZERO,
-        poll_max_ns: 32_768,
         poll_idle: Duration::from_millis(50),
         verify: true,
+        ..CellSpec::quick()
     };
     let engine = aio_pool::ThreadPool::new(aio_pool::PoolConfig::default()).unwrap();
     let faulty = FaultyEngine::new(engine, plan).unwrap();

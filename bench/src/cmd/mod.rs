@@ -1,0 +1,77 @@
+//! The subcommands of `aio-bench`, one module each, and the test target two of them share.
+//!
+//! Each module owns one subcommand's run, from its parsed arguments to its report on stdout:
+//! it checks the input before anything is set up, sets up what the run needs (removed again
+//! when it returns, also on error), runs it and prints the report. None of them parses the
+//! command line (`main.rs` and [`values`]), prints an error or picks an exit code (they return
+//! [`BenchError`]; `main` prints it and exits with [`BenchError::exit_code`]), or measures
+//! anything itself (the library does: `aio_bench::scsi`, `matrix`, `job`, `runner`, `fio`).
+//!
+//! * [`matrix`]: the scsi-disk scaling matrix;
+//! * [`latency`]: QD1 latency per engine with polling off and on;
+//! * [`vs_fio`]: one job through fio and through one of our engines, alternating;
+//! * [`run`]: fio job files;
+//! * [`probe`]: the backends this build and kernel offer.
+
+pub mod latency;
+pub mod matrix;
+pub mod probe;
+pub mod run;
+pub mod values;
+pub mod vs_fio;
+
+use std::path::{Path, PathBuf};
+
+use aio_bench::error::BenchError;
+use aio_bench::image::DiskImage;
+use aio_bench::loopdev::{LoopDevice, LoopSpec};
+
+/// Checks `--dir` (default: the system temp dir), `--bs` and the image size (`size_flag`
+/// names its flag); bad input names the flag.
+pub fn check_target(
+    dir: Option<&Path>,
+    bs: u64,
+    size: u64,
+    size_flag: &str,
+) -> Result<PathBuf, BenchError> {
+    let dir = dir
+        .map(Path::to_path_buf)
+        .unwrap_or_else(std::env::temp_dir);
+    if !dir.is_dir() {
+        return Err(BenchError::bad_input(format!(
+            "--dir {}: not an existing directory",
+            dir.display()
+        )));
+    }
+    if bs == 0 || bs % 512 != 0 {
+        return Err(BenchError::bad_input(format!(
+            "--bs {bs}: must be a non-zero multiple of 512 (O_DIRECT)"
+        )));
+    }
+    if size < bs {
+        return Err(BenchError::bad_input(format!(
+            "{size_flag} {size} is smaller than --bs {bs}"
+        )));
+    }
+    Ok(dir)
+}
+
+/// The O_DIRECT test target of `vs-fio` and `latency`: the whole fast device with `--device`,
+/// else a file of `size` bytes in `dir` (bad input if it cannot be made). The device, if any,
+/// must outlive the image.
+pub fn test_image(
+    dir: &Path,
+    size: u64,
+    device: Option<LoopSpec>,
+) -> Result<(Option<LoopDevice>, DiskImage), BenchError> {
+    if let Some(spec) = device {
+        let dev = LoopDevice::attach(spec)?;
+        let image = dev.whole()?;
+        return Ok((Some(dev), image));
+    }
+    let path = dir.join(format!("aio-bench-{}.img", std::process::id()));
+    let image = DiskImage::create(path, size, 0).map_err(|e| {
+        BenchError::bad_input(format!("creating the test file in {}: {e}", dir.display()))
+    })?;
+    Ok((None, image))
+}

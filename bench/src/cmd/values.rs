@@ -1,0 +1,74 @@
+//! The command line's value parsers: each flag's value turned into the library's type, with the
+//! library's message when it does not parse (clap prints it after the flag's name and exits
+//! with code 2).
+//!
+//! This module owns only the adaptation to clap's `Result<T, String>`; what a valid value is
+//! belongs to the type's `FromStr` in the library. It never runs anything, except that `auto`
+//! runs the probe to resolve itself.
+
+use std::time::Duration;
+
+use aio_bench::engines::EngineKind;
+use aio_bench::job::Pattern;
+use aio_bench::loopdev::LoopSpec;
+use aio_bench::matrix::Workload;
+use aio_bench::monitors::MonitorKind;
+use aio_bench::units::{parse_duration, parse_size};
+
+/// A matrix workload: `rd`, `wr` or `randrw`.
+pub fn parse_workload(s: &str) -> Result<Workload, String> {
+    s.parse()
+}
+
+/// An engine name.
+pub fn parse_engine(s: &str) -> Result<EngineKind, String> {
+    s.parse()
+        .map_err(|e: aio_bench::engines::UnknownEngine| e.to_string())
+}
+
+/// An fd monitor name.
+pub fn parse_monitor(s: &str) -> Result<MonitorKind, String> {
+    s.parse()
+        .map_err(|e: aio_bench::monitors::UnknownMonitor| e.to_string())
+}
+
+/// A monitor name or `auto` (resolved now, by the probe order uring -> hybrid -> poll).
+pub fn parse_monitor_or_auto(s: &str) -> Result<MonitorKind, String> {
+    if s == "auto" {
+        return aio_bench::monitors::auto()
+            .map(|(k, _)| k)
+            .map_err(|e| e.to_string());
+    }
+    parse_monitor(s).map_err(|e| format!("{e}, or auto"))
+}
+
+/// An engine name or `auto` (resolved now, by the probe order uring -> linux-aio -> pool).
+pub fn parse_engine_or_auto(s: &str) -> Result<EngineKind, String> {
+    if s == "auto" {
+        return aio_bench::engines::auto()
+            .map(|(k, _)| k)
+            .map_err(|e| e.to_string());
+    }
+    parse_engine(s).map_err(|e| format!("{e}, or auto"))
+}
+
+/// fio's `rw=` names: read, write, randread, randwrite, rw, randrw.
+pub fn parse_pattern(s: &str) -> Result<Pattern, String> {
+    s.parse()
+}
+
+/// A size in fio's units (4k, 64m, 1g).
+pub fn parse_size_arg(s: &str) -> Result<u64, String> {
+    parse_size(s).map_err(|e| e.to_string())
+}
+
+/// A duration in fio's units (500ms, 10s, 1m).
+pub fn parse_duration_arg(s: &str) -> Result<Duration, String> {
+    parse_duration(s).map_err(|e| e.to_string())
+}
+
+/// A `--device`: `loop` or `loop:SIZE`.
+pub fn parse_device(s: &str) -> Result<LoopSpec, String> {
+    s.parse()
+        .map_err(|e: aio_bench::loopdev::LoopError| e.to_string())
+}

@@ -1,0 +1,175 @@
+//! `aio-bench vs-fio`: one job through fio and through one of our engines, alternating A B for
+//! `--rounds`, with IOPS, mean latency and their ratios.
+//!
+//! This module owns the comparison: the checks (`--shared-ring` with `--engine uring` only,
+//! fio installed), the test target shared by both (a file, or the fast device), the rounds
+//! and the table. It never builds fio's command line or reads fio's output
+//! ([`aio_bench::fio`]), and never measures our side itself ([`aio_bench::job::run_job`]).
+
+use aio_bench::engines::EngineKind;
+use aio_bench::error::BenchError;
+use aio_bench::fio::{self, FioResult};
+use aio_bench::image::DiskImage;
+use aio_bench::job::{run_job, JobResult, JobSpec};
+use aio_core::engine::IoFile;
+
+use super::{check_target, test_image};
+use crate::VsFioArgs;
+
+/// Runs `vs-fio`.
+pub fn run(mut args: VsFioArgs) -> Result<(), BenchError> {
+    // On the fast device, both fio and ours use all of it.
+    args.size = args.device.map_or(args.size, |d| d.size);
+    let dir = check_target(args.dir.as_deref(), args.bs, args.size, "--size")?;
+    if args.shared_ring && args.engine != EngineKind::Uring {
+        return Err(BenchError::bad_input(format!(
+            "--shared-ring needs --engine uring (got {})",
+            args.engine
+        )));
+    }
+    let version = fio::version()?;
+    let spec = JobSpec {
+        ramp: args.ramp,
+        poll_max_ns: args.poll_max_ns,
+        max_batch: args.max_batch.map(|n| n as usize),
+        ..JobSpec::new(
+            args.rw,
+            args.bs as usize,
+            args.iodepth as usize,
+            args.runtime,
+        )
+    };
+    let (_device, image) = test_image(&dir, args.size, args.device)?;
+    print_header(&args, &version, &image);
+    let mut totals = Totals::default();
+    for round in 1..=args.rounds {
+        let (f, o) = one_round(&args, &image, spec)?;
+        print_round(round, &f, &o);
+        totals.add(&f, &o);
+    }
+    totals.print(args.rounds as f64);
+    Ok(())
+}
+
+/// What runs against what, on which file, and the table's header.
+fn print_header(args: &VsFioArgs, version: &str, image: &DiskImage) {
+    let fdmon = if args.shared_ring {
+        "uring, one shared ring".to_string()
+    } else {
+        args.fdmon.to_string()
+    };
+    let polling = if args.poll_max_ns == 0 {
+        "polling off".to_string()
+    } else {
+        format!("poll_max_ns {}", args.poll_max_ns)
+    };
+    println!(
+        "vs-fio: {} ({fdmon}, {polling}) vs {version} --ioengine={}",
+        args.engine,
+        args.engine.fio_ioengine()
+    );
+    println!(
+        "job: {} bs={} iodepth={} runtime={:?} ramp={:?} file={} ({} MiB, O_DIRECT)",
+        args.rw,
+        args.bs,
+        args.iodepth,
+        args.runtime,
+        args.ramp,
+        image.path().display(),
+        args.size >> 20
+    );
+    println!(
+        "{:<6} {:>12} {:>12} {:>7}   {:>12} {:>12} {:>7}   {:>8}",
+        "round", "fio IOPS", "ours IOPS", "ratio", "fio lat us", "ours lat us", "ratio", "our CPU"
+    );
+}
+
+/// One A B pair: fio, then ours; a request that failed in our run fails the comparison.
+fn one_round(
+    args: &VsFioArgs,
+    image: &DiskImage,
+    spec: JobSpec,
+) -> Result<(FioResult, JobResult), BenchError> {
+    let f = fio::run(args.engine.fio_ioengine(), image.path(), args.size, &spec)?;
+    let o = ours(args, image.file(), spec)?;
+    if o.errors > 0 {
+        return Err(BenchError::failed(format!(
+            "{} requests failed in our run",
+            o.errors
+        )));
+    }
+    Ok((f, o))
+}
+
+/// Our side of a round: the chosen fd monitor and engine, or one shared io_uring.
+fn ours(args: &VsFioArgs, file: &IoFile, spec: JobSpec) -> Result<JobResult, BenchError> {
+    let failed = |e| BenchError::io("our run failed", e);
+    if args.shared_ring {
+        #[cfg(feature = "uring")]
+        {
+            let (monitor, engine) =
+                aio_backend_uring::shared_ring(aio_backend_uring::UringConfig::default())
+                    .map_err(|e| BenchError::failed(format!("shared ring: {e}")))?;
+            return run_job(monitor, engine, file, args.size, spec).map_err(failed);
+        }
+        #[cfg(not(feature = "uring"))]
+        return Err(BenchError::failed("--shared-ring needs the uring feature"));
+    }
+    let monitor = args
+        .fdmon
+        .build()
+        .map_err(|e| BenchError::io(format!("fd monitor {}", args.fdmon), e))?;
+    let engine = args
+        .engine
+        .build()
+        .map_err(|e| BenchError::io(format!("engine {}", args.engine), e))?;
+    run_job(monitor, engine, file, args.size, spec).map_err(failed)
+}
+
+/// One round's row.
+fn print_round(round: u64, f: &FioResult, o: &JobResult) {
+    println!(
+        "{:<6} {:>12.0} {:>12.0} {:>7.3}   {:>12.1} {:>12.1} {:>7.3}   {:>7.0}%",
+        round,
+        f.iops,
+        o.iops(),
+        o.iops() / f.iops,
+        f.mean_lat_us,
+        o.mean_lat_us(),
+        o.mean_lat_us() / f.mean_lat_us,
+        100.0 * o.iothread_cpu_s / o.wall_s
+    );
+}
+
+/// The rounds' sums, for the mean row.
+#[derive(Default)]
+struct Totals {
+    fio_iops: f64,
+    our_iops: f64,
+    fio_lat: f64,
+    our_lat: f64,
+}
+
+impl Totals {
+    fn add(&mut self, f: &FioResult, o: &JobResult) {
+        self.fio_iops += f.iops;
+        self.our_iops += o.iops();
+        self.fio_lat += f.mean_lat_us;
+        self.our_lat += o.mean_lat_us();
+    }
+
+    /// The mean row over `n` rounds, and what the ratios mean.
+    fn print(&self, n: f64) {
+        println!(
+            "{:<6} {:>12.0} {:>12.0} {:>7.3}   {:>12.1} {:>12.1} {:>7.3}",
+            "mean",
+            self.fio_iops / n,
+            self.our_iops / n,
+            self.our_iops / self.fio_iops,
+            self.fio_lat / n,
+            self.our_lat / n,
+            self.our_lat / self.fio_lat
+        );
+        println!("ratios are ours / fio: IOPS higher is better, latency lower is better");
+    }
+}

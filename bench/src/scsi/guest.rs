@@ -1,0 +1,318 @@
+//! The guest of a matrix cell: one thread per active disk, keeping `iodepth` requests in flight
+//! on the disk's virtqueue as fio does in the guest.
+//!
+//! This module owns the guest's side of the virtqueue and its figures: set up (the offsets, the
+//! slots, the measured window), drive (fill the available ring and ring the doorbell, wait for
+//! the interrupt, reap the used ring; with verify, one request per block and every read judged
+//! against the disk's ledger) and collect ([`GuestStats`]). It never touches the iothread's
+//! context or the engine.
+
+use std::io;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use nix::poll::{poll, PollFd, PollFlags};
+
+use super::{CellSpec, GuestRequest, UsedEntry, Virtqueue};
+use crate::job::{latency_histogram, OffsetStream};
+use crate::verify::{Ledger, VerifyError};
+
+/// How long after its deadline a guest waits for requests still in flight before it counts
+/// them as failed (an iothread that stopped answering must not hang the bench).
+const GIVE_UP_AFTER: Duration = Duration::from_secs(30);
+
+/// With verify: how many blocks a guest tries before it waits for one to be free.
+const BUSY_TRIES: usize = 64;
+
+/// With verify: how many mismatches a guest reports in full.
+const MAX_REPORTS: usize = 10;
+
+/// What one guest measured.
+pub(super) struct GuestStats {
+    /// Requests completed in the measured window.
+    pub(super) ios: u64,
+    /// Bytes moved in the measured window.
+    pub(super) bytes: u64,
+    /// Requests that failed in the measured window (and those abandoned).
+    pub(super) errors: u64,
+    /// Doorbell-to-interrupt latency, ns.
+    pub(super) hist: Histogram<u64>,
+    /// With verify: reads checked.
+    pub(super) verified_reads: u64,
+    /// With verify: reads that did not hold what was last written there.
+    pub(super) verify_errors: u64,
+    /// With verify: the first mismatches.
+    pub(super) verify_reports: Vec<String>,
+}
+
+/// Counts a guest as finished and wakes the iothread when dropped: also when the guest
+/// panics, so the iothread never waits for a guest that is gone.
+pub(super) struct GuestDone {
+    finished: Arc<AtomicUsize>,
+    wake_iothread: aio_core::NotifyHandle,
+}
+
+impl GuestDone {
+    /// Counts into `finished`, wakes through `wake_iothread`.
+    pub(super) fn new(finished: Arc<AtomicUsize>, wake_iothread: aio_core::NotifyHandle) -> Self {
+        GuestDone {
+            finished,
+            wake_iothread,
+        }
+    }
+}
+
+impl Drop for GuestDone {
+    fn drop(&mut self) {
+        self.finished.fetch_add(1, Ordering::AcqRel);
+        self.wake_iothread.notify();
+    }
+}
+
+/// Starts the guest of disk `disk` (`blocks` blocks of `spec.bs`) on `vq`, checking reads
+/// against `ledger` with verify; `done` counts it finished.
+pub(super) fn spawn(
+    vq: Arc<Virtqueue>,
+    spec: CellSpec,
+    disk: usize,
+    blocks: u64,
+    ledger: Option<Arc<Mutex<Ledger>>>,
+    done: GuestDone,
+) -> io::Result<JoinHandle<GuestStats>> {
+    std::thread::Builder::new()
+        .name(format!("guest-{disk}"))
+        .spawn(move || {
+            // Dropped last: the guest counts as finished once everything else is let go.
+            let _done = done;
+            // This guest is the disk's only writer while the cell runs.
+            let mut ledger = ledger
+                .as_ref()
+                .map(|l| l.lock().unwrap_or_else(PoisonError::into_inner));
+            let mut guest = Guest::set_up(&vq, spec, disk, blocks, ledger.as_deref_mut());
+            guest.drive();
+            guest.stats
+        })
+}
+
+/// Where each slot's request went, for the guest's bookkeeping.
+#[derive(Debug, Clone, Copy)]
+struct SlotInfo {
+    issued_at: Instant,
+    block: u64,
+    write: bool,
+    generation: u64,
+}
+
+/// One guest while it runs.
+struct Guest<'a> {
+    vq: &'a Virtqueue,
+    disk: usize,
+    offsets: OffsetStream,
+    /// With verify: the disk's ledger, held for the whole run.
+    ledger: Option<&'a mut Ledger>,
+    slots: Vec<SlotInfo>,
+    /// Slots with no request in flight.
+    free: Vec<u32>,
+    outstanding: usize,
+    measure_from: Instant,
+    deadline: Instant,
+    stats: GuestStats,
+}
+
+impl<'a> Guest<'a> {
+    /// Every slot free, the window starting after the ramp.
+    fn set_up(
+        vq: &'a Virtqueue,
+        spec: CellSpec,
+        disk: usize,
+        blocks: u64,
+        ledger: Option<&'a mut Ledger>,
+    ) -> Self {
+        let offsets = OffsetStream::new(
+            spec.pattern,
+            50,
+            blocks,
+            spec.bs as u64,
+            0x9e37 + disk as u64,
+        );
+        let start = Instant::now();
+        let measure_from = start + spec.ramp;
+        let idle = SlotInfo {
+            issued_at: start,
+            block: 0,
+            write: false,
+            generation: 0,
+        };
+        Guest {
+            vq,
+            disk,
+            offsets,
+            ledger,
+            slots: vec![idle; spec.iodepth],
+            free: (0..spec.iodepth as u32).collect(),
+            outstanding: 0,
+            measure_from,
+            deadline: measure_from + spec.runtime,
+            stats: GuestStats {
+                ios: 0,
+                bytes: 0,
+                errors: 0,
+                hist: latency_histogram(),
+                verified_reads: 0,
+                verify_errors: 0,
+                verify_reports: Vec::new(),
+            },
+        }
+    }
+
+    /// Keeps the slots busy until the deadline, then reaps what is still in flight.
+    fn drive(&mut self) {
+        loop {
+            let now = Instant::now();
+            if now < self.deadline && !self.free.is_empty() {
+                self.issue(now);
+            }
+            if self.outstanding == 0 {
+                break;
+            }
+            self.wait_for_interrupt();
+            let used = self.vq.take_used();
+            let now = Instant::now();
+            for entry in used {
+                self.complete(entry, now);
+            }
+            if now >= self.deadline + GIVE_UP_AFTER {
+                self.abandon();
+                break;
+            }
+        }
+    }
+
+    /// Fills the free slots with requests issued at `now` and kicks the ioeventfd.
+    fn issue(&mut self, now: Instant) {
+        let mut queue = self.vq.avail.lock().unwrap_or_else(PoisonError::into_inner);
+        while let Some(&slot) = self.free.last() {
+            let Some(block) = self.pick_block() else {
+                break;
+            };
+            self.free.pop();
+            queue.push_back(self.start(slot, block, now));
+            self.outstanding += 1;
+        }
+        self.vq.avail_len.store(queue.len(), Ordering::Release);
+        drop(queue);
+        let _ = self.vq.doorbell.notify();
+    }
+
+    /// The next block to request. With verify, one with no request in flight: `None` when the
+    /// blocks tried are all busy (try again after the next completions).
+    fn pick_block(&mut self) -> Option<u64> {
+        let mut block = self.offsets.next_block();
+        if let Some(l) = &self.ledger {
+            let mut tries = 0;
+            while l.busy[block as usize] && tries < BUSY_TRIES {
+                block = self.offsets.next_block();
+                tries += 1;
+            }
+            if l.busy[block as usize] {
+                return None;
+            }
+        }
+        Some(block)
+    }
+
+    /// The request for `slot` on `block`: read or write as the pattern says; with verify, the
+    /// block marked busy and a write given the next generation.
+    fn start(&mut self, slot: u32, block: u64, now: Instant) -> GuestRequest {
+        let write = self.offsets.next_is_write();
+        let mut generation = 0;
+        if let Some(l) = &mut self.ledger {
+            l.busy[block as usize] = true;
+            if write {
+                generation = l.next_generation;
+                l.next_generation += 1;
+            }
+        }
+        self.slots[slot as usize] = SlotInfo {
+            issued_at: now,
+            block,
+            write,
+            generation,
+        };
+        GuestRequest {
+            slot,
+            offset: self.offsets.offset(block),
+            write,
+            generation,
+        }
+    }
+
+    /// Waits for the interrupt (at most 100 ms, so a lost one costs no more).
+    fn wait_for_interrupt(&self) {
+        let mut pfd = [PollFd::new(self.vq.interrupt.as_fd(), PollFlags::POLLIN)];
+        let _ = poll(&mut pfd, 100u16);
+        self.vq.interrupt.test_and_clear();
+    }
+
+    /// A finished request: its slot free again, the ledger settled, counted if it finished
+    /// inside the measured window.
+    fn complete(&mut self, entry: UsedEntry, now: Instant) {
+        self.outstanding -= 1;
+        self.free.push(entry.slot);
+        let info = self.slots[entry.slot as usize];
+        let result = entry.result;
+        self.settle(info, result, entry.stamp);
+        if now >= self.measure_from && now < self.deadline {
+            if result < 0 {
+                self.stats.errors += 1;
+            } else {
+                self.stats.ios += 1;
+                self.stats.bytes += result as u64;
+                let ns = now.duration_since(info.issued_at).as_nanos() as u64;
+                let _ = self.stats.hist.record(ns.max(1));
+            }
+        }
+    }
+
+    /// With verify: the block free again; a write acknowledged (or its contents unknown if it
+    /// failed); a read judged against the generation last acknowledged.
+    fn settle(&mut self, info: SlotInfo, result: i64, stamp: Option<Result<u64, VerifyError>>) {
+        let Some(l) = &mut self.ledger else {
+            return;
+        };
+        let b = info.block as usize;
+        l.busy[b] = false;
+        if info.write {
+            l.acked[b] = (result >= 0).then_some(info.generation);
+        } else if result >= 0 {
+            self.stats.verified_reads += 1;
+            let offset = self.offsets.offset(info.block);
+            let stamp = stamp.unwrap_or(Err(VerifyError::NotStamped { offset }));
+            if let Err(e) = l.judge(info.block, offset, stamp) {
+                self.stats.verify_errors += 1;
+                if self.stats.verify_reports.len() < MAX_REPORTS {
+                    let disk = self.disk;
+                    self.stats.verify_reports.push(format!("disk {disk}: {e}"));
+                }
+            }
+        }
+    }
+
+    /// The iothread stopped answering: the requests in flight count as failed. Their blocks
+    /// are free again but their contents unknown.
+    fn abandon(&mut self) {
+        self.stats.errors += self.outstanding as u64;
+        if let Some(l) = &mut self.ledger {
+            for (slot, info) in self.slots.iter().enumerate() {
+                if !self.free.contains(&(slot as u32)) {
+                    l.busy[info.block as usize] = false;
+                    l.acked[info.block as usize] = None;
+                }
+            }
+        }
+    }
+}
