@@ -137,7 +137,7 @@ impl EngineKind {
 /// build, with one line per candidate saying why it was taken or passed over.
 pub fn auto() -> io::Result<(EngineKind, Vec<String>)> {
     crate::monitors::pick(
-        [EngineKind::Uring, EngineKind::LinuxAio, EngineKind::Pool],
+        [EngineKind::Uring, EngineKind::LinuxAio, EngineKind::Pool].map(|k| (k, k.name())),
         |k| k.build().map(drop),
     )
 }

@@ -76,30 +76,25 @@ impl MonitorKind {
 /// build, with one line per candidate saying why it was taken or passed over.
 pub fn auto() -> io::Result<(MonitorKind, Vec<String>)> {
     pick(
-        [MonitorKind::Uring, MonitorKind::Hybrid, MonitorKind::Poll],
+        [MonitorKind::Uring, MonitorKind::Hybrid, MonitorKind::Poll].map(|k| (k, k.name())),
         |k| k.build().map(drop),
     )
 }
 
-/// The first of `order` that `try_build` accepts, and the reasons for each candidate tried.
-pub(crate) fn pick<K: Copy + fmt::Display>(
-    order: impl IntoIterator<Item = K>,
+/// The first of `order` that `try_build` accepts, and the reasons for each candidate tried:
+/// [`aio_core::Ladder`] over this build's backends.
+pub(crate) fn pick<K: Copy>(
+    order: impl IntoIterator<Item = (K, &'static str)>,
     try_build: impl Fn(K) -> io::Result<()>,
 ) -> io::Result<(K, Vec<String>)> {
-    let mut why = Vec::new();
-    for k in order {
-        match try_build(k) {
-            Ok(()) => {
-                why.push(format!("{k}: usable, picked"));
-                return Ok((k, why));
-            }
-            Err(e) => why.push(format!("{k}: passed over: {e}")),
-        }
+    let try_build = &try_build;
+    let mut ladder = aio_core::Ladder::new();
+    for (k, name) in order {
+        ladder = ladder.rung(name, move || try_build(k).map(|()| k));
     }
-    Err(io::Error::new(
-        io::ErrorKind::Unsupported,
-        format!("no backend is usable: {}", why.join("; ")),
-    ))
+    let choice = ladder.climb()?;
+    let why = choice.reports.iter().map(ToString::to_string).collect();
+    Ok((choice.value, why))
 }
 
 impl fmt::Display for MonitorKind {
