@@ -86,25 +86,20 @@ pub enum AioError {
     Notifier(#[source] io::Error),
 }
 
-impl From<AioError> for io::Error {
-    fn from(e: AioError) -> io::Error {
-        let kind = match &e {
-            AioError::AlreadyRegistered { .. } => io::ErrorKind::AlreadyExists,
-            AioError::InvalidFd { .. } | AioError::NoCallbacks { .. } => {
-                io::ErrorKind::InvalidInput
-            }
-            AioError::TimeoutOverflow { .. } => io::ErrorKind::InvalidInput,
-            AioError::EngineBusy => io::ErrorKind::ResourceBusy,
-            AioError::NotRegistered { .. }
-            | AioError::UnknownTimer { .. }
-            | AioError::UnknownBottomHalf { .. } => io::ErrorKind::NotFound,
-            AioError::Monitor { source, .. }
-            | AioError::Wait { source, .. }
-            | AioError::Notifier(source) => source.kind(),
-        };
-        io::Error::new(kind, e)
+crate::io_error_from!(AioError, |e| match e {
+    AioError::AlreadyRegistered { .. } => io::ErrorKind::AlreadyExists,
+    AioError::InvalidFd { .. } | AioError::NoCallbacks { .. } => {
+        io::ErrorKind::InvalidInput
     }
-}
+    AioError::TimeoutOverflow { .. } => io::ErrorKind::InvalidInput,
+    AioError::EngineBusy => io::ErrorKind::ResourceBusy,
+    AioError::NotRegistered { .. }
+    | AioError::UnknownTimer { .. }
+    | AioError::UnknownBottomHalf { .. } => io::ErrorKind::NotFound,
+    AioError::Monitor { source, .. }
+    | AioError::Wait { source, .. }
+    | AioError::Notifier(source) => source.kind(),
+});
 
 #[cfg(test)]
 mod tests {

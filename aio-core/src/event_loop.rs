@@ -146,6 +146,26 @@ impl Event {
     }
 }
 
+/// `Ok` for an fd the monitor does not know yet (`known` false), else the contract's
+/// [`already_registered`] error: the first check of every `register`.
+pub fn ensure_new(known: bool, fd: RawFd) -> io::Result<()> {
+    if known {
+        Err(already_registered(fd))
+    } else {
+        Ok(())
+    }
+}
+
+/// `Ok` for an fd the monitor knows (`known` true), else the contract's [`not_registered`]
+/// error: the first check of every `modify` and `deregister`.
+pub fn ensure_known(known: bool, fd: RawFd) -> io::Result<()> {
+    if known {
+        Ok(())
+    } else {
+        Err(not_registered(fd))
+    }
+}
+
 /// The contract's error for `register` of an fd that is already registered
 /// (`io::ErrorKind::AlreadyExists`); every monitor returns this one.
 pub fn already_registered(fd: RawFd) -> io::Error {

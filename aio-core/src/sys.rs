@@ -37,6 +37,12 @@ pub fn timespec_from(d: Duration) -> libc::timespec {
     }
 }
 
+/// The pointer a syscall takes for an optional timeout: null for none (wait without limit),
+/// else `ts` (which must outlive the call).
+pub fn timespec_ptr(ts: Option<&libc::timespec>) -> *const libc::timespec {
+    ts.map_or(std::ptr::null(), |t| t as *const libc::timespec)
+}
+
 /// Converts a timeout to whole milliseconds for APIs that take an `int` in ms, rounding *up*
 /// so that a wait never ends before its deadline (a 1 ns timeout becomes 1 ms, not 0).
 /// `None` (infinite) becomes `-1`; values past `i32::MAX` ms saturate.

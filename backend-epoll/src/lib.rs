@@ -25,7 +25,9 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
-use aio_core::backend::{cvt, timeout_ms_round_up, timespec_from};
+use aio_core::backend::{
+    cvt, ensure_known, ensure_new, timeout_ms_round_up, timespec_from, timespec_ptr,
+};
 use aio_core::{Event, EventLoop, Interest, Token};
 
 /// Events fetched per `epoll_wait` call.
@@ -100,9 +102,7 @@ impl EpollLoop {
         let max = self.buffer.len() as libc::c_int;
         if self.pwait2 && timeout.is_some_and(|t| !t.is_zero()) {
             let ts = timeout.map(timespec_from);
-            let ts_ptr = ts
-                .as_ref()
-                .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+            let ts_ptr = timespec_ptr(ts.as_ref());
             // SAFETY: `buf` has room for `max` events and is exclusively borrowed; `ts_ptr` is
             // null or points to `ts`, alive across the call; a null sigmask (size ignored) keeps
             // the current mask.
@@ -140,9 +140,7 @@ impl EventLoop for EpollLoop {
 
     fn register(&mut self, fd: BorrowedFd<'_>, token: Token, interest: Interest) -> io::Result<()> {
         let fd = fd.as_raw_fd();
-        if self.registered.contains(&fd) {
-            return Err(aio_core::event_loop::already_registered(fd));
-        }
+        ensure_new(self.registered.contains(&fd), fd)?;
         self.ctl(libc::EPOLL_CTL_ADD, fd, Some(epoll_event(token, interest)))?;
         self.registered.insert(fd);
         Ok(())
@@ -150,17 +148,13 @@ impl EventLoop for EpollLoop {
 
     fn modify(&mut self, fd: BorrowedFd<'_>, token: Token, interest: Interest) -> io::Result<()> {
         let fd = fd.as_raw_fd();
-        if !self.registered.contains(&fd) {
-            return Err(aio_core::event_loop::not_registered(fd));
-        }
+        ensure_known(self.registered.contains(&fd), fd)?;
         self.ctl(libc::EPOLL_CTL_MOD, fd, Some(epoll_event(token, interest)))
     }
 
     fn deregister(&mut self, fd: BorrowedFd<'_>) -> io::Result<()> {
         let fd = fd.as_raw_fd();
-        if !self.registered.contains(&fd) {
-            return Err(aio_core::event_loop::not_registered(fd));
-        }
+        ensure_known(self.registered.contains(&fd), fd)?;
         match self.ctl(libc::EPOLL_CTL_DEL, fd, None) {
             // Closed since registration: the kernel already dropped it.
             Err(e) if matches!(e.raw_os_error(), Some(libc::EBADF) | Some(libc::ENOENT)) => {}
@@ -174,9 +168,7 @@ impl EventLoop for EpollLoop {
     fn forget_closed(&mut self, fd: RawFd) -> io::Result<()> {
         // epoll drops a closed fd from its set by itself; `EPOLL_CTL_DEL` on the number could
         // reach a file that reused it, so only our record goes.
-        if !self.registered.remove(&fd) {
-            return Err(aio_core::event_loop::not_registered(fd));
-        }
+        ensure_known(self.registered.remove(&fd), fd)?;
         Ok(())
     }
 

@@ -47,7 +47,7 @@ mod abi;
 use std::collections::VecDeque;
 use std::io;
 
-use aio_core::backend::{EngineCore, Outcome, Prepared};
+use aio_core::backend::{BadConfig, EngineCore, Outcome, Prepared};
 use aio_core::engine::{Completion, IoEngine, Op, Request, RequestError, DEFAULT_MAX_BATCH};
 use aio_core::Notifier;
 
@@ -116,28 +116,18 @@ pub enum LinuxAioError {
     #[error("Linux AIO is not available here: io_setup failed: {0}")]
     Unavailable(#[source] io::Error),
     /// A setting of [`LinuxAioConfig`] that cannot work, named.
-    #[error("LinuxAioConfig::{field}: {reason}")]
-    BadConfig {
-        /// The field.
-        field: &'static str,
-        /// What is wrong with its value.
-        reason: String,
-    },
+    #[error(transparent)]
+    BadConfig(#[from] BadConfig),
     /// Another failure creating the context or its eventfd.
     #[error("creating the Linux AIO engine failed: {0}")]
     Io(#[source] io::Error),
 }
 
-impl From<LinuxAioError> for io::Error {
-    fn from(e: LinuxAioError) -> io::Error {
-        let kind = match &e {
-            LinuxAioError::AioMaxNr { .. } => io::ErrorKind::WouldBlock,
-            LinuxAioError::Unavailable(s) | LinuxAioError::Io(s) => s.kind(),
-            LinuxAioError::BadConfig { .. } => io::ErrorKind::InvalidInput,
-        };
-        io::Error::new(kind, e)
-    }
-}
+aio_core::io_error_from!(LinuxAioError, |e| match e {
+    LinuxAioError::AioMaxNr { .. } => io::ErrorKind::WouldBlock,
+    LinuxAioError::Unavailable(s) | LinuxAioError::Io(s) => s.kind(),
+    LinuxAioError::BadConfig(_) => io::ErrorKind::InvalidInput,
+});
 
 /// Whether Linux AIO works here: `Ok(())`, or the reason it does not.
 pub fn probe() -> Result<(), LinuxAioError> {
@@ -208,16 +198,12 @@ impl LinuxAio {
     /// Creates the AIO context (`io_setup(ring_size)`) and its eventfd.
     pub fn new(config: LinuxAioConfig) -> Result<Self, LinuxAioError> {
         if config.max_batch == 0 {
-            return Err(LinuxAioError::BadConfig {
-                field: "max_batch",
-                reason: "0: at least 1 iocb per io_submit".into(),
-            });
+            let why = "0: at least 1 iocb per io_submit";
+            return Err(BadConfig::new("LinuxAioConfig", "max_batch", why).into());
         }
         if config.ring_size == 0 {
-            return Err(LinuxAioError::BadConfig {
-                field: "ring_size",
-                reason: "0: the ring must hold at least 1 event".into(),
-            });
+            let why = "0: the ring must hold at least 1 event";
+            return Err(BadConfig::new("LinuxAioConfig", "ring_size", why).into());
         }
         // IOCB_FLAG_RESFD needs an eventfd; the pipe fallback cannot serve.
         let notifier = Notifier::new_eventfd().map_err(LinuxAioError::Io)?;

@@ -197,7 +197,9 @@ fn exhausting_aio_max_nr_is_a_typed_error_naming_the_limit() {
         (LinuxAioConfig::default().with_max_batch(0), "max_batch"),
     ] {
         match LinuxAio::new(config) {
-            Err(LinuxAioError::BadConfig { field: f, .. }) => assert_eq!(f, field),
+            Err(LinuxAioError::BadConfig(bad)) => {
+                assert_eq!((bad.config, bad.field), ("LinuxAioConfig", field))
+            }
             other => panic!("{field}: {other:?}"),
         }
     }

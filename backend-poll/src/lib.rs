@@ -19,7 +19,7 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::time::Duration;
 
-use aio_core::backend::timespec_from;
+use aio_core::backend::{ensure_new, timespec_from, timespec_ptr};
 use aio_core::{Event, EventLoop, Interest, Token};
 
 /// The `ppoll(2)` monitor.
@@ -51,9 +51,7 @@ impl EventLoop for PollLoop {
 
     fn register(&mut self, fd: BorrowedFd<'_>, token: Token, interest: Interest) -> io::Result<()> {
         let fd = fd.as_raw_fd();
-        if self.index.contains_key(&fd) {
-            return Err(aio_core::event_loop::already_registered(fd));
-        }
+        ensure_new(self.index.contains_key(&fd), fd)?;
         self.index.insert(fd, self.pollfds.len());
         self.pollfds.push(libc::pollfd {
             fd,
@@ -95,9 +93,7 @@ impl EventLoop for PollLoop {
 
     fn wait(&mut self, timeout: Option<Duration>, events: &mut Vec<Event>) -> io::Result<()> {
         let ts = timeout.map(timespec_from);
-        let ts_ptr = ts
-            .as_ref()
-            .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+        let ts_ptr = timespec_ptr(ts.as_ref());
         // SAFETY: `pollfds` is a live, exclusively borrowed array of `len` pollfds; `ts_ptr` is
         // null or points to `ts`, which outlives the call; a null sigmask keeps the current one.
         let n = unsafe {

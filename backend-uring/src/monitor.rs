@@ -13,6 +13,7 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::time::Duration;
 
+use aio_core::backend::ensure_new;
 use aio_core::{Event, EventLoop, Interest, Token};
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -255,9 +256,7 @@ impl EventLoop for UringLoop {
 
     fn register(&mut self, fd: BorrowedFd<'_>, token: Token, interest: Interest) -> io::Result<()> {
         let fd = fd.as_raw_fd();
-        if self.registrations.contains_key(&fd) {
-            return Err(aio_core::event_loop::already_registered(fd));
-        }
+        ensure_new(self.registrations.contains_key(&fd), fd)?;
         self.arm_new(fd, token, interest, false);
         Ok(())
     }

@@ -33,32 +33,22 @@ pub enum UringUnavailable {
         memlock: String,
     },
     /// A setting of [`UringConfig`](crate::UringConfig) that cannot work, named.
-    #[error("UringConfig::{field}: {reason}")]
-    BadConfig {
-        /// The field.
-        field: &'static str,
-        /// What is wrong with its value.
-        reason: String,
-    },
+    #[error(transparent)]
+    BadConfig(#[from] aio_core::backend::BadConfig),
     /// Another error.
     #[error("io_uring_setup failed: {0}")]
     Other(#[source] io::Error),
 }
 
-impl From<UringUnavailable> for io::Error {
-    fn from(e: UringUnavailable) -> io::Error {
-        let kind = match &e {
-            UringUnavailable::DisabledBySysctl { .. } | UringUnavailable::PermissionDenied => {
-                io::ErrorKind::PermissionDenied
-            }
-            UringUnavailable::NotImplemented => io::ErrorKind::Unsupported,
-            UringUnavailable::OutOfLockedMemory { .. } => io::ErrorKind::OutOfMemory,
-            UringUnavailable::BadConfig { .. } => io::ErrorKind::InvalidInput,
-            UringUnavailable::Other(s) => s.kind(),
-        };
-        io::Error::new(kind, e)
+aio_core::io_error_from!(UringUnavailable, |e| match e {
+    UringUnavailable::DisabledBySysctl { .. } | UringUnavailable::PermissionDenied => {
+        io::ErrorKind::PermissionDenied
     }
-}
+    UringUnavailable::NotImplemented => io::ErrorKind::Unsupported,
+    UringUnavailable::OutOfLockedMemory { .. } => io::ErrorKind::OutOfMemory,
+    UringUnavailable::BadConfig(_) => io::ErrorKind::InvalidInput,
+    UringUnavailable::Other(s) => s.kind(),
+});
 
 /// What this kernel's io_uring offers.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -206,8 +206,11 @@ fn bad_settings_are_errors_that_name_the_field() {
     ] {
         // Refused before any ring is set up: no io_uring needed.
         match UringEngine::new(config) {
-            Err(e @ UringUnavailable::BadConfig { field: f, .. }) => {
-                assert_eq!(f, field);
+            Err(e @ UringUnavailable::BadConfig(_)) => {
+                let UringUnavailable::BadConfig(bad) = &e else {
+                    unreachable!()
+                };
+                assert_eq!((bad.config, bad.field), ("UringConfig", field));
                 assert!(e.to_string().contains(field), "{e}");
                 let io: std::io::Error = e.into();
                 assert_eq!(io.kind(), std::io::ErrorKind::InvalidInput);

@@ -65,15 +65,10 @@ pub enum PoolError {
     Spawn(#[source] io::Error),
 }
 
-impl From<PoolError> for io::Error {
-    fn from(e: PoolError) -> io::Error {
-        let kind = match &e {
-            PoolError::InvalidLimits { .. } => io::ErrorKind::InvalidInput,
-            PoolError::Notifier(s) | PoolError::Spawn(s) => s.kind(),
-        };
-        io::Error::new(kind, e)
-    }
-}
+aio_core::io_error_from!(PoolError, |e| match e {
+    PoolError::InvalidLimits { .. } => io::ErrorKind::InvalidInput,
+    PoolError::Notifier(s) | PoolError::Spawn(s) => s.kind(),
+});
 
 /// What the pool is doing, as plain numbers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

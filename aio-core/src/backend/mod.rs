@@ -14,16 +14,18 @@
 //!   only queue or count work (`submit`, `plug`, `unplug`, `set_max_batch`, `in_flight`);
 //! * [`with_setters!`](crate::with_setters): the `with_*` setters of a config struct;
 //! * [`Transfer`] and [`Step`]: resubmitting the remainder of a short read or write;
-//! * for monitors: the contract's two errors ([`already_registered`], [`not_registered`]) and
-//!   the conversions of timeouts ([`timespec_from`], [`timeout_ms_round_up`]) and of `-1`
-//!   returns ([`cvt`]).
+//! * for monitors: the contract's two errors ([`already_registered`], [`not_registered`],
+//!   checked by [`ensure_new`] / [`ensure_known`]) and the conversions of timeouts
+//!   ([`timespec_from`], [`timespec_ptr`], [`timeout_ms_round_up`]) and of `-1` returns
+//!   ([`cvt`]);
+//! * [`BadConfig`]: the error of a config field that cannot work.
 
 mod inflight;
 pub mod queue;
 mod transfer;
 
-pub use crate::event_loop::{already_registered, not_registered};
-pub use crate::sys::{cvt, timeout_ms_round_up, timespec_from};
+pub use crate::event_loop::{already_registered, ensure_known, ensure_new, not_registered};
+pub use crate::sys::{cvt, timeout_ms_round_up, timespec_from, timespec_ptr};
 pub use inflight::{EngineCore, InFlightTable, Outcome, Prepared, WholeBuffer};
 pub use queue::SubmitQueue;
 pub use transfer::{Step, Transfer};
@@ -76,6 +78,52 @@ macro_rules! engine_queue_methods {
 
         fn in_flight(&self) -> usize {
             self.$core.in_flight()
+        }
+    };
+}
+
+/// A setting of a config that cannot work: which config, which field, and why. Engines return
+/// it (as a variant of their own error) before they touch the kernel.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{config}::{field}: {reason}")]
+pub struct BadConfig {
+    /// The config type (`"UringConfig"`).
+    pub config: &'static str,
+    /// The field (`"entries"`).
+    pub field: &'static str,
+    /// What is wrong with its value.
+    pub reason: String,
+}
+
+impl BadConfig {
+    /// A bad `field` of `config`, and why.
+    pub fn new(config: &'static str, field: &'static str, reason: impl Into<String>) -> Self {
+        BadConfig {
+            config,
+            field,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Writes `impl From<Error> for std::io::Error`, keeping the error (its message and source)
+/// and choosing the `io::ErrorKind` with `kind`, a `fn(&Error) -> io::ErrorKind`, so that a
+/// caller who expects `io::Error` gets a meaningful kind:
+///
+/// ```ignore
+/// aio_core::io_error_from!(MyError, |e| match e {
+///     MyError::BadConfig(_) => std::io::ErrorKind::InvalidInput,
+///     MyError::Io(source) => source.kind(),
+/// });
+/// ```
+#[macro_export]
+macro_rules! io_error_from {
+    ($ty:ty, $kind:expr) => {
+        impl ::std::convert::From<$ty> for ::std::io::Error {
+            fn from(e: $ty) -> ::std::io::Error {
+                let kind: fn(&$ty) -> ::std::io::ErrorKind = $kind;
+                ::std::io::Error::new(kind(&e), e)
+            }
         }
     };
 }

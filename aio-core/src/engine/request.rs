@@ -384,16 +384,11 @@ pub enum RequestError {
     },
 }
 
-impl From<RequestError> for io::Error {
-    fn from(e: RequestError) -> io::Error {
-        let kind = match &e {
-            RequestError::ShutDown { .. } => io::ErrorKind::BrokenPipe,
-            RequestError::Unsupported { .. } => io::ErrorKind::Unsupported,
-            _ => io::ErrorKind::InvalidInput,
-        };
-        io::Error::new(kind, e)
-    }
-}
+crate::io_error_from!(RequestError, |e| match e {
+    RequestError::ShutDown { .. } => io::ErrorKind::BrokenPipe,
+    RequestError::Unsupported { .. } => io::ErrorKind::Unsupported,
+    _ => io::ErrorKind::InvalidInput,
+});
 
 /// A refused request, with the request (and so its buffers) handed back.
 #[derive(Debug, thiserror::Error)]

@@ -9,7 +9,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 
-use aio_core::backend::{EngineCore, Outcome};
+use aio_core::backend::{BadConfig, EngineCore, Outcome};
 use aio_core::engine::{Completion, IoEngine, IoFile, DEFAULT_MAX_BATCH};
 use aio_core::Notifier;
 use std::cell::RefCell;
@@ -85,7 +85,7 @@ pub const MAX_ENTRIES: u32 = 32_768;
 
 /// Refuses settings the kernel would refuse later, with an error that names them.
 fn check_config(config: &UringConfig) -> Result<(), UringUnavailable> {
-    let bad = |field: &'static str, reason: String| UringUnavailable::BadConfig { field, reason };
+    let bad = |field, reason: String| BadConfig::new("UringConfig", field, reason).into();
     if config.entries == 0 || config.entries > MAX_ENTRIES {
         return Err(bad(
             "entries",
