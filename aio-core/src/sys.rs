@@ -59,20 +59,14 @@ pub fn timeout_ms_round_up(timeout: Option<Duration>) -> libc::c_int {
 /// Raises the soft limit of open fds to the hard limit (hundreds of registered fds need
 /// more than the usual 1024) and returns the new soft limit.
 pub fn raise_fd_limit() -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return 0;
     };
-    // SAFETY: `lim` is a valid rlimit to fill and then pass back.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
+    if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        return hard;
     }
-    #[allow(clippy::unnecessary_cast)] // rlim_t is not u64 on every target
-    let cur = lim.rlim_cur as u64;
-    cur
+    soft
 }
 
 #[cfg(test)]
