@@ -47,7 +47,7 @@ mod abi;
 use std::collections::VecDeque;
 use std::io;
 
-use aio_core::backend::{BadConfig, EngineCore, Outcome, Prepared};
+use aio_core::backend::{BadConfig, EngineCore, Flush, Outcome, Prepared};
 use aio_core::engine::{Completion, IoEngine, Op, Request, RequestError, DEFAULT_MAX_BATCH};
 use aio_core::Notifier;
 
@@ -304,10 +304,10 @@ impl LinuxAio {
     }
 
     /// Sends what waits (resubmissions first, then new requests) while the ring has room.
-    fn submit_pending(&mut self, force: bool) {
+    fn submit_pending(&mut self, flush: Flush) {
         let capacity = self.config.ring_size as usize;
         while !self.submit_blocked && self.in_kernel < capacity {
-            let batch = self.core.queue.round_limit(self.in_kernel, force);
+            let batch = self.core.queue.round_limit(self.in_kernel, flush);
             let room = (capacity - self.in_kernel).min(batch);
             self.batch.clear();
             while self.batch.len() < room {
@@ -317,7 +317,7 @@ impl LinuxAio {
                 }
             }
             let want = room - self.batch.len();
-            let fresh: Vec<Request> = if force {
+            let fresh: Vec<Request> = if flush == Flush::All {
                 self.core.queue.force_batch(want).collect()
             } else {
                 self.core.queue.next_batch(want, self.in_kernel).collect()
@@ -484,7 +484,7 @@ impl IoEngine for LinuxAio {
             // Blocked by EAGAIN with nothing in the kernel to wait for: try again now.
             self.submit_blocked = false;
         }
-        self.submit_pending(false);
+        self.submit_pending(Flush::ByBatchRule);
         self.core.take_done(out)
     }
 
@@ -508,7 +508,7 @@ impl IoEngine for LinuxAio {
         let mut out = VecDeque::new();
         loop {
             self.submit_blocked = false;
-            self.submit_pending(true);
+            self.submit_pending(Flush::All);
             self.poll_completions(&mut out);
             if self.in_flight() == 0 {
                 return out.into();

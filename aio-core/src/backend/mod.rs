@@ -27,7 +27,7 @@ mod transfer;
 pub use crate::event_loop::{already_registered, ensure_known, ensure_new, not_registered};
 pub use crate::sys::{cvt, timeout_ms_round_up, timespec_from, timespec_ptr};
 pub use inflight::{EngineCore, InFlightTable, Outcome, Prepared, WholeBuffer};
-pub use queue::SubmitQueue;
+pub use queue::{Flush, SubmitQueue};
 pub use transfer::{Step, Transfer};
 
 /// Writes the [`IoEngine`](crate::engine::IoEngine) methods that only queue work, for an engine
@@ -42,8 +42,8 @@ pub use transfer::{Step, Transfer};
 /// aio_core::engine_queue_methods!(core: core, send: submit_pending, check: check_buffered);
 /// ```
 ///
-/// `send(&mut self, force: bool)` hands the kernel what the queue releases (`force`: all of
-/// it). The macro writes `submit` (validate, check, queue, send), `plug`, `unplug` (send
+/// `send(&mut self, flush: Flush)` hands the kernel what the queue releases
+/// ([`Flush::ByBatchRule`]) or all of it ([`Flush::All`]). The macro writes `submit` (validate, check, queue, send), `plug`, `unplug` (send
 /// when the outermost plug ends) and `set_max_batch`.
 #[macro_export]
 macro_rules! engine_queue_methods {
@@ -58,7 +58,7 @@ macro_rules! engine_queue_methods {
                 }
             )?
             self.$core.accept(request)?;
-            self.$send(false);
+            self.$send($crate::backend::Flush::ByBatchRule);
             Ok(())
         }
 
@@ -68,7 +68,7 @@ macro_rules! engine_queue_methods {
 
         fn unplug(&mut self) {
             if self.$core.queue.unplug() {
-                self.$send(false);
+                self.$send($crate::backend::Flush::ByBatchRule);
             }
         }
 

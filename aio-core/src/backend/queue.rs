@@ -25,6 +25,15 @@ use std::collections::VecDeque;
 
 use crate::engine::{Completion, Request, DEFAULT_MAX_BATCH};
 
+/// How much of its queue an engine sends now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flush {
+    /// What the plug and [the batch rule](self#the-batch-rule) release.
+    ByBatchRule,
+    /// Everything, in whole batches (`drain`, drop).
+    All,
+}
+
 /// Requests accepted by an engine but not yet handed to the kernel or a worker.
 #[derive(Debug)]
 pub struct SubmitQueue {
@@ -102,13 +111,13 @@ impl SubmitQueue {
         in_kernel.clamp(1, self.max_batch)
     }
 
-    /// The size of one round of an engine's submit loop: [`SubmitQueue::batch_limit`], or a
-    /// whole `max_batch` when `draining` (`drain`, drop), where holding back buys nothing.
-    pub fn round_limit(&self, in_kernel: usize, draining: bool) -> usize {
-        if draining {
-            self.max_batch
-        } else {
-            self.batch_limit(in_kernel)
+    /// The size of one round of an engine's submit loop: [`SubmitQueue::batch_limit`] for
+    /// [`Flush::ByBatchRule`], a whole `max_batch` for [`Flush::All`] (`drain`, drop), where
+    /// holding back buys nothing.
+    pub fn round_limit(&self, in_kernel: usize, flush: Flush) -> usize {
+        match flush {
+            Flush::All => self.max_batch,
+            Flush::ByBatchRule => self.batch_limit(in_kernel),
         }
     }
 

@@ -284,6 +284,15 @@ impl BottomHalf {
     }
 }
 
+/// Whether a bottom half outlives its first run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lifetime {
+    /// Until deleted (`bh_new`).
+    Kept,
+    /// Freed after it runs once (`bh_schedule_oneshot`).
+    Oneshot,
+}
+
 /// A bottom half's slot on the loop thread: its callback never leaves this thread.
 pub(super) struct BhSlot<L: EventLoop> {
     pub(super) state: Arc<BhState>,
@@ -294,14 +303,14 @@ pub(super) struct BhSlot<L: EventLoop> {
 impl<L: EventLoop> AioContext<L> {
     /// Creates a bottom half running `callback` on the loop thread, once per schedule.
     pub fn bh_new(&self, callback: impl FnMut(&AioContext<L>) + 'static) -> BottomHalf {
-        self.bh_create(LoopCallback::exclusive(callback), false)
+        self.bh_create(LoopCallback::exclusive(callback), Lifetime::Kept)
     }
 
     /// Creates a bottom half whose callback a nested `poll()` may re-enter: scheduled again
     /// while it runs, it runs again in the next iteration of a nested loop (QEMU's semantics),
     /// where a [`AioContext::bh_new`] one waits until it has returned.
     pub fn bh_new_reentrant(&self, callback: impl Fn(&AioContext<L>) + 'static) -> BottomHalf {
-        self.bh_create(LoopCallback::reentrant(callback), false)
+        self.bh_create(LoopCallback::reentrant(callback), Lifetime::Kept)
     }
 
     /// Schedules `callback` to run once in the next iteration, then frees it (QEMU's
@@ -314,17 +323,17 @@ impl<L: EventLoop> AioContext<L> {
                     f(ctx)
                 }
             }),
-            true,
+            Lifetime::Oneshot,
         );
         bh.schedule();
     }
 
-    fn bh_create(&self, callback: LoopCallback<L>, oneshot: bool) -> BottomHalf {
+    fn bh_create(&self, callback: LoopCallback<L>, lifetime: Lifetime) -> BottomHalf {
         let state = Arc::new(BhState::default());
         let id = self.bhs.borrow_mut().insert(BhSlot {
             state: state.clone(),
             callback: Rc::new(callback),
-            oneshot,
+            oneshot: lifetime == Lifetime::Oneshot,
         });
         BottomHalf {
             id,

@@ -9,7 +9,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 
-use aio_core::backend::{BadConfig, EngineCore, Outcome};
+use aio_core::backend::{BadConfig, EngineCore, Flush, Outcome};
 use aio_core::engine::{Completion, IoEngine, IoFile, DEFAULT_MAX_BATCH};
 use aio_core::Notifier;
 use std::cell::RefCell;
@@ -285,7 +285,7 @@ impl UringEngine {
     }
 
     /// Moves waiting requests (remainders first) into the submission queue and submits them.
-    fn submit_pending(&mut self, force: bool) {
+    fn submit_pending(&mut self, flush: Flush) {
         // Without IORING_FEAT_NODROP the kernel drops completions that do not fit the CQ:
         // never have more in flight than it holds.
         let cap = if self.nodrop() {
@@ -295,10 +295,10 @@ impl UringEngine {
         };
         loop {
             let mut pushed = 0usize;
-            let batch = self.core.queue.round_limit(self.in_kernel, force);
+            let batch = self.core.queue.round_limit(self.in_kernel, flush);
             // Fresh requests this round may take: decided once, so that pulling them one by
             // one does not shrink a full batch below the plug's threshold half-way.
-            let mut fresh = if force {
+            let mut fresh = if flush == Flush::All {
                 usize::MAX
             } else {
                 self.core.queue.sendable(self.in_kernel)
@@ -338,7 +338,7 @@ impl UringEngine {
             // Counted from the push: an entry in the SQ belongs to the kernel once any enter
             // consumes it, and its memory is pinned in the table until its CQE.
             self.in_kernel += pushed;
-            if self.is_shared() && !force && pushed < batch {
+            if self.is_shared() && flush != Flush::All && pushed < batch {
                 // One ring with the monitor, and less than this round's batch: its next wait
                 // enters the kernel anyway and submits these with it. A whole round (by the
                 // batch rule, the first request to an idle ring is one) goes now.
@@ -419,7 +419,7 @@ impl IoEngine for UringEngine {
 
     fn poll_completions(&mut self, out: &mut VecDeque<Completion>) -> usize {
         let reaped = self.reap();
-        self.submit_pending(false);
+        self.submit_pending(Flush::ByBatchRule);
         if reaped == 0 || !self.is_shared() {
             // Make sure what waits in the SQ (a shared ring's deferred entries, or entries an
             // interrupted enter left behind) reaches the kernel even if no wait follows soon.
@@ -484,7 +484,7 @@ impl IoEngine for UringEngine {
     fn drain(&mut self) -> Vec<Completion> {
         let mut out = VecDeque::new();
         loop {
-            self.submit_pending(true);
+            self.submit_pending(Flush::All);
             self.poll_completions(&mut out);
             if self.in_flight() == 0 {
                 return out.into();
