@@ -149,6 +149,20 @@ pub(crate) enum WindowChange {
     ProbeHit,
 }
 
+/// What one blocking iteration did, as the window's rule needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Wait {
+    /// From the iteration's start to the end of its wait (polling included), in ns.
+    pub(crate) block_ns: u64,
+    /// The iteration could have slept (no bottom half was pending): only such a wait says
+    /// anything about how long events take.
+    pub(crate) would_block: bool,
+    /// The iteration's polling was a probe of a collapsed window.
+    pub(crate) probe: bool,
+    /// Polling found an event (or a notification).
+    pub(crate) polled_hit: bool,
+}
+
 /// The adaptive window and what the [`PollRule::Recovering`] rule remembers between waits.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct PollWindow {
@@ -194,23 +208,30 @@ impl PollWindow {
         (0, false)
     }
 
-    /// Feeds back a blocking wait of `block_ns` that ran with the window [`next_window`]
-    /// gave (`probe`: it was a probe).
+    /// Feeds back a blocking iteration that ran with the window [`next_window`] gave.
     ///
     /// [`next_window`]: PollWindow::next_window
-    pub(crate) fn update(
-        &mut self,
-        params: &PollParams,
-        block_ns: u64,
-        probe: bool,
-    ) -> WindowChange {
+    pub(crate) fn update(&mut self, params: &PollParams, wait: Wait) -> WindowChange {
+        let Wait {
+            block_ns,
+            would_block,
+            probe,
+            polled_hit,
+        } = wait;
         let old = self.ns;
         if params.rule == PollRule::Qemu || params.max_ns == 0 {
             self.ns = params.adjust(old, block_ns);
             return WindowChange::of(old, self.ns);
         }
+        if !would_block {
+            // A bottom half was pending: nothing was waited for and nothing is learned (QEMU's
+            // rule would count it as a short wait and clear a run of late ones).
+            return WindowChange::Kept;
+        }
         if probe {
-            if block_ns <= params.max_ns {
+            // A hit only when polling found the event: a probe cut short by a timer or a
+            // notification says nothing about the device.
+            if polled_hit {
                 self.ns = params.max_ns;
                 self.late = 0;
                 self.probe_every = PROBE_FIRST;
@@ -251,6 +272,16 @@ impl WindowChange {
 mod tests {
     use super::*;
 
+    /// A wait that could block, of `block_ns`; a probe hits when it ended within the max.
+    fn wait(block_ns: u64, probe: bool) -> Wait {
+        Wait {
+            block_ns,
+            would_block: true,
+            probe,
+            polled_hit: block_ns <= DEFAULT_POLL_MAX_NS,
+        }
+    }
+
     fn window(params: &PollParams) -> PollWindow {
         let mut w = PollWindow::default();
         w.reset(params);
@@ -265,12 +296,12 @@ mod tests {
         };
         let mut w = window(&p);
         w.ns = p.max_ns;
-        assert_eq!(w.update(&p, 40_000, false), WindowChange::Shrank);
+        assert_eq!(w.update(&p, wait(40_000, false)), WindowChange::Shrank);
         assert_eq!(w.ns(), 0);
         // Every later wait sleeps and pays the wake-up: never below the max, never a probe.
         for _ in 0..100 {
             assert_eq!(w.next_window(&p), (0, false));
-            assert_eq!(w.update(&p, 45_000, false), WindowChange::Kept);
+            assert_eq!(w.update(&p, wait(45_000, false)), WindowChange::Kept);
         }
         assert_eq!(w.ns(), 0);
     }
@@ -280,12 +311,12 @@ mod tests {
         let p = PollParams::iothread();
         let mut w = window(&p);
         w.ns = p.max_ns;
-        assert_eq!(w.update(&p, 40_000, false), WindowChange::Kept);
+        assert_eq!(w.update(&p, wait(40_000, false)), WindowChange::Kept);
         assert_eq!(w.ns(), p.max_ns);
         // A hit in between resets the count.
-        assert_eq!(w.update(&p, 15_000, false), WindowChange::Kept);
-        assert_eq!(w.update(&p, 40_000, false), WindowChange::Kept);
-        assert_eq!(w.update(&p, 40_000, false), WindowChange::Shrank);
+        assert_eq!(w.update(&p, wait(15_000, false)), WindowChange::Kept);
+        assert_eq!(w.update(&p, wait(40_000, false)), WindowChange::Kept);
+        assert_eq!(w.update(&p, wait(40_000, false)), WindowChange::Shrank);
         assert_eq!(w.ns(), 0, "shrink 0 still resets");
     }
 
@@ -294,15 +325,15 @@ mod tests {
         let p = PollParams::iothread();
         let mut w = window(&p);
         w.ns = p.max_ns;
-        w.update(&p, 50_000, false);
-        w.update(&p, 50_000, false);
+        w.update(&p, wait(50_000, false));
+        w.update(&p, wait(50_000, false));
         assert_eq!(w.ns(), 0);
         for _ in 0..PROBE_FIRST {
             assert_eq!(w.next_window(&p), (0, false));
-            w.update(&p, 50_000, false);
+            w.update(&p, wait(50_000, false));
         }
         assert_eq!(w.next_window(&p), (p.max_ns, true), "a probe at the max");
-        assert_eq!(w.update(&p, 15_000, true), WindowChange::ProbeHit);
+        assert_eq!(w.update(&p, wait(15_000, true)), WindowChange::ProbeHit);
         assert_eq!(w.ns(), p.max_ns);
     }
 
@@ -311,8 +342,8 @@ mod tests {
         let p = PollParams::iothread();
         let mut w = window(&p);
         w.ns = 4_000;
-        w.update(&p, 90_000, false);
-        w.update(&p, 90_000, false);
+        w.update(&p, wait(90_000, false));
+        w.update(&p, wait(90_000, false));
         assert_eq!(w.ns(), 0);
         let mut gaps = vec![];
         let mut since = 0;
@@ -322,10 +353,10 @@ mod tests {
                 assert_eq!(ns, p.max_ns);
                 gaps.push(since);
                 since = 0;
-                assert_eq!(w.update(&p, 90_000, true), WindowChange::ProbeMissed);
+                assert_eq!(w.update(&p, wait(90_000, true)), WindowChange::ProbeMissed);
             } else {
                 since += 1;
-                w.update(&p, 90_000, false);
+                w.update(&p, wait(90_000, false));
             }
         }
         assert_eq!(&gaps[..4], &[4, 8, 16, 32]);
@@ -335,11 +366,48 @@ mod tests {
     }
 
     #[test]
+    fn iterations_that_could_not_wait_teach_nothing() {
+        let p = PollParams::iothread();
+        let mut w = window(&p);
+        w.ns = p.max_ns;
+        let busy = Wait {
+            block_ns: 100,
+            would_block: false,
+            probe: false,
+            polled_hit: false,
+        };
+        // Late, a bottom-half iteration, late: still two late waits in a row.
+        assert_eq!(w.update(&p, wait(90_000, false)), WindowChange::Kept);
+        assert_eq!(w.update(&p, busy), WindowChange::Kept);
+        assert_eq!(w.update(&p, wait(90_000, false)), WindowChange::Shrank);
+        // A collapsed window does not regrow from an iteration that could not wait.
+        assert_eq!(w.update(&p, busy), WindowChange::Kept);
+        assert_eq!(w.ns(), 0);
+    }
+
+    #[test]
+    fn a_probe_cut_short_without_finding_anything_is_a_miss() {
+        let p = PollParams::iothread();
+        let mut w = window(&p);
+        w.ns = 0;
+        w.probe_in = 0;
+        assert_eq!(w.next_window(&p), (p.max_ns, true));
+        let cut_short = Wait {
+            block_ns: 1_000, // a timer ended the probe after 1 µs
+            would_block: true,
+            probe: true,
+            polled_hit: false,
+        };
+        assert_eq!(w.update(&p, cut_short), WindowChange::ProbeMissed);
+        assert_eq!(w.ns(), 0);
+    }
+
+    #[test]
     fn a_short_wait_grows_a_collapsed_window_as_qemu_does() {
         let p = PollParams::iothread();
         let mut w = window(&p);
         w.ns = 0;
-        assert_eq!(w.update(&p, 10_000, false), WindowChange::Grew);
+        assert_eq!(w.update(&p, wait(10_000, false)), WindowChange::Grew);
         assert_eq!(w.ns(), POLL_START_NS);
     }
 

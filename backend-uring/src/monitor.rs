@@ -20,7 +20,7 @@ use std::rc::Rc;
 
 use io_uring::{opcode, squeue, types, IoUring};
 
-use crate::engine::{UringConfig, UringEngine};
+use crate::engine::{check_config, UringConfig, UringEngine, MAX_ENTRIES};
 use crate::probe::{classify, UringUnavailable};
 use crate::ring::{drain_cq, RingHandle, SharedCore};
 use crate::task_run::{build_ring, TaskRun};
@@ -78,7 +78,10 @@ impl UringLoop {
     }
 
     fn build_ring(entries: u32, task_run: TaskRun) -> Result<(IoUring, TaskRun), UringUnavailable> {
-        build_ring(entries.max(1), entries.max(256) * 4, task_run).map_err(classify)
+        // Polls and block I/O share the CQ: four completions per entry, within the kernel's
+        // CQ limit (twice IORING_MAX_ENTRIES).
+        let cq = (u64::from(entries.max(256)) * 4).min(2 * u64::from(MAX_ENTRIES)) as u32;
+        build_ring(entries.max(1), cq, task_run).map_err(classify)
     }
 
     fn on(ring: RingHandle) -> Self {
@@ -237,6 +240,8 @@ impl UringLoop {
 /// The ring runs in [`UringConfig::task_run`]'s mode; with the flag modes (the default), the
 /// engine's `io_poll` check sees completions the kernel still holds as task work.
 pub fn shared_ring(config: UringConfig) -> Result<(UringLoop, UringEngine), UringUnavailable> {
+    // Refused settings say so before a ring is set up.
+    check_config(&config)?;
     let (ring, task_run) = UringLoop::build_ring(config.entries, config.task_run)?;
     let core = Rc::new(RefCell::new(SharedCore {
         ring,

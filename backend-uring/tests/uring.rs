@@ -218,6 +218,14 @@ fn bad_settings_are_errors_that_name_the_field() {
             other => panic!("{field}: {other:?}"),
         }
     }
+    // The shared ring checks the same settings before it sets a ring up.
+    let e = aio_backend_uring::shared_ring(UringConfig::default().with_entries(0)).unwrap_err();
+    assert!(matches!(e, UringUnavailable::BadConfig(_)), "{e}");
+    if available() {
+        // Its CQ (four entries per SQ entry) is capped at the kernel's limit.
+        let big = UringConfig::default().with_entries(aio_backend_uring::MAX_ENTRIES);
+        assert!(aio_backend_uring::shared_ring(big).is_ok());
+    }
 }
 
 /// A pipe (read end, write end) as files; the read end is what the engine reads.

@@ -156,17 +156,20 @@ impl BhState {
     /// Loop side: claims the schedule named by `ticket`; true means "run it now".
     pub(crate) fn claim(&self, ticket: u64) -> bool {
         let scheduled = (ticket << TICKET_SHIFT) | SCHEDULED;
-        // Idle or not, the same schedule.
-        [scheduled, scheduled | IDLE].into_iter().any(|current| {
-            self.word
-                .compare_exchange(
-                    current,
-                    ticket << TICKET_SHIFT,
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
-        })
+        let mut word = self.word.load(Ordering::Acquire);
+        // Idle or not, the same schedule; an upgrade clearing IDLE meanwhile is retried.
+        while word & !IDLE == scheduled {
+            match self.word.compare_exchange_weak(
+                word,
+                ticket << TICKET_SHIFT,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => word = actual,
+            }
+        }
+        false
     }
 
     /// Whether the schedule named by `ticket` is still pending (not cancelled, not run).

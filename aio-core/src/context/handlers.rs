@@ -435,6 +435,10 @@ impl<L: EventLoop> AioContext<L> {
     /// lent as a live fd). None of its callbacks runs again; the monitor forgets the number
     /// without acting on it, since it may already name another file.
     /// [`AioError::NotRegistered`] if no handler is installed under that number.
+    ///
+    /// This repairs the context's tables, not the kernel's: epoll keeps its entry for a file
+    /// that is still open through another descriptor (a `dup`, a fork), and a ready file there
+    /// keeps waking the wait with a token nothing answers to. Remove handlers before closing.
     pub fn forget_closed_fd(&self, fd: RawFd) -> Result<(), AioError> {
         let mut table = self.handlers.borrow_mut();
         let token = table.token_of(fd).ok_or(AioError::NotRegistered { fd })?;

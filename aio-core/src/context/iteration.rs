@@ -15,7 +15,7 @@ use super::handlers::{FdHandler, LoopCallback};
 use super::{AioContext, CONTEXT_NOTIFIER};
 use crate::error::AioError;
 use crate::event_loop::{Event, EventLoop, Token};
-use crate::polling::{PollParams, WindowChange};
+use crate::polling::{PollParams, Wait, WindowChange};
 
 /// Why a handler is dispatched.
 #[derive(Debug, Clone, Copy)]
@@ -119,7 +119,11 @@ impl<L: EventLoop> AioContext<L> {
 
         // Busy polling: only worth it when we would otherwise block.
         let mut window = self.window.get();
-        let (poll_ns, probe) = if blocking && timeout != Some(0) {
+        // Only a wait that could block says anything about the device: an iteration that
+        // cannot wait (a bottom half is pending) must not teach the window.
+        let would_block = blocking && timeout != Some(0);
+        let mut polled_hit = false;
+        let (poll_ns, probe) = if would_block {
             window.next_window(&self.params.get())
         } else {
             (window.ns(), false)
@@ -132,6 +136,7 @@ impl<L: EventLoop> AioContext<L> {
             let found = self.run_poll_handlers(spin_ns, &mut poll_ready);
             if found {
                 timeout = Some(0);
+                polled_hit = true;
             }
         }
 
@@ -162,7 +167,15 @@ impl<L: EventLoop> AioContext<L> {
         if blocking {
             let params = self.params.get();
             let block_ns = end.saturating_sub(start);
-            let change = window.update(&params, block_ns, probe);
+            let change = window.update(
+                &params,
+                Wait {
+                    block_ns,
+                    would_block,
+                    probe,
+                    polled_hit,
+                },
+            );
             self.window.set(window);
             match change {
                 WindowChange::Shrank => self.count(|c| c.poll_shrinks += 1),

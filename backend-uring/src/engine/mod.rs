@@ -84,7 +84,7 @@ aio_core::with_setters!(UringConfig {
 pub const MAX_ENTRIES: u32 = 32_768;
 
 /// Refuses settings the kernel would refuse later, with an error that names them.
-fn check_config(config: &UringConfig) -> Result<(), UringUnavailable> {
+pub(crate) fn check_config(config: &UringConfig) -> Result<(), UringUnavailable> {
     let bad = |field, reason: String| BadConfig::new("UringConfig", field, reason).into();
     if config.entries == 0 || config.entries > MAX_ENTRIES {
         return Err(bad(
