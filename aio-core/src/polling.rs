@@ -159,7 +159,7 @@ pub(crate) struct Wait {
     pub(crate) would_block: bool,
     /// The iteration's polling was a probe of a collapsed window.
     pub(crate) probe: bool,
-    /// Polling found an event (or a notification).
+    /// An `io_poll` check found an event (a notification that ended polling is not one).
     pub(crate) polled_hit: bool,
 }
 

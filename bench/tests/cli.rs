@@ -36,6 +36,19 @@ impl Drop for TempDir {
     }
 }
 
+/// Each command exits with code 2 and a message naming what is wrong.
+fn expect_bad_input(cases: &[(Vec<&str>, &str)]) {
+    for (args, needle) in cases {
+        let o = bench().args(args).output().unwrap();
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {t}");
+        assert!(
+            t.contains(needle),
+            "{args:?}: '{t}' does not name '{needle}'"
+        );
+    }
+}
+
 #[test]
 fn bad_input_exits_2_says_what_and_leaves_no_images() {
     let dir = TempDir::new("bad");
@@ -64,15 +77,7 @@ fn bad_input_exits_2_says_what_and_leaves_no_images() {
         ),
         (vec!["run", "/nonexistent/job.fio"], "/nonexistent/job.fio"),
     ];
-    for (args, needle) in cases {
-        let o = bench().args(&args).output().unwrap();
-        let t = text(&o);
-        assert_eq!(o.status.code(), Some(2), "{args:?}: {t}");
-        assert!(
-            t.contains(needle),
-            "{args:?}: '{t}' does not name '{needle}'"
-        );
-    }
+    expect_bad_input(&cases);
     assert_eq!(dir.entries(), 1, "only the job file: no images left behind");
 }
 
@@ -278,15 +283,7 @@ fn device_bad_input_exits_2_and_says_what() {
         ),
         (vec!["matrix", "--device", "loop", "--dir", "/tmp"], "--dir"),
     ];
-    for (args, needle) in cases {
-        let o = bench().args(&args).output().unwrap();
-        let t = text(&o);
-        assert_eq!(o.status.code(), Some(2), "{args:?}: {t}");
-        assert!(
-            t.contains(needle),
-            "{args:?}: '{t}' does not name '{needle}'"
-        );
-    }
+    expect_bad_input(&cases);
 }
 
 #[test]

@@ -122,7 +122,6 @@ impl<L: EventLoop> AioContext<L> {
         // Only a wait that could block says anything about the device: an iteration that
         // cannot wait (a bottom half is pending) must not teach the window.
         let would_block = blocking && timeout != Some(0);
-        let mut polled_hit = false;
         let (poll_ns, probe) = if would_block {
             window.next_window(&self.params.get())
         } else {
@@ -131,12 +130,10 @@ impl<L: EventLoop> AioContext<L> {
         if probe {
             self.count(|c| c.poll_probes += 1);
         }
-        if blocking && poll_ns > 0 && timeout != Some(0) {
+        if would_block && poll_ns > 0 {
             let spin_ns = timeout.map_or(poll_ns, |t| t.min(poll_ns));
-            let found = self.run_poll_handlers(spin_ns, &mut poll_ready);
-            if found {
+            if self.run_poll_handlers(spin_ns, &mut poll_ready) {
                 timeout = Some(0);
-                polled_hit = true;
             }
         }
 
@@ -173,7 +170,8 @@ impl<L: EventLoop> AioContext<L> {
                     block_ns,
                     would_block,
                     probe,
-                    polled_hit,
+                    // An io_poll check found the event (not a notification that ended it).
+                    polled_hit: !poll_ready.is_empty(),
                 },
             );
             self.window.set(window);

@@ -30,19 +30,19 @@ pub(crate) struct Shared {
 impl Shared {
     /// Wakes the loop only if it is (about to be) blocked: an idle bottom half was queued.
     pub(crate) fn notify_if_blocked(&self) {
-        self.notify_calls.fetch_add(1, Ordering::Relaxed);
-        if self.wakeup.notify_if_blocked() {
-            self.notifier_writes.fetch_add(1, Ordering::Relaxed);
-            // A write can only fail if the fd is gone, which the context prevents by owning it.
-            let _ = self.notifier.notify();
-        }
+        self.notify_with(Wakeup::notify_if_blocked);
     }
 
     pub(crate) fn notify(&self) {
-        self.notify_calls.fetch_add(1, Ordering::Relaxed);
         // Either the loop sees the notification (or the queued bottom half) before it sleeps,
         // or we see it about to sleep and write (see `wakeup`).
-        if self.wakeup.notify() {
+        self.notify_with(Wakeup::notify);
+    }
+
+    /// Counts a notification and writes the notifier when `handshake` says the loop may sleep.
+    fn notify_with(&self, handshake: impl FnOnce(&Wakeup) -> bool) {
+        self.notify_calls.fetch_add(1, Ordering::Relaxed);
+        if handshake(&self.wakeup) {
             self.notifier_writes.fetch_add(1, Ordering::Relaxed);
             // A write can only fail if the fd is gone, which the context prevents by owning it.
             let _ = self.notifier.notify();

@@ -448,10 +448,8 @@ impl IoEngine for UringEngine {
             RingHandle::Shared(core) => core.try_borrow().is_ok_and(|c| {
                 // SAFETY: as above; the monitor is not inside a method (it is not borrowed).
                 let cq_empty = unsafe { c.ring.completion_shared() }.is_empty();
-                // SAFETY: a transient view of the SQ flags; no SubmissionQueue is alive.
-                let task_work =
-                    self.task_run.uses_flag() && unsafe { c.ring.submission_shared() }.taskrun();
-                c.engine_ready() || !cq_empty || task_work
+                // A second shared borrow of the core, inside this one.
+                c.engine_ready() || !cq_empty || self.task_work_pending()
             }),
         }
     }
