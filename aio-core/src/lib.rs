@@ -54,8 +54,8 @@ pub use context::{
     AioContext, BottomHalf, FdHandler, LoopCounters, NotifyHandle, TimerId, IDLE_BH_DELAY_NS,
 };
 pub use engine::{
-    AlignedBuf, AttachedEngine, Completion, IoBuffers, IoEngine, IoFile, Op, Request, RequestError,
-    SubmitError,
+    AlignedBuf, AttachedEngine, Completion, GuestIovecs, IoBuffers, IoEngine, IoFile, Op, Request,
+    RequestError, Routed, RwFlags, SubmitError,
 };
 pub use error::AioError;
 pub use event_loop::{Event, EventLoop, Interest, Token};

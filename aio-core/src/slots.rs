@@ -172,7 +172,6 @@ impl<T> Slots<T> {
     }
 
     /// Every stored value with its id, in slot order.
-    #[cfg(test)]
     pub(crate) fn iter(&self) -> impl Iterator<Item = (SlotId, &T)> {
         self.slots.iter().enumerate().filter_map(|(i, s)| {
             s.value.as_ref().map(|v| {

@@ -17,6 +17,14 @@
 //! * **Whole transfers**: short reads and writes are resubmitted for the remainder (a read at
 //!   EOF completes with what exists); `-EAGAIN` / `-EINTR` results are resubmitted. Vectored
 //!   requests use `IOCB_CMD_PREADV` / `PWRITEV`.
+//! * **Guest memory and flags**: reads and writes of caller-owned memory
+//!   ([`GuestIovecs`](aio_core::GuestIovecs)) go to the kernel as they are, with no copy;
+//!   [`RwFlags`] become `aio_rw_flags` (`RWF_DSYNC` for FUA, `RWF_NOWAIT`; a kernel or file
+//!   that refuses one completes the request with `EOPNOTSUPP`, kind `Unsupported`).
+//! * **Discard and write-zeroes**: the kernel's AIO has no `fallocate`, so they are refused
+//!   with [`RequestError::Unsupported`], which [`Routed`](aio_core::Routed) turns into a
+//!   hand-over to a second engine (QEMU sends them to its thread pool even with
+//!   `aio=native`): `Routed::new(LinuxAio::new(config)?, ThreadPool::new(pool_config)?)`.
 //! * **fsync / fdatasync** use `IOCB_CMD_FSYNC` / `IOCB_CMD_FDSYNC` (Linux 4.18+). Where the
 //!   kernel or file system lacks them the request completes with `EINVAL` from the kernel; the
 //!   pool engine is the fallback for such files.
@@ -48,7 +56,9 @@ use std::collections::VecDeque;
 use std::io;
 
 use aio_core::backend::{BadConfig, EngineCore, Flush, Outcome, Prepared};
-use aio_core::engine::{Completion, IoEngine, Op, Request, RequestError, DEFAULT_MAX_BATCH};
+use aio_core::engine::{
+    Completion, IoEngine, Op, Request, RequestError, RwFlags, DEFAULT_MAX_BATCH,
+};
 use aio_core::Notifier;
 
 use abi::{AioContextId, IoEvent, Iocb, Ring};
@@ -157,6 +167,8 @@ pub struct LinuxAioStats {
     pub getevents_calls: u64,
     /// Requests on files without `O_DIRECT`.
     pub buffered_requests: u64,
+    /// Writes with [`RwFlags::FUA`] (`aio_rw_flags = RWF_DSYNC`).
+    pub fua_writes: u64,
 }
 
 /// The Linux AIO engine. See the [crate docs](crate).
@@ -270,15 +282,20 @@ impl LinuxAio {
                     abi::IOCB_CMD_FSYNC
                 };
             }
+            Prepared::Range { .. } => {
+                unreachable!("check_request refuses discard and write-zeroes at submit")
+            }
             Prepared::Rw {
                 fd,
                 is_read,
                 offset,
                 iovecs,
                 count,
+                rw_flags,
             } => {
                 iocb.aio_fildes = fd as u32;
                 iocb.aio_offset = offset as i64;
+                iocb.aio_rw_flags = rw_flags;
                 if count == 1 {
                     // SAFETY: `iovecs` points to `count` (= 1) live iovecs in the table.
                     let single = unsafe { *iovecs };
@@ -446,10 +463,22 @@ impl LinuxAio {
         }
     }
 
-    fn check_buffered(&mut self, request: &Request) -> Result<(), RequestError> {
+    /// Refuses what Linux AIO cannot run (discard, write-zeroes) and applies the buffered
+    /// policy; counts FUA writes.
+    fn check_request(&mut self, request: &Request) -> Result<(), RequestError> {
+        if request.op.is_range() {
+            return Err(RequestError::Unsupported {
+                engine: "linux-aio",
+                op: request.op.name(),
+                reason: "the kernel's AIO has no fallocate; route it to a thread pool with \
+                         aio_core::engine::Routed, as QEMU does with aio=native"
+                    .into(),
+            });
+        }
         if matches!(request.op, Op::Fsync | Op::Fdatasync) {
             return Ok(());
         }
+        self.stats.fua_writes += request.flags.contains(RwFlags::FUA) as u64;
         if request.file.is_direct() {
             return Ok(());
         }
@@ -476,7 +505,7 @@ impl IoEngine for LinuxAio {
         "linux-aio"
     }
 
-    aio_core::engine_queue_methods!(core: core, send: submit_pending, check: check_buffered);
+    aio_core::engine_queue_methods!(core: core, send: submit_pending, check: check_request);
 
     fn poll_completions(&mut self, out: &mut VecDeque<Completion>) -> usize {
         self.reap();
@@ -536,8 +565,9 @@ impl Drop for LinuxAio {
             self.wait_one();
             if self.in_kernel == before {
                 // io_getevents failed: the kernel cannot tell us, so the buffers must never
-                // be freed. Leak them rather than risk the kernel writing freed memory.
-                std::mem::forget(std::mem::take(&mut self.core.table));
+                // be freed. Leak them (abort if any is caller memory) rather than risk the
+                // kernel writing freed memory.
+                std::mem::take(&mut self.core.table).abandon();
                 break;
             }
         }

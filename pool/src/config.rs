@@ -89,6 +89,9 @@ pub struct PoolStats {
     pub finished: u64,
     /// Notifier writes (at most one per batch of completions).
     pub notifier_writes: u64,
+    /// Writes accepted with [`RwFlags::FUA`](aio_core::RwFlags::FUA) (`pwritev2` with
+    /// `RWF_DSYNC`).
+    pub fua_writes: u64,
 }
 
 /// Checks that `config`'s limits can hold: at least one thread, and a minimum not above the

@@ -1,4 +1,6 @@
-//! The [`ThreadPool`] engine: the handle the loop (or any owner) submits to.
+//! The [`ThreadPool`] engine: the handle the loop (or any owner) submits to. It runs every
+//! op (reads and writes of owned buffers and of guest memory, syncs, discard and
+//! write-zeroes, with FUA and NOWAIT), each with aio-core's blocking implementation.
 //!
 //! This module owns submission (validation, the plug batch of [`SubmitQueue`], handing jobs to
 //! the threads and the spawn decision at that moment), collection of completions, cancel,
@@ -12,7 +14,7 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
 use aio_core::backend::SubmitQueue;
-use aio_core::engine::{Completion, IoEngine, Request, RequestError, SubmitError};
+use aio_core::engine::{Completion, IoEngine, Request, RequestError, RwFlags, SubmitError};
 use aio_core::Notifier;
 
 use crate::config::check;
@@ -24,6 +26,7 @@ pub struct ThreadPool {
     queue: SubmitQueue,
     submitted: u64,
     returned: u64,
+    fua_writes: u64,
 }
 
 impl std::fmt::Debug for ThreadPool {
@@ -53,6 +56,7 @@ impl ThreadPool {
             queue: SubmitQueue::new(),
             submitted: 0,
             returned: 0,
+            fua_writes: 0,
         };
         let mut st = pool.shared.lock();
         for _ in 0..config.min_threads {
@@ -99,6 +103,7 @@ impl ThreadPool {
             running: st.running,
             finished: st.finished,
             notifier_writes: self.shared.notifier_writes.load(Ordering::Relaxed) as u64,
+            fua_writes: self.fua_writes,
         }
     }
 
@@ -252,6 +257,7 @@ impl IoEngine for ThreadPool {
             ));
         }
         self.submitted += 1;
+        self.fua_writes += request.flags.contains(RwFlags::FUA) as u64;
         self.queue.push(request);
         self.flush(false);
         Ok(())

@@ -40,7 +40,7 @@
 //! [`IoEngine`]: aio_core::engine::IoEngine
 //! [`Notifier`]: aio_core::Notifier
 
-// No unsafe code: the workers' syscalls go through nix's safe wrappers.
+// No unsafe code: the workers' syscalls are aio-core's `run_blocking`.
 #![forbid(unsafe_code)]
 
 // The module map: `config` (limits, errors, stats), `state` (the shared state and the idle

@@ -1,23 +1,18 @@
-//! The worker threads: waiting for jobs, the idle accounting, and the blocking syscalls.
+//! The worker threads: waiting for jobs and the idle accounting; a job's syscalls are
+//! aio-core's [`run_blocking`], shared with every engine that needs a blocking path.
 //!
 //! This module owns what runs on a pool thread. It touches the shared state only under its
 //! lock, counts a thread as idle exactly while it waits on the condition variable (QEMU's
 //! thread-pool idle-thread accounting), and owns a job's buffers while it runs it, so nothing
 //! else can see them meanwhile.
 
-use std::io::{self, IoSlice, IoSliceMut};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use aio_core::backend::{Step, Transfer};
-use aio_core::engine::AlignedBuf;
-use aio_core::engine::{Op, Request};
-use nix::errno::Errno;
-use nix::sys::uio::{preadv, pwritev};
-use nix::unistd::{fdatasync, fsync};
+use aio_core::backend::run_blocking;
 
 use crate::{Job, Shared, State};
 
@@ -105,7 +100,7 @@ fn run(shared: &Shared) {
 fn execute(job: Job) -> aio_core::Completion {
     match job {
         Job::Io(mut request) => {
-            let result = run_io(&mut request);
+            let result = run_blocking(&mut request);
             request.complete(result)
         }
         Job::Work { token, run } => {
@@ -117,131 +112,5 @@ fn execute(job: Job) -> aio_core::Completion {
                 buf: Default::default(),
             }
         }
-    }
-}
-
-/// Retries a syscall on `EINTR` / `EAGAIN`.
-fn retry(mut f: impl FnMut() -> nix::Result<usize>) -> io::Result<usize> {
-    loop {
-        match f() {
-            Ok(n) => return Ok(n),
-            Err(Errno::EINTR | Errno::EAGAIN) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
-
-/// Runs one request to the end: the whole transfer (short reads and writes continue with
-/// the remainder), or the sync.
-fn run_io(request: &mut Request) -> io::Result<usize> {
-    let fd = request.file.as_fd();
-    let op = &mut request.op;
-    match op {
-        Op::Fsync => retry(|| fsync(fd).map(|()| 0)),
-        Op::Fdatasync => retry(|| fdatasync(fd).map(|()| 0)),
-        _ => {
-            let is_read = op.is_read();
-            let mut transfer = Transfer::default();
-            loop {
-                let offset = transfer.offset(op) as libc::off_t;
-                let done = transfer.done;
-                let n = retry(|| vectored(fd, is_read, op.buffers_mut(), done, offset))?;
-                match transfer.advance(op, n)? {
-                    Step::Done(total) => return Ok(total),
-                    Step::Again => continue,
-                }
-            }
-        }
-    }
-}
-
-/// One `preadv` / `pwritev` at `offset` over the buffers' bytes after the first `done`.
-///
-/// The `IoSlice`s borrow the buffers (nothing is copied) and have `iovec`'s layout (std
-/// guarantees it on Unix), so nix passes the slice to the syscall as it is. A single buffer
-/// (`Request::read` / `write`) goes as a one-element array on the stack, with no allocation;
-/// several are gathered in a vector, one allocation per attempt (a short transfer is the only
-/// reason for a second one).
-fn vectored(
-    fd: BorrowedFd<'_>,
-    is_read: bool,
-    bufs: &mut [AlignedBuf],
-    done: usize,
-    offset: libc::off_t,
-) -> nix::Result<usize> {
-    match (bufs, is_read) {
-        ([buf], true) => preadv(fd, &mut [IoSliceMut::new(&mut buf[done..])], offset),
-        ([buf], false) => pwritev(fd, &[IoSlice::new(&buf[done..])], offset),
-        (bufs, true) => {
-            let mut iov: Vec<IoSliceMut<'_>> = remaining(bufs, done).map(IoSliceMut::new).collect();
-            preadv(fd, &mut iov, offset)
-        }
-        (bufs, false) => {
-            let iov: Vec<IoSlice<'_>> = remaining(bufs, done).map(|b| IoSlice::new(b)).collect();
-            pwritev(fd, &iov, offset)
-        }
-    }
-}
-
-/// The parts of `bufs` after their first `skip` bytes, in order.
-fn remaining(bufs: &mut [AlignedBuf], mut skip: usize) -> impl Iterator<Item = &mut [u8]> {
-    bufs.iter_mut().filter_map(move |buf| {
-        let len = buf.len();
-        if skip >= len {
-            skip -= len;
-            return None;
-        }
-        Some(&mut buf[std::mem::take(&mut skip)..])
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn lens(bufs: &mut [AlignedBuf], skip: usize) -> Vec<usize> {
-        remaining(bufs, skip).map(|b| b.len()).collect()
-    }
-
-    #[test]
-    fn remaining_skips_the_bytes_done() {
-        let mut bufs = vec![
-            AlignedBuf::new(512),
-            AlignedBuf::new(1024),
-            AlignedBuf::new(512),
-        ];
-        assert_eq!(lens(&mut bufs, 0), [512, 1024, 512]);
-        assert_eq!(lens(&mut bufs, 100), [412, 1024, 512]);
-        assert_eq!(lens(&mut bufs, 512), [1024, 512]);
-        assert_eq!(lens(&mut bufs, 1600), [448]);
-        assert_eq!(lens(&mut bufs, 2048), [] as [usize; 0]);
-        // The parts are the buffers' own memory, not copies.
-        let second = bufs[1].as_ptr();
-        let part = remaining(&mut bufs, 612).next().unwrap().as_ptr();
-        assert_eq!(part, second.wrapping_add(100));
-    }
-
-    #[test]
-    fn a_transfer_continues_after_the_bytes_done() {
-        let path = std::env::temp_dir().join(format!("aio-pool-vectored-{}", std::process::id()));
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        std::fs::remove_file(&path).unwrap();
-        let data: Vec<u8> = (0..4 * 512).map(|i| (i % 251) as u8).collect();
-        let mut bufs: Vec<AlignedBuf> = data.chunks(512).map(AlignedBuf::from_slice).collect();
-        // Several buffers at offset 0, 700 bytes already written: the rest lands at 700.
-        let n = vectored(file.as_fd(), false, &mut bufs, 700, 700).unwrap();
-        assert_eq!(n, data.len() - 700);
-        // One buffer at offset 800, 100 bytes already read: the rest (from 900) fills its tail.
-        let mut one = [AlignedBuf::new(1000)];
-        let n = vectored(file.as_fd(), true, &mut one, 100, 900).unwrap();
-        assert_eq!(n, 900);
-        assert_eq!(&one[0][100..], &data[900..1800]);
-        assert!(one[0][..100].iter().all(|&b| b == 0));
     }
 }

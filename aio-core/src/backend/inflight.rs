@@ -13,8 +13,9 @@
 use std::collections::VecDeque;
 use std::io;
 
+use super::blocking::RangeOp;
 use super::transfer::{Step, Transfer};
-use crate::engine::{Completion, Op, Request};
+use crate::engine::{Completion, Op, Request, RwFlags};
 use crate::slots::Slots;
 
 /// A request the kernel holds, or that waits to go back to it for its remainder.
@@ -47,6 +48,19 @@ pub enum Prepared {
         iovecs: *const libc::iovec,
         /// How many iovecs.
         count: usize,
+        /// The request's `RWF_*` flags ([`RwFlags::to_rwf`]).
+        rw_flags: libc::c_int,
+    },
+    /// A discard or write-zeroes.
+    Range {
+        /// The fd.
+        fd: i32,
+        /// How the kernel runs it on this file.
+        how: RangeOp,
+        /// File offset.
+        offset: u64,
+        /// Bytes.
+        len: u64,
     },
 }
 
@@ -145,6 +159,12 @@ impl InFlightTable {
                 datasync: false,
             },
             Op::Fdatasync => Prepared::Sync { fd, datasync: true },
+            Op::Discard { .. } | Op::WriteZeroes { .. } => Prepared::Range {
+                fd,
+                how: RangeOp::of(op, entry.request.file.kind()).expect("a range op"),
+                offset: op.offset(),
+                len: op.range_len(),
+            },
             _ => {
                 let is_read = op.is_read();
                 entry.transfer.remaining_iovecs(op, &mut entry.iovecs);
@@ -154,6 +174,7 @@ impl InFlightTable {
                     offset: entry.transfer.offset(op),
                     iovecs: entry.iovecs.as_ptr(),
                     count: entry.iovecs.len(),
+                    rw_flags: entry.request.flags.to_rwf(),
                 }
             }
         })
@@ -166,7 +187,9 @@ impl InFlightTable {
         };
         if res < 0 {
             let e = (-res) as i32;
-            if e == libc::EAGAIN || e == libc::EINTR {
+            // NOWAIT asked for EAGAIN to be reported, not waited out.
+            let report_eagain = entry.request.flags.contains(RwFlags::NOWAIT);
+            if e == libc::EINTR || (e == libc::EAGAIN && !report_eagain) {
                 self.resubmit.push_back(slot);
                 return Outcome::Resubmit;
             }
@@ -186,6 +209,31 @@ impl InFlightTable {
             Err(e) => self.complete(slot, Err(e)),
         }
         Outcome::Completed
+    }
+
+    /// Whether any request in the table reads or writes caller-owned memory
+    /// ([`GuestIovecs`](crate::engine::GuestIovecs)): an engine that cannot wait for the
+    /// kernel must then abort rather than leak (see [`InFlightTable::abandon`]).
+    pub fn holds_guest_memory(&self) -> bool {
+        self.slots
+            .iter()
+            .any(|(_, e)| matches!(e.request.op, Op::ReadGuest { .. } | Op::WriteGuest { .. }))
+    }
+
+    /// What an engine does when it cannot learn whether the kernel is done with the table's
+    /// requests (its wait failed): the buffers are leaked, never freed, since the kernel may
+    /// still write them; if any request's memory is the caller's, the process aborts, since
+    /// the caller would free or reuse it after the engine's drop returned.
+    pub fn abandon(self) {
+        if self.holds_guest_memory() {
+            // A library never prints, except on the way to an abort that has to be explained.
+            eprintln!(
+                "aio-core: the kernel may still write caller-owned memory of a request in \
+                 flight and cannot be waited for; aborting"
+            );
+            std::process::abort();
+        }
+        std::mem::forget(self);
     }
 
     /// Completes `slot` with `result`, freeing it.

@@ -14,18 +14,22 @@
 //!   only queue or count work (`submit`, `plug`, `unplug`, `set_max_batch`, `in_flight`);
 //! * [`with_setters!`](crate::with_setters): the `with_*` setters of a config struct;
 //! * [`Transfer`] and [`Step`]: resubmitting the remainder of a short read or write;
+//! * [`run_blocking`]: every op run with blocking syscalls (a thread-pool worker's job), and
+//!   [`RangeOp`]: how a discard or write-zeroes maps onto `fallocate` or `BLKDISCARD`;
 //! * for monitors: the contract's two errors ([`already_registered`], [`not_registered`],
 //!   checked by [`ensure_new`] / [`ensure_known`]) and the conversions of timeouts
 //!   ([`timespec_from`], [`timespec_ptr`], [`timeout_ms_round_up`]) and of `-1` returns
 //!   ([`cvt`]);
 //! * [`BadConfig`]: the error of a config field that cannot work.
 
+mod blocking;
 mod inflight;
 pub mod queue;
 mod transfer;
 
 pub use crate::event_loop::{already_registered, ensure_known, ensure_new, not_registered};
 pub use crate::sys::{cvt, timeout_ms_round_up, timespec_from, timespec_ptr};
+pub use blocking::{run_blocking, RangeOp};
 pub use inflight::{EngineCore, InFlightTable, Outcome, Prepared, WholeBuffer};
 pub use queue::{Flush, SubmitQueue};
 pub use transfer::{Step, Transfer};

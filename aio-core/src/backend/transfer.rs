@@ -29,8 +29,11 @@ pub struct Transfer {
 }
 
 impl Transfer {
-    /// Accounts for `n` more bytes of `op`.
+    /// Accounts for `n` more bytes of `op` (a range op completes with its whole length).
     pub fn advance(&mut self, op: &Op, n: usize) -> io::Result<Step> {
+        if op.is_range() {
+            return Ok(Step::Done(op.range_len() as usize));
+        }
         let total = op.len();
         if n == 0 && total > self.done {
             return if op.is_read() {
@@ -60,16 +63,16 @@ impl Transfer {
     pub fn remaining_iovecs(&self, op: &mut Op, out: &mut Vec<libc::iovec>) {
         out.clear();
         let mut skip = self.done;
-        for buf in op.buffers_mut() {
-            if skip >= buf.len() {
-                skip -= buf.len();
+        for (base, len) in op.segments() {
+            if skip >= len {
+                skip -= len;
                 continue;
             }
-            // SAFETY: `skip < buf.len()`, so the pointer stays inside the allocation.
-            let base = unsafe { buf.as_mut_ptr().add(skip) };
             out.push(libc::iovec {
-                iov_base: base.cast(),
-                iov_len: buf.len() - skip,
+                // `skip < len`: the address stays inside the segment (wrapping_add never
+                // leaves it, and computing it needs no unsafe).
+                iov_base: base.wrapping_add(skip).cast(),
+                iov_len: len - skip,
             });
             skip = 0;
         }

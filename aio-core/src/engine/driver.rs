@@ -19,6 +19,11 @@
 //!   work the kernel still holds (the [batch rule](crate::backend::queue#the-batch-rule)), so a
 //!   device that drained while the completions were delivered is refilled at once.
 //!
+//! * a request may carry its own completion callback ([`AttachedEngine::submit_with`]): it
+//!   runs instead of the engine-wide one, once, with the handle, so it can submit the next
+//!   request itself. The driver tells such requests apart by a token bit it reserves
+//!   ([`PER_REQUEST_TOKEN_BIT`]) and gives the caller's token back in the completion.
+//!
 //! It never touches the engine's internals: only the [`IoEngine`] trait.
 
 use std::cell::{Cell, RefCell};
@@ -27,31 +32,75 @@ use std::fmt;
 use std::os::fd::{AsRawFd, RawFd};
 use std::rc::{Rc, Weak};
 
-use super::request::{Completion, Request, SubmitError};
+use super::completion::{Completion, RequestError, SubmitError};
+use super::request::Request;
 use super::IoEngine;
 use crate::context::{AioContext, BottomHalf, FdHandler};
 use crate::error::AioError;
 use crate::event_loop::EventLoop;
+use crate::slots::Slots;
 
 type CompletionFn<L> = Box<dyn Fn(&AioContext<L>, Completion)>;
+type PerRequestFn<L, E> = Box<dyn FnOnce(&AioContext<L>, &AttachedEngine<L, E>, Completion)>;
+
+/// The token bit an attached engine reserves for requests with their own completion callback
+/// ([`AttachedEngine::submit_with`]): the engine sees that bit and a slot number in place of
+/// the caller's token, which the completion carries again when it reaches the callback.
+/// Tokens given to [`AttachedEngine::submit`] must not have it set
+/// ([`RequestError::ReservedToken`]).
+pub const PER_REQUEST_TOKEN_BIT: u64 = 1 << 62;
+
+/// A request's own callback, and the caller's token it replaced.
+struct PerRequest<L: EventLoop, E: IoEngine> {
+    engine_token: u64,
+    user_token: u64,
+    callback: PerRequestFn<L, E>,
+}
 
 struct Driver<L: EventLoop, E: IoEngine> {
     engine: RefCell<E>,
     ready: RefCell<VecDeque<Completion>>,
     on_complete: CompletionFn<L>,
+    per_request: RefCell<Slots<PerRequest<L, E>>>,
     safety_net: RefCell<Option<BottomHalf>>,
     delivered: Cell<u64>,
     net_runs: Cell<u64>,
     /// The driver holds a plug around a batch of deliveries.
     batching: Cell<bool>,
+    /// The engine's notifier fds, as registered (the first is the engine's own).
+    fds: Vec<RawFd>,
+    /// The context attached to (its address), so that `detach` refuses another one.
+    context: usize,
 }
 
 impl<L: EventLoop, E: IoEngine> Driver<L, E> {
+    /// Hands `completion` to its own callback, if it has one, or to the engine-wide one.
+    fn deliver(self: &Rc<Self>, ctx: &AioContext<L>, mut completion: Completion) {
+        if completion.token & PER_REQUEST_TOKEN_BIT != 0 {
+            let index = completion.token as u32;
+            let mut table = self.per_request.borrow_mut();
+            let ours = table
+                .get_index(index)
+                .is_some_and(|p| p.engine_token == completion.token);
+            if ours {
+                let entry = table.remove_index(index).expect("checked above");
+                drop(table);
+                completion.token = entry.user_token;
+                let handle = AttachedEngine {
+                    driver: self.clone(),
+                };
+                (entry.callback)(ctx, &handle, completion);
+                return;
+            }
+        }
+        (self.on_complete)(ctx, completion);
+    }
+
     /// Delivers every waiting completion. Re-entrant: a completion callback that runs a nested
     /// loop gets the remaining completions delivered inside it, by the safety-net bottom half
     /// (for completions this call already took from the engine) or by the notifier handler
     /// (for new ones).
-    fn process(&self, ctx: &AioContext<L>) -> bool {
+    fn process(self: &Rc<Self>, ctx: &AioContext<L>) -> bool {
         // Requests submitted by the completion callbacks go out together, in one kernel call,
         // after the batch (QEMU submits after processing completions). A nested delivery
         // (a callback ran a nested loop) first sends what the outer batch holds, so that the
@@ -91,7 +140,7 @@ impl<L: EventLoop, E: IoEngine> Driver<L, E> {
             armed = true;
             self.delivered.set(self.delivered.get() + 1);
             progress = true;
-            (self.on_complete)(ctx, completion);
+            self.deliver(ctx, completion);
         }
         if outer {
             self.end_batch();
@@ -132,17 +181,16 @@ impl<L: EventLoop, E: IoEngine> Driver<L, E> {
 ///
 /// Dropping the handle leaves the engine attached (the context keeps it until
 /// [`AttachedEngine::detach`] or the context is dropped): a registered notifier never dangles.
+///
+/// The handle is `!Send`: the engine lives on its loop's thread.
 pub struct AttachedEngine<L: EventLoop, E: IoEngine> {
     driver: Rc<Driver<L, E>>,
-    fd: RawFd,
-    /// The context attached to (its address), so that `detach` refuses another one.
-    context: usize,
 }
 
 impl<L: EventLoop, E: IoEngine> fmt::Debug for AttachedEngine<L, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AttachedEngine")
-            .field("fd", &self.fd)
+            .field("fds", &self.driver.fds)
             .field("delivered", &self.driver.delivered.get())
             .finish_non_exhaustive()
     }
@@ -154,21 +202,25 @@ impl<L: EventLoop + 'static> AioContext<L> {
     ///
     /// `on_complete` is `Fn`, not `FnMut`, because it may be re-entered: a completion callback
     /// that runs a nested `poll()` can receive further completions inside it. Keep mutable
-    /// state in `Cell` / `RefCell`.
+    /// state in `Cell` / `RefCell`. Requests submitted with
+    /// [`AttachedEngine::submit_with`] go to their own callback instead.
     pub fn attach_engine<E: IoEngine + 'static>(
         &self,
         engine: E,
         on_complete: impl Fn(&AioContext<L>, Completion) + 'static,
     ) -> Result<AttachedEngine<L, E>, AioError> {
-        let fd = engine.notifier().as_raw_fd();
+        let fds = engine.notifiers().iter().map(|n| n.as_raw_fd()).collect();
         let driver = Rc::new(Driver {
             engine: RefCell::new(engine),
             ready: RefCell::new(VecDeque::new()),
             on_complete: Box::new(on_complete),
+            per_request: RefCell::new(Slots::new()),
             safety_net: RefCell::new(None),
             delivered: Cell::new(0),
             net_runs: Cell::new(0),
             batching: Cell::new(false),
+            fds,
+            context: self as *const AioContext<L> as usize,
         });
         // Weak: the bottom half's slot outlives a detach by one iteration.
         let d: Weak<Driver<L, E>> = Rc::downgrade(&driver);
@@ -179,13 +231,41 @@ impl<L: EventLoop + 'static> AioContext<L> {
             }
         });
         *driver.safety_net.borrow_mut() = Some(bh);
+        let count = driver.fds.len();
+        for index in 0..count {
+            if let Err(e) = self.register_notifier(&driver, index) {
+                for earlier in 0..index {
+                    let engine = driver.engine.borrow();
+                    let _ = self.remove_fd_handler(engine.notifiers()[earlier]);
+                }
+                if let Some(bh) = driver.safety_net.borrow_mut().take() {
+                    bh.delete();
+                }
+                return Err(e);
+            }
+        }
+        Ok(AttachedEngine { driver })
+    }
+
+    /// Registers the engine's `index`-th notifier: `io_read` clears it (the engine's own with
+    /// `clear_notifier`, another by reading it) and delivers, `io_poll` is the engine's
+    /// syscall-free check.
+    fn register_notifier<E: IoEngine + 'static>(
+        &self,
+        driver: &Rc<Driver<L, E>>,
+        index: usize,
+    ) -> Result<(), AioError> {
         let (on_read, on_poll, on_ready) = (driver.clone(), driver.clone(), driver.clone());
         // Re-entrant callbacks: a nested loop inside a completion callback must be able to
         // deliver new completions through the same handler.
         let handler = FdHandler::new()
             .on_read_reentrant(move |ctx| {
                 if let Ok(engine) = on_read.engine.try_borrow() {
-                    engine.clear_notifier();
+                    if index == 0 {
+                        engine.clear_notifier();
+                    } else if let Some(n) = engine.notifiers().get(index) {
+                        n.test_and_clear();
+                    }
                 }
                 on_read.process(ctx);
             })
@@ -193,27 +273,68 @@ impl<L: EventLoop + 'static> AioContext<L> {
             .on_poll_ready_reentrant(move |ctx| {
                 on_ready.process(ctx);
             });
-        // The engine, and so its notifier, lives in the driver until `detach`, which removes the
-        // handler first.
-        let registered = self.set_fd_handler(driver.engine.borrow().notifier(), handler);
-        if let Err(e) = registered {
-            if let Some(bh) = driver.safety_net.borrow_mut().take() {
-                bh.delete();
-            }
-            return Err(e);
-        }
-        Ok(AttachedEngine {
-            driver,
-            fd,
-            context: self as *const AioContext<L> as usize,
-        })
+        // The engine, and so its notifiers, live in the driver until `detach`, which removes
+        // the handlers first.
+        let engine = driver.engine.borrow();
+        self.set_fd_handler(engine.notifiers()[index], handler)
     }
 }
 
 impl<L: EventLoop, E: IoEngine> AttachedEngine<L, E> {
-    /// Submits a request (see [`IoEngine::submit`]).
+    /// Submits a request (see [`IoEngine::submit`]); its completion goes to the engine-wide
+    /// callback. A token with [`PER_REQUEST_TOKEN_BIT`] set is refused
+    /// ([`RequestError::ReservedToken`]).
     pub fn submit(&self, request: Request) -> Result<(), SubmitError> {
+        if request.token & PER_REQUEST_TOKEN_BIT != 0 {
+            let token = request.token;
+            return Err(SubmitError::new(
+                RequestError::ReservedToken { token },
+                request,
+            ));
+        }
         self.driver.engine.borrow_mut().submit(request)
+    }
+
+    /// Submits a request whose completion goes to `on_complete` instead of the engine-wide
+    /// callback: once, on the loop's thread, with this handle, so that it can submit the next
+    /// request itself (with `submit_with` again, or `submit`), run a nested `poll()`, or
+    /// detach nothing (detaching from inside a callback is refused).
+    ///
+    /// The completion carries the request's own token. The engine sees another one while the
+    /// request is in flight (see [`PER_REQUEST_TOKEN_BIT`]), so [`AttachedEngine::cancel`]
+    /// does not find it by the caller's token. If the engine is dropped first (detached and
+    /// dropped, or dropped with the context), the callback is dropped without running, after
+    /// the engine has finished with the request's memory.
+    pub fn submit_with(
+        &self,
+        mut request: Request,
+        on_complete: impl FnOnce(&AioContext<L>, &AttachedEngine<L, E>, Completion) + 'static,
+    ) -> Result<(), SubmitError>
+    where
+        L: 'static,
+        E: 'static,
+    {
+        let user_token = request.token;
+        let mut table = self.driver.per_request.borrow_mut();
+        let slot = table.next_id();
+        // The bit, the slot's generation (30 bits) and its index: unique among live requests
+        // (the generation is checked on delivery).
+        let engine_token = PER_REQUEST_TOKEN_BIT | (slot.to_u64() & !(0b11 << 62));
+        request.token = engine_token;
+        table.insert(PerRequest {
+            engine_token,
+            user_token,
+            callback: Box::new(on_complete),
+        });
+        drop(table);
+        match self.driver.engine.borrow_mut().submit(request) {
+            Ok(()) => Ok(()),
+            Err(mut refused) => {
+                self.driver.per_request.borrow_mut().remove(slot);
+                refused.request.token = user_token;
+                Err(refused)
+            }
+        }
     }
 
     /// Opens a batch (see [`IoEngine::plug`]).
@@ -253,21 +374,29 @@ impl<L: EventLoop, E: IoEngine> AttachedEngine<L, E> {
         f(&mut self.driver.engine.borrow_mut())
     }
 
-    /// Detaches from `ctx`: undelivered completions are delivered first, the notifier handler
+    /// Detaches from `ctx`: undelivered completions are delivered first, the notifier handlers
     /// and the safety net are removed, and the engine is returned (still holding whatever is
-    /// in flight). Refused, changing nothing and handing the handle back, when called from
-    /// inside a callback of `ctx` ([`AioError::EngineBusy`]) or with another context
+    /// in flight; the per-request callbacks of those requests are dropped without running).
+    /// Refused, changing nothing and handing the handle back, when called from inside a
+    /// callback of `ctx` ([`AioError::EngineBusy`]) or with another context
     /// ([`AioError::NotRegistered`]).
     pub fn detach(self, ctx: &AioContext<L>) -> Result<E, (AioError, Self)> {
-        if self.context != ctx as *const AioContext<L> as usize {
-            return Err((AioError::NotRegistered { fd: self.fd }, self));
+        if self.driver.context != ctx as *const AioContext<L> as usize {
+            let fd = self.driver.fds[0];
+            return Err((AioError::NotRegistered { fd }, self));
         }
         if ctx.is_polling() {
             // A callback up the stack may be this engine's: refuse before changing anything.
             return Err((AioError::EngineBusy, self));
         }
         self.driver.process(ctx);
-        let removed = ctx.remove_fd_handler(self.driver.engine.borrow().notifier());
+        let removed: Result<(), AioError> = {
+            let engine = self.driver.engine.borrow();
+            engine
+                .notifiers()
+                .into_iter()
+                .try_for_each(|n| ctx.remove_fd_handler(n))
+        };
         if let Err(e) = removed {
             return Err((e, self));
         }

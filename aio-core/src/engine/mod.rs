@@ -1,9 +1,11 @@
 //! The block I/O engine contract (`IoEngine`) and what every engine shares.
 //!
 //! This module owns the trait, its documentation and the types a user of an engine handles:
-//! requests and completions ([`Request`], [`Completion`], [`IoFile`]), O_DIRECT buffers
-//! ([`AlignedBuf`]) and the attachment of an engine to an [`AioContext`](crate::AioContext)
-//! ([`AttachedEngine`]). It performs no I/O itself. What only an engine author needs (the
+//! requests and completions ([`Request`], [`Op`], [`RwFlags`], [`Completion`], [`IoFile`]),
+//! O_DIRECT buffers ([`AlignedBuf`]), caller-owned memory ([`GuestIovecs`]), the routing of
+//! ops one engine lacks to another ([`Routed`]) and the attachment of an engine to an
+//! [`AioContext`](crate::AioContext) ([`AttachedEngine`], with per-request completion
+//! callbacks). It performs no I/O itself. What only an engine author needs (the
 //! plug/batch queue, the in-flight table, short-transfer arithmetic) is in
 //! [`backend`](crate::backend).
 //!
@@ -15,15 +17,24 @@
 //! * **Exactly once.** Every accepted request produces exactly one completion with its token,
 //!   returned by exactly one `poll_completions` (or `drain`) call.
 //! * **Refusal is immediate and typed.** A request that can never run ([`Request::validate`]
-//!   fails, the engine is shut down, the op is unsupported) is refused by `submit` with a
+//!   fails, among others for `O_DIRECT` alignment; the engine is shut down; the op is
+//!   unsupported by this engine, which [`Routed`] turns into a hand-over to a second engine)
+//!   is refused by `submit` with a
 //!   [`SubmitError`] that hands the request back. Errors from the kernel are per request: they
 //!   arrive in that request's completion (`result` carries the errno) and do not disturb the
 //!   others.
 //! * **Never full.** What does not fit the kernel or the workers right now is queued, not
 //!   refused. `EAGAIN` and `EINTR` are retried, never reported.
 //! * **Whole transfers.** Short reads and writes are resubmitted for the remainder
-//!   ([`Transfer`](crate::backend::Transfer)); a read that reaches end of file completes with the bytes that exist (0 at
-//!   or past EOF).
+//!   ([`Transfer`](crate::backend::Transfer)); a read that reaches end of file completes with
+//!   the bytes that exist (0 at or past EOF). A discard or write-zeroes completes with its
+//!   length.
+//! * **Ops.** Every engine runs reads and writes of [`AlignedBuf`]s and of caller-owned
+//!   memory ([`GuestIovecs`]), `fsync` and `fdatasync`, with [`RwFlags`] (`RWF_DSYNC` for FUA,
+//!   `RWF_NOWAIT`; a request with `NOWAIT` gets `EAGAIN` reported, not retried). Discard and
+//!   write-zeroes ([`Op::Discard`], [`Op::WriteZeroes`]) run where the engine's kernel
+//!   interface has them; an engine without them refuses them with
+//!   [`RequestError::Unsupported`], and [`Routed`] sends them to one that has them.
 //! * **Batching.** Between `plug()` and `unplug()` (nestable) submissions queue until a whole
 //!   batch is queued; `unplug()` sends the rest. A batch is at most `max_batch` (default
 //!   [`DEFAULT_MAX_BATCH`], QEMU's aio-max-batch) and never larger than the work the kernel
@@ -35,18 +46,28 @@
 //! * **Cancel** is best effort: a request still queued in the engine completes with
 //!   `ECANCELED`; one already with the kernel or a worker completes normally.
 //! * **Drop** with requests in flight waits until the kernel or the workers are done with their
-//!   buffers (queued requests are cancelled), then frees them. `drain()` does the same and
+//!   buffers and guest memory (queued requests are cancelled), then frees them. An engine that
+//!   cannot learn that the kernel is done leaks its buffers, and aborts the process if any of
+//!   that memory is a caller's ([`GuestIovecs`]). `drain()` does the same and
 //!   hands every outstanding completion back.
 
 mod buf;
+mod completion;
 mod driver;
+mod file;
+mod guest;
 mod request;
+mod routed;
 
 use std::collections::VecDeque;
 
 pub use buf::{AlignedBuf, BufError, DEFAULT_ALIGN};
-pub use driver::AttachedEngine;
-pub use request::{Completion, IoBuffers, IoFile, Op, Request, RequestError, SubmitError, IOV_MAX};
+pub use completion::{Completion, IoBuffers, RequestError, SubmitError, IOV_MAX};
+pub use driver::{AttachedEngine, PER_REQUEST_TOKEN_BIT};
+pub use file::{DirectIoAlignment, FileKind, IoFile};
+pub use guest::GuestIovecs;
+pub use request::{Op, Request, RwFlags};
+pub use routed::Routed;
 
 use crate::notifier::Notifier;
 
@@ -82,6 +103,15 @@ pub trait IoEngine {
 
     /// The notifier that becomes readable when completions are waiting.
     fn notifier(&self) -> &Notifier;
+
+    /// Every notifier the loop must watch: [`notifier`](IoEngine::notifier) first, and for an
+    /// engine that combines others ([`Routed`]) theirs after it. The loop registers each one;
+    /// when the first is readable it calls [`clear_notifier`](IoEngine::clear_notifier), when
+    /// another is readable it reads that notifier (`test_and_clear`). Either way it then
+    /// collects completions.
+    fn notifiers(&self) -> Vec<&Notifier> {
+        vec![self.notifier()]
+    }
 
     /// Clears the notifier's signal; the loop calls it when the notifier is reported readable,
     /// before it collects completions. The default reads the notifier. An engine whose
@@ -127,6 +157,9 @@ impl<E: IoEngine + ?Sized> IoEngine for Box<E> {
     }
     fn notifier(&self) -> &Notifier {
         (**self).notifier()
+    }
+    fn notifiers(&self) -> Vec<&Notifier> {
+        (**self).notifiers()
     }
     fn clear_notifier(&self) {
         (**self).clear_notifier()

@@ -1,75 +1,16 @@
-//! Requests, completions and the shared transfer arithmetic every engine uses.
+//! Requests: what an engine is asked to do, and the checks made before it is accepted.
 //!
-//! This module owns the value types of the engine contract ([`IoFile`], [`Request`], [`Op`],
-//! [`Completion`], [`IoBuffers`]), request validation ([`RequestError`]) and [`Transfer`], the
-//! bookkeeping for resubmitting the remainder of a short read or write. It performs no I/O.
+//! This module owns the value types of a request ([`Request`], [`Op`], [`RwFlags`]) and their
+//! validation ([`Request::validate`]). It performs no I/O; completions and errors are in
+//! `completion.rs`, the file in `file.rs`, caller-owned memory in `guest.rs`.
 
 use std::fmt;
-use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::Arc;
+use std::ops::BitOr;
 
 use super::buf::AlignedBuf;
-
-/// A file that requests refer to. Cloning is cheap; every request holds a clone, so the fd
-/// stays open while any request on it is in flight, whatever the caller does with its own
-/// handle.
-#[derive(Clone)]
-pub struct IoFile {
-    fd: Arc<OwnedFd>,
-    /// O_DIRECT as the fd was when this `IoFile` was made (read once, not per request).
-    direct: bool,
-}
-
-impl fmt::Debug for IoFile {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "IoFile(fd {})", self.fd.as_raw_fd())
-    }
-}
-
-impl IoFile {
-    /// Takes ownership of an open fd (e.g. from `File::into()`).
-    pub fn new(fd: impl Into<OwnedFd>) -> Self {
-        let fd: OwnedFd = fd.into();
-        // SAFETY: F_GETFL reads the status flags of an fd we own; it takes no pointer.
-        let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
-        IoFile {
-            fd: Arc::new(fd),
-            direct: flags >= 0 && flags & libc::O_DIRECT != 0,
-        }
-    }
-
-    /// Duplicates (close-on-exec) an fd that the caller keeps owning: requests then hold the
-    /// duplicate, whatever the caller does with its own. Fails only when the process is out of
-    /// descriptors (`EMFILE`).
-    pub fn dup(fd: impl AsFd) -> io::Result<Self> {
-        Ok(IoFile::new(fd.as_fd().try_clone_to_owned()?))
-    }
-
-    /// The raw fd (valid while this `IoFile` or a clone lives).
-    pub fn raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
-    }
-
-    /// Whether the fd was opened with `O_DIRECT`, as read once when this `IoFile` was made
-    /// (a later `fcntl(F_SETFL)` on the fd is not seen). Engines use it to tell buffered I/O
-    /// apart without a syscall per request.
-    pub fn is_direct(&self) -> bool {
-        self.direct
-    }
-}
-
-impl AsFd for IoFile {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
-    }
-}
-
-impl From<std::fs::File> for IoFile {
-    fn from(f: std::fs::File) -> Self {
-        IoFile::new(f)
-    }
-}
+use super::completion::{Completion, IoBuffers, RequestError, IOV_MAX};
+use super::file::IoFile;
+use super::guest::GuestIovecs;
 
 /// What a request does.
 #[derive(Debug)]
@@ -102,28 +43,92 @@ pub enum Op {
         /// Sources.
         bufs: Vec<AlignedBuf>,
     },
+    /// Read straight into caller-owned memory, in segment order, starting at `offset`.
+    ReadGuest {
+        /// File offset.
+        offset: u64,
+        /// Destinations.
+        mem: GuestIovecs,
+    },
+    /// Write straight from caller-owned memory, in segment order, starting at `offset`.
+    WriteGuest {
+        /// File offset.
+        offset: u64,
+        /// Sources.
+        mem: GuestIovecs,
+    },
     /// `fsync(2)`.
     Fsync,
     /// `fdatasync(2)`.
     Fdatasync,
+    /// Tells the storage that `len` bytes at `offset` are no longer needed: a file's blocks
+    /// are freed (`fallocate(PUNCH_HOLE | KEEP_SIZE)`; the range then reads as zeroes and the
+    /// size is kept), a block device gets `BLKDISCARD` (what the range reads afterwards is the
+    /// device's business). A file system that cannot punch holes completes the request with
+    /// an error of kind `Unsupported` (`EOPNOTSUPP`).
+    Discard {
+        /// File offset.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+    },
+    /// Makes `len` bytes at `offset` read as zeroes without sending zeroes: a file gets
+    /// `fallocate(ZERO_RANGE | KEEP_SIZE)`, or with `unmap` `fallocate(PUNCH_HOLE |
+    /// KEEP_SIZE)` (the blocks are freed too); a block device gets `BLKZEROOUT`. Where
+    /// neither works the request completes with an error of kind `Unsupported`; zeroes are
+    /// never written behind the caller's back (write them with a [`Op::Write`] if that is
+    /// what you want).
+    WriteZeroes {
+        /// File offset.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+        /// Free the blocks as well (virtio-blk's `VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP`).
+        unmap: bool,
+    },
 }
 
 impl Op {
-    /// A short name for messages: `"read"`, `"writev"`, `"fsync"`, ...
+    /// A short name for messages: `"read"`, `"writev"`, `"discard"`, ...
     pub fn name(&self) -> &'static str {
         match self {
             Op::Read { .. } => "read",
             Op::Write { .. } => "write",
             Op::Readv { .. } => "readv",
             Op::Writev { .. } => "writev",
+            Op::ReadGuest { .. } => "read-guest",
+            Op::WriteGuest { .. } => "write-guest",
             Op::Fsync => "fsync",
             Op::Fdatasync => "fdatasync",
+            Op::Discard { .. } => "discard",
+            Op::WriteZeroes { .. } => "write-zeroes",
         }
     }
 
     /// Whether the op moves data from the file into memory.
     pub fn is_read(&self) -> bool {
-        matches!(self, Op::Read { .. } | Op::Readv { .. })
+        matches!(
+            self,
+            Op::Read { .. } | Op::Readv { .. } | Op::ReadGuest { .. }
+        )
+    }
+
+    /// Whether the op moves data from memory into the file.
+    pub fn is_write(&self) -> bool {
+        matches!(
+            self,
+            Op::Write { .. } | Op::Writev { .. } | Op::WriteGuest { .. }
+        )
+    }
+
+    /// Whether the op moves data (a read or a write of any kind).
+    pub fn is_data(&self) -> bool {
+        self.is_read() || self.is_write()
+    }
+
+    /// Whether the op is a discard or a write-zeroes (an `fallocate`-style range op).
+    pub fn is_range(&self) -> bool {
+        matches!(self, Op::Discard { .. } | Op::WriteZeroes { .. })
     }
 
     /// The file offset (0 for syncs).
@@ -132,45 +137,137 @@ impl Op {
             Op::Read { offset, .. }
             | Op::Write { offset, .. }
             | Op::Readv { offset, .. }
-            | Op::Writev { offset, .. } => *offset,
+            | Op::Writev { offset, .. }
+            | Op::ReadGuest { offset, .. }
+            | Op::WriteGuest { offset, .. }
+            | Op::Discard { offset, .. }
+            | Op::WriteZeroes { offset, .. } => *offset,
             Op::Fsync | Op::Fdatasync => 0,
         }
     }
 
-    /// Total bytes the request transfers (0 for syncs).
+    /// Total bytes the request transfers between memory and the file (0 for syncs, discards
+    /// and write-zeroes, which move no data; see [`Op::range_len`]).
     pub fn len(&self) -> usize {
         match self {
             Op::Read { buf, .. } | Op::Write { buf, .. } => buf.len(),
             Op::Readv { bufs, .. } | Op::Writev { bufs, .. } => bufs.iter().map(|b| b.len()).sum(),
-            Op::Fsync | Op::Fdatasync => 0,
+            Op::ReadGuest { mem, .. } | Op::WriteGuest { mem, .. } => mem.len(),
+            Op::Fsync | Op::Fdatasync | Op::Discard { .. } | Op::WriteZeroes { .. } => 0,
         }
     }
 
-    /// Whether the request transfers no bytes (syncs; data ops are refused when empty).
+    /// Whether the request transfers no bytes (syncs and range ops; data ops are refused when
+    /// empty).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Moves the buffers out, leaving the op without them.
+    /// The bytes of the file the op covers: its transfer length, or a range op's `len`.
+    pub fn range_len(&self) -> u64 {
+        match self {
+            Op::Discard { len, .. } | Op::WriteZeroes { len, .. } => *len,
+            _ => self.len() as u64,
+        }
+    }
+
+    /// Moves the memory out, leaving the op without it.
     pub fn into_buffers(self) -> IoBuffers {
         match self {
             Op::Read { buf, .. } | Op::Write { buf, .. } => IoBuffers::One(buf),
             Op::Readv { bufs, .. } | Op::Writev { bufs, .. } => IoBuffers::Many(bufs),
-            Op::Fsync | Op::Fdatasync => IoBuffers::None,
+            Op::ReadGuest { mem, .. } | Op::WriteGuest { mem, .. } => IoBuffers::Guest(mem),
+            Op::Fsync | Op::Fdatasync | Op::Discard { .. } | Op::WriteZeroes { .. } => {
+                IoBuffers::None
+            }
         }
     }
 
-    /// The buffers, mutably, in transfer order.
+    /// The owned buffers, mutably, in transfer order (empty for guest memory and ops without
+    /// data; see [`Op::segments`]).
     pub fn buffers_mut(&mut self) -> &mut [AlignedBuf] {
         match self {
             Op::Read { buf, .. } | Op::Write { buf, .. } => std::slice::from_mut(buf),
             Op::Readv { bufs, .. } | Op::Writev { bufs, .. } => bufs,
-            Op::Fsync | Op::Fdatasync => &mut [],
+            _ => &mut [],
         }
+    }
+
+    /// Every segment of memory the op transfers, as `(address, length)` in transfer order.
+    ///
+    /// Takes `&mut self` because the addresses are for the kernel to write through: they stay
+    /// valid while the op is neither moved out of nor dropped.
+    pub fn segments(&mut self) -> impl Iterator<Item = (*mut u8, usize)> + '_ {
+        let (owned, guest): (&mut [AlignedBuf], &[libc::iovec]) = match self {
+            Op::ReadGuest { mem, .. } | Op::WriteGuest { mem, .. } => (&mut [], mem.as_iovecs()),
+            other => (other.buffers_mut(), &[]),
+        };
+        owned
+            .iter_mut()
+            .map(|b| (b.as_mut_ptr(), b.len()))
+            .chain(guest.iter().map(|v| (v.iov_base.cast::<u8>(), v.iov_len)))
     }
 }
 
-/// One block I/O request: a file, an op, and a caller-chosen token echoed in its completion.
+/// Per-request flags of a read or write (the kernel's `RWF_*`): an opaque set, combined with
+/// `|`.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct RwFlags(libc::c_int);
+
+impl RwFlags {
+    /// No flags.
+    pub const NONE: RwFlags = RwFlags(0);
+    /// Forced unit access, as a virtio-blk or SCSI device means it: the write is on stable
+    /// storage when it completes (`RWF_DSYNC`, like `O_DSYNC` for this write only). Writes
+    /// only.
+    pub const FUA: RwFlags = RwFlags(libc::RWF_DSYNC);
+    /// Fail with `EAGAIN` (kind `WouldBlock`) instead of waiting for a lock, a page or a
+    /// block allocation (`RWF_NOWAIT`). Engines then report `EAGAIN` instead of retrying it;
+    /// a file that cannot honour it completes with kind `Unsupported`.
+    pub const NOWAIT: RwFlags = RwFlags(libc::RWF_NOWAIT);
+
+    /// Whether every flag of `other` is set.
+    pub fn contains(self, other: RwFlags) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// Whether no flag is set.
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The kernel's `RWF_*` bits, for an engine to hand over (`aio_rw_flags`, an SQE's
+    /// `rw_flags`, `preadv2` / `pwritev2`).
+    pub fn to_rwf(self) -> libc::c_int {
+        self.0
+    }
+}
+
+impl BitOr for RwFlags {
+    type Output = RwFlags;
+    fn bitor(self, rhs: RwFlags) -> RwFlags {
+        RwFlags(self.0 | rhs.0)
+    }
+}
+
+impl fmt::Debug for RwFlags {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut names = Vec::new();
+        if self.contains(RwFlags::FUA) {
+            names.push("FUA");
+        }
+        if self.contains(RwFlags::NOWAIT) {
+            names.push("NOWAIT");
+        }
+        write!(f, "RwFlags({})", names.join(" | "))
+    }
+}
+
+/// One block I/O request: a file, an op, per-request flags, and a caller-chosen token echoed
+/// in its completion.
+///
+/// `Request` is `Send` (an engine may run it on a worker thread): its buffers are owned, and
+/// guest memory is a [`GuestIovecs`] whose constructor promised exclusive use.
 #[derive(Debug)]
 pub struct Request {
     /// The file.
@@ -179,89 +276,160 @@ pub struct Request {
     pub op: Op,
     /// The caller's id for this request, returned in its [`Completion`].
     pub token: u64,
+    /// Per-request flags ([`RwFlags::FUA`], [`RwFlags::NOWAIT`]); reads and writes only.
+    pub flags: RwFlags,
 }
 
 impl Request {
-    /// A read of `buf.len()` bytes at `offset`.
-    pub fn read(file: &IoFile, offset: u64, buf: AlignedBuf, token: u64) -> Self {
+    /// A request for `op` on `file`, without flags.
+    pub fn new(file: &IoFile, op: Op, token: u64) -> Self {
         Request {
             file: file.clone(),
-            op: Op::Read { offset, buf },
+            op,
             token,
+            flags: RwFlags::NONE,
         }
+    }
+
+    /// A read of `buf.len()` bytes at `offset`.
+    pub fn read(file: &IoFile, offset: u64, buf: AlignedBuf, token: u64) -> Self {
+        Self::new(file, Op::Read { offset, buf }, token)
     }
 
     /// A write of `buf` at `offset`.
     pub fn write(file: &IoFile, offset: u64, buf: AlignedBuf, token: u64) -> Self {
-        Request {
-            file: file.clone(),
-            op: Op::Write { offset, buf },
-            token,
-        }
+        Self::new(file, Op::Write { offset, buf }, token)
     }
 
     /// A vectored read at `offset`.
     pub fn readv(file: &IoFile, offset: u64, bufs: Vec<AlignedBuf>, token: u64) -> Self {
-        Request {
-            file: file.clone(),
-            op: Op::Readv { offset, bufs },
-            token,
-        }
+        Self::new(file, Op::Readv { offset, bufs }, token)
     }
 
     /// A vectored write at `offset`.
     pub fn writev(file: &IoFile, offset: u64, bufs: Vec<AlignedBuf>, token: u64) -> Self {
-        Request {
-            file: file.clone(),
-            op: Op::Writev { offset, bufs },
-            token,
-        }
+        Self::new(file, Op::Writev { offset, bufs }, token)
+    }
+
+    /// A read at `offset` straight into caller-owned memory (see [`GuestIovecs`]).
+    pub fn read_guest(file: &IoFile, offset: u64, mem: GuestIovecs, token: u64) -> Self {
+        Self::new(file, Op::ReadGuest { offset, mem }, token)
+    }
+
+    /// A write at `offset` straight from caller-owned memory (see [`GuestIovecs`]).
+    pub fn write_guest(file: &IoFile, offset: u64, mem: GuestIovecs, token: u64) -> Self {
+        Self::new(file, Op::WriteGuest { offset, mem }, token)
     }
 
     /// `fsync(2)` of the file.
     pub fn fsync(file: &IoFile, token: u64) -> Self {
-        Request {
-            file: file.clone(),
-            op: Op::Fsync,
-            token,
-        }
+        Self::new(file, Op::Fsync, token)
     }
 
     /// `fdatasync(2)` of the file.
     pub fn fdatasync(file: &IoFile, token: u64) -> Self {
-        Request {
-            file: file.clone(),
-            op: Op::Fdatasync,
-            token,
-        }
+        Self::new(file, Op::Fdatasync, token)
     }
 
-    /// Checks what can be checked without the kernel: non-empty data ops, at most
-    /// `IOV_MAX` buffers, offsets and lengths that fit the kernel's signed 64-bit `loff_t`.
+    /// A discard of `len` bytes at `offset` (see [`Op::Discard`]).
+    pub fn discard(file: &IoFile, offset: u64, len: u64, token: u64) -> Self {
+        Self::new(file, Op::Discard { offset, len }, token)
+    }
+
+    /// A write-zeroes of `len` bytes at `offset`, freeing the blocks with `unmap` (see
+    /// [`Op::WriteZeroes`]).
+    pub fn write_zeroes(file: &IoFile, offset: u64, len: u64, unmap: bool, token: u64) -> Self {
+        Self::new(file, Op::WriteZeroes { offset, len, unmap }, token)
+    }
+
+    /// The same request with `flags` ([`RwFlags::FUA`] for a write that is durable when it
+    /// completes).
+    pub fn with_flags(mut self, flags: RwFlags) -> Self {
+        self.flags = flags;
+        self
+    }
+
+    /// Checks what can be checked without the kernel: non-empty data and range ops, at most
+    /// `IOV_MAX` segments, offsets and lengths that fit the kernel's signed 64-bit `loff_t`,
+    /// flags that fit the op, and on a file opened with `O_DIRECT` the alignment of offsets,
+    /// lengths and addresses ([`IoFile::direct_io_alignment`]).
     pub fn validate(&self) -> Result<(), RequestError> {
         let op = &self.op;
+        let name = op.name();
+        if !self.flags.is_empty() {
+            let bad = if self.flags.contains(RwFlags::FUA) {
+                !op.is_write()
+            } else {
+                !op.is_data()
+            };
+            if bad {
+                return Err(RequestError::FlagsNotForOp {
+                    op: name,
+                    flags: self.flags,
+                });
+            }
+        }
         if matches!(op, Op::Fsync | Op::Fdatasync) {
             return Ok(());
         }
-        if let Op::Readv { bufs, .. } | Op::Writev { bufs, .. } = op {
-            if bufs.len() > IOV_MAX {
-                return Err(RequestError::TooManyBuffers { count: bufs.len() });
-            }
+        let segments = match op {
+            Op::Readv { bufs, .. } | Op::Writev { bufs, .. } => bufs.len(),
+            Op::ReadGuest { mem, .. } | Op::WriteGuest { mem, .. } => mem.count(),
+            _ => 1,
+        };
+        if segments > IOV_MAX {
+            return Err(RequestError::TooManyBuffers { count: segments });
         }
-        let len = op.len();
+        let len = op.range_len();
         if len == 0 {
-            return Err(RequestError::ZeroLength { op: op.name() });
+            return Err(RequestError::ZeroLength { op: name });
         }
         let offset = op.offset();
-        let end = offset.checked_add(len as u64);
+        let end = offset.checked_add(len);
         if offset > i64::MAX as u64 || end.is_none_or(|e| e > i64::MAX as u64) {
             return Err(RequestError::OffsetOutOfRange { offset, len });
+        }
+        if let (Some(align), true) = (self.file.direct_io_alignment(), op.is_data()) {
+            let misaligned = |what, value| RequestError::Misaligned {
+                op: name,
+                what,
+                value,
+                align,
+            };
+            if offset % align.offset as u64 != 0 {
+                return Err(misaligned("file offset", offset));
+            }
+            let first_bad = match op {
+                Op::ReadGuest { mem, .. } | Op::WriteGuest { mem, .. } => mem.misaligned(align),
+                _ => {
+                    let bufs: &[AlignedBuf] = match op {
+                        Op::Read { buf, .. } | Op::Write { buf, .. } => std::slice::from_ref(buf),
+                        Op::Readv { bufs, .. } | Op::Writev { bufs, .. } => bufs,
+                        _ => &[],
+                    };
+                    bufs.iter().enumerate().find_map(|(i, b)| {
+                        let base = b.as_ptr() as usize;
+                        (base % align.memory != 0 || b.len() % align.offset != 0).then_some((
+                            i,
+                            base,
+                            b.len(),
+                        ))
+                    })
+                }
+            };
+            if let Some((_, base, seg_len)) = first_bad {
+                return Err(if base % align.memory != 0 {
+                    misaligned("buffer address", base as u64)
+                } else {
+                    misaligned("segment length", seg_len as u64)
+                });
+            }
         }
         Ok(())
     }
 
-    /// Completes this request without running it: the buffers go back with `result`.
-    pub fn complete(self, result: io::Result<usize>) -> Completion {
+    /// Completes this request without running it: the memory goes back with `result`.
+    pub fn complete(self, result: std::io::Result<usize>) -> Completion {
         Completion {
             token: self.token,
             result,
@@ -270,175 +438,11 @@ impl Request {
     }
 }
 
-/// The kernel's limit on buffers per vectored request.
-pub const IOV_MAX: usize = 1024;
-
-/// The buffers of a request, handed back in its completion.
-#[derive(Debug, Default)]
-pub enum IoBuffers {
-    /// A sync has none.
-    #[default]
-    None,
-    /// A read or write.
-    One(AlignedBuf),
-    /// A readv or writev.
-    Many(Vec<AlignedBuf>),
-}
-
-impl IoBuffers {
-    /// The single buffer of a read or write.
-    pub fn into_one(self) -> Option<AlignedBuf> {
-        match self {
-            IoBuffers::One(b) => Some(b),
-            _ => None,
-        }
-    }
-
-    /// All buffers, in order (empty for a sync).
-    pub fn into_vec(self) -> Vec<AlignedBuf> {
-        match self {
-            IoBuffers::None => Vec::new(),
-            IoBuffers::One(b) => vec![b],
-            IoBuffers::Many(v) => v,
-        }
-    }
-
-    /// The first (for a read or write, the only) buffer.
-    pub fn first(&self) -> Option<&AlignedBuf> {
-        match self {
-            IoBuffers::None => None,
-            IoBuffers::One(b) => Some(b),
-            IoBuffers::Many(v) => v.first(),
-        }
-    }
-
-    /// How many buffers there are.
-    pub fn count(&self) -> usize {
-        match self {
-            IoBuffers::None => 0,
-            IoBuffers::One(_) => 1,
-            IoBuffers::Many(v) => v.len(),
-        }
-    }
-}
-
-/// The end of a request: its token, the bytes transferred (or the error, carrying the errno),
-/// and its buffers back.
-#[derive(Debug)]
-pub struct Completion {
-    /// The request's token.
-    pub token: u64,
-    /// Bytes transferred (less than requested only for a read that reached end of file; 0
-    /// for syncs and for reads at or past EOF), or the error.
-    pub result: io::Result<usize>,
-    /// The request's buffers.
-    pub buf: IoBuffers,
-}
-
-impl Completion {
-    /// The errno of a failed request.
-    pub fn errno(&self) -> Option<i32> {
-        self.result.as_ref().err().and_then(|e| e.raw_os_error())
-    }
-}
-
-/// A request refused before it reached the kernel or a worker.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum RequestError {
-    /// A read or write with no bytes.
-    #[error("{op} of zero bytes")]
-    ZeroLength {
-        /// The op's name.
-        op: &'static str,
-    },
-    /// An offset or end beyond `i64::MAX` (the kernel's `loff_t`).
-    #[error("offset {offset} + length {len} is beyond the largest file offset (i64::MAX)")]
-    OffsetOutOfRange {
-        /// The offset.
-        offset: u64,
-        /// The length.
-        len: usize,
-    },
-    /// More buffers than `IOV_MAX`.
-    #[error("{count} buffers in one vectored request (the limit is {IOV_MAX})")]
-    TooManyBuffers {
-        /// How many were given.
-        count: usize,
-    },
-    /// The engine was shut down.
-    #[error("the {engine} engine is shut down")]
-    ShutDown {
-        /// The engine's name.
-        engine: &'static str,
-    },
-    /// The engine does not support this op here (with the reason).
-    #[error("{engine} cannot run {op}: {reason}")]
-    Unsupported {
-        /// The engine's name.
-        engine: &'static str,
-        /// The op's name.
-        op: &'static str,
-        /// Why.
-        reason: String,
-    },
-}
-
-crate::io_error_from!(RequestError, |e| match e {
-    RequestError::ShutDown { .. } => io::ErrorKind::BrokenPipe,
-    RequestError::Unsupported { .. } => io::ErrorKind::Unsupported,
-    _ => io::ErrorKind::InvalidInput,
-});
-
-/// A refused request, with the request (and so its buffers) handed back.
-#[derive(Debug, thiserror::Error)]
-#[error("request {} refused: {error}", request.token)]
-pub struct SubmitError {
-    /// Why.
-    #[source]
-    pub error: RequestError,
-    /// The request, untouched.
-    pub request: Box<Request>,
-}
-
-impl SubmitError {
-    /// Wraps a refusal.
-    pub fn new(error: RequestError, request: Request) -> Self {
-        SubmitError {
-            error,
-            request: Box::new(request),
-        }
-    }
-}
-
-impl From<SubmitError> for io::Error {
-    fn from(e: SubmitError) -> io::Error {
-        e.error.into()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn is_direct_follows_the_open_flags() {
-        use std::os::unix::fs::OpenOptionsExt;
-        let path = std::env::temp_dir().join(format!("aio-core-direct-{}", std::process::id()));
-        std::fs::write(&path, vec![0u8; 4096]).unwrap();
-        let buffered = IoFile::from(std::fs::File::open(&path).unwrap());
-        assert!(!buffered.is_direct());
-        // The engine tests need O_DIRECT in the temp dir too (README, Tests).
-        let direct = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(&path)
-            .expect("O_DIRECT in the system temp dir");
-        let direct = IoFile::from(direct);
-        assert!(direct.is_direct());
-        assert!(direct.clone().is_direct(), "clones share it");
-        std::fs::remove_file(&path).unwrap();
-    }
+    use std::io;
+    use std::os::unix::fs::OpenOptionsExt;
 
     fn file() -> IoFile {
         IoFile::dup(std::fs::File::open("/dev/null").expect("/dev/null")).expect("dup")
@@ -468,7 +472,84 @@ mod tests {
             Request::readv(&f, 0, many, 1).validate(),
             Err(RequestError::TooManyBuffers { .. })
         ));
+        assert!(matches!(
+            Request::discard(&f, 0, 0, 1).validate(),
+            Err(RequestError::ZeroLength { op: "discard" })
+        ));
+        assert!(matches!(
+            Request::write_zeroes(&f, i64::MAX as u64, 2, false, 1).validate(),
+            Err(RequestError::OffsetOutOfRange { .. })
+        ));
+        assert!(Request::discard(&f, 0, 1 << 40, 1).validate().is_ok());
         let e: io::Error = RequestError::ZeroLength { op: "read" }.into();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn flags_fit_the_op() {
+        let f = file();
+        let fua_write = Request::write(&f, 0, AlignedBuf::new(512), 1).with_flags(RwFlags::FUA);
+        assert!(fua_write.validate().is_ok());
+        let fua_read = Request::read(&f, 0, AlignedBuf::new(512), 1).with_flags(RwFlags::FUA);
+        assert!(matches!(
+            fua_read.validate(),
+            Err(RequestError::FlagsNotForOp { op: "read", .. })
+        ));
+        let nowait = Request::read(&f, 0, AlignedBuf::new(512), 1).with_flags(RwFlags::NOWAIT);
+        assert!(nowait.validate().is_ok());
+        let sync = Request::fsync(&f, 1).with_flags(RwFlags::NOWAIT);
+        assert!(sync.validate().is_err());
+        let both = RwFlags::FUA | RwFlags::NOWAIT;
+        assert!(both.contains(RwFlags::FUA) && both.contains(RwFlags::NOWAIT));
+        assert_eq!(format!("{both:?}"), "RwFlags(FUA | NOWAIT)");
+    }
+
+    #[test]
+    fn direct_io_alignment_is_checked_up_front() {
+        let path = std::env::temp_dir().join(format!("aio-core-align-{}", std::process::id()));
+        std::fs::write(&path, vec![0u8; 65536]).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+            .expect("O_DIRECT in the temp dir");
+        std::fs::remove_file(&path).unwrap();
+        let f = IoFile::from(f);
+        let align = f.direct_io_alignment().unwrap();
+        let ok = Request::read(&f, 0, AlignedBuf::new(4096), 1);
+        assert!(ok.validate().is_ok());
+        let bad_offset = Request::read(&f, 1, AlignedBuf::new(4096), 1);
+        assert!(matches!(
+            bad_offset.validate(),
+            Err(RequestError::Misaligned {
+                what: "file offset",
+                ..
+            })
+        ));
+        let bad_len = Request::read(&f, 0, AlignedBuf::new(align.offset + 1), 1);
+        assert!(matches!(
+            bad_len.validate(),
+            Err(RequestError::Misaligned {
+                what: "segment length",
+                ..
+            })
+        ));
+        let mut mem = AlignedBuf::new(8192);
+        let base = mem.as_mut_ptr().wrapping_add(1);
+        // SAFETY: the segment lies inside `mem`, which outlives the request; never submitted.
+        let guest = unsafe { GuestIovecs::from_raw_parts(base, 4096) };
+        let bad_base = Request::read_guest(&f, 0, guest, 1);
+        let err = bad_base.validate().unwrap_err();
+        assert!(matches!(
+            err,
+            RequestError::Misaligned {
+                what: "buffer address",
+                ..
+            }
+        ));
+        assert_eq!(io::Error::from(err).kind(), io::ErrorKind::InvalidInput);
+        // Range ops are not data transfers: no memory, no alignment.
+        assert!(Request::discard(&f, 1, 1, 1).validate().is_ok());
     }
 }

@@ -7,7 +7,7 @@
 
 use std::os::fd::RawFd;
 
-use aio_core::backend::Prepared;
+use aio_core::backend::{Prepared, RangeOp};
 use io_uring::{opcode, squeue, types};
 
 use super::{UringEngine, REGISTERED_FILES};
@@ -104,7 +104,7 @@ impl UringEngine {
     pub(super) fn entry(&mut self, slot: u32) -> (squeue::Entry, bool, bool) {
         let prepared = self.core.table.prepare(slot).expect("live slot");
         let fd = match prepared {
-            Prepared::Sync { fd, .. } | Prepared::Rw { fd, .. } => fd,
+            Prepared::Sync { fd, .. } | Prepared::Rw { fd, .. } | Prepared::Range { fd, .. } => fd,
         };
         let fixed = self.fixed_index(slot, fd);
         let mut fixed_buffer = false;
@@ -125,11 +125,23 @@ impl UringEngine {
                 };
                 target!(|t| opcode::Fsync::new(t).flags(flags).build())
             }
+            Prepared::Range {
+                how, offset, len, ..
+            } => match how {
+                RangeOp::Fallocate { mode } => target!(|t| opcode::Fallocate::new(t, len)
+                    .offset(offset)
+                    .mode(mode)
+                    .build()),
+                RangeOp::BlockDiscard => {
+                    unreachable!("check_request refuses a block device's discard at submit")
+                }
+            },
             Prepared::Rw {
                 is_read,
                 offset,
                 iovecs,
                 count,
+                rw_flags,
                 ..
             } => {
                 // SAFETY: `iovecs` points to `count` >= 1 live iovecs in the table.
@@ -149,6 +161,7 @@ impl UringEngine {
                                 index
                             )
                             .offset(offset)
+                            .rw_flags(rw_flags)
                             .build())
                         } else {
                             target!(|t| opcode::WriteFixed::new(
@@ -158,28 +171,33 @@ impl UringEngine {
                                 index
                             )
                             .offset(offset)
+                            .rw_flags(rw_flags)
                             .build())
                         }
                     } else if is_read {
                         target!(
                             |t| opcode::Read::new(t, v.iov_base.cast(), v.iov_len as u32)
                                 .offset(offset)
+                                .rw_flags(rw_flags)
                                 .build()
                         )
                     } else {
                         target!(
                             |t| opcode::Write::new(t, v.iov_base.cast(), v.iov_len as u32)
                                 .offset(offset)
+                                .rw_flags(rw_flags)
                                 .build()
                         )
                     }
                 } else if is_read {
                     target!(|t| opcode::Readv::new(t, iovecs, count as u32)
                         .offset(offset)
+                        .rw_flags(rw_flags)
                         .build())
                 } else {
                     target!(|t| opcode::Writev::new(t, iovecs, count as u32)
                         .offset(offset)
+                        .rw_flags(rw_flags)
                         .build())
                 }
             }

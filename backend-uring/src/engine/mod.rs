@@ -10,7 +10,9 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 
 use aio_core::backend::{BadConfig, EngineCore, Flush, Outcome};
-use aio_core::engine::{Completion, IoEngine, IoFile, DEFAULT_MAX_BATCH};
+use aio_core::engine::{
+    Completion, FileKind, IoEngine, IoFile, Op, Request, RequestError, RwFlags, DEFAULT_MAX_BATCH,
+};
 use aio_core::Notifier;
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -43,7 +45,10 @@ pub struct UringConfig {
     /// or permission, the engine goes on without registered buffers and says why in
     /// [`UringEngine::fixed_buffers_error`]; another refusal affects that buffer only.
     ///
-    /// Meant for buffers that are reused (a VMM's guest memory, a request pool): a freed
+    /// Requests on caller-owned memory ([`GuestIovecs`](aio_core::GuestIovecs)) always go
+    /// without: the engine does not register memory it does not own.
+    ///
+    /// Meant for buffers that are reused (a request pool): a freed
     /// buffer's pages stay pinned, and counted against the memlock limit, until its slot is
     /// given to another buffer, and a new allocation per request costs one `io_uring_register`
     /// call per request.
@@ -136,6 +141,8 @@ pub struct UringStats {
     /// `io_uring_enter` calls made to run pending task work (the `IORING_SQ_TASKRUN` flag
     /// was set; [`TaskRun::Cooperative`] and [`TaskRun::Deferred`] only).
     pub task_run_enters: u64,
+    /// Writes with [`RwFlags::FUA`] (an SQE `rw_flags` of `RWF_DSYNC`).
+    pub fua_writes: u64,
 }
 
 /// The io_uring engine. See the [crate docs](crate).
@@ -398,6 +405,23 @@ impl UringEngine {
         results.len()
     }
 
+    /// Refuses a block device's discard (an ioctl: no io_uring op runs it on this kernel
+    /// interface; [`Routed`](aio_core::Routed) sends it to a thread pool); counts FUA writes.
+    fn check_request(&mut self, request: &Request) -> Result<(), RequestError> {
+        if matches!(request.op, Op::Discard { .. }) && request.file.kind() == FileKind::BlockDevice
+        {
+            return Err(RequestError::Unsupported {
+                engine: "uring",
+                op: "discard",
+                reason: "a block device's discard is the BLKDISCARD ioctl; route it to a \
+                         thread pool with aio_core::engine::Routed"
+                    .into(),
+            });
+        }
+        self.stats.fua_writes += request.flags.contains(RwFlags::FUA) as u64;
+        Ok(())
+    }
+
     /// Blocks until at least one completion arrives (drain and drop).
     fn wait_one(&mut self) -> io::Result<()> {
         loop {
@@ -415,7 +439,7 @@ impl IoEngine for UringEngine {
         "uring"
     }
 
-    aio_core::engine_queue_methods!(core: core, send: submit_pending);
+    aio_core::engine_queue_methods!(core: core, send: submit_pending, check: check_request);
 
     fn poll_completions(&mut self, out: &mut VecDeque<Completion>) -> usize {
         let reaped = self.reap();
@@ -506,8 +530,9 @@ impl Drop for UringEngine {
                 break;
             }
             if self.wait_one().is_err() {
-                // The kernel cannot tell us when it is done: never free the buffers.
-                std::mem::forget(std::mem::take(&mut self.core));
+                // The kernel cannot tell us when it is done: never free the buffers (abort if
+                // any is caller memory).
+                std::mem::take(&mut self.core).table.abandon();
                 return;
             }
         }

@@ -1,0 +1,218 @@
+//! Running a request with blocking syscalls, for engines whose workers are threads, and how a
+//! discard or write-zeroes maps onto the kernel.
+//!
+//! This module owns the one blocking implementation of every [`Op`]: `preadv2` / `pwritev2`
+//! with the request's [`RwFlags`](crate::engine::RwFlags) and the remainder of short
+//! transfers, `fsync` / `fdatasync`, `fallocate` for range ops and the `BLKDISCARD` ioctl for
+//! a block device's discard ([`RangeOp`], shared with the kernel-queue engines). It keeps no
+//! state and never decides which thread it runs on.
+
+use std::io;
+use std::os::fd::RawFd;
+
+use super::transfer::{Step, Transfer};
+use crate::engine::{FileKind, Op, Request, RwFlags};
+
+/// `BLKDISCARD`: `_IO(0x12, 119)`, a `[start, len]` pair of `u64` in bytes.
+const BLKDISCARD: libc::c_ulong = 0x1277;
+
+/// How the kernel runs a discard or write-zeroes on a kind of file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RangeOp {
+    /// `fallocate(fd, mode, offset, len)`: every range op on a regular file, and write-zeroes
+    /// on a block device (where `ZERO_RANGE` runs the kernel's zero-out, as `BLKZEROOUT`
+    /// does, keeping the blocks mapped, and `PUNCH_HOLE` the zero-out that unmaps, failing with
+    /// `EOPNOTSUPP` where the device cannot).
+    Fallocate {
+        /// `FALLOC_FL_*`.
+        mode: libc::c_int,
+    },
+    /// The `BLKDISCARD` ioctl: a block device's discard (no `fallocate` mode means discard on
+    /// a block device, and no io_uring or Linux AIO op runs an ioctl).
+    BlockDiscard,
+}
+
+impl RangeOp {
+    /// How `op` runs on a file of `kind` (None: not a range op).
+    pub fn of(op: &Op, kind: FileKind) -> Option<RangeOp> {
+        let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        Some(match op {
+            Op::Discard { .. } if kind == FileKind::BlockDevice => RangeOp::BlockDiscard,
+            Op::Discard { .. } => RangeOp::Fallocate { mode: punch },
+            Op::WriteZeroes { unmap: true, .. } => RangeOp::Fallocate { mode: punch },
+            Op::WriteZeroes { unmap: false, .. } => RangeOp::Fallocate {
+                mode: libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+            },
+            _ => return None,
+        })
+    }
+}
+
+/// Retries `f` on `EINTR`, and on `EAGAIN` unless the caller wants it reported.
+fn retry(report_eagain: bool, mut f: impl FnMut() -> io::Result<usize>) -> io::Result<usize> {
+    loop {
+        match f() {
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) && !report_eagain => continue,
+            other => return other,
+        }
+    }
+}
+
+fn cvt_size(ret: isize) -> io::Result<usize> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret as usize)
+    }
+}
+
+fn cvt_unit(ret: libc::c_int) -> io::Result<usize> {
+    crate::sys::cvt(ret).map(|_| 0)
+}
+
+/// Runs `request` to its end with blocking syscalls and returns what its completion carries:
+/// the bytes transferred (a read that reaches end of file returns what exists), 0 for a
+/// sync, the length for a discard or write-zeroes, or the error. `EINTR` is retried, and
+/// `EAGAIN` unless the request asked for [`RwFlags::NOWAIT`].
+///
+/// This is what a thread-pool worker runs (aio-pool), and what an engine whose kernel
+/// interface lacks an op can run on a thread of its own.
+pub fn run_blocking(request: &mut Request) -> io::Result<usize> {
+    let fd = request.file.raw_fd();
+    let flags = request.flags;
+    let kind = request.file.kind();
+    let op = &mut request.op;
+    match op {
+        // SAFETY (both): fsync / fdatasync take only an fd, which `request.file` keeps open.
+        Op::Fsync => retry(false, || cvt_unit(unsafe { libc::fsync(fd) })),
+        Op::Fdatasync => retry(false, || cvt_unit(unsafe { libc::fdatasync(fd) })),
+        Op::Discard { offset, len } | Op::WriteZeroes { offset, len, .. } => {
+            let (offset, len) = (*offset, *len);
+            let how = RangeOp::of(op, kind).expect("a range op");
+            retry(false, || range(fd, how, offset, len))?;
+            Ok(len as usize)
+        }
+        _ => {
+            let is_read = op.is_read();
+            let report_eagain = flags.contains(RwFlags::NOWAIT);
+            let mut transfer = Transfer::default();
+            let mut iovecs = Vec::new();
+            loop {
+                let offset = transfer.offset(op) as libc::off_t;
+                transfer.remaining_iovecs(op, &mut iovecs);
+                let n = retry(report_eagain, || rw(fd, is_read, &iovecs, offset, flags))?;
+                match transfer.advance(op, n)? {
+                    Step::Done(total) => return Ok(total),
+                    Step::Again => continue,
+                }
+            }
+        }
+    }
+}
+
+/// One `preadv2` / `pwritev2` over `iovecs` at `offset`.
+fn rw(
+    fd: RawFd,
+    is_read: bool,
+    iovecs: &[libc::iovec],
+    offset: libc::off_t,
+    flags: RwFlags,
+) -> io::Result<usize> {
+    let count = iovecs.len().min(crate::engine::IOV_MAX) as libc::c_int;
+    // SAFETY: `iovecs` describe the request's memory (its owned buffers, or caller memory
+    // whose `GuestIovecs` contract keeps it valid and unshared while the request lives); the
+    // request is borrowed mutably for the whole call, so nothing else touches that memory.
+    // The fd is kept open by the request's `IoFile`.
+    let ret = unsafe {
+        if is_read {
+            libc::preadv2(fd, iovecs.as_ptr(), count, offset, flags.to_rwf())
+        } else {
+            libc::pwritev2(fd, iovecs.as_ptr(), count, offset, flags.to_rwf())
+        }
+    };
+    cvt_size(ret)
+}
+
+/// One discard or write-zeroes.
+fn range(fd: RawFd, how: RangeOp, offset: u64, len: u64) -> io::Result<usize> {
+    match how {
+        RangeOp::Fallocate { mode } => {
+            // SAFETY: fallocate takes an fd (kept open by the request) and plain integers.
+            cvt_unit(unsafe { libc::fallocate(fd, mode, offset as i64, len as i64) })
+        }
+        RangeOp::BlockDiscard => {
+            let range: [u64; 2] = [offset, len];
+            // SAFETY: BLKDISCARD reads two u64 from the pointer, which points to `range`
+            // for the duration of the call.
+            cvt_unit(unsafe { libc::ioctl(fd, BLKDISCARD as _, range.as_ptr()) })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{AlignedBuf, IoFile};
+    use std::os::unix::fs::MetadataExt;
+
+    fn temp_file(len: usize) -> (IoFile, std::path::PathBuf) {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("aio-blocking-{}-{n}", std::process::id()));
+        std::fs::write(&path, vec![0x5au8; len]).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        (IoFile::from(f), path)
+    }
+
+    #[test]
+    fn reads_and_writes_whole_transfers_with_flags() {
+        let (file, path) = temp_file(8192);
+        let data: Vec<u8> = (0..3 * 1000).map(|i| (i % 251) as u8).collect();
+        let bufs = data.chunks(1000).map(AlignedBuf::from_slice).collect();
+        let mut w = Request::writev(&file, 100, bufs, 1).with_flags(RwFlags::FUA);
+        assert_eq!(run_blocking(&mut w).unwrap(), 3000);
+        let mut r = Request::read(&file, 100, AlignedBuf::new(3000), 2);
+        assert_eq!(run_blocking(&mut r).unwrap(), 3000);
+        assert_eq!(&r.op.into_buffers().into_one().unwrap()[..], &data[..]);
+        // Past the end: what exists.
+        let mut eof = Request::read(&file, 8000, AlignedBuf::new(1000), 3);
+        assert_eq!(run_blocking(&mut eof).unwrap(), 192);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn discard_and_write_zeroes_keep_the_size_and_read_as_zeroes() {
+        let (file, path) = temp_file(1 << 20);
+        let before = std::fs::metadata(&path).unwrap();
+        let mut d = Request::discard(&file, 0, 512 << 10, 1);
+        assert_eq!(run_blocking(&mut d).unwrap(), 512 << 10);
+        let mut z = Request::write_zeroes(&file, 512 << 10, 4096, false, 2);
+        assert_eq!(run_blocking(&mut z).unwrap(), 4096);
+        let after = std::fs::metadata(&path).unwrap();
+        assert_eq!(after.len(), before.len(), "the size is kept");
+        assert!(after.blocks() < before.blocks(), "the blocks are freed");
+        let content = std::fs::read(&path).unwrap();
+        assert!(content[..(512 << 10) + 4096].iter().all(|&b| b == 0));
+        assert!(content[(512 << 10) + 4096..].iter().all(|&b| b == 0x5a));
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn range_ops_map_by_file_kind() {
+        let discard = Op::Discard { offset: 0, len: 1 };
+        assert_eq!(
+            RangeOp::of(&discard, FileKind::BlockDevice),
+            Some(RangeOp::BlockDiscard)
+        );
+        assert!(matches!(
+            RangeOp::of(&discard, FileKind::Regular),
+            Some(RangeOp::Fallocate { .. })
+        ));
+        assert_eq!(RangeOp::of(&Op::Fsync, FileKind::Regular), None);
+    }
+}
