@@ -60,3 +60,15 @@ mod engine_on_uring_monitor {
         aio_backend_uring::UringLoop::new().expect("io_uring_setup")
     );
 }
+
+// Behind `Routed` with a thread pool: a block device's discard (an ioctl) goes to the pool.
+mod engine_routed_to_a_pool {
+    aio_core::engine_conformance!(
+        probe: aio_backend_uring::probe().map(drop),
+        aio_core::engine::Routed::new(
+            aio_backend_uring::UringEngine::new(Default::default()).expect("io_uring_setup"),
+            aio_pool::ThreadPool::new(Default::default()).expect("pool"),
+        ),
+        aio_backend_poll::PollLoop::new()
+    );
+}

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use crate::{AioContext, AioError, EventLoop, FdHandler, Notifier, PollParams};
 
+pub mod disk;
 pub mod engine;
 pub mod faults;
 
