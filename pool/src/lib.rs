@@ -1,9 +1,11 @@
 //! # aio-pool
 //!
-//! QEMU's `aio=threads`: a thread pool that is an [`IoEngine`] (blocking `preadv` / `pwritev` /
-//! `fsync` / `fdatasync` in worker threads) and a general offload for any blocking closure whose
-//! result comes back in the loop ([`PoolContext::run`], QEMU's "threadlets"; handing work to a
-//! thread pool has a fixed cost, which `benches/pool.rs` measures).
+//! QEMU's `aio=threads`: a thread pool that is an [`IoEngine`] (every op, run in worker threads
+//! by aio-core's blocking implementation: `preadv2` / `pwritev2` with FUA or NOWAIT, guest
+//! memory, `fsync` / `fdatasync`, discard and write-zeroes) and a general offload for any
+//! blocking closure whose result comes back in the loop ([`PoolContext::run`], QEMU's
+//! "threadlets"; handing work to a thread pool has a fixed cost, which `benches/pool.rs`
+//! measures).
 //!
 //! * **Threads** ([`PoolConfig`], QEMU's defaults): at most 64, at least 0, a thread above the
 //!   minimum exits after 10 s without work; all settable, also at run time
