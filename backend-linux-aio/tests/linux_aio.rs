@@ -2,7 +2,7 @@
 //! policy, io_submit errors, short transfers and the aio-max-nr error.
 
 use aio_backend_linux_aio::{probe, BufferedPolicy, LinuxAio, LinuxAioConfig, LinuxAioError};
-use aio_core::engine::{AlignedBuf, IoEngine, Request, RequestError};
+use aio_core::engine::{AlignedBuf, IoEngine, Request, RequestError, RwFlags};
 use aio_core::testing::engine::{read_block, wait_for, TempFile};
 
 use aio_core::testing::engine::BLOCK;
@@ -203,4 +203,40 @@ fn exhausting_aio_max_nr_is_a_typed_error_naming_the_limit() {
             other => panic!("{field}: {other:?}"),
         }
     }
+}
+
+#[test]
+fn discard_is_refused_as_unsupported_and_fua_writes_are_counted() {
+    if !available() {
+        return;
+    }
+    let mut engine = LinuxAio::new(LinuxAioConfig::default()).unwrap();
+    let tmp = TempFile::with_len(4 * BLOCK, 0);
+    let file = tmp.open(libc::O_DIRECT).unwrap();
+    for r in [
+        Request::discard(&file, 0, BLOCK as u64, 1),
+        Request::write_zeroes(&file, 0, BLOCK as u64, true, 2),
+    ] {
+        let e = engine.submit(r).unwrap_err();
+        assert!(
+            matches!(e.error, RequestError::Unsupported { .. }),
+            "{}",
+            e.error
+        );
+        assert_eq!(
+            std::io::Error::from(e).kind(),
+            std::io::ErrorKind::Unsupported
+        );
+    }
+    let write = Request::write(&file, 0, AlignedBuf::from_slice(&[9; BLOCK]), 3);
+    engine.submit(write.with_flags(RwFlags::FUA)).unwrap();
+    engine.submit(read_block(&file, 1, 4)).unwrap();
+    let done = wait_for(&mut engine, 2);
+    assert!(done.iter().all(|c| c.result.is_ok()));
+    assert_eq!(
+        engine.stats().fua_writes,
+        1,
+        "one FUA write of two requests"
+    );
+    assert_eq!(tmp.contents()[..BLOCK], [9; BLOCK]);
 }

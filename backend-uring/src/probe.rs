@@ -103,12 +103,13 @@ pub(crate) fn classify(e: io::Error) -> UringUnavailable {
 pub fn probe() -> Result<UringSupport, UringUnavailable> {
     let ring = IoUring::new(2).map_err(classify)?;
     let mut p = Probe::new();
-    let known: [(&'static str, u8); 11] = [
+    let known: [(&'static str, u8); 12] = [
         ("READ", opcode::Read::CODE),
         ("WRITE", opcode::Write::CODE),
         ("READV", opcode::Readv::CODE),
         ("WRITEV", opcode::Writev::CODE),
         ("FSYNC", opcode::Fsync::CODE),
+        ("FALLOCATE", opcode::Fallocate::CODE),
         ("POLL_ADD", opcode::PollAdd::CODE),
         ("POLL_REMOVE", opcode::PollRemove::CODE),
         ("TIMEOUT", opcode::Timeout::CODE),

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 
 use aio_backend_uring::{probe, TaskRun, UringConfig, UringEngine};
-use aio_core::engine::{AlignedBuf, IoEngine, IoFile, Request};
+use aio_core::engine::{AlignedBuf, IoEngine, IoFile, Request, RwFlags};
 use aio_core::testing::engine::{read_block, wait_for, TempFile};
 
 use aio_core::testing::engine::BLOCK;
@@ -26,6 +26,7 @@ fn probe_reports_the_opcodes_this_project_uses() {
         "READV",
         "WRITEV",
         "FSYNC",
+        "FALLOCATE",
         "POLL_ADD",
         "POLL_REMOVE",
     ] {
@@ -311,4 +312,36 @@ fn completions_held_as_task_work_wake_the_eventfd_and_are_seen_by_io_poll() {
             _ => {}
         }
     }
+}
+
+#[test]
+fn fua_writes_are_counted_and_a_file_discard_is_fallocate() {
+    if !available() {
+        return;
+    }
+    let mut engine = UringEngine::new(UringConfig::default()).unwrap();
+    let tmp = TempFile::with_len(64 * BLOCK, 5);
+    let file = tmp.open(libc::O_DIRECT).unwrap();
+    let write = Request::write(&file, 0, AlignedBuf::from_slice(&[8; BLOCK]), 1);
+    engine.submit(write.with_flags(RwFlags::FUA)).unwrap();
+    engine.submit(read_block(&file, 2, 2)).unwrap();
+    engine
+        .submit(Request::discard(
+            &file,
+            32 * BLOCK as u64,
+            32 * BLOCK as u64,
+            3,
+        ))
+        .unwrap();
+    let done = wait_for(&mut engine, 3);
+    assert!(done.iter().all(|c| c.result.is_ok()), "{done:?}");
+    let stats = engine.stats();
+    assert_eq!(stats.fua_writes, 1);
+    assert_eq!(
+        stats.entries_submitted, 3,
+        "the discard went to the ring, not a thread"
+    );
+    let data = tmp.contents();
+    assert_eq!(data[..BLOCK], [8; BLOCK]);
+    assert!(data[32 * BLOCK..].iter().all(|&b| b == 0));
 }

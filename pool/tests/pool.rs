@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aio_backend_poll::PollLoop;
-use aio_core::engine::{AlignedBuf, IoEngine, Request, RequestError};
+use aio_core::engine::{AlignedBuf, IoEngine, Request, RequestError, RwFlags};
 use aio_core::testing::engine::{wait_for, TempFile};
 use aio_core::testing::poll_until;
 use aio_core::AioContext;
@@ -323,4 +323,24 @@ fn spinning_threads_take_the_next_job_without_a_spawn() {
         "a spinning thread counts as taking the next job: {:?}",
         pool.stats()
     );
+}
+
+#[test]
+fn fua_writes_are_counted() {
+    let mut pool = ThreadPool::new(PoolConfig::default()).unwrap();
+    let tmp = TempFile::with_len(8192, 0);
+    let file = tmp.open(0).unwrap();
+    let fua = Request::write(&file, 0, AlignedBuf::from_slice(&[4; 4096]), 1);
+    pool.submit(fua.with_flags(RwFlags::FUA)).unwrap();
+    pool.submit(Request::write(
+        &file,
+        4096,
+        AlignedBuf::from_slice(&[5; 4096]),
+        2,
+    ))
+    .unwrap();
+    let done = wait_for(&mut pool, 2);
+    assert!(done.iter().all(|c| c.result.is_ok()));
+    assert_eq!(pool.stats().fua_writes, 1);
+    assert_eq!(tmp.contents()[..4096], [4; 4096]);
 }
