@@ -204,6 +204,10 @@ fn bad_settings_are_errors_that_name_the_field() {
             "entries",
         ),
         (UringConfig::default().with_max_batch(0), "max_batch"),
+        (
+            UringConfig::default().with_io_workers(Some(0)),
+            "io_workers",
+        ),
     ] {
         // Refused before any ring is set up: no io_uring needed.
         match UringEngine::new(config) {
@@ -226,7 +230,47 @@ fn bad_settings_are_errors_that_name_the_field() {
         // Its CQ (four entries per SQ entry) is capped at the kernel's limit.
         let big = UringConfig::default().with_entries(aio_backend_uring::MAX_ENTRIES);
         assert!(aio_backend_uring::shared_ring(big).is_ok());
+        // A worker limit the kernel takes, on both kinds of ring.
+        let one = UringConfig::default().with_io_workers(Some(1));
+        assert!(UringEngine::new(one).is_ok());
+        assert!(aio_backend_uring::shared_ring(one).is_ok());
     }
+}
+
+#[test]
+fn range_ops_on_one_file_are_linked_and_all_complete() {
+    if !available() {
+        return;
+    }
+    // One io-wq worker, and the discards hard-linked in submission batches: every one
+    // completes, each with its length, also when one in the middle fails.
+    let mut engine = UringEngine::new(UringConfig::default().with_io_workers(Some(1))).unwrap();
+    let tmp = TempFile::with_len(64 * BLOCK, 1);
+    let file = tmp.open(0).unwrap();
+    engine.plug();
+    for i in 0..64u64 {
+        // Past the file system's largest file (ext4: 16 TiB) a discard fails with EFBIG, and
+        // must not cancel the ones linked after it (tmpfs takes it).
+        let at = if i == 10 { 1 << 50 } else { i * BLOCK as u64 };
+        engine
+            .submit(Request::discard(&file, at, BLOCK as u64, i))
+            .unwrap();
+    }
+    engine.unplug();
+    let mut done = wait_for(&mut engine, 64);
+    done.sort_by_key(|c| c.token);
+    for c in &done {
+        if c.token == 10 {
+            assert!(c.result.is_ok() || c.errno() == Some(libc::EFBIG), "{c:?}");
+        } else {
+            assert_eq!(c.result.as_ref().ok(), Some(&BLOCK), "{c:?}");
+        }
+    }
+    assert!(engine.stats().linked_range_ops > 0, "{:?}", engine.stats());
+    let data = tmp.contents();
+    assert!(data[..10 * BLOCK].iter().all(|&b| b == 0));
+    assert!(data[10 * BLOCK..11 * BLOCK].iter().all(|&b| b == 1));
+    assert!(data[11 * BLOCK..].iter().all(|&b| b == 0));
 }
 
 /// A pipe (read end, write end) as files; the read end is what the engine reads.

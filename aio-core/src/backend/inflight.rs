@@ -143,6 +143,16 @@ impl InFlightTable {
         }
     }
 
+    /// The fd of a live slot whose request is a discard or write-zeroes.
+    pub fn range_op_fd(&self, slot: u32) -> Option<i32> {
+        let entry = self.slots.get_index(slot)?;
+        entry
+            .request
+            .op
+            .is_range()
+            .then(|| entry.request.file.raw_fd())
+    }
+
     /// The token of a live slot.
     pub fn token(&self, slot: u32) -> Option<u64> {
         self.slots.get_index(slot).map(|e| e.request.token)

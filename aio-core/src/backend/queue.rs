@@ -63,6 +63,11 @@ impl SubmitQueue {
         self.queue.push_back(request);
     }
 
+    /// The request that goes next, if any.
+    pub fn front(&self) -> Option<&Request> {
+        self.queue.front()
+    }
+
     /// Puts a request back at the head (it could not be sent after all, e.g. `EAGAIN`).
     pub fn push_front(&mut self, request: Request) {
         self.queue.push_front(request);

@@ -19,6 +19,8 @@ use std::rc::Rc;
 
 mod entry;
 
+use io_uring::squeue;
+
 use crate::probe::{classify, UringUnavailable};
 use crate::registered_buffers::{RegisteredBuffers, MAX_REGISTERED_BUFFERS};
 use crate::ring::{drain_cq, RingHandle, SharedCore};
@@ -58,6 +60,13 @@ pub struct UringConfig {
     /// loop is never interrupted and a sleeping one wakes once, on its eventfd (or, on a
     /// [`shared_ring`](crate::shared_ring), in the monitor's own wait).
     pub task_run: TaskRun,
+    /// The most io-wq workers the kernel runs for this ring's file work that cannot complete
+    /// inline (`IORING_REGISTER_IOWQ_MAX_WORKERS`, the bounded limit): discard and
+    /// write-zeroes (`fallocate` always runs in a worker), buffered writes, O_DIRECT on tmpfs.
+    /// `None` (the default) keeps the kernel's limit (the CPU count, capped by
+    /// `RLIMIT_NPROC`). Work that serialises on a lock of one file, like `fallocate` on ext4,
+    /// runs faster in fewer workers (BENCHMARKS.md, "Discard and write-zeroes").
+    pub io_workers: Option<u32>,
 }
 
 impl Default for UringConfig {
@@ -68,6 +77,7 @@ impl Default for UringConfig {
             register_files: false,
             fixed_buffers: 0,
             task_run: TaskRun::Auto,
+            io_workers: None,
         }
     }
 }
@@ -83,6 +93,8 @@ aio_core::with_setters!(UringConfig {
     with_fixed_buffers => fixed_buffers: u32,
     /// With the task-work mode `task_run`.
     with_task_run => task_run: TaskRun,
+    /// With at most `io_workers` io-wq workers for file work (`None`: the kernel's limit).
+    with_io_workers => io_workers: Option<u32>,
 });
 
 /// io_uring's limit on submission-queue entries (`IORING_MAX_ENTRIES`).
@@ -100,6 +112,12 @@ pub(crate) fn check_config(config: &UringConfig) -> Result<(), UringUnavailable>
     if config.max_batch == 0 {
         return Err(bad("max_batch", "0: at least 1 entry per enter".into()));
     }
+    if config.io_workers == Some(0) {
+        return Err(bad(
+            "io_workers",
+            "Some(0): at least 1 worker (None keeps the kernel's limit)".into(),
+        ));
+    }
     if config.fixed_buffers > MAX_REGISTERED_BUFFERS {
         return Err(bad(
             "fixed_buffers",
@@ -108,6 +126,21 @@ pub(crate) fn check_config(config: &UringConfig) -> Result<(), UringUnavailable>
                 config.fixed_buffers
             ),
         ));
+    }
+    Ok(())
+}
+
+/// Applies [`UringConfig::io_workers`] to `ring`.
+fn limit_io_workers(
+    ring: &io_uring::IoUring,
+    config: &UringConfig,
+) -> Result<(), UringUnavailable> {
+    if let Some(workers) = config.io_workers {
+        // [bounded, unbounded]; 0 leaves the unbounded (network) limit as it is.
+        let mut limits = [workers, 0];
+        ring.submitter()
+            .register_iowq_max_workers(&mut limits)
+            .map_err(UringUnavailable::Other)?;
     }
     Ok(())
 }
@@ -143,6 +176,9 @@ pub struct UringStats {
     pub task_run_enters: u64,
     /// Writes with [`RwFlags::FUA`] (an SQE `rw_flags` of `RWF_DSYNC`).
     pub fua_writes: u64,
+    /// Discards and write-zeroes hard-linked to the next one on the same file, so that one
+    /// io-wq worker runs them in turn.
+    pub linked_range_ops: u64,
 }
 
 /// The io_uring engine. See the [crate docs](crate).
@@ -184,6 +220,7 @@ impl UringEngine {
         let (ring, task_run) =
             build_ring(entries, entries * 2, config.task_run).map_err(classify)?;
         let notifier = Notifier::new_eventfd().map_err(UringUnavailable::Other)?;
+        limit_io_workers(&ring, &config)?;
         ring.submitter()
             .register_eventfd(notifier.as_raw_fd())
             .map_err(UringUnavailable::Other)?;
@@ -203,6 +240,7 @@ impl UringEngine {
         task_run: TaskRun,
     ) -> Result<Self, UringUnavailable> {
         check_config(&config)?;
+        limit_io_workers(&core.borrow().ring, &config)?;
         // Never written: the monitor reports this fd readable itself when completions wait.
         let notifier = Notifier::new_eventfd().map_err(UringUnavailable::Other)?;
         core.borrow_mut().engine_fd = Some(notifier.as_raw_fd());
@@ -326,7 +364,15 @@ impl UringEngine {
                         }
                     }
                 };
-                let (entry, fixed_file, fixed_buffer) = self.entry(slot);
+                let (mut entry, fixed_file, fixed_buffer) = self.entry(slot);
+                let room = pushed + 1 < batch && self.in_kernel + pushed + 1 < cap;
+                if room && fresh > 0 && self.range_op_follows(slot) {
+                    // Range ops on one file run one after another in one io-wq worker (a hard
+                    // link: a failure does not cancel the next), instead of a worker each
+                    // queueing on the file's lock (BENCHMARKS.md, "Discard and write-zeroes").
+                    entry = entry.flags(squeue::Flags::IO_HARDLINK);
+                    self.stats.linked_range_ops += 1;
+                }
                 // SAFETY: the entry's buffers and iovecs live in `self.table` until its CQE
                 // is reaped (or, at Drop, until the kernel is done with them).
                 let full = !unsafe { self.ring.try_push(&entry) };
@@ -403,6 +449,23 @@ impl UringEngine {
         }
         self.stats.cqes += results.len() as u64;
         results.len()
+    }
+
+    /// Whether `slot` is a discard or write-zeroes and the next request to go (no remainder
+    /// waits) is one on the same file.
+    fn range_op_follows(&self, slot: u32) -> bool {
+        if self.core.table.has_resubmits() {
+            return false;
+        }
+        let Some(next) = self.core.queue.front() else {
+            return false;
+        };
+        next.op.is_range()
+            && self
+                .core
+                .table
+                .range_op_fd(slot)
+                .is_some_and(|fd| fd == next.file.raw_fd())
     }
 
     /// Refuses a block device's discard (an ioctl: no io_uring op runs it on this kernel
