@@ -84,9 +84,20 @@ pub fn run_blocking(request: &mut Request) -> io::Result<usize> {
     let kind = request.file.kind();
     let op = &mut request.op;
     match op {
-        // SAFETY (both): fsync / fdatasync take only an fd, which `request.file` keeps open.
-        Op::Fsync => retry(false, || cvt_unit(unsafe { libc::fsync(fd) })),
-        Op::Fdatasync => retry(false, || cvt_unit(unsafe { libc::fdatasync(fd) })),
+        Op::Fsync | Op::Fdatasync => {
+            let datasync = matches!(op, Op::Fdatasync);
+            retry(false, || {
+                // SAFETY: fsync / fdatasync take only an fd, which `request.file` keeps open.
+                let ret = unsafe {
+                    if datasync {
+                        libc::fdatasync(fd)
+                    } else {
+                        libc::fsync(fd)
+                    }
+                };
+                cvt_unit(ret)
+            })
+        }
         Op::Discard { offset, len } | Op::WriteZeroes { offset, len, .. } => {
             let (offset, len) = (*offset, *len);
             let how = RangeOp::of(op, kind).expect("a range op");

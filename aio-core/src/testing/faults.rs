@@ -27,7 +27,7 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::engine::{Completion, IoEngine, Op, Request, SubmitError};
+use crate::engine::{Completion, IoEngine, Request, SubmitError};
 use crate::Notifier;
 
 /// Which faults to inject. The default injects none.
@@ -197,7 +197,7 @@ impl<E: IoEngine> IoEngine for FaultyEngine<E> {
             self.complete_here(request, Err(io::Error::from_raw_os_error(errno)));
             return Ok(());
         }
-        if matches!(request.op, Op::Write { .. } | Op::Writev { .. }) {
+        if request.op.is_write() {
             self.writes += 1;
             if let Some(every) = self.plan.lose_write_every {
                 if every > 0 && self.writes % every == 0 {
@@ -250,6 +250,14 @@ impl<E: IoEngine> IoEngine for FaultyEngine<E> {
 
     fn notifier(&self) -> &Notifier {
         self.inner.notifier()
+    }
+
+    fn notifiers(&self) -> Vec<&Notifier> {
+        self.inner.notifiers()
+    }
+
+    fn clear_notifier(&self) {
+        self.inner.clear_notifier()
     }
 
     fn cancel(&mut self, token: u64) -> bool {
