@@ -12,9 +12,11 @@
 //! * [`Hybrid`]: QEMU's monitor choice as an adapter over two monitors: the small one (ppoll)
 //!   below a threshold of registered fds (64), the large one (epoll) from there up.
 //! * [`IoEngine`] and [`Completion`]: the block I/O contract (read, write, readv, writev,
-//!   fsync, fdatasync on an [`IoFile`], buffers owned by the engine while in flight), written
-//!   out in the [`engine`] module docs; [`AioContext::attach_engine`] delivers completions in
-//!   the loop.
+//!   fsync, fdatasync, discard, write-zeroes on an [`IoFile`], FUA and NOWAIT as [`RwFlags`];
+//!   buffers owned by the engine while in flight, or guest memory the caller lends with
+//!   [`GuestIovecs`]), written out in the [`engine`] module docs; [`Routed`] sends what one
+//!   engine lacks to another; [`AioContext::attach_engine`] delivers completions in the loop,
+//!   to one callback or to each request's own ([`AttachedEngine::submit_with`]).
 //! * `testing` (feature `testing`): the conformance suites every backend runs.
 //!
 //! ```no_run
@@ -28,6 +30,29 @@
 //! loop {
 //!     ctx.poll(true);
 //! }
+//! # }
+//! ```
+//!
+//! A virtual disk's requests, straight into guest memory and back, with their own callbacks:
+//!
+//! ```no_run
+//! use aio_core::engine::{AttachedEngine, GuestIovecs, IoEngine, IoFile, Request, RwFlags};
+//! use aio_core::{AioContext, EventLoop};
+//! # fn demo<L: EventLoop + 'static, E: IoEngine + 'static>(
+//! #     engine: &AttachedEngine<L, E>, disk: &IoFile, guest_ram: *mut u8,
+//! # ) -> Result<(), aio_core::SubmitError> {
+//! // SAFETY: these 4 KiB of guest RAM stay mapped, and the guest does not touch them, until
+//! // the completion hands the iovecs back.
+//! let mem = unsafe { GuestIovecs::from_raw_parts(guest_ram, 4096) };
+//! let disk2 = disk.clone();
+//! engine.submit_with(Request::read_guest(disk, 0, mem, 1), move |_ctx, engine, done| {
+//!     let _bytes = done.result; // the errno, if any, is this request's
+//!     // The callback submits the next request itself: a discard, say.
+//!     let _ = engine.submit(Request::discard(&disk2, 1 << 20, 1 << 20, 2));
+//! })?;
+//! let buf = aio_core::AlignedBuf::from_slice(&[0; 4096]);
+//! engine.submit(Request::write(disk, 0, buf, 3).with_flags(RwFlags::FUA))?;
+//! # Ok(())
 //! # }
 //! ```
 
