@@ -81,6 +81,12 @@ pub enum AioError {
     /// `detach` of an engine from inside a callback of its context.
     #[error("an engine cannot be detached from inside a callback of its context")]
     EngineBusy,
+    /// `detach` of an engine while other handles or unfinished futures still hold it.
+    #[error("the engine cannot be detached: {holders} other handles or futures still hold it")]
+    EngineShared {
+        /// How many.
+        holders: usize,
+    },
     /// Creating the context's own notifier failed.
     #[error("creating the context notifier failed: {0}")]
     Notifier(#[source] io::Error),
@@ -92,7 +98,7 @@ crate::io_error_from!(AioError, |e| match e {
         io::ErrorKind::InvalidInput
     }
     AioError::TimeoutOverflow { .. } => io::ErrorKind::InvalidInput,
-    AioError::EngineBusy => io::ErrorKind::ResourceBusy,
+    AioError::EngineBusy | AioError::EngineShared { .. } => io::ErrorKind::ResourceBusy,
     AioError::NotRegistered { .. }
     | AioError::UnknownTimer { .. }
     | AioError::UnknownBottomHalf { .. } => io::ErrorKind::NotFound,

@@ -71,6 +71,7 @@ pub mod polling;
 mod slots;
 mod sync;
 mod sys;
+pub mod task;
 #[cfg(feature = "testing")]
 pub mod testing;
 

@@ -13,6 +13,8 @@
 //! | `wakeup.rs` | the notify_me handshake | `ctx->notify_me` |
 //! | `counters.rs` | [`LoopCounters`] | trace points |
 //!
+//! Tasks (`spawn`, `block_on`) are the `task` module's; the context only keeps their executor.
+//!
 //! The context does not know which monitor it runs on and never issues fd-monitor syscalls
 //! itself, only through the [`EventLoop`] trait. The re-entrancy rules are on [`AioContext`]
 //! itself, where users read them.
@@ -100,6 +102,8 @@ pub struct AioContext<L: EventLoop> {
     dispatch_seq: Cell<u64>,
     event_buffers: RefCell<Vec<Vec<Event>>>,
     last_wait_error: RefCell<Option<io::Error>>,
+    /// The tasks of [`AioContext::spawn`], created on first use.
+    executor: RefCell<Option<std::rc::Rc<crate::task::Executor>>>,
 }
 
 impl<L: EventLoop> fmt::Debug for AioContext<L> {
@@ -157,6 +161,7 @@ impl<L: EventLoop> AioContext<L> {
             dispatch_seq: Cell::new(0),
             event_buffers: RefCell::new(Vec::new()),
             last_wait_error: RefCell::new(None),
+            executor: RefCell::new(None),
         })
     }
 
@@ -181,6 +186,11 @@ impl<L: EventLoop> AioContext<L> {
         self.clock.now_ns()
     }
 
+    /// Where the executor of [`AioContext::spawn`] lives (`task` module).
+    pub(crate) fn executor_slot(&self) -> &RefCell<Option<std::rc::Rc<crate::task::Executor>>> {
+        &self.executor
+    }
+
     /// Whether a `poll()` of this context is running (the caller is inside one of its
     /// callbacks).
     pub fn is_polling(&self) -> bool {
@@ -190,6 +200,11 @@ impl<L: EventLoop> AioContext<L> {
 
 impl<L: EventLoop> Drop for AioContext<L> {
     fn drop(&mut self) {
+        // Unfinished tasks first, while everything their futures hold still works (an engine
+        // future's drop cancels its request; the engine's drop waits for the kernel).
+        if let Some(executor) = self.executor.get_mut().take() {
+            executor.clear();
+        }
         // Mark every bottom half deleted so handles held by other threads stop scheduling.
         for slot in self.bhs.get_mut().values_mut() {
             slot.state.mark_deleted();

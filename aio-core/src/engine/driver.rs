@@ -57,7 +57,7 @@ struct PerRequest<L: EventLoop, E: IoEngine> {
     callback: PerRequestFn<L, E>,
 }
 
-struct Driver<L: EventLoop, E: IoEngine> {
+pub(crate) struct Driver<L: EventLoop, E: IoEngine> {
     engine: RefCell<E>,
     ready: RefCell<VecDeque<Completion>>,
     on_complete: CompletionFn<L>,
@@ -182,10 +182,24 @@ impl<L: EventLoop, E: IoEngine> Driver<L, E> {
 /// Dropping the handle leaves the engine attached (the context keeps it until
 /// [`AttachedEngine::detach`] or the context is dropped): a registered notifier never dangles.
 ///
-/// The handle is `!Send`: the engine lives on its loop's thread.
+/// The handle is `!Send` (the engine lives on its loop's thread) and cheap to clone (tasks
+/// and callbacks keep their own); [`detach`](AttachedEngine::detach) needs the last one.
 pub struct AttachedEngine<L: EventLoop, E: IoEngine> {
-    driver: Rc<Driver<L, E>>,
+    pub(crate) driver: Rc<Driver<L, E>>,
 }
+
+impl<L: EventLoop, E: IoEngine> Clone for AttachedEngine<L, E> {
+    fn clone(&self) -> Self {
+        AttachedEngine {
+            driver: self.driver.clone(),
+        }
+    }
+}
+
+/// A request submitted with [`AttachedEngine::submit_with`], for
+/// [`AttachedEngine::cancel_request`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RequestId(u64);
 
 impl<L: EventLoop, E: IoEngine> fmt::Debug for AttachedEngine<L, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -305,11 +319,13 @@ impl<L: EventLoop, E: IoEngine> AttachedEngine<L, E> {
     /// does not find it by the caller's token. If the engine is dropped first (detached and
     /// dropped, or dropped with the context), the callback is dropped without running, after
     /// the engine has finished with the request's memory.
+    ///
+    /// The returned [`RequestId`] cancels it ([`AttachedEngine::cancel_request`]).
     pub fn submit_with(
         &self,
         mut request: Request,
         on_complete: impl FnOnce(&AioContext<L>, &AttachedEngine<L, E>, Completion) + 'static,
-    ) -> Result<(), SubmitError>
+    ) -> Result<RequestId, SubmitError>
     where
         L: 'static,
         E: 'static,
@@ -328,7 +344,7 @@ impl<L: EventLoop, E: IoEngine> AttachedEngine<L, E> {
         });
         drop(table);
         match self.driver.engine.borrow_mut().submit(request) {
-            Ok(()) => Ok(()),
+            Ok(()) => Ok(RequestId(engine_token)),
             Err(mut refused) => {
                 self.driver.per_request.borrow_mut().remove(slot);
                 refused.request.token = user_token;
@@ -347,10 +363,22 @@ impl<L: EventLoop, E: IoEngine> AttachedEngine<L, E> {
         self.driver.engine.borrow_mut().unplug();
     }
 
-    /// Cancels a queued request (see [`IoEngine::cancel`]); its `ECANCELED` completion is
-    /// delivered like any other.
+    /// Cancels a request submitted with [`submit`](AttachedEngine::submit) (see
+    /// [`IoEngine::cancel`]: queued requests always, requests in the kernel where the engine
+    /// can); its `ECANCELED` completion is delivered like any other. False when the engine is
+    /// in use further up the stack (a callback of [`with_engine`](AttachedEngine::with_engine)).
     pub fn cancel(&self, token: u64) -> bool {
-        self.driver.engine.borrow_mut().cancel(token)
+        match self.driver.engine.try_borrow_mut() {
+            Ok(mut engine) => engine.cancel(token),
+            Err(_) => false,
+        }
+    }
+
+    /// Cancels a request submitted with [`submit_with`](AttachedEngine::submit_with), as
+    /// [`cancel`](AttachedEngine::cancel) does; its callback then gets the `ECANCELED`
+    /// completion (or the normal one, if the request could not be stopped).
+    pub fn cancel_request(&self, id: RequestId) -> bool {
+        self.cancel(id.0)
     }
 
     /// Requests submitted and not yet delivered to the callback.
@@ -388,6 +416,12 @@ impl<L: EventLoop, E: IoEngine> AttachedEngine<L, E> {
         if ctx.is_polling() {
             // A callback up the stack may be this engine's: refuse before changing anything.
             return Err((AioError::EngineBusy, self));
+        }
+        // This handle and the three closures of each notifier's handler.
+        let own = 1 + 3 * self.driver.fds.len();
+        let holders = Rc::strong_count(&self.driver).saturating_sub(own);
+        if holders > 0 {
+            return Err((AioError::EngineShared { holders }, self));
         }
         self.driver.process(ctx);
         let removed: Result<(), AioError> = {

@@ -53,7 +53,7 @@
 
 mod buf;
 mod completion;
-mod driver;
+pub(crate) mod driver;
 mod file;
 mod guest;
 mod request;
@@ -63,7 +63,7 @@ use std::collections::VecDeque;
 
 pub use buf::{AlignedBuf, BufError, DEFAULT_ALIGN};
 pub use completion::{Completion, IoBuffers, RequestError, SubmitError, IOV_MAX};
-pub use driver::{AttachedEngine, PER_REQUEST_TOKEN_BIT};
+pub use driver::{AttachedEngine, RequestId, PER_REQUEST_TOKEN_BIT};
 pub use file::{DirectIoAlignment, FileKind, IoFile};
 pub use guest::GuestIovecs;
 pub use request::{Op, Request, RwFlags};
