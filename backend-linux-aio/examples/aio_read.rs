@@ -103,5 +103,6 @@ fn read_next<L: EventLoop + 'static>(
             let buf = c.buf.into_one().expect("a read's buffer");
             read_next(engine, &p, buf).expect("submit");
         }
-    })
+    })?;
+    Ok(())
 }

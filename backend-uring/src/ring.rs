@@ -17,6 +17,10 @@ use io_uring::{squeue, IoUring};
 /// User data bit marking the engine's entries on a shared ring.
 pub(crate) const ENGINE_BIT: u64 = 1 << 63;
 
+/// User data bit marking the engine's `ASYNC_CANCEL` entries, whose own completion says only
+/// whether the target was found (the target's completion carries `-ECANCELED`).
+pub(crate) const CANCEL_BIT: u64 = 1 << 62;
+
 /// Hands every completion in the CQ to `f` (user data, result), flushing completions the
 /// kernel kept aside on overflow; returns how many overflow flushes were needed.
 pub(crate) fn drain_cq(ring: &mut IoUring, mut f: impl FnMut(u64, i32)) -> u64 {
@@ -59,7 +63,9 @@ impl SharedCore {
         let (io, polls) = (&mut self.io_results, &mut self.poll_results);
         drain_cq(&mut self.ring, |data, res| {
             if data & ENGINE_BIT != 0 {
-                io.push((data as u32, res));
+                if data & CANCEL_BIT == 0 {
+                    io.push((data as u32, res));
+                }
             } else {
                 polls.push((data, res));
             }

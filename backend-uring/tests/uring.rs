@@ -389,3 +389,30 @@ fn fua_writes_are_counted_and_a_file_discard_is_fallocate() {
     assert_eq!(data[..BLOCK], [8; BLOCK]);
     assert!(data[32 * BLOCK..].iter().all(|&b| b == 0));
 }
+
+#[test]
+fn a_request_in_the_kernel_is_cancelled_with_async_cancel() {
+    if !available() {
+        return;
+    }
+    // A read of an empty pipe waits in the kernel until cancelled.
+    let pipe = aio_core::testing::Pipe::new();
+    let read_end = IoFile::new(pipe.read);
+    let mut engine = UringEngine::new(UringConfig::default()).unwrap();
+    engine
+        .submit(Request::read(&read_end, 0, AlignedBuf::new(64), 7))
+        .unwrap();
+    // Give the kernel the request (it arms a poll on the pipe and waits).
+    let mut out = VecDeque::new();
+    engine.poll_completions(&mut out);
+    assert!(out.is_empty(), "nothing to read yet");
+    assert_eq!(engine.in_kernel(), 1);
+    assert!(engine.cancel(7), "the cancel is sent");
+    let done = wait_for(&mut engine, 1);
+    assert_eq!(done[0].token, 7);
+    assert_eq!(done[0].errno(), Some(libc::ECANCELED));
+    assert_eq!(done[0].buf.count(), 1, "the buffer comes back");
+    assert_eq!(engine.stats().cancels_sent, 1);
+    assert!(!engine.cancel(7), "gone");
+    drop(pipe.write);
+}

@@ -153,6 +153,14 @@ impl InFlightTable {
             .then(|| entry.request.file.raw_fd())
     }
 
+    /// The slot of the live request with `token` that is in the kernel (not waiting to go
+    /// back for a remainder), if any. A linear search: for cancels, not for every request.
+    pub fn slot_of_token(&self, token: u64) -> Option<u32> {
+        let (id, _) = self.slots.iter().find(|(_, e)| e.request.token == token)?;
+        let slot = id.index();
+        (!self.resubmit.contains(&slot)).then_some(slot)
+    }
+
     /// The token of a live slot.
     pub fn token(&self, slot: u32) -> Option<u64> {
         self.slots.get_index(slot).map(|e| e.request.token)

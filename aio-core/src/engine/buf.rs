@@ -14,6 +14,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// The next [`AlignedBuf::id`]; 0 is never given.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+#[cfg(feature = "testing")]
+thread_local! {
+    /// Buffers allocated minus buffers freed on this thread (feature `testing`): what
+    /// [`testing::live_buffers`](crate::testing::live_buffers) reads.
+    pub(crate) static LIVE_ON_THREAD: std::cell::Cell<isize> = const { std::cell::Cell::new(0) };
+}
+
 /// The default alignment: a 4 KiB page, which satisfies `O_DIRECT` on every common device.
 pub const DEFAULT_ALIGN: usize = 4096;
 
@@ -66,6 +73,8 @@ impl AlignedBuf {
         let Some(ptr) = NonNull::new(raw) else {
             alloc::handle_alloc_error(layout)
         };
+        #[cfg(feature = "testing")]
+        LIVE_ON_THREAD.with(|n| n.set(n.get() + 1));
         Ok(AlignedBuf {
             ptr,
             len,
@@ -123,6 +132,8 @@ impl DerefMut for AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
+        #[cfg(feature = "testing")]
+        LIVE_ON_THREAD.with(|n| n.set(n.get() - 1));
         // SAFETY: allocated in `with_alignment` with exactly `self.layout`.
         unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
     }

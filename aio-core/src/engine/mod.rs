@@ -44,14 +44,19 @@
 //! * **Signalling.** The engine's [`Notifier`] becomes readable when completions are waiting;
 //!   `has_completions()` says the same without a syscall (the `io_poll` check).
 //! * **Cancel** is best effort: a request still queued in the engine completes with
-//!   `ECANCELED`; one already with the kernel or a worker completes normally.
+//!   `ECANCELED`; one already with the kernel is cancelled where the kernel can stop it
+//!   (io_uring's `ASYNC_CANCEL`; it then completes with `ECANCELED`), else it completes
+//!   normally. Linux AIO cannot stop a read or write in the kernel (`io_cancel` gives `EINVAL`
+//!   for them: the kernel gives only poll and USB-gadget requests a cancel function); the pool
+//!   cancels work no thread has started. Either way the completion comes, exactly once, and
+//!   the memory is released only then.
 //! * **Drop** with requests in flight waits until the kernel or the workers are done with their
 //!   buffers and guest memory (queued requests are cancelled), then frees them. An engine that
 //!   cannot learn that the kernel is done leaks its buffers, and aborts the process if any of
 //!   that memory is a caller's ([`GuestIovecs`]). `drain()` does the same and
 //!   hands every outstanding completion back.
 
-mod buf;
+pub(crate) mod buf;
 mod completion;
 pub(crate) mod driver;
 mod file;
@@ -121,8 +126,10 @@ pub trait IoEngine {
         self.notifier().test_and_clear();
     }
 
-    /// Cancels a request if it is still queued in the engine (it completes with
-    /// `ECANCELED`); returns whether it was.
+    /// Cancels the request with `token`: if it is still queued in the engine it completes with
+    /// `ECANCELED`; if it is in the kernel, the engine asks the kernel to stop it where the
+    /// kernel can (see the module docs). Returns whether a cancel was done or requested; the
+    /// request's completion comes either way.
     fn cancel(&mut self, token: u64) -> bool;
 
     /// Requests accepted whose completion has not been returned yet.

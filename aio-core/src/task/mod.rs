@@ -4,8 +4,8 @@
 //! This module owns [`AioContext::spawn`], [`AioContext::block_on`] and [`JoinHandle`]; the
 //! executor (`executor.rs`), the current-context view the loop's futures use (`current.rs`),
 //! the timer futures [`sleep`] and [`timeout`] (`time.rs`), the readiness futures
-//! [`readable`] and [`writable`] (`readiness.rs`) and the engine futures on
-//! [`AttachedEngine`](crate::AttachedEngine) (`io.rs`). No extra thread, no global runtime, no
+//! [`readable`] and [`writable`] (`readiness.rs`), the engine futures on
+//! [`AttachedEngine`](crate::AttachedEngine) (`io.rs`) and [`join_all`] (`join.rs`). No extra thread, no global runtime, no
 //! dependency beyond std.
 //!
 //! * **Tasks** are `!Send` futures spawned on a context and polled by a bottom half of that
@@ -35,6 +35,7 @@
 mod current;
 mod executor;
 mod io;
+mod join;
 mod readiness;
 mod time;
 
@@ -49,6 +50,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
 pub use io::EngineOp;
+pub use join::{join_all, JoinAll};
 pub use readiness::{readable, writable, Readiness};
 pub use time::{sleep, timeout, Elapsed, Sleep, Timeout};
 

@@ -51,6 +51,12 @@ macro_rules! engine_conformance {
             per_request_callbacks_submit_from_inside,
             block_device_takes_discard_and_write_zeroes,
         );
+        $crate::engine_conformance!(@tests ($probe), $engine, $monitor; async_engine:
+            async_requests_complete_exactly_once_at_qd32,
+            dropped_futures_free_nothing_early_and_leak_nothing,
+            block_on_inside_a_completion_callback,
+            cancel_after_submit_completes_each_once,
+        );
         $crate::engine_conformance!(@tests ($probe), $engine, $monitor; engine:
             write_then_read_at_random_offsets,
             readv_and_writev,

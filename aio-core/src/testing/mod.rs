@@ -21,9 +21,18 @@ use std::time::{Duration, Instant};
 
 use crate::{AioContext, AioError, EventLoop, FdHandler, Notifier, PollParams};
 
+pub mod async_engine;
 pub mod disk;
 pub mod engine;
 pub mod faults;
+pub mod tasks;
+
+/// `AlignedBuf`s allocated minus those freed on this thread so far: a test that allocates
+/// and frees on one thread (the loop's) compares it before and after to see that nothing
+/// leaked, and in between that nothing was freed early.
+pub fn live_buffers() -> isize {
+    crate::engine::buf::LIVE_ON_THREAD.with(|n| n.get())
+}
 
 /// Whether `AIO_REQUIRE_ALL_BACKENDS=1` is set: a test that would skip for a missing kernel
 /// feature fails instead.
@@ -79,6 +88,18 @@ macro_rules! event_loop_conformance {
             eintr_during_wait_is_retried,
             bad_input_gets_typed_errors_and_loop_keeps_running,
         );
+        $crate::event_loop_conformance!(@tests $make; tasks:
+            async_waker_from_another_thread_wakes_a_blocked_loop,
+            async_sleep_readiness_and_nested_block_on,
+        );
+    };
+    (@tests $make:expr; $module:ident: $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $crate::testing::$module::$name(|| $make);
+            }
+        )*
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
         $(

@@ -19,11 +19,11 @@ use std::rc::Rc;
 
 mod entry;
 
-use io_uring::squeue;
+use io_uring::{opcode, squeue};
 
 use crate::probe::{classify, UringUnavailable};
 use crate::registered_buffers::{RegisteredBuffers, MAX_REGISTERED_BUFFERS};
-use crate::ring::{drain_cq, RingHandle, SharedCore};
+use crate::ring::{drain_cq, RingHandle, SharedCore, CANCEL_BIT, ENGINE_BIT};
 use crate::task_run::{build_ring, TaskRun};
 
 /// Engine settings: [`UringConfig::default`] and the `with_*` setters.
@@ -179,6 +179,8 @@ pub struct UringStats {
     /// Discards and write-zeroes hard-linked to the next one on the same file, so that one
     /// io-wq worker runs them in turn.
     pub linked_range_ops: u64,
+    /// `IORING_OP_ASYNC_CANCEL` entries sent for requests in the kernel.
+    pub cancels_sent: u64,
 }
 
 /// The io_uring engine. See the [crate docs](crate).
@@ -428,8 +430,12 @@ impl UringEngine {
         }
         match &mut self.ring {
             RingHandle::Own(ring) => {
-                self.stats.cq_overflows +=
-                    drain_cq(ring, |data, res| results.push((data as u32, res)));
+                self.stats.cq_overflows += drain_cq(ring, |data, res| {
+                    // A cancel's own completion: its target's says what happened.
+                    if data & CANCEL_BIT == 0 {
+                        results.push((data as u32, res))
+                    }
+                });
             }
             RingHandle::Shared(shared) => {
                 let mut shared = shared.borrow_mut();
@@ -483,6 +489,34 @@ impl UringEngine {
         }
         self.stats.fua_writes += request.flags.contains(RwFlags::FUA) as u64;
         Ok(())
+    }
+
+    /// Asks the kernel to cancel the request with `token` (`IORING_OP_ASYNC_CANCEL` on its
+    /// user data): if the kernel can stop it, it completes with `ECANCELED`; if not (a block
+    /// device read already at the device), it completes normally. False when no request with
+    /// that token is in the kernel.
+    fn cancel_in_kernel(&mut self, token: u64) -> bool {
+        let Some(slot) = self.core.table.slot_of_token(token) else {
+            return false;
+        };
+        let tag = if self.is_shared() { ENGINE_BIT } else { 0 };
+        let entry = opcode::AsyncCancel::new(tag | slot as u64)
+            .build()
+            .user_data(tag | CANCEL_BIT | slot as u64);
+        // SAFETY: an ASYNC_CANCEL entry points to no memory.
+        let mut pushed = unsafe { self.ring.try_push(&entry) };
+        if !pushed {
+            // A full SQ: send what is in it, then there is room.
+            let _ = self.ring.with(|r| r.submit());
+            // SAFETY: as above.
+            pushed = unsafe { self.ring.try_push(&entry) };
+        }
+        if pushed {
+            self.stats.cancels_sent += 1;
+            self.stats.submit_calls += 1;
+            let _ = self.ring.with(|r| r.submit());
+        }
+        pushed
     }
 
     /// Blocks until at least one completion arrives (drain and drop).
@@ -554,16 +588,16 @@ impl IoEngine for UringEngine {
     }
 
     fn cancel(&mut self, token: u64) -> bool {
-        let cancelled = self.core.cancel_queued(token);
-        if cancelled {
+        if self.core.cancel_queued(token) {
             match &self.ring {
                 RingHandle::Own(_) => {
                     let _ = self.notifier.notify();
                 }
                 RingHandle::Shared(core) => core.borrow_mut().engine_kick = true,
             }
+            return true;
         }
-        cancelled
+        self.cancel_in_kernel(token)
     }
 
     fn drain(&mut self) -> Vec<Completion> {
