@@ -8,9 +8,11 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
 use std::io;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Poll, Waker};
 
 use aio_core::engine::{AttachedEngine, Completion, Request, RequestError, SubmitError};
 use aio_core::{AioContext, AioError, EventLoop};
@@ -22,6 +24,37 @@ use crate::ThreadPool;
 pub const WORK_TOKEN_BIT: u64 = 1 << 63;
 
 type Continuation<L> = Box<dyn FnOnce(&AioContext<L>, io::Result<()>)>;
+
+/// What offloaded work and its future share.
+struct Offloaded<T> {
+    result: Option<io::Result<T>>,
+    waker: Option<Waker>,
+}
+
+impl<T> Default for Offloaded<T> {
+    fn default() -> Self {
+        Offloaded {
+            result: None,
+            waker: None,
+        }
+    }
+}
+
+/// Cancels the work of a [`PoolContext::run_async`] future dropped before its result.
+struct CancelOnDrop<L: EventLoop, T> {
+    engine: AttachedEngine<L, ThreadPool>,
+    token: u64,
+    shared: Rc<RefCell<Offloaded<T>>>,
+    done: Cell<bool>,
+}
+
+impl<L: EventLoop, T> Drop for CancelOnDrop<L, T> {
+    fn drop(&mut self) {
+        if !self.done.get() && self.shared.borrow().result.is_none() {
+            self.engine.cancel(self.token);
+        }
+    }
+}
 
 /// A [`ThreadPool`] attached to an [`AioContext`]: submit I/O, or run any blocking closure on
 /// a pool thread and get its result back in the loop.
@@ -114,6 +147,62 @@ impl<L: EventLoop + 'static> PoolContext<L> {
             }),
         );
         Ok(token)
+    }
+
+    /// Runs `work` on a pool thread, as a future of its result (on the loop thread, in a task
+    /// or [`AioContext::block_on`]): the typed offload of [`PoolContext::run`] for async code
+    /// (tokio's `spawn_blocking`, on the loop). Dropping the future before it is done cancels
+    /// the work if no thread has started it; work already running finishes and its result is
+    /// discarded.
+    pub fn run_async<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> impl Future<Output = io::Result<T>> + 'static {
+        let shared: Rc<RefCell<Offloaded<T>>> = Rc::default();
+        let s = shared.clone();
+        let started = self.run(work, move |_, result| {
+            let waker = {
+                let mut st = s.borrow_mut();
+                st.result = Some(result);
+                st.waker.take()
+            };
+            if let Some(w) = waker {
+                w.wake();
+            }
+        });
+        let pending = match started {
+            Ok(token) => Some(CancelOnDrop {
+                engine: self.engine.clone(),
+                token,
+                shared: shared.clone(),
+                done: Cell::new(false),
+            }),
+            Err(e) => {
+                shared.borrow_mut().result = Some(Err(e.into()));
+                None
+            }
+        };
+        std::future::poll_fn(move |cx| {
+            let mut st = shared.borrow_mut();
+            match st.result.take() {
+                Some(result) => {
+                    if let Some(p) = &pending {
+                        p.done.set(true);
+                    }
+                    Poll::Ready(result)
+                }
+                None => {
+                    st.waker = Some(cx.waker().clone());
+                    Poll::Pending
+                }
+            }
+        })
+    }
+
+    /// The attached engine, for its futures ([`AttachedEngine::read`] and the others) and
+    /// per-request callbacks.
+    pub fn engine(&self) -> &AttachedEngine<L, ThreadPool> {
+        &self.engine
     }
 
     /// Cancels queued I/O or work that no thread has started (it completes with `ECANCELED`).

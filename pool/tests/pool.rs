@@ -344,3 +344,28 @@ fn fua_writes_are_counted() {
     assert_eq!(pool.stats().fua_writes, 1);
     assert_eq!(tmp.contents()[..4096], [4; 4096]);
 }
+
+#[test]
+fn run_async_gives_the_result_and_a_dropped_future_cancels_unstarted_work() {
+    let ctx = AioContext::new(PollLoop::new()).unwrap();
+    // One thread, kept busy, so that the second piece of work waits in the queue.
+    let pool = ThreadPool::new(PoolConfig::default().with_max_threads(1)).unwrap();
+    let pool = PoolContext::attach(&ctx, pool, |_, _| {}).unwrap();
+    assert_eq!(ctx.block_on(pool.run_async(|| 6 * 7)).unwrap(), 42);
+    let release = Arc::new(AtomicBool::new(false));
+    let r = release.clone();
+    let busy = pool.run_async(move || {
+        while !r.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        1
+    });
+    let ran = Arc::new(AtomicBool::new(false));
+    let ran2 = ran.clone();
+    let queued = pool.run_async(move || ran2.store(true, Ordering::Release));
+    drop(queued);
+    release.store(true, Ordering::Release);
+    assert_eq!(ctx.block_on(busy).unwrap(), 1);
+    poll_until(&ctx, "the cancelled work's completion", || pool.in_flight() == 0);
+    assert!(!ran.load(Ordering::Acquire), "cancelled before a thread started it");
+}
