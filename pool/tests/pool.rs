@@ -366,6 +366,11 @@ fn run_async_gives_the_result_and_a_dropped_future_cancels_unstarted_work() {
     drop(queued);
     release.store(true, Ordering::Release);
     assert_eq!(ctx.block_on(busy).unwrap(), 1);
-    poll_until(&ctx, "the cancelled work's completion", || pool.in_flight() == 0);
-    assert!(!ran.load(Ordering::Acquire), "cancelled before a thread started it");
+    poll_until(&ctx, "the cancelled work's completion", || {
+        pool.in_flight() == 0
+    });
+    assert!(
+        !ran.load(Ordering::Acquire),
+        "cancelled before a thread started it"
+    );
 }

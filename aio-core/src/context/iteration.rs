@@ -209,6 +209,8 @@ impl<L: EventLoop> AioContext<L> {
             progress |= self.dispatch(ev.token, report, seq, end);
         }
         progress |= self.run_timers();
+        // Tasks woken by the handlers and timers above run now, not an iteration later.
+        progress |= self.run_woken_tasks();
         self.event_buffers.borrow_mut().push(events);
 
         wait_result.map(|()| progress).or_else(|e| {

@@ -104,7 +104,12 @@ pub struct AioContext<L: EventLoop> {
     last_wait_error: RefCell<Option<io::Error>>,
     /// The tasks of [`AioContext::spawn`], created on first use.
     executor: RefCell<Option<std::rc::Rc<crate::task::Executor>>>,
+    /// Polls the tasks woken during an iteration at its end (set with the executor).
+    woken_task_runner: RefCell<Option<std::rc::Rc<WokenTaskRunner<L>>>>,
 }
+
+/// See `AioContext::woken_task_runner`.
+type WokenTaskRunner<L> = dyn Fn(&AioContext<L>) -> bool;
 
 impl<L: EventLoop> fmt::Debug for AioContext<L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -162,6 +167,7 @@ impl<L: EventLoop> AioContext<L> {
             event_buffers: RefCell::new(Vec::new()),
             last_wait_error: RefCell::new(None),
             executor: RefCell::new(None),
+            woken_task_runner: RefCell::new(None),
         })
     }
 
@@ -191,6 +197,17 @@ impl<L: EventLoop> AioContext<L> {
         &self.executor
     }
 
+    /// Sets what runs the woken tasks at the end of each iteration (`task` module).
+    pub(crate) fn set_woken_task_runner(&self, runner: std::rc::Rc<WokenTaskRunner<L>>) {
+        *self.woken_task_runner.borrow_mut() = Some(runner);
+    }
+
+    /// Runs the tasks woken in this iteration; whether any ran.
+    pub(crate) fn run_woken_tasks(&self) -> bool {
+        let runner = self.woken_task_runner.borrow().clone();
+        runner.is_some_and(|r| r(self))
+    }
+
     /// Whether a `poll()` of this context is running (the caller is inside one of its
     /// callbacks).
     pub fn is_polling(&self) -> bool {
@@ -202,6 +219,7 @@ impl<L: EventLoop> Drop for AioContext<L> {
     fn drop(&mut self) {
         // Unfinished tasks first, while everything their futures hold still works (an engine
         // future's drop cancels its request; the engine's drop waits for the kernel).
+        self.woken_task_runner.get_mut().take();
         if let Some(executor) = self.executor.get_mut().take() {
             executor.clear();
         }

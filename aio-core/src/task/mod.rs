@@ -214,6 +214,13 @@ impl<L: EventLoop + 'static> AioContext<L> {
         let executor = Executor::new(bh);
         *weak.borrow_mut() = Rc::downgrade(&executor);
         *slot = Some(executor.clone());
+        drop(slot);
+        // The end-of-iteration run of tasks woken during it (see `Executor::run_woken_now`).
+        let w = Rc::downgrade(&executor);
+        self.set_woken_task_runner(Rc::new(move |ctx: &AioContext<L>| {
+            w.upgrade()
+                .is_some_and(|e| current::enter(ctx, || e.run_woken_now()))
+        }));
         executor
     }
 
