@@ -17,6 +17,11 @@
 //!   [`GuestIovecs`]), written out in the [`engine`] module docs; [`Routed`] sends what one
 //!   engine lacks to another; [`AioContext::attach_engine`] delivers completions in the loop,
 //!   to one callback or to each request's own ([`AttachedEngine::submit_with`]).
+//! * [`task`]: async/await on the loop: [`AioContext::spawn`] and [`AioContext::block_on`]
+//!   (no extra thread, `Send + Sync` wakers through a bottom half), engine futures on
+//!   [`AttachedEngine`] (`read`, `write`, ... with the buffers handed back; dropping one
+//!   cancels its request without freeing memory early), [`task::sleep`],
+//!   [`task::timeout`], [`task::readable`], [`task::join_all`].
 //! * `testing` (feature `testing`): the conformance suites every backend runs.
 //!
 //! ```no_run
