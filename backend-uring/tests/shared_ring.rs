@@ -180,3 +180,28 @@ fn registered_buffers_on_a_shared_ring_are_used_and_released_with_the_engine() {
     aio_core::testing::write_byte(&pipe.write);
     aio_core::testing::poll_until(&ctx, "the pipe", || *seen.borrow());
 }
+
+#[test]
+fn shared_ring_async_requests_at_qd32() {
+    if let Some((engine, monitor)) = pair() {
+        aio_core::testing::async_engine::async_requests_complete_exactly_once_at_qd32(
+            engine, monitor,
+        );
+    }
+}
+
+#[test]
+fn shared_ring_dropped_futures() {
+    if let Some((engine, monitor)) = pair() {
+        aio_core::testing::async_engine::dropped_futures_free_nothing_early_and_leak_nothing(
+            engine, monitor,
+        );
+    }
+}
+
+#[test]
+fn shared_ring_block_on_in_a_callback() {
+    if let Some((engine, monitor)) = pair() {
+        aio_core::testing::async_engine::block_on_inside_a_completion_callback(engine, monitor);
+    }
+}
