@@ -34,6 +34,11 @@
 //!   [`BufferedPolicy::Refuse`] refuses them with [`RequestError::Unsupported`].
 //! * **Limits**: `io_setup` failing with `EAGAIN` (the system-wide `aio-max-nr` is used up) is
 //!   [`LinuxAioError::AioMaxNr`], which names `/proc/sys/fs/aio-max-nr` and the numbers.
+//! * **Cancel** ([`IoEngine::cancel`]) reaches requests still queued in the engine. A read or
+//!   write already in the kernel cannot be cancelled: `io_cancel` finds only requests that
+//!   registered a cancel function, which the kernel's AIO gives poll and USB-gadget requests,
+//!   never reads and writes (`EINVAL`); such a request completes normally, and a dropped
+//!   future's memory stays with the engine until it does.
 //! * **Drop** cancels what is still queued and waits for everything the kernel holds before
 //!   the buffers are freed.
 //!

@@ -74,7 +74,7 @@ pub fn async_requests_complete_exactly_once_at_qd32<E, L>(
 /// Futures dropped with their requests in flight (tasks aborted): the engine keeps the
 /// buffers until the kernel or the worker is done (nothing freed early), then the late
 /// completions are discarded and every buffer is freed (nothing leaked). The engine's
-/// completions are held back 30 ms (the fault engine), so the requests are surely in flight
+/// completions are held back 200 ms (the fault engine), so the requests are surely in flight
 /// when the futures go.
 pub fn dropped_futures_free_nothing_early_and_leak_nothing<E, L>(
     engine: impl Fn() -> E,
@@ -85,7 +85,7 @@ pub fn dropped_futures_free_nothing_early_and_leak_nothing<E, L>(
 {
     let ctx = AioContext::new(monitor()).unwrap();
     let plan = FaultPlan {
-        delay: Duration::from_millis(30),
+        delay: Duration::from_millis(200),
         ..FaultPlan::default()
     };
     let slow = FaultyEngine::new(engine(), plan).expect("the delay alarm thread");
