@@ -70,6 +70,7 @@ pub mod engine;
 pub mod error;
 pub mod event_loop;
 pub mod hybrid;
+pub mod iothread;
 pub mod ladder;
 pub mod notifier;
 pub mod polling;
@@ -91,6 +92,7 @@ pub use engine::{
 pub use error::AioError;
 pub use event_loop::{Event, EventLoop, Interest, Token};
 pub use hybrid::Hybrid;
+pub use iothread::{IoThread, IoThreadError, IoThreadHandle};
 pub use ladder::{Choice, Ladder, NoneUsable, RungReport};
 pub use notifier::{Notifier, NotifierKind};
 pub use polling::{PollParams, PollRule};
