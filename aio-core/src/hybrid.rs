@@ -33,6 +33,8 @@ pub enum HybridSide {
 }
 
 /// An [`EventLoop`] over a small-set monitor `S` and a large-set monitor `G`.
+///
+/// `Send` / `Sync` when both monitors are.
 #[derive(Debug)]
 pub struct Hybrid<S, G> {
     small: S,

@@ -34,6 +34,8 @@ use aio_core::{Event, EventLoop, Interest, Token};
 pub const EVENTS_PER_WAIT: usize = 128;
 
 /// The `epoll(7)` monitor.
+///
+/// `Send + Sync`: an epoll fd and plain data; build it anywhere, run it on the loop's thread.
 #[derive(Debug)]
 pub struct EpollLoop {
     epfd: OwnedFd,

@@ -177,6 +177,10 @@ pub struct LinuxAioStats {
 }
 
 /// The Linux AIO engine. See the [crate docs](crate).
+///
+/// `Send` (build it on one thread, run it on another) but not `Sync`: an AIO context belongs
+/// to the process, not to a thread, so `io_submit` and the completion ring work from any
+/// thread, one at a time (`&mut self`).
 pub struct LinuxAio {
     id: AioContextId,
     ring: Option<Ring>,
@@ -194,6 +198,12 @@ pub struct LinuxAio {
     batch: Vec<u32>,
     stats: LinuxAioStats,
 }
+
+// SAFETY: the raw pointers in the engine are the iocb array it owns (rebuilt per submission)
+// and the view of the kernel's completion ring, a mapping of the process's AIO context that
+// any thread may read; all of it is used through `&mut self` or atomics, so moving the engine
+// to another thread is sound. It is deliberately not `Sync`.
+unsafe impl Send for LinuxAio {}
 
 impl std::fmt::Debug for LinuxAio {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -240,3 +240,7 @@ fn discard_is_refused_as_unsupported_and_fua_writes_are_counted() {
     );
     assert_eq!(tmp.contents()[..BLOCK], [9; BLOCK]);
 }
+
+// Moves to the thread that runs it; used by one thread at a time.
+aio_core::assert_thread_safe!(send: LinuxAio);
+aio_core::assert_not_thread_safe!(not_sync: LinuxAio);

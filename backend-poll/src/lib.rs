@@ -23,6 +23,8 @@ use aio_core::backend::{ensure_new, timespec_from, timespec_ptr};
 use aio_core::{Event, EventLoop, Interest, Token};
 
 /// The `ppoll(2)` monitor.
+///
+/// `Send + Sync`: plain data; build it anywhere, run it on the loop's thread.
 #[derive(Debug, Default)]
 pub struct PollLoop {
     pollfds: Vec<libc::pollfd>,

@@ -53,6 +53,9 @@ fn user_data(fd: RawFd, generation: u32) -> u64 {
 /// at the next `wait`, which reports the fd again if it is still ready (level-triggered, as the
 /// contract requires). A completion that arrives after its registration was changed or removed
 /// is recognised by its generation and ignored, so removal is safe while a poll is outstanding.
+///
+/// `!Send`, for the same reasons as [`UringEngine`](crate::UringEngine): build it on the loop's
+/// thread.
 pub struct UringLoop {
     ring: RingHandle,
     registrations: HashMap<RawFd, Registration>,

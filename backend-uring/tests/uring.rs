@@ -416,3 +416,8 @@ fn a_request_in_the_kernel_is_cancelled_with_async_cancel() {
     assert!(!engine.cancel(7), "gone");
     drop(pipe.write);
 }
+
+// Built on the loop's thread and kept there: the ring may be shared by the monitor and the
+// engine of one loop (`Rc`), and with deferred task work only the thread that set it up may
+// enter it (`IORING_SETUP_SINGLE_ISSUER`).
+aio_core::assert_not_thread_safe!(not_send: UringEngine, aio_backend_uring::UringLoop);

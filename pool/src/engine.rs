@@ -21,6 +21,9 @@ use crate::config::check;
 use crate::{worker, Job, PoolConfig, PoolError, PoolStats, Shared, State};
 
 /// The thread pool engine. See the [crate docs](crate).
+///
+/// `Send` (and `Sync`): the threads share an `Arc` of the queue; the handle may be built on one
+/// thread and attached to a loop on another.
 pub struct ThreadPool {
     shared: Arc<Shared>,
     queue: SubmitQueue,

@@ -58,6 +58,9 @@ impl<L: EventLoop, T> Drop for CancelOnDrop<L, T> {
 
 /// A [`ThreadPool`] attached to an [`AioContext`]: submit I/O, or run any blocking closure on
 /// a pool thread and get its result back in the loop.
+///
+/// `!Send`: it is the pool attached to one loop; from other threads, send closures to that
+/// loop's thread ([`IoThreadHandle::run`](aio_core::IoThreadHandle::run)).
 pub struct PoolContext<L: EventLoop> {
     engine: AttachedEngine<L, ThreadPool>,
     waiting: Rc<RefCell<HashMap<u64, Continuation<L>>>>,

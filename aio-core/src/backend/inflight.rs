@@ -26,6 +26,11 @@ struct InFlight {
     iovecs: Vec<libc::iovec>,
 }
 
+// SAFETY: the iovecs point into the request's own memory (its owned buffers, or guest memory
+// whose `GuestIovecs` is `Send` by its constructor's contract); moving the entry to another
+// thread moves that memory's owner with them, and nothing else holds the pointers.
+unsafe impl Send for InFlight {}
+
 /// What to put in a submission entry for a slot.
 #[derive(Debug, Clone, Copy)]
 pub enum Prepared {

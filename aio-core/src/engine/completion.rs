@@ -77,6 +77,8 @@ impl IoBuffers {
 
 /// The end of a request: its token, the bytes transferred (or the error, carrying the errno),
 /// and its buffers back.
+///
+/// `Send + Sync`: plain data, the owned buffers and an `io::Error`.
 #[derive(Debug)]
 pub struct Completion {
     /// The request's token.

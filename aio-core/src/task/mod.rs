@@ -115,6 +115,9 @@ impl<T> Drop for Finish<T> {
 
 /// The handle of a spawned task: a future of its output, and [`abort`](JoinHandle::abort).
 /// Dropping the handle detaches the task (it runs on).
+///
+/// `!Send`: tasks are `!Send` futures of one loop thread, and so is the slot their output
+/// goes to (an `Rc`); other threads reach the loop through an [`IoThreadHandle`](crate::IoThreadHandle).
 pub struct JoinHandle<T> {
     state: Rc<RefCell<JoinState<T>>>,
     executor: Weak<Executor>,

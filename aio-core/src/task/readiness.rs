@@ -26,6 +26,8 @@ pub fn writable<'fd>(fd: &'fd impl AsFd) -> Readiness<'fd> {
 }
 
 /// The future of [`readable`] and [`writable`].
+///
+/// `!Send`: it belongs to the loop thread that polls it (its fired flag is an `Rc`).
 #[derive(Debug)]
 #[must_use = "futures do nothing unless polled"]
 pub struct Readiness<'fd> {

@@ -32,6 +32,8 @@ struct Armed {
 }
 
 /// The future of [`sleep`].
+///
+/// `!Send`: it arms a timer of the loop that polls it.
 #[derive(Debug)]
 #[must_use = "futures do nothing unless polled"]
 pub struct Sleep {

@@ -57,6 +57,9 @@ macro_rules! engine_conformance {
             block_on_inside_a_completion_callback,
             cancel_after_submit_completes_each_once,
         );
+        $crate::engine_conformance!(@tests ($probe), $engine, $monitor; iothread:
+            engine_runs_inside_an_iothread,
+        );
         $crate::engine_conformance!(@tests ($probe), $engine, $monitor; engine:
             write_then_read_at_random_offsets,
             readv_and_writev,

@@ -25,6 +25,8 @@ pub mod async_engine;
 pub mod disk;
 pub mod engine;
 pub mod faults;
+pub mod iothread;
+pub mod send_sync;
 pub mod tasks;
 
 /// `AlignedBuf`s allocated minus those freed on this thread so far: a test that allocates
@@ -91,6 +93,9 @@ macro_rules! event_loop_conformance {
         $crate::event_loop_conformance!(@tests $make; tasks:
             async_waker_from_another_thread_wakes_a_blocked_loop,
             async_sleep_readiness_and_nested_block_on,
+        );
+        $crate::event_loop_conformance!(@tests $make; iothread:
+            monitor_runs_inside_an_iothread,
         );
     };
     (@tests $make:expr; $module:ident: $($name:ident),* $(,)?) => {

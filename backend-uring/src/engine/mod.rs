@@ -184,6 +184,11 @@ pub struct UringStats {
 }
 
 /// The io_uring engine. See the [crate docs](crate).
+///
+/// `!Send`: build it on the thread that runs its loop (an [`IoThread`](aio_core::IoThread)
+/// does). Its ring may be shared with the loop's monitor (an `Rc`), and with deferred task
+/// work (the default) only the thread that set the ring up may enter it
+/// (`IORING_SETUP_SINGLE_ISSUER`).
 pub struct UringEngine {
     ring: RingHandle,
     notifier: Notifier,

@@ -1,0 +1,36 @@
+//! The thread safety each public type of aio-core documents, pinned at compile time.
+
+use aio_backend_poll::PollLoop;
+use aio_core::engine::{
+    AlignedBuf, AttachedEngine, Completion, GuestIovecs, IoFile, Request, RequestError, Routed,
+    RwFlags, SubmitError,
+};
+use aio_core::task::{EngineOp, JoinHandle, Sleep};
+use aio_core::{
+    AioContext, AioError, BottomHalf, IoThread, IoThreadHandle, LoopCounters, Notifier,
+    NotifyHandle, PollParams,
+};
+use aio_pool::ThreadPool;
+
+// Cross-thread by design: the ways other threads reach a loop, and request data.
+aio_core::assert_thread_safe!(send_sync:
+    Notifier, NotifyHandle, BottomHalf, IoFile, AlignedBuf, GuestIovecs, Request, Completion,
+    RwFlags, RequestError, SubmitError, AioError, LoopCounters, PollParams,
+    IoThread<PollLoop, ()>, IoThreadHandle<PollLoop, ()>,
+);
+
+// Engines and monitors may be built on one thread and run on another.
+aio_core::assert_thread_safe!(send_sync: ThreadPool, Routed<ThreadPool, ThreadPool>, PollLoop);
+
+// Loop-thread objects: `Rc` and `Cell` inside, by design (one loop, one thread; other
+// threads use NotifyHandle, BottomHalf and IoThreadHandle).
+aio_core::assert_not_thread_safe!(not_send:
+    AioContext<PollLoop>, AttachedEngine<PollLoop, ThreadPool>, JoinHandle<()>,
+    EngineOp<PollLoop, ThreadPool>, Sleep, aio_pool::PoolContext<PollLoop>,
+);
+aio_core::assert_not_thread_safe!(not_sync: AioContext<PollLoop>);
+
+#[test]
+fn thread_safety_is_pinned_at_compile_time() {
+    // The assertions above are checked when this file compiles; nothing to run.
+}
