@@ -13,6 +13,12 @@ use nix::fcntl::OFlag;
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use nix::unistd;
 
+/// Whether `AIO_NOTIFIER=pipe` asks for pipe notifiers (read once).
+fn pipe_forced() -> bool {
+    static FORCED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FORCED.get_or_init(|| std::env::var("AIO_NOTIFIER").is_ok_and(|v| v == "pipe"))
+}
+
 /// Which kernel object backs a [`Notifier`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NotifierKind {
@@ -36,11 +42,22 @@ pub struct Notifier {
 
 impl Notifier {
     /// Creates an eventfd notifier, falling back to a pipe where eventfd is missing
-    /// (`ENOSYS`) or refused (`EINVAL`).
+    /// (`ENOSYS`), refused (`EINVAL`) or forbidden (`EPERM` / `EACCES`: a seccomp filter or a
+    /// security module). With `AIO_NOTIFIER=pipe` in the environment (read once per process)
+    /// every notifier made here is a pipe: the fallback path, on purpose, for testing it or
+    /// for an environment whose eventfd misbehaves.
     pub fn new() -> io::Result<Self> {
+        if pipe_forced() {
+            return Self::new_pipe();
+        }
         match Self::new_eventfd() {
             Ok(n) => Ok(n),
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS) | Some(libc::EINVAL)) => {
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOSYS | libc::EINVAL | libc::EPERM | libc::EACCES)
+                ) =>
+            {
                 Self::new_pipe()
             }
             Err(e) => Err(e),

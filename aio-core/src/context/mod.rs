@@ -187,6 +187,11 @@ impl<L: EventLoop> AioContext<L> {
         f(&self.monitor.borrow())
     }
 
+    /// Which kernel object the context's own notifier is (an eventfd, or the pipe fallback).
+    pub fn notifier_kind(&self) -> crate::notifier::NotifierKind {
+        self.shared.notifier.kind()
+    }
+
     /// The context's clock, in ns.
     pub fn now_ns(&self) -> u64 {
         self.clock.now_ns()

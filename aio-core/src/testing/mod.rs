@@ -26,6 +26,7 @@ pub mod disk;
 pub mod engine;
 pub mod faults;
 pub mod iothread;
+pub mod seccomp;
 pub mod send_sync;
 pub mod tasks;
 

@@ -1,0 +1,58 @@
+//! Running a child process whose kernel refuses some syscalls, as a container runtime's
+//! default seccomp profile or a hardened host does.
+//!
+//! This module owns the seccomp filter a test installs in a child between `fork` and `exec`.
+//! It never filters the calling process itself.
+
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+/// Makes `cmd`'s child fail each of `syscalls` with `EPERM` (a seccomp filter installed
+/// between fork and exec, with `PR_SET_NO_NEW_PRIVS`, so no privilege is needed).
+pub fn refuse_syscalls(cmd: &mut Command, syscalls: &[libc::c_long]) {
+    // The program is built here, in the parent: the child between fork and exec must not
+    // allocate.
+    let stmt = |code: u32, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    // Load the syscall number.
+    let mut prog = vec![stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0)];
+    let n = syscalls.len() as u8;
+    for (i, &nr) in syscalls.iter().enumerate() {
+        prog.push(libc::sock_filter {
+            code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+            jt: n - i as u8, // to the EPERM return
+            jf: 0,
+            k: nr as u32,
+        });
+    }
+    prog.push(stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW));
+    prog.push(stmt(
+        libc::BPF_RET | libc::BPF_K,
+        libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+    ));
+    // SAFETY: the closure runs in the forked child before exec. It allocates nothing: `prog`
+    // was built above and moved in, and `fprog` lives on the child's stack while the two prctl
+    // calls (async-signal-safe syscalls) read it.
+    unsafe {
+        cmd.pre_exec(move || {
+            let fprog = libc::sock_fprog {
+                len: prog.len() as u16,
+                filter: prog.as_ptr() as *mut libc::sock_filter,
+            };
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                || libc::prctl(
+                    libc::PR_SET_SECCOMP,
+                    libc::SECCOMP_MODE_FILTER,
+                    &fprog as *const libc::sock_fprog,
+                ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
