@@ -361,3 +361,71 @@ impl EngineCore {
         (self.accepted - self.returned) as usize
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{AlignedBuf, IoFile};
+
+    fn file() -> IoFile {
+        IoFile::new(std::fs::File::open("/dev/null").expect("/dev/null"))
+    }
+
+    #[test]
+    fn bookkeeping_of_remainders_retries_and_completions() {
+        let f = file();
+        let mut table = InFlightTable::new();
+        let read = table.insert(Request::readv(
+            &f,
+            100,
+            vec![AlignedBuf::new(10), AlignedBuf::new(20)],
+            1,
+        ));
+        let sync = table.insert(Request::fsync(&f, 2));
+        assert_eq!(table.live(), 2);
+        assert_eq!(table.slot_of_token(1), Some(read));
+        // The whole transfer first: two iovecs over the two buffers.
+        let Some(Prepared::Rw { count, offset, .. }) = table.prepare(read) else {
+            panic!("a read")
+        };
+        assert_eq!((count, offset), (2, 100));
+        // Short: the remainder goes back, from the right offset, over the right bytes.
+        assert_eq!(table.on_result(read, 15), Outcome::Resubmit);
+        assert_eq!(
+            table.slot_of_token(1),
+            None,
+            "waiting to go back, not in the kernel"
+        );
+        assert_eq!(table.pop_resubmit(), Some(read));
+        let Some(Prepared::Rw {
+            count,
+            offset,
+            iovecs,
+            ..
+        }) = table.prepare(read)
+        else {
+            panic!("a read")
+        };
+        // SAFETY: `iovecs` points to `count` iovecs the table keeps until the slot completes.
+        let first = unsafe { *iovecs };
+        assert_eq!((count, offset, first.iov_len), (1, 115, 15));
+        // EAGAIN is retried, an error completes, the rest finishes the transfer.
+        assert_eq!(
+            table.on_result(read, -(libc::EAGAIN as i64)),
+            Outcome::Resubmit
+        );
+        assert_eq!(table.pop_resubmit(), Some(read));
+        assert_eq!(table.on_result(read, 15), Outcome::Completed);
+        assert_eq!(
+            table.on_result(sync, -(libc::EIO as i64)),
+            Outcome::Completed
+        );
+        assert_eq!(table.on_result(sync, 0), Outcome::Stale, "a freed slot");
+        let mut out = VecDeque::new();
+        assert_eq!(table.take_done(&mut out), 2);
+        assert_eq!(out[0].result.as_ref().ok(), Some(&30));
+        assert_eq!(out[0].buf.count(), 2, "the buffers come back");
+        assert_eq!(out[1].errno(), Some(libc::EIO));
+        assert_eq!(table.live(), 0);
+    }
+}
