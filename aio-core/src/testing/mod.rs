@@ -64,11 +64,20 @@ pub fn skip(reason: &str) {
     println!("skipped: {reason}");
 }
 
-/// Generates one `#[test]` per conformance test, each building its monitor with `$make`.
+/// Generates one `#[test]` per conformance test, each building its monitor with `$make`. With
+/// `probe: $probe` (an expression giving `Result<_, impl Display>`), each test first asks
+/// whether the kernel supports the monitor and, if not, reports `skipped: <reason>` (a failure
+/// under `AIO_REQUIRE_ALL_BACKENDS=1`).
 #[macro_export]
 macro_rules! event_loop_conformance {
+    (probe: $probe:expr, $make:expr) => {
+        $crate::event_loop_conformance!(@all ($probe), $make);
+    };
     ($make:expr) => {
-        $crate::event_loop_conformance!(@tests $make;
+        $crate::event_loop_conformance!(@all (::std::result::Result::<(), &str>::Ok(())), $make);
+    };
+    (@all ($probe:expr), $make:expr) => {
+        $crate::event_loop_conformance!(@tests ($probe), $make; self_:
             readable_fd_runs_io_read,
             writable_fd_runs_io_write,
             handler_removes_itself_and_another_during_dispatch,
@@ -91,27 +100,33 @@ macro_rules! event_loop_conformance {
             eintr_during_wait_is_retried,
             bad_input_gets_typed_errors_and_loop_keeps_running,
         );
-        $crate::event_loop_conformance!(@tests $make; tasks:
+        $crate::event_loop_conformance!(@tests ($probe), $make; tasks:
             async_waker_from_another_thread_wakes_a_blocked_loop,
             async_sleep_readiness_and_nested_block_on,
         );
-        $crate::event_loop_conformance!(@tests $make; iothread:
+        $crate::event_loop_conformance!(@tests ($probe), $make; iothread:
             monitor_runs_inside_an_iothread,
         );
     };
-    (@tests $make:expr; $module:ident: $($name:ident),* $(,)?) => {
+    (@tests ($probe:expr), $make:expr; self_: $($name:ident),* $(,)?) => {
         $(
             #[test]
             fn $name() {
-                $crate::testing::$module::$name(|| $make);
+                if $crate::testing::available(::std::stringify!($name), $probe).is_none() {
+                    return;
+                }
+                $crate::testing::$name(|| $make);
             }
         )*
     };
-    (@tests $make:expr; $($name:ident),* $(,)?) => {
+    (@tests ($probe:expr), $make:expr; $module:ident: $($name:ident),* $(,)?) => {
         $(
             #[test]
             fn $name() {
-                $crate::testing::$name(|| $make);
+                if $crate::testing::available(::std::stringify!($name), $probe).is_none() {
+                    return;
+                }
+                $crate::testing::$module::$name(|| $make);
             }
         )*
     };
