@@ -22,6 +22,9 @@
 //!   [`AttachedEngine`] (`read`, `write`, ... with the buffers handed back; dropping one
 //!   cancels its request without freeing memory early), [`task::sleep`],
 //!   [`task::timeout`], [`task::readable`], [`task::join_all`].
+//! * [`IoThread`]: QEMU's IOThread object: a named thread that builds its context and state on
+//!   itself and serves closures, bottom halves, poll parameters and counters to any thread
+//!   through a `Send + Sync + Clone` [`IoThreadHandle`].
 //! * `testing` (feature `testing`): the conformance suites every backend runs.
 //!
 //! ```no_run
