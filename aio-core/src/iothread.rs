@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{JoinHandle, ThreadId};
 
 use crate::context::BottomHalf;
+use crate::task::panic_message;
 use crate::event_loop::EventLoop;
 use crate::{AioContext, LoopCounters, PollParams};
 
@@ -136,17 +137,6 @@ impl<L: EventLoop, S> fmt::Debug for IoThreadHandle<L, S> {
         f.debug_struct("IoThreadHandle")
             .field("name", &self.inner.name)
             .finish_non_exhaustive()
-    }
-}
-
-/// The message of a panic payload.
-fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
-    match payload.downcast::<String>() {
-        Ok(s) => *s,
-        Err(payload) => match payload.downcast::<&'static str>() {
-            Ok(s) => s.to_string(),
-            Err(_) => "a panic without a message".into(),
-        },
     }
 }
 

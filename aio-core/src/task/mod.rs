@@ -169,8 +169,8 @@ impl<T> Future for JoinHandle<T> {
     }
 }
 
-/// The message of a panic payload.
-fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+/// The message of a panic payload (a task's, an iothread closure's).
+pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
     match payload.downcast::<String>() {
         Ok(s) => *s,
         Err(payload) => match payload.downcast::<&'static str>() {
