@@ -28,8 +28,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{JoinHandle, ThreadId};
 
 use crate::context::BottomHalf;
-use crate::task::panic_message;
 use crate::event_loop::EventLoop;
+use crate::task::panic_message;
 use crate::{AioContext, LoopCounters, PollParams};
 
 /// A closure sent to the thread.

@@ -1,8 +1,9 @@
 //! The virtual-disk part of the engine conformance suite: guest-memory requests, discard and
-//! write-zeroes, FUA and NOWAIT, per-request completion callbacks, and a real block device.
+//! write-zeroes, FUA and NOWAIT, per-request completion callbacks, a full file system and a
+//! real block device.
 //!
 //! This module owns those tests and their fixtures (a guest-memory region, a ramfs mount, a
-//! loop device). [`engine_conformance!`](crate::engine_conformance) runs them with the rest.
+//! full 1 MiB tmpfs, a loop device). [`engine_conformance!`](crate::engine_conformance) runs them with the rest.
 //!
 //! An engine may refuse a discard or write-zeroes at `submit` with a typed
 //! [`RequestError::Unsupported`] (Linux AIO has no `fallocate`; io_uring runs no ioctl): the
@@ -111,41 +112,112 @@ pub fn discard_and_write_zeroes_read_back_as_zeroes<E: IoEngine, L: EventLoop>(
     assert_eq!(engine.in_flight(), 0);
 }
 
-/// A mount of ramfs, a file system without `fallocate`, unmounted on drop.
-struct Ramfs {
+/// A small file system mounted for one test (ramfs: no `fallocate`; a size-limited tmpfs: a
+/// full disk), unmounted and removed on drop.
+struct Mount {
     dir: PathBuf,
 }
 
-impl Ramfs {
-    fn mount() -> Result<Ramfs, String> {
+impl Mount {
+    fn new(fstype: &str, options: &str) -> Result<Mount, String> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
-            return Err("mounting ramfs needs root".into());
+            return Err(format!("mounting {fstype} needs root"));
         }
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
-            "aio-rs-ramfs-{}-{:?}",
+            "aio-rs-{fstype}-{}-{}",
             std::process::id(),
-            std::thread::current().id()
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         ));
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let status = Command::new("mount")
-            .args(["-t", "ramfs", "aio-rs-ramfs"])
+            .args(["-t", fstype, "-o", options, "aio-rs-test"])
             .arg(&dir)
             .status()
             .map_err(|e| format!("mount: {e}"))?;
         if !status.success() {
             let _ = std::fs::remove_dir(&dir);
-            return Err(format!("mount -t ramfs failed: {status}"));
+            return Err(format!("mount -t {fstype} failed: {status}"));
         }
-        Ok(Ramfs { dir })
+        Ok(Mount { dir })
     }
 }
 
-impl Drop for Ramfs {
+impl Drop for Mount {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(&self.dir).status();
         let _ = std::fs::remove_dir(&self.dir);
     }
+}
+
+/// Writes that run out of space (a 1 MiB tmpfs, 2 MiB written at QD 32) complete with
+/// `ENOSPC` in their own completions while the others succeed; nothing hangs, every request
+/// completes once, and the engine goes on.
+pub fn writes_on_a_full_file_system_fail_alone<E: IoEngine, L: EventLoop>(
+    engine: impl Fn() -> E,
+    _monitor: impl Fn() -> L,
+) {
+    let mount = match Mount::new("tmpfs", "size=1m") {
+        Ok(m) => m,
+        Err(reason) => return super::skip(&format!("no small file system: {reason}")),
+    };
+    let mut engine = engine();
+    let path = mount.dir.join("disk");
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    let file = IoFile::from(f);
+    const WRITES: u64 = 64;
+    const SIZE: usize = 32 << 10;
+    engine.plug();
+    for i in 0..WRITES {
+        let buf = AlignedBuf::from_slice(&[i as u8; SIZE]);
+        engine
+            .submit(Request::write(&file, i * SIZE as u64, buf, i))
+            .unwrap();
+    }
+    engine.unplug();
+    let mut done = wait_for(&mut engine, WRITES as usize);
+    done.sort_by_key(|c| c.token);
+    let (mut ok, mut full) = (0, 0);
+    for (i, c) in done.iter().enumerate() {
+        assert_eq!(c.token, i as u64, "each once");
+        match &c.result {
+            Ok(n) => {
+                assert_eq!(*n, SIZE);
+                ok += 1;
+            }
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "write {i}: {e}");
+                full += 1;
+            }
+        }
+    }
+    assert!(ok > 0 && full > 0, "{ok} written, {full} out of space");
+    assert_eq!(engine.in_flight(), 0);
+    // The engine goes on: a read of what was written.
+    let first = done.iter().position(|c| c.result.is_ok()).unwrap() as u64;
+    engine
+        .submit(Request::read(
+            &file,
+            first * SIZE as u64,
+            AlignedBuf::new(SIZE),
+            99,
+        ))
+        .unwrap();
+    let back = wait_for(&mut engine, 1);
+    assert_eq!(back[0].result.as_ref().ok(), Some(&SIZE));
+    assert!(back[0]
+        .buf
+        .first()
+        .unwrap()
+        .iter()
+        .all(|&b| b == first as u8));
 }
 
 /// A discard on a file system that cannot punch holes (ramfs) completes with a typed error
@@ -154,7 +226,7 @@ pub fn discard_refused_by_the_file_system_is_a_typed_error<E: IoEngine, L: Event
     engine: impl Fn() -> E,
     _monitor: impl Fn() -> L,
 ) {
-    let ramfs = match Ramfs::mount() {
+    let ramfs = match Mount::new("ramfs", "mode=0700") {
         Ok(r) => r,
         Err(reason) => return super::skip(&format!("no file system without fallocate: {reason}")),
     };

@@ -50,6 +50,7 @@ macro_rules! engine_conformance {
             fua_and_nowait_requests_complete,
             per_request_callbacks_submit_from_inside,
             block_device_takes_discard_and_write_zeroes,
+            writes_on_a_full_file_system_fail_alone,
         );
         $crate::engine_conformance!(@tests ($probe), $engine, $monitor; async_engine:
             async_requests_complete_exactly_once_at_qd32,
