@@ -50,6 +50,7 @@ macro_rules! engine_conformance {
             fua_and_nowait_requests_complete,
             per_request_callbacks_submit_from_inside,
             block_device_takes_discard_and_write_zeroes,
+            block_device_reads_and_writes_at_random_offsets,
             writes_on_a_full_file_system_fail_alone,
         );
         $crate::engine_conformance!(@tests ($probe), $engine, $monitor; async_engine:
