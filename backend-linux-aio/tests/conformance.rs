@@ -18,3 +18,15 @@ mod routed_to_a_pool {
         aio_backend_poll::PollLoop::new()
     );
 }
+
+/// The suite once more with the loop on the hybrid monitor (ppoll below 64 fds, epoll above).
+mod on_hybrid {
+    aio_core::engine_conformance!(
+        probe: aio_backend_linux_aio::probe(),
+        aio_backend_linux_aio::LinuxAio::new(Default::default()).expect("io_setup"),
+        aio_core::Hybrid::new(
+            aio_backend_poll::PollLoop::new(),
+            aio_backend_epoll::EpollLoop::new().expect("epoll"),
+        )
+    );
+}
