@@ -75,10 +75,35 @@ impl TaskRun {
     }
 }
 
-/// Builds a ring of `entries` SQ and `cq_entries` CQ entries in `mode`; `Auto` falls back
-/// from the newest mode to the oldest when the kernel refuses a flag (`EINVAL`). Returns the
-/// ring and the mode it runs in (never `Auto`).
+/// The smallest ring [`build_ring`] shrinks to when the locked-memory limit refuses a larger
+/// one.
+pub(crate) const MIN_ENTRIES: u32 = 8;
+
+/// Builds a ring of `entries` SQ and `cq_entries` CQ entries in `mode` (see
+/// [`build_ring_exactly`]); where the kernel refuses it for memory (`ENOMEM`: Linux charges a
+/// ring's pages to `RLIMIT_MEMLOCK` for users without `CAP_IPC_LOCK`, 64 KiB in many
+/// containers), halves both sizes and tries again, down to [`MIN_ENTRIES`]: a smaller ring
+/// queues more requests in user space, but works. The ring's `params()` say what it got.
 pub(crate) fn build_ring(
+    mut entries: u32,
+    mut cq_entries: u32,
+    mode: TaskRun,
+) -> io::Result<(IoUring, TaskRun)> {
+    loop {
+        match build_ring_exactly(entries, cq_entries, mode) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOMEM) && entries > MIN_ENTRIES => {
+                entries = (entries / 2).max(MIN_ENTRIES);
+                cq_entries = (cq_entries / 2).max(2 * entries);
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Builds a ring of exactly `entries` SQ and `cq_entries` CQ entries in `mode`; `Auto` falls
+/// back from the newest mode to the oldest when the kernel refuses a flag (`EINVAL`). Returns
+/// the ring and the mode it runs in (never `Auto`).
+fn build_ring_exactly(
     entries: u32,
     cq_entries: u32,
     mode: TaskRun,

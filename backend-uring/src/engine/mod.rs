@@ -30,7 +30,10 @@ use crate::task_run::{build_ring, TaskRun};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct UringConfig {
-    /// Submission queue entries (the completion queue is twice as large). Default 128.
+    /// Submission queue entries (the completion queue is twice as large). Default 128. Where
+    /// the locked-memory limit refuses a ring that large, a smaller one is set up (halved down
+    /// to 8 entries; [`UringEngine::sq_entries`] says what it got), and only then is it
+    /// [`UringUnavailable::OutOfLockedMemory`].
     pub entries: u32,
     /// Most entries per `io_uring_enter`. Default 32.
     pub max_batch: usize,
@@ -299,6 +302,12 @@ impl UringEngine {
     /// Whether this engine shares its ring with the fd monitor.
     pub fn is_shared(&self) -> bool {
         matches!(self.ring, RingHandle::Shared(_))
+    }
+
+    /// The submission-queue entries of the ring set up: [`UringConfig::entries`], or fewer
+    /// where the locked-memory limit refused a ring that large (it is halved down to 8).
+    pub fn sq_entries(&self) -> u32 {
+        self.ring.with(|r| r.params().sq_entries())
     }
 
     /// The task-work mode the ring runs in: [`UringConfig::task_run`], or what `Auto` chose
