@@ -457,7 +457,15 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Iothread<L, E> {
                     .flatten();
                 let done = GuestDone::new(self.finished.clone(), self.ctx.notify_handle());
                 let vq = self.queues[disk].clone();
-                guest::spawn(vq, self.ram.clone(), spec, disk, blocks.max(1), ledger, done)
+                guest::spawn(
+                    vq,
+                    self.ram.clone(),
+                    spec,
+                    disk,
+                    blocks.max(1),
+                    ledger,
+                    done,
+                )
             })
             .collect()
     }

@@ -56,10 +56,22 @@ fn a_cell_survives_failed_requests_and_reports_them() {
         let stats = faulty.stats_handle();
         let r = cell(&format!("fail-{memory}"), memory, faulty);
         let stats = stats.get();
-        assert!(stats.failed > 0 && stats.forwarded > 0, "{memory}: {stats:?}");
-        assert!(r.errors > 0, "{memory}: injected failures are reported: {r:?}");
-        assert!(r.errors <= stats.failed, "{memory}: no error beyond those injected");
-        assert!(r.ios > 10 * r.errors, "{memory}: the rest keeps going: {r:?}");
+        assert!(
+            stats.failed > 0 && stats.forwarded > 0,
+            "{memory}: {stats:?}"
+        );
+        assert!(
+            r.errors > 0,
+            "{memory}: injected failures are reported: {r:?}"
+        );
+        assert!(
+            r.errors <= stats.failed,
+            "{memory}: no error beyond those injected"
+        );
+        assert!(
+            r.ios > 10 * r.errors,
+            "{memory}: the rest keeps going: {r:?}"
+        );
         assert_eq!(r.verify_errors, 0, "{memory}: {:?}", r.verify_reports);
         assert!(r.verified_reads > 0, "{memory}");
     }

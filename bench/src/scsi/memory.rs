@@ -126,7 +126,10 @@ impl GuestRam {
     /// The address of slot `slot` of driven disk `disk` (`bs` bytes there are mapped).
     pub(crate) fn slot_ptr(&self, disk: usize, slot: u32) -> *mut u8 {
         let index = disk * self.iodepth + slot as usize;
-        assert!((index + 1) * self.bs <= self.len.get(), "slot outside guest RAM");
+        assert!(
+            (index + 1) * self.bs <= self.len.get(),
+            "slot outside guest RAM"
+        );
         // SAFETY: in bounds of the mapping (checked above).
         unsafe { self.base.as_ptr().add(index * self.bs) }
     }
