@@ -440,11 +440,19 @@ mod tests {
             )
             .unwrap()
         };
-        for pattern in [Pattern::RandRead, Pattern::Write, Pattern::RandReadWrite] {
+        let patterns = [
+            Pattern::RandRead,
+            Pattern::Write,
+            Pattern::RandReadWrite,
+            Pattern::RandTrim,
+        ];
+        for pattern in patterns {
             let spec = JobSpec {
                 ramp: Duration::from_millis(20),
                 idle_fds: 8,
                 rwmixread: 70,
+                // FUA writes where the job writes.
+                fua: pattern == Pattern::Write,
                 ..JobSpec::new(pattern, 4096, 4, Duration::from_millis(150))
             };
             let r = run(spec);
@@ -453,8 +461,9 @@ mod tests {
             assert_eq!(t.bytes, t.ios * 4096);
             assert!(r.iops() > 0.0 && r.mean_lat_us() > 0.0);
             match pattern {
-                Pattern::RandRead => assert_eq!(r.write.ios, 0),
-                Pattern::Write => assert_eq!(r.read.ios, 0),
+                Pattern::RandRead => assert_eq!(r.write.ios + r.trim.ios, 0),
+                Pattern::Write => assert_eq!(r.read.ios + r.trim.ios, 0),
+                Pattern::RandTrim => assert_eq!((r.read.ios, r.write.ios), (0, 0)),
                 _ => assert!(
                     r.read.ios > r.write.ios && r.write.ios > 0,
                     "70% reads: {} reads, {} writes",
