@@ -1,8 +1,9 @@
 //! Building an I/O engine by name, as the bench's `--engine` flag will.
 //!
 //! This module owns the mapping from names to engines and which ones this build has (Cargo
-//! features `pool`, `linux-aio`, `uring`). It constructs engines
-//! only; it never submits I/O.
+//! features `pool`, `linux-aio`, `uring`), and the pairing of an engine with the thread pool
+//! for the discards and write-zeroes it cannot run. It constructs engines only; it never
+//! submits I/O.
 
 use std::fmt;
 use std::io;
@@ -130,6 +131,28 @@ impl EngineKind {
                 format!("engine '{other}' is not in this build (enable its Cargo feature)"),
             )),
         }
+    }
+
+    /// As [`build_with`](Self::build_with); with `range_ops` (a job that discards or
+    /// writes zeroes), Linux AIO and io_uring come behind [`Routed`] with a thread pool, which
+    /// takes the ops they refuse as unsupported (Linux AIO: every discard and write-zeroes,
+    /// the kernel's AIO has no `fallocate`; io_uring: a block device's), as QEMU sends them to
+    /// its thread pool even with `aio=native`. The pool runs every op itself. Without the
+    /// `pool` feature the engine is returned alone and refuses those ops.
+    ///
+    /// [`Routed`]: aio_core::engine::Routed
+    pub fn build_for(self, uring: UringOptions, range_ops: bool) -> io::Result<Box<dyn IoEngine>> {
+        let engine = self.build_with(uring)?;
+        if !range_ops || self == EngineKind::Pool {
+            return Ok(engine);
+        }
+        #[cfg(feature = "pool")]
+        {
+            let pool = aio_pool::ThreadPool::new(aio_pool::PoolConfig::default())?;
+            Ok(Box::new(aio_core::engine::Routed::new(engine, pool)))
+        }
+        #[cfg(not(feature = "pool"))]
+        Ok(engine)
     }
 }
 

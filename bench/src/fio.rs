@@ -1,7 +1,9 @@
 //! Running fio for a side-by-side comparison and reading its JSON.
 //!
 //! This module owns the fio command line and the fields read from fio's JSON output
-//! (`jobs[].read|write.{iops, lat_ns.mean}`). It does not install fio; it says how.
+//! (`jobs[].read|write|trim.{iops, lat_ns.mean}`). It does not install fio; it says how.
+//! fio 3.33 trims block devices only (`BLKDISCARD`; a regular file fails with `ENOTTY`), so
+//! a trim job runs through fio on a device.
 
 use std::path::Path;
 use std::process::Command;
@@ -61,6 +63,9 @@ pub fn run(ioengine: &str, file: &Path, size: u64, spec: &JobSpec) -> Result<Fio
         .arg("--randrepeat=0")
         .arg("--norandommap")
         .arg("--output-format=json");
+    if spec.fua {
+        cmd.arg("--sync=dsync");
+    }
     if ioengine == "psync" {
         // Synchronous engines run one request per job: depth comes from parallel jobs.
         cmd.arg(format!("--numjobs={}", spec.iodepth))
@@ -76,25 +81,20 @@ pub fn run(ioengine: &str, file: &Path, size: u64, spec: &JobSpec) -> Result<Fio
             stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         });
     }
-    let read_percent = spec.pattern.read_percent(spec.rwmixread);
-    parse(&String::from_utf8_lossy(&out.stdout), read_percent)
+    let sides = spec.pattern.fio_sides(spec.rwmixread);
+    parse(&String::from_utf8_lossy(&out.stdout), sides)
 }
 
-/// Reads IOPS and mean latency from fio's JSON (the first job, or the group report): the read
-/// side when `read_percent` is 100, the write side when it is 0, and both together (IOPS added,
-/// latency weighted by IOPS) for a mixed job.
-pub fn parse(json: &str, read_percent: u8) -> Result<FioResult, FioError> {
+/// Reads IOPS and mean latency from fio's JSON (the first job, or the group report) over
+/// `sides` ([`Pattern::fio_sides`](crate::job::Pattern::fio_sides): `read`, `write`, both for
+/// a mixed job, or `trim`), together: IOPS added, latency weighted by IOPS.
+pub fn parse(json: &str, sides: &[&str]) -> Result<FioResult, FioError> {
     // fio may print notes before the JSON object.
     let start = json
         .find('{')
         .ok_or_else(|| FioError::Output("no JSON object".into()))?;
     let v: serde_json::Value =
         serde_json::from_str(&json[start..]).map_err(|e| FioError::Output(e.to_string()))?;
-    let sides: &[&str] = match read_percent {
-        100 => &["read"],
-        0 => &["write"],
-        _ => &["read", "write"],
-    };
     let (mut iops, mut weighted_lat) = (0.0, 0.0);
     for side in sides {
         let job = &v["jobs"][0][side];
@@ -123,16 +123,18 @@ mod tests {
         let json = r#"note: both iodepth >= 1 and synchronous I/O engine are selected
 {"fio version":"fio-3.33","jobs":[{"jobname":"x","read":{"io_bytes":4096,"iops":1234.5,
 "lat_ns":{"min":1,"max":9,"mean":40500.0}},"write":{"iops":0.0,"lat_ns":{"mean":0.0}}}]}"#;
-        let r = parse(json, 100).unwrap();
+        let r = parse(json, &["read"]).unwrap();
         assert_eq!(r.iops, 1234.5);
         assert_eq!(r.mean_lat_us, 40.5);
         let mixed = r#"{"jobs":[{"read":{"iops":300.0,"lat_ns":{"mean":1000.0}},
 "write":{"iops":100.0,"lat_ns":{"mean":5000.0}}}]}"#;
-        let m = parse(mixed, 50).unwrap();
+        let m = parse(mixed, &["read", "write"]).unwrap();
         assert_eq!(m.iops, 400.0, "a mixed job's IOPS are both sides'");
         assert_eq!(m.mean_lat_us, 2.0, "latency weighted by IOPS");
-        assert_eq!(parse(mixed, 0).unwrap().iops, 100.0);
-        assert!(parse("{}", 100).is_err());
-        assert!(parse("garbage", 100).is_err());
+        assert_eq!(parse(mixed, &["write"]).unwrap().iops, 100.0);
+        let trim = r#"{"jobs":[{"trim":{"iops":50.0,"lat_ns":{"mean":3000.0}}}]}"#;
+        assert_eq!(parse(trim, &["trim"]).unwrap().iops, 50.0);
+        assert!(parse("{}", &["read"]).is_err());
+        assert!(parse("garbage", &["read"]).is_err());
     }
 }

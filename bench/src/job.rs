@@ -2,150 +2,27 @@
 //! while and measure IOPS and latency.
 //!
 //! This module owns the load generator and its measurements. It drives an engine attached to
-//! an [`AioContext`] exactly as an application would (submissions from completion callbacks,
-//! the loop blocking in `poll`), and it never reaches into an engine's internals.
+//! an [`AioContext`] exactly as an application would (each request's own completion callback
+//! submits the slot's next request, the loop blocking in `poll`), and it never reaches into an
+//! engine's internals. Reads and writes move `AlignedBuf`s; trims are discards of `bs`-sized
+//! blocks and carry no memory.
+
+mod pattern;
 
 use std::cell::RefCell;
-use std::fmt;
 use std::rc::Rc;
-use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use aio_core::engine::{AlignedBuf, AttachedEngine, IoEngine, IoFile, Request};
+use aio_core::engine::{
+    AlignedBuf, AttachedEngine, Completion, IoEngine, IoFile, Request, RwFlags, SubmitError,
+};
 use aio_core::{AioContext, EventLoop, FdHandler, LoopCounters, Notifier, PollParams, PollRule};
 use hdrhistogram::Histogram;
 
-/// The I/O pattern of a job (fio's `rw=`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pattern {
-    /// Sequential reads.
-    Read,
-    /// Sequential writes.
-    Write,
-    /// Random reads.
-    RandRead,
-    /// Random writes.
-    RandWrite,
-    /// Sequential reads and writes, mixed by `rwmixread` (fio `rw=rw` or `readwrite`).
-    ReadWrite,
-    /// Random reads and writes, mixed by `rwmixread` (fio `rw=randrw`).
-    RandReadWrite,
-}
-
-impl Pattern {
-    /// Every pattern, in fio's order.
-    pub const ALL: [Pattern; 6] = [
-        Pattern::Read,
-        Pattern::Write,
-        Pattern::RandRead,
-        Pattern::RandWrite,
-        Pattern::ReadWrite,
-        Pattern::RandReadWrite,
-    ];
-
-    /// fio's name for the pattern.
-    pub fn fio_name(self) -> &'static str {
-        match self {
-            Pattern::Read => "read",
-            Pattern::Write => "write",
-            Pattern::RandRead => "randread",
-            Pattern::RandWrite => "randwrite",
-            Pattern::ReadWrite => "rw",
-            Pattern::RandReadWrite => "randrw",
-        }
-    }
-
-    /// Whether offsets are random.
-    pub fn is_random(self) -> bool {
-        matches!(
-            self,
-            Pattern::RandRead | Pattern::RandWrite | Pattern::RandReadWrite
-        )
-    }
-
-    /// The percentage of requests that read, given a mixed job's `rwmixread`.
-    pub fn read_percent(self, rwmixread: u8) -> u8 {
-        match self {
-            Pattern::Read | Pattern::RandRead => 100,
-            Pattern::Write | Pattern::RandWrite => 0,
-            Pattern::ReadWrite | Pattern::RandReadWrite => rwmixread.min(100),
-        }
-    }
-}
-
-impl FromStr for Pattern {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        if s == "readwrite" {
-            return Ok(Pattern::ReadWrite);
-        }
-        Pattern::ALL
-            .into_iter()
-            .find(|p| p.fio_name() == s)
-            .ok_or_else(|| {
-                format!(
-                    "unknown pattern '{s}' (expected read, write, randread, randwrite, rw, readwrite or randrw)"
-                )
-            })
-    }
-}
-
-impl fmt::Display for Pattern {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.fio_name())
-    }
-}
-
-/// Where the next request goes and which way: the offset stream of a job, shared by the job
-/// runner and the matrix's guest.
-#[derive(Debug, Clone)]
-pub(crate) struct OffsetStream {
-    pattern: Pattern,
-    read_percent: u8,
-    blocks: u64,
-    bs: u64,
-    next_seq: u64,
-    rng: Rng,
-}
-
-impl OffsetStream {
-    /// A stream over `blocks` blocks of `bs` bytes (at least one block).
-    pub(crate) fn new(pattern: Pattern, rwmixread: u8, blocks: u64, bs: u64, seed: u64) -> Self {
-        OffsetStream {
-            pattern,
-            read_percent: pattern.read_percent(rwmixread),
-            blocks: blocks.max(1),
-            bs,
-            next_seq: 0,
-            rng: Rng::new(seed),
-        }
-    }
-
-    /// The next block index.
-    pub(crate) fn next_block(&mut self) -> u64 {
-        if self.pattern.is_random() {
-            self.rng.next() % self.blocks
-        } else {
-            let b = self.next_seq % self.blocks;
-            self.next_seq += 1;
-            b
-        }
-    }
-
-    /// Whether the next request writes.
-    pub(crate) fn next_is_write(&mut self) -> bool {
-        match self.read_percent {
-            100 => false,
-            0 => true,
-            p => self.rng.next() % 100 >= u64::from(p),
-        }
-    }
-
-    /// The byte offset of `block`.
-    pub(crate) fn offset(&self, block: u64) -> u64 {
-        block * self.bs
-    }
-}
+pub(crate) use self::pattern::OffsetStream;
+#[cfg(test)]
+pub(crate) use self::pattern::Rng;
+pub use self::pattern::{Direction, Pattern};
 
 /// What a job does.
 #[derive(Debug, Clone, Copy)]
@@ -173,6 +50,9 @@ pub struct JobSpec {
     pub idle_fds: usize,
     /// The engine's largest batch per submission (`None`: the engine's default).
     pub max_batch: Option<usize>,
+    /// Writes are FUA writes ([`RwFlags::FUA`], `RWF_DSYNC`: done only once on stable
+    /// storage), as fio's `sync=1` / `sync=dsync`.
+    pub fua: bool,
 }
 
 impl JobSpec {
@@ -191,11 +71,12 @@ impl JobSpec {
             io_limit: None,
             idle_fds: 0,
             max_batch: None,
+            fua: false,
         }
     }
 }
 
-/// What one direction (reads or writes) of a job measured.
+/// What one direction (reads, writes or trims) of a job measured.
 #[derive(Debug, Clone)]
 pub struct IoStats {
     /// Completed requests in the measured window.
@@ -230,6 +111,8 @@ pub struct JobResult {
     pub read: IoStats,
     /// Writes.
     pub write: IoStats,
+    /// Trims (discards).
+    pub trim: IoStats,
     /// Length of the measured window.
     pub elapsed: Duration,
     /// The loop's counters over the whole job.
@@ -254,24 +137,27 @@ pub fn thread_cpu_seconds() -> f64 {
 }
 
 impl JobResult {
-    /// Reads and writes together.
+    /// Reads, writes and trims together.
     pub fn total(&self) -> IoStats {
         let mut t = self.read.clone();
         t.merge(&self.write);
+        t.merge(&self.trim);
         t
     }
 
-    /// Completed requests per second, both directions.
+    /// Completed requests per second, every direction.
     pub fn iops(&self) -> f64 {
-        (self.read.ios + self.write.ios) as f64 / self.elapsed.as_secs_f64()
+        (self.read.ios + self.write.ios + self.trim.ios) as f64 / self.elapsed.as_secs_f64()
     }
 
-    /// MB/s (10^6 bytes per second, as fio's MB/s), both directions.
+    /// MB/s (10^6 bytes per second, as fio's MB/s), every direction (a trim's bytes are
+    /// those it discarded).
     pub fn mb_s(&self) -> f64 {
-        (self.read.bytes + self.write.bytes) as f64 / 1e6 / self.elapsed.as_secs_f64()
+        let bytes = self.read.bytes + self.write.bytes + self.trim.bytes;
+        bytes as f64 / 1e6 / self.elapsed.as_secs_f64()
     }
 
-    /// Mean latency in µs, both directions.
+    /// Mean latency in µs, every direction.
     pub fn mean_lat_us(&self) -> f64 {
         self.total().latency_ns.mean() / 1000.0
     }
@@ -281,6 +167,7 @@ impl JobResult {
     pub fn merge(&mut self, other: &JobResult) {
         self.read.merge(&other.read);
         self.write.merge(&other.write);
+        self.trim.merge(&other.trim);
         self.elapsed = self.elapsed.max(other.elapsed);
         self.errors += other.errors;
         self.iothread_cpu_s += other.iothread_cpu_s;
@@ -294,43 +181,29 @@ pub(crate) fn latency_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid histogram bounds")
 }
 
-/// A small deterministic PRNG (xorshift64*) for offsets.
-#[derive(Debug, Clone)]
-pub(crate) struct Rng(u64);
-
-impl Rng {
-    /// A generator seeded with `seed` (never the all-zero state).
-    pub(crate) fn new(seed: u64) -> Rng {
-        Rng(seed | 1)
-    }
-
-    /// The next value.
-    pub(crate) fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
-
+/// A job while it runs: where the next request goes, what each slot's request is, and the
+/// figures so far.
 struct Generator {
     spec: JobSpec,
     file: IoFile,
     offsets: OffsetStream,
-    started: Vec<Instant>,
-    slot_writes: Vec<bool>,
+    /// Per slot: when its request was issued and which way it goes.
+    started: Vec<(Instant, Direction)>,
+    measure_from: Instant,
     deadline: Instant,
     issued_bytes: u64,
     read: IoStats,
     write: IoStats,
+    trim: IoStats,
     errors: u64,
     outstanding: usize,
     last_completion: Option<Instant>,
 }
 
 impl Generator {
-    /// The next request for `slot`, or `None` once the job's I/O limit is reached.
-    fn request(&mut self, slot: usize, buf: AlignedBuf) -> Option<Request> {
+    /// The next request for `slot` (reads and writes on `buf`, allocated if the slot has none
+    /// yet; trims need none), or `None` once the job's I/O limit is reached.
+    fn request(&mut self, slot: usize, buf: Option<AlignedBuf>) -> Option<Request> {
         if self
             .spec
             .io_limit
@@ -341,20 +214,98 @@ impl Generator {
         let block = self.offsets.next_block();
         let offset = self.offsets.offset(block);
         self.issued_bytes += self.spec.bs as u64;
-        self.started[slot] = Instant::now();
+        let dir = self.offsets.next_direction();
+        self.started[slot] = (Instant::now(), dir);
         self.outstanding += 1;
-        let write = self.offsets.next_is_write();
-        self.slot_writes[slot] = write;
-        Some(if write {
-            Request::write(&self.file, offset, buf, slot as u64)
-        } else {
-            Request::read(&self.file, offset, buf, slot as u64)
+        let token = slot as u64;
+        let buf = || {
+            buf.unwrap_or_else(|| {
+                let mut b = AlignedBuf::new(self.spec.bs);
+                b.fill(0x5a);
+                b
+            })
+        };
+        Some(match dir {
+            Direction::Read => Request::read(&self.file, offset, buf(), token),
+            Direction::Write if self.spec.fua => {
+                Request::write(&self.file, offset, buf(), token).with_flags(RwFlags::FUA)
+            }
+            Direction::Write => Request::write(&self.file, offset, buf(), token),
+            Direction::Trim => Request::discard(&self.file, offset, self.spec.bs as u64, token),
         })
+    }
+
+    /// Counts `slot`'s completion `c` at `now` (if inside the measured window); whether the
+    /// slot goes on (the deadline has not passed).
+    fn record(&mut self, slot: usize, c: &Completion, now: Instant) -> bool {
+        self.outstanding -= 1;
+        let (started, dir) = self.started[slot];
+        if now >= self.measure_from && now < self.deadline {
+            self.last_completion = Some(now);
+            match &c.result {
+                Ok(n) => {
+                    let stats = match dir {
+                        Direction::Read => &mut self.read,
+                        Direction::Write => &mut self.write,
+                        Direction::Trim => &mut self.trim,
+                    };
+                    stats.ios += 1;
+                    stats.bytes += *n as u64;
+                    let ns = now.duration_since(started).as_nanos() as u64;
+                    let _ = stats.latency_ns.record(ns.max(1));
+                }
+                Err(_) => self.errors += 1,
+            }
+        }
+        now < self.deadline
+    }
+}
+
+/// Issues `slot`'s next request (if the job has one), its completion going to
+/// [`on_complete`], which issues the one after it. A refused request is not outstanding.
+fn issue<L, E>(
+    engine: &AttachedEngine<L, E>,
+    gen: &Rc<RefCell<Generator>>,
+    slot: usize,
+    buf: Option<AlignedBuf>,
+) -> Result<(), SubmitError>
+where
+    L: EventLoop + 'static,
+    E: IoEngine + 'static,
+{
+    let Some(req) = gen.borrow_mut().request(slot, buf) else {
+        return Ok(());
+    };
+    let g = gen.clone();
+    let sent = engine.submit_with(req, move |_, engine, c| on_complete(engine, g, slot, c));
+    if sent.is_err() {
+        gen.borrow_mut().outstanding -= 1;
+    }
+    sent
+}
+
+/// `slot`'s request finished: counted, and the slot's next request issued on its buffer.
+fn on_complete<L, E>(
+    engine: &AttachedEngine<L, E>,
+    gen: Rc<RefCell<Generator>>,
+    slot: usize,
+    c: Completion,
+) where
+    L: EventLoop + 'static,
+    E: IoEngine + 'static,
+{
+    let now = Instant::now();
+    if !gen.borrow_mut().record(slot, &c, now) {
+        return;
+    }
+    if issue(engine, &gen, slot, c.buf.into_one()).is_err() {
+        gen.borrow_mut().errors += 1;
     }
 }
 
 /// Runs `spec` with `engine` on `file` (of `file_size` bytes) in a fresh context over
-/// `monitor`.
+/// `monitor`. A trim job needs an engine that takes discards (for Linux AIO, one behind
+/// [`Routed`](aio_core::engine::Routed): see [`crate::engines::EngineKind::build_for`]).
 pub fn run_job<L, E>(
     monitor: L,
     mut engine: E,
@@ -395,6 +346,7 @@ where
     }
     let start = Instant::now();
     let cpu_start = thread_cpu_seconds();
+    let measure_from = start + spec.ramp;
     let generator = Rc::new(RefCell::new(Generator {
         spec,
         file: file.clone(),
@@ -405,89 +357,28 @@ where
             spec.bs as u64,
             0x9e37_79b9_7f4a_7c15,
         ),
-        started: vec![start; spec.iodepth],
-        slot_writes: vec![false; spec.iodepth],
-        deadline: start + spec.ramp + spec.runtime,
+        started: vec![(start, Direction::Read); spec.iodepth],
+        measure_from,
+        deadline: measure_from + spec.runtime,
         issued_bytes: 0,
         read: IoStats::new(),
         write: IoStats::new(),
+        trim: IoStats::new(),
         errors: 0,
         outstanding: 0,
         last_completion: None,
     }));
-    let engine_slot: Rc<RefCell<Option<AttachedEngine<L, E>>>> = Rc::default();
-    let ramp_end = start + spec.ramp;
-    // Weak: the slot holds the engine, whose driver holds this callback.
-    let (g, slot) = (generator.clone(), Rc::downgrade(&engine_slot));
-    let attached = ctx.attach_engine(engine, move |_ctx, c| {
-        let now = Instant::now();
-        let mut gen = g.borrow_mut();
-        gen.outstanding -= 1;
-        let i = c.token as usize;
-        if now >= ramp_end && now < gen.deadline {
-            gen.last_completion = Some(now);
-            let ns = now.duration_since(gen.started[i]).as_nanos() as u64;
-            match &c.result {
-                Ok(n) => {
-                    let stats = if gen.slot_writes[i] {
-                        &mut gen.write
-                    } else {
-                        &mut gen.read
-                    };
-                    stats.ios += 1;
-                    stats.bytes += *n as u64;
-                    let _ = stats.latency_ns.record(ns.max(1));
-                }
-                Err(_) => gen.errors += 1,
-            }
-        }
-        if now >= gen.deadline {
-            return;
-        }
-        let Some(buf) = c.buf.into_one() else { return };
-        let Some(req) = gen.request(i, buf) else {
-            return;
-        };
-        drop(gen);
-        let slot = slot.upgrade();
-        let sent = match slot.as_ref().and_then(|s| s.try_borrow().ok()) {
-            Some(engine) => match engine.as_ref() {
-                Some(engine) => engine.submit(req).is_ok(),
-                None => false,
-            },
-            None => false,
-        };
-        if !sent {
-            // Refused or no engine: it is not outstanding, or the job would wait for it forever.
-            let mut gen = g.borrow_mut();
-            gen.outstanding -= 1;
-            gen.errors += 1;
-        }
-    })?;
-    *engine_slot.borrow_mut() = Some(attached);
-    {
-        let slot = engine_slot.borrow();
-        let engine = slot.as_ref().expect("just set");
-        engine.plug();
-        for i in 0..spec.iodepth {
-            let mut buf = AlignedBuf::new(spec.bs);
-            buf.fill(0x5a);
-            let Some(req) = generator.borrow_mut().request(i, buf) else {
-                break;
-            };
-            if let Err(e) = engine.submit(req) {
-                engine.unplug();
-                return Err(std::io::Error::from(e));
-            }
-        }
-        engine.unplug();
-    }
+    // Every request is submitted with its own completion (`on_complete`).
+    let engine = ctx.attach_engine(engine, |_, _| {})?;
+    engine.plug();
+    let filled = (0..spec.iodepth).try_for_each(|slot| issue(&engine, &generator, slot, None));
+    engine.unplug();
+    filled.map_err(std::io::Error::from)?;
     while generator.borrow().outstanding > 0 {
         ctx.poll(true);
     }
-    let attached = engine_slot.borrow_mut().take().expect("engine");
     drop(
-        attached
+        engine
             .detach(&ctx)
             .map_err(|(e, _)| std::io::Error::from(e))?,
     );
@@ -504,8 +395,9 @@ where
     Ok(JobResult {
         read: gen.read.clone(),
         write: gen.write.clone(),
+        trim: gen.trim.clone(),
         elapsed: end
-            .saturating_duration_since(ramp_end)
+            .saturating_duration_since(measure_from)
             .max(Duration::from_millis(1)),
         counters: ctx.counters(),
         errors: gen.errors,
@@ -548,11 +440,19 @@ mod tests {
             )
             .unwrap()
         };
-        for pattern in [Pattern::RandRead, Pattern::Write, Pattern::RandReadWrite] {
+        let patterns = [
+            Pattern::RandRead,
+            Pattern::Write,
+            Pattern::RandReadWrite,
+            Pattern::RandTrim,
+        ];
+        for pattern in patterns {
             let spec = JobSpec {
                 ramp: Duration::from_millis(20),
                 idle_fds: 8,
                 rwmixread: 70,
+                // FUA writes where the job writes.
+                fua: pattern == Pattern::Write,
                 ..JobSpec::new(pattern, 4096, 4, Duration::from_millis(150))
             };
             let r = run(spec);
@@ -561,8 +461,9 @@ mod tests {
             assert_eq!(t.bytes, t.ios * 4096);
             assert!(r.iops() > 0.0 && r.mean_lat_us() > 0.0);
             match pattern {
-                Pattern::RandRead => assert_eq!(r.write.ios, 0),
-                Pattern::Write => assert_eq!(r.read.ios, 0),
+                Pattern::RandRead => assert_eq!(r.write.ios + r.trim.ios, 0),
+                Pattern::Write => assert_eq!(r.read.ios + r.trim.ios, 0),
+                Pattern::RandTrim => assert_eq!((r.read.ios, r.write.ios), (0, 0)),
                 _ => assert!(
                     r.read.ios > r.write.ios && r.write.ios > 0,
                     "70% reads: {} reads, {} writes",

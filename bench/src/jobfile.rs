@@ -15,6 +15,11 @@
 //!   and listed in [`JobFile::notes`];
 //! * anything else unknown is an error naming the file and the line.
 //!
+//! Of fio's `rw=` modes it runs all but `trimwrite` and `randtrimwrite`: `trim` and `randtrim`
+//! discard `bs`-sized blocks (a file's blocks are freed with `fallocate(PUNCH_HOLE)`, a block
+//! device gets `BLKDISCARD`). fio has no write-zeroes mode, so neither has this grammar.
+//! `sync=1` (also `sync` and `dsync`) makes every write a FUA write (`RWF_DSYNC`).
+//!
 //! This project adds five keys: `fdmon=` (an fd monitor, or `auto`), `disks=` (fd-monitored
 //! idle disks next to the job's file, as in the matrix), `poll_max_ns=`, `poll_rule=`
 //! (`recovering`, the default, or `qemu`: how the polling window adapts) and `uring_taskrun=`
@@ -52,7 +57,7 @@ pub struct JobDef {
     pub directory: Option<PathBuf>,
     /// `size=`: the file's size, and without `time_based` the I/O each job does.
     pub size: Option<u64>,
-    /// `rw=`.
+    /// `rw=` (or `readwrite=`).
     pub rw: Pattern,
     /// `rwmixread=` (or 100 - `rwmixwrite=`); fio's default is 50.
     pub rwmixread: u8,
@@ -70,6 +75,11 @@ pub struct JobDef {
     pub ramp: Duration,
     /// `direct=` (default 0, as fio; this project's engines want 1).
     pub direct: bool,
+    /// `sync=`: `1`, `sync` or `dsync` make every write a FUA write (`RWF_DSYNC`: complete
+    /// only once the data is on stable storage); `0` or `none` (the default) do not. fio's
+    /// `sync=1` opens the file `O_SYNC`, which also flushes metadata; for a file written in
+    /// place, as jobs here do, that is the same guarantee.
+    pub fua: bool,
     /// `ioengine=`, mapped to ours (fio's default `psync` is the pool).
     pub engine: EngineKind,
     /// `fdmon=` (default `auto`).
@@ -110,6 +120,7 @@ impl JobDef {
             time_based: false,
             ramp: Duration::ZERO,
             direct: false,
+            fua: false,
             engine: EngineKind::Pool,
             fdmon: MonitorChoice::Auto,
             disks: 1,
@@ -413,6 +424,15 @@ fn apply(
         "rw" | "readwrite" => {
             let v = needs_value()?;
             // fio allows `rw=randread:8` (an offset modifier); we do not.
+            if matches!(
+                v.to_ascii_lowercase().as_str(),
+                "trimwrite" | "randtrimwrite"
+            ) {
+                return Err(bad(
+                    "fio's trimwrite and randtrimwrite (a trim before each write) are not supported"
+                        .into(),
+                ));
+            }
             job.rw = v.to_ascii_lowercase().parse::<Pattern>().map_err(bad)?;
         }
         "rwmixread" => job.rwmixread = count(0, 100)? as u8,
@@ -432,6 +452,13 @@ fn apply(
         "time_based" => job.time_based = flag()?,
         "ramp_time" => job.ramp = duration()?,
         "direct" => job.direct = flag()?,
+        "sync" => {
+            job.fua = match needs_value()?.to_ascii_lowercase().as_str() {
+                "1" | "sync" | "dsync" => true,
+                "0" | "none" => false,
+                _ => return Err(bad("expected none, 0, 1, sync or dsync".into())),
+            }
+        }
         "buffered" => job.direct = !flag()?,
         "ioengine" => {
             let v = needs_value()?.to_ascii_lowercase();

@@ -221,6 +221,11 @@ struct MatrixArgs {
     /// block read; report mismatches with their disk and offset (exit code 1 if any).
     #[arg(long)]
     verify: bool,
+    /// Copy each request's data between guest RAM and the iothread's own aligned buffers
+    /// (QEMU's bounce buffers) instead of pointing the engine into guest RAM: the copy path,
+    /// for comparison. Reports say which path ran (`memory`: `guest` or `bounce`).
+    #[arg(long)]
+    bounce: bool,
     /// Run every thread of the bench (iothread, guests, pool workers) on these CPUs
     /// (`0`, `0,1`, `0-3`), as `taskset` would. On a small VM, `--cpus 0` keeps the scheduler
     /// from moving the guest and the iothread between vCPUs, the largest source of noise.

@@ -4,11 +4,12 @@
 //! This module owns the axes, the order cells run in, and the report formats. Each cell is
 //! [`scsi::run_cell`](crate::scsi::run_cell).
 
-use std::fmt::Write as _;
+mod report;
+
 use std::io;
 use std::path::Path;
 
-use serde_json::json;
+pub use self::report::{table, to_csv, to_json, to_svg};
 
 use crate::engines::EngineKind;
 use crate::image::DiskImage;
@@ -283,196 +284,6 @@ fn median_run(mut runs: Vec<Cell>) -> Cell {
     m
 }
 
-/// The scsi-disk scaling table, shaped as in the QEMU epoll discussion: one per engine, a row
-/// per disk count, a column group per fd monitor with a column per workload, in MB/s.
-pub fn table(spec: &MatrixSpec, cells: &[Cell]) -> String {
-    let mut out = String::new();
-    let width = 8 * spec.workloads.len();
-    for &engine in &spec.engines {
-        let _ = writeln!(out, "engine {engine} (MB/s)");
-        let _ = write!(out, "{:>10} ", "disks");
-        for f in &spec.fdmons {
-            let _ = write!(out, "| {:^width$} ", f.name());
-        }
-        out.push('\n');
-        let _ = write!(out, "{:>10} ", "");
-        for _ in &spec.fdmons {
-            out.push_str("| ");
-            for w in &spec.workloads {
-                let _ = write!(out, "{:>7} ", w.name());
-            }
-        }
-        out.push('\n');
-        for &d in &spec.disks {
-            let _ = write!(out, "{d:>10} ");
-            for &f in &spec.fdmons {
-                out.push_str("| ");
-                for &w in &spec.workloads {
-                    let v = cells
-                        .iter()
-                        .find(|c| {
-                            c.engine == engine && c.fdmon == f && c.disks == d && c.workload == w
-                        })
-                        .map(|c| format!("{:.1}", c.mb_s()))
-                        .unwrap_or_else(|| "-".into());
-                    let _ = write!(out, "{v:>7} ");
-                }
-            }
-            out.push('\n');
-        }
-        out.push('\n');
-    }
-    out
-}
-
-/// The CSV report: the JSON's fields as columns, one row per cell.
-pub fn to_csv(spec: &MatrixSpec, cells: &[Cell]) -> String {
-    let mut out = String::from(
-        "fdmon,engine,disks,active,workload,bs,iodepth,mb_s,iops,lat_us_mean,lat_us_p50,lat_us_p99,lat_us_p999,iothread_cpu_s,iterations,blocking_waits,notifier_writes,poll_hits,busy_poll_ns,errors\n",
-    );
-    for c in cells {
-        let h = &c.result.latency_ns;
-        let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
-        let k = &c.result.counters;
-        let _ = writeln!(
-            out,
-            "{},{},{},{},{},{},{},{:.3},{:.1},{:.2},{:.2},{:.2},{:.2},{:.4},{},{},{},{},{},{}",
-            c.fdmon.name(),
-            c.engine.name(),
-            c.disks,
-            if spec.active_all { "all" } else { "one" },
-            c.workload.name(),
-            spec.cell.bs,
-            spec.cell.iodepth,
-            c.mb_s(),
-            c.iops(),
-            h.mean() / 1000.0,
-            us(0.5),
-            us(0.99),
-            us(0.999),
-            c.result.iothread_cpu_s,
-            k.iterations,
-            k.blocking_waits,
-            k.notifier_writes,
-            k.poll_hits,
-            k.busy_poll_ns,
-            c.result.errors
-        );
-    }
-    out
-}
-
-/// An SVG chart: MB/s against disk count, one line per fd monitor and engine (and one chart
-/// per workload, stacked), readable without the terminal output.
-pub fn to_svg(spec: &MatrixSpec, cells: &[Cell]) -> Result<String, String> {
-    use plotters::prelude::*;
-    let mut svg = String::new();
-    {
-        let rows = spec.workloads.len().max(1);
-        let root = SVGBackend::with_string(&mut svg, (900, 420 * rows as u32)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| e.to_string())?;
-        let areas = root.split_evenly((rows, 1));
-        let max_disks = spec.disks.iter().copied().max().unwrap_or(1) as f64;
-        for (area, &workload) in areas.iter().zip(&spec.workloads) {
-            let ours: Vec<&Cell> = cells.iter().filter(|c| c.workload == workload).collect();
-            let top = ours.iter().map(|c| c.mb_s()).fold(1.0, f64::max) * 1.15;
-            let mut chart = ChartBuilder::on(area)
-                .caption(
-                    format!(
-                        "{} (bs {}, iodepth {}, active {}): MB/s vs disks",
-                        workload.name(),
-                        spec.cell.bs,
-                        spec.cell.iodepth,
-                        if spec.active_all { "all" } else { "one" }
-                    ),
-                    ("sans-serif", 18),
-                )
-                .margin(12)
-                .x_label_area_size(36)
-                .y_label_area_size(56)
-                .build_cartesian_2d((1f64..max_disks.max(2.0)).log_scale(), 0f64..top)
-                .map_err(|e| e.to_string())?;
-            chart
-                .configure_mesh()
-                .x_desc("disks attached")
-                .y_desc("MB/s")
-                .draw()
-                .map_err(|e| e.to_string())?;
-            let mut index = 0;
-            for &engine in &spec.engines {
-                for &fdmon in &spec.fdmons {
-                    let mut points: Vec<(f64, f64)> = ours
-                        .iter()
-                        .filter(|c| c.engine == engine && c.fdmon == fdmon)
-                        .map(|c| (c.disks as f64, c.mb_s()))
-                        .collect();
-                    points.sort_by(|a, b| a.0.total_cmp(&b.0));
-                    let color = Palette99::pick(index).to_rgba();
-                    index += 1;
-                    chart
-                        .draw_series(LineSeries::new(points, color.stroke_width(2)))
-                        .map_err(|e| e.to_string())?
-                        .label(format!("{engine} / {fdmon}"))
-                        .legend(move |(x, y)| {
-                            PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
-                        });
-                }
-            }
-            chart
-                .configure_series_labels()
-                .background_style(WHITE.mix(0.8))
-                .border_style(BLACK)
-                .position(SeriesLabelPosition::LowerLeft)
-                .draw()
-                .map_err(|e| e.to_string())?;
-        }
-        root.present().map_err(|e| e.to_string())?;
-    }
-    Ok(svg)
-}
-
-/// The JSON report (`{"machine": {...}, "cells": [...]}` with the field names).
-pub fn to_json(spec: &MatrixSpec, cells: &[Cell]) -> serde_json::Value {
-    let machine = json!({
-        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_default(),
-    });
-    let cells: Vec<_> = cells
-        .iter()
-        .map(|c| {
-            let h = &c.result.latency_ns;
-            let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
-            let k = &c.result.counters;
-            json!({
-                "fdmon": c.fdmon.name(),
-                "engine": c.engine.name(),
-                "disks": c.disks,
-                "active": if spec.active_all { "all" } else { "one" },
-                "workload": c.workload.name(),
-                "bs": spec.cell.bs,
-                "iodepth": spec.cell.iodepth,
-                "mb_s": c.mb_s(),
-                "iops": c.iops(),
-                "lat_us": {"mean": h.mean() / 1000.0, "p50": us(0.5), "p99": us(0.99), "p999": us(0.999)},
-                "iothread_cpu_s": c.result.iothread_cpu_s,
-                "counters": {
-                    "iterations": k.iterations,
-                    "blocking_waits": k.blocking_waits,
-                    "nonblocking_waits": k.nonblocking_waits,
-                    "notifier_writes": k.notifier_writes,
-                    "poll_hits": k.poll_hits,
-                    "busy_poll_ns": k.busy_poll_ns,
-                    "handler_calls": k.handler_calls,
-                    "errors": c.result.errors,
-                    "verified_reads": c.result.verified_reads,
-                    "verify_errors": c.result.verify_errors,
-                },
-            })
-        })
-        .collect();
-    json!({ "machine": machine, "cells": cells })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -480,7 +291,7 @@ mod tests {
     use std::time::Duration;
 
     #[cfg(all(feature = "pool", feature = "poll", feature = "epoll"))]
-    fn spec() -> MatrixSpec {
+    fn spec(memory: crate::scsi::MemoryPath) -> MatrixSpec {
         let quick = MatrixSpec::quick();
         MatrixSpec {
             fdmons: vec![MonitorKind::Poll, MonitorKind::Epoll],
@@ -492,6 +303,7 @@ mod tests {
                 ramp: Duration::from_millis(20),
                 poll_idle: Duration::from_millis(10),
                 verify: true,
+                memory,
                 ..quick.cell
             },
             disk_size: 1 << 20,
@@ -511,7 +323,7 @@ mod tests {
     #[test]
     #[cfg(all(feature = "pool", feature = "poll", feature = "epoll"))]
     fn a_small_matrix_runs_every_cell_and_reports_it() {
-        let spec = spec();
+        let spec = spec(crate::scsi::MemoryPath::Guest);
         let dir = std::env::temp_dir().join(format!("aio-bench-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let mut seen = 0;
@@ -542,12 +354,13 @@ mod tests {
         );
         std::fs::remove_dir(&dir).unwrap();
         let table = table(&spec, &cells);
-        assert!(table.contains("engine pool (MB/s)") && table.contains("randrw"));
+        assert!(table.contains("engine pool (MB/s), guest memory") && table.contains("randrw"));
         let svg = to_svg(&spec, &cells).unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("pool / poll") && svg.contains("MB/s"));
         let csv = to_csv(&spec, &cells);
         assert_eq!(csv.lines().count(), 9, "a header and a row per cell");
-        assert!(csv.starts_with("fdmon,engine,disks,active,workload,bs,iodepth,mb_s,iops"));
+        assert!(csv.starts_with("fdmon,engine,disks,active,workload,bs,iodepth,memory,mb_s,iops"));
+        assert!(csv.lines().nth(1).unwrap().contains(",guest,"), "{csv}");
         let json = to_json(&spec, &cells);
         let c0 = &json["cells"][0];
         for key in [
@@ -558,6 +371,7 @@ mod tests {
             "workload",
             "bs",
             "iodepth",
+            "memory",
             "mb_s",
             "iops",
             "iothread_cpu_s",
@@ -568,5 +382,30 @@ mod tests {
         for key in ["mean", "p50", "p99", "p999"] {
             assert!(c0["lat_us"][key].is_number(), "lat_us.{key} missing");
         }
+    }
+
+    /// The copy path (`--bounce`) moves the same data: verified reads and writes on both
+    /// workloads, over a fd monitor each.
+    #[test]
+    #[cfg(all(feature = "pool", feature = "poll", feature = "epoll"))]
+    fn the_bounce_path_runs_verified() {
+        let spec = MatrixSpec {
+            repeat: 1,
+            disks: vec![2],
+            active_all: true,
+            ..spec(crate::scsi::MemoryPath::Bounce)
+        };
+        let dir = std::env::temp_dir().join(format!("aio-bench-bounce-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cells = run(&spec, &dir, |_, _, _| {}).unwrap();
+        std::fs::remove_dir(&dir).unwrap();
+        assert_eq!(cells.len(), 4);
+        for c in &cells {
+            assert!(c.result.ios > 0 && c.result.errors == 0, "{c:?}");
+            assert_eq!(c.result.verify_errors, 0, "{:?}", c.result.verify_reports);
+        }
+        assert!(cells.iter().any(|c| c.result.verified_reads > 0));
+        assert_eq!(to_json(&spec, &cells)["cells"][0]["memory"], "bounce");
+        assert!(table(&spec, &cells).contains("engine pool (MB/s), bounce memory"));
     }
 }

@@ -5,8 +5,10 @@
 //! removed afterwards), the choice of backends (`auto` resolved by the probe order), the
 //! `numjobs` clones (each its own thread, loop and engine, reported together like fio's
 //! `group_reporting`), and the two output formats: fio's text summary and fio's JSON field
-//! names (`jobs[].jobname`, `read` / `write` with `io_bytes`, `bw_bytes`, `iops`, `lat_ns` and
-//! `clat_ns` with `percentile` keyed like `"99.000000"`).
+//! names (`jobs[].jobname`, `read` / `write` / `trim` with `io_bytes`, `bw_bytes`, `iops`,
+//! `lat_ns` and `clat_ns` with `percentile` keyed like `"99.000000"`). A trim job's engine is
+//! paired with the thread pool for the discards it cannot run
+//! ([`EngineKind::build_for`]).
 //!
 //! Latency here is submit-to-completion as the application sees it: fio's `lat_ns`. `clat_ns`
 //! carries the same figures (our engines do not time submission separately), and there is no
@@ -106,7 +108,7 @@ fn target(def: &JobDef, clone: u64) -> Result<Target, RunError> {
         path: path.display().to_string(),
         reason,
     };
-    let writes = def.rw.read_percent(def.rwmixread) < 100;
+    let writes = def.rw.modifies(def.rwmixread);
     let open = |direct: bool| {
         let mut o = OpenOptions::new();
         o.read(true).write(writes);
@@ -211,6 +213,7 @@ pub fn run_one(def: &JobDef) -> Result<JobReport, RunError> {
         max_batch: def
             .batch_submit
             .map(|n| if n == 0 { def.iodepth } else { n } as usize),
+        fua: def.fua,
     };
     let results: Vec<io::Result<JobResult>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..def.numjobs as usize)
@@ -219,7 +222,7 @@ pub fn run_one(def: &JobDef) -> Result<JobReport, RunError> {
                 let (file, size) = (t.file.clone(), t.size);
                 s.spawn(move || {
                     let monitor = fdmon.build()?;
-                    let engine = engine.build_with(uring)?;
+                    let engine = engine.build_for(uring, def.rw.is_trim())?;
                     run_job(monitor, engine, &file, size, spec(size))
                 })
             })
@@ -296,7 +299,12 @@ pub fn to_normal(reports: &[JobReport]) -> String {
             r.file.display()
         );
         let ms = r.result.elapsed.as_millis();
-        for (side, st) in [("read", &r.result.read), ("write", &r.result.write)] {
+        let sides = [
+            ("read", &r.result.read),
+            ("write", &r.result.write),
+            ("trim", &r.result.trim),
+        ];
+        for (side, st) in sides {
             if st.ios == 0 {
                 continue;
             }
@@ -402,9 +410,11 @@ pub fn to_fio_json(reports: &[JobReport]) -> Value {
                     "iodepth": d.iodepth.to_string(),
                     "numjobs": d.numjobs.to_string(),
                     "ioengine": r.engine.fio_ioengine(),
+                    "sync": if d.fua { "dsync" } else { "none" },
                 },
                 "read": side_json(&r.result.read, r.result.elapsed),
                 "write": side_json(&r.result.write, r.result.elapsed),
+                "trim": side_json(&r.result.trim, r.result.elapsed),
                 "job_runtime": r.result.elapsed.as_millis() as u64,
                 "aio-bench": {
                     "engine": r.engine.name(),
@@ -486,7 +496,7 @@ mod tests {
         assert_eq!(v["jobs"][1]["write"]["io_bytes"], 1 << 20);
         assert_eq!(v["jobs"][1]["read"]["io_bytes"], 0);
         // fio's own parser in this crate reads it.
-        let back = crate::fio::parse(&v.to_string(), 100).unwrap();
+        let back = crate::fio::parse(&v.to_string(), &["read"]).unwrap();
         assert!((back.iops - read["iops"].as_f64().unwrap()).abs() < 1e-6);
     }
 

@@ -8,10 +8,14 @@
 //!   iothread's context with `io_read` and `io_poll` handlers (the ioeventfd), and a completion
 //!   path back to the guest (the used ring and an interrupt notifier);
 //! * the **guest** is one load-generator thread per active disk, keeping `iodepth` requests in
-//!   flight, as fio does in the guest (its own file, `scsi/guest.rs`);
+//!   flight, as fio does in the guest (its own file, `scsi/guest.rs`). Its data lives in the
+//!   cell's one **guest RAM** region (`scsi/memory.rs`), a `bs` slot per request: the guest
+//!   prepares a write's data there and finds a read's data there;
 //! * the **iothread** is the calling thread: one [`AioContext`] over the chosen monitor, every
 //!   disk's doorbell registered (idle disks too: that is what the QEMU test measures),
-//!   requests pushed into the chosen engine, completions pushed back to the guest.
+//!   requests pushed into the chosen engine pointing into guest RAM (or, with
+//!   [`MemoryPath::Bounce`], copied through its own buffers), each completion pushed back to
+//!   the guest by the request's own callback.
 //!
 //! [`run_cell`] is three steps: set up (the iothread's context with the engine attached and
 //! every doorbell registered, then the guests), drive (the loop until every guest is done) and
@@ -19,6 +23,7 @@
 //! internals: only the `EventLoop` and `IoEngine` traits.
 
 mod guest;
+mod memory;
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -29,14 +34,17 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use aio_core::engine::{AlignedBuf, AttachedEngine, Completion, IoEngine, IoFile, Request};
+use aio_core::engine::{
+    AlignedBuf, AttachedEngine, Completion, GuestIovecs, IoBuffers, IoEngine, IoFile, Request,
+};
 use aio_core::{AioContext, EventLoop, FdHandler, LoopCounters, Notifier, PollParams};
 use hdrhistogram::Histogram;
 
 use self::guest::{GuestDone, GuestStats};
+use self::memory::GuestRam;
+pub use self::memory::MemoryPath;
 use crate::image::DiskImage;
 use crate::job::{latency_histogram, thread_cpu_seconds, Pattern};
-use crate::verify::{self, VerifyError};
 
 /// One guest request in a virtqueue.
 #[derive(Debug, Clone, Copy)]
@@ -44,8 +52,6 @@ struct GuestRequest {
     slot: u32,
     offset: u64,
     write: bool,
-    /// With verify: the generation a write stamps.
-    generation: u64,
 }
 
 /// One entry of the used ring: a finished request.
@@ -54,8 +60,6 @@ struct UsedEntry {
     slot: u32,
     /// Bytes, or a negative errno.
     result: i64,
-    /// With verify, for a read that succeeded: the stamp's generation, or what is wrong.
-    stamp: Option<Result<u64, VerifyError>>,
 }
 
 /// A virtqueue: the available ring and doorbell (guest -> iothread), the used ring and
@@ -124,15 +128,19 @@ pub struct CellSpec {
     pub poll_idle: Duration,
     /// Stamp every block written and check every block read ([`crate::verify`]); the images
     /// must have been created with [`DiskImage::create_stamped`]. One request per block at a
-    /// time, so that each read has exactly one right answer.
+    /// time, so that each read has exactly one right answer. The guests stamp and check
+    /// their data in guest RAM, on either memory path.
     pub verify: bool,
+    /// How the data travels between guest RAM and the engine: straight (the engine reads
+    /// and writes guest RAM) or through the iothread's bounce buffers (`--bounce`).
+    pub memory: MemoryPath,
 }
 
 impl CellSpec {
     /// The quick matrix's cell (`aio-bench matrix`'s defaults; the matrix sets disks, active
     /// and pattern per cell): one disk driven with sequential reads of 4 KiB blocks at iodepth
     /// 8, 200 ms ramp and 1 s measured, QEMU's IOThread polling limit (32768 ns), idle disks
-    /// out of the poll set after 100 ms, no verify.
+    /// out of the poll set after 100 ms, no verify, requests straight into guest RAM.
     pub const fn quick() -> CellSpec {
         CellSpec {
             disks: 1,
@@ -145,6 +153,7 @@ impl CellSpec {
             poll_max_ns: 32_768,
             poll_idle: Duration::from_millis(100),
             verify: false,
+            memory: MemoryPath::Guest,
         }
     }
 }
@@ -247,51 +256,26 @@ fn check_stamps(images: &[DiskImage], spec: &CellSpec) -> io::Result<()> {
     }
 }
 
-/// The iothread's side of a guest slot: its buffer while it is home, and what the request in
-/// flight does (for verify at completion).
-struct HostSlot {
-    buf: Option<AlignedBuf>,
-    offset: u64,
-    write: bool,
-}
-
-/// Every active disk's slots.
-type HostSlots = Rc<RefCell<Vec<Vec<HostSlot>>>>;
-
-/// Every active disk's slots, each with a `bs` buffer.
-fn host_slots(spec: &CellSpec) -> HostSlots {
-    let slot = || {
-        let mut b = AlignedBuf::new(spec.bs);
-        b.fill(0x5a);
-        HostSlot {
-            buf: Some(b),
-            offset: 0,
-            write: false,
-        }
-    };
-    Rc::new(RefCell::new(
-        (0..spec.active)
-            .map(|_| (0..spec.iodepth).map(|_| slot()).collect())
-            .collect(),
-    ))
-}
-
-/// The iothread's view of one disk: its virtqueue and where its blocks are.
+/// The iothread's view of one disk: its virtqueue, where its blocks are, and the memory its
+/// requests use.
 struct HostDisk {
     index: usize,
     vq: Arc<Virtqueue>,
     file: IoFile,
     /// The disk's first byte in `file` (its image may be a device region).
     base: u64,
+    ram: Arc<GuestRam>,
+    memory: MemoryPath,
+    /// With `--bounce`, the driven disk's buffer per slot, home while its slot has no request
+    /// in flight (empty on the guest-memory path and for idle disks).
+    bounce: RefCell<Vec<Option<AlignedBuf>>>,
 }
 
 impl HostDisk {
     /// Takes the available ring's requests into the engine, one plugged batch.
-    fn process<L: EventLoop, E: IoEngine>(
-        &self,
+    fn process<L: EventLoop + 'static, E: IoEngine + 'static>(
+        self: &Rc<Self>,
         engine: &AttachedEngine<L, E>,
-        slots: &HostSlots,
-        verify: bool,
     ) {
         let taken = self.vq.take_avail();
         if taken.is_empty() {
@@ -299,136 +283,153 @@ impl HostDisk {
         }
         engine.plug();
         for r in taken {
-            self.submit(engine, slots, r, verify);
+            self.submit(engine, r);
         }
         engine.unplug();
     }
 
-    /// Submits one guest request with its slot's buffer (stamped for a write with verify); a
-    /// request the engine refuses goes straight to the used ring as `EINVAL`.
-    fn submit<L: EventLoop, E: IoEngine>(
-        &self,
+    /// Submits one guest request, its completion going to [`HostDisk::complete`]; a request
+    /// the engine refuses goes straight to the used ring as `EINVAL`.
+    fn submit<L: EventLoop + 'static, E: IoEngine + 'static>(
+        self: &Rc<Self>,
         engine: &AttachedEngine<L, E>,
-        slots: &HostSlots,
         r: GuestRequest,
-        verify: bool,
     ) {
-        let token = ((self.index as u64) << 32) | r.slot as u64;
-        let mut buf = {
-            let mut slots = slots.borrow_mut();
-            let host = &mut slots[self.index][r.slot as usize];
-            host.offset = r.offset;
-            host.write = r.write;
-            host.buf
-                .take()
-                .expect("a slot's buffer is home while the guest may reuse it")
-        };
-        if verify && r.write {
-            verify::stamp(&mut buf, r.offset, r.generation);
-        }
-        // The guest's offsets are the disk's; its image may be a device region.
-        let req = if r.write {
-            Request::write(&self.file, self.base + r.offset, buf, token)
-        } else {
-            Request::read(&self.file, self.base + r.offset, buf, token)
-        };
-        if let Err(e) = engine.submit(req) {
-            slots.borrow_mut()[self.index][r.slot as usize].buf =
-                e.request.op.into_buffers().into_one();
+        let disk = self.clone();
+        let (slot, write) = (r.slot, r.write);
+        let sent = engine.submit_with(self.request(r), move |_, _, c| {
+            disk.complete(slot, write, c)
+        });
+        if let Err(e) = sent {
+            self.take_back(slot, 0, e.request.op.into_buffers());
             self.vq.push_used(UsedEntry {
-                slot: r.slot,
+                slot,
                 result: -(libc::EINVAL as i64),
-                stamp: None,
             });
         }
     }
-}
 
-/// The completion path back to the guest: the slot's buffer home (checked with verify, for a
-/// read), the used ring, the interrupt.
-fn on_complete<L: EventLoop>(
-    queues: Vec<Arc<Virtqueue>>,
-    slots: HostSlots,
-    verify: bool,
-) -> impl Fn(&AioContext<L>, Completion) + 'static {
-    move |_, c| {
-        let disk = (c.token >> 32) as usize;
-        let slot = c.token as u32;
+    /// The engine's request for `r`: pointing into the slot's guest RAM, or with `--bounce`
+    /// on the slot's buffer (for a write, a copy of the slot's guest RAM).
+    fn request(&self, r: GuestRequest) -> Request {
+        let token = ((self.index as u64) << 32) | r.slot as u64;
+        // The guest's offsets are the disk's; its image may be a device region.
+        let offset = self.base + r.offset;
+        if self.memory == MemoryPath::Guest {
+            let mem = self.ram.slot_ptr(self.index, r.slot);
+            // SAFETY: the slot is the iothread's from the available ring to the used ring
+            // (`GuestRam`): the guest does not touch it until `complete` has put the entry on
+            // the used ring, after the engine handed these iovecs back. The mapping is removed
+            // only after the engine is dropped (`Iothread`'s field order).
+            let mem = unsafe { GuestIovecs::from_raw_parts(mem, self.ram.bs()) };
+            return if r.write {
+                Request::write_guest(&self.file, offset, mem, token)
+            } else {
+                Request::read_guest(&self.file, offset, mem, token)
+            };
+        }
+        let mut buf = self.bounce.borrow_mut()[r.slot as usize]
+            .take()
+            .expect("a slot's buffer is home while the guest may reuse it");
+        if r.write {
+            // SAFETY: the slot is the iothread's until its used entry (`GuestRam`).
+            buf.copy_from_slice(unsafe { self.ram.slot(self.index, r.slot) });
+            Request::write(&self.file, offset, buf, token)
+        } else {
+            Request::read(&self.file, offset, buf, token)
+        }
+    }
+
+    /// A request's completion: the slot's memory back (with `--bounce`, a read's data copied
+    /// into guest RAM), then the used ring and the interrupt.
+    fn complete(&self, slot: u32, write: bool, c: Completion) {
         let result = match &c.result {
             Ok(n) => *n as i64,
             Err(e) => -(e.raw_os_error().unwrap_or(libc::EIO) as i64),
         };
-        let mut slots = slots.borrow_mut();
-        let host = &mut slots[disk][slot as usize];
-        host.buf = c.buf.into_one();
-        let stamp = match (&host.buf, verify && !host.write && result >= 0) {
-            (Some(b), true) => Some(verify::check(b, host.offset)),
-            _ => None,
-        };
-        queues[disk].push_used(UsedEntry {
-            slot,
-            result,
-            stamp,
-        });
+        let copy_in = if write { 0 } else { result.max(0) as usize };
+        self.take_back(slot, copy_in, c.buf);
+        self.vq.push_used(UsedEntry { slot, result });
+    }
+
+    /// Takes a request's memory back: guest iovecs are dropped (the engine is done with the
+    /// slot), a bounce buffer goes home after its first `copy_in` bytes are copied into the
+    /// slot's guest RAM.
+    fn take_back(&self, slot: u32, copy_in: usize, bufs: IoBuffers) {
+        if let IoBuffers::One(buf) = bufs {
+            if copy_in > 0 {
+                // SAFETY: the slot is the iothread's until its used entry (`GuestRam`).
+                let mem = unsafe { self.ram.slot_mut(self.index, slot) };
+                let n = copy_in.min(buf.len());
+                mem[..n].copy_from_slice(&buf[..n]);
+            }
+            self.bounce.borrow_mut()[slot as usize] = Some(buf);
+        }
     }
 }
 
 /// One cell's iothread: its context, with the engine attached and every disk's doorbell
-/// registered. Fields drop in order: the context (and its handlers) before the engine.
+/// registered, and the guest RAM. Fields drop in order: the context (and its handlers), then
+/// the engine (waiting for the kernel and the workers to finish with every request), and the
+/// guest RAM last, so that the mapping outlives every request pointing into it.
 struct Iothread<L: EventLoop + 'static, E: IoEngine + 'static> {
     ctx: AioContext<L>,
-    _engine: Rc<AttachedEngine<L, E>>,
+    engine: Rc<AttachedEngine<L, E>>,
     queues: Vec<Arc<Virtqueue>>,
     /// Guests that have finished (or panicked).
     finished: Arc<AtomicUsize>,
     spec: CellSpec,
+    ram: Arc<GuestRam>,
 }
 
 impl<L: EventLoop + 'static, E: IoEngine + 'static> Iothread<L, E> {
-    /// The context over `monitor` with the cell's polling, `engine` attached, and a virtqueue
-    /// per disk with its doorbell registered.
+    /// The guest RAM, the context over `monitor` with the cell's polling, `engine` attached,
+    /// and a virtqueue per disk with its doorbell registered.
     fn set_up(monitor: L, engine: E, images: &[DiskImage], spec: CellSpec) -> io::Result<Self> {
+        let ram = Arc::new(GuestRam::new(spec.active, spec.iodepth, spec.bs)?);
         let ctx = AioContext::new(monitor)?;
         ctx.set_poll_params(PollParams::iothread().with_max_ns(spec.poll_max_ns));
         ctx.set_poll_idle_interval(spec.poll_idle);
         let queues: Vec<Arc<Virtqueue>> = (0..spec.disks)
             .map(|_| Virtqueue::new().map(Arc::new))
             .collect::<io::Result<_>>()?;
-        let slots = host_slots(&spec);
-        let complete = on_complete(queues.clone(), slots.clone(), spec.verify);
-        let engine = Rc::new(ctx.attach_engine(engine, complete)?);
+        // Every request is submitted with its own completion (`HostDisk::complete`).
+        let engine = Rc::new(ctx.attach_engine(engine, |_, _| {})?);
         let iothread = Iothread {
             ctx,
-            _engine: engine.clone(),
+            engine,
             queues,
             finished: Arc::new(AtomicUsize::new(0)),
             spec,
+            ram,
         };
         // The ioeventfd handlers: every disk, active or idle.
         for (disk, image) in images[..spec.disks].iter().enumerate() {
-            iothread.register_doorbell(disk, image, &engine, &slots)?;
+            iothread.register_doorbell(disk, image)?;
         }
         Ok(iothread)
     }
 
     /// Registers disk `disk`'s doorbell: `io_read` and `io_poll_ready` take its requests into
     /// the engine, `io_poll` looks at its available ring.
-    fn register_doorbell(
-        &self,
-        disk: usize,
-        image: &DiskImage,
-        engine: &Rc<AttachedEngine<L, E>>,
-        slots: &HostSlots,
-    ) -> io::Result<()> {
+    fn register_doorbell(&self, disk: usize, image: &DiskImage) -> io::Result<()> {
         let vq = &self.queues[disk];
-        let host = HostDisk {
+        let driven = disk < self.spec.active && self.spec.memory == MemoryPath::Bounce;
+        let bounce = (0..self.spec.iodepth)
+            .filter(|_| driven)
+            .map(|_| Some(AlignedBuf::new(self.spec.bs)))
+            .collect();
+        let host = Rc::new(HostDisk {
             index: disk,
             vq: vq.clone(),
             file: image.file().clone(),
             base: image.base(),
-        };
-        let (engine, slots, verify) = (engine.clone(), slots.clone(), self.spec.verify);
-        let process = Rc::new(move || host.process(&engine, &slots, verify));
+            ram: self.ram.clone(),
+            memory: self.spec.memory,
+            bounce: RefCell::new(bounce),
+        });
+        let engine = self.engine.clone();
+        let process = Rc::new(move || host.process(&engine));
         let (p1, p2, vq2, vq3) = (process.clone(), process, vq.clone(), vq.clone());
         self.ctx
             .set_fd_handler(
@@ -456,7 +457,15 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Iothread<L, E> {
                     .flatten();
                 let done = GuestDone::new(self.finished.clone(), self.ctx.notify_handle());
                 let vq = self.queues[disk].clone();
-                guest::spawn(vq, spec, disk, blocks.max(1), ledger, done)
+                guest::spawn(
+                    vq,
+                    self.ram.clone(),
+                    spec,
+                    disk,
+                    blocks.max(1),
+                    ledger,
+                    done,
+                )
             })
             .collect()
     }

@@ -107,6 +107,72 @@ fn run_reports_a_job_file_in_fio_json() {
     assert_eq!(dir.entries(), 1, "the job's file is removed afterwards");
 }
 
+/// A randtrim job through each engine on files in the temp dir: fio's JSON `trim` section is
+/// filled, nothing else is, and the blocks are freed (`st_blocks` drops). A `sync=dsync` job
+/// writes FUA.
+#[test]
+#[cfg(all(
+    feature = "pool",
+    feature = "linux-aio",
+    feature = "uring",
+    feature = "poll"
+))]
+fn a_randtrim_job_fills_the_trim_section_and_frees_the_blocks() {
+    use std::os::unix::fs::MetadataExt;
+    const SIZE: usize = 4 << 20;
+    let dir = TempDir::new("trim");
+    let engines = ["psync", "libaio", "io_uring"];
+    let mut job =
+        String::from("[global]\nbs=64k\nsize=4m\ndirect=1\nfdmon=poll\niodepth=8\nrw=randtrim\n");
+    let mut before = Vec::new();
+    for e in engines {
+        let file = dir.0.join(format!("{e}.img"));
+        std::fs::write(&file, vec![0xa5u8; SIZE]).unwrap();
+        std::fs::File::open(&file).unwrap().sync_all().unwrap();
+        before.push(std::fs::metadata(&file).unwrap().blocks());
+        job += &format!("[{e}]\nioengine={e}\nfilename={}\n", file.display());
+    }
+    job += &format!(
+        "[fua]\nioengine=libaio\nrw=randwrite\nsync=dsync\nsize=1m\nfilename={}\n",
+        dir.0.join("fua.img").display()
+    );
+    let path = dir.0.join("trim.fio");
+    std::fs::write(&path, job).unwrap();
+    let o = bench()
+        .args(["run", path.to_str().unwrap(), "--output-format=json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for (i, e) in engines.iter().enumerate() {
+        let j = &v["jobs"][i];
+        assert_eq!(j["jobname"], *e);
+        assert_eq!(j["job options"]["rw"], "randtrim");
+        assert_eq!(j["aio-bench"]["errors"], 0, "{e}: {j}");
+        let trim = &j["trim"];
+        assert_eq!(trim["io_bytes"], SIZE as u64, "{e}: size= bytes trimmed");
+        assert_eq!(trim["total_ios"], (SIZE >> 16) as u64, "{e}");
+        assert!(trim["iops"].as_f64().unwrap() > 0.0, "{e}: {trim}");
+        assert!(trim["lat_ns"]["mean"].as_f64().unwrap() > 0.0, "{e}");
+        assert!(trim["clat_ns"]["percentile"]["99.000000"].as_u64().unwrap() > 0);
+        assert_eq!(j["read"]["io_bytes"], 0, "{e}");
+        assert_eq!(j["write"]["io_bytes"], 0, "{e}");
+        let file = dir.0.join(format!("{e}.img"));
+        let meta = std::fs::metadata(&file).unwrap();
+        assert_eq!(meta.len(), SIZE as u64, "{e}: a discard keeps the size");
+        assert!(
+            meta.blocks() < before[i],
+            "{e}: st_blocks {} -> {}: no block was freed",
+            before[i],
+            meta.blocks()
+        );
+    }
+    let fua = &v["jobs"][3];
+    assert_eq!(fua["job options"]["sync"], "dsync");
+    assert_eq!(fua["write"]["io_bytes"], 1 << 20, "{fua}");
+    assert_eq!(fua["trim"]["io_bytes"], 0);
+}
+
 /// Installs a seccomp filter that fails the given syscalls with EPERM (as a container
 /// runtime's default profile does for io_uring).
 #[cfg(all(feature = "uring", feature = "linux-aio", feature = "pool"))]
@@ -298,7 +364,8 @@ fn run_on_the_loop_device_detaches_it_afterwards() {
     std::fs::write(
         &job,
         "[global]\nrw=randread\niodepth=1\ndirect=1\ntime_based\nruntime=200ms\nfdmon=poll\n\
-         [aio]\nioengine=libaio\n[threads]\nioengine=psync\nfilename=ignored.img\n",
+         [aio]\nioengine=libaio\n[threads]\nioengine=psync\nfilename=ignored.img\n\
+         [trims]\nioengine=io_uring\nrw=randtrim\nbs=64k\n",
     )
     .unwrap();
     let child = bench()
@@ -318,6 +385,9 @@ fn run_on_the_loop_device_detaches_it_afterwards() {
     );
     assert!(!t.contains("ignored.img"), "filename= is replaced: {t}");
     assert!(t.contains("read: IOPS="), "{t}");
+    // io_uring refuses a block device's discard: the pool beside it sends BLKDISCARD.
+    assert!(t.contains("trims: (groupid=0, jobs=1): err= 0"), "{t}");
+    assert!(t.contains("trim: IOPS="), "{t}");
     assert_cleaned_up(&backing);
     assert_eq!(dir.entries(), 1, "only the job file");
 }

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use aio_bench::engines::EngineKind;
+use aio_bench::engines::{EngineKind, UringOptions};
 use aio_bench::error::BenchError;
 use aio_bench::job::{run_job, JobSpec};
 use aio_core::engine::IoFile;
@@ -78,7 +78,7 @@ fn one_cell(
         .build()
         .map_err(|e| BenchError::io(args.fdmon.to_string(), e))?;
     let eng = engine
-        .build()
+        .build_for(UringOptions::default(), args.rw.is_trim())
         .map_err(|e| BenchError::io(engine.to_string(), e))?;
     let r = run_job(monitor, eng, file, args.size, spec)
         .map_err(|e| BenchError::failed(e.to_string()))?;

@@ -19,7 +19,7 @@ use aio_bench::loopdev::{LoopDevice, LoopSpec};
 use aio_bench::matrix::{self, Cell, MatrixSpec};
 use aio_bench::monitors::MonitorKind;
 use aio_bench::progress::Progress;
-use aio_bench::scsi::CellSpec;
+use aio_bench::scsi::{CellSpec, MemoryPath};
 
 use super::check_target;
 use crate::MatrixArgs;
@@ -83,6 +83,11 @@ fn spec(args: &MatrixArgs) -> MatrixSpec {
             poll_max_ns: args.poll_max_ns,
             poll_idle: args.poll_idle,
             verify: args.verify,
+            memory: if args.bounce {
+                MemoryPath::Bounce
+            } else {
+                MemoryPath::Guest
+            },
             ..base.cell
         },
         disk_size: args.disk_size,
@@ -157,7 +162,7 @@ impl Disks {
 /// The line on stderr that says what the matrix runs, and where.
 fn header(args: &MatrixArgs, spec: &MatrixSpec, place: &str) -> String {
     format!(
-        "matrix: fdmon {:?} x engine {:?} x disks {:?} x workloads {:?}; bs {} iodepth {} active {} runtime {:?}{}{}; {}",
+        "matrix: fdmon {:?} x engine {:?} x disks {:?} x workloads {:?}; bs {} iodepth {} active {} runtime {:?}; {} memory{}{}; {}",
         spec.fdmons.iter().map(|k| k.name()).collect::<Vec<_>>(),
         spec.engines.iter().map(|k| k.name()).collect::<Vec<_>>(),
         spec.disks,
@@ -166,6 +171,7 @@ fn header(args: &MatrixArgs, spec: &MatrixSpec, place: &str) -> String {
         args.iodepth,
         args.active,
         args.runtime,
+        spec.cell.memory,
         if args.repeat > 1 {
             format!("; median of {} rounds", args.repeat)
         } else {
@@ -284,5 +290,8 @@ mod tests {
         assert_eq!(s.workloads, quick.full().workloads);
         assert_eq!((s.cell.iodepth, s.active_all), (4, true));
         assert_eq!(s.cell.bs, CellSpec::quick().bs);
+        assert_eq!(s.cell.memory, MemoryPath::Guest);
+        let s = spec_of(&["aio-bench", "matrix", "--bounce", "--verify"]);
+        assert_eq!((s.cell.memory, s.cell.verify), (MemoryPath::Bounce, true));
     }
 }

@@ -6,7 +6,7 @@
 //! and the table. It never builds fio's command line or reads fio's output
 //! ([`aio_bench::fio`]), and never measures our side itself ([`aio_bench::job::run_job`]).
 
-use aio_bench::engines::EngineKind;
+use aio_bench::engines::{EngineKind, UringOptions};
 use aio_bench::error::BenchError;
 use aio_bench::fio::{self, FioResult};
 use aio_bench::image::DiskImage;
@@ -25,6 +25,12 @@ pub fn run(mut args: VsFioArgs) -> Result<(), BenchError> {
         return Err(BenchError::bad_input(format!(
             "--shared-ring needs --engine uring (got {})",
             args.engine
+        )));
+    }
+    if args.rw.is_trim() && args.device.is_none() {
+        return Err(BenchError::bad_input(format!(
+            "--rw {}: fio trims block devices only (BLKDISCARD; a file fails with ENOTTY): add --device loop",
+            args.rw
         )));
     }
     let version = fio::version()?;
@@ -110,6 +116,14 @@ fn ours(args: &VsFioArgs, file: &IoFile, spec: JobSpec) -> Result<JobResult, Ben
             let (monitor, engine) =
                 aio_backend_uring::shared_ring(aio_backend_uring::UringConfig::default())
                     .map_err(|e| BenchError::failed(format!("shared ring: {e}")))?;
+            #[cfg(feature = "pool")]
+            if args.rw.is_trim() {
+                // A block device's discard goes to the pool (io_uring refuses it).
+                let pool = aio_pool::ThreadPool::new(aio_pool::PoolConfig::default())
+                    .map_err(|e| BenchError::failed(format!("thread pool: {e}")))?;
+                let engine = aio_core::engine::Routed::new(engine, pool);
+                return run_job(monitor, engine, file, args.size, spec).map_err(failed);
+            }
             return run_job(monitor, engine, file, args.size, spec).map_err(failed);
         }
         #[cfg(not(feature = "uring"))]
@@ -121,7 +135,7 @@ fn ours(args: &VsFioArgs, file: &IoFile, spec: JobSpec) -> Result<JobResult, Ben
         .map_err(|e| BenchError::io(format!("fd monitor {}", args.fdmon), e))?;
     let engine = args
         .engine
-        .build()
+        .build_for(UringOptions::default(), args.rw.is_trim())
         .map_err(|e| BenchError::io(format!("engine {}", args.engine), e))?;
     run_job(monitor, engine, file, args.size, spec).map_err(failed)
 }

@@ -119,6 +119,45 @@ fn poll_rule_and_uring_taskrun_are_parsed() {
 }
 
 #[test]
+fn trims_and_sync_are_parsed_as_fio_names_them() {
+    let f = p(
+        "[global]\nbs=64k\n[t]\nrw=trim\n[rt]\nreadwrite=randtrim\nsync=1\n\
+               [d]\nrw=write\nsync=dsync\n[s]\nrw=randwrite\nsync=sync\n[n]\nsync=none\n\
+               [z]\nsync=0\n",
+    )
+    .unwrap();
+    let got: Vec<_> = f.jobs.iter().map(|j| (j.rw, j.fua)).collect();
+    assert_eq!(
+        got,
+        [
+            (Pattern::Trim, false),
+            (Pattern::RandTrim, true),
+            (Pattern::Write, true),
+            (Pattern::RandWrite, true),
+            (Pattern::Read, false),
+            (Pattern::Read, false),
+        ]
+    );
+    assert!(f.jobs.iter().all(|j| j.bs == 65536));
+    assert!(
+        Pattern::RandTrim.modifies(100),
+        "a trim job opens its file for writing"
+    );
+    // fio has no write-zeroes mode, and its trim-then-write modes are not run here.
+    for (text, needle) in [
+        ("[a]\nrw=write_zeroes\n", "unknown pattern 'write_zeroes'"),
+        ("[a]\nrw=trimwrite\n", "trimwrite and randtrimwrite"),
+        ("[a]\nrw=randtrimwrite\n", "are not supported"),
+        ("[a]\nsync=fsync\n", "none, 0, 1, sync or dsync"),
+        ("[a]\nsync\n", "needs a value"),
+    ] {
+        let e = p(text).unwrap_err();
+        assert_eq!(e.line(), Some(2), "{text:?}: {e}");
+        assert!(e.to_string().contains(needle), "{text:?}: {e}");
+    }
+}
+
+#[test]
 fn errors_name_the_file_and_line() {
     let cases: &[(&str, usize, &str)] = &[
         ("bs=4k\n[a]\n", 1, "before the first"),
@@ -161,6 +200,7 @@ fn fuzzed_job_files_never_panic_and_errors_name_a_line() {
         POSTED_LINUX_AIO_JOB,
         "[global]\nbs=8k\n[a]\nrw=randrw\nrwmixread=70\ntime_based\nruntime=2s\n",
         "[x]\nsize=1g\nfilename=/tmp/f\nioengine=io_uring\niodepth=32\n",
+        "[t]\nrw=randtrim\nsync=dsync\nbs=64k\n",
     ];
     let alphabet: &[u8] = b"[]=;#\n kmgKMGs0123456789abcdefrwxyz_.\xff";
     let mut rng = Rng::new(7);

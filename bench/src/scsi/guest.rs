@@ -3,9 +3,10 @@
 //!
 //! This module owns the guest's side of the virtqueue and its figures: set up (the offsets, the
 //! slots, the measured window), drive (fill the available ring and ring the doorbell, wait for
-//! the interrupt, reap the used ring; with verify, one request per block and every read judged
-//! against the disk's ledger) and collect ([`GuestStats`]). It never touches the iothread's
-//! context or the engine.
+//! the interrupt, reap the used ring; with verify, one request per block, each write's stamp
+//! prepared in its slot of guest RAM and every read's stamp checked there, judged against the
+//! disk's ledger) and collect ([`GuestStats`]). It never touches the iothread's context or the
+//! engine.
 
 use std::io;
 use std::os::fd::AsFd;
@@ -17,9 +18,9 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use nix::poll::{poll, PollFd, PollFlags};
 
-use super::{CellSpec, GuestRequest, UsedEntry, Virtqueue};
+use super::{CellSpec, GuestRam, GuestRequest, UsedEntry, Virtqueue};
 use crate::job::{latency_histogram, OffsetStream};
-use crate::verify::{Ledger, VerifyError};
+use crate::verify::{self, Ledger};
 
 /// How long after its deadline a guest waits for requests still in flight before it counts
 /// them as failed (an iothread that stopped answering must not hang the bench).
@@ -73,10 +74,11 @@ impl Drop for GuestDone {
     }
 }
 
-/// Starts the guest of disk `disk` (`blocks` blocks of `spec.bs`) on `vq`, checking reads
-/// against `ledger` with verify; `done` counts it finished.
+/// Starts the guest of disk `disk` (`blocks` blocks of `spec.bs`) on `vq` with its slots in
+/// `ram`, checking reads against `ledger` with verify; `done` counts it finished.
 pub(super) fn spawn(
     vq: Arc<Virtqueue>,
+    ram: Arc<GuestRam>,
     spec: CellSpec,
     disk: usize,
     blocks: u64,
@@ -92,7 +94,7 @@ pub(super) fn spawn(
             let mut ledger = ledger
                 .as_ref()
                 .map(|l| l.lock().unwrap_or_else(PoisonError::into_inner));
-            let mut guest = Guest::set_up(&vq, spec, disk, blocks, ledger.as_deref_mut());
+            let mut guest = Guest::set_up(&vq, &ram, spec, disk, blocks, ledger.as_deref_mut());
             guest.drive();
             guest.stats
         })
@@ -110,6 +112,8 @@ struct SlotInfo {
 /// One guest while it runs.
 struct Guest<'a> {
     vq: &'a Virtqueue,
+    /// The guest RAM; this guest's slots are those of disk `disk`.
+    ram: &'a GuestRam,
     disk: usize,
     offsets: OffsetStream,
     /// With verify: the disk's ledger, held for the whole run.
@@ -127,6 +131,7 @@ impl<'a> Guest<'a> {
     /// Every slot free, the window starting after the ramp.
     fn set_up(
         vq: &'a Virtqueue,
+        ram: &'a GuestRam,
         spec: CellSpec,
         disk: usize,
         blocks: u64,
@@ -149,6 +154,7 @@ impl<'a> Guest<'a> {
         };
         Guest {
             vq,
+            ram,
             disk,
             offsets,
             ledger,
@@ -226,7 +232,8 @@ impl<'a> Guest<'a> {
     }
 
     /// The request for `slot` on `block`: read or write as the pattern says; with verify, the
-    /// block marked busy and a write given the next generation.
+    /// block marked busy and a write given the next generation, its stamp written into the
+    /// slot's guest RAM.
     fn start(&mut self, slot: u32, block: u64, now: Instant) -> GuestRequest {
         let write = self.offsets.next_is_write();
         let mut generation = 0;
@@ -235,6 +242,9 @@ impl<'a> Guest<'a> {
             if write {
                 generation = l.next_generation;
                 l.next_generation += 1;
+                // SAFETY: the slot is free (no request in flight on it): this guest's alone.
+                let mem = unsafe { self.ram.slot_mut(self.disk, slot) };
+                verify::stamp(mem, self.offsets.offset(block), generation);
             }
         }
         self.slots[slot as usize] = SlotInfo {
@@ -247,7 +257,6 @@ impl<'a> Guest<'a> {
             slot,
             offset: self.offsets.offset(block),
             write,
-            generation,
         }
     }
 
@@ -265,7 +274,7 @@ impl<'a> Guest<'a> {
         self.free.push(entry.slot);
         let info = self.slots[entry.slot as usize];
         let result = entry.result;
-        self.settle(info, result, entry.stamp);
+        self.settle(entry.slot, info, result);
         if now >= self.measure_from && now < self.deadline {
             if result < 0 {
                 self.stats.errors += 1;
@@ -279,8 +288,9 @@ impl<'a> Guest<'a> {
     }
 
     /// With verify: the block free again; a write acknowledged (or its contents unknown if it
-    /// failed); a read judged against the generation last acknowledged.
-    fn settle(&mut self, info: SlotInfo, result: i64, stamp: Option<Result<u64, VerifyError>>) {
+    /// failed); a read's stamp checked in the slot's guest RAM and judged against the
+    /// generation last acknowledged.
+    fn settle(&mut self, slot: u32, info: SlotInfo, result: i64) {
         let Some(l) = &mut self.ledger else {
             return;
         };
@@ -291,7 +301,8 @@ impl<'a> Guest<'a> {
         } else if result >= 0 {
             self.stats.verified_reads += 1;
             let offset = self.offsets.offset(info.block);
-            let stamp = stamp.unwrap_or(Err(VerifyError::NotStamped { offset }));
+            // SAFETY: the request is on the used ring: the slot is this guest's again.
+            let stamp = verify::check(unsafe { self.ram.slot(self.disk, slot) }, offset);
             if let Err(e) = l.judge(info.block, offset, stamp) {
                 self.stats.verify_errors += 1;
                 if self.stats.verify_reports.len() < MAX_REPORTS {
