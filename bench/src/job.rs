@@ -281,7 +281,7 @@ where
     if sent.is_err() {
         gen.borrow_mut().outstanding -= 1;
     }
-    sent
+    sent.map(drop)
 }
 
 /// `slot`'s request finished: counted, and the slot's next request issued on its buffer.

@@ -173,62 +173,11 @@ fn a_randtrim_job_fills_the_trim_section_and_frees_the_blocks() {
     assert_eq!(fua["trim"]["io_bytes"], 0);
 }
 
-/// Installs a seccomp filter that fails the given syscalls with EPERM (as a container
-/// runtime's default profile does for io_uring).
-#[cfg(all(feature = "uring", feature = "linux-aio", feature = "pool"))]
-fn refuse(cmd: &mut Command, syscalls: &'static [libc::c_long]) {
-    use std::os::unix::process::CommandExt;
-    // The program is built here, in the parent: the child between fork and exec must not
-    // allocate.
-    let stmt = |code: u32, k: u32| libc::sock_filter {
-        code: code as u16,
-        jt: 0,
-        jf: 0,
-        k,
-    };
-    let mut prog = vec![stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0)]; // load nr
-    let n = syscalls.len() as u8;
-    for (i, &nr) in syscalls.iter().enumerate() {
-        prog.push(libc::sock_filter {
-            code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
-            jt: n - i as u8, // to the EPERM return
-            jf: 0,
-            k: nr as u32,
-        });
-    }
-    prog.push(stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW));
-    prog.push(stmt(
-        libc::BPF_RET | libc::BPF_K,
-        libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
-    ));
-    // SAFETY: the closure runs in the forked child before exec. It allocates nothing: `prog`
-    // was built above and moved in, and `fprog` lives on the child's stack while the two prctl
-    // calls (async-signal-safe syscalls) read it.
-    unsafe {
-        cmd.pre_exec(move || {
-            let fprog = libc::sock_fprog {
-                len: prog.len() as u16,
-                filter: prog.as_ptr() as *mut libc::sock_filter,
-            };
-            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
-                || libc::prctl(
-                    libc::PR_SET_SECCOMP,
-                    libc::SECCOMP_MODE_FILTER,
-                    &fprog as *const libc::sock_fprog,
-                ) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-}
-
 #[cfg(all(feature = "uring", feature = "linux-aio", feature = "pool"))]
 fn probe_under(syscalls: &'static [libc::c_long]) -> String {
     let mut cmd = bench();
     cmd.arg("probe");
-    refuse(&mut cmd, syscalls);
+    aio_core::testing::seccomp::refuse_syscalls(&mut cmd, syscalls);
     let o = cmd.output().unwrap();
     let t = text(&o);
     assert!(o.status.success(), "{t}");
@@ -280,7 +229,7 @@ fn auto_falls_back_when_seccomp_refuses_io_uring_and_linux_aio() {
         "--dir",
         dir.0.to_str().unwrap(),
     ]);
-    refuse(&mut cmd, BOTH);
+    aio_core::testing::seccomp::refuse_syscalls(&mut cmd, BOTH);
     let o = cmd.output().unwrap();
     let t = text(&o);
     assert!(o.status.success(), "{t}");
