@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use crate::{AioContext, AioError, EventLoop, FdHandler, Notifier, PollParams};
 
 pub mod async_engine;
+pub mod contract;
 pub mod disk;
 pub mod engine;
 pub mod faults;
@@ -106,6 +107,11 @@ macro_rules! event_loop_conformance {
         );
         $crate::event_loop_conformance!(@tests ($probe), $make; iothread:
             monitor_runs_inside_an_iothread,
+        );
+        $crate::event_loop_conformance!(@tests ($probe), $make; contract:
+            monitor_refuses_duplicates_and_unknown_fds,
+            one_iteration_runs_bottom_halves_then_handlers_then_timers,
+            hang_up_reaches_io_read,
         );
     };
     (@tests ($probe:expr), $make:expr; self_: $($name:ident),* $(,)?) => {
