@@ -630,6 +630,14 @@ pub fn drop_with_requests_in_flight_waits_for_them<E: IoEngine, L: EventLoop>(
         }
         drop(engine);
         let content = tmp.contents();
+        // A drop that returned with writes still in the kernel would see them land later:
+        // the file must not change once the drop has returned. (A correct engine passes
+        // whatever the pause; the pause only gives a wrong one time to show.)
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(
+            tmp.contents() == content,
+            "round {round}: the file changed after the drop returned"
+        );
         for t in 0..256usize {
             let block = &content[t * BLOCK..(t + 1) * BLOCK];
             // Cancelled writes leave an earlier round's data (or the initial zeros).
