@@ -1,4 +1,5 @@
-//! Undoing what a run set up (its image directory, a loop device), also when a signal ends it.
+//! Undoing what a run set up (a loop device), also when a signal ends it, and removing what
+//! runs of earlier versions left behind.
 //!
 //! Guards undo their work in `Drop`; a signal ends the process without running destructors, so
 //! a guard also registers with [`on_signal`] what a signal must undo. The first registration
@@ -7,10 +8,10 @@
 //! has undone its work drops its [`OnSignal`], which unregisters the undo without running it.
 //!
 //! This module owns the handler and the list; what each undo does belongs to its guard
-//! ([`RunDir`] here, [`crate::loopdev::LoopDevice`]).
+//! ([`crate::loopdev::LoopDevice`]).
 
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Mutex, Once, PoisonError};
 
 /// What a signal must undo, with what to say when it did.
@@ -66,37 +67,55 @@ fn run_all_and_exit() {
     std::process::exit(130);
 }
 
-/// A private directory for one run's files, removed with its contents on drop and on a signal.
-#[derive(Debug)]
-pub struct RunDir {
-    path: PathBuf,
-    _on_signal: OnSignal,
-}
-
-impl RunDir {
-    /// Creates `path` (which must not exist yet) and registers its removal.
-    pub fn create(path: PathBuf) -> io::Result<RunDir> {
-        let on_signal = {
-            let p = path.clone();
-            on_signal(format!("{} removed", path.display()), move || {
-                let _ = std::fs::remove_dir_all(p);
-            })
+/// Removes from `dir` the directories runs of earlier versions made (`aio-bench-<what>-<pid>`)
+/// whose process is gone: what a `kill -9` of such a run left behind. Images are nameless now
+/// ([`crate::image`]), so a run of this version leaves nothing to remove. Returns how many
+/// were removed.
+pub fn remove_dead_runs(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("aio-bench-"))
+            .and_then(|rest| rest.rsplit('-').next())
+            .and_then(|pid| pid.parse::<i32>().ok())
+        else {
+            continue;
         };
-        std::fs::create_dir(&path)?;
-        Ok(RunDir {
-            path,
-            _on_signal: on_signal,
-        })
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        // SAFETY: kill with signal 0 sends nothing; it only asks whether `pid` exists.
+        let gone = unsafe { libc::kill(pid, 0) } == -1
+            && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        let ours = pid == std::process::id() as i32;
+        if is_dir && gone && !ours && std::fs::remove_dir_all(entry.path()).is_ok() {
+            removed += 1;
+        }
     }
-
-    /// The directory.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
+    removed
 }
 
-impl Drop for RunDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dead_runs_are_removed_and_live_ones_kept() {
+        let dir = std::env::temp_dir().join(format!("aio-cleanup-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // A pid that cannot be alive (above the kernel's pid_max) and ours.
+        let dead = dir.join("aio-bench-matrix-2147483000");
+        let live = dir.join(format!("aio-bench-matrix-{}", std::process::id()));
+        let other = dir.join("not-ours-1");
+        for d in [&dead, &live, &other] {
+            std::fs::create_dir_all(d).unwrap();
+            std::fs::write(d.join("disk-0.img"), b"x").unwrap();
+        }
+        assert_eq!(remove_dead_runs(&dir), 1);
+        assert!(!dead.exists() && live.exists() && other.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -1,13 +1,17 @@
-//! Test images: a file written once (so reads touch real blocks), opened with O_DIRECT, and
-//! removed when dropped — also when creating it fails half-way. An image may also be a region
-//! of a block device (the fast device, [`crate::loopdev`]): the device is opened, never
-//! created or removed.
+//! Test images: a file written once (so reads touch real blocks) and opened with O_DIRECT. An
+//! image file never has a name: it is created with `O_TMPFILE` in its directory (or, where
+//! the file system lacks it, unlinked as soon as it is open), so only its open fds keep it,
+//! and nothing is left behind however the process ends (`kill -9`, the OOM killer, a crash).
+//! Another process (fio) reaches it through `/proc/PID/fd/N` ([`DiskImage::shared_path`]). An
+//! image may also be a region of a block device (the fast device, [`crate::loopdev`]): the
+//! device is opened, never created or removed.
 //!
 //! This module owns image files and regions only; the matrix's disks and `vs-fio` / `latency`
 //! use it.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -20,15 +24,19 @@ use crate::verify::Ledger;
 /// Bytes written per `write` while an image is created.
 const CHUNK: usize = 1 << 20;
 
-/// An image file, removed on drop; or a region of a block device, left as it is on drop.
+/// An image file without a name (gone with its last fd); or a region of a block device, left
+/// as it is on drop.
 #[derive(Debug)]
 pub struct DiskImage {
+    /// Where the image file would be (its directory and a name for messages), or the device.
     path: PathBuf,
+    /// The image file's first fd, which keeps it alive (None for a device region).
+    anonymous: Option<File>,
     file: Option<IoFile>,
     /// Where the image starts in `path` (0 for an image file).
     base: u64,
     size: u64,
-    /// An image file this guard created (and removes); false for a device region.
+    /// An image file this guard created; false for a device region.
     owned: bool,
     ledger: Option<Arc<Mutex<Ledger>>>,
 }
@@ -81,6 +89,7 @@ impl DiskImage {
     fn new(path: PathBuf, base: u64, size: u64, owned: bool) -> DiskImage {
         DiskImage {
             path,
+            anonymous: None,
             file: None,
             base,
             size,
@@ -117,9 +126,10 @@ impl DiskImage {
         direct: bool,
         mut fill: impl FnMut(u64, &mut [u8]),
     ) -> io::Result<DiskImage> {
-        // `self` is the guard and exists before the file does: an error below removes it.
         let f = if self.owned {
-            File::create(&self.path)?
+            let f = create_anonymous(&self.path)?;
+            self.anonymous = Some(f.try_clone()?);
+            f
         } else {
             self.check_region(OpenOptions::new().write(true).open(&self.path)?)?
         };
@@ -136,13 +146,18 @@ impl DiskImage {
         Ok(self)
     }
 
-    /// Opens the image's file for reading and writing (with O_DIRECT if `direct`).
+    /// Opens the image's file for reading and writing (with O_DIRECT if `direct`): an image
+    /// file through its fd (`/proc/self/fd/N`), a device region by its path.
     fn open(&self, direct: bool) -> io::Result<IoFile> {
+        let at = match &self.anonymous {
+            Some(f) => PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())),
+            None => self.path.clone(),
+        };
         let opened = OpenOptions::new()
             .read(true)
             .write(true)
             .custom_flags(if direct { libc::O_DIRECT } else { 0 })
-            .open(&self.path)
+            .open(&at)
             .map_err(|e| {
                 let how = if direct { "O_DIRECT open" } else { "open" };
                 io::Error::new(e.kind(), format!("{}: {how}: {e}", self.path.display()))
@@ -171,9 +186,19 @@ impl DiskImage {
         Ok(f)
     }
 
-    /// Where the image is (for a region, the device).
+    /// Where the image is (for a region, the device; for an image file, its directory and
+    /// the name it would have, for messages: the file has none).
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// A path another process can open the image by while this one runs: the device, or for
+    /// an image file `/proc/PID/fd/N` (fio's `--filename`).
+    pub fn shared_path(&self) -> PathBuf {
+        match &self.anonymous {
+            Some(f) => PathBuf::from(format!("/proc/{}/fd/{}", std::process::id(), f.as_raw_fd())),
+            None => self.path.clone(),
+        }
     }
 
     /// Where the image starts in its file: 0 for an image file, the region's first byte on a
@@ -193,11 +218,36 @@ impl DiskImage {
     }
 }
 
-impl Drop for DiskImage {
-    fn drop(&mut self) {
-        if self.owned {
-            let _ = std::fs::remove_file(&self.path);
+/// A new, nameless file in `path`'s directory, open for reading and writing: `O_TMPFILE`, or
+/// where the file system lacks it (`EOPNOTSUPP`, `EISDIR` on old kernels) a file at `path`
+/// unlinked at once. Either way only the fd keeps it.
+fn create_anonymous(path: &Path) -> io::Result<File> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let tmp = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_TMPFILE)
+        .open(dir);
+    match tmp {
+        Ok(f) => Ok(f),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EISDIR)) => {
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)?;
+            std::fs::remove_file(path)?;
+            Ok(f)
         }
+        Err(e) => Err(io::Error::new(
+            e.kind(),
+            format!("{}: creating an image file: {e}", dir.display()),
+        )),
     }
 }
 

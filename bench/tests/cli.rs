@@ -373,3 +373,64 @@ fn a_signal_detaches_the_loop_device() {
     assert!(t.contains("interrupted; loop device"), "{t}");
     assert_cleaned_up(&backing);
 }
+
+/// Starts `args` in a child, kills it with SIGKILL after `after`, and waits for it.
+fn kill_9_after(args: &[&str], after: std::time::Duration) {
+    let mut child = bench()
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(after);
+    // SIGKILL: no destructor, no signal handler runs.
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// `kill -9` of a matrix or a job run, during image creation and mid-run, leaves nothing in
+/// the directory: the images have no names (`O_TMPFILE`), only the killed process's fds.
+#[test]
+#[cfg(all(feature = "poll", feature = "pool"))]
+fn kill_9_leaves_nothing_behind() {
+    use std::time::Duration;
+    let dir = TempDir::new("kill9");
+    let d = dir.0.to_str().unwrap();
+    let job = dir.0.join("j.fio");
+    std::fs::write(
+        &job,
+        format!(
+            "[j]\ndirectory={d}\nsize=256m\ndirect=1\nfdmon=poll\nrw=randread\ntime_based\n\
+             runtime=5s\n"
+        ),
+    )
+    .unwrap();
+    let matrix = [
+        "matrix",
+        "--dir",
+        d,
+        "--fdmon",
+        "poll",
+        "--engine",
+        "pool",
+        "--disks",
+        "16",
+        "--active",
+        "all",
+        "--disk-size",
+        "32m",
+        "--runtime",
+        "5s",
+    ];
+    // Early (creating the images), later (running), late (mid-cell).
+    for ms in [30, 300, 1500] {
+        kill_9_after(&matrix, Duration::from_millis(ms));
+        assert_eq!(
+            dir.entries(),
+            1,
+            "matrix killed after {ms} ms left something"
+        );
+        kill_9_after(&["run", job.to_str().unwrap()], Duration::from_millis(ms));
+        assert_eq!(dir.entries(), 1, "run killed after {ms} ms left something");
+    }
+}

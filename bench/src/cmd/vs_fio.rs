@@ -96,7 +96,12 @@ fn one_round(
     image: &DiskImage,
     spec: JobSpec,
 ) -> Result<(FioResult, JobResult), BenchError> {
-    let f = fio::run(args.engine.fio_ioengine(), image.path(), args.size, &spec)?;
+    let f = fio::run(
+        args.engine.fio_ioengine(),
+        &image.shared_path(),
+        args.size,
+        &spec,
+    )?;
     let o = ours(args, image.file(), spec)?;
     if o.errors > 0 {
         return Err(BenchError::failed(format!(
