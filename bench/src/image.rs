@@ -38,6 +38,8 @@ pub struct DiskImage {
     size: u64,
     /// An image file this guard created; false for a device region.
     owned: bool,
+    /// An image file that keeps its name at `path` (removed on drop).
+    named: bool,
     ledger: Option<Arc<Mutex<Ledger>>>,
 }
 
@@ -45,20 +47,34 @@ impl DiskImage {
     /// Writes `size` bytes of a pattern derived from `seed` to `path`, syncs them and opens the
     /// file with O_DIRECT. Whatever happens, no file is left behind by a failure.
     pub fn create(path: PathBuf, size: u64, seed: u8) -> io::Result<DiskImage> {
-        Self::create_patterned(path, size, seed, true)
+        Self::create_patterned(path, size, seed, true, false)
     }
 
     /// As [`create`](Self::create), opened without O_DIRECT (fio's `direct=0`), so it also
     /// works where the file system refuses O_DIRECT.
     pub fn create_buffered(path: PathBuf, size: u64, seed: u8) -> io::Result<DiskImage> {
-        Self::create_patterned(path, size, seed, false)
+        Self::create_patterned(path, size, seed, false, false)
     }
 
-    fn create_patterned(path: PathBuf, size: u64, seed: u8, direct: bool) -> io::Result<Self> {
+    /// As [`create_buffered`](Self::create_buffered), but the file keeps its name at `path`
+    /// (removed on drop and by the owner's signal handler), for a tool that must find it by
+    /// name: the fast device's backing file, which `losetup -j` looks up.
+    pub fn create_buffered_named(path: PathBuf, size: u64, seed: u8) -> io::Result<DiskImage> {
+        Self::create_patterned(path, size, seed, false, true)
+    }
+
+    fn create_patterned(
+        path: PathBuf,
+        size: u64,
+        seed: u8,
+        direct: bool,
+        named: bool,
+    ) -> io::Result<Self> {
         let pattern: Vec<u8> = (0..CHUNK)
             .map(|i| (i as u8).wrapping_mul(7) ^ seed | 1)
             .collect();
-        let image = DiskImage::new(path, 0, size, true);
+        let mut image = DiskImage::new(path, 0, size, true);
+        image.named = named;
         image.fill_and_open(CHUNK, direct, |_, chunk| {
             chunk.copy_from_slice(&pattern[..chunk.len()])
         })
@@ -94,6 +110,7 @@ impl DiskImage {
             base,
             size,
             owned,
+            named: false,
             ledger: None,
         }
     }
@@ -126,7 +143,9 @@ impl DiskImage {
         direct: bool,
         mut fill: impl FnMut(u64, &mut [u8]),
     ) -> io::Result<DiskImage> {
-        let f = if self.owned {
+        let f = if self.owned && self.named {
+            File::create(&self.path)?
+        } else if self.owned {
             let f = create_anonymous(&self.path)?;
             self.anonymous = Some(f.try_clone()?);
             f
@@ -215,6 +234,14 @@ impl DiskImage {
     /// Its size in bytes.
     pub fn size(&self) -> u64 {
         self.size
+    }
+}
+
+impl Drop for DiskImage {
+    fn drop(&mut self) {
+        if self.named {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 

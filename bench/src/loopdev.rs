@@ -228,12 +228,12 @@ impl LoopDevice {
             _on_signal: on_signal,
         };
         dev.backing = Some(
-            DiskImage::create_buffered(backing_path.clone(), spec.size, 0x4c).map_err(|e| {
-                LoopError::Io {
+            DiskImage::create_buffered_named(backing_path.clone(), spec.size, 0x4c).map_err(
+                |e| LoopError::Io {
                     what: format!("writing {}", backing_path.display()),
                     source: e,
-                }
-            })?,
+                },
+            )?,
         );
         let file = backing_path.to_string_lossy();
         let args = ["--find", "--show", "--direct-io=on", &file];
