@@ -83,6 +83,7 @@ impl BenchError {
             BenchError::BadInput(_)
             | BenchError::JobFile(_)
             | BenchError::Device(_)
+            | BenchError::Job(RunError::InUse { .. })
             | BenchError::Fio(FioError::Missing) => EXIT_BAD_INPUT,
             BenchError::Fio(_)
             | BenchError::Job(_)

@@ -101,6 +101,10 @@ pub struct JobDef {
     pub register_files: bool,
     /// `fixedbufs` (fio's io_uring option): registered buffers, one slot per `iodepth`.
     pub fixed_bufs: bool,
+    /// `allow_mounted_write=1` (fio's): write to a block device even while it is in use
+    /// (mounted, holding a mounted partition, device-mapper, swap). Off, such a job is refused
+    /// ([`crate::mounted`]).
+    pub allow_mounted_write: bool,
 }
 
 impl JobDef {
@@ -130,6 +134,7 @@ impl JobDef {
             batch_submit: None,
             register_files: false,
             fixed_bufs: false,
+            allow_mounted_write: false,
         }
     }
 }
@@ -506,6 +511,7 @@ fn apply(
         // fio's io_uring engine options (an error at run time with another engine).
         "registerfiles" => job.register_files = flag()?,
         "fixedbufs" => job.fixed_bufs = flag()?,
+        "allow_mounted_write" => job.allow_mounted_write = flag()?,
         // Sizes here are binary (4k = 4096): fio's default, the only base accepted.
         "kb_base" => {
             if needs_value()? != "1024" {

@@ -27,6 +27,7 @@ pub mod jobfile;
 pub mod loopdev;
 pub mod matrix;
 pub mod monitors;
+pub mod mounted;
 pub mod probe;
 pub mod progress;
 pub mod runner;

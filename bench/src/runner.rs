@@ -53,6 +53,17 @@ pub enum RunError {
         /// What is wrong.
         reason: String,
     },
+    /// The job would write to a block device in use (mounted, holding a mounted partition,
+    /// held by device-mapper, or swap) without `allow_mounted_write=1`: bad input, exit 2.
+    #[error("job '{job}' (line {line}): {reason}")]
+    InUse {
+        /// The job.
+        job: String,
+        /// Its section's line.
+        line: usize,
+        /// The device and why it is in use, naming the option.
+        reason: String,
+    },
     /// A backend could not be built, or the run failed.
     #[error("job '{job}' (line {line}): {reason}")]
     Run {
@@ -109,6 +120,15 @@ fn target(def: &JobDef, clone: u64) -> Result<Target, RunError> {
         reason,
     };
     let writes = def.rw.modifies(def.rwmixread);
+    if writes && !def.allow_mounted_write {
+        if let Some(reason) = crate::mounted::in_use(&path, "allow_mounted_write") {
+            return Err(RunError::InUse {
+                job: def.name.clone(),
+                line: def.line,
+                reason,
+            });
+        }
+    }
     let open = |direct: bool| {
         let mut o = OpenOptions::new();
         o.read(true).write(writes);

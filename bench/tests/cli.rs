@@ -434,3 +434,100 @@ fn kill_9_leaves_nothing_behind() {
         assert_eq!(dir.entries(), 1, "run killed after {ms} ms left something");
     }
 }
+
+/// A loop device holding a mounted ext4, unmounted and detached on drop.
+struct MountedExt4 {
+    device: String,
+    mount: PathBuf,
+    _backing: TempDir,
+}
+
+impl MountedExt4 {
+    fn new() -> Result<MountedExt4, String> {
+        if let Some(reason) = loop_device_unusable() {
+            return Err(reason);
+        }
+        let backing = TempDir::new("ext4");
+        let img = backing.0.join("fs.img");
+        std::fs::write(&img, vec![0u8; 32 << 20]).map_err(|e| e.to_string())?;
+        let run = |cmd: &str, args: &[&str]| -> Result<String, String> {
+            let o = std::process::Command::new(cmd)
+                .args(args)
+                .output()
+                .map_err(|e| format!("{cmd}: {e}"))?;
+            if !o.status.success() {
+                return Err(format!("{cmd} {args:?}: {}", text(&o)));
+            }
+            Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
+        };
+        let device = run("losetup", &["--find", "--show", img.to_str().unwrap()])?;
+        let mount = backing.0.join("mnt");
+        std::fs::create_dir_all(&mount).unwrap();
+        let made = run("mkfs.ext4", &["-q", "-F", &device])
+            .and_then(|_| run("mount", &[&device, mount.to_str().unwrap()]));
+        if let Err(e) = made {
+            let _ = run("losetup", &["-d", &device]);
+            return Err(e);
+        }
+        Ok(MountedExt4 {
+            device,
+            mount,
+            _backing: backing,
+        })
+    }
+}
+
+impl Drop for MountedExt4 {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(&self.mount)
+            .status();
+        let _ = std::process::Command::new("losetup")
+            .args(["-d", &self.device])
+            .status();
+    }
+}
+
+/// `aio-bench run` refuses to write over a mounted file system (exit 2, naming the device and
+/// `allow_mounted_write`), as fio does; reads stay allowed; the file system is clean after.
+#[test]
+#[cfg(feature = "pool")]
+fn writing_over_a_mounted_file_system_is_refused() {
+    let fs = match MountedExt4::new() {
+        Ok(fs) => fs,
+        Err(reason) => return aio_core::testing::skip(&format!("no mounted ext4: {reason}")),
+    };
+    let dir = TempDir::new("mounted");
+    let job = |rw: &str| {
+        let path = dir.0.join(format!("{rw}.fio"));
+        std::fs::write(
+            &path,
+            format!(
+                "[j]\nrw={rw}\nfilename={}\nsize=8m\nbs=64k\ndirect=1\nfdmon=poll\n",
+                fs.device
+            ),
+        )
+        .unwrap();
+        bench()
+            .args(["run", path.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    let o = job("write");
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(
+        t.contains(&fs.device) && t.contains("allow_mounted_write"),
+        "{t}"
+    );
+    assert!(t.contains("mounted"), "{t}");
+    let o = job("read");
+    assert!(o.status.success(), "reads stay allowed: {}", text(&o));
+    // Nothing was written: the file system checks clean once unmounted.
+    let _ = std::process::Command::new("umount").arg(&fs.mount).status();
+    let fsck = std::process::Command::new("fsck.ext4")
+        .args(["-n", "-f", &fs.device])
+        .output()
+        .unwrap();
+    assert!(fsck.status.success(), "fsck: {}", text(&fsck));
+}
