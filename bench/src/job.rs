@@ -119,6 +119,8 @@ pub struct JobResult {
     pub counters: LoopCounters,
     /// Errors completions reported (and submissions refused).
     pub errors: u64,
+    /// The errno of the first error (fio's `err=`), if any.
+    pub first_errno: Option<i32>,
     /// CPU time (user + system) of the loop thread over the whole job, in seconds.
     pub iothread_cpu_s: f64,
     /// Wall time of the whole job (ramp included), in seconds.
@@ -170,6 +172,7 @@ impl JobResult {
         self.trim.merge(&other.trim);
         self.elapsed = self.elapsed.max(other.elapsed);
         self.errors += other.errors;
+        self.first_errno = self.first_errno.or(other.first_errno);
         self.iothread_cpu_s += other.iothread_cpu_s;
         self.wall_s = self.wall_s.max(other.wall_s);
         self.counters.merge(&other.counters);
@@ -196,6 +199,8 @@ struct Generator {
     write: IoStats,
     trim: IoStats,
     errors: u64,
+    /// The errno of the first failed request.
+    first_errno: Option<i32>,
     outstanding: usize,
     last_completion: Option<Instant>,
 }
@@ -235,27 +240,31 @@ impl Generator {
         })
     }
 
-    /// Counts `slot`'s completion `c` at `now` (if inside the measured window); whether the
+    /// Counts `slot`'s completion `c` at `now` (its bytes and latency if inside the measured
+    /// window; an error whenever it comes, the ramp included, as fio counts them); whether the
     /// slot goes on (the deadline has not passed).
     fn record(&mut self, slot: usize, c: &Completion, now: Instant) -> bool {
         self.outstanding -= 1;
         let (started, dir) = self.started[slot];
-        if now >= self.measure_from && now < self.deadline {
-            self.last_completion = Some(now);
-            match &c.result {
-                Ok(n) => {
-                    let stats = match dir {
-                        Direction::Read => &mut self.read,
-                        Direction::Write => &mut self.write,
-                        Direction::Trim => &mut self.trim,
-                    };
-                    stats.ios += 1;
-                    stats.bytes += *n as u64;
-                    let ns = now.duration_since(started).as_nanos() as u64;
-                    let _ = stats.latency_ns.record(ns.max(1));
-                }
-                Err(_) => self.errors += 1,
+        match &c.result {
+            Err(e) => {
+                self.errors += 1;
+                let errno = e.raw_os_error().unwrap_or(libc::EIO);
+                self.first_errno = self.first_errno.or(Some(errno));
             }
+            Ok(n) if now >= self.measure_from && now < self.deadline => {
+                self.last_completion = Some(now);
+                let stats = match dir {
+                    Direction::Read => &mut self.read,
+                    Direction::Write => &mut self.write,
+                    Direction::Trim => &mut self.trim,
+                };
+                stats.ios += 1;
+                stats.bytes += *n as u64;
+                let ns = now.duration_since(started).as_nanos() as u64;
+                let _ = stats.latency_ns.record(ns.max(1));
+            }
+            Ok(_) => {}
         }
         now < self.deadline
     }
@@ -298,8 +307,13 @@ fn on_complete<L, E>(
     if !gen.borrow_mut().record(slot, &c, now) {
         return;
     }
-    if issue(engine, &gen, slot, c.buf.into_one()).is_err() {
-        gen.borrow_mut().errors += 1;
+    if let Err(e) = issue(engine, &gen, slot, c.buf.into_one()) {
+        let mut g = gen.borrow_mut();
+        g.errors += 1;
+        let errno = std::io::Error::from(e)
+            .raw_os_error()
+            .unwrap_or(libc::EINVAL);
+        g.first_errno = g.first_errno.or(Some(errno));
     }
 }
 
@@ -365,6 +379,7 @@ where
         write: IoStats::new(),
         trim: IoStats::new(),
         errors: 0,
+        first_errno: None,
         outstanding: 0,
         last_completion: None,
     }));
@@ -401,6 +416,7 @@ where
             .max(Duration::from_millis(1)),
         counters: ctx.counters(),
         errors: gen.errors,
+        first_errno: gen.first_errno,
         iothread_cpu_s: thread_cpu_seconds() - cpu_start,
         wall_s: start.elapsed().as_secs_f64(),
     })

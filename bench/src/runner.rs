@@ -308,7 +308,7 @@ pub fn to_normal(reports: &[JobReport]) -> String {
             "{}: (groupid=0, jobs={}): err= {}: rw={}, bs={}, iodepth={}, engine={}, fdmon={}, disks={}, poll_max_ns={}, file={}",
             d.name,
             d.numjobs,
-            r.result.errors,
+            r.result.first_errno.unwrap_or(0),
             d.rw,
             d.bs,
             d.iodepth,
@@ -423,7 +423,7 @@ pub fn to_fio_json(reports: &[JobReport]) -> Value {
             json!({
                 "jobname": d.name,
                 "groupid": 0,
-                "error": if r.result.errors == 0 { 0 } else { libc::EIO },
+                "error": r.result.first_errno.unwrap_or(0),
                 "job options": {
                     "rw": d.rw.fio_name(),
                     "bs": d.bs.to_string(),

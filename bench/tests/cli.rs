@@ -531,3 +531,61 @@ fn writing_over_a_mounted_file_system_is_refused() {
         .unwrap();
     assert!(fsck.status.success(), "fsck: {}", text(&fsck));
 }
+
+/// Requests that fail are reported as fio does: the first errno in the job's `err=`, what
+/// failed on stderr, exit code 1. A job on a directory fails every request (EISDIR); writes
+/// into a full file system (a 2 MiB tmpfs, a sparse 8 MiB file) fail mid-run with ENOSPC.
+#[test]
+#[cfg(feature = "pool")]
+fn failed_requests_are_reported_with_their_errno_and_fail_the_run() {
+    let dir = TempDir::new("err");
+    let run = |job: &str| {
+        let path = dir.0.join("j.fio");
+        std::fs::write(&path, job).unwrap();
+        bench()
+            .args(["run", path.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    let o = run(&format!(
+        "[j]\nrw=read\nfilename={}\nsize=1m\nfdmon=poll\n",
+        dir.0.display()
+    ));
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(t.contains("err= 21:"), "fio's err= is the first errno: {t}");
+    assert!(
+        t.contains("requests failed, the first with errno 21"),
+        "{t}"
+    );
+    // A full disk mid-run (root: a small tmpfs).
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return aio_core::testing::skip("mounting a small tmpfs needs root");
+    }
+    let mnt = dir.0.join("small");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=2m", "aio-bench-full"])
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    assert!(mounted.success());
+    let file = mnt.join("disk.img");
+    std::fs::File::create(&file)
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    let o = run(&format!(
+        "[w]\nrw=write\nfilename={}\nsize=8m\nbs=64k\nfdmon=poll\n",
+        file.display()
+    ));
+    let _ = std::process::Command::new("umount").arg(&mnt).status();
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(t.contains("err= 28:"), "ENOSPC: {t}");
+    assert!(
+        t.contains("write: IOPS="),
+        "the writes that fitted are counted: {t}"
+    );
+}

@@ -36,6 +36,23 @@ pub fn run(args: RunArgs) -> Result<(), BenchError> {
     } else {
         print!("{}", runner::to_normal(&reports));
     }
+    // As fio: requests that failed make the run fail (exit 1), after the report.
+    let failed: Vec<String> = reports
+        .iter()
+        .filter(|r| r.result.errors > 0)
+        .map(|r| {
+            let errno = r.result.first_errno.unwrap_or(libc::EIO);
+            format!(
+                "job '{}': {} requests failed, the first with errno {errno} ({})",
+                r.def.name,
+                r.result.errors,
+                std::io::Error::from_raw_os_error(errno)
+            )
+        })
+        .collect();
+    if !failed.is_empty() {
+        return Err(BenchError::failed(failed.join("; ")));
+    }
     Ok(())
 }
 
