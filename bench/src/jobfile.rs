@@ -282,13 +282,27 @@ struct Setting<'a> {
     value: Option<&'a str>,
 }
 
+/// `s` with its control characters escaped (`\u{7}`, `\t`), so that an error shows what
+/// the file holds instead of a terminal swallowing it.
+fn escape_controls(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 /// Parses `text` (named `path` in errors).
 pub fn parse(text: &str, path: &Path) -> Result<JobFile, JobFileError> {
     let shown = path.display().to_string();
     let syntax = |line: usize, message: String| JobFileError::Syntax {
         path: shown.clone(),
         line,
-        message,
+        message: escape_controls(&message),
     };
     let mut global: Vec<Setting<'_>> = Vec::new();
     // (name, header line, global settings in force, own settings)
@@ -395,8 +409,8 @@ fn apply(
     let bad = |reason: String| JobFileError::BadValue {
         path: path.to_string(),
         line: s.line,
-        key: s.key.to_string(),
-        value: s.value.unwrap_or("").to_string(),
+        key: escape_controls(s.key),
+        value: escape_controls(s.value.unwrap_or("")),
         reason,
     };
     let needs_value = || {
@@ -528,7 +542,7 @@ fn apply(
             return Err(JobFileError::UnknownOption {
                 path: path.to_string(),
                 line: s.line,
-                key: s.key.to_string(),
+                key: escape_controls(s.key),
             })
         }
     }

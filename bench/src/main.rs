@@ -27,7 +27,7 @@ use clap::{Parser, Subcommand};
 
 use crate::cmd::values::{
     parse_device, parse_duration_arg, parse_engine, parse_engine_or_auto, parse_monitor,
-    parse_monitor_or_auto, parse_pattern, parse_size_arg, parse_workload,
+    parse_monitor_or_auto, parse_pattern, parse_runtime_arg, parse_size_arg, parse_workload,
 };
 
 #[derive(Parser, Debug)]
@@ -84,7 +84,7 @@ struct VsFioArgs {
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=4096))]
     iodepth: u64,
     /// Measured time per run (10s, 500ms).
-    #[arg(long, default_value = "10s", value_parser = parse_duration_arg)]
+    #[arg(long, default_value = "10s", value_parser = parse_runtime_arg)]
     runtime: Duration,
     /// Warm-up before measuring, per run.
     #[arg(long, default_value = "1s", value_parser = parse_duration_arg)]
@@ -134,7 +134,7 @@ struct LatencyArgs {
     #[arg(long, default_value = "4k", value_parser = parse_size_arg)]
     bs: u64,
     /// Measured time per cell.
-    #[arg(long, default_value = "3s", value_parser = parse_duration_arg)]
+    #[arg(long, default_value = "3s", value_parser = parse_runtime_arg)]
     runtime: Duration,
     /// Size of the test file.
     #[arg(long, default_value = "64m", value_parser = parse_size_arg)]
@@ -177,7 +177,7 @@ struct MatrixArgs {
     #[arg(long, default_value = "one", value_parser = ["one", "all"])]
     active: String,
     /// Measured time per cell.
-    #[arg(long, default_value = "1s", value_parser = parse_duration_arg)]
+    #[arg(long, default_value = "1s", value_parser = parse_runtime_arg)]
     runtime: Duration,
     /// Warm-up per cell.
     #[arg(long, default_value = "200ms", value_parser = parse_duration_arg)]

@@ -31,7 +31,8 @@ fn split_number(s: &str) -> Option<(u64, &str)> {
     Some((n, &s[digits..]))
 }
 
-/// Parses a size with fio's binary suffixes (k = 1024, m, g, t; optional trailing `b`/`ib`).
+/// Parses a size with fio's binary suffixes (k = 1024, m, g, t, p; optional trailing
+/// `b`/`ib`).
 pub fn parse_size(s: &str) -> Result<u64, UnitError> {
     let t = s.trim().to_ascii_lowercase();
     let err = || UnitError::Size(s.to_string());
@@ -43,6 +44,7 @@ pub fn parse_size(s: &str) -> Result<u64, UnitError> {
         "m" => 1 << 20,
         "g" => 1 << 30,
         "t" => 1 << 40,
+        "p" => 1 << 50,
         _ => return Err(err()),
     };
     n.checked_mul(mult).ok_or_else(err)
@@ -79,6 +81,10 @@ mod tests {
         assert_eq!(parse_size("256m"), Ok(256 << 20));
         assert_eq!(parse_size("1GiB"), Ok(1 << 30));
         assert_eq!(parse_size("512"), Ok(512));
+        assert_eq!(parse_size("2t"), Ok(2 << 40));
+        assert_eq!(parse_size("1p"), Ok(1 << 50));
+        assert_eq!(parse_size("3PiB"), Ok(3 << 50));
+        assert!(parse_size("99999p").is_err(), "overflow");
         assert!(parse_size("k").is_err());
         assert!(parse_size("4x").is_err());
         assert!(parse_size("99999999999999t").is_err());

@@ -71,6 +71,17 @@ fn bad_input_exits_2_says_what_and_leaves_no_images() {
             "not an existing directory",
         ),
         (vec!["matrix", "--dir", d, "--disk-size", "64t"], "MiB free"),
+        // Found before the first cell, not after the whole matrix has run.
+        (
+            vec!["matrix", "--json", "/nonexistent/aio-bench/out.json"],
+            "--json /nonexistent/aio-bench/out.json: /nonexistent/aio-bench is not an existing directory",
+        ),
+        (
+            vec!["matrix", "--svg", "/nonexistent/aio-bench/out.svg"],
+            "--svg",
+        ),
+        (vec!["matrix", "--runtime", "0s"], "more than 0"),
+        (vec!["vs-fio", "--runtime", "0"], "more than 0"),
         (
             vec!["run", bad_job.to_str().unwrap()],
             "bad.fio:4: rw=sideways",

@@ -26,6 +26,11 @@ use crate::MatrixArgs;
 /// Runs `matrix`.
 pub fn run(args: MatrixArgs) -> Result<(), BenchError> {
     let dir = check_target(args.dir.as_deref(), args.bs, args.disk_size, "--disk-size")?;
+    super::check_output_paths(&[
+        ("--json", args.json.as_deref()),
+        ("--csv", args.csv.as_deref()),
+        ("--svg", args.svg.as_deref()),
+    ])?;
     if let Some(CpuList(cpus)) = &args.cpus {
         aio_bench::cpus::pin_to(cpus).map_err(BenchError::BadInput)?;
     }

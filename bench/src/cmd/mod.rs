@@ -75,3 +75,32 @@ pub fn test_image(
     })?;
     Ok((None, image))
 }
+
+/// Checks, before anything runs, that each output file given (`--json`, `--csv`, `--svg`) can
+/// be written: its directory exists and is writable, and the file, if it exists, is a file.
+/// A run is never lost to an output path found wrong at its end.
+pub fn check_output_paths(outputs: &[(&str, Option<&Path>)]) -> Result<(), BenchError> {
+    for (flag, path) in outputs {
+        let Some(path) = path else { continue };
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let bad = |why: &str| {
+            Err(BenchError::bad_input(format!(
+                "{flag} {}: {why}",
+                path.display()
+            )))
+        };
+        if !dir.is_dir() {
+            return bad(&format!("{} is not an existing directory", dir.display()));
+        }
+        if nix::unistd::access(dir, nix::unistd::AccessFlags::W_OK).is_err() {
+            return bad(&format!("{} is not writable", dir.display()));
+        }
+        if path.exists() && !path.is_file() {
+            return bad("exists and is not a file");
+        }
+    }
+    Ok(())
+}

@@ -67,6 +67,16 @@ pub fn parse_duration_arg(s: &str) -> Result<Duration, String> {
     parse_duration(s).map_err(|e| e.to_string())
 }
 
+/// A `--runtime`: a duration above zero (a zero measured time would report no measurement,
+/// NaN rates).
+pub fn parse_runtime_arg(s: &str) -> Result<Duration, String> {
+    let d = parse_duration_arg(s)?;
+    if d.is_zero() {
+        return Err(format!("'{s}': the measured time must be more than 0"));
+    }
+    Ok(d)
+}
+
 /// A `--device`: `loop` or `loop:SIZE`.
 pub fn parse_device(s: &str) -> Result<LoopSpec, String> {
     s.parse()

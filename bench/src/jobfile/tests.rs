@@ -233,3 +233,12 @@ fn fuzzed_job_files_never_panic_and_errors_name_a_line() {
         "mutations found both outcomes"
     );
 }
+
+#[test]
+fn control_characters_in_errors_are_shown_escaped() {
+    let e = parse("[j]\nrw=side\u{7}ways\n", "t.fio".as_ref()).unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("side\\u{7}ways"), "{text}");
+    let e = parse("[j]\nbo\u{1b}gus=1\n", "t.fio".as_ref()).unwrap_err();
+    assert!(e.to_string().contains("bo\\u{1b}gus"), "{e}");
+}
