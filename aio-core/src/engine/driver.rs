@@ -143,6 +143,12 @@ impl<L: EventLoop, E: IoEngine> Driver<L, E> {
             self.deliver(ctx, completion);
         }
         if outer {
+            // Tasks these completions woke run now, inside the batch, so that the requests
+            // they submit go out together with the callbacks' (one submission call, not one
+            // per task): what a callback resubmitting from its completion gets.
+            if progress {
+                ctx.run_woken_tasks();
+            }
             self.end_batch();
         }
         if armed {
