@@ -1,0 +1,183 @@
+//! aio-rs's side: an `AioContext` over epoll on the calling thread, adaptive polling as the
+//! job says, one engine attached, and the workers as engine futures (one spawned task per
+//! worker, the peers' shape), as per-request callbacks that submit the next read themselves,
+//! or as `pread` offloaded with `PoolContext::run_async`.
+
+use std::cell::{Cell, RefCell};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use aio_backend_epoll::EpollLoop;
+use aio_backend_linux_aio::{LinuxAio, LinuxAioConfig};
+use aio_backend_uring::{UringConfig, UringEngine};
+use aio_core::engine::{AlignedBuf, AttachedEngine, IoEngine, IoFile, Request, SubmitError};
+use aio_core::task::join_all;
+use aio_core::{AioContext, EventLoop, PollParams};
+use aio_pool::{PoolConfig, PoolContext, ThreadPool};
+
+use super::{open_direct, Job, Outcome, Worker};
+
+/// The io_uring engine, as configured by default.
+pub fn uring() -> io::Result<UringEngine> {
+    UringEngine::new(UringConfig::default()).map_err(io::Error::other)
+}
+
+/// The Linux AIO engine, as configured by default.
+pub fn linux_aio() -> io::Result<LinuxAio> {
+    LinuxAio::new(LinuxAioConfig::default()).map_err(io::Error::other)
+}
+
+/// The thread pool, as configured by default (QEMU's limits: up to 64 threads).
+pub fn pool() -> io::Result<ThreadPool> {
+    ThreadPool::new(PoolConfig::default()).map_err(io::Error::other)
+}
+
+/// A context over epoll with the job's polling limit (QEMU's IOThread rule otherwise).
+fn context(job: &Job) -> io::Result<AioContext<EpollLoop>> {
+    let ctx = AioContext::new(EpollLoop::new()?)?;
+    ctx.set_poll_params(PollParams::iothread().with_max_ns(job.poll_max_ns));
+    Ok(ctx)
+}
+
+/// Engine futures: one task per worker, each awaiting `engine.read` in a loop.
+pub fn futures<E: IoEngine + 'static>(job: &Job, engine: E) -> io::Result<Outcome> {
+    let ctx = context(job)?;
+    let file = IoFile::from(open_direct(&job.path)?);
+    let engine = ctx.attach_engine(engine, |_, _| {})?;
+    let bs = job.bs;
+    let tasks: Vec<_> = job
+        .workers()
+        .into_iter()
+        .map(|mut w| {
+            let (engine, file) = (engine.clone(), file.clone());
+            ctx.spawn(async move {
+                let mut buf = AlignedBuf::new(bs);
+                let mut t = Instant::now();
+                while w.running(t) {
+                    let (r, b) = engine.read(&file, w.next_offset(), buf).await;
+                    buf = b;
+                    t = w.record(t, &r);
+                }
+                w
+            })
+        })
+        .collect();
+    let mut workers = Vec::with_capacity(tasks.len());
+    for w in ctx.block_on(join_all(tasks)) {
+        workers.push(w.map_err(io::Error::other)?);
+    }
+    drop(engine);
+    Ok((workers, ctx.counters().named()))
+}
+
+/// What the callbacks share: the file, the workers, and the reads still in flight.
+struct Shared {
+    file: IoFile,
+    bs: usize,
+    workers: RefCell<Vec<Worker>>,
+    in_flight: Cell<usize>,
+}
+
+/// Submits worker `i`'s next read into `buf`, issued at `started`; its callback records it
+/// and submits the one after, until the worker's deadline.
+fn issue<L: EventLoop + 'static, E: IoEngine + 'static>(
+    engine: &AttachedEngine<L, E>,
+    shared: &Rc<Shared>,
+    i: usize,
+    buf: AlignedBuf,
+    started: Instant,
+) -> Result<(), SubmitError> {
+    let offset = shared.workers.borrow_mut()[i].next_offset();
+    let s = shared.clone();
+    let request = Request::read(&shared.file, offset, buf, i as u64);
+    engine.submit_with(request, move |_ctx, engine, c| {
+        let now = {
+            let mut workers = s.workers.borrow_mut();
+            let w = &mut workers[i];
+            let now = w.record(started, &c.result);
+            if !w.running(now) {
+                s.in_flight.set(s.in_flight.get() - 1);
+                return;
+            }
+            now
+        };
+        // A read's completion always carries its one buffer back.
+        let buf = c.buf.into_one().unwrap_or_else(|| AlignedBuf::new(s.bs));
+        if issue(engine, &s, i, buf, now).is_err() {
+            s.workers.borrow_mut()[i].errors += 1;
+            s.in_flight.set(s.in_flight.get() - 1);
+        }
+    })?;
+    Ok(())
+}
+
+/// Per-request callbacks: every worker's first read submitted in one batch, then each
+/// completion's callback submits that worker's next read (`submit_with` refill).
+pub fn callbacks<E: IoEngine + 'static>(job: &Job, engine: E) -> io::Result<Outcome> {
+    let ctx = context(job)?;
+    let shared = Rc::new(Shared {
+        file: IoFile::from(open_direct(&job.path)?),
+        bs: job.bs,
+        workers: RefCell::new(job.workers()),
+        in_flight: Cell::new(0),
+    });
+    let engine = ctx.attach_engine(engine, |_, _| {})?;
+    engine.plug();
+    for i in 0..job.qd {
+        let sent = issue(&engine, &shared, i, AlignedBuf::new(job.bs), Instant::now());
+        if let Err(e) = sent {
+            engine.unplug();
+            return Err(io::Error::from(e));
+        }
+        shared.in_flight.set(shared.in_flight.get() + 1);
+    }
+    engine.unplug();
+    while shared.in_flight.get() > 0 {
+        ctx.poll(true);
+    }
+    drop(engine);
+    let workers = shared.workers.replace(Vec::new());
+    Ok((workers, ctx.counters().named()))
+}
+
+/// aio-rs's `spawn_blocking`: one task per worker, each read a `PoolContext::run_async`
+/// closure that `pread`s into a buffer it moves to a pool thread and back.
+pub fn pool_run_async(job: &Job) -> io::Result<Outcome> {
+    let ctx = context(job)?;
+    let file = Arc::new(open_direct(&job.path)?);
+    let pool = Rc::new(PoolContext::attach(&ctx, pool()?, |_, _| {}).map_err(io::Error::other)?);
+    let bs = job.bs;
+    let tasks: Vec<_> = job
+        .workers()
+        .into_iter()
+        .map(|mut w| {
+            let (pool, file) = (pool.clone(), file.clone());
+            ctx.spawn(async move {
+                let mut buf = AlignedBuf::new(bs);
+                let mut t = Instant::now();
+                while w.running(t) {
+                    let (f, offset) = (file.clone(), w.next_offset());
+                    let done = pool
+                        .run_async(move || {
+                            let r = f.read_at(&mut buf, offset);
+                            (r, buf)
+                        })
+                        .await;
+                    let (r, b) = done?;
+                    buf = b;
+                    t = w.record(t, &r);
+                }
+                Ok::<Worker, io::Error>(w)
+            })
+        })
+        .collect();
+    let mut workers = Vec::with_capacity(tasks.len());
+    for w in ctx.block_on(join_all(tasks)) {
+        workers.push(w.map_err(io::Error::other)??);
+    }
+    drop(pool);
+    Ok((workers, ctx.counters().named()))
+}
