@@ -18,7 +18,7 @@ use aio_bench::loopdev::{LoopDevice, LoopSpec};
 use super::check_target;
 use super::values::{parse_device, parse_duration_arg, parse_size_arg};
 use crate::peers::report::TargetRuns;
-use crate::peers::{self, Job, Variant};
+use crate::peers::{self, Fdmon, Job, Variant};
 
 /// `aio-bench peers`'s arguments.
 #[derive(clap::Args, Debug)]
@@ -62,6 +62,10 @@ pub struct PeersArgs {
     /// `matrix` use; 0 turns polling off, as `vs-fio` does by default).
     #[arg(long, default_value_t = 32_768)]
     poll_max_ns: u64,
+    /// aio-rs's fd monitor: `uring` (what `auto` picks here, as `run` and `matrix` do) or
+    /// `epoll` (`vs-fio`'s default).
+    #[arg(long, default_value = "uring", value_parser = ["uring", "epoll"])]
+    fdmon: String,
     /// Also write every run, the table and the ratios as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -92,11 +96,22 @@ pub fn run(args: PeersArgs) -> Result<(), BenchError> {
     } else {
         args.variants.clone()
     };
+    let fdmon = if args.fdmon == "epoll" {
+        Fdmon::Epoll
+    } else {
+        Fdmon::Uring
+    };
     println!(
         "peers: {} B O_DIRECT random reads, QD {:?}, {} rounds of {:?} (+{:?} warm-up) per run; \
-         aio-rs: epoll fd monitor, poll_max_ns {}; CPU = user+sys of the process (getrusage), \
+         aio-rs: fd monitor {}, poll_max_ns {}; CPU = user+sys of the process (getrusage), \
          worker threads included",
-        args.bs, args.qd, args.rounds, args.secs, args.ramp, args.poll_max_ns
+        args.bs,
+        args.qd,
+        args.rounds,
+        args.secs,
+        args.ramp,
+        fdmon.name(),
+        args.poll_max_ns
     );
     // Progress on a terminal only: a redirected stderr keeps just the failures.
     let progress = std::io::stderr().is_terminal();
@@ -119,6 +134,7 @@ pub fn run(args: PeersArgs) -> Result<(), BenchError> {
                 ramp: args.ramp,
                 secs: args.secs,
                 poll_max_ns: args.poll_max_ns,
+                fdmon,
             };
             let mut live = variants.clone();
             for round in 0..args.rounds {
@@ -163,6 +179,7 @@ pub fn run(args: PeersArgs) -> Result<(), BenchError> {
             "secs": args.secs.as_secs_f64(),
             "ramp_s": args.ramp.as_secs_f64(),
             "poll_max_ns": args.poll_max_ns,
+            "fdmon": fdmon.name(),
             "targets": report.iter().map(TargetRuns::to_json).collect::<Vec<_>>(),
             "failures": failures.iter().map(|(t, qd, v, e)| serde_json::json!({
                 "target": t, "qd": qd, "variant": v.name(), "error": e,

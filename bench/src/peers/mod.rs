@@ -120,6 +120,27 @@ pub struct Job {
     pub secs: Duration,
     /// aio-rs's adaptive polling limit (`PollParams::with_max_ns`); the peers have no such knob.
     pub poll_max_ns: u64,
+    /// aio-rs's fd monitor.
+    pub fdmon: Fdmon,
+}
+
+/// aio-rs's fd monitor in this comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fdmon {
+    /// epoll (`aio-bench vs-fio`'s default).
+    Epoll,
+    /// An io_uring of its own (what `auto` picks on this kernel, `aio-bench run`'s default).
+    Uring,
+}
+
+impl Fdmon {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fdmon::Epoll => "epoll",
+            Fdmon::Uring => "uring",
+        }
+    }
 }
 
 impl Job {
@@ -267,12 +288,7 @@ pub fn run(variant: Variant, job: &Job) -> io::Result<Sample> {
         Variant::Monoio => (rivals::monoio(job)?, Vec::new()),
         Variant::Glommio => (rivals::glommio(job)?, Vec::new()),
         Variant::TokioSpawnBlocking => (rivals::tokio_spawn_blocking(job)?, Vec::new()),
-        Variant::AioUringAsync => ours::futures(job, ours::uring()?)?,
-        Variant::AioUringCallback => ours::callbacks(job, ours::uring()?)?,
-        Variant::AioLinuxAioAsync => ours::futures(job, ours::linux_aio()?)?,
-        Variant::AioLinuxAioCallback => ours::callbacks(job, ours::linux_aio()?)?,
-        Variant::AioPoolAsync => ours::futures(job, ours::pool()?)?,
-        Variant::AioPoolRunAsync => ours::pool_run_async(job)?,
+        ours => ours::run(ours, job)?,
     };
     let cpu_s = process_cpu_seconds() - cpu_start;
     let mut sample = Sample {

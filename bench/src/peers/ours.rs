@@ -1,5 +1,5 @@
-//! aio-rs's side: an `AioContext` over epoll on the calling thread, adaptive polling as the
-//! job says, one engine attached, and the workers as engine futures (one spawned task per
+//! aio-rs's side: an `AioContext` on the calling thread over the job's fd monitor (epoll, or
+//! an io_uring of its own), adaptive polling as the job says, one engine attached, and the workers as engine futures (one spawned task per
 //! worker, the peers' shape), as per-request callbacks that submit the next read themselves,
 //! or as `pread` offloaded with `PoolContext::run_async`.
 
@@ -12,39 +12,62 @@ use std::time::Instant;
 
 use aio_backend_epoll::EpollLoop;
 use aio_backend_linux_aio::{LinuxAio, LinuxAioConfig};
-use aio_backend_uring::{UringConfig, UringEngine};
+use aio_backend_uring::{UringConfig, UringEngine, UringLoop};
 use aio_core::engine::{AlignedBuf, AttachedEngine, IoEngine, IoFile, Request, SubmitError};
 use aio_core::task::join_all;
 use aio_core::{AioContext, EventLoop, PollParams};
 use aio_pool::{PoolConfig, PoolContext, ThreadPool};
 
-use super::{open_direct, Job, Outcome, Worker};
+use super::{open_direct, Fdmon, Job, Outcome, Variant, Worker};
 
 /// The io_uring engine, as configured by default.
-pub fn uring() -> io::Result<UringEngine> {
+fn uring() -> io::Result<UringEngine> {
     UringEngine::new(UringConfig::default()).map_err(io::Error::other)
 }
 
 /// The Linux AIO engine, as configured by default.
-pub fn linux_aio() -> io::Result<LinuxAio> {
+fn linux_aio() -> io::Result<LinuxAio> {
     LinuxAio::new(LinuxAioConfig::default()).map_err(io::Error::other)
 }
 
 /// The thread pool, as configured by default (QEMU's limits: up to 64 threads).
-pub fn pool() -> io::Result<ThreadPool> {
+fn pool() -> io::Result<ThreadPool> {
     ThreadPool::new(PoolConfig::default()).map_err(io::Error::other)
 }
 
-/// A context over epoll with the job's polling limit (QEMU's IOThread rule otherwise).
-fn context(job: &Job) -> io::Result<AioContext<EpollLoop>> {
-    let ctx = AioContext::new(EpollLoop::new()?)?;
+/// Runs one of aio-rs's variants (a peer's is refused as invalid input).
+pub fn run(variant: Variant, job: &Job) -> io::Result<Outcome> {
+    match job.fdmon {
+        Fdmon::Epoll => run_on(variant, job, EpollLoop::new()?),
+        Fdmon::Uring => run_on(variant, job, UringLoop::new().map_err(io::Error::other)?),
+    }
+}
+
+/// Runs `variant` (an aio-rs one) on a context over `monitor`.
+fn run_on<L: EventLoop + 'static>(variant: Variant, job: &Job, monitor: L) -> io::Result<Outcome> {
+    let ctx = AioContext::new(monitor)?;
+    // The job's polling limit, QEMU's IOThread rule otherwise.
     ctx.set_poll_params(PollParams::iothread().with_max_ns(job.poll_max_ns));
-    Ok(ctx)
+    match variant {
+        Variant::AioUringAsync => futures(&ctx, job, uring()?),
+        Variant::AioUringCallback => callbacks(&ctx, job, uring()?),
+        Variant::AioLinuxAioAsync => futures(&ctx, job, linux_aio()?),
+        Variant::AioLinuxAioCallback => callbacks(&ctx, job, linux_aio()?),
+        Variant::AioPoolAsync => futures(&ctx, job, pool()?),
+        Variant::AioPoolRunAsync => pool_run_async(&ctx, job),
+        peer => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{peer} is not an aio-rs variant"),
+        )),
+    }
 }
 
 /// Engine futures: one task per worker, each awaiting `engine.read` in a loop.
-pub fn futures<E: IoEngine + 'static>(job: &Job, engine: E) -> io::Result<Outcome> {
-    let ctx = context(job)?;
+fn futures<L: EventLoop + 'static, E: IoEngine + 'static>(
+    ctx: &AioContext<L>,
+    job: &Job,
+    engine: E,
+) -> io::Result<Outcome> {
     let file = IoFile::from(open_direct(&job.path)?);
     let engine = ctx.attach_engine(engine, |_, _| {})?;
     let bs = job.bs;
@@ -116,8 +139,11 @@ fn issue<L: EventLoop + 'static, E: IoEngine + 'static>(
 
 /// Per-request callbacks: every worker's first read submitted in one batch, then each
 /// completion's callback submits that worker's next read (`submit_with` refill).
-pub fn callbacks<E: IoEngine + 'static>(job: &Job, engine: E) -> io::Result<Outcome> {
-    let ctx = context(job)?;
+fn callbacks<L: EventLoop + 'static, E: IoEngine + 'static>(
+    ctx: &AioContext<L>,
+    job: &Job,
+    engine: E,
+) -> io::Result<Outcome> {
     let shared = Rc::new(Shared {
         file: IoFile::from(open_direct(&job.path)?),
         bs: job.bs,
@@ -145,10 +171,9 @@ pub fn callbacks<E: IoEngine + 'static>(job: &Job, engine: E) -> io::Result<Outc
 
 /// aio-rs's `spawn_blocking`: one task per worker, each read a `PoolContext::run_async`
 /// closure that `pread`s into a buffer it moves to a pool thread and back.
-pub fn pool_run_async(job: &Job) -> io::Result<Outcome> {
-    let ctx = context(job)?;
+fn pool_run_async<L: EventLoop + 'static>(ctx: &AioContext<L>, job: &Job) -> io::Result<Outcome> {
     let file = Arc::new(open_direct(&job.path)?);
-    let pool = Rc::new(PoolContext::attach(&ctx, pool()?, |_, _| {}).map_err(io::Error::other)?);
+    let pool = Rc::new(PoolContext::attach(ctx, pool()?, |_, _| {}).map_err(io::Error::other)?);
     let bs = job.bs;
     let tasks: Vec<_> = job
         .workers()
