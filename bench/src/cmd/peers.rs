@@ -62,9 +62,10 @@ pub struct PeersArgs {
     /// `matrix` use; 0 turns polling off, as `vs-fio` does by default).
     #[arg(long, default_value_t = 32_768)]
     poll_max_ns: u64,
-    /// aio-rs's fd monitor: `uring` (what `auto` picks here, as `run` and `matrix` do) or
-    /// `epoll` (`vs-fio`'s default).
-    #[arg(long, default_value = "uring", value_parser = ["uring", "epoll"])]
+    /// aio-rs's fd monitor: `uring` (what `auto` picks here, as `run` and `matrix` do),
+    /// `epoll` (`vs-fio`'s default) or `shared-ring` (one io_uring for the monitor and the
+    /// io_uring engine).
+    #[arg(long, default_value = "uring", value_parser = ["uring", "epoll", "shared-ring"])]
     fdmon: String,
     /// Also write every run, the table and the ratios as JSON to this file.
     #[arg(long)]
@@ -96,10 +97,10 @@ pub fn run(args: PeersArgs) -> Result<(), BenchError> {
     } else {
         args.variants.clone()
     };
-    let fdmon = if args.fdmon == "epoll" {
-        Fdmon::Epoll
-    } else {
-        Fdmon::Uring
+    let fdmon = match args.fdmon.as_str() {
+        "epoll" => Fdmon::Epoll,
+        "shared-ring" => Fdmon::SharedRing,
+        _ => Fdmon::Uring,
     };
     println!(
         "peers: {} B O_DIRECT random reads, QD {:?}, {} rounds of {:?} (+{:?} warm-up) per run; \

@@ -131,6 +131,9 @@ pub enum Fdmon {
     Epoll,
     /// An io_uring of its own (what `auto` picks on this kernel, `aio-bench run`'s default).
     Uring,
+    /// One io_uring for the monitor and the io_uring engine (`aio_backend_uring::shared_ring`:
+    /// completions need no eventfd); the other engines get the monitor's ring alone.
+    SharedRing,
 }
 
 impl Fdmon {
@@ -139,6 +142,7 @@ impl Fdmon {
         match self {
             Fdmon::Epoll => "epoll",
             Fdmon::Uring => "uring",
+            Fdmon::SharedRing => "shared-ring",
         }
     }
 }

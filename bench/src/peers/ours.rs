@@ -1,5 +1,5 @@
-//! aio-rs's side: an `AioContext` on the calling thread over the job's fd monitor (epoll, or
-//! an io_uring of its own), adaptive polling as the job says, one engine attached, and the workers as engine futures (one spawned task per
+//! aio-rs's side: an `AioContext` on the calling thread over the job's fd monitor (epoll, an
+//! io_uring of its own, or one io_uring shared with the io_uring engine), adaptive polling as the job says, one engine attached, and the workers as engine futures (one spawned task per
 //! worker, the peers' shape), as per-request callbacks that submit the next read themselves,
 //! or as `pread` offloaded with `PoolContext::run_async`.
 
@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use aio_backend_epoll::EpollLoop;
 use aio_backend_linux_aio::{LinuxAio, LinuxAioConfig};
-use aio_backend_uring::{UringConfig, UringEngine, UringLoop};
+use aio_backend_uring::{shared_ring, UringConfig, UringEngine, UringLoop};
 use aio_core::engine::{AlignedBuf, AttachedEngine, IoEngine, IoFile, Request, SubmitError};
 use aio_core::task::join_all;
 use aio_core::{AioContext, EventLoop, PollParams};
@@ -37,17 +37,35 @@ fn pool() -> io::Result<ThreadPool> {
 
 /// Runs one of aio-rs's variants (a peer's is refused as invalid input).
 pub fn run(variant: Variant, job: &Job) -> io::Result<Outcome> {
+    let uring_variant = matches!(variant, Variant::AioUringAsync | Variant::AioUringCallback);
     match job.fdmon {
-        Fdmon::Epoll => run_on(variant, job, EpollLoop::new()?),
-        Fdmon::Uring => run_on(variant, job, UringLoop::new().map_err(io::Error::other)?),
+        Fdmon::Epoll => run_on(variant, job, EpollLoop::new()?, None),
+        Fdmon::SharedRing if uring_variant => {
+            let (monitor, engine) =
+                shared_ring(UringConfig::default()).map_err(io::Error::other)?;
+            run_on(variant, job, monitor, Some(engine))
+        }
+        Fdmon::Uring | Fdmon::SharedRing => run_on(
+            variant,
+            job,
+            UringLoop::new().map_err(io::Error::other)?,
+            None,
+        ),
     }
 }
 
-/// Runs `variant` (an aio-rs one) on a context over `monitor`.
-fn run_on<L: EventLoop + 'static>(variant: Variant, job: &Job, monitor: L) -> io::Result<Outcome> {
+/// Runs `variant` (an aio-rs one) on a context over `monitor`; an io_uring variant uses
+/// `shared` if given (the engine on the monitor's ring).
+fn run_on<L: EventLoop + 'static>(
+    variant: Variant,
+    job: &Job,
+    monitor: L,
+    shared: Option<UringEngine>,
+) -> io::Result<Outcome> {
     let ctx = AioContext::new(monitor)?;
     // The job's polling limit, QEMU's IOThread rule otherwise.
     ctx.set_poll_params(PollParams::iothread().with_max_ns(job.poll_max_ns));
+    let uring = || shared.map_or_else(uring, Ok);
     match variant {
         Variant::AioUringAsync => futures(&ctx, job, uring()?),
         Variant::AioUringCallback => callbacks(&ctx, job, uring()?),
