@@ -117,16 +117,18 @@ impl TargetRuns {
         };
         for ours in [Variant::AioUringAsync, Variant::AioLinuxAioAsync] {
             if let (Some(o), Some((p, r))) = (self.runs(hi, ours), self.best_peer_iops(hi)) {
-                out.push(Ratio::new(
+                out.push(Ratio::iops(
                     format!("QD{hi} IOPS {ours} / best peer ({p})"),
-                    o.iops() / r.iops(),
+                    o,
+                    r,
                     Goal::AtLeast(1.0),
                 ));
             }
             if let (Some(o), Some((p, r))) = (self.runs(lo, ours), self.best_peer_latency(lo)) {
-                out.push(Ratio::new(
+                out.push(Ratio::latency(
                     format!("QD{lo} mean latency {ours} / best peer ({p})"),
-                    o.mean_lat_us() / r.mean_lat_us(),
+                    o,
+                    r,
                     Goal::AtMost(1.0),
                 ));
             }
@@ -137,33 +139,37 @@ impl TargetRuns {
         ];
         for (a, c) in pairs {
             if let (Some(x), Some(y)) = (self.runs(hi, a), self.runs(hi, c)) {
-                out.push(Ratio::new(
+                out.push(Ratio::iops(
                     format!("QD{hi} IOPS {a} / {c}"),
-                    x.iops() / y.iops(),
+                    x,
+                    y,
                     Goal::AtLeast(0.97),
                 ));
             }
             if let (Some(x), Some(y)) = (self.runs(lo, a), self.runs(lo, c)) {
-                out.push(Ratio::new(
+                out.push(Ratio::latency(
                     format!("QD{lo} mean latency {a} / {c}"),
-                    x.mean_lat_us() / y.mean_lat_us(),
+                    x,
+                    y,
                     Goal::AtMost(1.05),
                 ));
             }
         }
         let (pool, tokio) = (Variant::AioPoolAsync, Variant::TokioSpawnBlocking);
-        for run_async in [pool, Variant::AioPoolRunAsync] {
-            if let (Some(x), Some(y)) = (self.runs(hi, run_async), self.runs(hi, tokio)) {
-                out.push(Ratio::new(
-                    format!("QD{hi} IOPS {run_async} / {tokio}"),
-                    x.iops() / y.iops(),
+        for ours in [pool, Variant::AioPoolRunAsync] {
+            if let (Some(x), Some(y)) = (self.runs(hi, ours), self.runs(hi, tokio)) {
+                out.push(Ratio::iops(
+                    format!("QD{hi} IOPS {ours} / {tokio}"),
+                    x,
+                    y,
                     Goal::None,
                 ));
             }
-            if let (Some(x), Some(y)) = (self.runs(lo, run_async), self.runs(lo, tokio)) {
-                out.push(Ratio::new(
-                    format!("QD{lo} mean latency {run_async} / {tokio}"),
-                    x.mean_lat_us() / y.mean_lat_us(),
+            if let (Some(x), Some(y)) = (self.runs(lo, ours), self.runs(lo, tokio)) {
+                out.push(Ratio::latency(
+                    format!("QD{lo} mean latency {ours} / {tokio}"),
+                    x,
+                    y,
                     Goal::None,
                 ));
             }
@@ -257,20 +263,62 @@ pub enum Goal {
     None,
 }
 
-/// One ratio of two variants' figures from the same run.
+/// One ratio of two variants' figures from the same run: of their means over the rounds, and
+/// round by round (each round runs both within seconds of each other).
 #[derive(Debug, Clone)]
 pub struct Ratio {
     /// What is divided by what.
     pub name: String,
-    /// The quotient.
+    /// The quotient of the means over the rounds.
     pub value: f64,
+    /// The quotient in each round.
+    pub per_round: Vec<f64>,
     /// Its target.
     pub goal: Goal,
 }
 
 impl Ratio {
-    fn new(name: String, value: f64, goal: Goal) -> Ratio {
-        Ratio { name, value, goal }
+    /// `a`'s IOPS over `b`'s.
+    fn iops(name: String, a: &Runs, b: &Runs, goal: Goal) -> Ratio {
+        let per_round = a
+            .rounds
+            .iter()
+            .zip(&b.rounds)
+            .map(|(x, y)| x.iops() / y.iops())
+            .collect();
+        Ratio {
+            name,
+            value: a.iops() / b.iops(),
+            per_round,
+            goal,
+        }
+    }
+
+    /// `a`'s mean latency over `b`'s.
+    fn latency(name: String, a: &Runs, b: &Runs, goal: Goal) -> Ratio {
+        let per_round = a
+            .rounds
+            .iter()
+            .zip(&b.rounds)
+            .map(|(x, y)| x.mean_lat_us() / y.mean_lat_us())
+            .collect();
+        Ratio {
+            name,
+            value: a.mean_lat_us() / b.mean_lat_us(),
+            per_round,
+            goal,
+        }
+    }
+
+    /// The median of the per-round quotients.
+    pub fn median(&self) -> f64 {
+        let mut v = self.per_round.clone();
+        v.sort_by(f64::total_cmp);
+        match v.len() {
+            0 => f64::NAN,
+            n if n % 2 == 1 => v[n / 2],
+            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+        }
     }
 
     /// Whether the ratio meets its target (`None` without one).
@@ -288,7 +336,15 @@ impl Ratio {
             Goal::AtMost(t) => ("<=", Some(t)),
             Goal::None => ("", None),
         };
-        json!({ "name": self.name, "value": self.value, "goal": op, "target": target, "met": self.met() })
+        json!({
+            "name": self.name,
+            "value": self.value,
+            "per_round": self.per_round,
+            "median_of_rounds": self.median(),
+            "goal": op,
+            "target": target,
+            "met": self.met(),
+        })
     }
 }
 
@@ -299,7 +355,15 @@ impl std::fmt::Display for Ratio {
             (Goal::AtMost(t), Some(ok)) => format!(" (target <= {t}: {})", ok_or_miss(ok)),
             _ => String::new(),
         };
-        write!(f, "{:<64} {:>6.3}{verdict}", self.name, self.value)
+        let rounds: Vec<String> = self.per_round.iter().map(|r| format!("{r:.2}")).collect();
+        write!(
+            f,
+            "{:<62} {:>6.3}{verdict}; rounds {} (median {:.3})",
+            self.name,
+            self.value,
+            rounds.join(" "),
+            self.median()
+        )
     }
 }
 
