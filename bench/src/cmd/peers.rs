@@ -67,6 +67,10 @@ pub struct PeersArgs {
     /// io_uring engine).
     #[arg(long, default_value = "uring", value_parser = ["uring", "epoll", "shared-ring"])]
     fdmon: String,
+    /// aio-rs's io_uring engine registers the file and the workers' buffers with its ring
+    /// (`IORING_OP_READ_FIXED`, as glommio does; off by default, as the engine's own default).
+    #[arg(long)]
+    uring_registered: bool,
     /// Also write every run, the table and the ratios as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -104,7 +108,7 @@ pub fn run(args: PeersArgs) -> Result<(), BenchError> {
     };
     println!(
         "peers: {} B O_DIRECT random reads, QD {:?}, {} rounds of {:?} (+{:?} warm-up) per run; \
-         aio-rs: fd monitor {}, poll_max_ns {}; CPU = user+sys of the process (getrusage), \
+         aio-rs: fd monitor {}, poll_max_ns {}{}; CPU = user+sys of the process (getrusage), \
          worker threads included",
         args.bs,
         args.qd,
@@ -112,7 +116,12 @@ pub fn run(args: PeersArgs) -> Result<(), BenchError> {
         args.secs,
         args.ramp,
         fdmon.name(),
-        args.poll_max_ns
+        args.poll_max_ns,
+        if args.uring_registered {
+            ", io_uring registered files and buffers"
+        } else {
+            ""
+        }
     );
     // Progress on a terminal only: a redirected stderr keeps just the failures.
     let progress = std::io::stderr().is_terminal();
@@ -136,6 +145,7 @@ pub fn run(args: PeersArgs) -> Result<(), BenchError> {
                 secs: args.secs,
                 poll_max_ns: args.poll_max_ns,
                 fdmon,
+                uring_registered: args.uring_registered,
             };
             let mut live = variants.clone();
             for round in 0..args.rounds {
@@ -181,6 +191,7 @@ pub fn run(args: PeersArgs) -> Result<(), BenchError> {
             "ramp_s": args.ramp.as_secs_f64(),
             "poll_max_ns": args.poll_max_ns,
             "fdmon": fdmon.name(),
+            "uring_registered": args.uring_registered,
             "targets": report.iter().map(TargetRuns::to_json).collect::<Vec<_>>(),
             "failures": failures.iter().map(|(t, qd, v, e)| serde_json::json!({
                 "target": t, "qd": qd, "variant": v.name(), "error": e,

@@ -122,6 +122,8 @@ pub struct Job {
     pub poll_max_ns: u64,
     /// aio-rs's fd monitor.
     pub fdmon: Fdmon,
+    /// aio-rs's io_uring engine registers the file and each worker's buffer with its ring.
+    pub uring_registered: bool,
 }
 
 /// aio-rs's fd monitor in this comparison.

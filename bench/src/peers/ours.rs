@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use aio_backend_epoll::EpollLoop;
 use aio_backend_linux_aio::{LinuxAio, LinuxAioConfig};
-use aio_backend_uring::{shared_ring, UringConfig, UringEngine, UringLoop};
+use aio_backend_uring::{shared_ring, UringConfig, UringEngine, UringLoop, MAX_REGISTERED_BUFFERS};
 use aio_core::engine::{AlignedBuf, AttachedEngine, IoEngine, IoFile, Request, SubmitError};
 use aio_core::task::join_all;
 use aio_core::{AioContext, EventLoop, PollParams};
@@ -20,9 +20,15 @@ use aio_pool::{PoolConfig, PoolContext, ThreadPool};
 
 use super::{open_direct, Fdmon, Job, Outcome, Variant, Worker};
 
-/// The io_uring engine, as configured by default.
-fn uring() -> io::Result<UringEngine> {
-    UringEngine::new(UringConfig::default()).map_err(io::Error::other)
+/// The io_uring engine's settings: the defaults, or with `--uring-registered` each file and
+/// each worker's buffer registered with the ring (`IORING_OP_READ_FIXED`, as glommio reads).
+fn uring_config(job: &Job) -> UringConfig {
+    let mut config = UringConfig::default();
+    if job.uring_registered {
+        config.register_files = true;
+        config.fixed_buffers = (job.qd as u32).min(MAX_REGISTERED_BUFFERS);
+    }
+    config
 }
 
 /// The Linux AIO engine, as configured by default.
@@ -41,8 +47,7 @@ pub fn run(variant: Variant, job: &Job) -> io::Result<Outcome> {
     match job.fdmon {
         Fdmon::Epoll => run_on(variant, job, EpollLoop::new()?, None),
         Fdmon::SharedRing if uring_variant => {
-            let (monitor, engine) =
-                shared_ring(UringConfig::default()).map_err(io::Error::other)?;
+            let (monitor, engine) = shared_ring(uring_config(job)).map_err(io::Error::other)?;
             run_on(variant, job, monitor, Some(engine))
         }
         Fdmon::Uring | Fdmon::SharedRing => run_on(
@@ -65,7 +70,10 @@ fn run_on<L: EventLoop + 'static>(
     let ctx = AioContext::new(monitor)?;
     // The job's polling limit, QEMU's IOThread rule otherwise.
     ctx.set_poll_params(PollParams::iothread().with_max_ns(job.poll_max_ns));
-    let uring = || shared.map_or_else(uring, Ok);
+    let uring = || match shared {
+        Some(engine) => Ok(engine),
+        None => UringEngine::new(uring_config(job)).map_err(io::Error::other),
+    };
     match variant {
         Variant::AioUringAsync => futures(&ctx, job, uring()?),
         Variant::AioUringCallback => callbacks(&ctx, job, uring()?),
