@@ -324,3 +324,54 @@ pub fn open_direct(path: &std::path::Path) -> io::Result<std::fs::File> {
         .custom_flags(libc::O_DIRECT)
         .open(path)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(qd: usize) -> Job {
+        Job {
+            path: PathBuf::from("/nonexistent"),
+            blocks: 100,
+            bs: 4096,
+            qd,
+            ramp: Duration::ZERO,
+            secs: Duration::from_secs(60),
+            poll_max_ns: 0,
+            fdmon: Fdmon::Epoll,
+            uring_registered: false,
+        }
+    }
+
+    #[test]
+    fn offsets_are_whole_blocks_inside_the_target_and_differ_per_worker() {
+        let mut workers = job(2).workers();
+        let a: Vec<u64> = (0..1000).map(|_| workers[0].next_offset()).collect();
+        let b: Vec<u64> = (0..1000).map(|_| workers[1].next_offset()).collect();
+        assert!(a.iter().all(|o| o % 4096 == 0 && *o < 100 * 4096));
+        assert_ne!(a, b);
+        // Every variant gets the same sequence for the same worker.
+        let mut w = job(2).workers().remove(0);
+        let again: Vec<u64> = (0..1000).map(|_| w.next_offset()).collect();
+        assert_eq!(a, again);
+    }
+
+    #[test]
+    fn short_and_failed_reads_are_errors_not_measurements() {
+        let mut w = job(1).workers().remove(0);
+        let t = Instant::now();
+        w.record(t, &Ok(4096));
+        w.record(t, &Ok(512));
+        w.record(t, &Err(io::Error::other("EIO")));
+        assert_eq!((w.completed, w.measured, w.errors), (3, 1, 2));
+        assert_eq!(w.latency_ns.len(), 1);
+    }
+
+    #[test]
+    fn variant_names_round_trip() {
+        for v in Variant::ALL {
+            assert_eq!(Variant::from_name(v.name()), Some(v));
+        }
+        assert_eq!(Variant::from_name("io_uring"), None);
+    }
+}

@@ -374,3 +374,66 @@ fn ok_or_miss(ok: bool) -> &'static str {
         "MISSED"
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runs(iops: &[u64]) -> Runs {
+        Runs {
+            rounds: iops
+                .iter()
+                .map(|&n| Sample {
+                    latency_ns: Histogram::new_with_bounds(1, 60_000_000_000, 3).unwrap(),
+                    measured: n,
+                    completed: n,
+                    errors: 0,
+                    window_s: 1.0,
+                    cpu_s: 0.5,
+                    counters: Vec::new(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn ratios_of_means_and_per_round_median() {
+        let r = Ratio::iops(
+            "a / b".into(),
+            &runs(&[100, 300, 200]),
+            &runs(&[100, 100, 100]),
+            Goal::AtLeast(1.0),
+        );
+        assert!((r.value - 2.0).abs() < 1e-9);
+        assert_eq!(r.per_round, vec![1.0, 3.0, 2.0]);
+        assert!((r.median() - 2.0).abs() < 1e-9);
+        assert_eq!(r.met(), Some(true));
+        let miss = Ratio::iops(
+            "b / a".into(),
+            &runs(&[1]),
+            &runs(&[2]),
+            Goal::AtLeast(0.97),
+        );
+        assert_eq!(miss.met(), Some(false));
+    }
+
+    #[test]
+    fn best_peer_is_an_io_uring_runtime() {
+        let mut t = TargetRuns::default();
+        for (v, n) in [
+            (Variant::TokioUring, 10),
+            (Variant::Monoio, 30),
+            (Variant::AioUringAsync, 20),
+            (Variant::TokioSpawnBlocking, 99),
+        ] {
+            for s in runs(&[n]).rounds {
+                t.add(32, v, s);
+            }
+        }
+        let (best, _) = t.best_peer_iops(32).unwrap();
+        assert_eq!(best, Variant::Monoio);
+        let first = &t.ratios()[0];
+        assert!(first.name.contains("best peer (monoio)"));
+        assert!((first.value - 20.0 / 30.0).abs() < 1e-9);
+    }
+}
