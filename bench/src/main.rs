@@ -5,13 +5,16 @@
 //! thread-pool notifier/io_poll change: polling off, at QEMU's default, and at given values),
 //! `run` (fio job files, reported in fio's formats), `vs-fio` (the same job through fio and
 //! through one of our engines, alternating A B / B A) and `probe` (which backends this build
-//! and kernel offer, and what `auto` picks).
+//! and kernel offer, and what `auto` picks); with the `peers` feature, `peers` (aio-rs next to
+//! its Rust peers).
 //!
 //! This file is the command line only: its clap structs and the dispatch. Each subcommand is a
 //! module of [`cmd`]; every one returns [`aio_bench::error::BenchError`], and `main` alone
 //! prints the error and exits with its code.
 
 mod cmd;
+#[cfg(feature = "peers")]
+mod peers;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -52,6 +55,10 @@ enum Command {
     Run(RunArgs),
     /// Say which fd monitors and engines this build and kernel offer, and what `auto` picks.
     Probe,
+    /// aio-rs next to tokio-uring, monoio, glommio and tokio's spawn_blocking: 4 KiB O_DIRECT
+    /// random reads at QD 1 and 32, alternating in one run (feature `peers`).
+    #[cfg(feature = "peers")]
+    Peers(cmd::peers::PeersArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -242,6 +249,8 @@ impl Command {
             Command::VsFio(_) => "vs-fio",
             Command::Run(_) => "run",
             Command::Probe => "probe",
+            #[cfg(feature = "peers")]
+            Command::Peers(_) => "peers",
         }
     }
 }
@@ -255,6 +264,8 @@ fn main() -> ExitCode {
         Command::VsFio(args) => cmd::vs_fio::run(args),
         Command::Run(args) => cmd::run::run(args),
         Command::Probe => cmd::probe::run(),
+        #[cfg(feature = "peers")]
+        Command::Peers(args) => cmd::peers::run(args),
     };
     // The one place that prints an error and exits with its code (BenchError::exit_code).
     match result {

@@ -11,10 +11,13 @@
 //! * [`latency`]: QD1 latency per engine with polling off and on;
 //! * [`vs_fio`]: one job through fio and through one of our engines, alternating;
 //! * [`run`]: fio job files;
-//! * [`probe`]: the backends this build and kernel offer.
+//! * [`probe`]: the backends this build and kernel offer;
+//! * `peers` (feature `peers`): aio-rs next to its Rust peers.
 
 pub mod latency;
 pub mod matrix;
+#[cfg(feature = "peers")]
+pub mod peers;
 pub mod probe;
 pub mod run;
 pub mod values;

@@ -1,0 +1,377 @@
+//! `aio-bench peers`: the same job through aio-rs and through its Rust peers, side by side.
+//!
+//! The job: 4 KiB (`bs`) O_DIRECT random reads of one file or device, `qd` workers each keeping
+//! one read in flight (a task or future per worker that loops: read, record, read again), for a
+//! warm-up and then a measured window. Every variant opens the target itself, in its own way,
+//! and uses its own runtime on the calling thread, its own file type and its own buffers:
+//!
+//! * [`rivals`]: tokio-uring, monoio (io_uring driver), glommio, and tokio's `spawn_blocking`
+//!   with `pread`;
+//! * [`ours`]: aio-rs engine futures on io_uring, Linux AIO and the thread pool, per-request
+//!   callbacks that resubmit (`submit_with`) on io_uring and Linux AIO, and the pool's
+//!   `run_async` with `pread` (aio-rs's `spawn_blocking`).
+//!
+//! This module owns the job ([`Job`]), the per-worker bookkeeping every variant shares
+//! ([`Worker`]: offsets, latency histogram, counts) and one run of one variant ([`run`]: CPU
+//! time from `getrusage(RUSAGE_SELF)` around it, so worker threads count). The rounds, the
+//! table and the ratios are [`report`]'s.
+
+pub mod ours;
+pub mod report;
+pub mod rivals;
+
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+
+/// One way of running the job (tables list them in this order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Variant {
+    /// tokio-uring: its runtime, `tokio_uring::fs::File::read_at` into a `Vec<u8>` slice.
+    TokioUring,
+    /// monoio with its io_uring driver: `monoio::fs::File::read_at` into a `Vec<u8>` slice.
+    Monoio,
+    /// glommio: `DmaFile::read_at_aligned`, buffers from glommio's own allocator.
+    Glommio,
+    /// aio-rs engine futures (`AttachedEngine::read`) on io_uring.
+    AioUringAsync,
+    /// aio-rs per-request callbacks on io_uring, each completion submitting the next read.
+    AioUringCallback,
+    /// aio-rs engine futures on Linux AIO.
+    AioLinuxAioAsync,
+    /// aio-rs per-request callbacks on Linux AIO.
+    AioLinuxAioCallback,
+    /// tokio's current-thread runtime, `spawn_blocking` + `pread` per read.
+    TokioSpawnBlocking,
+    /// aio-rs engine futures on its thread pool (QEMU's `aio=threads`).
+    AioPoolAsync,
+    /// aio-rs's `PoolContext::run_async` + `pread` per read (`spawn_blocking` on the loop).
+    AioPoolRunAsync,
+}
+
+impl Variant {
+    /// Every variant, in the order a round runs them (odd rounds run it backwards).
+    pub const ALL: [Variant; 10] = [
+        Variant::TokioUring,
+        Variant::AioUringAsync,
+        Variant::Monoio,
+        Variant::AioUringCallback,
+        Variant::Glommio,
+        Variant::AioLinuxAioAsync,
+        Variant::AioLinuxAioCallback,
+        Variant::TokioSpawnBlocking,
+        Variant::AioPoolAsync,
+        Variant::AioPoolRunAsync,
+    ];
+
+    /// The name in tables, JSON and `--variants`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::TokioUring => "tokio-uring",
+            Variant::Monoio => "monoio",
+            Variant::Glommio => "glommio",
+            Variant::AioUringAsync => "aio-uring-async",
+            Variant::AioUringCallback => "aio-uring-callback",
+            Variant::AioLinuxAioAsync => "aio-linux-aio-async",
+            Variant::AioLinuxAioCallback => "aio-linux-aio-callback",
+            Variant::TokioSpawnBlocking => "tokio-spawn-blocking",
+            Variant::AioPoolAsync => "aio-pool-async",
+            Variant::AioPoolRunAsync => "aio-pool-run-async",
+        }
+    }
+
+    /// An io_uring runtime of another project (the peers the async targets compare with).
+    pub fn is_uring_peer(self) -> bool {
+        matches!(
+            self,
+            Variant::TokioUring | Variant::Monoio | Variant::Glommio
+        )
+    }
+
+    /// The variant called `name`, if any.
+    pub fn from_name(name: &str) -> Option<Variant> {
+        Variant::ALL.into_iter().find(|v| v.name() == name)
+    }
+}
+
+impl fmt::Display for Variant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What every variant runs.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// The file or block device, opened by each variant with O_DIRECT.
+    pub path: PathBuf,
+    /// Blocks of `bs` bytes the reads pick from.
+    pub blocks: u64,
+    /// Bytes per read.
+    pub bs: usize,
+    /// Workers, each with one read in flight.
+    pub qd: usize,
+    /// Warm-up before the measured window.
+    pub ramp: Duration,
+    /// The measured window.
+    pub secs: Duration,
+    /// aio-rs's adaptive polling limit (`PollParams::with_max_ns`); the peers have no such knob.
+    pub poll_max_ns: u64,
+    /// aio-rs's fd monitor.
+    pub fdmon: Fdmon,
+    /// aio-rs's io_uring engine registers the file and each worker's buffer with its ring.
+    pub uring_registered: bool,
+}
+
+/// aio-rs's fd monitor in this comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fdmon {
+    /// epoll (`aio-bench vs-fio`'s default).
+    Epoll,
+    /// An io_uring of its own (what `auto` picks on this kernel, `aio-bench run`'s default).
+    Uring,
+    /// One io_uring for the monitor and the io_uring engine (`aio_backend_uring::shared_ring`:
+    /// completions need no eventfd); the other engines get the monitor's ring alone.
+    SharedRing,
+}
+
+impl Fdmon {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fdmon::Epoll => "epoll",
+            Fdmon::Uring => "uring",
+            Fdmon::SharedRing => "shared-ring",
+        }
+    }
+}
+
+impl Job {
+    /// The `qd` workers of one run, whose clocks start now.
+    pub fn workers(&self) -> Vec<Worker> {
+        let start = Instant::now();
+        (0..self.qd)
+            .map(|i| Worker::new(self, i as u64, start))
+            .collect()
+    }
+}
+
+/// One worker's state: where it reads next, and what it measured. Every variant drives its
+/// workers the same way: `while w.running(t) { read at w.next_offset(); t = w.record(t, r) }`.
+#[derive(Debug, Clone)]
+pub struct Worker {
+    rng: u64,
+    blocks: u64,
+    bs: u64,
+    ramp_end: Instant,
+    deadline: Instant,
+    /// Latency of the reads completed in the measured window, in ns.
+    pub latency_ns: Histogram<u64>,
+    /// Reads completed in the measured window.
+    pub measured: u64,
+    /// Every read completed, warm-up included (CPU per request divides by this).
+    pub completed: u64,
+    /// Reads that failed or came back short.
+    pub errors: u64,
+}
+
+impl Worker {
+    fn new(job: &Job, index: u64, start: Instant) -> Worker {
+        let ramp_end = start + job.ramp;
+        Worker {
+            // A different non-zero xorshift seed per worker; the same for every variant.
+            rng: 0x9e37_79b9_7f4a_7c15 ^ (index + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9),
+            blocks: job.blocks.max(1),
+            bs: job.bs as u64,
+            ramp_end,
+            deadline: ramp_end + job.secs,
+            latency_ns: Histogram::new_with_bounds(1, 60_000_000_000, 3)
+                .expect("static histogram bounds"),
+            measured: 0,
+            completed: 0,
+            errors: 0,
+        }
+    }
+
+    /// The byte offset of the next read: a uniformly random block.
+    pub fn next_offset(&mut self) -> u64 {
+        // xorshift64*
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        let r = self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        (r % self.blocks) * self.bs
+    }
+
+    /// True while a read issued at `now` belongs to the run.
+    pub fn running(&self, now: Instant) -> bool {
+        now < self.deadline
+    }
+
+    /// Records a read issued at `started` that returned `result` (bytes read), and returns the
+    /// time now (the next read's start).
+    pub fn record(&mut self, started: Instant, result: &io::Result<usize>) -> Instant {
+        let now = Instant::now();
+        self.completed += 1;
+        match result {
+            Ok(n) if *n as u64 == self.bs => {
+                if now >= self.ramp_end && now < self.deadline {
+                    self.measured += 1;
+                    let ns = now.duration_since(started).as_nanos() as u64;
+                    let _ = self.latency_ns.record(ns.max(1));
+                }
+            }
+            _ => self.errors += 1,
+        }
+        now
+    }
+}
+
+/// What one run of one variant measured.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    /// Latency of the reads completed in the measured window, in ns.
+    pub latency_ns: Histogram<u64>,
+    /// Reads completed in the measured window.
+    pub measured: u64,
+    /// Every read completed, warm-up included.
+    pub completed: u64,
+    /// Reads that failed or came back short.
+    pub errors: u64,
+    /// The measured window, in seconds.
+    pub window_s: f64,
+    /// User + system CPU time of the whole process over the run (its worker threads, the
+    /// kernel's work on its behalf in syscalls), in seconds.
+    pub cpu_s: f64,
+    /// aio-rs's loop counters, for the aio-rs variants (name, value).
+    pub counters: Vec<(&'static str, u64)>,
+}
+
+impl Sample {
+    /// Reads per second in the measured window.
+    pub fn iops(&self) -> f64 {
+        self.measured as f64 / self.window_s
+    }
+
+    /// Mean latency in µs.
+    pub fn mean_lat_us(&self) -> f64 {
+        self.latency_ns.mean() / 1000.0
+    }
+
+    /// 99th percentile latency in µs.
+    pub fn p99_us(&self) -> f64 {
+        self.latency_ns.value_at_quantile(0.99) as f64 / 1000.0
+    }
+
+    /// CPU time per completed read, in µs.
+    pub fn cpu_us_per_req(&self) -> f64 {
+        1e6 * self.cpu_s / self.completed.max(1) as f64
+    }
+}
+
+/// What a variant's run hands back: its workers, and the loop's counters for aio-rs.
+pub type Outcome = (Vec<Worker>, Vec<(&'static str, u64)>);
+
+/// User + system CPU time of the whole process so far, in seconds.
+fn process_cpu_seconds() -> f64 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    // RUSAGE_SELF cannot fail.
+    let Ok(ru) = getrusage(UsageWho::RUSAGE_SELF) else {
+        return 0.0;
+    };
+    let tv = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+    tv(ru.user_time()) + tv(ru.system_time())
+}
+
+/// Runs `variant` once on `job`.
+pub fn run(variant: Variant, job: &Job) -> io::Result<Sample> {
+    let cpu_start = process_cpu_seconds();
+    let (workers, counters) = match variant {
+        Variant::TokioUring => (rivals::tokio_uring(job)?, Vec::new()),
+        Variant::Monoio => (rivals::monoio(job)?, Vec::new()),
+        Variant::Glommio => (rivals::glommio(job)?, Vec::new()),
+        Variant::TokioSpawnBlocking => (rivals::tokio_spawn_blocking(job)?, Vec::new()),
+        ours => ours::run(ours, job)?,
+    };
+    let cpu_s = process_cpu_seconds() - cpu_start;
+    let mut sample = Sample {
+        latency_ns: Histogram::new_with_bounds(1, 60_000_000_000, 3)
+            .expect("static histogram bounds"),
+        measured: 0,
+        completed: 0,
+        errors: 0,
+        window_s: job.secs.as_secs_f64(),
+        cpu_s,
+        counters,
+    };
+    for w in &workers {
+        let _ = sample.latency_ns.add(&w.latency_ns);
+        sample.measured += w.measured;
+        sample.completed += w.completed;
+        sample.errors += w.errors;
+    }
+    Ok(sample)
+}
+
+/// Opens `path` for reading with O_DIRECT, as std's `File` (aio-rs and the `pread` variants).
+pub fn open_direct(path: &std::path::Path) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(qd: usize) -> Job {
+        Job {
+            path: PathBuf::from("/nonexistent"),
+            blocks: 100,
+            bs: 4096,
+            qd,
+            ramp: Duration::ZERO,
+            secs: Duration::from_secs(60),
+            poll_max_ns: 0,
+            fdmon: Fdmon::Epoll,
+            uring_registered: false,
+        }
+    }
+
+    #[test]
+    fn offsets_are_whole_blocks_inside_the_target_and_differ_per_worker() {
+        let mut workers = job(2).workers();
+        let a: Vec<u64> = (0..1000).map(|_| workers[0].next_offset()).collect();
+        let b: Vec<u64> = (0..1000).map(|_| workers[1].next_offset()).collect();
+        assert!(a.iter().all(|o| o % 4096 == 0 && *o < 100 * 4096));
+        assert_ne!(a, b);
+        // Every variant gets the same sequence for the same worker.
+        let mut w = job(2).workers().remove(0);
+        let again: Vec<u64> = (0..1000).map(|_| w.next_offset()).collect();
+        assert_eq!(a, again);
+    }
+
+    #[test]
+    fn short_and_failed_reads_are_errors_not_measurements() {
+        let mut w = job(1).workers().remove(0);
+        let t = Instant::now();
+        w.record(t, &Ok(4096));
+        w.record(t, &Ok(512));
+        w.record(t, &Err(io::Error::other("EIO")));
+        assert_eq!((w.completed, w.measured, w.errors), (3, 1, 2));
+        assert_eq!(w.latency_ns.len(), 1);
+    }
+
+    #[test]
+    fn variant_names_round_trip() {
+        for v in Variant::ALL {
+            assert_eq!(Variant::from_name(v.name()), Some(v));
+        }
+        assert_eq!(Variant::from_name("io_uring"), None);
+    }
+}

@@ -1,0 +1,234 @@
+//! aio-rs's side: an `AioContext` on the calling thread over the job's fd monitor (epoll, an
+//! io_uring of its own, or one io_uring shared with the io_uring engine), adaptive polling as the job says, one engine attached, and the workers as engine futures (one spawned task per
+//! worker, the peers' shape), as per-request callbacks that submit the next read themselves,
+//! or as `pread` offloaded with `PoolContext::run_async`.
+
+use std::cell::{Cell, RefCell};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use aio_backend_epoll::EpollLoop;
+use aio_backend_linux_aio::{LinuxAio, LinuxAioConfig};
+use aio_backend_uring::{shared_ring, UringConfig, UringEngine, UringLoop, MAX_REGISTERED_BUFFERS};
+use aio_core::engine::{AlignedBuf, AttachedEngine, IoEngine, IoFile, Request, SubmitError};
+use aio_core::task::join_all;
+use aio_core::{AioContext, EventLoop, PollParams};
+use aio_pool::{PoolConfig, PoolContext, ThreadPool};
+
+use super::{open_direct, Fdmon, Job, Outcome, Variant, Worker};
+
+/// The io_uring engine's settings: the defaults, or with `--uring-registered` each file and
+/// each worker's buffer registered with the ring (`IORING_OP_READ_FIXED`, as glommio reads).
+fn uring_config(job: &Job) -> UringConfig {
+    let mut config = UringConfig::default();
+    if job.uring_registered {
+        config.register_files = true;
+        config.fixed_buffers = (job.qd as u32).min(MAX_REGISTERED_BUFFERS);
+    }
+    config
+}
+
+/// The Linux AIO engine, as configured by default.
+fn linux_aio() -> io::Result<LinuxAio> {
+    LinuxAio::new(LinuxAioConfig::default()).map_err(io::Error::other)
+}
+
+/// The thread pool, as configured by default (QEMU's limits: up to 64 threads).
+fn pool() -> io::Result<ThreadPool> {
+    ThreadPool::new(PoolConfig::default()).map_err(io::Error::other)
+}
+
+/// Runs one of aio-rs's variants (a peer's is refused as invalid input).
+pub fn run(variant: Variant, job: &Job) -> io::Result<Outcome> {
+    let uring_variant = matches!(variant, Variant::AioUringAsync | Variant::AioUringCallback);
+    match job.fdmon {
+        Fdmon::Epoll => run_on(variant, job, EpollLoop::new()?, None),
+        Fdmon::SharedRing if uring_variant => {
+            let (monitor, engine) = shared_ring(uring_config(job)).map_err(io::Error::other)?;
+            run_on(variant, job, monitor, Some(engine))
+        }
+        Fdmon::Uring | Fdmon::SharedRing => run_on(
+            variant,
+            job,
+            UringLoop::new().map_err(io::Error::other)?,
+            None,
+        ),
+    }
+}
+
+/// Runs `variant` (an aio-rs one) on a context over `monitor`; an io_uring variant uses
+/// `shared` if given (the engine on the monitor's ring).
+fn run_on<L: EventLoop + 'static>(
+    variant: Variant,
+    job: &Job,
+    monitor: L,
+    shared: Option<UringEngine>,
+) -> io::Result<Outcome> {
+    let ctx = AioContext::new(monitor)?;
+    // The job's polling limit, QEMU's IOThread rule otherwise.
+    ctx.set_poll_params(PollParams::iothread().with_max_ns(job.poll_max_ns));
+    let uring = || match shared {
+        Some(engine) => Ok(engine),
+        None => UringEngine::new(uring_config(job)).map_err(io::Error::other),
+    };
+    match variant {
+        Variant::AioUringAsync => futures(&ctx, job, uring()?),
+        Variant::AioUringCallback => callbacks(&ctx, job, uring()?),
+        Variant::AioLinuxAioAsync => futures(&ctx, job, linux_aio()?),
+        Variant::AioLinuxAioCallback => callbacks(&ctx, job, linux_aio()?),
+        Variant::AioPoolAsync => futures(&ctx, job, pool()?),
+        Variant::AioPoolRunAsync => pool_run_async(&ctx, job),
+        peer => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{peer} is not an aio-rs variant"),
+        )),
+    }
+}
+
+/// Engine futures: one task per worker, each awaiting `engine.read` in a loop.
+fn futures<L: EventLoop + 'static, E: IoEngine + 'static>(
+    ctx: &AioContext<L>,
+    job: &Job,
+    engine: E,
+) -> io::Result<Outcome> {
+    let file = IoFile::from(open_direct(&job.path)?);
+    let engine = ctx.attach_engine(engine, |_, _| {})?;
+    let bs = job.bs;
+    let tasks: Vec<_> = job
+        .workers()
+        .into_iter()
+        .map(|mut w| {
+            let (engine, file) = (engine.clone(), file.clone());
+            ctx.spawn(async move {
+                let mut buf = AlignedBuf::new(bs);
+                let mut t = Instant::now();
+                while w.running(t) {
+                    let (r, b) = engine.read(&file, w.next_offset(), buf).await;
+                    buf = b;
+                    t = w.record(t, &r);
+                }
+                w
+            })
+        })
+        .collect();
+    let mut workers = Vec::with_capacity(tasks.len());
+    for w in ctx.block_on(join_all(tasks)) {
+        workers.push(w.map_err(io::Error::other)?);
+    }
+    drop(engine);
+    Ok((workers, ctx.counters().named()))
+}
+
+/// What the callbacks share: the file, the workers, and the reads still in flight.
+struct Shared {
+    file: IoFile,
+    bs: usize,
+    workers: RefCell<Vec<Worker>>,
+    in_flight: Cell<usize>,
+}
+
+/// Submits worker `i`'s next read into `buf`, issued at `started`; its callback records it
+/// and submits the one after, until the worker's deadline.
+fn issue<L: EventLoop + 'static, E: IoEngine + 'static>(
+    engine: &AttachedEngine<L, E>,
+    shared: &Rc<Shared>,
+    i: usize,
+    buf: AlignedBuf,
+    started: Instant,
+) -> Result<(), SubmitError> {
+    let offset = shared.workers.borrow_mut()[i].next_offset();
+    let s = shared.clone();
+    let request = Request::read(&shared.file, offset, buf, i as u64);
+    engine.submit_with(request, move |_ctx, engine, c| {
+        let now = {
+            let mut workers = s.workers.borrow_mut();
+            let w = &mut workers[i];
+            let now = w.record(started, &c.result);
+            if !w.running(now) {
+                s.in_flight.set(s.in_flight.get() - 1);
+                return;
+            }
+            now
+        };
+        // A read's completion always carries its one buffer back.
+        let buf = c.buf.into_one().unwrap_or_else(|| AlignedBuf::new(s.bs));
+        if issue(engine, &s, i, buf, now).is_err() {
+            s.workers.borrow_mut()[i].errors += 1;
+            s.in_flight.set(s.in_flight.get() - 1);
+        }
+    })?;
+    Ok(())
+}
+
+/// Per-request callbacks: every worker's first read submitted in one batch, then each
+/// completion's callback submits that worker's next read (`submit_with` refill).
+fn callbacks<L: EventLoop + 'static, E: IoEngine + 'static>(
+    ctx: &AioContext<L>,
+    job: &Job,
+    engine: E,
+) -> io::Result<Outcome> {
+    let shared = Rc::new(Shared {
+        file: IoFile::from(open_direct(&job.path)?),
+        bs: job.bs,
+        workers: RefCell::new(job.workers()),
+        in_flight: Cell::new(0),
+    });
+    let engine = ctx.attach_engine(engine, |_, _| {})?;
+    engine.plug();
+    for i in 0..job.qd {
+        let sent = issue(&engine, &shared, i, AlignedBuf::new(job.bs), Instant::now());
+        if let Err(e) = sent {
+            engine.unplug();
+            return Err(io::Error::from(e));
+        }
+        shared.in_flight.set(shared.in_flight.get() + 1);
+    }
+    engine.unplug();
+    while shared.in_flight.get() > 0 {
+        ctx.poll(true);
+    }
+    drop(engine);
+    let workers = shared.workers.replace(Vec::new());
+    Ok((workers, ctx.counters().named()))
+}
+
+/// aio-rs's `spawn_blocking`: one task per worker, each read a `PoolContext::run_async`
+/// closure that `pread`s into a buffer it moves to a pool thread and back.
+fn pool_run_async<L: EventLoop + 'static>(ctx: &AioContext<L>, job: &Job) -> io::Result<Outcome> {
+    let file = Arc::new(open_direct(&job.path)?);
+    let pool = Rc::new(PoolContext::attach(ctx, pool()?, |_, _| {}).map_err(io::Error::other)?);
+    let bs = job.bs;
+    let tasks: Vec<_> = job
+        .workers()
+        .into_iter()
+        .map(|mut w| {
+            let (pool, file) = (pool.clone(), file.clone());
+            ctx.spawn(async move {
+                let mut buf = AlignedBuf::new(bs);
+                let mut t = Instant::now();
+                while w.running(t) {
+                    let (f, offset) = (file.clone(), w.next_offset());
+                    let done = pool
+                        .run_async(move || {
+                            let r = f.read_at(&mut buf, offset);
+                            (r, buf)
+                        })
+                        .await;
+                    let (r, b) = done?;
+                    buf = b;
+                    t = w.record(t, &r);
+                }
+                Ok::<Worker, io::Error>(w)
+            })
+        })
+        .collect();
+    let mut workers = Vec::with_capacity(tasks.len());
+    for w in ctx.block_on(join_all(tasks)) {
+        workers.push(w.map_err(io::Error::other)??);
+    }
+    drop(pool);
+    Ok((workers, ctx.counters().named()))
+}
