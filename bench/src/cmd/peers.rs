@@ -137,7 +137,7 @@ pub fn run(args: PeersArgs) -> Result<(), BenchError> {
         };
         for &qd in &args.qd {
             let job = Job {
-                path: image.path().to_path_buf(),
+                path: image.shared_path(),
                 blocks: image.size() / args.bs,
                 bs: args.bs as usize,
                 qd: qd as usize,
