@@ -1,6 +1,15 @@
 //! `--cpus`: a CPU list, and pinning the bench's threads to it as `taskset` would.
 //!
-//! This module owns the list's syntax and the affinity call only.
+//! This module owns the list's syntax, the placement rule and the affinity call only.
+//!
+//! The placement rule (`aio-bench matrix --cpus LIST --iothreads K`): the whole process is
+//! pinned to LIST, so the guest threads (and every thread not said otherwise) may run on any
+//! CPU of it; iothread `t` is then pinned to the one CPU `LIST[t % LIST.len()]`
+//! ([`iothread_cpu`]), and the threads its engine starts (the thread pool's workers, started
+//! on demand by the iothread) inherit that CPU, as QEMU's pool threads, started from their
+//! iothread, inherit its pinning. io_uring's kernel workers follow the cgroup's CPU set, not
+//! the pinning. With `--cpus 0,1` and K = 1, the iothread runs on CPU 0 and the guests on
+//! CPUs 0 and 1; with K = 2, the iothreads get a CPU each and the guests share both.
 
 use nix::sched::{sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
@@ -55,6 +64,12 @@ pub fn pin_to(cpus: &[usize]) -> Result<(), String> {
     Ok(())
 }
 
+/// The CPU iothread `t` is pinned to under the placement rule: `cpus[t % cpus.len()]`, or
+/// `None` (not pinned) when `cpus` is empty.
+pub fn iothread_cpu(cpus: &[usize], t: usize) -> Option<usize> {
+    (!cpus.is_empty()).then(|| cpus[t % cpus.len()])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -66,5 +81,12 @@ mod tests {
         assert!("3-1".parse::<CpuList>().unwrap_err().contains("'3-1'"));
         assert!("x".parse::<CpuList>().is_err());
         assert!("99999".parse::<CpuList>().is_err());
+    }
+
+    #[test]
+    fn iothreads_take_the_list_round_robin() {
+        let on: Vec<_> = (0..3).map(|t| iothread_cpu(&[2, 5], t)).collect();
+        assert_eq!(on, [Some(2), Some(5), Some(2)]);
+        assert_eq!(iothread_cpu(&[], 0), None);
     }
 }
