@@ -209,6 +209,10 @@ pub fn to_svg(spec: &MatrixSpec, cells: &[Cell]) -> Result<String, String> {
                 .map_err(|e| e.to_string())?;
             for (index, (label, points)) in series.into_iter().enumerate() {
                 let color = Palette99::pick(index).to_rgba();
+                // A marker per point, so that a line of one point shows too.
+                chart
+                    .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                    .map_err(|e| e.to_string())?;
                 chart
                     .draw_series(LineSeries::new(points, color.stroke_width(2)))
                     .map_err(|e| e.to_string())?
