@@ -1,5 +1,5 @@
 //! `aio-bench matrix`: the scsi-disk scaling matrix from the QEMU epoll discussion, 1..256 disks
-//! on one IOThread.
+//! on one IOThread, or spread over K (`--iothreads`).
 //!
 //! This module owns the subcommand's run: the matrix the flags ask for (the quick matrix,
 //! [`MatrixSpec::quick`], or with `--full` [`MatrixSpec::full`], each flag given applied), where the
