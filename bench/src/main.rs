@@ -226,13 +226,13 @@ struct MatrixArgs {
     /// for comparison. Reports say which path ran (`memory`: `guest` or `bounce`).
     #[arg(long)]
     bounce: bool,
-    /// Run the bench on these CPUs (`0`, `0,1`, `0-3`), as `taskset` would: the guests (and
-    /// every other thread) may run on any CPU of the list; iothread t (of K) is pinned to the
-    /// list's CPU number t mod len (with `0,1`: iothread0 on CPU 0, iothread1 on CPU 1; with
-    /// K = 1 the one iothread on CPU 0, the guests on 0 and 1), and the thread pool's workers
-    /// run on the CPU of the iothread that started them. On a small VM, `--cpus 0` keeps the
-    /// scheduler from moving the guest and the iothread between vCPUs, the largest source of
-    /// noise.
+    /// Run the bench on these CPUs (`0`, `0,1`, `0-3`), as `taskset` would. Iothread t (of K)
+    /// is pinned to the list's CPU number t mod len, and the thread pool's workers run on the
+    /// CPU of the iothread that started them; the guests run on the CPUs of the list no
+    /// iothread has, or on the whole list if the iothreads take all of it. With `0,1`: K = 1
+    /// puts the iothread on CPU 0 and the guests on CPU 1, K = 2 the iothreads on CPUs 0 and 1
+    /// and the guests on both. On a small VM, `--cpus 0` keeps the scheduler from moving the
+    /// guest and the iothread between vCPUs, the largest source of noise.
     #[arg(long)]
     cpus: Option<CpuList>,
     /// Iothread counts, comma-separated (1..=64; default 1): each cell runs with K iothreads,

@@ -35,7 +35,7 @@ mod run;
 
 use std::collections::VecDeque;
 use std::io;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -71,6 +71,8 @@ struct Virtqueue {
     doorbell: Notifier,
     used: Mutex<Vec<UsedEntry>>,
     interrupt: Notifier,
+    /// Interrupts raised (one per completion).
+    interrupts: AtomicU64,
 }
 
 impl Virtqueue {
@@ -81,6 +83,7 @@ impl Virtqueue {
             doorbell: Notifier::new()?,
             used: Mutex::new(Vec::new()),
             interrupt: Notifier::new()?,
+            interrupts: AtomicU64::new(0),
         })
     }
 
@@ -97,6 +100,7 @@ impl Virtqueue {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(entry);
+        self.interrupts.fetch_add(1, Ordering::Relaxed);
         let _ = self.interrupt.notify();
     }
 
@@ -205,6 +209,11 @@ pub struct CellResult {
     pub per_iothread: Vec<IothreadFigures>,
     /// The guest threads' CPU time, added up, s.
     pub guest_cpu_s: f64,
+    /// Interrupts the iothreads raised (one per completed request: each is an eventfd write).
+    pub interrupts: u64,
+    /// Times a guest waited for an interrupt (a `poll(2)` on its queues' interrupts; each
+    /// usually a sleep and a wake-up).
+    pub guest_waits: u64,
     /// Requests that failed.
     pub errors: u64,
     /// With verify: reads checked.
@@ -231,6 +240,8 @@ impl CellResult {
             iothread_cpu_s: per_iothread.iter().map(|t| t.cpu_s).sum(),
             per_iothread,
             guest_cpu_s: 0.0,
+            interrupts: 0,
+            guest_waits: 0,
             errors: 0,
             verified_reads: 0,
             verify_errors: 0,
@@ -245,6 +256,7 @@ impl CellResult {
         self.errors += s.errors;
         let _ = self.latency_ns.add(&s.hist);
         self.guest_cpu_s += s.cpu_s;
+        self.guest_waits += s.waits;
         self.verified_reads += s.verified_reads;
         self.verify_errors += s.verify_errors;
         self.verify_reports.extend(s.verify_reports);
@@ -273,8 +285,8 @@ where
 /// `build(t)` makes iothread `t`'s monitor and engine on that thread (so `!Send` ones work),
 /// and the queues are spread over them by [`iothread_of`]. With `cpus` non-empty, iothread `t`
 /// is pinned to CPU `cpus[t % cpus.len()]` ([`crate::cpus::iothread_cpu`]) before it builds
-/// anything, so the threads its engine starts later (the pool's workers) run there too; the
-/// guests run wherever the calling thread may.
+/// anything, so the threads its engine starts later (the pool's workers) run there too, and
+/// the guests to the CPUs the iothreads leave ([`crate::cpus::guest_cpus`]).
 pub fn run_cell_on_iothreads<L, E, B>(
     build: B,
     images: &[DiskImage],

@@ -189,8 +189,7 @@ fn header(args: &MatrixArgs, spec: &MatrixSpec, place: &str) -> String {
         args.cpus
             .as_ref()
             .map(|c| format!(
-                "; on CPUs {:?}, iothread t on CPU {:?}[t mod {}]",
-                c.0,
+                "; on CPUs {:?} (iothread t on the list's CPU t mod {}, guests on those left)",
                 c.0,
                 c.0.len()
             ))

@@ -79,7 +79,7 @@ fn per_iothread_cpu(c: &Cell) -> String {
 /// in one column, `;`-separated).
 pub fn to_csv(spec: &MatrixSpec, cells: &[Cell]) -> String {
     let mut out = String::from(
-        "fdmon,engine,disks,active,workload,bs,iodepth,memory,iothreads,queues,mb_s,iops,lat_us_mean,lat_us_p50,lat_us_p99,lat_us_p999,iothread_cpu_s,iothread_cpu_s_each,guest_cpu_s,iterations,blocking_waits,notifier_writes,poll_hits,busy_poll_ns,errors\n",
+        "fdmon,engine,disks,active,workload,bs,iodepth,memory,iothreads,queues,mb_s,iops,lat_us_mean,lat_us_p50,lat_us_p99,lat_us_p999,iothread_cpu_s,iothread_cpu_s_each,guest_cpu_s,interrupts,guest_waits,iterations,blocking_waits,notifier_writes,poll_hits,busy_poll_ns,errors\n",
     );
     for c in cells {
         let h = &c.result.latency_ns;
@@ -87,7 +87,7 @@ pub fn to_csv(spec: &MatrixSpec, cells: &[Cell]) -> String {
         let k = &c.result.counters;
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{},{:.3},{:.1},{:.2},{:.2},{:.2},{:.2},{:.4},{},{:.4},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{:.3},{:.1},{:.2},{:.2},{:.2},{:.2},{:.4},{},{:.4},{},{},{},{},{},{},{},{}",
             c.fdmon.name(),
             c.engine.name(),
             c.disks,
@@ -107,6 +107,8 @@ pub fn to_csv(spec: &MatrixSpec, cells: &[Cell]) -> String {
             c.result.iothread_cpu_s,
             per_iothread_cpu(c),
             c.result.guest_cpu_s,
+            c.result.interrupts,
+            c.result.guest_waits,
             k.iterations,
             k.blocking_waits,
             k.notifier_writes,
@@ -263,6 +265,8 @@ pub fn to_json(spec: &MatrixSpec, cells: &[Cell]) -> serde_json::Value {
                 "lat_us": {"mean": h.mean() / 1000.0, "p50": us(0.5), "p99": us(0.99), "p999": us(0.999)},
                 "iothread_cpu_s": c.result.iothread_cpu_s,
                 "guest_cpu_s": c.result.guest_cpu_s,
+                "interrupts": c.result.interrupts,
+                "guest_waits": c.result.guest_waits,
                 "per_iothread": c.result.per_iothread.iter().map(|t| json!({
                     "queues": t.queues,
                     "cpu_s": t.cpu_s,

@@ -52,6 +52,8 @@ pub(super) struct GuestStats {
     pub(super) verify_reports: Vec<String>,
     /// The guest thread's CPU time, s.
     pub(super) cpu_s: f64,
+    /// Waits for an interrupt.
+    pub(super) waits: u64,
 }
 
 /// Counts a guest as finished and wakes the iothread that waits for it (if any) when dropped:
@@ -83,9 +85,18 @@ impl Drop for GuestDone {
     }
 }
 
+/// Where a guest runs and what it reports to: the CPUs it is pinned to (empty: where its
+/// parent runs) and the count of finished guests.
+pub(super) struct GuestPlace {
+    /// CPUs to pin the guest thread to (empty: not pinned).
+    pub(super) cpus: Vec<usize>,
+    /// Counts the guest finished.
+    pub(super) done: GuestDone,
+}
+
 /// Starts the guest of disk `disk` (`blocks` blocks of `spec.bs`) on the disk's virtqueues
-/// `vqs` with its slots in `ram`, checking reads against `ledger` with verify; `done` counts
-/// it finished.
+/// `vqs` with its slots in `ram`, checking reads against `ledger` with verify; it runs on
+/// `place.cpus`, and `place.done` counts it finished.
 pub(super) fn spawn(
     vqs: Vec<Arc<Virtqueue>>,
     ram: Arc<GuestRam>,
@@ -93,13 +104,18 @@ pub(super) fn spawn(
     disk: usize,
     blocks: u64,
     ledger: Option<Arc<Mutex<Ledger>>>,
-    done: GuestDone,
+    place: GuestPlace,
 ) -> io::Result<JoinHandle<GuestStats>> {
     std::thread::Builder::new()
         .name(format!("guest-{disk}"))
         .spawn(move || {
             // Dropped last: the guest counts as finished once everything else is let go.
-            let _done = done;
+            let _done = place.done;
+            if !place.cpus.is_empty() {
+                // The CPUs were checked when the process was pinned to their list; a refusal
+                // leaves the guest where its parent runs.
+                let _ = crate::cpus::pin_to(&place.cpus);
+            }
             // This guest is the disk's only writer while the cell runs.
             let mut ledger = ledger
                 .as_ref()
@@ -190,6 +206,7 @@ impl<'a> Guest<'a> {
                 verify_errors: 0,
                 verify_reports: Vec::new(),
                 cpu_s: 0.0,
+                waits: 0,
             },
         }
     }
@@ -205,6 +222,7 @@ impl<'a> Guest<'a> {
                 break;
             }
             self.wait_for_interrupt();
+            self.stats.waits += 1;
             let now = Instant::now();
             for q in 0..self.vqs.len() {
                 for entry in self.vqs[q].take_used() {

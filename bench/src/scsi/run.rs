@@ -13,7 +13,7 @@ use std::thread::JoinHandle;
 
 use aio_core::{AioContext, EventLoop, IoEngine, IoThread, NotifyHandle};
 
-use super::guest::{self, GuestDone, GuestStats};
+use super::guest::{self, GuestDone, GuestPlace, GuestStats};
 use super::host::{QueuePlace, Station};
 use super::memory::GuestRam;
 use super::{check, iothread_of, CellResult, CellSpec, IothreadFigures, Virtqueue};
@@ -75,15 +75,23 @@ impl<'a> Rig<'a> {
         places
     }
 
-    /// A guest thread per active disk; each wakes `wake` (if any) when it finishes.
-    fn spawn_guests(&self, wake: Option<NotifyHandle>) -> io::Result<Vec<JoinHandle<GuestStats>>> {
+    /// A guest thread per active disk, pinned to `cpus` (empty: not pinned); each wakes `wake`
+    /// (if any) when it finishes.
+    fn spawn_guests(
+        &self,
+        cpus: &[usize],
+        wake: Option<NotifyHandle>,
+    ) -> io::Result<Vec<JoinHandle<GuestStats>>> {
         let spec = self.spec;
         (0..spec.active)
             .map(|disk| {
                 let image = &self.images[disk];
                 let blocks = image.size() / spec.bs as u64;
                 let ledger = spec.verify.then(|| image.ledger().cloned()).flatten();
-                let done = GuestDone::new(self.finished.clone(), wake.clone());
+                let place = GuestPlace {
+                    cpus: cpus.to_vec(),
+                    done: GuestDone::new(self.finished.clone(), wake.clone()),
+                };
                 guest::spawn(
                     self.queues[disk].clone(),
                     self.ram.clone(),
@@ -91,7 +99,7 @@ impl<'a> Rig<'a> {
                     disk,
                     blocks.max(1),
                     ledger,
-                    done,
+                    place,
                 )
             })
             .collect()
@@ -114,6 +122,12 @@ impl<'a> Rig<'a> {
         for g in guests {
             result.add(g);
         }
+        result.interrupts = self
+            .queues
+            .iter()
+            .flatten()
+            .map(|vq| vq.interrupts.load(Ordering::Relaxed))
+            .sum();
         result
     }
 }
@@ -144,7 +158,7 @@ where
     let rig = Rig::new(images, spec)?;
     let ctx = AioContext::new(monitor)?;
     let station = Station::set_up(&ctx, engine, &spec, &rig.ram, rig.places(0))?;
-    let guests = rig.spawn_guests(Some(ctx.notify_handle()))?;
+    let guests = rig.spawn_guests(&[], Some(ctx.notify_handle()))?;
     // Drive: the loop, until every guest is done (each wakes it as it finishes).
     let cpu0 = thread_cpu_seconds();
     while rig.finished.load(Ordering::Acquire) < spec.active {
@@ -199,7 +213,8 @@ where
         .collect::<Result<Vec<f64>, _>>()
         .map_err(io::Error::from)?;
     // Drive: the iothreads run their loops; the guests run until their deadline.
-    let stats = Rig::join(rig.spawn_guests(None)?)?;
+    let guest_cpus = crate::cpus::guest_cpus(cpus, spec.iothreads);
+    let stats = Rig::join(rig.spawn_guests(&guest_cpus, None)?)?;
     let mut per_iothread = Vec::with_capacity(iothreads.len());
     for (t, c0) in iothreads.iter().zip(cpu0) {
         let figures = t
