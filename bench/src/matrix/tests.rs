@@ -206,6 +206,8 @@ fn two_iothreads_verify_sixteen_disks_on_every_engine() {
                 c.engine
             );
         }
+        // One interrupt per completed request (those of the ramp too), and guests that waited.
+        assert!(r.interrupts >= r.ios && r.guest_waits > 0, "{r:?}");
         let merged: u64 = r
             .per_iothread
             .iter()
