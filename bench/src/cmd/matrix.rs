@@ -89,6 +89,7 @@ fn spec(args: &MatrixArgs) -> MatrixSpec {
                 MemoryPath::Guest
             },
             queues: args.queues as usize,
+            batch_interrupts: args.batch_interrupts,
             ..base.cell
         },
         disk_size: args.disk_size,
@@ -169,13 +170,18 @@ impl Disks {
 /// The line on stderr that says what the matrix runs, and where.
 fn header(args: &MatrixArgs, spec: &MatrixSpec, place: &str) -> String {
     format!(
-        "matrix: fdmon {:?} x engine {:?} x disks {:?} x workloads {:?} x iothreads {:?}; {} queue(s) per disk; bs {} iodepth {} active {} runtime {:?}; {} memory{}{}; {}",
+        "matrix: fdmon {:?} x engine {:?} x disks {:?} x workloads {:?} x iothreads {:?}; {} queue(s) per disk, interrupts {}; bs {} iodepth {} active {} runtime {:?}; {} memory{}{}; {}",
         spec.fdmons.iter().map(|k| k.name()).collect::<Vec<_>>(),
         spec.engines.iter().map(|k| k.name()).collect::<Vec<_>>(),
         spec.disks,
         spec.workloads.iter().map(|w| w.name()).collect::<Vec<_>>(),
         spec.iothreads,
         spec.cell.queues,
+        if spec.cell.batch_interrupts {
+            "per batch"
+        } else {
+            "per request"
+        },
         args.bs,
         args.iodepth,
         args.active,
@@ -319,6 +325,9 @@ mod tests {
             "0-1",
         ]);
         assert_eq!((s.iothreads, s.cell.queues), (vec![1, 2], 4));
+        assert!(!s.cell.batch_interrupts);
+        let s = spec_of(&["aio-bench", "matrix", "--batch-interrupts"]);
+        assert!(s.cell.batch_interrupts);
         assert_eq!((s.cell.iothreads, s.cpus), (1, vec![0, 1]));
     }
 }

@@ -74,7 +74,7 @@ fn a_small_matrix_runs_every_cell_and_reports_it() {
     let csv = to_csv(&spec, &cells);
     assert_eq!(csv.lines().count(), 9, "a header and a row per cell");
     assert!(csv.starts_with(
-        "fdmon,engine,disks,active,workload,bs,iodepth,memory,iothreads,queues,mb_s,iops"
+        "fdmon,engine,disks,active,workload,bs,iodepth,memory,iothreads,queues,batch_interrupts,mb_s,iops"
     ));
     assert!(csv.lines().nth(1).unwrap().contains(",guest,"), "{csv}");
     let json = to_json(&spec, &cells);
@@ -138,7 +138,7 @@ fn threaded(
     engines: &[EngineKind],
     disks: usize,
     (iothreads, queues): (Vec<usize>, usize),
-    memory: crate::scsi::MemoryPath,
+    (memory, batch_interrupts): (crate::scsi::MemoryPath, bool),
 ) -> (MatrixSpec, Vec<Cell>) {
     let engines: Vec<EngineKind> = engines
         .iter()
@@ -160,6 +160,7 @@ fn threaded(
             verify: true,
             queues,
             memory,
+            batch_interrupts,
             ..quick.cell
         },
         disk_size: 1 << 20,
@@ -188,7 +189,7 @@ fn two_iothreads_verify_sixteen_disks_on_every_engine() {
         &EngineKind::ALL,
         16,
         (vec![2], 1),
-        crate::scsi::MemoryPath::Guest,
+        (crate::scsi::MemoryPath::Guest, false),
     );
     assert_eq!(cells.len(), spec.engines.len());
     for c in &cells {
@@ -219,8 +220,8 @@ fn two_iothreads_verify_sixteen_disks_on_every_engine() {
 
 /// Several queues per disk, spread over three iothreads, and a list of iothread counts: every
 /// count runs, verified on the copy path (each queue has its own bounce buffers, since a
-/// slot's requests come on any queue), and K and Q are in the table, the CSV, the JSON and
-/// the SVG.
+/// slot's requests come on any queue) with interrupts per batch, and K and Q are in the table,
+/// the CSV, the JSON and the SVG.
 #[test]
 #[cfg(all(feature = "epoll", feature = "linux-aio"))]
 fn queues_and_iothread_lists_run_verified_and_are_reported() {
@@ -229,7 +230,7 @@ fn queues_and_iothread_lists_run_verified_and_are_reported() {
         &[EngineKind::LinuxAio],
         2,
         (vec![1, 3], 3),
-        crate::scsi::MemoryPath::Bounce,
+        (crate::scsi::MemoryPath::Bounce, true),
     );
     if spec.engines.is_empty() {
         return;
@@ -249,6 +250,8 @@ fn queues_and_iothread_lists_run_verified_and_are_reported() {
         };
         assert_eq!(served, expect);
         assert_eq!(c.rounds_mb_s.len(), 1);
+        // Interrupts per batch: the guests got every completion, with interrupts to spare.
+        assert!(r.interrupts > 0 && r.guest_waits > 0, "{r:?}");
     }
     let csv = to_csv(&spec, &cells);
     let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
@@ -272,9 +275,10 @@ fn queues_and_iothread_lists_run_verified_and_are_reported() {
     assert!(json["cells"][1]["per_iothread"][0]["counters"]["iterations"].is_u64());
     let table = table(&spec, &cells);
     assert!(
-        table.contains("3 queues per disk") && table.contains("iothreads"),
+        table.contains("3 queues per disk, interrupts per batch") && table.contains("iothreads"),
         "{table}"
     );
+    assert_eq!(json["cells"][0]["batch_interrupts"], true);
     let svg = to_svg(&spec, &cells).unwrap();
     assert!(svg.contains("MB/s vs iothreads") && svg.contains("MB/s vs disks"));
 }

@@ -3,10 +3,12 @@
 //! This module owns what runs on one iothread: [`Station`] sets the iothread's context up (its
 //! polling, the engine attached, a doorbell handler per virtqueue it serves) and takes it down
 //! again; [`HostQueue`] takes a virtqueue's requests into the engine, pointing into guest RAM
-//! (or, with `--bounce`, through its own buffers), and puts each completion on the used ring.
-//! It never starts a thread: `scsi/run.rs` decides which thread a station lives on.
+//! (or, with `--bounce`, through its own buffers), and puts each completion on the used ring,
+//! raising the queue's interrupt at once or, with `--batch-interrupts`, once per batch of
+//! completions ([`IrqBatch`]). It never starts a thread: `scsi/run.rs` decides which thread a
+//! station lives on.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::io;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -15,7 +17,7 @@ use std::sync::Arc;
 use aio_core::engine::{
     AlignedBuf, AttachedEngine, Completion, GuestIovecs, IoBuffers, IoEngine, IoFile, Request,
 };
-use aio_core::{AioContext, EventLoop, FdHandler, PollParams};
+use aio_core::{AioContext, BottomHalf, EventLoop, FdHandler, PollParams};
 
 use super::memory::GuestRam;
 use super::{CellSpec, GuestRequest, MemoryPath, UsedEntry, Virtqueue};
@@ -49,6 +51,10 @@ struct HostQueue {
     /// Each queue has its own: a slot's request may come on any of the disk's queues, and
     /// they may be on different iothreads.
     bounce: RefCell<Vec<Option<AlignedBuf>>>,
+    /// With `--batch-interrupts`, where its interrupts wait for the end of the batch.
+    irq_batch: Option<Rc<IrqBatch>>,
+    /// Whether an interrupt of this queue waits in `irq_batch`.
+    irq_pending: Cell<bool>,
 }
 
 impl HostQueue {
@@ -123,14 +129,20 @@ impl HostQueue {
 
     /// A request's completion: the slot's memory back (with `--bounce`, a read's data copied
     /// into guest RAM), then the used ring and the interrupt.
-    fn complete(&self, slot: u32, write: bool, c: Completion) {
+    fn complete(self: &Rc<Self>, slot: u32, write: bool, c: Completion) {
         let result = match &c.result {
             Ok(n) => *n as i64,
             Err(e) => -(e.raw_os_error().unwrap_or(libc::EIO) as i64),
         };
         let copy_in = if write { 0 } else { result.max(0) as usize };
         self.take_back(slot, copy_in, c.buf);
-        self.vq.push_used(UsedEntry { slot, result });
+        match &self.irq_batch {
+            None => self.vq.push_used(UsedEntry { slot, result }),
+            Some(batch) => {
+                self.vq.push_used_quietly(UsedEntry { slot, result });
+                batch.hold(self);
+            }
+        }
     }
 
     /// Takes a request's memory back: guest iovecs are dropped (the engine is done with the
@@ -149,18 +161,67 @@ impl HostQueue {
     }
 }
 
+/// Interrupts held back until the end of a batch of completions (`--batch-interrupts`): the
+/// first completion of a queue in a batch lists the queue and schedules a bottom half, which
+/// raises each listed queue's interrupt once, after every completion the loop delivered in
+/// that iteration is on the used rings. QEMU's virtio-blk dataplane coalesced its interrupts
+/// with such a bottom half (its notify BH), and QEMU now defers `virtio_notify_irqfd()` with
+/// `defer_call()` to the end of the engine's completion processing; without this, each
+/// completion is an eventfd write, and the first one wakes the guest before the rest of the
+/// batch is there.
+struct IrqBatch {
+    pending: RefCell<Vec<Rc<HostQueue>>>,
+    bh: BottomHalf,
+}
+
+impl IrqBatch {
+    /// A batch whose bottom half is in `ctx`.
+    fn new<L: EventLoop + 'static>(ctx: &AioContext<L>) -> Rc<IrqBatch> {
+        Rc::new_cyclic(|me: &std::rc::Weak<IrqBatch>| {
+            let me = me.clone();
+            IrqBatch {
+                pending: RefCell::new(Vec::new()),
+                bh: ctx.bh_new(move |_| {
+                    if let Some(batch) = me.upgrade() {
+                        batch.flush();
+                    }
+                }),
+            }
+        })
+    }
+
+    /// Holds `queue`'s interrupt until the batch ends (once per queue and batch).
+    fn hold(&self, queue: &Rc<HostQueue>) {
+        if !queue.irq_pending.replace(true) {
+            self.pending.borrow_mut().push(queue.clone());
+            self.bh.schedule();
+        }
+    }
+
+    /// Raises every held interrupt.
+    fn flush(&self) {
+        let held = std::mem::take(&mut *self.pending.borrow_mut());
+        for queue in held {
+            queue.irq_pending.set(false);
+            queue.vq.raise_interrupt();
+        }
+    }
+}
+
 /// What one iothread serves: its engine, attached to its context, and the virtqueues whose
 /// doorbells are registered there. The context owns the engine (and the handlers their
 /// queues): the guest RAM the requests point into must outlive the context.
 pub(super) struct Station<L: EventLoop + 'static, E: IoEngine + 'static> {
     _engine: Rc<AttachedEngine<L, E>>,
     queues: Vec<Arc<Virtqueue>>,
+    irq_batch: Option<Rc<IrqBatch>>,
 }
 
 impl<L: EventLoop + 'static, E: IoEngine + 'static> Station<L, E> {
     /// Sets `ctx` up for the cell: its polling (`spec.poll_max_ns`, `spec.poll_idle`),
-    /// `engine` attached, and a doorbell handler for each queue of `places`, its requests
-    /// pointing into `ram`.
+    /// `engine` attached, a doorbell handler for each queue of `places`, its requests pointing
+    /// into `ram`, and with `spec.batch_interrupts` the bottom half that raises the interrupts
+    /// of a batch.
     pub(super) fn set_up(
         ctx: &AioContext<L>,
         engine: E,
@@ -173,13 +234,15 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Station<L, E> {
         // Every request is submitted with its own completion (`HostQueue::complete`).
         let engine = Rc::new(ctx.attach_engine(engine, |_, _| {})?);
         let mut queues = Vec::with_capacity(places.len());
+        let irq_batch = spec.batch_interrupts.then(|| IrqBatch::new(ctx));
         for place in places {
             queues.push(place.vq.clone());
-            register_doorbell(ctx, &engine, spec, ram, place)?;
+            register_doorbell(ctx, &engine, spec, ram, place, irq_batch.clone())?;
         }
         Ok(Station {
             _engine: engine,
             queues,
+            irq_batch,
         })
     }
 
@@ -188,10 +251,15 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Station<L, E> {
         self.queues.len()
     }
 
-    /// Deregisters every doorbell (the guests are done).
+    /// Deregisters every doorbell and deletes the interrupts' bottom half (the guests are
+    /// done).
     pub(super) fn tear_down(&self, ctx: &AioContext<L>) {
         for vq in &self.queues {
             let _ = ctx.remove_fd_handler(&vq.doorbell);
+        }
+        if let Some(batch) = &self.irq_batch {
+            batch.flush();
+            batch.bh.delete();
         }
     }
 }
@@ -204,6 +272,7 @@ fn register_doorbell<L: EventLoop + 'static, E: IoEngine + 'static>(
     spec: &CellSpec,
     ram: &Arc<GuestRam>,
     place: QueuePlace,
+    irq_batch: Option<Rc<IrqBatch>>,
 ) -> io::Result<()> {
     let bounce = (0..spec.iodepth)
         .filter(|_| place.driven && spec.memory == MemoryPath::Bounce)
@@ -218,6 +287,8 @@ fn register_doorbell<L: EventLoop + 'static, E: IoEngine + 'static>(
         ram: ram.clone(),
         memory: spec.memory,
         bounce: RefCell::new(bounce),
+        irq_batch,
+        irq_pending: Cell::new(false),
     });
     let engine = engine.clone();
     let process = Rc::new(move || host.process(&engine));
