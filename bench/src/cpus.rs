@@ -1,6 +1,22 @@
 //! `--cpus`: a CPU list, and pinning the bench's threads to it as `taskset` would.
 //!
-//! This module owns the list's syntax and the affinity call only.
+//! This module owns the list's syntax, the placement rule and the affinity call only.
+//!
+//! The placement rule (`aio-bench matrix --cpus LIST --iothreads K`), as one would place a
+//! VMM's threads: the iothreads get dedicated CPUs, the guests (the vCPUs) the rest.
+//!
+//! * Iothread `t` is pinned to the one CPU `LIST[t % LIST.len()]` ([`iothread_cpu`]): the
+//!   first K CPUs of the list, round-robin when the list is shorter. The threads its engine
+//!   starts (the thread pool's workers, started on demand by the iothread) inherit that CPU,
+//!   as QEMU's pool threads, started from their iothread, inherit its pinning; io_uring's
+//!   kernel workers follow the cgroup's CPU set instead.
+//! * The guest threads run on the CPUs of the list that no iothread has, or on the whole list
+//!   when the iothreads take all of it ([`guest_cpus`]).
+//!
+//! With `--cpus 0,1`: K = 1 puts the iothread on CPU 0 and the guests on CPU 1; K = 2 puts the
+//! iothreads on CPUs 0 and 1 and the guests on both. With `--cpus 0-63 --iothreads 8`: the
+//! iothreads on CPUs 0 to 7, the guests on 8 to 63. Anything else the process runs (the
+//! main thread) stays on the whole list.
 
 use nix::sched::{sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
@@ -55,6 +71,31 @@ pub fn pin_to(cpus: &[usize]) -> Result<(), String> {
     Ok(())
 }
 
+/// The CPU iothread `t` is pinned to under the placement rule: `cpus[t % cpus.len()]`, or
+/// `None` (not pinned) when `cpus` is empty.
+pub fn iothread_cpu(cpus: &[usize], t: usize) -> Option<usize> {
+    (!cpus.is_empty()).then(|| cpus[t % cpus.len()])
+}
+
+/// The CPUs the guest threads run on with `iothreads` iothreads under the placement rule:
+/// those of `cpus` no iothread is pinned to, or all of `cpus` if the iothreads take every one
+/// (empty when `cpus` is: not pinned).
+pub fn guest_cpus(cpus: &[usize], iothreads: usize) -> Vec<usize> {
+    let taken: Vec<usize> = (0..iothreads.min(cpus.len()))
+        .filter_map(|t| iothread_cpu(cpus, t))
+        .collect();
+    let left: Vec<usize> = cpus
+        .iter()
+        .copied()
+        .filter(|c| !taken.contains(c))
+        .collect();
+    if left.is_empty() {
+        cpus.to_vec()
+    } else {
+        left
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -66,5 +107,18 @@ mod tests {
         assert!("3-1".parse::<CpuList>().unwrap_err().contains("'3-1'"));
         assert!("x".parse::<CpuList>().is_err());
         assert!("99999".parse::<CpuList>().is_err());
+    }
+
+    #[test]
+    fn iothreads_take_the_list_round_robin() {
+        let on: Vec<_> = (0..3).map(|t| iothread_cpu(&[2, 5], t)).collect();
+        assert_eq!(on, [Some(2), Some(5), Some(2)]);
+        assert_eq!(iothread_cpu(&[], 0), None);
+        // The guests get what the iothreads leave, or everything.
+        assert_eq!(guest_cpus(&[0, 1], 1), [1]);
+        assert_eq!(guest_cpus(&[0, 1], 2), [0, 1]);
+        assert_eq!(guest_cpus(&[0, 1], 3), [0, 1]);
+        assert_eq!(guest_cpus(&[0, 1, 2, 3], 2), [2, 3]);
+        assert!(guest_cpus(&[], 2).is_empty());
     }
 }

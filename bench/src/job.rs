@@ -189,6 +189,8 @@ pub(crate) fn latency_histogram() -> Histogram<u64> {
 struct Generator {
     spec: JobSpec,
     file: IoFile,
+    /// The first byte of the job's region of `file`.
+    base: u64,
     offsets: OffsetStream,
     /// Per slot: when its request was issued and which way it goes.
     started: Vec<(Instant, Direction)>,
@@ -217,7 +219,7 @@ impl Generator {
             return None;
         }
         let block = self.offsets.next_block();
-        let offset = self.offsets.offset(block);
+        let offset = self.base + self.offsets.offset(block);
         self.issued_bytes += self.spec.bs as u64;
         let dir = self.offsets.next_direction();
         self.started[slot] = (Instant::now(), dir);
@@ -322,7 +324,7 @@ fn on_complete<L, E>(
 /// [`Routed`](aio_core::engine::Routed): see [`crate::engines::EngineKind::build_for`]).
 pub fn run_job<L, E>(
     monitor: L,
-    mut engine: E,
+    engine: E,
     file: &IoFile,
     file_size: u64,
     spec: JobSpec,
@@ -331,12 +333,29 @@ where
     L: EventLoop + 'static,
     E: IoEngine + 'static,
 {
-    let blocks = file_size / spec.bs as u64;
+    run_job_in(monitor, engine, file, 0..file_size, spec)
+}
+
+/// As [`run_job`], on the bytes `region` of `file` only: every offset falls in it (one of
+/// several iothreads sharing a job, each in its own region: `iothreads=` in job files).
+pub fn run_job_in<L, E>(
+    monitor: L,
+    mut engine: E,
+    file: &IoFile,
+    region: std::ops::Range<u64>,
+    spec: JobSpec,
+) -> std::io::Result<JobResult>
+where
+    L: EventLoop + 'static,
+    E: IoEngine + 'static,
+{
+    let region_size = region.end.saturating_sub(region.start);
+    let blocks = region_size / spec.bs as u64;
     if blocks == 0 {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
             format!(
-                "the file ({file_size} bytes) is smaller than one block ({} bytes)",
+                "the file's region ({region_size} bytes) is smaller than one block ({} bytes)",
                 spec.bs
             ),
         ));
@@ -364,6 +383,7 @@ where
     let generator = Rc::new(RefCell::new(Generator {
         spec,
         file: file.clone(),
+        base: region.start,
         offsets: OffsetStream::new(
             spec.pattern,
             spec.rwmixread,

@@ -20,10 +20,12 @@
 //! device gets `BLKDISCARD`). fio has no write-zeroes mode, so neither has this grammar.
 //! `sync=1` (also `sync` and `dsync`) makes every write a FUA write (`RWF_DSYNC`).
 //!
-//! This project adds five keys: `fdmon=` (an fd monitor, or `auto`), `disks=` (fd-monitored
-//! idle disks next to the job's file, as in the matrix), `poll_max_ns=`, `poll_rule=`
-//! (`recovering`, the default, or `qemu`: how the polling window adapts) and `uring_taskrun=`
-//! (io_uring's task-work mode: `auto`, `signal`, `coop` or `defer`). Of fio's
+//! This project adds six keys: `fdmon=` (an fd monitor, or `auto`), `disks=` (fd-monitored
+//! idle disks next to the job's file, as in the matrix), `iothreads=` (the job's requests
+//! shared by that many iothreads, each with its own loop and engine: see [`JobDef::iothreads`]),
+//! `poll_max_ns=`, `poll_rule=` (`recovering`, the default, or `qemu`: how the polling window
+//! adapts) and `uring_taskrun=` (io_uring's task-work mode: `auto`, `signal`, `coop` or
+//! `defer`). Of fio's
 //! engine-specific options it takes io_uring's `registerfiles` and `fixedbufs`.
 
 use std::path::{Path, PathBuf};
@@ -86,6 +88,15 @@ pub struct JobDef {
     pub fdmon: MonitorChoice,
     /// `disks=` (default 1: the job's file only).
     pub disks: u64,
+    /// `iothreads=` (default 1, at most `iodepth`): each clone of the job runs on this many
+    /// iothreads, each a thread with its own loop and engine, as a VMM spreads one disk's
+    /// queues over several iothreads. Iothread `t` keeps its share of `iodepth` in flight
+    /// (`iodepth / iothreads`, one more for the first `iodepth % iothreads`) in its own
+    /// `1 / iothreads` region of the file (without `time_based`, it does that region's bytes:
+    /// the clone does `size` in all), and registers the idle disks `i` (of `disks=`) with
+    /// `i % iothreads == t`. The figures of all iothreads are reported together, as clones
+    /// are.
+    pub iothreads: u64,
     /// `poll_max_ns=` (default 32768, QEMU's IOThread default).
     pub poll_max_ns: u64,
     /// `poll_rule=` (`recovering`, the default, or `qemu`).
@@ -128,6 +139,7 @@ impl JobDef {
             engine: EngineKind::Pool,
             fdmon: MonitorChoice::Auto,
             disks: 1,
+            iothreads: 1,
             poll_max_ns: 32_768,
             poll_rule: PollRule::default(),
             uring_task_run: URING_TASK_RUN_MODES[0],
@@ -386,6 +398,15 @@ pub fn parse(text: &str, path: &Path) -> Result<JobFile, JobFileError> {
                 ),
             ));
         }
+        if job.iothreads > job.iodepth {
+            return Err(syntax(
+                line,
+                format!(
+                    "job '{}': iothreads={} is more than iodepth={}: each iothread keeps at least one request in flight",
+                    job.name, job.iothreads, job.iodepth
+                ),
+            ));
+        }
         jobs.push(job);
     }
     // A [global] option is noted once, not once per job.
@@ -505,6 +526,7 @@ fn apply(
             };
         }
         "disks" => job.disks = count(1, 256)?,
+        "iothreads" => job.iothreads = count(1, 64)?,
         "poll_max_ns" => job.poll_max_ns = count(0, 1_000_000_000)?,
         "poll_rule" => {
             job.poll_rule = match needs_value()? {

@@ -4,8 +4,8 @@
 //!
 //! * backend selection by name and `auto` ([`monitors`], [`engines`]);
 //! * the scsi-disk scaling matrix from the QEMU epoll discussion, 1..256 disks on one IOThread
-//!   ([`scsi`] for one cell, [`matrix`] for the axes and the reports), with `--verify` stamps
-//!   ([`verify`]) on images ([`image`]);
+//!   or spread over several ([`scsi`] for one cell, [`matrix`] for the axes and the reports),
+//!   with `--verify` stamps ([`verify`]) on images ([`image`]);
 //! * the fio-like load generator ([`job`]), fio job files ([`jobfile`]) and their runs in fio's
 //!   formats ([`runner`]), fio itself for side-by-side runs ([`fio`]), fio's units ([`units`]);
 //! * the fast device, a loop device with direct I/O over a file in `/dev/shm` ([`loopdev`]),

@@ -43,7 +43,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// The scsi-disk scaling matrix (the QEMU epoll discussion's test): MB/s as 1..256 disks
-    /// share one iothread.
+    /// share one iothread (or K, `--iothreads`).
     Matrix(Box<MatrixArgs>),
     /// QD1 latency per engine with the loop's polling off, at QEMU's IOThread default, and at
     /// the values given (as QEMU measured its thread-pool notifier/io_poll change).
@@ -233,11 +233,33 @@ struct MatrixArgs {
     /// for comparison. Reports say which path ran (`memory`: `guest` or `bounce`).
     #[arg(long)]
     bounce: bool,
-    /// Run every thread of the bench (iothread, guests, pool workers) on these CPUs
-    /// (`0`, `0,1`, `0-3`), as `taskset` would. On a small VM, `--cpus 0` keeps the scheduler
-    /// from moving the guest and the iothread between vCPUs, the largest source of noise.
+    /// Run the bench on these CPUs (`0`, `0,1`, `0-3`), as `taskset` would. Iothread t (of K)
+    /// is pinned to the list's CPU number t mod len, and the thread pool's workers run on the
+    /// CPU of the iothread that started them; the guests run on the CPUs of the list no
+    /// iothread has, or on the whole list if the iothreads take all of it. With `0,1`: K = 1
+    /// puts the iothread on CPU 0 and the guests on CPU 1, K = 2 the iothreads on CPUs 0 and 1
+    /// and the guests on both. On a small VM, `--cpus 0` keeps the scheduler from moving the
+    /// guest and the iothread between vCPUs, the largest source of noise.
     #[arg(long)]
     cpus: Option<CpuList>,
+    /// Iothread counts, comma-separated (1..=64; default 1): each cell runs with K iothreads,
+    /// each with its own context, fd monitor and engine built on its thread, the disks spread
+    /// round-robin over them (QEMU's iothread-vq-mapping: queue q of disk d on iothread
+    /// (d * queues + q) mod K). A list (`1,2`) runs every count, alternating within each round,
+    /// and `--svg` adds MB/s against iothreads.
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=64))]
+    iothreads: Vec<u64>,
+    /// Virtqueues per disk (1..=64), each with its own doorbell, used ring and interrupt,
+    /// spread over the iothreads as `--iothreads` says; a disk's guest puts each request on
+    /// the next queue in turn.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    queues: u64,
+    /// Raise each queue's interrupt once per batch of completions (a bottom half after the
+    /// iothread's completion processing, as QEMU's virtio-blk dataplane did; QEMU now defers
+    /// the irqfd write to the end of the batch) instead of once per request. Reports say
+    /// which ran (`batch_interrupts`).
+    #[arg(long)]
+    batch_interrupts: bool,
 }
 
 impl Command {

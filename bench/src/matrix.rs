@@ -1,8 +1,9 @@
-//! The scsi-disk scaling matrix: fd monitors x engines x disk counts x workloads, and its
-//! terminal table and JSON.
+//! The scsi-disk scaling matrix: fd monitors x engines x disk counts x workloads x iothread
+//! counts, and its terminal table, CSV, SVG and JSON.
 //!
 //! This module owns the axes, the order cells run in, and the report formats. Each cell is
-//! [`scsi::run_cell`](crate::scsi::run_cell).
+//! [`scsi::run_cell_on_iothreads`](crate::scsi::run_cell_on_iothreads): K iothreads, each
+//! building its own fd monitor and engine on itself, the disks' queues spread over them.
 
 mod report;
 
@@ -15,7 +16,7 @@ use crate::engines::EngineKind;
 use crate::image::DiskImage;
 use crate::job::Pattern;
 use crate::monitors::MonitorKind;
-use crate::scsi::{run_cell, CellResult, CellSpec};
+use crate::scsi::{run_cell_on_iothreads, CellResult, CellSpec};
 
 /// A workload of the matrix (the columns of the QEMU epoll discussion's scsi-disk table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +82,13 @@ pub struct MatrixSpec {
     /// Rounds: every cell runs this many times, round after round (so slow drift of the
     /// machine touches every cell alike), and reports its median run by MB/s.
     pub repeat: usize,
+    /// Iothread counts (K), each at least 1: every cell runs with each, the disks' queues
+    /// spread over K iothreads ([`crate::scsi::iothread_of`]). Innermost axis, so that within a
+    /// round the counts alternate (A B A B).
+    pub iothreads: Vec<usize>,
+    /// CPUs to pin the iothreads to (iothread `t` on `cpus[t % len]`,
+    /// [`crate::cpus::iothread_cpu`]); empty: not pinned.
+    pub cpus: Vec<usize>,
 }
 
 impl MatrixSpec {
@@ -92,7 +100,8 @@ impl MatrixSpec {
 
     /// The quick matrix over `fdmons` and `engines`: 1, 16 and 256 disks, workloads rd and
     /// randrw, one active disk, the quick cell ([`CellSpec::quick`]: 4 KiB blocks at iodepth
-    /// 8, 200 ms ramp and 1 s per cell, QEMU's IOThread polling), 64 MiB images, one round.
+    /// 8, 200 ms ramp and 1 s per cell, QEMU's IOThread polling, one queue per disk), 64 MiB
+    /// images, one round, one iothread, not pinned.
     pub fn quick_over(fdmons: Vec<MonitorKind>, engines: Vec<EngineKind>) -> MatrixSpec {
         MatrixSpec {
             fdmons,
@@ -103,6 +112,8 @@ impl MatrixSpec {
             cell: CellSpec::quick(),
             disk_size: 64 << 20,
             repeat: 1,
+            iothreads: vec![1],
+            cpus: Vec::new(),
         }
     }
 
@@ -118,7 +129,11 @@ impl MatrixSpec {
 
     /// How many cells the matrix has.
     pub fn cell_count(&self) -> usize {
-        self.fdmons.len() * self.engines.len() * self.disks.len() * self.workloads.len()
+        self.fdmons.len()
+            * self.engines.len()
+            * self.disks.len()
+            * self.workloads.len()
+            * self.iothreads.len()
     }
 
     /// How many cell runs the matrix makes (cells x rounds).
@@ -153,8 +168,14 @@ pub struct Cell {
     pub disks: usize,
     /// Workload.
     pub workload: Workload,
-    /// What it measured.
+    /// Iothreads (K).
+    pub iothreads: usize,
+    /// Virtqueues per disk (Q).
+    pub queues: usize,
+    /// What it measured (the median round's run).
     pub result: CellResult,
+    /// Every round's MB/s, in round order (one with `repeat` 1).
+    pub rounds_mb_s: Vec<f64>,
 }
 
 impl Cell {
@@ -226,38 +247,61 @@ pub fn run_on(
             for &fdmon in &spec.fdmons {
                 for &disks in &spec.disks {
                     for &workload in &spec.workloads {
-                        let mut cell = spec.cell;
-                        cell.disks = disks;
-                        cell.active = if spec.active_all { disks } else { 1 };
-                        cell.pattern = workload.pattern();
-                        let monitor = fdmon.build().map_err(|e| {
-                            io::Error::new(e.kind(), format!("fd monitor {fdmon}: {e}"))
-                        })?;
-                        let eng = engine.build().map_err(|e| {
-                            io::Error::new(e.kind(), format!("engine {engine}: {e}"))
-                        })?;
-                        let result = run_cell(monitor, eng, &images[..disks], cell)?;
-                        let c = Cell {
-                            fdmon,
-                            engine,
-                            disks,
-                            workload,
-                            result,
-                        };
-                        done += 1;
-                        progress(done, total, &c);
-                        if round == 0 {
-                            runs.push(vec![c]);
-                        } else {
-                            runs[i].push(c);
+                        for &iothreads in &spec.iothreads {
+                            let c =
+                                run_one(spec, images, (engine, fdmon), disks, workload, iothreads)?;
+                            done += 1;
+                            progress(done, total, &c);
+                            if round == 0 {
+                                runs.push(vec![c]);
+                            } else {
+                                runs[i].push(c);
+                            }
+                            i += 1;
                         }
-                        i += 1;
                     }
                 }
             }
         }
     }
     Ok(runs.into_iter().map(median_run).collect())
+}
+
+/// One run of one cell: `iothreads` iothreads, each building `fdmon` and `engine` on itself.
+fn run_one(
+    spec: &MatrixSpec,
+    images: &[DiskImage],
+    (engine, fdmon): (EngineKind, MonitorKind),
+    disks: usize,
+    workload: Workload,
+    iothreads: usize,
+) -> io::Result<Cell> {
+    let mut cell = spec.cell;
+    cell.disks = disks;
+    cell.active = if spec.active_all { disks } else { 1 };
+    cell.pattern = workload.pattern();
+    cell.iothreads = iothreads;
+    let build = move |_| {
+        let monitor = fdmon
+            .build()
+            .map_err(|e| io::Error::new(e.kind(), format!("fd monitor {fdmon}: {e}")))?;
+        let eng = engine
+            .build()
+            .map_err(|e| io::Error::new(e.kind(), format!("engine {engine}: {e}")))?;
+        Ok((monitor, eng))
+    };
+    let result = run_cell_on_iothreads(build, &images[..disks], cell, &spec.cpus)?;
+    let mb_s = result.bytes as f64 / 1e6 / result.elapsed.as_secs_f64();
+    Ok(Cell {
+        fdmon,
+        engine,
+        disks,
+        workload,
+        iothreads,
+        queues: cell.queues,
+        result,
+        rounds_mb_s: vec![mb_s],
+    })
 }
 
 /// The run with the median MB/s (the lower middle one for an even count), with every run's
@@ -275,137 +319,16 @@ fn median_run(mut runs: Vec<Cell>) -> Cell {
         .flat_map(|c| c.result.verify_reports.iter().cloned())
         .take(10)
         .collect();
+    let rounds_mb_s: Vec<f64> = runs.iter().map(Cell::mb_s).collect();
     runs.sort_by(|a, b| a.mb_s().total_cmp(&b.mb_s()));
     let mut m = runs.swap_remove((runs.len() - 1) / 2);
     m.result.errors = errors;
     m.result.verified_reads = verified;
     m.result.verify_errors = verify_errors;
     m.result.verify_reports = reports;
+    m.rounds_mb_s = rounds_mb_s;
     m
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    #[allow(unused_imports)]
-    use std::time::Duration;
-
-    #[cfg(all(feature = "pool", feature = "poll", feature = "epoll"))]
-    fn spec(memory: crate::scsi::MemoryPath) -> MatrixSpec {
-        let quick = MatrixSpec::quick();
-        MatrixSpec {
-            fdmons: vec![MonitorKind::Poll, MonitorKind::Epoll],
-            engines: vec![EngineKind::Pool],
-            disks: vec![1, 4],
-            cell: CellSpec {
-                iodepth: 4,
-                runtime: Duration::from_millis(150),
-                ramp: Duration::from_millis(20),
-                poll_idle: Duration::from_millis(10),
-                verify: true,
-                memory,
-                ..quick.cell
-            },
-            disk_size: 1 << 20,
-            repeat: 2,
-            ..quick
-        }
-    }
-
-    #[test]
-    fn workloads_parse_and_unknown_is_an_error() {
-        for w in Workload::ALL {
-            assert_eq!(w.name().parse::<Workload>().unwrap(), w);
-        }
-        assert!("seq".parse::<Workload>().unwrap_err().contains("seq"));
-    }
-
-    #[test]
-    #[cfg(all(feature = "pool", feature = "poll", feature = "epoll"))]
-    fn a_small_matrix_runs_every_cell_and_reports_it() {
-        let spec = spec(crate::scsi::MemoryPath::Guest);
-        let dir = std::env::temp_dir().join(format!("aio-bench-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut seen = 0;
-        let cells = run(&spec, &dir, |_, n, _| {
-            seen += 1;
-            assert_eq!(n, 16, "8 cells, 2 rounds");
-        })
-        .unwrap();
-        assert_eq!((cells.len(), seen), (8, 16));
-        for c in &cells {
-            assert!(
-                c.result.ios > 0,
-                "{:?} {:?} moved no data",
-                c.fdmon,
-                c.workload
-            );
-            assert_eq!(c.result.errors, 0);
-            assert!(c.mb_s() > 0.0);
-            assert_eq!(c.result.verify_errors, 0, "{:?}", c.result.verify_reports);
-            if c.workload == Workload::RandRw {
-                assert!(c.result.verified_reads > 0, "randrw reads are verified");
-            }
-        }
-        assert_eq!(
-            std::fs::read_dir(&dir).unwrap().count(),
-            0,
-            "disk images are removed"
-        );
-        std::fs::remove_dir(&dir).unwrap();
-        let table = table(&spec, &cells);
-        assert!(table.contains("engine pool (MB/s), guest memory") && table.contains("randrw"));
-        let svg = to_svg(&spec, &cells).unwrap();
-        assert!(svg.starts_with("<svg") && svg.contains("pool / poll") && svg.contains("MB/s"));
-        let csv = to_csv(&spec, &cells);
-        assert_eq!(csv.lines().count(), 9, "a header and a row per cell");
-        assert!(csv.starts_with("fdmon,engine,disks,active,workload,bs,iodepth,memory,mb_s,iops"));
-        assert!(csv.lines().nth(1).unwrap().contains(",guest,"), "{csv}");
-        let json = to_json(&spec, &cells);
-        let c0 = &json["cells"][0];
-        for key in [
-            "fdmon",
-            "engine",
-            "disks",
-            "active",
-            "workload",
-            "bs",
-            "iodepth",
-            "memory",
-            "mb_s",
-            "iops",
-            "iothread_cpu_s",
-            "counters",
-        ] {
-            assert!(!c0[key].is_null(), "field {key} missing");
-        }
-        for key in ["mean", "p50", "p99", "p999"] {
-            assert!(c0["lat_us"][key].is_number(), "lat_us.{key} missing");
-        }
-    }
-
-    /// The copy path (`--bounce`) moves the same data: verified reads and writes on both
-    /// workloads, over a fd monitor each.
-    #[test]
-    #[cfg(all(feature = "pool", feature = "poll", feature = "epoll"))]
-    fn the_bounce_path_runs_verified() {
-        let spec = MatrixSpec {
-            repeat: 1,
-            disks: vec![2],
-            active_all: true,
-            ..spec(crate::scsi::MemoryPath::Bounce)
-        };
-        let dir = std::env::temp_dir().join(format!("aio-bench-bounce-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let cells = run(&spec, &dir, |_, _, _| {}).unwrap();
-        std::fs::remove_dir(&dir).unwrap();
-        assert_eq!(cells.len(), 4);
-        for c in &cells {
-            assert!(c.result.ios > 0 && c.result.errors == 0, "{c:?}");
-            assert_eq!(c.result.verify_errors, 0, "{:?}", c.result.verify_reports);
-        }
-        assert!(cells.iter().any(|c| c.result.verified_reads > 0));
-        assert_eq!(to_json(&spec, &cells)["cells"][0]["memory"], "bounce");
-        assert!(table(&spec, &cells).contains("engine pool (MB/s), bounce memory"));
-    }
-}
+mod tests;

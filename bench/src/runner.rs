@@ -4,7 +4,8 @@
 //! of each job (an existing file or device used as it is, or an image created for the run and
 //! removed afterwards), the choice of backends (`auto` resolved by the probe order), the
 //! `numjobs` clones (each its own thread, loop and engine, reported together like fio's
-//! `group_reporting`), and the two output formats: fio's text summary and fio's JSON field
+//! `group_reporting`), the `iothreads=` shares of each clone (each its own thread, loop and
+//! engine, in its own region of the file, reported together too), and the two output formats: fio's text summary and fio's JSON field
 //! names (`jobs[].jobname`, `read` / `write` / `trim` with `io_bytes`, `bw_bytes`, `iops`,
 //! `lat_ns` and `clat_ns` with `percentile` keyed like `"99.000000"`). A trim job's engine is
 //! paired with the thread pool for the discards it cannot run
@@ -28,7 +29,7 @@ use serde_json::{json, Map, Value};
 
 use crate::engines::{EngineKind, UringOptions};
 use crate::image::DiskImage;
-use crate::job::{run_job, IoStats, JobResult, JobSpec};
+use crate::job::{run_job_in, IoStats, JobResult, JobSpec};
 use crate::jobfile::{JobDef, JobFile, MonitorChoice};
 use crate::monitors::{self, MonitorKind};
 
@@ -191,7 +192,66 @@ fn backends(def: &JobDef) -> Result<(EngineKind, MonitorKind), RunError> {
     Ok((def.engine, fdmon))
 }
 
-/// Runs one job: its clones in parallel threads, each with its own loop and engine.
+/// One iothread's share of a job clone (`iothreads=`): its region of the file, its part of
+/// `iodepth` and of the idle disks.
+#[derive(Debug, Clone, PartialEq)]
+struct Share {
+    /// Which iothread (0-based).
+    index: usize,
+    /// Its bytes of the file.
+    region: std::ops::Range<u64>,
+    /// Requests it keeps in flight.
+    iodepth: usize,
+    /// Idle disks registered in its loop.
+    idle_fds: usize,
+}
+
+impl Share {
+    /// The region's length.
+    fn len(&self) -> u64 {
+        self.region.end - self.region.start
+    }
+
+    /// `spec` (made for the region's size) with this share's iodepth and idle disks.
+    fn apply(&self, spec: JobSpec) -> JobSpec {
+        JobSpec {
+            iodepth: self.iodepth,
+            idle_fds: self.idle_fds,
+            ..spec
+        }
+    }
+}
+
+/// How `iothreads` iothreads share one clone of `def` on a file of `size` bytes: iothread `t`
+/// gets the `t`-th of `iothreads` equal runs of whole blocks (the last one what is left),
+/// `iodepth / iothreads` requests in flight (one more for the first `iodepth % iothreads`)
+/// and the idle disks `i` (1-based, of `disks - 1`) with `i % iothreads == t`. With one
+/// iothread, the whole file, `iodepth` and every idle disk.
+fn shares(def: &JobDef, size: u64, iothreads: usize) -> Vec<Share> {
+    let bs = def.bs.max(1);
+    let blocks = size / bs;
+    let k = iothreads as u64;
+    (0..iothreads)
+        .map(|t| {
+            let t64 = t as u64;
+            let start = blocks * t64 / k * bs;
+            let end = if t64 + 1 == k {
+                size
+            } else {
+                blocks * (t64 + 1) / k * bs
+            };
+            Share {
+                index: t,
+                region: start..end,
+                iodepth: (def.iodepth / k + u64::from(t64 < def.iodepth % k)) as usize,
+                idle_fds: (1..def.disks).filter(|i| i % k == t64).count(),
+            }
+        })
+        .collect()
+}
+
+/// Runs one job: its clones in parallel, each on `iothreads` threads (one by default) with
+/// their own loop and engine.
 pub fn run_one(def: &JobDef) -> Result<JobReport, RunError> {
     // `disks=` registers a notifier per idle disk in each clone's loop.
     aio_core::raise_fd_limit();
@@ -235,26 +295,41 @@ pub fn run_one(def: &JobDef) -> Result<JobReport, RunError> {
             .map(|n| if n == 0 { def.iodepth } else { n } as usize),
         fua: def.fua,
     };
+    let iothreads = def.iothreads.max(1) as usize;
+    if let Some(t) = targets.iter().find(|t| t.size / def.bs < iothreads as u64) {
+        return Err(failed(format!(
+            "{} holds {} blocks of bs={}, fewer than iothreads={iothreads}",
+            t.path.display(),
+            t.size / def.bs,
+            def.bs
+        )));
+    }
     let results: Vec<io::Result<JobResult>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..def.numjobs as usize)
-            .map(|n| {
-                let t = &targets[n % targets.len()];
-                let (file, size) = (t.file.clone(), t.size);
-                s.spawn(move || {
-                    let monitor = fdmon.build()?;
-                    let engine = engine.build_for(uring, def.rw.is_trim())?;
-                    run_job(monitor, engine, &file, size, spec(size))
+        let mut handles = Vec::new();
+        for n in 0..def.numjobs as usize {
+            let t = &targets[n % targets.len()];
+            for share in shares(def, t.size, iothreads) {
+                let (file, spec) = (t.file.clone(), share.apply(spec(share.len())));
+                let thread = std::thread::Builder::new()
+                    .name(format!("{}.{n}.iothread{}", def.name, share.index))
+                    .spawn_scoped(s, move || {
+                        let monitor = fdmon.build()?;
+                        let engine = engine.build_for(uring, def.rw.is_trim())?;
+                        run_job_in(monitor, engine, &file, share.region, spec)
+                    });
+                handles.push(thread.map_err(|e| failed(format!("starting a thread: {e}")))?);
+            }
+        }
+        Ok::<_, RunError>(
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(io::Error::other("a job thread panicked")))
                 })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(io::Error::other("a job thread panicked")))
-            })
-            .collect()
-    });
+                .collect(),
+        )
+    })?;
     let mut merged: Option<JobResult> = None;
     for r in results {
         let r = r.map_err(|e| failed(e.to_string()))?;
@@ -305,7 +380,7 @@ pub fn to_normal(reports: &[JobReport]) -> String {
         let d = &r.def;
         let _ = writeln!(
             out,
-            "{}: (groupid=0, jobs={}): err= {}: rw={}, bs={}, iodepth={}, engine={}, fdmon={}, disks={}, poll_max_ns={}, file={}",
+            "{}: (groupid=0, jobs={}): err= {}: rw={}, bs={}, iodepth={}, engine={}, fdmon={}, disks={}, iothreads={}, poll_max_ns={}, file={}",
             d.name,
             d.numjobs,
             r.result.first_errno.unwrap_or(0),
@@ -315,6 +390,7 @@ pub fn to_normal(reports: &[JobReport]) -> String {
             r.engine,
             r.fdmon,
             d.disks,
+            d.iothreads,
             d.poll_max_ns,
             r.file.display()
         );
@@ -440,6 +516,7 @@ pub fn to_fio_json(reports: &[JobReport]) -> Value {
                     "engine": r.engine.name(),
                     "fdmon": r.fdmon.name(),
                     "disks": d.disks,
+                    "iothreads": d.iothreads,
                     "poll_max_ns": d.poll_max_ns,
                     "file": r.file.display().to_string(),
                     "errors": r.result.errors,
@@ -461,90 +538,4 @@ pub fn to_fio_json(reports: &[JobReport]) -> Value {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::jobfile;
-    use std::path::Path;
-
-    #[test]
-    #[cfg(all(feature = "pool", feature = "poll"))]
-    fn a_job_file_runs_and_reports_in_fio_formats() {
-        let dir = std::env::temp_dir().join(format!("aio-bench-run-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let text = format!(
-            "[global]\ndirectory={}\nsize=1m\ndirect=1\nioengine=psync\nfdmon=poll\ngroup_reporting\n\
-             [mixed]\nrw=randrw\nrwmixread=75\niodepth=4\nnumjobs=2\ntime_based\nruntime=200ms\ndisks=8\n\
-             [sized]\nrw=write\nbs=64k\n",
-            dir.display()
-        );
-        let f = jobfile::parse(&text, Path::new("test.fio")).unwrap();
-        let mut started = Vec::new();
-        let reports = run_file(&f, |d| started.push(d.name.clone())).unwrap();
-        assert_eq!(started, ["mixed", "sized"]);
-        let mixed = &reports[0].result;
-        assert!(mixed.read.ios > mixed.write.ios && mixed.write.ios > 0);
-        assert_eq!(mixed.errors, 0);
-        // Without time_based the job does its size (1 MiB) and stops.
-        assert_eq!(reports[1].result.write.bytes, 1 << 20);
-        assert_eq!(reports[1].result.write.ios, 16);
-        assert_eq!(
-            std::fs::read_dir(&dir).unwrap().count(),
-            0,
-            "files the run created are removed"
-        );
-        std::fs::remove_dir(&dir).unwrap();
-
-        let text = to_normal(&reports);
-        assert!(
-            text.contains("mixed: (groupid=0, jobs=2): err= 0"),
-            "{text}"
-        );
-        assert!(text.contains("  read: IOPS=") && text.contains("  write: IOPS="));
-        assert!(text.contains("99.00th=["));
-
-        let v = to_fio_json(&reports);
-        // What fio-parsing tools read.
-        let j = &v["jobs"][0];
-        assert_eq!(j["jobname"], "mixed");
-        let read = &j["read"];
-        assert_eq!(read["io_bytes"].as_u64().unwrap(), mixed.read.bytes);
-        assert!(read["bw_bytes"].as_u64().unwrap() > 0);
-        assert!(read["iops"].as_f64().unwrap() > 0.0);
-        assert!(read["lat_ns"]["mean"].as_f64().unwrap() > 0.0);
-        assert!(read["clat_ns"]["percentile"]["99.000000"].as_u64().unwrap() > 0);
-        assert!(read["clat_ns"]["percentile"]["50.000000"].as_u64().unwrap() > 0);
-        assert_eq!(v["jobs"][1]["write"]["io_bytes"], 1 << 20);
-        assert_eq!(v["jobs"][1]["read"]["io_bytes"], 0);
-        // fio's own parser in this crate reads it.
-        let back = crate::fio::parse(&v.to_string(), &["read"]).unwrap();
-        assert!((back.iops - read["iops"].as_f64().unwrap()).abs() < 1e-6);
-    }
-
-    #[test]
-    fn a_missing_file_without_size_is_an_error_naming_the_job() {
-        let f = jobfile::parse(
-            "[j]\nfilename=/nonexistent/aio-bench/file\nfdmon=poll\n",
-            Path::new("x.fio"),
-        )
-        .unwrap();
-        let e = run_one(&f.jobs[0]).unwrap_err().to_string();
-        assert!(
-            e.contains("job 'j' (line 1)") && e.contains("no size="),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn io_uring_options_on_another_engine_are_an_error_naming_the_job() {
-        let f = jobfile::parse(
-            "[j]\nioengine=libaio\nfixedbufs\nsize=1m\nfilename=/nonexistent/aio-bench/f\n",
-            Path::new("x.fio"),
-        )
-        .unwrap();
-        let e = run_one(&f.jobs[0]).unwrap_err().to_string();
-        assert!(
-            e.contains("job 'j' (line 1)") && e.contains("io_uring options"),
-            "{e}"
-        );
-    }
-}
+mod tests;

@@ -1,50 +1,51 @@
 //! The scsi-disk model of the scaling test from the QEMU epoll discussion (1..256 disks on one
-//! IOThread), in process: disks on one iothread, a guest driving them.
+//! IOThread), in process: disks on one or more iothreads, a guest driving them.
 //!
 //! This module owns the model and one cell's run:
 //!
-//! * a **disk** is a backing image (an O_DIRECT file, or a region of a block device), a request
-//!   queue (the virtqueue's available ring), a doorbell [`Notifier`] registered in the
-//!   iothread's context with `io_read` and `io_poll` handlers (the ioeventfd), and a completion
-//!   path back to the guest (the used ring and an interrupt notifier);
+//! * a **disk** is a backing image (an O_DIRECT file, or a region of a block device) and
+//!   `queues` virtqueues, each a request queue (the available ring), a doorbell [`Notifier`]
+//!   registered in one iothread's context with `io_read` and `io_poll` handlers (the
+//!   ioeventfd), and a completion path back to the guest (the used ring and an interrupt
+//!   notifier);
 //! * the **guest** is one load-generator thread per active disk, keeping `iodepth` requests in
-//!   flight, as fio does in the guest (its own file, `scsi/guest.rs`). Its data lives in the
-//!   cell's one **guest RAM** region (`scsi/memory.rs`), a `bs` slot per request: the guest
-//!   prepares a write's data there and finds a read's data there;
-//! * the **iothread** is the calling thread: one [`AioContext`] over the chosen monitor, every
-//!   disk's doorbell registered (idle disks too: that is what the QEMU test measures),
-//!   requests pushed into the chosen engine pointing into guest RAM (or, with
-//!   [`MemoryPath::Bounce`], copied through its own buffers), each completion pushed back to
-//!   the guest by the request's own callback.
+//!   flight, as fio does in the guest, each request on the disk's next queue in turn (its own
+//!   file, `scsi/guest.rs`). Its data lives in the cell's one **guest RAM** region
+//!   (`scsi/memory.rs`), a `bs` slot per request: the guest prepares a write's data there and
+//!   finds a read's data there;
+//! * an **iothread** is one [`AioContext`] over the chosen monitor with the chosen engine
+//!   attached and its share of the virtqueues' doorbells registered (idle disks' too: that is
+//!   what the QEMU test measures), requests pushed into the engine pointing into guest RAM (or,
+//!   with [`MemoryPath::Bounce`], copied through its own buffers), each completion pushed back
+//!   to the guest by the request's own callback (`scsi/host.rs`). With `iothreads` K, queue `q`
+//!   of disk `d` is served by iothread `(d * queues + q) % K` ([`iothread_of`], QEMU's
+//!   iothread-vq-mapping rule), each iothread an [`aio_core::IoThread`] that builds its monitor
+//!   and engine on itself.
 //!
-//! [`run_cell`] is three steps: set up (the iothread's context with the engine attached and
-//! every doorbell registered, then the guests), drive (the loop until every guest is done) and
-//! collect (the guests' figures and the loop's counters). It never touches a backend's
-//! internals: only the `EventLoop` and `IoEngine` traits.
+//! A cell is three steps (`scsi/run.rs`): set up (the guest RAM and the virtqueues, the
+//! iothreads with their engines attached and their doorbells registered, then the guests),
+//! drive (until every guest is done) and collect (the guests' figures, and each iothread's
+//! counters and CPU time). It never touches a backend's internals: only the `EventLoop` and
+//! `IoEngine` traits.
 
 mod guest;
+mod host;
 mod memory;
+mod run;
 
-use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::io;
-use std::rc::Rc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::JoinHandle;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use aio_core::engine::{
-    AlignedBuf, AttachedEngine, Completion, GuestIovecs, IoBuffers, IoEngine, IoFile, Request,
-};
-use aio_core::{AioContext, EventLoop, FdHandler, LoopCounters, Notifier, PollParams};
+use aio_core::{EventLoop, IoEngine, LoopCounters, Notifier};
 use hdrhistogram::Histogram;
 
-use self::guest::{GuestDone, GuestStats};
-use self::memory::GuestRam;
+use self::guest::GuestStats;
 pub use self::memory::MemoryPath;
 use crate::image::DiskImage;
-use crate::job::{latency_histogram, thread_cpu_seconds, Pattern};
+use crate::job::{latency_histogram, Pattern};
 
 /// One guest request in a virtqueue.
 #[derive(Debug, Clone, Copy)]
@@ -70,6 +71,8 @@ struct Virtqueue {
     doorbell: Notifier,
     used: Mutex<Vec<UsedEntry>>,
     interrupt: Notifier,
+    /// Interrupts raised (one per completion, or per batch with `batch_interrupts`).
+    interrupts: AtomicU64,
 }
 
 impl Virtqueue {
@@ -80,6 +83,7 @@ impl Virtqueue {
             doorbell: Notifier::new()?,
             used: Mutex::new(Vec::new()),
             interrupt: Notifier::new()?,
+            interrupts: AtomicU64::new(0),
         })
     }
 
@@ -92,10 +96,21 @@ impl Virtqueue {
 
     /// The iothread puts a finished request on the used ring and raises the interrupt.
     fn push_used(&self, entry: UsedEntry) {
+        self.push_used_quietly(entry);
+        self.raise_interrupt();
+    }
+
+    /// The iothread puts a finished request on the used ring; the interrupt comes later.
+    fn push_used_quietly(&self, entry: UsedEntry) {
         self.used
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(entry);
+    }
+
+    /// The iothread raises the interrupt (an eventfd write).
+    fn raise_interrupt(&self) {
+        self.interrupts.fetch_add(1, Ordering::Relaxed);
         let _ = self.interrupt.notify();
     }
 
@@ -105,10 +120,17 @@ impl Virtqueue {
     }
 }
 
+/// The iothread (of `iothreads`) that serves queue `queue` of disk `disk` when every disk has
+/// `queues` queues: `(disk * queues + queue) % iothreads`, QEMU's iothread-vq-mapping rule
+/// (with one queue per disk, disk `d` is on iothread `d % iothreads`).
+pub fn iothread_of(disk: usize, queue: usize, queues: usize, iothreads: usize) -> usize {
+    (disk * queues + queue) % iothreads.max(1)
+}
+
 /// What one cell runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CellSpec {
-    /// Disks attached to the iothread.
+    /// Disks attached to the iothreads.
     pub disks: usize,
     /// Disks the guest drives (the first `active` ones).
     pub active: usize,
@@ -122,7 +144,7 @@ pub struct CellSpec {
     pub runtime: Duration,
     /// Warm-up.
     pub ramp: Duration,
-    /// The iothread's adaptive polling limit.
+    /// Each iothread's adaptive polling limit.
     pub poll_max_ns: u64,
     /// How long a disk may stay idle before its doorbell leaves the poll set (QEMU: 7 s).
     pub poll_idle: Duration,
@@ -134,13 +156,24 @@ pub struct CellSpec {
     /// How the data travels between guest RAM and the engine: straight (the engine reads
     /// and writes guest RAM) or through the iothread's bounce buffers (`--bounce`).
     pub memory: MemoryPath,
+    /// Iothreads (at least 1), each with its own context, monitor and engine; the queues are
+    /// spread over them by [`iothread_of`].
+    pub iothreads: usize,
+    /// Virtqueues per disk (at least 1), each with its own doorbell and interrupt; a disk's
+    /// guest puts each request on the next queue in turn.
+    pub queues: usize,
+    /// Raise a queue's interrupt once per batch of completions (a bottom half after the
+    /// loop's completion processing, as QEMU's virtio-blk dataplane did with its notify BH;
+    /// QEMU now defers the irqfd write with `defer_call()`), not once per request.
+    pub batch_interrupts: bool,
 }
 
 impl CellSpec {
-    /// The quick matrix's cell (`aio-bench matrix`'s defaults; the matrix sets disks, active
-    /// and pattern per cell): one disk driven with sequential reads of 4 KiB blocks at iodepth
-    /// 8, 200 ms ramp and 1 s measured, QEMU's IOThread polling limit (32768 ns), idle disks
-    /// out of the poll set after 100 ms, no verify, requests straight into guest RAM.
+    /// The quick matrix's cell (`aio-bench matrix`'s defaults; the matrix sets disks, active,
+    /// pattern and iothreads per cell): one disk driven with sequential reads of 4 KiB blocks
+    /// at iodepth 8, 200 ms ramp and 1 s measured, QEMU's IOThread polling limit (32768 ns),
+    /// idle disks out of the poll set after 100 ms, no verify, requests straight into guest
+    /// RAM, one iothread, one queue per disk, an interrupt per request.
     pub const fn quick() -> CellSpec {
         CellSpec {
             disks: 1,
@@ -154,8 +187,22 @@ impl CellSpec {
             poll_idle: Duration::from_millis(100),
             verify: false,
             memory: MemoryPath::Guest,
+            iothreads: 1,
+            queues: 1,
+            batch_interrupts: false,
         }
     }
+}
+
+/// What one iothread of a cell did.
+#[derive(Debug, Clone)]
+pub struct IothreadFigures {
+    /// Virtqueues it served (idle disks' included).
+    pub queues: usize,
+    /// Its CPU time (user + system, `getrusage(RUSAGE_THREAD)`) while the guests ran, s.
+    pub cpu_s: f64,
+    /// Its loop's counters.
+    pub counters: LoopCounters,
 }
 
 /// What one cell measured.
@@ -169,10 +216,20 @@ pub struct CellResult {
     pub elapsed: Duration,
     /// Guest-side latency (doorbell to interrupt), ns.
     pub latency_ns: Histogram<u64>,
-    /// The iothread's loop counters.
+    /// The iothreads' loop counters, added up ([`LoopCounters::merge`]).
     pub counters: LoopCounters,
-    /// The iothread's CPU time, s.
+    /// The iothreads' CPU time, added up, s.
     pub iothread_cpu_s: f64,
+    /// Each iothread's figures, in iothread order.
+    pub per_iothread: Vec<IothreadFigures>,
+    /// The guest threads' CPU time, added up, s.
+    pub guest_cpu_s: f64,
+    /// Interrupts the iothreads raised (each an eventfd write): one per completed request, or
+    /// with `batch_interrupts` one per queue and batch of completions.
+    pub interrupts: u64,
+    /// Times a guest waited for an interrupt (a `poll(2)` on its queues' interrupts; each
+    /// usually a sleep and a wake-up).
+    pub guest_waits: u64,
     /// Requests that failed.
     pub errors: u64,
     /// With verify: reads checked.
@@ -184,15 +241,23 @@ pub struct CellResult {
 }
 
 impl CellResult {
-    /// The iothread's figures, before any guest's are added.
-    fn new(elapsed: Duration, counters: LoopCounters, iothread_cpu_s: f64) -> CellResult {
+    /// The iothreads' figures, before any guest's are added.
+    fn new(elapsed: Duration, per_iothread: Vec<IothreadFigures>) -> CellResult {
+        let mut counters = LoopCounters::default();
+        for t in &per_iothread {
+            counters.merge(&t.counters);
+        }
         CellResult {
             ios: 0,
             bytes: 0,
             elapsed,
             latency_ns: latency_histogram(),
             counters,
-            iothread_cpu_s,
+            iothread_cpu_s: per_iothread.iter().map(|t| t.cpu_s).sum(),
+            per_iothread,
+            guest_cpu_s: 0.0,
+            interrupts: 0,
+            guest_waits: 0,
             errors: 0,
             verified_reads: 0,
             verify_errors: 0,
@@ -206,13 +271,18 @@ impl CellResult {
         self.bytes += s.bytes;
         self.errors += s.errors;
         let _ = self.latency_ns.add(&s.hist);
+        self.guest_cpu_s += s.cpu_s;
+        self.guest_waits += s.waits;
         self.verified_reads += s.verified_reads;
         self.verify_errors += s.verify_errors;
         self.verify_reports.extend(s.verify_reports);
     }
 }
 
-/// Runs one cell on `images` (at least `spec.disks`; the first `spec.active` are driven).
+/// Runs one cell on `images` (at least `spec.disks`; the first `spec.active` are driven) with
+/// one iothread, the calling thread, over `monitor` with `engine` attached: both are used as
+/// given, so they need not be `Send`. Every queue of every disk is on this iothread;
+/// `spec.iothreads` must be 1 ([`run_cell_on_iothreads`] runs several).
 pub fn run_cell<L, E>(
     monitor: L,
     engine: E,
@@ -223,19 +293,48 @@ where
     L: EventLoop + 'static,
     E: IoEngine + 'static,
 {
-    assert!(images.len() >= spec.disks && spec.active <= spec.disks);
-    // Set up: the iothread with every disk attached, then a guest per active disk.
-    check_stamps(images, &spec)?;
-    let iothread = Iothread::set_up(monitor, engine, images, spec)?;
-    let guests = iothread.spawn_guests(images)?;
-    // Drive: the iothread's loop, until every guest is done.
-    let iothread_cpu_s = iothread.drive();
-    // Collect: the guests' figures and the loop's counters.
-    iothread.collect(guests, iothread_cpu_s)
+    run::on_calling_thread(monitor, engine, images, spec)
 }
 
-/// With verify: refuses a driven disk not stamped with the cell's block size.
-fn check_stamps(images: &[DiskImage], spec: &CellSpec) -> io::Result<()> {
+/// Runs one cell on `images` (at least `spec.disks`; the first `spec.active` are driven) with
+/// `spec.iothreads` iothreads ([`aio_core::IoThread`]s named `iothread0`, `iothread1`, ...):
+/// `build(t)` makes iothread `t`'s monitor and engine on that thread (so `!Send` ones work),
+/// and the queues are spread over them by [`iothread_of`]. With `cpus` non-empty, iothread `t`
+/// is pinned to CPU `cpus[t % cpus.len()]` ([`crate::cpus::iothread_cpu`]) before it builds
+/// anything, so the threads its engine starts later (the pool's workers) run there too, and
+/// the guests to the CPUs the iothreads leave ([`crate::cpus::guest_cpus`]).
+pub fn run_cell_on_iothreads<L, E, B>(
+    build: B,
+    images: &[DiskImage],
+    spec: CellSpec,
+    cpus: &[usize],
+) -> io::Result<CellResult>
+where
+    L: EventLoop + 'static,
+    E: IoEngine + 'static,
+    B: Fn(usize) -> io::Result<(L, E)> + Send + Sync + 'static,
+{
+    run::on_iothreads(build, images, spec, cpus)
+}
+
+/// Refuses a spec that cannot run on `images`: too few images, more active disks than disks,
+/// no iothread or queue, or (with verify) a driven disk not stamped with the cell's block size.
+fn check(images: &[DiskImage], spec: &CellSpec) -> io::Result<()> {
+    let bad = |m: String| Err(io::Error::new(io::ErrorKind::InvalidInput, m));
+    if images.len() < spec.disks || spec.active > spec.disks {
+        return bad(format!(
+            "{} images for {} disks, {} of them active",
+            images.len(),
+            spec.disks,
+            spec.active
+        ));
+    }
+    if spec.iothreads == 0 || spec.queues == 0 {
+        return bad(format!(
+            "{} iothreads and {} queues per disk: each must be at least 1",
+            spec.iothreads, spec.queues
+        ));
+    }
     if !spec.verify {
         return Ok(());
     }
@@ -245,257 +344,28 @@ fn check_stamps(images: &[DiskImage], spec: &CellSpec) -> io::Result<()> {
     });
     match unstamped {
         None => Ok(()),
-        Some(i) => Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!(
-                "verify: disk {i} ({}) was not stamped with bs {} (DiskImage::create_stamped)",
-                images[i].path().display(),
-                spec.bs
-            ),
+        Some(i) => bad(format!(
+            "verify: disk {i} ({}) was not stamped with bs {} (DiskImage::create_stamped)",
+            images[i].path().display(),
+            spec.bs
         )),
     }
 }
 
-/// The iothread's view of one disk: its virtqueue, where its blocks are, and the memory its
-/// requests use.
-struct HostDisk {
-    index: usize,
-    vq: Arc<Virtqueue>,
-    file: IoFile,
-    /// The disk's first byte in `file` (its image may be a device region).
-    base: u64,
-    ram: Arc<GuestRam>,
-    memory: MemoryPath,
-    /// With `--bounce`, the driven disk's buffer per slot, home while its slot has no request
-    /// in flight (empty on the guest-memory path and for idle disks).
-    bounce: RefCell<Vec<Option<AlignedBuf>>>,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl HostDisk {
-    /// Takes the available ring's requests into the engine, one plugged batch.
-    fn process<L: EventLoop + 'static, E: IoEngine + 'static>(
-        self: &Rc<Self>,
-        engine: &AttachedEngine<L, E>,
-    ) {
-        let taken = self.vq.take_avail();
-        if taken.is_empty() {
-            return;
-        }
-        engine.plug();
-        for r in taken {
-            self.submit(engine, r);
-        }
-        engine.unplug();
-    }
-
-    /// Submits one guest request, its completion going to [`HostDisk::complete`]; a request
-    /// the engine refuses goes straight to the used ring as `EINVAL`.
-    fn submit<L: EventLoop + 'static, E: IoEngine + 'static>(
-        self: &Rc<Self>,
-        engine: &AttachedEngine<L, E>,
-        r: GuestRequest,
-    ) {
-        let disk = self.clone();
-        let (slot, write) = (r.slot, r.write);
-        let sent = engine.submit_with(self.request(r), move |_, _, c| {
-            disk.complete(slot, write, c)
-        });
-        if let Err(e) = sent {
-            self.take_back(slot, 0, e.request.op.into_buffers());
-            self.vq.push_used(UsedEntry {
-                slot,
-                result: -(libc::EINVAL as i64),
-            });
-        }
-    }
-
-    /// The engine's request for `r`: pointing into the slot's guest RAM, or with `--bounce`
-    /// on the slot's buffer (for a write, a copy of the slot's guest RAM).
-    fn request(&self, r: GuestRequest) -> Request {
-        let token = ((self.index as u64) << 32) | r.slot as u64;
-        // The guest's offsets are the disk's; its image may be a device region.
-        let offset = self.base + r.offset;
-        if self.memory == MemoryPath::Guest {
-            let mem = self.ram.slot_ptr(self.index, r.slot);
-            // SAFETY: the slot is the iothread's from the available ring to the used ring
-            // (`GuestRam`): the guest does not touch it until `complete` has put the entry on
-            // the used ring, after the engine handed these iovecs back. The mapping is removed
-            // only after the engine is dropped (`Iothread`'s field order).
-            let mem = unsafe { GuestIovecs::from_raw_parts(mem, self.ram.bs()) };
-            return if r.write {
-                Request::write_guest(&self.file, offset, mem, token)
-            } else {
-                Request::read_guest(&self.file, offset, mem, token)
-            };
-        }
-        let mut buf = self.bounce.borrow_mut()[r.slot as usize]
-            .take()
-            .expect("a slot's buffer is home while the guest may reuse it");
-        if r.write {
-            // SAFETY: the slot is the iothread's until its used entry (`GuestRam`).
-            buf.copy_from_slice(unsafe { self.ram.slot(self.index, r.slot) });
-            Request::write(&self.file, offset, buf, token)
-        } else {
-            Request::read(&self.file, offset, buf, token)
-        }
-    }
-
-    /// A request's completion: the slot's memory back (with `--bounce`, a read's data copied
-    /// into guest RAM), then the used ring and the interrupt.
-    fn complete(&self, slot: u32, write: bool, c: Completion) {
-        let result = match &c.result {
-            Ok(n) => *n as i64,
-            Err(e) => -(e.raw_os_error().unwrap_or(libc::EIO) as i64),
-        };
-        let copy_in = if write { 0 } else { result.max(0) as usize };
-        self.take_back(slot, copy_in, c.buf);
-        self.vq.push_used(UsedEntry { slot, result });
-    }
-
-    /// Takes a request's memory back: guest iovecs are dropped (the engine is done with the
-    /// slot), a bounce buffer goes home after its first `copy_in` bytes are copied into the
-    /// slot's guest RAM.
-    fn take_back(&self, slot: u32, copy_in: usize, bufs: IoBuffers) {
-        if let IoBuffers::One(buf) = bufs {
-            if copy_in > 0 {
-                // SAFETY: the slot is the iothread's until its used entry (`GuestRam`).
-                let mem = unsafe { self.ram.slot_mut(self.index, slot) };
-                let n = copy_in.min(buf.len());
-                mem[..n].copy_from_slice(&buf[..n]);
-            }
-            self.bounce.borrow_mut()[slot as usize] = Some(buf);
-        }
-    }
-}
-
-/// One cell's iothread: its context, with the engine attached and every disk's doorbell
-/// registered, and the guest RAM. Fields drop in order: the context (and its handlers), then
-/// the engine (waiting for the kernel and the workers to finish with every request), and the
-/// guest RAM last, so that the mapping outlives every request pointing into it.
-struct Iothread<L: EventLoop + 'static, E: IoEngine + 'static> {
-    ctx: AioContext<L>,
-    engine: Rc<AttachedEngine<L, E>>,
-    queues: Vec<Arc<Virtqueue>>,
-    /// Guests that have finished (or panicked).
-    finished: Arc<AtomicUsize>,
-    spec: CellSpec,
-    ram: Arc<GuestRam>,
-}
-
-impl<L: EventLoop + 'static, E: IoEngine + 'static> Iothread<L, E> {
-    /// The guest RAM, the context over `monitor` with the cell's polling, `engine` attached,
-    /// and a virtqueue per disk with its doorbell registered.
-    fn set_up(monitor: L, engine: E, images: &[DiskImage], spec: CellSpec) -> io::Result<Self> {
-        let ram = Arc::new(GuestRam::new(spec.active, spec.iodepth, spec.bs)?);
-        let ctx = AioContext::new(monitor)?;
-        ctx.set_poll_params(PollParams::iothread().with_max_ns(spec.poll_max_ns));
-        ctx.set_poll_idle_interval(spec.poll_idle);
-        let queues: Vec<Arc<Virtqueue>> = (0..spec.disks)
-            .map(|_| Virtqueue::new().map(Arc::new))
-            .collect::<io::Result<_>>()?;
-        // Every request is submitted with its own completion (`HostDisk::complete`).
-        let engine = Rc::new(ctx.attach_engine(engine, |_, _| {})?);
-        let iothread = Iothread {
-            ctx,
-            engine,
-            queues,
-            finished: Arc::new(AtomicUsize::new(0)),
-            spec,
-            ram,
-        };
-        // The ioeventfd handlers: every disk, active or idle.
-        for (disk, image) in images[..spec.disks].iter().enumerate() {
-            iothread.register_doorbell(disk, image)?;
-        }
-        Ok(iothread)
-    }
-
-    /// Registers disk `disk`'s doorbell: `io_read` and `io_poll_ready` take its requests into
-    /// the engine, `io_poll` looks at its available ring.
-    fn register_doorbell(&self, disk: usize, image: &DiskImage) -> io::Result<()> {
-        let vq = &self.queues[disk];
-        let driven = disk < self.spec.active && self.spec.memory == MemoryPath::Bounce;
-        let bounce = (0..self.spec.iodepth)
-            .filter(|_| driven)
-            .map(|_| Some(AlignedBuf::new(self.spec.bs)))
+    #[test]
+    fn queues_spread_round_robin_over_iothreads() {
+        // One queue per disk: disk d on iothread d % K.
+        let on: Vec<usize> = (0..5).map(|d| iothread_of(d, 0, 1, 2)).collect();
+        assert_eq!(on, [0, 1, 0, 1, 0]);
+        // Two queues per disk over three iothreads: (d * 2 + q) % 3.
+        let on: Vec<(usize, usize)> = (0..3)
+            .map(|d| (iothread_of(d, 0, 2, 3), iothread_of(d, 1, 2, 3)))
             .collect();
-        let host = Rc::new(HostDisk {
-            index: disk,
-            vq: vq.clone(),
-            file: image.file().clone(),
-            base: image.base(),
-            ram: self.ram.clone(),
-            memory: self.spec.memory,
-            bounce: RefCell::new(bounce),
-        });
-        let engine = self.engine.clone();
-        let process = Rc::new(move || host.process(&engine));
-        let (p1, p2, vq2, vq3) = (process.clone(), process, vq.clone(), vq.clone());
-        self.ctx
-            .set_fd_handler(
-                &vq.doorbell,
-                FdHandler::new()
-                    .on_read(move |_| {
-                        vq2.doorbell.test_and_clear();
-                        p1();
-                    })
-                    .on_poll(move || vq3.avail_len.load(Ordering::Acquire) > 0)
-                    .on_poll_ready(move |_| p2()),
-            )
-            .map_err(io::Error::from)
-    }
-
-    /// A guest thread per active disk.
-    fn spawn_guests(&self, images: &[DiskImage]) -> io::Result<Vec<JoinHandle<GuestStats>>> {
-        let spec = self.spec;
-        (0..spec.active)
-            .map(|disk| {
-                let blocks = images[disk].size() / spec.bs as u64;
-                let ledger = spec
-                    .verify
-                    .then(|| images[disk].ledger().cloned())
-                    .flatten();
-                let done = GuestDone::new(self.finished.clone(), self.ctx.notify_handle());
-                let vq = self.queues[disk].clone();
-                guest::spawn(
-                    vq,
-                    self.ram.clone(),
-                    spec,
-                    disk,
-                    blocks.max(1),
-                    ledger,
-                    done,
-                )
-            })
-            .collect()
-    }
-
-    /// Runs the loop until every guest has finished; the iothread's CPU time meanwhile, s.
-    fn drive(&self) -> f64 {
-        let cpu0 = thread_cpu_seconds();
-        while self.finished.load(Ordering::Acquire) < self.spec.active {
-            self.ctx.poll(true);
-        }
-        thread_cpu_seconds() - cpu0
-    }
-
-    /// The cell's result: the loop's counters and every guest's figures; the doorbells
-    /// deregistered and the context dropped.
-    fn collect(
-        self,
-        guests: Vec<JoinHandle<GuestStats>>,
-        iothread_cpu_s: f64,
-    ) -> io::Result<CellResult> {
-        let mut result = CellResult::new(self.spec.runtime, self.ctx.counters(), iothread_cpu_s);
-        for g in guests {
-            let stats = g
-                .join()
-                .map_err(|_| io::Error::other("a guest thread panicked"))?;
-            result.add(stats);
-        }
-        for vq in &self.queues {
-            let _ = self.ctx.remove_fd_handler(&vq.doorbell);
-        }
-        Ok(result)
+        assert_eq!(on, [(0, 1), (2, 0), (1, 2)]);
+        assert_eq!(iothread_of(7, 0, 1, 1), 0);
     }
 }

@@ -60,6 +60,10 @@ fn bad_input_exits_2_says_what_and_leaves_no_images() {
         (vec!["matrix", "--engine", "spdk"], "spdk"),
         (vec!["matrix", "--workloads", "seq"], "seq"),
         (vec!["matrix", "--disks", "0"], "--disks"),
+        (vec!["matrix", "--iothreads", "0"], "--iothreads"),
+        (vec!["matrix", "--iothreads", "1,0"], "0 is not in 1..=64"),
+        (vec!["matrix", "--queues", "0"], "--queues"),
+        (vec!["matrix", "--queues", "0"], "0 is not in 1..=64"),
         (vec!["matrix", "--bs", "4x"], "4x"),
         (vec!["matrix", "--runtime", "soon"], "soon"),
         (
@@ -90,6 +94,79 @@ fn bad_input_exits_2_says_what_and_leaves_no_images() {
     ];
     expect_bad_input(&cases);
     assert_eq!(dir.entries(), 1, "only the job file: no images left behind");
+}
+
+/// `--iothreads` (a list) and `--queues` from the command line to the reports: each K is a
+/// row of the table and a cell of the JSON and the CSV, with Q and each iothread's CPU time.
+#[test]
+#[cfg(all(feature = "epoll", feature = "linux-aio"))]
+fn matrix_reports_iothreads_and_queues() {
+    let dir = TempDir::new("iot");
+    let d = dir.0.to_str().unwrap();
+    let (json, csv) = (dir.0.join("m.json"), dir.0.join("m.csv"));
+    let o = bench()
+        .args([
+            "matrix",
+            "--dir",
+            d,
+            "--engine",
+            "linux-aio",
+            "--fdmon",
+            "epoll",
+        ])
+        .args([
+            "--disks",
+            "4",
+            "--active",
+            "all",
+            "--workloads",
+            "randrw",
+            "--verify",
+        ])
+        .args([
+            "--iothreads",
+            "1,2",
+            "--queues",
+            "2",
+            "--runtime",
+            "100ms",
+            "--ramp",
+            "0s",
+        ])
+        .args(["--disk-size", "1m", "--json", json.to_str().unwrap()])
+        .args(["--csv", csv.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("2 queues per disk") && t.contains("verify: "),
+        "{t}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let cells = v["cells"].as_array().unwrap();
+    let k: Vec<u64> = cells
+        .iter()
+        .map(|c| c["iothreads"].as_u64().unwrap())
+        .collect();
+    assert_eq!(k, [1, 2]);
+    assert!(cells.iter().all(|c| c["queues"] == 2));
+    assert_eq!(cells[1]["per_iothread"].as_array().unwrap().len(), 2);
+    let csv = std::fs::read_to_string(&csv).unwrap();
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let (ki, qi) = (
+        header.iter().position(|h| *h == "iothreads").unwrap(),
+        header.iter().position(|h| *h == "queues").unwrap(),
+    );
+    let rows: Vec<(String, String)> = lines
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (f[ki].to_string(), f[qi].to_string())
+        })
+        .collect();
+    assert_eq!(rows, [("1".into(), "2".into()), ("2".into(), "2".into())]);
+    assert_eq!(dir.entries(), 2, "the reports only: no images left behind");
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! `aio-bench matrix`: the scsi-disk scaling matrix from the QEMU epoll discussion, 1..256 disks
-//! on one IOThread.
+//! on one IOThread, or spread over K (`--iothreads`).
 //!
 //! This module owns the subcommand's run: the matrix the flags ask for (the quick matrix,
 //! [`MatrixSpec::quick`], or with `--full` [`MatrixSpec::full`], each flag given applied), where the
@@ -92,10 +92,18 @@ fn spec(args: &MatrixArgs) -> MatrixSpec {
             } else {
                 MemoryPath::Guest
             },
+            queues: args.queues as usize,
+            batch_interrupts: args.batch_interrupts,
             ..base.cell
         },
         disk_size: args.disk_size,
         repeat: args.repeat as usize,
+        iothreads: if args.iothreads.is_empty() {
+            base.iothreads
+        } else {
+            args.iothreads.iter().map(|&k| k as usize).collect()
+        },
+        cpus: args.cpus.clone().map(|c| c.0).unwrap_or_default(),
         ..base
     }
 }
@@ -164,11 +172,18 @@ impl Disks {
 /// The line on stderr that says what the matrix runs, and where.
 fn header(args: &MatrixArgs, spec: &MatrixSpec, place: &str) -> String {
     format!(
-        "matrix: fdmon {:?} x engine {:?} x disks {:?} x workloads {:?}; bs {} iodepth {} active {} runtime {:?}; {} memory{}{}; {}",
+        "matrix: fdmon {:?} x engine {:?} x disks {:?} x workloads {:?} x iothreads {:?}; {} queue(s) per disk, interrupts {}; bs {} iodepth {} active {} runtime {:?}; {} memory{}{}; {}",
         spec.fdmons.iter().map(|k| k.name()).collect::<Vec<_>>(),
         spec.engines.iter().map(|k| k.name()).collect::<Vec<_>>(),
         spec.disks,
         spec.workloads.iter().map(|w| w.name()).collect::<Vec<_>>(),
+        spec.iothreads,
+        spec.cell.queues,
+        if spec.cell.batch_interrupts {
+            "per batch"
+        } else {
+            "per request"
+        },
         args.bs,
         args.iodepth,
         args.active,
@@ -181,7 +196,11 @@ fn header(args: &MatrixArgs, spec: &MatrixSpec, place: &str) -> String {
         },
         args.cpus
             .as_ref()
-            .map(|c| format!("; on CPUs {:?}", c.0))
+            .map(|c| format!(
+                "; on CPUs {:?} (iothread t on the list's CPU t mod {}, guests on those left)",
+                c.0,
+                c.0.len()
+            ))
             .unwrap_or_default(),
         place
     )
@@ -194,11 +213,12 @@ fn run_cells(spec: &MatrixSpec, images: &[DiskImage]) -> Result<Vec<Cell>, Bench
         progress.step(
             i as u64,
             format!(
-                "{} {} disks={} {}: {:.1} MB/s, {:.0} IOPS",
+                "{} {} disks={} {} iothreads={}: {:.1} MB/s, {:.0} IOPS",
                 c.engine,
                 c.fdmon,
                 c.disks,
                 c.workload.name(),
+                c.iothreads,
                 c.mb_s(),
                 c.iops()
             ),
@@ -241,11 +261,12 @@ fn verdict(cells: &[Cell]) -> Result<(), BenchError> {
     for c in cells.iter().filter(|c| c.result.verify_errors > 0) {
         for r in &c.result.verify_reports {
             println!(
-                "  {} {} disks={} {}: {r}",
+                "  {} {} disks={} {} iothreads={}: {r}",
                 c.engine,
                 c.fdmon,
                 c.disks,
-                c.workload.name()
+                c.workload.name(),
+                c.iothreads
             );
         }
     }
@@ -295,5 +316,20 @@ mod tests {
         assert_eq!(s.cell.memory, MemoryPath::Guest);
         let s = spec_of(&["aio-bench", "matrix", "--bounce", "--verify"]);
         assert_eq!((s.cell.memory, s.cell.verify), (MemoryPath::Bounce, true));
+        let s = spec_of(&[
+            "aio-bench",
+            "matrix",
+            "--iothreads",
+            "1,2",
+            "--queues",
+            "4",
+            "--cpus",
+            "0-1",
+        ]);
+        assert_eq!((s.iothreads, s.cell.queues), (vec![1, 2], 4));
+        assert!(!s.cell.batch_interrupts);
+        let s = spec_of(&["aio-bench", "matrix", "--batch-interrupts"]);
+        assert!(s.cell.batch_interrupts);
+        assert_eq!((s.cell.iothreads, s.cpus), (1, vec![0, 1]));
     }
 }

@@ -102,6 +102,13 @@ fn iodepth_batch_submit_sets_the_engine_batch() {
 }
 
 #[test]
+fn iothreads_is_parsed_and_defaults_to_one() {
+    let f = p("[global]\niodepth=8\n[a]\niothreads=4\n[b]\n").unwrap();
+    let got: Vec<_> = f.jobs.iter().map(|j| j.iothreads).collect();
+    assert_eq!(got, [4, 1]);
+}
+
+#[test]
 fn poll_rule_and_uring_taskrun_are_parsed() {
     let f = p("[a]\npoll_rule=qemu\nuring_taskrun=signal\n[b]\n").unwrap();
     assert_eq!(
@@ -182,6 +189,12 @@ fn errors_name_the_file_and_line() {
         ),
         ("[a]\nkb_base=1000\n", 2, "kb_base=1024"),
         ("[a]\nbs=64m\niodepth=64\n", 1, "bytes of buffers"),
+        ("[a]\niothreads=0\n", 2, "1..=64"),
+        (
+            "[a]\niothreads=2\n",
+            1,
+            "iothreads=2 is more than iodepth=1",
+        ),
     ];
     for (text, line, needle) in cases {
         let e = p(text).unwrap_err();

@@ -10,22 +10,30 @@ use serde_json::json;
 use super::{Cell, MatrixSpec};
 
 /// The scsi-disk scaling table, shaped as in the QEMU epoll discussion: one per engine, a row
-/// per disk count, a column group per fd monitor with a column per workload, in MB/s.
+/// per disk count and iothread count, a column group per fd monitor with a column per
+/// workload, in MB/s.
 pub fn table(spec: &MatrixSpec, cells: &[Cell]) -> String {
     let mut out = String::new();
     let width = 8 * spec.workloads.len();
+    let queues = spec.cell.queues;
     for &engine in &spec.engines {
         let _ = writeln!(
             out,
-            "engine {engine} (MB/s), {} memory",
-            spec.cell.memory.name()
+            "engine {engine} (MB/s), {} memory, {queues} queue{} per disk{}",
+            spec.cell.memory.name(),
+            if queues == 1 { "" } else { "s" },
+            if spec.cell.batch_interrupts {
+                ", interrupts per batch"
+            } else {
+                ""
+            }
         );
-        let _ = write!(out, "{:>10} ", "disks");
+        let _ = write!(out, "{:>10} {:>9} ", "disks", "iothreads");
         for f in &spec.fdmons {
             let _ = write!(out, "| {:^width$} ", f.name());
         }
         out.push('\n');
-        let _ = write!(out, "{:>10} ", "");
+        let _ = write!(out, "{:>10} {:>9} ", "", "");
         for _ in &spec.fdmons {
             out.push_str("| ");
             for w in &spec.workloads {
@@ -34,31 +42,49 @@ pub fn table(spec: &MatrixSpec, cells: &[Cell]) -> String {
         }
         out.push('\n');
         for &d in &spec.disks {
-            let _ = write!(out, "{d:>10} ");
-            for &f in &spec.fdmons {
-                out.push_str("| ");
-                for &w in &spec.workloads {
-                    let v = cells
-                        .iter()
-                        .find(|c| {
-                            c.engine == engine && c.fdmon == f && c.disks == d && c.workload == w
-                        })
-                        .map(|c| format!("{:.1}", c.mb_s()))
-                        .unwrap_or_else(|| "-".into());
-                    let _ = write!(out, "{v:>7} ");
+            for &k in &spec.iothreads {
+                let _ = write!(out, "{d:>10} {k:>9} ");
+                for &f in &spec.fdmons {
+                    out.push_str("| ");
+                    for &w in &spec.workloads {
+                        let v = cells
+                            .iter()
+                            .find(|c| {
+                                c.engine == engine
+                                    && c.fdmon == f
+                                    && c.disks == d
+                                    && c.workload == w
+                                    && c.iothreads == k
+                            })
+                            .map(|c| format!("{:.1}", c.mb_s()))
+                            .unwrap_or_else(|| "-".into());
+                        let _ = write!(out, "{v:>7} ");
+                    }
                 }
+                out.push('\n');
             }
-            out.push('\n');
         }
         out.push('\n');
     }
     out
 }
 
-/// The CSV report: the JSON's fields as columns, one row per cell.
+/// Each iothread's CPU time in s, `;`-separated, for the CSV.
+fn per_iothread_cpu(c: &Cell) -> String {
+    let each: Vec<String> = c
+        .result
+        .per_iothread
+        .iter()
+        .map(|t| format!("{:.4}", t.cpu_s))
+        .collect();
+    each.join(";")
+}
+
+/// The CSV report: the JSON's fields as columns, one row per cell (each iothread's CPU time
+/// in one column, `;`-separated).
 pub fn to_csv(spec: &MatrixSpec, cells: &[Cell]) -> String {
     let mut out = String::from(
-        "fdmon,engine,disks,active,workload,bs,iodepth,memory,mb_s,iops,lat_us_mean,lat_us_p50,lat_us_p99,lat_us_p999,iothread_cpu_s,iterations,blocking_waits,notifier_writes,poll_hits,busy_poll_ns,errors\n",
+        "fdmon,engine,disks,active,workload,bs,iodepth,memory,iothreads,queues,batch_interrupts,mb_s,iops,lat_us_mean,lat_us_p50,lat_us_p99,lat_us_p999,iothread_cpu_s,iothread_cpu_s_each,guest_cpu_s,interrupts,guest_waits,iterations,blocking_waits,notifier_writes,poll_hits,busy_poll_ns,errors\n",
     );
     for c in cells {
         let h = &c.result.latency_ns;
@@ -66,7 +92,7 @@ pub fn to_csv(spec: &MatrixSpec, cells: &[Cell]) -> String {
         let k = &c.result.counters;
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{:.3},{:.1},{:.2},{:.2},{:.2},{:.2},{:.4},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{:.3},{:.1},{:.2},{:.2},{:.2},{:.2},{:.4},{},{:.4},{},{},{},{},{},{},{},{}",
             c.fdmon.name(),
             c.engine.name(),
             c.disks,
@@ -75,6 +101,9 @@ pub fn to_csv(spec: &MatrixSpec, cells: &[Cell]) -> String {
             spec.cell.bs,
             spec.cell.iodepth,
             spec.cell.memory.name(),
+            c.iothreads,
+            c.queues,
+            spec.cell.batch_interrupts,
             c.mb_s(),
             c.iops(),
             h.mean() / 1000.0,
@@ -82,6 +111,10 @@ pub fn to_csv(spec: &MatrixSpec, cells: &[Cell]) -> String {
             us(0.99),
             us(0.999),
             c.result.iothread_cpu_s,
+            per_iothread_cpu(c),
+            c.result.guest_cpu_s,
+            c.result.interrupts,
+            c.result.guest_waits,
             k.iterations,
             k.blocking_waits,
             k.notifier_writes,
@@ -93,61 +126,108 @@ pub fn to_csv(spec: &MatrixSpec, cells: &[Cell]) -> String {
     out
 }
 
-/// An SVG chart: MB/s against disk count, one line per fd monitor and engine (and one chart
-/// per workload, stacked), readable without the terminal output.
+/// One chart's lines: a label and its points.
+type Series = Vec<(String, Vec<(f64, f64)>)>;
+
+/// An SVG chart, one panel per workload, stacked: MB/s against disk count, a line per fd
+/// monitor and engine (and iothread count, when there are several). With several iothread
+/// counts (`--iothreads 1,2`) a second panel per workload draws the scaling: MB/s against
+/// iothreads, a line per fd monitor, engine and disk count.
 pub fn to_svg(spec: &MatrixSpec, cells: &[Cell]) -> Result<String, String> {
     use plotters::prelude::*;
+    let scaling = spec.iothreads.len() > 1;
+    let mut panels: Vec<(String, &str, f64, Series)> = Vec::new();
+    let what = format!(
+        "bs {}, iodepth {}, active {}, {} queue(s) per disk",
+        spec.cell.bs,
+        spec.cell.iodepth,
+        if spec.active_all { "all" } else { "one" },
+        spec.cell.queues
+    );
+    let max_disks = spec.disks.iter().copied().max().unwrap_or(1) as f64;
+    let max_k = spec.iothreads.iter().copied().max().unwrap_or(1) as f64;
+    for &workload in &spec.workloads {
+        let ours: Vec<&Cell> = cells.iter().filter(|c| c.workload == workload).collect();
+        let mut by_disks = Series::new();
+        let mut by_k = Series::new();
+        for &engine in &spec.engines {
+            for &fdmon in &spec.fdmons {
+                let line = |keep: &dyn Fn(&Cell) -> bool, x: &dyn Fn(&Cell) -> f64| {
+                    let mut points: Vec<(f64, f64)> = ours
+                        .iter()
+                        .filter(|c| c.engine == engine && c.fdmon == fdmon && keep(c))
+                        .map(|c| (x(c), c.mb_s()))
+                        .collect();
+                    points.sort_by(|a, b| a.0.total_cmp(&b.0));
+                    points
+                };
+                for &k in &spec.iothreads {
+                    let label = if scaling {
+                        format!("{engine} / {fdmon}, {k} iothread(s)")
+                    } else {
+                        format!("{engine} / {fdmon}")
+                    };
+                    by_disks.push((label, line(&|c| c.iothreads == k, &|c| c.disks as f64)));
+                }
+                for &d in spec.disks.iter().filter(|_| scaling) {
+                    let label = format!("{engine} / {fdmon}, {d} disks");
+                    by_k.push((label, line(&|c| c.disks == d, &|c| c.iothreads as f64)));
+                }
+            }
+        }
+        panels.push((
+            format!("{} ({what}): MB/s vs disks", workload.name()),
+            "disks attached",
+            max_disks,
+            by_disks,
+        ));
+        if scaling {
+            panels.push((
+                format!("{} ({what}): MB/s vs iothreads", workload.name()),
+                "iothreads",
+                max_k,
+                by_k,
+            ));
+        }
+    }
     let mut svg = String::new();
     {
-        let rows = spec.workloads.len().max(1);
+        let rows = panels.len().max(1);
         let root = SVGBackend::with_string(&mut svg, (900, 420 * rows as u32)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| e.to_string())?;
         let areas = root.split_evenly((rows, 1));
-        let max_disks = spec.disks.iter().copied().max().unwrap_or(1) as f64;
-        for (area, &workload) in areas.iter().zip(&spec.workloads) {
-            let ours: Vec<&Cell> = cells.iter().filter(|c| c.workload == workload).collect();
-            let top = ours.iter().map(|c| c.mb_s()).fold(1.0, f64::max) * 1.15;
+        for (area, (caption, x_desc, x_max, series)) in areas.iter().zip(panels) {
+            let top = series
+                .iter()
+                .flat_map(|(_, p)| p.iter().map(|&(_, y)| y))
+                .fold(1.0, f64::max)
+                * 1.15;
             let mut chart = ChartBuilder::on(area)
-                .caption(
-                    format!(
-                        "{} (bs {}, iodepth {}, active {}): MB/s vs disks",
-                        workload.name(),
-                        spec.cell.bs,
-                        spec.cell.iodepth,
-                        if spec.active_all { "all" } else { "one" }
-                    ),
-                    ("sans-serif", 18),
-                )
+                .caption(caption, ("sans-serif", 18))
                 .margin(12)
                 .x_label_area_size(36)
                 .y_label_area_size(56)
-                .build_cartesian_2d((1f64..max_disks.max(2.0)).log_scale(), 0f64..top)
+                .build_cartesian_2d((1f64..x_max.max(2.0)).log_scale(), 0f64..top)
                 .map_err(|e| e.to_string())?;
             chart
                 .configure_mesh()
-                .x_desc("disks attached")
+                .x_desc(x_desc)
                 .y_desc("MB/s")
                 .draw()
                 .map_err(|e| e.to_string())?;
-            let mut index = 0;
-            for &engine in &spec.engines {
-                for &fdmon in &spec.fdmons {
-                    let mut points: Vec<(f64, f64)> = ours
-                        .iter()
-                        .filter(|c| c.engine == engine && c.fdmon == fdmon)
-                        .map(|c| (c.disks as f64, c.mb_s()))
-                        .collect();
-                    points.sort_by(|a, b| a.0.total_cmp(&b.0));
-                    let color = Palette99::pick(index).to_rgba();
-                    index += 1;
-                    chart
-                        .draw_series(LineSeries::new(points, color.stroke_width(2)))
-                        .map_err(|e| e.to_string())?
-                        .label(format!("{engine} / {fdmon}"))
-                        .legend(move |(x, y)| {
-                            PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
-                        });
-                }
+            for (index, (label, points)) in series.into_iter().enumerate() {
+                let color = Palette99::pick(index).to_rgba();
+                // A marker per point, so that a line of one point shows too.
+                chart
+                    .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                    .map_err(|e| e.to_string())?;
+                chart
+                    .draw_series(LineSeries::new(points, color.stroke_width(2)))
+                    .map_err(|e| e.to_string())?
+                    .label(label)
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+                    });
             }
             chart
                 .configure_series_labels()
@@ -183,10 +263,22 @@ pub fn to_json(spec: &MatrixSpec, cells: &[Cell]) -> serde_json::Value {
                 "bs": spec.cell.bs,
                 "iodepth": spec.cell.iodepth,
                 "memory": spec.cell.memory.name(),
+                "iothreads": c.iothreads,
+                "queues": c.queues,
+                "batch_interrupts": spec.cell.batch_interrupts,
                 "mb_s": c.mb_s(),
+                "mb_s_rounds": c.rounds_mb_s,
                 "iops": c.iops(),
                 "lat_us": {"mean": h.mean() / 1000.0, "p50": us(0.5), "p99": us(0.99), "p999": us(0.999)},
                 "iothread_cpu_s": c.result.iothread_cpu_s,
+                "guest_cpu_s": c.result.guest_cpu_s,
+                "interrupts": c.result.interrupts,
+                "guest_waits": c.result.guest_waits,
+                "per_iothread": c.result.per_iothread.iter().map(|t| json!({
+                    "queues": t.queues,
+                    "cpu_s": t.cpu_s,
+                    "counters": crate::runner::counters_json(&t.counters),
+                })).collect::<Vec<_>>(),
                 "counters": {
                     "iterations": k.iterations,
                     "blocking_waits": k.blocking_waits,

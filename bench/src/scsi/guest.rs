@@ -1,9 +1,10 @@
 //! The guest of a matrix cell: one thread per active disk, keeping `iodepth` requests in flight
-//! on the disk's virtqueue as fio does in the guest.
+//! on the disk's virtqueues as fio does in the guest.
 //!
-//! This module owns the guest's side of the virtqueue and its figures: set up (the offsets, the
-//! slots, the measured window), drive (fill the available ring and ring the doorbell, wait for
-//! the interrupt, reap the used ring; with verify, one request per block, each write's stamp
+//! This module owns the guest's side of the virtqueues and its figures: set up (the offsets,
+//! the slots, the measured window), drive (put each request on the disk's next queue in turn
+//! and ring the doorbells of the queues it filled, wait for an interrupt, reap the used rings;
+//! with verify, one request per block, each write's stamp
 //! prepared in its slot of guest RAM and every read's stamp checked there, judged against the
 //! disk's ledger) and collect ([`GuestStats`]). It never touches the iothread's context or the
 //! engine.
@@ -18,8 +19,9 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use nix::poll::{poll, PollFd, PollFlags};
 
-use super::{CellSpec, GuestRam, GuestRequest, UsedEntry, Virtqueue};
-use crate::job::{latency_histogram, OffsetStream};
+use super::memory::GuestRam;
+use super::{CellSpec, GuestRequest, UsedEntry, Virtqueue};
+use crate::job::{latency_histogram, thread_cpu_seconds, OffsetStream};
 use crate::verify::{self, Ledger};
 
 /// How long after its deadline a guest waits for requests still in flight before it counts
@@ -48,18 +50,25 @@ pub(super) struct GuestStats {
     pub(super) verify_errors: u64,
     /// With verify: the first mismatches.
     pub(super) verify_reports: Vec<String>,
+    /// The guest thread's CPU time, s.
+    pub(super) cpu_s: f64,
+    /// Waits for an interrupt.
+    pub(super) waits: u64,
 }
 
-/// Counts a guest as finished and wakes the iothread when dropped: also when the guest
-/// panics, so the iothread never waits for a guest that is gone.
+/// Counts a guest as finished and wakes the iothread that waits for it (if any) when dropped:
+/// also when the guest panics, so the iothread never waits for a guest that is gone.
 pub(super) struct GuestDone {
     finished: Arc<AtomicUsize>,
-    wake_iothread: aio_core::NotifyHandle,
+    wake_iothread: Option<aio_core::NotifyHandle>,
 }
 
 impl GuestDone {
     /// Counts into `finished`, wakes through `wake_iothread`.
-    pub(super) fn new(finished: Arc<AtomicUsize>, wake_iothread: aio_core::NotifyHandle) -> Self {
+    pub(super) fn new(
+        finished: Arc<AtomicUsize>,
+        wake_iothread: Option<aio_core::NotifyHandle>,
+    ) -> Self {
         GuestDone {
             finished,
             wake_iothread,
@@ -70,32 +79,50 @@ impl GuestDone {
 impl Drop for GuestDone {
     fn drop(&mut self) {
         self.finished.fetch_add(1, Ordering::AcqRel);
-        self.wake_iothread.notify();
+        if let Some(w) = &self.wake_iothread {
+            w.notify();
+        }
     }
 }
 
-/// Starts the guest of disk `disk` (`blocks` blocks of `spec.bs`) on `vq` with its slots in
-/// `ram`, checking reads against `ledger` with verify; `done` counts it finished.
+/// Where a guest runs and what it reports to: the CPUs it is pinned to (empty: where its
+/// parent runs) and the count of finished guests.
+pub(super) struct GuestPlace {
+    /// CPUs to pin the guest thread to (empty: not pinned).
+    pub(super) cpus: Vec<usize>,
+    /// Counts the guest finished.
+    pub(super) done: GuestDone,
+}
+
+/// Starts the guest of disk `disk` (`blocks` blocks of `spec.bs`) on the disk's virtqueues
+/// `vqs` with its slots in `ram`, checking reads against `ledger` with verify; it runs on
+/// `place.cpus`, and `place.done` counts it finished.
 pub(super) fn spawn(
-    vq: Arc<Virtqueue>,
+    vqs: Vec<Arc<Virtqueue>>,
     ram: Arc<GuestRam>,
     spec: CellSpec,
     disk: usize,
     blocks: u64,
     ledger: Option<Arc<Mutex<Ledger>>>,
-    done: GuestDone,
+    place: GuestPlace,
 ) -> io::Result<JoinHandle<GuestStats>> {
     std::thread::Builder::new()
         .name(format!("guest-{disk}"))
         .spawn(move || {
             // Dropped last: the guest counts as finished once everything else is let go.
-            let _done = done;
+            let _done = place.done;
+            if !place.cpus.is_empty() {
+                // The CPUs were checked when the process was pinned to their list; a refusal
+                // leaves the guest where its parent runs.
+                let _ = crate::cpus::pin_to(&place.cpus);
+            }
             // This guest is the disk's only writer while the cell runs.
             let mut ledger = ledger
                 .as_ref()
                 .map(|l| l.lock().unwrap_or_else(PoisonError::into_inner));
-            let mut guest = Guest::set_up(&vq, &ram, spec, disk, blocks, ledger.as_deref_mut());
+            let mut guest = Guest::set_up(&vqs, &ram, spec, disk, blocks, ledger.as_deref_mut());
             guest.drive();
+            guest.stats.cpu_s = thread_cpu_seconds();
             guest.stats
         })
 }
@@ -111,7 +138,12 @@ struct SlotInfo {
 
 /// One guest while it runs.
 struct Guest<'a> {
-    vq: &'a Virtqueue,
+    /// The disk's virtqueues.
+    vqs: &'a [Arc<Virtqueue>],
+    /// The queue the next request goes on.
+    next_queue: usize,
+    /// Per queue, the requests of the current `issue` (kept to reuse their memory).
+    pending: Vec<Vec<GuestRequest>>,
     /// The guest RAM; this guest's slots are those of disk `disk`.
     ram: &'a GuestRam,
     disk: usize,
@@ -130,7 +162,7 @@ struct Guest<'a> {
 impl<'a> Guest<'a> {
     /// Every slot free, the window starting after the ramp.
     fn set_up(
-        vq: &'a Virtqueue,
+        vqs: &'a [Arc<Virtqueue>],
         ram: &'a GuestRam,
         spec: CellSpec,
         disk: usize,
@@ -153,7 +185,9 @@ impl<'a> Guest<'a> {
             generation: 0,
         };
         Guest {
-            vq,
+            vqs,
+            next_queue: 0,
+            pending: vec![Vec::new(); vqs.len()],
             ram,
             disk,
             offsets,
@@ -171,6 +205,8 @@ impl<'a> Guest<'a> {
                 verified_reads: 0,
                 verify_errors: 0,
                 verify_reports: Vec::new(),
+                cpu_s: 0.0,
+                waits: 0,
             },
         }
     }
@@ -186,10 +222,12 @@ impl<'a> Guest<'a> {
                 break;
             }
             self.wait_for_interrupt();
-            let used = self.vq.take_used();
+            self.stats.waits += 1;
             let now = Instant::now();
-            for entry in used {
-                self.complete(entry, now);
+            for q in 0..self.vqs.len() {
+                for entry in self.vqs[q].take_used() {
+                    self.complete(entry, now);
+                }
             }
             if now >= self.deadline + GIVE_UP_AFTER {
                 self.abandon();
@@ -198,20 +236,29 @@ impl<'a> Guest<'a> {
         }
     }
 
-    /// Fills the free slots with requests issued at `now` and kicks the ioeventfd.
+    /// Fills the free slots with requests issued at `now`, each on the next queue in turn,
+    /// and kicks the ioeventfd of every queue that got one.
     fn issue(&mut self, now: Instant) {
-        let mut queue = self.vq.avail.lock().unwrap_or_else(PoisonError::into_inner);
         while let Some(&slot) = self.free.last() {
             let Some(block) = self.pick_block() else {
                 break;
             };
             self.free.pop();
-            queue.push_back(self.start(slot, block, now));
+            let request = self.start(slot, block, now);
+            self.pending[self.next_queue].push(request);
+            self.next_queue = (self.next_queue + 1) % self.vqs.len();
             self.outstanding += 1;
         }
-        self.vq.avail_len.store(queue.len(), Ordering::Release);
-        drop(queue);
-        let _ = self.vq.doorbell.notify();
+        for (vq, pending) in self.vqs.iter().zip(&mut self.pending) {
+            if pending.is_empty() {
+                continue;
+            }
+            let mut avail = vq.avail.lock().unwrap_or_else(PoisonError::into_inner);
+            avail.extend(pending.drain(..));
+            vq.avail_len.store(avail.len(), Ordering::Release);
+            drop(avail);
+            let _ = vq.doorbell.notify();
+        }
     }
 
     /// The next block to request. With verify, one with no request in flight: `None` when the
@@ -260,11 +307,26 @@ impl<'a> Guest<'a> {
         }
     }
 
-    /// Waits for the interrupt (at most 100 ms, so a lost one costs no more).
+    /// Waits for an interrupt of any of the disk's queues (at most 100 ms, so a lost one
+    /// costs no more).
     fn wait_for_interrupt(&self) {
-        let mut pfd = [PollFd::new(self.vq.interrupt.as_fd(), PollFlags::POLLIN)];
-        let _ = poll(&mut pfd, 100u16);
-        self.vq.interrupt.test_and_clear();
+        if let [vq] = self.vqs {
+            let mut pfd = [PollFd::new(vq.interrupt.as_fd(), PollFlags::POLLIN)];
+            let _ = poll(&mut pfd, 100u16);
+            vq.interrupt.test_and_clear();
+            return;
+        }
+        let mut pfds: Vec<PollFd<'_>> = self
+            .vqs
+            .iter()
+            .map(|vq| PollFd::new(vq.interrupt.as_fd(), PollFlags::POLLIN))
+            .collect();
+        let _ = poll(&mut pfds, 100u16);
+        for (vq, pfd) in self.vqs.iter().zip(&pfds) {
+            if pfd.any().unwrap_or(true) {
+                vq.interrupt.test_and_clear();
+            }
+        }
     }
 
     /// A finished request: its slot free again, the ledger settled, counted if it finished

@@ -1,0 +1,133 @@
+//! The job runner's tests: job files run end to end, `iothreads=` shares, and the errors
+//! that name their job.
+
+use super::*;
+use crate::jobfile;
+use std::path::Path;
+
+#[test]
+#[cfg(all(feature = "pool", feature = "poll"))]
+fn a_job_file_runs_and_reports_in_fio_formats() {
+    let dir = std::env::temp_dir().join(format!("aio-bench-run-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = format!(
+        "[global]\ndirectory={}\nsize=1m\ndirect=1\nioengine=psync\nfdmon=poll\ngroup_reporting\n\
+         [mixed]\nrw=randrw\nrwmixread=75\niodepth=4\nnumjobs=2\ntime_based\nruntime=200ms\ndisks=8\n\
+         [sized]\nrw=write\nbs=64k\n",
+        dir.display()
+    );
+    let f = jobfile::parse(&text, Path::new("test.fio")).unwrap();
+    let mut started = Vec::new();
+    let reports = run_file(&f, |d| started.push(d.name.clone())).unwrap();
+    assert_eq!(started, ["mixed", "sized"]);
+    let mixed = &reports[0].result;
+    assert!(mixed.read.ios > mixed.write.ios && mixed.write.ios > 0);
+    assert_eq!(mixed.errors, 0);
+    // Without time_based the job does its size (1 MiB) and stops.
+    assert_eq!(reports[1].result.write.bytes, 1 << 20);
+    assert_eq!(reports[1].result.write.ios, 16);
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "files the run created are removed"
+    );
+    std::fs::remove_dir(&dir).unwrap();
+
+    let text = to_normal(&reports);
+    assert!(
+        text.contains("mixed: (groupid=0, jobs=2): err= 0"),
+        "{text}"
+    );
+    assert!(text.contains("  read: IOPS=") && text.contains("  write: IOPS="));
+    assert!(text.contains("99.00th=["));
+
+    let v = to_fio_json(&reports);
+    // What fio-parsing tools read.
+    let j = &v["jobs"][0];
+    assert_eq!(j["jobname"], "mixed");
+    let read = &j["read"];
+    assert_eq!(read["io_bytes"].as_u64().unwrap(), mixed.read.bytes);
+    assert!(read["bw_bytes"].as_u64().unwrap() > 0);
+    assert!(read["iops"].as_f64().unwrap() > 0.0);
+    assert!(read["lat_ns"]["mean"].as_f64().unwrap() > 0.0);
+    assert!(read["clat_ns"]["percentile"]["99.000000"].as_u64().unwrap() > 0);
+    assert!(read["clat_ns"]["percentile"]["50.000000"].as_u64().unwrap() > 0);
+    assert_eq!(v["jobs"][1]["write"]["io_bytes"], 1 << 20);
+    assert_eq!(v["jobs"][1]["read"]["io_bytes"], 0);
+    // fio's own parser in this crate reads it.
+    let back = crate::fio::parse(&v.to_string(), &["read"]).unwrap();
+    assert!((back.iops - read["iops"].as_f64().unwrap()).abs() < 1e-6);
+}
+
+#[test]
+fn iothreads_share_the_file_the_depth_and_the_idle_disks() {
+    let f = jobfile::parse(
+        "[j]\nbs=4k\niodepth=5\ndisks=6\niothreads=2\n",
+        Path::new("x.fio"),
+    )
+    .unwrap();
+    let s = shares(&f.jobs[0], 5 * 4096 + 100, 2);
+    assert_eq!(s[0].region, 0..2 * 4096);
+    assert_eq!(s[1].region, 2 * 4096..5 * 4096 + 100);
+    assert_eq!((s[0].iodepth, s[1].iodepth), (3, 2));
+    // Idle disks 1..=5: 2 and 4 on iothread 0; 1, 3 and 5 on iothread 1.
+    assert_eq!((s[0].idle_fds, s[1].idle_fds), (2, 3));
+    let one = shares(&f.jobs[0], 8192, 1);
+    assert_eq!(
+        (one[0].region.clone(), one[0].iodepth, one[0].idle_fds),
+        (0..8192, 5, 5)
+    );
+}
+
+/// `iothreads=2`: two threads, each with its own loop and engine, share the job; without
+/// `time_based` they do `size` bytes together, each its half of the file.
+#[test]
+#[cfg(all(feature = "pool", feature = "poll"))]
+fn a_job_on_two_iothreads_does_its_size_once() {
+    let dir = std::env::temp_dir().join(format!("aio-bench-run-iot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = format!(
+        "[global]\ndirectory={}\nsize=1m\ndirect=1\nfdmon=poll\n\
+         [split]\nrw=randwrite\nbs=64k\niodepth=4\niothreads=2\ndisks=3\n\
+         [tiny]\nsize=64k\nbs=64k\niodepth=2\niothreads=2\n",
+        dir.display()
+    );
+    let f = jobfile::parse(&text, Path::new("iot.fio")).unwrap();
+    let r = run_one(&f.jobs[0]).unwrap();
+    assert_eq!((r.result.write.bytes, r.result.write.ios), (1 << 20, 16));
+    assert_eq!(r.result.errors, 0);
+    assert!(to_normal(std::slice::from_ref(&r)).contains("iothreads=2"));
+    assert_eq!(to_fio_json(&[r])["jobs"][0]["aio-bench"]["iothreads"], 2);
+    let e = run_one(&f.jobs[1]).unwrap_err().to_string();
+    assert!(e.contains("fewer than iothreads=2"), "{e}");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+    std::fs::remove_dir(&dir).unwrap();
+}
+
+#[test]
+fn a_missing_file_without_size_is_an_error_naming_the_job() {
+    let f = jobfile::parse(
+        "[j]\nfilename=/nonexistent/aio-bench/file\nfdmon=poll\n",
+        Path::new("x.fio"),
+    )
+    .unwrap();
+    let e = run_one(&f.jobs[0]).unwrap_err().to_string();
+    assert!(
+        e.contains("job 'j' (line 1)") && e.contains("no size="),
+        "{e}"
+    );
+}
+
+#[test]
+fn io_uring_options_on_another_engine_are_an_error_naming_the_job() {
+    let f = jobfile::parse(
+        "[j]\nioengine=libaio\nfixedbufs\nsize=1m\nfilename=/nonexistent/aio-bench/f\n",
+        Path::new("x.fio"),
+    )
+    .unwrap();
+    let e = run_one(&f.jobs[0]).unwrap_err().to_string();
+    assert!(
+        e.contains("job 'j' (line 1)") && e.contains("io_uring options"),
+        "{e}"
+    );
+}
