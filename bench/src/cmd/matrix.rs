@@ -325,9 +325,9 @@ mod tests {
             "0-1",
         ]);
         assert_eq!((s.iothreads, s.cell.queues), (vec![1, 2], 4));
+        assert_eq!((s.cell.iothreads, s.cpus), (1, vec![0, 1]));
         assert!(!s.cell.batch_interrupts);
         let s = spec_of(&["aio-bench", "matrix", "--batch-interrupts"]);
         assert!(s.cell.batch_interrupts);
-        assert_eq!((s.cell.iothreads, s.cpus), (1, vec![0, 1]));
     }
 }
