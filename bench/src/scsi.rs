@@ -13,11 +13,11 @@
 //!   file, `scsi/guest.rs`). Its data lives in the cell's one **guest RAM** region
 //!   (`scsi/memory.rs`), a `bs` slot per request: the guest prepares a write's data there and
 //!   finds a read's data there;
-//! * an **iothread** is one [`AioContext`](aio_core::AioContext) over the chosen monitor with the chosen engine
-//!   attached and its share of the virtqueues' doorbells registered (idle disks' too: that is
-//!   what the QEMU test measures), requests pushed into the engine pointing into guest RAM (or,
-//!   with [`MemoryPath::Bounce`], copied through its own buffers), each completion pushed back
-//!   to the guest by the request's own callback (`scsi/host.rs`). With `iothreads` K, queue `q`
+//! * an **iothread** is one [`AioContext`](aio_core::AioContext) over the chosen monitor with
+//!   the chosen engine attached and its share of the virtqueues' doorbells registered (idle
+//!   disks' too: that is what the QEMU test measures), requests pushed into the engine pointing
+//!   into guest RAM (or, with [`MemoryPath::Bounce`], copied through its own buffers), each
+//!   completion pushed back to the guest by the request's own callback (`scsi/host.rs`). With `iothreads` K, queue `q`
 //!   of disk `d` is served by iothread `(d * queues + q) % K` ([`iothread_of`], QEMU's
 //!   iothread-vq-mapping rule), each iothread an [`aio_core::IoThread`] that builds its monitor
 //!   and engine on itself.
