@@ -10,7 +10,6 @@
 
 use std::path::Path;
 
-use aio_bench::cleanup::RunDir;
 use aio_bench::cpus::CpuList;
 use aio_bench::engines::EngineKind;
 use aio_bench::error::BenchError;
@@ -27,13 +26,18 @@ use crate::MatrixArgs;
 /// Runs `matrix`.
 pub fn run(args: MatrixArgs) -> Result<(), BenchError> {
     let dir = check_target(args.dir.as_deref(), args.bs, args.disk_size, "--disk-size")?;
+    super::check_output_paths(&[
+        ("--json", args.json.as_deref()),
+        ("--csv", args.csv.as_deref()),
+        ("--svg", args.svg.as_deref()),
+    ])?;
     if let Some(CpuList(cpus)) = &args.cpus {
         aio_bench::cpus::pin_to(cpus).map_err(BenchError::BadInput)?;
     }
     let mut spec = spec(&args);
     let disks = match args.device {
         Some(loop_spec) => Disks::on_device(loop_spec, &mut spec)?,
-        None => Disks::in_run_dir(&dir, &spec)?,
+        None => Disks::in_dir(&dir, &spec)?,
     };
     eprintln!("{}", header(&args, &spec, &disks.place));
     let cells = run_cells(&spec, &disks.images)?;
@@ -110,7 +114,6 @@ struct Disks {
     images: Vec<DiskImage>,
     /// Where they are, for the header.
     place: String,
-    _run_dir: Option<RunDir>,
     _device: Option<LoopDevice>,
 }
 
@@ -132,21 +135,21 @@ impl Disks {
         Ok(Disks {
             images,
             place,
-            _run_dir: None,
             _device: Some(dev),
         })
     }
 
-    /// Images in a private directory under `dir`, if its file system has room for them.
-    fn in_run_dir(dir: &Path, spec: &MatrixSpec) -> Result<Disks, BenchError> {
-        let run_dir = dir.join(format!("aio-bench-matrix-{}", std::process::id()));
-        let run_dir = RunDir::create(run_dir.clone())
-            .map_err(|e| BenchError::bad_input(format!("creating {}: {e}", run_dir.display())))?;
+    /// Images in `dir`, if its file system has room for them. They have no names (see
+    /// [`DiskImage`](aio_bench::image::DiskImage)): nothing is left in `dir` however the run
+    /// ends. Directories that runs of older versions left behind, whose process is gone, are
+    /// removed first.
+    fn in_dir(dir: &Path, spec: &MatrixSpec) -> Result<Disks, BenchError> {
+        aio_bench::cleanup::remove_dead_runs(dir);
         // Enough free space (driven disks at --disk-size, idle ones at 1 MiB)?
         let max_disks = spec.max_disks() as u64;
         let driven = if spec.active_all { max_disks } else { 1 };
         let needed = driven * spec.disk_size + (max_disks - driven) * (1 << 20);
-        let free = free_bytes(run_dir.path());
+        let free = free_bytes(dir);
         if free < needed {
             return Err(BenchError::bad_input(format!(
                 "--dir {}: {} MiB free, the images need {} MiB (use --disk-size, --disks or another --dir)",
@@ -155,13 +158,12 @@ impl Disks {
                 needed >> 20
             )));
         }
-        let images = matrix::create_images(spec, run_dir.path())
+        let images = matrix::create_images(spec, dir)
             .map_err(|e| BenchError::io("matrix: creating the images", e))?;
-        let place = format!("images in {}", run_dir.path().display());
+        let place = format!("images in {} (nameless)", dir.display());
         Ok(Disks {
             images,
             place,
-            _run_dir: Some(run_dir),
             _device: None,
         })
     }
