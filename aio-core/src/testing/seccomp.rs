@@ -56,3 +56,28 @@ pub fn refuse_syscalls(cmd: &mut Command, syscalls: &[libc::c_long]) {
         });
     }
 }
+
+/// Runs the calling test binary again in a child whose kernel refuses `syscalls` (EPERM),
+/// without `AIO_REQUIRE_ALL_BACKENDS`, skipping the tests whose names contain `skip` (the
+/// caller's own); asserts that it passes with at least `min_skipped` tests saying
+/// `skipped:`, and returns its output. What a suite does where a container's profile refuses
+/// its kernel interface.
+pub fn suite_passes_refusing(syscalls: &[libc::c_long], skip: &str, min_skipped: usize) -> String {
+    let mut cmd = Command::new(std::env::current_exe().expect("the test binary"));
+    cmd.args(["--skip", skip, "--test-threads=2", "--nocapture"])
+        .env_remove("AIO_REQUIRE_ALL_BACKENDS");
+    refuse_syscalls(&mut cmd, syscalls);
+    let out = cmd.output().expect("the suite in a child");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    let skipped = text.lines().filter(|l| l.starts_with("skipped: ")).count();
+    assert!(
+        skipped >= min_skipped,
+        "every test skipped, saying why: {text}"
+    );
+    text
+}
