@@ -16,8 +16,8 @@ use crate::task_run::TaskRun;
 pub struct UringConfig {
     /// Submission queue entries (the completion queue is twice as large). Default 128. Where
     /// the locked-memory limit refuses a ring that large, a smaller one is set up (halved down
-    /// to 8 entries; [`UringEngine::sq_entries`] says what it got), and only then is it
-    /// [`UringUnavailable::OutOfLockedMemory`].
+    /// to 8 entries; [`sq_entries`](crate::UringEngine::sq_entries) says what it got), and
+    /// only then is it [`UringUnavailable::OutOfLockedMemory`].
     pub entries: u32,
     /// Most entries per `io_uring_enter`. Default 32.
     pub max_batch: usize,
@@ -32,7 +32,7 @@ pub struct UringConfig {
     /// request goes without; vectored requests and buffers over 1 GiB always do. If the
     /// kernel refuses a registration for lack of lockable memory (`ENOMEM`, the memlock limit)
     /// or permission, the engine goes on without registered buffers and says why in
-    /// [`UringEngine::fixed_buffers_error`]; another refusal affects that buffer only.
+    /// [`UringEngine::fixed_buffers_error`](crate::UringEngine::fixed_buffers_error); another refusal affects that buffer only.
     ///
     /// Requests on caller-owned memory ([`GuestIovecs`](aio_core::GuestIovecs)) always go
     /// without: the engine does not register memory it does not own.
@@ -161,7 +161,7 @@ pub struct UringStats {
     /// `io_uring_enter` calls made to run pending task work (the `IORING_SQ_TASKRUN` flag
     /// was set; [`TaskRun::Cooperative`] and [`TaskRun::Deferred`] only).
     pub task_run_enters: u64,
-    /// Writes with [`RwFlags::FUA`] (an SQE `rw_flags` of `RWF_DSYNC`).
+    /// Writes with [`RwFlags::FUA`](aio_core::RwFlags::FUA) (an SQE `rw_flags` of `RWF_DSYNC`).
     pub fua_writes: u64,
     /// Discards and write-zeroes hard-linked to the next one on the same file, so that one
     /// io-wq worker runs them in turn.

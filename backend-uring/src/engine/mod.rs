@@ -67,8 +67,9 @@ impl std::fmt::Debug for UringEngine {
 }
 
 impl UringEngine {
-    /// Sets up the ring and registers its completion eventfd. A `fixed_buffers` above
-    /// [`MAX_REGISTERED_BUFFERS`] is refused (`UringUnavailable::Other`, `InvalidInput`).
+    /// Sets up the ring and registers its completion eventfd. Settings that cannot work (a
+    /// `fixed_buffers` above [`MAX_REGISTERED_BUFFERS`](crate::MAX_REGISTERED_BUFFERS), ...)
+    /// are refused first, with [`UringUnavailable::BadConfig`] naming the field.
     pub fn new(config: UringConfig) -> Result<Self, UringUnavailable> {
         check_config(&config)?;
         let entries = config.entries.max(1);
