@@ -572,6 +572,17 @@ impl LoopDevice {
     pub fn backing(&self) -> &Path {
         self.backing.path()
     }
+
+    /// The device, opened for reading and writing with `O_DIRECT`.
+    pub fn open_direct(&self) -> IoFile {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&self.device)
+            .expect("open the loop device");
+        IoFile::from(f)
+    }
 }
 
 impl Drop for LoopDevice {
@@ -593,13 +604,7 @@ pub fn block_device_takes_discard_and_write_zeroes<E: IoEngine, L: EventLoop>(
         Err(reason) => return super::skip(&format!("no loop device: {reason}")),
     };
     let mut engine = engine();
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(dev.path())
-        .expect("open the loop device");
-    let file = IoFile::from(f);
+    let file = dev.open_direct();
     assert_eq!(file.kind(), crate::engine::FileKind::BlockDevice);
     let full = blocks_of(dev.backing());
     // io_uring runs no ioctl: plain, it refuses a block device's discard (typed, checked by
@@ -656,13 +661,7 @@ pub fn block_device_reads_and_writes_at_random_offsets<E: IoEngine, L: EventLoop
         Err(reason) => return super::skip(&format!("no loop device: {reason}")),
     };
     let mut engine = engine();
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(dev.path())
-        .expect("open the loop device");
-    let file = IoFile::from(f);
+    let file = dev.open_direct();
     let mut rng = Rng::new(17);
     let mut blocks: Vec<u64> = (0..BLOCKS).collect();
     for i in (1..blocks.len()).rev() {
