@@ -13,6 +13,11 @@ use std::os::fd::RawFd;
 use super::transfer::{Step, Transfer};
 use crate::engine::{FileKind, Op, Request, RwFlags};
 
+thread_local! {
+    /// The iovec array [`run_blocking`] builds a transfer's remainder in, kept per thread.
+    static REMAINDER_IOVECS: std::cell::Cell<Vec<libc::iovec>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
 /// `BLKDISCARD`: `_IO(0x12, 119)`, a `[start, len]` pair of `u64` in bytes.
 const BLKDISCARD: libc::c_ulong = 0x1277;
 
@@ -108,16 +113,25 @@ pub fn run_blocking(request: &mut Request) -> io::Result<usize> {
             let is_read = op.is_read();
             let report_eagain = flags.contains(RwFlags::NOWAIT);
             let mut transfer = Transfer::default();
-            let mut iovecs = Vec::new();
-            loop {
-                let offset = transfer.offset(op) as libc::off_t;
-                transfer.remaining_iovecs(op, &mut iovecs);
-                let n = retry(report_eagain, || rw(fd, is_read, &iovecs, offset, flags))?;
-                match transfer.advance(op, n)? {
-                    Step::Done(total) => return Ok(total),
-                    Step::Again => continue,
-                }
-            }
+            // One iovec array per thread, reused: a worker runs request after request, and
+            // this path must not cost an allocation each.
+            REMAINDER_IOVECS.with(|cell| {
+                let mut iovecs = cell.take();
+                let result = loop {
+                    let offset = transfer.offset(op) as libc::off_t;
+                    transfer.remaining_iovecs(op, &mut iovecs);
+                    let n = retry(report_eagain, || rw(fd, is_read, &iovecs, offset, flags));
+                    match n.and_then(|n| transfer.advance(op, n)) {
+                        Ok(Step::Done(total)) => break Ok(total),
+                        Ok(Step::Again) => continue,
+                        Err(e) => break Err(e),
+                    }
+                };
+                // The pointers into this request's memory go with it.
+                iovecs.clear();
+                cell.set(iovecs);
+                result
+            })
         }
     }
 }
