@@ -8,8 +8,8 @@ use std::cell::Cell;
 use std::rc::Rc;
 use std::time::Duration;
 
-use super::engine::{wait_for, Rng, TempFile, BLOCK};
 use super::faults::{FaultPlan, FaultyEngine};
+use super::fixtures::{wait_for, Rng, TempFile, BLOCK};
 use super::live_buffers;
 use crate::engine::{AlignedBuf, IoEngine, Request};
 use crate::task::join_all;

@@ -12,12 +12,12 @@
 //! cover the real path.
 
 use std::cell::{Cell, RefCell};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::rc::Rc;
 
-use super::engine::{wait_for, Rng, TempFile, BLOCK};
+use super::fixtures::{wait_for, Rng, TempFile, BLOCK};
 use crate::engine::{
     AlignedBuf, AttachedEngine, Completion, GuestIovecs, IoEngine, IoFile, Request, RequestError,
     RwFlags,
@@ -532,65 +532,6 @@ pub fn per_request_callbacks_submit_from_inside<E: IoEngine + 'static, L: EventL
     drop(attached.detach(&ctx).map_err(|(e, _)| e).unwrap());
 }
 
-/// A loop device (`losetup --direct-io=on`) over a file in the temp dir, detached and removed
-/// on drop.
-pub struct LoopDevice {
-    device: PathBuf,
-    backing: TempFile,
-}
-
-impl LoopDevice {
-    /// Sets one up over a new file of `len` bytes filled with `fill`; `Err` says why not
-    /// (not root, no `losetup`, no free device).
-    pub fn new(len: usize, fill: u8) -> Result<LoopDevice, String> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            return Err("loop devices need root".into());
-        }
-        let backing = TempFile::with_len(len, fill);
-        let out = Command::new("losetup")
-            .args(["--find", "--show", "--direct-io=on"])
-            .arg(backing.path())
-            .output()
-            .map_err(|e| format!("losetup: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "losetup failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-        let device = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string());
-        Ok(LoopDevice { device, backing })
-    }
-
-    /// The device node (`/dev/loopN`).
-    pub fn path(&self) -> &Path {
-        &self.device
-    }
-
-    /// The backing file.
-    pub fn backing(&self) -> &Path {
-        self.backing.path()
-    }
-
-    /// The device, opened for reading and writing with `O_DIRECT`.
-    pub fn open_direct(&self) -> IoFile {
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(&self.device)
-            .expect("open the loop device");
-        IoFile::from(f)
-    }
-}
-
-impl Drop for LoopDevice {
-    fn drop(&mut self) {
-        let _ = Command::new("losetup").arg("-d").arg(&self.device).status();
-    }
-}
-
 /// A loop device takes discard and write-zeroes (`BLKDISCARD`, the kernel's zero-out): the
 /// ranges read back as zeroes through the device, the rest is untouched, and a discard frees
 /// the backing file's blocks.
@@ -599,12 +540,12 @@ pub fn block_device_takes_discard_and_write_zeroes<E: IoEngine, L: EventLoop>(
     _monitor: impl Fn() -> L,
 ) {
     const MIB: usize = 1 << 20;
-    let dev = match LoopDevice::new(8 * MIB, 0x33) {
+    let dev = match TempFile::on_a_loop_device(8 * MIB, 0x33) {
         Ok(d) => d,
         Err(reason) => return super::skip(&format!("no loop device: {reason}")),
     };
     let mut engine = engine();
-    let file = dev.open_direct();
+    let file = dev.open(libc::O_DIRECT).expect("open the loop device");
     assert_eq!(file.kind(), crate::engine::FileKind::BlockDevice);
     let full = blocks_of(dev.backing());
     // io_uring runs no ioctl: plain, it refuses a block device's discard (typed, checked by
@@ -656,12 +597,12 @@ pub fn block_device_reads_and_writes_at_random_offsets<E: IoEngine, L: EventLoop
     _monitor: impl Fn() -> L,
 ) {
     const BLOCKS: u64 = 1024;
-    let dev = match LoopDevice::new(BLOCKS as usize * BLOCK, 0) {
+    let dev = match TempFile::on_a_loop_device(BLOCKS as usize * BLOCK, 0) {
         Ok(d) => d,
         Err(reason) => return super::skip(&format!("no loop device: {reason}")),
     };
     let mut engine = engine();
-    let file = dev.open_direct();
+    let file = dev.open(libc::O_DIRECT).expect("open the loop device");
     let mut rng = Rng::new(17);
     let mut blocks: Vec<u64> = (0..BLOCKS).collect();
     for i in (1..blocks.len()).rev() {

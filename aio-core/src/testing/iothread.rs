@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::engine::{TempFile, BLOCK};
+use super::fixtures::{TempFile, BLOCK};
 use super::{write_byte, Pipe};
 use crate::engine::{AlignedBuf, AttachedEngine, IoEngine};
 use crate::task::join_all;
