@@ -72,8 +72,14 @@ mod engine_suite {
         cancel_of_a_queued_request_ends_with_ecanceled,
         plug_releases_a_full_batch,
         drain_hands_every_buffer_back,
-        qd1_through_the_loop_without_polling,
         drop_with_requests_in_flight_waits_for_them,
+    );
+}
+
+mod engine_loop_suite {
+    use super::pair;
+    on_shared_ring!(engine_loop:
+        qd1_through_the_loop_without_polling,
         bad_input_is_refused_with_the_request_handed_back,
         attached_engine_delivers_in_the_loop,
         nested_poll_in_a_completion_callback_loses_and_duplicates_nothing,
