@@ -209,7 +209,11 @@ mod tests {
     fn names_round_trip_and_unknown_is_an_error() {
         for k in EngineKind::ALL {
             assert_eq!(k.name().parse::<EngineKind>().unwrap(), k);
-            assert_eq!(k.build().unwrap().name(), k.name());
+            // Where the kernel refuses a kind (io_uring switched off), it says why.
+            match k.build() {
+                Ok(built) => assert_eq!(built.name(), k.name()),
+                Err(e) => aio_core::testing::skip(&format!("{}: {e}", k.name())),
+            }
         }
         let (k, why) = auto().unwrap();
         assert_eq!(why.last().unwrap(), &format!("{k}: usable, picked"));
