@@ -5,10 +5,12 @@
 //! Where io_uring is unusable every test says why (`skipped: ...`), and fails under
 //! `AIO_REQUIRE_ALL_BACKENDS=1`.
 
+mod common;
+
 mod engine {
     aio_core::engine_conformance!(
         probe: aio_backend_uring::probe().map(drop),
-        aio_backend_uring::UringEngine::new(Default::default()).expect("io_uring_setup"),
+        crate::common::engine(Default::default()),
         aio_backend_poll::PollLoop::new()
     );
 }
@@ -16,8 +18,7 @@ mod engine {
 mod engine_registered_files {
     aio_core::engine_conformance!(
         probe: aio_backend_uring::probe().map(drop),
-        aio_backend_uring::UringEngine::new(aio_backend_uring::UringConfig::default().with_register_files(true))
-        .expect("io_uring_setup"),
+        crate::common::engine(aio_backend_uring::UringConfig::default().with_register_files(true)),
         aio_backend_poll::PollLoop::new()
     );
 }
@@ -27,8 +28,7 @@ mod engine_fixed_buffers {
     // replacement of idle slots and requests going without a slot all happen.
     aio_core::engine_conformance!(
         probe: aio_backend_uring::probe().map(drop),
-        aio_backend_uring::UringEngine::new(aio_backend_uring::UringConfig::default().with_fixed_buffers(8).with_register_files(true))
-        .expect("io_uring_setup"),
+        crate::common::engine(aio_backend_uring::UringConfig::default().with_fixed_buffers(8).with_register_files(true)),
         aio_backend_poll::PollLoop::new()
     );
 }
@@ -38,8 +38,7 @@ mod engine_fixed_buffers {
 mod engine_task_run_signal {
     aio_core::engine_conformance!(
         probe: aio_backend_uring::probe().map(drop),
-        aio_backend_uring::UringEngine::new(aio_backend_uring::UringConfig::default().with_task_run(aio_backend_uring::TaskRun::Signal))
-        .expect("io_uring_setup"),
+        crate::common::engine(aio_backend_uring::UringConfig::default().with_task_run(aio_backend_uring::TaskRun::Signal)),
         aio_backend_poll::PollLoop::new()
     );
 }
@@ -47,8 +46,7 @@ mod engine_task_run_signal {
 mod engine_task_run_cooperative {
     aio_core::engine_conformance!(
         probe: aio_backend_uring::probe().map(drop),
-        aio_backend_uring::UringEngine::new(aio_backend_uring::UringConfig::default().with_task_run(aio_backend_uring::TaskRun::Cooperative))
-        .expect("io_uring_setup"),
+        crate::common::engine(aio_backend_uring::UringConfig::default().with_task_run(aio_backend_uring::TaskRun::Cooperative)),
         aio_backend_poll::PollLoop::new()
     );
 }
@@ -56,8 +54,8 @@ mod engine_task_run_cooperative {
 mod engine_on_uring_monitor {
     aio_core::engine_conformance!(
         probe: aio_backend_uring::probe().map(drop),
-        aio_backend_uring::UringEngine::new(Default::default()).expect("io_uring_setup"),
-        aio_backend_uring::UringLoop::new().expect("io_uring_setup")
+        crate::common::engine(Default::default()),
+        crate::common::monitor()
     );
 }
 
@@ -66,7 +64,7 @@ mod engine_routed_to_a_pool {
     aio_core::engine_conformance!(
         probe: aio_backend_uring::probe().map(drop),
         aio_core::engine::Routed::new(
-            aio_backend_uring::UringEngine::new(Default::default()).expect("io_uring_setup"),
+            crate::common::engine(Default::default()),
             aio_pool::ThreadPool::new(Default::default()).expect("pool"),
         ),
         aio_backend_poll::PollLoop::new()

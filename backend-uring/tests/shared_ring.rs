@@ -5,7 +5,9 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use aio_backend_uring::{probe, shared_ring, UringConfig, UringEngine, UringLoop};
+use aio_backend_uring::{probe, UringConfig, UringEngine, UringLoop};
+
+mod common;
 
 /// Builds a pair on whichever half the suite asks for first, and a new pair whenever the half
 /// asked for was already given out (tests that build an engine or a context per round; the
@@ -21,7 +23,7 @@ fn pair() -> Option<(impl Fn() -> UringEngine, impl Fn() -> UringLoop)> {
             Some((m, e)) => (want_engine && e.is_none()) || (!want_engine && m.is_none()),
         };
         if gone {
-            let (monitor, engine) = shared_ring(UringConfig::default()).expect("shared ring");
+            let (monitor, engine) = common::shared(UringConfig::default());
             assert!(monitor.is_shared() && engine.is_shared());
             *h = Some((Some(monitor), Some(engine)));
         }
@@ -47,7 +49,9 @@ macro_rules! on_shared_ring {
             #[test]
             fn $name() {
                 if let Some((engine, monitor)) = pair() {
-                    aio_core::testing::$module::$name(engine, monitor);
+                    aio_core::testing::run_test(stringify!($name), || {
+                        aio_core::testing::$module::$name(engine, monitor)
+                    });
                 }
             }
         )*

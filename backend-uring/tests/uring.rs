@@ -10,6 +10,8 @@ use aio_core::testing::engine::{read_block, wait_for, TempFile};
 
 use aio_core::testing::engine::BLOCK;
 
+mod common;
+
 fn available() -> bool {
     aio_core::testing::available("io_uring unusable", probe()).is_some()
 }
@@ -19,20 +21,22 @@ fn probe_reports_the_opcodes_this_project_uses() {
     if !available() {
         return;
     }
-    let support = probe().unwrap();
-    for op in [
-        "READ",
-        "WRITE",
-        "READV",
-        "WRITEV",
-        "FSYNC",
-        "FALLOCATE",
-        "POLL_ADD",
-        "POLL_REMOVE",
-    ] {
-        assert!(support.has(op), "{op} missing from {:?}", support.opcodes);
-    }
-    assert!(support.nodrop, "Linux 5.5+ keeps overflowed completions");
+    aio_core::testing::run_test("probe_reports_the_opcodes_this_project_uses", || {
+        let support = probe().unwrap();
+        for op in [
+            "READ",
+            "WRITE",
+            "READV",
+            "WRITEV",
+            "FSYNC",
+            "FALLOCATE",
+            "POLL_ADD",
+            "POLL_REMOVE",
+        ] {
+            assert!(support.has(op), "{op} missing from {:?}", support.opcodes);
+        }
+        assert!(support.nodrop, "Linux 5.5+ keeps overflowed completions");
+    });
 }
 
 #[test]
@@ -40,30 +44,35 @@ fn a_tiny_ring_overflows_its_completion_queue_and_loses_nothing() {
     if !available() {
         return;
     }
-    let mut engine = UringEngine::new(UringConfig::default().with_entries(2)).unwrap();
-    let tmp = TempFile::with_len(64 * BLOCK, 5);
-    let file = tmp.open(0).unwrap();
-    for t in 0..300u64 {
-        engine.submit(read_block(&file, t % 64, t)).unwrap();
-    }
-    // Nothing reaped yet: page-cache reads complete during submission, far more of them than
-    // the 4-entry CQ holds (the overflow count below proves it happened).
-    let done = wait_for(&mut engine, 300);
-    let mut seen = vec![0u8; 300];
-    for c in &done {
-        assert_eq!(c.result.as_ref().unwrap(), &BLOCK);
-        seen[c.token as usize] += 1;
-    }
-    assert!(
-        seen.iter().all(|&n| n == 1),
-        "every completion exactly once"
+    aio_core::testing::run_test(
+        "a_tiny_ring_overflows_its_completion_queue_and_loses_nothing",
+        || {
+            let mut engine = common::engine(UringConfig::default().with_entries(2));
+            let tmp = TempFile::with_len(64 * BLOCK, 5);
+            let file = tmp.open(0).unwrap();
+            for t in 0..300u64 {
+                engine.submit(read_block(&file, t % 64, t)).unwrap();
+            }
+            // Nothing reaped yet: page-cache reads complete during submission, far more of them than
+            // the 4-entry CQ holds (the overflow count below proves it happened).
+            let done = wait_for(&mut engine, 300);
+            let mut seen = vec![0u8; 300];
+            for c in &done {
+                assert_eq!(c.result.as_ref().unwrap(), &BLOCK);
+                seen[c.token as usize] += 1;
+            }
+            assert!(
+                seen.iter().all(|&n| n == 1),
+                "every completion exactly once"
+            );
+            let stats = engine.stats();
+            assert!(
+                stats.cq_overflows > 0,
+                "the CQ overflowed and was flushed: {stats:?}"
+            );
+            assert_eq!(engine.in_flight(), 0);
+        },
     );
-    let stats = engine.stats();
-    assert!(
-        stats.cq_overflows > 0,
-        "the CQ overflowed and was flushed: {stats:?}"
-    );
-    assert_eq!(engine.in_flight(), 0);
 }
 
 #[test]
@@ -71,17 +80,19 @@ fn a_full_submission_queue_queues_instead_of_failing() {
     if !available() {
         return;
     }
-    let mut engine = UringEngine::new(UringConfig::default().with_entries(4)).unwrap();
-    let tmp = TempFile::with_len(64 * BLOCK, 5);
-    let file = tmp.open(0).unwrap();
-    engine.plug();
-    for t in 0..100u64 {
-        engine.submit(read_block(&file, t % 64, t)).unwrap();
-    }
-    engine.unplug();
-    let done = wait_for(&mut engine, 100);
-    assert!(done.iter().all(|c| c.result.is_ok()));
-    assert!(engine.stats().sq_full > 0, "{:?}", engine.stats());
+    aio_core::testing::run_test("a_full_submission_queue_queues_instead_of_failing", || {
+        let mut engine = common::engine(UringConfig::default().with_entries(4));
+        let tmp = TempFile::with_len(64 * BLOCK, 5);
+        let file = tmp.open(0).unwrap();
+        engine.plug();
+        for t in 0..100u64 {
+            engine.submit(read_block(&file, t % 64, t)).unwrap();
+        }
+        engine.unplug();
+        let done = wait_for(&mut engine, 100);
+        assert!(done.iter().all(|c| c.result.is_ok()));
+        assert!(engine.stats().sq_full > 0, "{:?}", engine.stats());
+    });
 }
 
 #[test]
@@ -89,21 +100,23 @@ fn registered_files_are_used_when_asked_for() {
     if !available() {
         return;
     }
-    let mut engine = UringEngine::new(UringConfig::default().with_register_files(true)).unwrap();
-    let tmp = TempFile::with_len(8 * BLOCK, 5);
-    let file = tmp.open(0).unwrap();
-    for t in 0..8u64 {
-        engine.submit(read_block(&file, t, t)).unwrap();
-    }
-    let done = engine.drain();
-    assert!(done.iter().all(|c| c.result.as_ref().ok() == Some(&BLOCK)));
-    assert_eq!(engine.stats().fixed_file_requests, 8);
-    let mut plain = UringEngine::new(UringConfig::default()).unwrap();
-    plain
-        .submit(Request::read(&file, 0, AlignedBuf::new(BLOCK), 0))
-        .unwrap();
-    plain.drain();
-    assert_eq!(plain.stats().fixed_file_requests, 0);
+    aio_core::testing::run_test("registered_files_are_used_when_asked_for", || {
+        let mut engine = common::engine(UringConfig::default().with_register_files(true));
+        let tmp = TempFile::with_len(8 * BLOCK, 5);
+        let file = tmp.open(0).unwrap();
+        for t in 0..8u64 {
+            engine.submit(read_block(&file, t, t)).unwrap();
+        }
+        let done = engine.drain();
+        assert!(done.iter().all(|c| c.result.as_ref().ok() == Some(&BLOCK)));
+        assert_eq!(engine.stats().fixed_file_requests, 8);
+        let mut plain = common::engine(UringConfig::default());
+        plain
+            .submit(Request::read(&file, 0, AlignedBuf::new(BLOCK), 0))
+            .unwrap();
+        plain.drain();
+        assert_eq!(plain.stats().fixed_file_requests, 0);
+    });
 }
 
 #[test]
@@ -111,12 +124,17 @@ fn clear_notifier_reads_the_eventfd_of_an_engine_with_its_own_ring() {
     if !available() {
         return;
     }
-    let engine = UringEngine::new(UringConfig::default()).unwrap();
-    engine.notifier().notify().unwrap();
-    engine.clear_notifier();
-    assert!(
-        !engine.notifier().test_and_clear(),
-        "the completion signal was consumed"
+    aio_core::testing::run_test(
+        "clear_notifier_reads_the_eventfd_of_an_engine_with_its_own_ring",
+        || {
+            let engine = common::engine(UringConfig::default());
+            engine.notifier().notify().unwrap();
+            engine.clear_notifier();
+            assert!(
+                !engine.notifier().test_and_clear(),
+                "the completion signal was consumed"
+            );
+        },
     );
 }
 
@@ -125,44 +143,46 @@ fn registered_buffers_are_registered_once_and_reused() {
     if !available() {
         return;
     }
-    let mut engine = UringEngine::new(UringConfig::default().with_fixed_buffers(2)).unwrap();
-    let tmp = TempFile::with_len(8 * BLOCK, 0);
-    let file = tmp.open(libc::O_DIRECT).unwrap();
-    // One buffer going round: written with its block's number, then read back into it.
-    let mut buf = AlignedBuf::new(BLOCK);
-    for block in 0..8u64 {
-        buf.fill(block as u8 + 1);
-        engine
-            .submit(Request::write(&file, block * BLOCK as u64, buf, block))
-            .unwrap();
-        let mut done = wait_for(&mut engine, 1);
-        assert_eq!(done[0].result.as_ref().unwrap(), &BLOCK);
-        buf = done.pop().unwrap().buf.into_one().unwrap();
-    }
-    for block in 0..8u64 {
-        buf.fill(0);
-        engine
-            .submit(Request::read(&file, block * BLOCK as u64, buf, block))
-            .unwrap();
-        let mut done = wait_for(&mut engine, 1);
-        assert_eq!(done[0].result.as_ref().unwrap(), &BLOCK);
-        buf = done.pop().unwrap().buf.into_one().unwrap();
-        assert!(buf.iter().all(|&b| b == block as u8 + 1), "block {block}");
-    }
-    let stats = engine.stats();
-    assert!(engine.fixed_buffers_error().is_none());
-    assert_eq!(stats.fixed_buffer_requests, 16, "{stats:?}");
-    assert_eq!(
-        stats.buffer_registrations, 1,
-        "one allocation, one registration"
-    );
-    // A new allocation (even at the freed buffer's address) is registered anew.
-    drop(buf);
-    engine.submit(read_block(&file, 3, 99)).unwrap();
-    let done = wait_for(&mut engine, 1);
-    let read = done.into_iter().next().unwrap().buf.into_one().unwrap();
-    assert!(read.iter().all(|&b| b == 4));
-    assert_eq!(engine.stats().buffer_registrations, 2);
+    aio_core::testing::run_test("registered_buffers_are_registered_once_and_reused", || {
+        let mut engine = common::engine(UringConfig::default().with_fixed_buffers(2));
+        let tmp = TempFile::with_len(8 * BLOCK, 0);
+        let file = tmp.open(libc::O_DIRECT).unwrap();
+        // One buffer going round: written with its block's number, then read back into it.
+        let mut buf = AlignedBuf::new(BLOCK);
+        for block in 0..8u64 {
+            buf.fill(block as u8 + 1);
+            engine
+                .submit(Request::write(&file, block * BLOCK as u64, buf, block))
+                .unwrap();
+            let mut done = wait_for(&mut engine, 1);
+            assert_eq!(done[0].result.as_ref().unwrap(), &BLOCK);
+            buf = done.pop().unwrap().buf.into_one().unwrap();
+        }
+        for block in 0..8u64 {
+            buf.fill(0);
+            engine
+                .submit(Request::read(&file, block * BLOCK as u64, buf, block))
+                .unwrap();
+            let mut done = wait_for(&mut engine, 1);
+            assert_eq!(done[0].result.as_ref().unwrap(), &BLOCK);
+            buf = done.pop().unwrap().buf.into_one().unwrap();
+            assert!(buf.iter().all(|&b| b == block as u8 + 1), "block {block}");
+        }
+        let stats = engine.stats();
+        assert!(engine.fixed_buffers_error().is_none());
+        assert_eq!(stats.fixed_buffer_requests, 16, "{stats:?}");
+        assert_eq!(
+            stats.buffer_registrations, 1,
+            "one allocation, one registration"
+        );
+        // A new allocation (even at the freed buffer's address) is registered anew.
+        drop(buf);
+        engine.submit(read_block(&file, 3, 99)).unwrap();
+        let done = wait_for(&mut engine, 1);
+        let read = done.into_iter().next().unwrap().buf.into_one().unwrap();
+        assert!(read.iter().all(|&b| b == 4));
+        assert_eq!(engine.stats().buffer_registrations, 2);
+    });
 }
 
 #[test]
@@ -170,23 +190,28 @@ fn more_buffers_in_flight_than_slots_go_without_and_all_complete() {
     if !available() {
         return;
     }
-    let mut engine = UringEngine::new(UringConfig::default().with_fixed_buffers(4)).unwrap();
-    let tmp = TempFile::with_len(64 * BLOCK, 7);
-    let file = tmp.open(libc::O_DIRECT).unwrap();
-    engine.plug();
-    for t in 0..64u64 {
-        engine.submit(read_block(&file, t, t)).unwrap();
-    }
-    engine.unplug();
-    let done = wait_for(&mut engine, 64);
-    assert_eq!(done.len(), 64);
-    for c in done {
-        assert_eq!(c.result.as_ref().unwrap(), &BLOCK);
-        assert!(c.buf.into_one().unwrap().iter().all(|&b| b == 7));
-    }
-    let stats = engine.stats();
-    assert!(stats.fixed_buffer_requests >= 4, "{stats:?}");
-    assert!(stats.fixed_buffer_requests < 64, "{stats:?}");
+    aio_core::testing::run_test(
+        "more_buffers_in_flight_than_slots_go_without_and_all_complete",
+        || {
+            let mut engine = common::engine(UringConfig::default().with_fixed_buffers(4));
+            let tmp = TempFile::with_len(64 * BLOCK, 7);
+            let file = tmp.open(libc::O_DIRECT).unwrap();
+            engine.plug();
+            for t in 0..64u64 {
+                engine.submit(read_block(&file, t, t)).unwrap();
+            }
+            engine.unplug();
+            let done = wait_for(&mut engine, 64);
+            assert_eq!(done.len(), 64);
+            for c in done {
+                assert_eq!(c.result.as_ref().unwrap(), &BLOCK);
+                assert!(c.buf.into_one().unwrap().iter().all(|&b| b == 7));
+            }
+            let stats = engine.stats();
+            assert!(stats.fixed_buffer_requests >= 4, "{stats:?}");
+            assert!(stats.fixed_buffer_requests < 64, "{stats:?}");
+        },
+    );
 }
 
 #[test]
@@ -227,13 +252,15 @@ fn bad_settings_are_errors_that_name_the_field() {
     let e = aio_backend_uring::shared_ring(UringConfig::default().with_entries(0)).unwrap_err();
     assert!(matches!(e, UringUnavailable::BadConfig(_)), "{e}");
     if available() {
-        // Its CQ (four entries per SQ entry) is capped at the kernel's limit.
-        let big = UringConfig::default().with_entries(aio_backend_uring::MAX_ENTRIES);
-        assert!(aio_backend_uring::shared_ring(big).is_ok());
-        // A worker limit the kernel takes, on both kinds of ring.
-        let one = UringConfig::default().with_io_workers(Some(1));
-        assert!(UringEngine::new(one).is_ok());
-        assert!(aio_backend_uring::shared_ring(one).is_ok());
+        aio_core::testing::run_test("the settings the kernel takes", || {
+            // Its CQ (four entries per SQ entry) is capped at the kernel's limit.
+            let big = UringConfig::default().with_entries(aio_backend_uring::MAX_ENTRIES);
+            drop(common::shared(big));
+            // A worker limit the kernel takes, on both kinds of ring.
+            let one = UringConfig::default().with_io_workers(Some(1));
+            drop(common::engine(one));
+            drop(common::shared(one));
+        });
     }
 }
 
@@ -242,35 +269,37 @@ fn range_ops_on_one_file_are_linked_and_all_complete() {
     if !available() {
         return;
     }
-    // One io-wq worker, and the discards hard-linked in submission batches: every one
-    // completes, each with its length, also when one in the middle fails.
-    let mut engine = UringEngine::new(UringConfig::default().with_io_workers(Some(1))).unwrap();
-    let tmp = TempFile::with_len(64 * BLOCK, 1);
-    let file = tmp.open(0).unwrap();
-    engine.plug();
-    for i in 0..64u64 {
-        // Past the file system's largest file (ext4: 16 TiB) a discard fails with EFBIG, and
-        // must not cancel the ones linked after it (tmpfs takes it).
-        let at = if i == 10 { 1 << 50 } else { i * BLOCK as u64 };
-        engine
-            .submit(Request::discard(&file, at, BLOCK as u64, i))
-            .unwrap();
-    }
-    engine.unplug();
-    let mut done = wait_for(&mut engine, 64);
-    done.sort_by_key(|c| c.token);
-    for c in &done {
-        if c.token == 10 {
-            assert!(c.result.is_ok() || c.errno() == Some(libc::EFBIG), "{c:?}");
-        } else {
-            assert_eq!(c.result.as_ref().ok(), Some(&BLOCK), "{c:?}");
+    aio_core::testing::run_test("range_ops_on_one_file_are_linked_and_all_complete", || {
+        // One io-wq worker, and the discards hard-linked in submission batches: every one
+        // completes, each with its length, also when one in the middle fails.
+        let mut engine = common::engine(UringConfig::default().with_io_workers(Some(1)));
+        let tmp = TempFile::with_len(64 * BLOCK, 1);
+        let file = tmp.open(0).unwrap();
+        engine.plug();
+        for i in 0..64u64 {
+            // Past the file system's largest file (ext4: 16 TiB) a discard fails with EFBIG, and
+            // must not cancel the ones linked after it (tmpfs takes it).
+            let at = if i == 10 { 1 << 50 } else { i * BLOCK as u64 };
+            engine
+                .submit(Request::discard(&file, at, BLOCK as u64, i))
+                .unwrap();
         }
-    }
-    assert!(engine.stats().linked_range_ops > 0, "{:?}", engine.stats());
-    let data = tmp.contents();
-    assert!(data[..10 * BLOCK].iter().all(|&b| b == 0));
-    assert!(data[10 * BLOCK..11 * BLOCK].iter().all(|&b| b == 1));
-    assert!(data[11 * BLOCK..].iter().all(|&b| b == 0));
+        engine.unplug();
+        let mut done = wait_for(&mut engine, 64);
+        done.sort_by_key(|c| c.token);
+        for c in &done {
+            if c.token == 10 {
+                assert!(c.result.is_ok() || c.errno() == Some(libc::EFBIG), "{c:?}");
+            } else {
+                assert_eq!(c.result.as_ref().ok(), Some(&BLOCK), "{c:?}");
+            }
+        }
+        assert!(engine.stats().linked_range_ops > 0, "{:?}", engine.stats());
+        let data = tmp.contents();
+        assert!(data[..10 * BLOCK].iter().all(|&b| b == 0));
+        assert!(data[10 * BLOCK..11 * BLOCK].iter().all(|&b| b == 1));
+        assert!(data[11 * BLOCK..].iter().all(|&b| b == 0));
+    });
 }
 
 /// A pipe (read end, write end) as files; the read end is what the engine reads.
@@ -294,19 +323,24 @@ fn auto_takes_deferred_task_work_where_the_kernel_has_it() {
     if !available() {
         return;
     }
-    let engine = UringEngine::new(UringConfig::default()).unwrap();
-    // Every kernel this project supports for io_uring tests (5.19+) has one of the flag
-    // modes; 6.1 and later have deferred task work.
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-    let mut parts = release.trim().split(['.', '-']);
-    let major: u32 = parts.next().unwrap().parse().unwrap();
-    let minor: u32 = parts.next().unwrap().parse().unwrap();
-    let expected = if (major, minor) >= (6, 1) {
-        TaskRun::Deferred
-    } else {
-        TaskRun::Cooperative
-    };
-    assert_eq!(engine.task_run(), expected, "kernel {}", release.trim());
+    aio_core::testing::run_test(
+        "auto_takes_deferred_task_work_where_the_kernel_has_it",
+        || {
+            let engine = common::engine(UringConfig::default());
+            // Every kernel this project supports for io_uring tests (5.19+) has one of the flag
+            // modes; 6.1 and later have deferred task work.
+            let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+            let mut parts = release.trim().split(['.', '-']);
+            let major: u32 = parts.next().unwrap().parse().unwrap();
+            let minor: u32 = parts.next().unwrap().parse().unwrap();
+            let expected = if (major, minor) >= (6, 1) {
+                TaskRun::Deferred
+            } else {
+                TaskRun::Cooperative
+            };
+            assert_eq!(engine.task_run(), expected, "kernel {}", release.trim());
+        },
+    );
 }
 
 #[test]
@@ -317,7 +351,7 @@ fn completions_held_as_task_work_wake_the_eventfd_and_are_seen_by_io_poll() {
         return;
     }
     for mode in [TaskRun::Deferred, TaskRun::Cooperative, TaskRun::Signal] {
-        let mut engine = UringEngine::new(UringConfig::default().with_task_run(mode)).unwrap();
+        let mut engine = common::engine(UringConfig::default().with_task_run(mode));
         assert_eq!(engine.task_run(), mode);
         let (read_end, mut write_end) = pipe();
         let file = IoFile::from(read_end);
@@ -363,31 +397,36 @@ fn fua_writes_are_counted_and_a_file_discard_is_fallocate() {
     if !available() {
         return;
     }
-    let mut engine = UringEngine::new(UringConfig::default()).unwrap();
-    let tmp = TempFile::with_len(64 * BLOCK, 5);
-    let file = tmp.open(libc::O_DIRECT).unwrap();
-    let write = Request::write(&file, 0, AlignedBuf::from_slice(&[8; BLOCK]), 1);
-    engine.submit(write.with_flags(RwFlags::FUA)).unwrap();
-    engine.submit(read_block(&file, 2, 2)).unwrap();
-    engine
-        .submit(Request::discard(
-            &file,
-            32 * BLOCK as u64,
-            32 * BLOCK as u64,
-            3,
-        ))
-        .unwrap();
-    let done = wait_for(&mut engine, 3);
-    assert!(done.iter().all(|c| c.result.is_ok()), "{done:?}");
-    let stats = engine.stats();
-    assert_eq!(stats.fua_writes, 1);
-    assert_eq!(
-        stats.entries_submitted, 3,
-        "the discard went to the ring, not a thread"
+    aio_core::testing::run_test(
+        "fua_writes_are_counted_and_a_file_discard_is_fallocate",
+        || {
+            let mut engine = common::engine(UringConfig::default());
+            let tmp = TempFile::with_len(64 * BLOCK, 5);
+            let file = tmp.open(libc::O_DIRECT).unwrap();
+            let write = Request::write(&file, 0, AlignedBuf::from_slice(&[8; BLOCK]), 1);
+            engine.submit(write.with_flags(RwFlags::FUA)).unwrap();
+            engine.submit(read_block(&file, 2, 2)).unwrap();
+            engine
+                .submit(Request::discard(
+                    &file,
+                    32 * BLOCK as u64,
+                    32 * BLOCK as u64,
+                    3,
+                ))
+                .unwrap();
+            let done = wait_for(&mut engine, 3);
+            assert!(done.iter().all(|c| c.result.is_ok()), "{done:?}");
+            let stats = engine.stats();
+            assert_eq!(stats.fua_writes, 1);
+            assert_eq!(
+                stats.entries_submitted, 3,
+                "the discard went to the ring, not a thread"
+            );
+            let data = tmp.contents();
+            assert_eq!(data[..BLOCK], [8; BLOCK]);
+            assert!(data[32 * BLOCK..].iter().all(|&b| b == 0));
+        },
     );
-    let data = tmp.contents();
-    assert_eq!(data[..BLOCK], [8; BLOCK]);
-    assert!(data[32 * BLOCK..].iter().all(|&b| b == 0));
 }
 
 #[test]
@@ -395,26 +434,31 @@ fn a_request_in_the_kernel_is_cancelled_with_async_cancel() {
     if !available() {
         return;
     }
-    // A read of an empty pipe waits in the kernel until cancelled.
-    let pipe = aio_core::testing::Pipe::new();
-    let read_end = IoFile::new(pipe.read);
-    let mut engine = UringEngine::new(UringConfig::default()).unwrap();
-    engine
-        .submit(Request::read(&read_end, 0, AlignedBuf::new(64), 7))
-        .unwrap();
-    // Give the kernel the request (it arms a poll on the pipe and waits).
-    let mut out = VecDeque::new();
-    engine.poll_completions(&mut out);
-    assert!(out.is_empty(), "nothing to read yet");
-    assert_eq!(engine.in_kernel(), 1);
-    assert!(engine.cancel(7), "the cancel is sent");
-    let done = wait_for(&mut engine, 1);
-    assert_eq!(done[0].token, 7);
-    assert_eq!(done[0].errno(), Some(libc::ECANCELED));
-    assert_eq!(done[0].buf.count(), 1, "the buffer comes back");
-    assert_eq!(engine.stats().cancels_sent, 1);
-    assert!(!engine.cancel(7), "gone");
-    drop(pipe.write);
+    aio_core::testing::run_test(
+        "a_request_in_the_kernel_is_cancelled_with_async_cancel",
+        || {
+            // A read of an empty pipe waits in the kernel until cancelled.
+            let pipe = aio_core::testing::Pipe::new();
+            let read_end = IoFile::new(pipe.read);
+            let mut engine = common::engine(UringConfig::default());
+            engine
+                .submit(Request::read(&read_end, 0, AlignedBuf::new(64), 7))
+                .unwrap();
+            // Give the kernel the request (it arms a poll on the pipe and waits).
+            let mut out = VecDeque::new();
+            engine.poll_completions(&mut out);
+            assert!(out.is_empty(), "nothing to read yet");
+            assert_eq!(engine.in_kernel(), 1);
+            assert!(engine.cancel(7), "the cancel is sent");
+            let done = wait_for(&mut engine, 1);
+            assert_eq!(done[0].token, 7);
+            assert_eq!(done[0].errno(), Some(libc::ECANCELED));
+            assert_eq!(done[0].buf.count(), 1, "the buffer comes back");
+            assert_eq!(engine.stats().cancels_sent, 1);
+            assert!(!engine.cancel(7), "gone");
+            drop(pipe.write);
+        },
+    );
 }
 
 // Built on the loop's thread and kept there: the ring may be shared by the monitor and the

@@ -683,7 +683,10 @@ fn failed_requests_are_reported_with_their_errno_and_fail_the_run() {
         .arg(&mnt)
         .status()
         .unwrap();
-    assert!(mounted.success());
+    if !mounted.success() {
+        // Root without CAP_SYS_ADMIN (a container).
+        return aio_core::testing::skip("mount refused a small tmpfs");
+    }
     let file = mnt.join("disk.img");
     std::fs::File::create(&file)
         .unwrap()

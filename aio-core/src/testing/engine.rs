@@ -39,7 +39,9 @@ macro_rules! engine_conformance {
                 if $crate::testing::available(::std::stringify!($name), $probe).is_none() {
                     return;
                 }
-                $crate::testing::$module::$name(|| $engine, || $monitor);
+                $crate::testing::run_test(::std::stringify!($name), || {
+                    $crate::testing::$module::$name(|| $engine, || $monitor)
+                });
             }
         )*
     };
@@ -55,7 +57,9 @@ macro_rules! engine_conformance {
                 else {
                     return;
                 };
-                $crate::testing::$module::$name(|| $engine, || $monitor);
+                $crate::testing::run_test(::std::stringify!($name), || {
+                    $crate::testing::$module::$name(|| $engine, || $monitor)
+                });
             }
         )*
     };

@@ -1,0 +1,31 @@
+//! Rings for the tests. Under a small locked-memory limit (`ulimit -l 64` without
+//! `CAP_IPC_LOCK`, as in an unprivileged container) the kernel charges every ring to one
+//! budget per user, which the tests running in parallel share: a ring that does not fit now is
+//! retried while the others give theirs back, and after 10 s the test says `skipped:` with the
+//! limit named. Any other error fails the test.
+#![allow(dead_code)] // Each test binary uses some of these.
+
+use aio_backend_uring::{shared_ring, UringConfig, UringEngine, UringLoop, UringUnavailable};
+
+fn is_memlock(e: &UringUnavailable) -> bool {
+    matches!(e, UringUnavailable::OutOfLockedMemory { .. })
+}
+
+/// An engine with `config`.
+pub fn engine(config: UringConfig) -> UringEngine {
+    aio_core::testing::build_within_limits(
+        "io_uring_setup",
+        || UringEngine::new(config),
+        is_memlock,
+    )
+}
+
+/// An fd monitor on its own ring.
+pub fn monitor() -> UringLoop {
+    aio_core::testing::build_within_limits("io_uring_setup", UringLoop::new, is_memlock)
+}
+
+/// A monitor and an engine on one ring.
+pub fn shared(config: UringConfig) -> (UringLoop, UringEngine) {
+    aio_core::testing::build_within_limits("shared ring", || shared_ring(config), is_memlock)
+}
