@@ -1,9 +1,9 @@
-//! Reads a file with O_DIRECT through Linux AIO from an async task, 32 reads in flight at a
+//! Reads a file with O_DIRECT through io_uring from an async task, 32 reads in flight at a
 //! time with `join_all`, and prints the throughput. The same loop, the same engine, as the
 //! callback examples: the task runs inside the `AioContext`.
 //!
 //! ```text
-//! cargo run --release -p aio-backend-linux-aio --example async_read [-- PATH]
+//! cargo run --release -p aio-backend-uring --example uring_async_read [-- PATH]
 //! ```
 //! Without a path it reads a 64 MiB file it creates (and removes) in the system temp dir.
 
@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use aio_backend_epoll::EpollLoop;
-use aio_backend_linux_aio::LinuxAio;
+use aio_backend_uring::UringEngine;
 use aio_core::engine::{AlignedBuf, IoFile};
 use aio_core::task::join_all;
 use aio_core::AioContext;
@@ -39,7 +39,7 @@ fn main() -> std::io::Result<()> {
     let file = IoFile::from(f);
 
     let ctx = AioContext::new(EpollLoop::new()?)?;
-    let engine = ctx.attach_engine(LinuxAio::new(Default::default())?, |_, _| {})?;
+    let engine = ctx.attach_engine(UringEngine::new(Default::default())?, |_, _| {})?;
     let start = Instant::now();
     let task = ctx.spawn(async move {
         let mut bytes = 0u64;
