@@ -198,12 +198,28 @@ fn shutdown_cancels_queued_work_finishes_running_work_and_joins() {
         pool.submit_work(t, || Ok(7)).unwrap();
     }
     let r = release.clone();
+    // The handshake: the pool's notifier becomes readable when `shutdown` has cancelled the
+    // queued work (their completions are the first); only then is the blocker released, so
+    // none of the five can have started. The deadline only guards a hang.
+    let notifier = std::os::fd::AsRawFd::as_raw_fd(pool.notifier());
     let releaser = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(50));
+        let mut pfd = libc::pollfd {
+            fd: notifier,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; the fd stays open while the pool (alive until this thread
+        // is joined) owns it.
+        let ready = unsafe { libc::poll(&mut pfd, 1, 10_000) };
         r.store(true, Ordering::SeqCst);
+        ready
     });
     let mut done = pool.shutdown();
-    releaser.join().unwrap();
+    assert_eq!(
+        releaser.join().unwrap(),
+        1,
+        "shutdown never cancelled the queue"
+    );
     done.sort_by_key(|c| c.token);
     assert_eq!(done.len(), 6);
     assert_eq!(

@@ -288,6 +288,7 @@ fn process_cpu_seconds() -> f64 {
 
 /// Runs `variant` once on `job`.
 pub fn run(variant: Variant, job: &Job) -> io::Result<Sample> {
+    let device_before = device_reads(&job.path);
     let cpu_start = process_cpu_seconds();
     let (workers, counters) = match variant {
         Variant::TokioUring => (rivals::tokio_uring(job)?, Vec::new()),
@@ -313,7 +314,34 @@ pub fn run(variant: Variant, job: &Job) -> io::Result<Sample> {
         sample.completed += w.completed;
         sample.errors += w.errors;
     }
+    // On a block device every read must reach it: a runtime that quietly reads through the
+    // page cache (glommio drops O_DIRECT for a node on devtmpfs, which it takes for tmpfs) is
+    // not doing the job, and its figure is left out.
+    if let (Some(before), Some(after)) = (device_before, device_reads(&job.path)) {
+        let reached = after.saturating_sub(before);
+        if reached * 10 < sample.completed * 9 {
+            return Err(io::Error::other(format!(
+                "{} of {} reads reached the device: the rest came from the page cache, \
+                 not O_DIRECT",
+                reached, sample.completed
+            )));
+        }
+    }
     Ok(sample)
+}
+
+/// Reads completed by the block device at `path` (`/sys/dev/block/MAJ:MIN/stat`, first
+/// field), or `None` when `path` is not a block device.
+fn device_reads(path: &std::path::Path) -> Option<u64> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = std::fs::metadata(path).ok()?;
+    if !meta.file_type().is_block_device() {
+        return None;
+    }
+    let rdev = meta.rdev();
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    let stat = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/stat")).ok()?;
+    stat.split_whitespace().next()?.parse().ok()
 }
 
 /// Opens `path` for reading with O_DIRECT, as std's `File` (aio-rs and the `pread` variants).

@@ -116,7 +116,8 @@ pub fn monoio(job: &Job) -> io::Result<Vec<Worker>> {
     })
 }
 
-/// glommio: a `LocalExecutor` made on this thread, `DmaFile::read_at_aligned`,
+/// glommio: a `LocalExecutor` made on this thread, `DmaFile::read_at_aligned` (opened with
+/// O_DIRECT),
 /// `glommio::spawn_local` per worker.
 pub fn glommio(job: &Job) -> io::Result<Vec<Worker>> {
     let bs = job.bs;
@@ -126,7 +127,12 @@ pub fn glommio(job: &Job) -> io::Result<Vec<Worker>> {
         .make()
         .map_err(glommio_err)?;
     ex.run(async {
-        let file = glommio::io::DmaFile::open(&job.path)
+        // `DmaFile::open` leaves O_DIRECT off where `statfs` says tmpfs, which a device node
+        // on devtmpfs (`/dev/loopN`) also says: ask for it, as every other variant does.
+        let file = glommio::io::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .dma_open(&job.path)
             .await
             .map_err(glommio_err)?;
         let file = Rc::new(file);
