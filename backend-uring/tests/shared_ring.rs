@@ -77,6 +77,7 @@ mod engine_suite {
         plug_releases_a_full_batch,
         drain_hands_every_buffer_back,
         drop_with_requests_in_flight_waits_for_them,
+        signals_during_io_are_retried_not_reported,
     );
 }
 
@@ -102,9 +103,15 @@ mod disk_suite {
         misaligned_guest_iovec_is_refused_at_submit,
         fua_and_nowait_requests_complete,
         per_request_callbacks_submit_from_inside,
+        writes_on_a_full_file_system_fail_alone,
+    );
+}
+
+mod block_device_suite {
+    use super::pair;
+    on_shared_ring!(block_device:
         block_device_takes_discard_and_write_zeroes,
         block_device_reads_and_writes_at_random_offsets,
-        writes_on_a_full_file_system_fail_alone,
     );
 }
 

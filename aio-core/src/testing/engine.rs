@@ -71,9 +71,11 @@ macro_rules! engine_conformance {
             misaligned_guest_iovec_is_refused_at_submit,
             fua_and_nowait_requests_complete,
             per_request_callbacks_submit_from_inside,
+            writes_on_a_full_file_system_fail_alone,
+        );
+        $crate::engine_conformance!(@tests ($probe), $engine, $monitor; block_device:
             block_device_takes_discard_and_write_zeroes,
             block_device_reads_and_writes_at_random_offsets,
-            writes_on_a_full_file_system_fail_alone,
         );
         $crate::engine_conformance!(@tests ($probe), $engine, $monitor; async_engine:
             async_requests_complete_exactly_once_at_qd32,
@@ -96,6 +98,7 @@ macro_rules! engine_conformance {
             plug_releases_a_full_batch,
             drain_hands_every_buffer_back,
             drop_with_requests_in_flight_waits_for_them,
+            signals_during_io_are_retried_not_reported,
         );
         $crate::engine_conformance!(@tests ($probe), $engine, $monitor; engine_loop:
             notifier_signals_every_completion_batch,
@@ -139,6 +142,7 @@ macro_rules! engine_conformance {
                 plug_releases_a_full_batch,
                 drain_hands_every_buffer_back,
                 drop_with_requests_in_flight_waits_for_them,
+                signals_during_io_are_retried_not_reported,
             );
             $crate::engine_conformance!(@on_loop_devices ($probe), $engine, $monitor; engine_loop:
                 notifier_signals_every_completion_batch,
@@ -535,6 +539,55 @@ pub fn drain_hands_every_buffer_back<E: IoEngine, L: EventLoop>(
         assert_eq!(ok(&c), BLOCK);
         assert!(c.buf.into_one().unwrap().iter().all(|&b| b == 4));
     }
+    // Drained while plugged: the requests the plug holds back are sent, not cancelled.
+    engine.set_max_batch(256);
+    engine.plug();
+    for t in 0..16u64 {
+        engine.submit(read_block(&file, t, 1000 + t)).unwrap();
+    }
+    let done = engine.drain();
+    assert_eq!(engine.in_flight(), 0);
+    let mut tokens: Vec<u64> = done.iter().map(|c| c.token).collect();
+    tokens.sort_unstable();
+    assert_eq!(
+        tokens,
+        (1000..1016).collect::<Vec<_>>(),
+        "drained while plugged"
+    );
+    for c in &done {
+        assert_eq!(ok(c), BLOCK);
+    }
+    engine.unplug();
+    assert_eq!(engine.in_flight(), 0);
+}
+
+/// Signals that interrupt the engine's own calls (`drain` blocking in `io_getevents` or
+/// `io_uring_enter`, the submission calls) are retried, never reported: 2,048 reads in batches
+/// of 64, each batch drained, while another thread sends this one SIGURG (a no-op handler
+/// without `SA_RESTART`) every 20 µs; every read succeeds with its data.
+pub fn signals_during_io_are_retried_not_reported<E: IoEngine, L: EventLoop>(
+    engine: impl Fn() -> E,
+    _monitor: impl Fn() -> L,
+) {
+    let mut engine = engine();
+    let tmp = TempFile::with_len(64 * BLOCK, 7);
+    let file = tmp.open(0).unwrap();
+    let storm = super::SignalStorm::start(Duration::from_micros(20));
+    let mut done = 0;
+    for round in 0..32u64 {
+        for b in 0..64 {
+            engine.submit(read_block(&file, b, round * 64 + b)).unwrap();
+        }
+        for c in engine.drain() {
+            assert_eq!(ok(&c), BLOCK, "token {}", c.token);
+            assert!(c.buf.into_one().unwrap().iter().all(|&b| b == 7));
+            done += 1;
+        }
+    }
+    let sent = storm.sent();
+    drop(storm);
+    assert_eq!(done, 2048);
+    assert!(sent > 0, "no signal was sent while the reads ran");
 }
 
 /// Dropping an engine with hundreds of writes in flight waits for them: afterwards every

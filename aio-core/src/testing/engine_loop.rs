@@ -280,8 +280,10 @@ pub fn callback_that_submits_and_waits_in_a_nested_loop_is_not_stuck_in_a_batch<
 
 /// Faults injected by [`FaultyEngine`](super::faults::FaultyEngine) (every 7th request fails
 /// with EIO, token 3 with ENOSPC, completions held 200 µs and reordered) around the engine,
-/// attached to a loop: every request completes exactly once, each injected error is reported
-/// against its own request with its errno, and every other write is on disk.
+/// attached to a loop, and errors the engine itself gets from the kernel (every 5th write goes
+/// to a read-only fd: EBADF, through the engine's own error path, delayed and reordered with
+/// the rest): every request completes exactly once, each error is reported against its own
+/// request with its errno, and every other write is on disk.
 pub fn injected_faults_are_reported_against_their_own_requests<
     E: IoEngine + 'static,
     L: EventLoop + 'static,
@@ -294,6 +296,10 @@ pub fn injected_faults_are_reported_against_their_own_requests<
     let ctx = AioContext::new(monitor()).unwrap();
     let tmp = TempFile::with_len(N as usize * BLOCK, 0);
     let file = tmp.open(0).unwrap();
+    let read_only = tmp.open_read_only();
+    // Tokens the wrapper fails before the engine sees them, and those the kernel refuses.
+    let injected = |t: u64| t == 3 || (t + 1) % 7 == 0;
+    let refused = |t: u64| !injected(t) && t % 5 == 2;
     let plan = FaultPlan {
         fail_every: Some((7, libc::EIO)),
         fail_tokens: vec![(3, libc::ENOSPC)],
@@ -320,7 +326,7 @@ pub fn injected_faults_are_reported_against_their_own_requests<
         let fill = (t % 251) as u8 + 1;
         attached
             .submit(Request::write(
-                &file,
+                if t % 5 == 2 { &read_only } else { &file },
                 t * BLOCK as u64,
                 AlignedBuf::from_slice(&[fill; BLOCK]),
                 t,
@@ -334,7 +340,7 @@ pub fn injected_faults_are_reported_against_their_own_requests<
         panic!("detach refused");
     };
     let stats = faulty.stats();
-    let expected_failures = (0..N).filter(|t| t == &3 || (t + 1) % 7 == 0).count() as u64;
+    let expected_failures = (0..N).filter(|&t| injected(t)).count() as u64;
     assert_eq!(stats.failed, expected_failures);
     assert_eq!(stats.forwarded, N - expected_failures);
     assert!(stats.delayed >= N, "every completion was held");
@@ -345,6 +351,8 @@ pub fn injected_faults_are_reported_against_their_own_requests<
             Some(libc::ENOSPC)
         } else if (t64 + 1) % 7 == 0 {
             Some(libc::EIO)
+        } else if refused(t64) {
+            Some(libc::EBADF)
         } else {
             None
         };

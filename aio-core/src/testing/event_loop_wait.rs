@@ -291,21 +291,10 @@ pub fn fd_closed_while_registered_is_handled<L: EventLoop>(make: impl Fn() -> L)
     drop(write);
 }
 
-extern "C" fn ignore_signal(_: libc::c_int) {}
-
 /// A signal that interrupts the wait (`EINTR`) is retried: the loop keeps waiting for the
 /// event it was waiting for.
 pub fn eintr_during_wait_is_retried<L: EventLoop>(make: impl Fn() -> L) {
-    // SAFETY: installs a no-op handler for SIGURG without SA_RESTART; the handler is
-    // async-signal-safe (it does nothing). SIGURG is ignored by default, so a stray one is
-    // harmless to other tests.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = ignore_signal as *const () as usize;
-        sa.sa_flags = 0;
-        libc::sigemptyset(&mut sa.sa_mask);
-        libc::sigaction(libc::SIGURG, &sa, std::ptr::null_mut());
-    }
+    super::interrupt_with_sigurg();
     let ctx = ctx_of(&make);
     let pipe = Rc::new(Pipe::new());
     let got = counter();

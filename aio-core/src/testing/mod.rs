@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use crate::{AioContext, EventLoop};
 
 pub mod async_engine;
+pub mod block_device;
 pub mod contract;
 pub mod disk;
 pub mod engine;
@@ -65,6 +66,73 @@ pub fn skip(reason: &str) {
         panic!("AIO_REQUIRE_ALL_BACKENDS=1 but this test would skip: {reason}");
     }
     println!("skipped: {reason}");
+}
+
+extern "C" fn ignore_signal(_: libc::c_int) {}
+
+/// Installs a no-op SIGURG handler without `SA_RESTART`, so a SIGURG sent to a thread makes
+/// its blocking syscall fail with `EINTR`; the tests that check EINTR is retried send it.
+pub fn interrupt_with_sigurg() {
+    // SAFETY: installs a handler that does nothing (async-signal-safe) for SIGURG, without
+    // SA_RESTART. SIGURG is ignored by default, so a stray one is harmless to other tests, and
+    // the handler is never removed.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = ignore_signal as *const () as usize;
+        sa.sa_flags = 0;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGURG, &sa, std::ptr::null_mut());
+    }
+}
+
+/// A thread that sends SIGURG to the thread that made it every `every` until dropped (which
+/// stops and joins it, a failing test included): `EINTR` in every blocking call made meanwhile.
+pub struct SignalStorm {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    sent: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SignalStorm {
+    /// Starts sending (installing the handler first, see [`interrupt_with_sigurg`]).
+    pub fn start(every: Duration) -> SignalStorm {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        use std::sync::Arc;
+        interrupt_with_sigurg();
+        // SAFETY: pthread_self has no preconditions.
+        let target = unsafe { libc::pthread_self() };
+        let stop = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(AtomicU64::new(0));
+        let (s, n) = (stop.clone(), sent.clone());
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Acquire) {
+                // SAFETY: `target` is alive: the storm is dropped (and this thread joined) on
+                // the target thread, before it can exit.
+                unsafe { libc::pthread_kill(target, libc::SIGURG) };
+                n.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(every);
+            }
+        });
+        SignalStorm {
+            stop,
+            sent,
+            thread: Some(thread),
+        }
+    }
+
+    /// Signals sent so far.
+    pub fn sent(&self) -> u64 {
+        self.sent.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for SignalStorm {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// Why a test cannot run here, found part-way through it (a limit shared with the tests
