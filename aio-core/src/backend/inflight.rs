@@ -415,6 +415,12 @@ mod tests {
             Outcome::Resubmit
         );
         assert_eq!(table.pop_resubmit(), Some(read));
+        assert_eq!(
+            table.on_result(read, -(libc::EINTR as i64)),
+            Outcome::Resubmit,
+            "EINTR is retried too"
+        );
+        assert_eq!(table.pop_resubmit(), Some(read));
         assert_eq!(table.on_result(read, 15), Outcome::Completed);
         assert_eq!(
             table.on_result(sync, -(libc::EIO as i64)),
