@@ -8,14 +8,14 @@ use std::rc::Rc;
 
 use aio_backend_epoll::{EpollLoop, EVENTS_PER_WAIT};
 use aio_core::testing::{raise_fd_limit, write_byte, Pipe};
-use aio_core::{AioContext, EventLoop, FdHandler};
+use aio_core::{AioContext, FdHandler};
 
 /// 300 fds ready at once (more than the 128 events one `epoll_wait` returns) are all dispatched
 /// in one iteration: the monitor asks again without blocking when a wait fills its buffer.
 #[test]
 fn a_burst_of_more_ready_fds_than_one_wait_returns_is_dispatched_in_one_iteration() {
     const FDS: usize = 300;
-    assert!(FDS > 2 * EVENTS_PER_WAIT);
+    const { assert!(FDS > 2 * EVENTS_PER_WAIT) };
     raise_fd_limit();
     let ctx = AioContext::new(EpollLoop::new().unwrap()).unwrap();
     let pipes: Vec<Rc<Pipe>> = (0..FDS).map(|_| Rc::new(Pipe::new())).collect();
