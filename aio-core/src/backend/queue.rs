@@ -187,6 +187,28 @@ mod tests {
     }
 
     #[test]
+    fn nested_plugs_hold_until_the_outer_unplug() {
+        const BUSY: usize = 1000;
+        let mut q = queue_of(0, 8);
+        q.plug();
+        q.plug();
+        let file = IoFile::from(std::fs::File::open("/dev/null").unwrap());
+        for t in 0..3 {
+            q.push(Request::read(&file, 0, AlignedBuf::new(512), t));
+        }
+        assert!(!q.unplug(), "the inner unplug ends no batch");
+        assert!(q.is_plugged());
+        assert_eq!(q.sendable(BUSY), 0, "still held by the outer plug");
+        assert!(q.unplug(), "the outer unplug ends the batch");
+        assert_eq!(q.sendable(BUSY), 3);
+        // An unmatched unplug leaves no debt: the next plug holds again.
+        q.unplug();
+        assert!(!q.is_plugged());
+        q.plug();
+        assert!(q.is_plugged());
+    }
+
+    #[test]
     fn a_plug_on_a_busy_device_holds_less_than_a_batch_and_releases_a_full_one() {
         const BUSY: usize = 1000;
         let mut q = queue_of(0, 4);
