@@ -86,7 +86,8 @@ pub mod testing;
 
 pub use clock::{Clock, FakeClock, MonotonicClock};
 pub use context::{
-    AioContext, BottomHalf, FdHandler, LoopCounters, NotifyHandle, TimerId, IDLE_BH_DELAY_NS,
+    AioContext, BottomHalf, DeferSection, DeferredCall, FdHandler, LoopCounters, NotifyHandle,
+    TimerId, IDLE_BH_DELAY_NS,
 };
 pub use engine::{
     AlignedBuf, AttachedEngine, Completion, GuestIovecs, IoBuffers, IoEngine, IoFile, Op, Request,

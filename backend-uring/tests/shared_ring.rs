@@ -91,6 +91,7 @@ mod engine_loop_suite {
         callback_that_submits_and_waits_in_a_nested_loop_is_not_stuck_in_a_batch,
         injected_faults_are_reported_against_their_own_requests,
         context_dropped_with_thousands_in_flight,
+        completion_callbacks_defer_calls_to_the_end_of_their_batch,
     );
 }
 

@@ -254,10 +254,9 @@ struct MatrixArgs {
     /// the next queue in turn.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
     queues: u64,
-    /// Raise each queue's interrupt once per batch of completions (a bottom half after the
-    /// iothread's completion processing, as QEMU's virtio-blk dataplane did; QEMU now defers
-    /// the irqfd write to the end of the batch) instead of once per request. Reports say
-    /// which ran (`batch_interrupts`).
+    /// Raise each queue's interrupt once per batch of completions (a deferred call at the end
+    /// of the engine's completion delivery, as QEMU's `defer_call()` defers the irqfd write)
+    /// instead of once per request. Reports say which ran (`batch_interrupts`).
     #[arg(long)]
     batch_interrupts: bool,
 }

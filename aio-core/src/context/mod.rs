@@ -8,6 +8,7 @@
 //! | `iteration.rs` | one iteration: timeout, busy polling, wait, dispatch order | `aio_poll` (`aio-posix.c`) |
 //! | `handlers.rs` | fd handlers and their table, the poll set | `aio_set_fd_handler` |
 //! | `bottom_half.rs` | bottom halves, their schedule state and queue | `async.c` |
+//! | `defer.rs` | deferred calls and defer sections | `defer-call.c` |
 //! | `timers.rs` | timers and their deadline order | `qemu-timer.c` |
 //! | `notify.rs` | [`NotifyHandle`] and what other threads share | `aio_notify` |
 //! | `wakeup.rs` | the notify_me handshake | `ctx->notify_me` |
@@ -21,6 +22,7 @@
 
 mod bottom_half;
 mod counters;
+mod defer;
 mod handlers;
 mod iteration;
 mod notify;
@@ -37,11 +39,13 @@ use std::sync::{Arc, Mutex};
 
 pub use bottom_half::{BottomHalf, IDLE_BH_DELAY_NS};
 pub use counters::LoopCounters;
+pub use defer::{DeferSection, DeferredCall};
 pub use handlers::FdHandler;
 pub use notify::NotifyHandle;
 pub use timers::TimerId;
 
 use bottom_half::{BhEntry, BhSlot};
+use defer::DeferState;
 use handlers::HandlerTable;
 use notify::Shared;
 use timers::TimerTable;
@@ -106,6 +110,8 @@ pub struct AioContext<L: EventLoop> {
     executor: RefCell<Option<std::rc::Rc<crate::task::Executor>>>,
     /// Polls the tasks woken during an iteration at its end (set with the executor).
     woken_task_runner: RefCell<Option<std::rc::Rc<WokenTaskRunner<L>>>>,
+    /// Defer sections and the calls pending in them (QEMU's `defer_call()`).
+    defer: std::rc::Rc<DeferState>,
 }
 
 /// See `AioContext::woken_task_runner`.
@@ -168,6 +174,7 @@ impl<L: EventLoop> AioContext<L> {
             last_wait_error: RefCell::new(None),
             executor: RefCell::new(None),
             woken_task_runner: RefCell::new(None),
+            defer: std::rc::Rc::default(),
         })
     }
 
@@ -217,6 +224,31 @@ impl<L: EventLoop> AioContext<L> {
     /// callbacks).
     pub fn is_polling(&self) -> bool {
         self.depth.get() > 0
+    }
+
+    /// A call that runs once at the end of the batch it is called in (QEMU's
+    /// `defer_call()`): inside a defer section (every delivery of an engine's completions is
+    /// one), [`DeferredCall::call`] marks it, and it runs once when the outermost section
+    /// ends; outside, it runs at once. See the `defer` rules on [`DeferredCall`].
+    ///
+    /// ```no_run
+    /// # fn demo<L: aio_core::EventLoop>(ctx: &aio_core::AioContext<L>) {
+    /// // A virtqueue's interrupt, raised once per batch of completions.
+    /// let raise_irq = ctx.deferred_call(|| println!("interrupt"));
+    /// let section = ctx.defer_section();
+    /// raise_irq.call();
+    /// raise_irq.call();
+    /// drop(section); // "interrupt", once
+    /// # }
+    /// ```
+    pub fn deferred_call(&self, f: impl FnMut() + 'static) -> DeferredCall {
+        self.defer.new_call(Box::new(f))
+    }
+
+    /// Opens a defer section (QEMU's `defer_call_begin()`); dropping the guard ends it, and
+    /// the outermost end runs the calls deferred meanwhile. Sections nest.
+    pub fn defer_section(&self) -> DeferSection {
+        self.defer.begin()
     }
 }
 

@@ -403,3 +403,62 @@ fn merged_counters_add_counts_and_keep_the_larger_gauges() {
     assert_eq!((m.iterations, m.bh_runs, m.timer_runs), (8, 1, 7));
     assert_eq!((m.poll_ns, m.poll_set, m.max_nesting), (4_000, 5, 2));
 }
+
+#[test]
+fn a_deferred_call_runs_at_once_outside_a_section_and_once_at_the_outermost_end() {
+    let ctx = AioContext::new(Script::default()).unwrap();
+    let log: Rc<RefCell<Vec<&str>>> = Rc::default();
+    let (l1, l2) = (log.clone(), log.clone());
+    let irq = ctx.deferred_call(move || l1.borrow_mut().push("irq"));
+    let doorbell = ctx.deferred_call(move || l2.borrow_mut().push("doorbell"));
+    irq.call();
+    assert_eq!(*log.borrow(), ["irq"], "outside a section: at once");
+    log.borrow_mut().clear();
+    let outer = ctx.defer_section();
+    doorbell.call();
+    irq.call();
+    {
+        let _inner = ctx.defer_section();
+        irq.call();
+        doorbell.call();
+    }
+    assert!(log.borrow().is_empty(), "the inner end runs nothing");
+    assert!(irq.is_pending() && doorbell.is_pending());
+    drop(outer);
+    assert_eq!(
+        *log.borrow(),
+        ["doorbell", "irq"],
+        "once each, in first-call order"
+    );
+    assert!(!irq.is_pending());
+}
+
+#[test]
+fn a_call_made_while_deferred_calls_run_joins_the_pass_and_a_panic_closes_the_section() {
+    let ctx = AioContext::new(Script::default()).unwrap();
+    let log: Rc<RefCell<Vec<&str>>> = Rc::default();
+    let l = log.clone();
+    let second = ctx.deferred_call(move || l.borrow_mut().push("second"));
+    let l = log.clone();
+    let first = ctx.deferred_call(move || {
+        l.borrow_mut().push("first");
+        second.call();
+    });
+    let section = ctx.defer_section();
+    first.call();
+    drop(section);
+    assert_eq!(*log.borrow(), ["first", "second"]);
+    // A panicking call leaves no section open behind it.
+    let boom = ctx.deferred_call(|| panic!("deferred call panics"));
+    let section = ctx.defer_section();
+    boom.call();
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(section)));
+    assert!(unwound.is_err());
+    log.borrow_mut().clear();
+    first.call();
+    assert_eq!(
+        *log.borrow(),
+        ["first", "second"],
+        "outside a section again"
+    );
+}

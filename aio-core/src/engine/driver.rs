@@ -105,6 +105,9 @@ impl<L: EventLoop, E: IoEngine> Driver<L, E> {
         // after the batch (QEMU submits after processing completions). A nested delivery
         // (a callback ran a nested loop) first sends what the outer batch holds, so that the
         // nested loop can wait for it, and batching stops for the rest of the outer batch.
+        // Calls deferred by the callbacks (a virtqueue's interrupt) run once, after the batch
+        // is delivered and its requests are sent, when this section (or an outer one) ends.
+        let _section = ctx.defer_section();
         let outer = !self.batching.get();
         if outer {
             if let Ok(mut engine) = self.engine.try_borrow_mut() {

@@ -109,6 +109,7 @@ macro_rules! engine_conformance {
             callback_that_submits_and_waits_in_a_nested_loop_is_not_stuck_in_a_batch,
             injected_faults_are_reported_against_their_own_requests,
             context_dropped_with_thousands_in_flight,
+            completion_callbacks_defer_calls_to_the_end_of_their_batch,
         );
         /// The suite once more, every file a loop device (`losetup --direct-io=on`): a real
         /// block device under each engine. Left out: the tests of a file system's behaviour
@@ -153,6 +154,7 @@ macro_rules! engine_conformance {
                 callback_that_submits_and_waits_in_a_nested_loop_is_not_stuck_in_a_batch,
                 injected_faults_are_reported_against_their_own_requests,
                 context_dropped_with_thousands_in_flight,
+                completion_callbacks_defer_calls_to_the_end_of_their_batch,
             );
         }
     };

@@ -417,3 +417,54 @@ pub fn context_dropped_with_thousands_in_flight<E: IoEngine + 'static, L: EventL
         }
     }
 }
+
+/// Calls deferred from completion callbacks (a virtqueue's interrupt, QEMU's `defer_call()`)
+/// wait for the end of the delivery they are made in: inside a callback the call is pending,
+/// never run, and it runs once after that delivery's callbacks, before the next delivery's.
+pub fn completion_callbacks_defer_calls_to_the_end_of_their_batch<
+    E: IoEngine + 'static,
+    L: EventLoop + 'static,
+>(
+    engine: impl Fn() -> E,
+    monitor: impl Fn() -> L,
+) {
+    const N: u64 = 64;
+    const IRQ: u64 = u64::MAX;
+    let ctx = AioContext::new(monitor()).unwrap();
+    let tmp = TempFile::with_len(N as usize * BLOCK, 5);
+    let file = tmp.open(0).unwrap();
+    // The completions' tokens in delivery order, and IRQ where the deferred call ran.
+    let log: Rc<RefCell<Vec<u64>>> = Rc::default();
+    let l = log.clone();
+    let irq = ctx.deferred_call(move || l.borrow_mut().push(IRQ));
+    let l = log.clone();
+    let attached = ctx
+        .attach_engine(engine(), move |_ctx, c| {
+            assert_eq!(c.result.as_ref().ok(), Some(&BLOCK), "token {}", c.token);
+            l.borrow_mut().push(c.token);
+            irq.call();
+            assert!(irq.is_pending(), "inside a delivery the call waits");
+        })
+        .unwrap();
+    for t in 0..N {
+        attached.submit(read_block(&file, t, t)).unwrap();
+    }
+    super::poll_until(&ctx, "every completion and the interrupt after it", || {
+        let log = log.borrow();
+        log.iter().filter(|&&x| x != IRQ).count() == N as usize && log.last() == Some(&IRQ)
+    });
+    let log = log.borrow();
+    let irqs = log.iter().filter(|&&x| x == IRQ).count();
+    assert!((1..=N as usize).contains(&irqs), "{irqs} interrupts");
+    assert_ne!(log[0], IRQ, "an interrupt before any completion");
+    for pair in log.windows(2) {
+        assert!(
+            pair != [IRQ, IRQ],
+            "two interrupts for one batch, or one with no completion: {log:?}"
+        );
+    }
+    let mut tokens: Vec<u64> = log.iter().copied().filter(|&x| x != IRQ).collect();
+    tokens.sort_unstable();
+    assert_eq!(tokens, (0..N).collect::<Vec<_>>(), "each completion once");
+    drop(attached.detach(&ctx).map_err(|(e, _)| e).unwrap());
+}

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use aio_core::engine::{
     AlignedBuf, AttachedEngine, Completion, GuestIovecs, IoBuffers, IoEngine, IoFile, Request,
 };
-use aio_core::{AioContext, BottomHalf, EventLoop, FdHandler, PollParams};
+use aio_core::{AioContext, DeferredCall, EventLoop, FdHandler, PollParams};
 
 use super::memory::GuestRam;
 use super::{CellSpec, GuestRequest, MemoryPath, UsedEntry, Virtqueue};
@@ -162,28 +162,27 @@ impl HostQueue {
 }
 
 /// Interrupts held back until the end of a batch of completions (`--batch-interrupts`): the
-/// first completion of a queue in a batch lists the queue and schedules a bottom half, which
-/// raises each listed queue's interrupt once, after every completion the loop delivered in
-/// that iteration is on the used rings. QEMU's virtio-blk dataplane coalesced its interrupts
-/// with such a bottom half (its notify BH), and QEMU now defers `virtio_notify_irqfd()` with
-/// `defer_call()` to the end of the engine's completion processing; without this, each
+/// first completion of a queue in a batch lists the queue and defers one call
+/// ([`AioContext::deferred_call`], QEMU's `defer_call()`), which raises each listed queue's
+/// interrupt once, after the engine has delivered the batch and sent the requests its
+/// callbacks queued. QEMU defers `virtio_notify_irqfd()` the same way; without it, each
 /// completion is an eventfd write, and the first one wakes the guest before the rest of the
 /// batch is there.
 struct IrqBatch {
     pending: RefCell<Vec<Rc<HostQueue>>>,
-    bh: BottomHalf,
+    raise: DeferredCall,
 }
 
 impl IrqBatch {
-    /// A batch whose bottom half is in `ctx`.
+    /// A batch whose deferred call belongs to `ctx`.
     fn new<L: EventLoop + 'static>(ctx: &AioContext<L>) -> Rc<IrqBatch> {
         Rc::new_cyclic(|me: &std::rc::Weak<IrqBatch>| {
             let me = me.clone();
             IrqBatch {
                 pending: RefCell::new(Vec::new()),
-                bh: ctx.bh_new(move |_| {
+                raise: ctx.deferred_call(move || {
                     if let Some(batch) = me.upgrade() {
-                        batch.flush();
+                        batch.raise_held();
                     }
                 }),
             }
@@ -194,12 +193,12 @@ impl IrqBatch {
     fn hold(&self, queue: &Rc<HostQueue>) {
         if !queue.irq_pending.replace(true) {
             self.pending.borrow_mut().push(queue.clone());
-            self.bh.schedule();
+            self.raise.call();
         }
     }
 
     /// Raises every held interrupt.
-    fn flush(&self) {
+    fn raise_held(&self) {
         let held = std::mem::take(&mut *self.pending.borrow_mut());
         for queue in held {
             queue.irq_pending.set(false);
@@ -220,7 +219,7 @@ pub(super) struct Station<L: EventLoop + 'static, E: IoEngine + 'static> {
 impl<L: EventLoop + 'static, E: IoEngine + 'static> Station<L, E> {
     /// Sets `ctx` up for the cell: its polling (`spec.poll_max_ns`, `spec.poll_idle`),
     /// `engine` attached, a doorbell handler for each queue of `places`, its requests pointing
-    /// into `ram`, and with `spec.batch_interrupts` the bottom half that raises the interrupts
+    /// into `ram`, and with `spec.batch_interrupts` the deferred call that raises the interrupts
     /// of a batch.
     pub(super) fn set_up(
         ctx: &AioContext<L>,
@@ -251,15 +250,13 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Station<L, E> {
         self.queues.len()
     }
 
-    /// Deregisters every doorbell and deletes the interrupts' bottom half (the guests are
-    /// done).
+    /// Deregisters every doorbell and raises any interrupt still held (the guests are done).
     pub(super) fn tear_down(&self, ctx: &AioContext<L>) {
         for vq in &self.queues {
             let _ = ctx.remove_fd_handler(&vq.doorbell);
         }
         if let Some(batch) = &self.irq_batch {
-            batch.flush();
-            batch.bh.delete();
+            batch.raise_held();
         }
     }
 }
