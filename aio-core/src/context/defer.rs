@@ -103,9 +103,21 @@ impl DeferState {
 }
 
 /// A call that runs at once outside a defer section and once at the end of the outermost
-/// section inside one (see the [module docs](self)). Made by
+/// section inside one (QEMU's `defer_call()`). Made by
 /// [`AioContext::deferred_call`](super::AioContext::deferred_call); clones share the call.
-/// `!Send`: it belongs to the loop's thread.
+///
+/// * [`DeferredCall::call`] outside a section runs the closure at once; inside one it marks
+///   it, and it runs once when the outermost section ends, however often it was called.
+/// * Sections ([`AioContext::defer_section`](super::AioContext::defer_section)) nest. The
+///   pending calls run when the outermost one ends, in the order they were first called; a
+///   call made while they run joins the same pass. A call that panics still closes the
+///   section.
+/// * Every delivery of an engine's completions to its callbacks is a section: the callbacks,
+///   the tasks they woke, and the submission of the requests they queued come first, then
+///   the calls they deferred (a virtqueue's interrupt). A nested `poll()` inside that
+///   delivery does not run the outer section's calls: a nested loop must not wait for
+///   something only a deferred call would do.
+/// * `!Send`: it belongs to the loop's thread, and the closure is never re-entered.
 #[derive(Clone)]
 pub struct DeferredCall {
     state: Rc<DeferState>,
