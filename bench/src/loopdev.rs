@@ -8,7 +8,8 @@
 //!
 //! This module owns the `--device` argument ([`LoopSpec`]), the device's life ([`LoopDevice`]:
 //! the backing file written once, `losetup --find --show --direct-io=on`, the check that the
-//! kernel really does direct I/O; detached and removed on drop and on a signal), and how the
+//! kernel really does direct I/O; detached and removed on drop and on a signal, and by the
+//! kernel when the process dies any other way, `kill -9` included), and how the
 //! subcommands use it: one image ([`LoopDevice::whole`]), one region per matrix disk
 //! ([`LoopDevice::disks`]), or every job of a job file ([`LoopDevice::retarget`]).
 
@@ -183,6 +184,9 @@ pub struct LoopDevice {
     /// The backing file (removed when dropped, after the device is detached).
     backing: Option<DiskImage>,
     backing_path: PathBuf,
+    /// An open fd on the device: with `LO_FLAGS_AUTOCLEAR` set, the kernel detaches the device
+    /// when the last fd on it closes, which this one keeps from happening before the drop.
+    holder: Option<std::fs::File>,
     _on_signal: OnSignal,
 }
 
@@ -225,6 +229,7 @@ impl LoopDevice {
             size: spec.size,
             backing: None,
             backing_path: backing_path.clone(),
+            holder: None,
             _on_signal: on_signal,
         };
         dev.backing = Some(
@@ -251,6 +256,15 @@ impl LoopDevice {
             });
         }
         dev.device = Some(PathBuf::from(device));
+        // Nothing left behind whatever ends the process: the device detaches itself when its
+        // last fd closes (the holder's, at the latest when the process dies), and the backing
+        // file loses its name (the device keeps it open), so the kernel frees both.
+        let io_err = |what: String| move |e| LoopError::Io { what, source: e };
+        let holder = std::fs::File::open(device).map_err(io_err(format!("opening {device}")))?;
+        set_autoclear(&holder).map_err(io_err(format!("setting autoclear on {device}")))?;
+        dev.holder = Some(holder);
+        std::fs::remove_file(&backing_path)
+            .map_err(io_err(format!("unlinking {}", backing_path.display())))?;
         let name = device.trim_start_matches("/dev/");
         let dio_file = format!("/sys/block/{name}/loop/dio");
         let dio = std::fs::read_to_string(&dio_file)
@@ -276,7 +290,8 @@ impl LoopDevice {
         self.size
     }
 
-    /// The backing file in `/dev/shm`.
+    /// Where the backing file was made in `/dev/shm`. It has no name once the device is
+    /// attached: the device holds it open, and the kernel frees it when the device detaches.
     pub fn backing_file(&self) -> &Path {
         &self.backing_path
     }
@@ -326,12 +341,59 @@ impl LoopDevice {
 impl Drop for LoopDevice {
     fn drop(&mut self) {
         if let Some(dev) = &self.device {
+            // With the holder still open the kernel only marks the device (autoclear, already
+            // set): it detaches when the holder closes, just below.
             if let Err(e) = losetup(&["-d", &dev.to_string_lossy()]) {
                 eprintln!("aio-bench: {e}");
             }
         }
-        // Then `backing` drops (the file is removed) and `_on_signal` unregisters.
+        self.holder = None;
+        // Then `backing` drops (the file, if it still has its name, is removed) and
+        // `_on_signal` unregisters.
     }
+}
+
+/// `struct loop_info64` (`linux/loop.h`), for `LOOP_GET_STATUS64` / `LOOP_SET_STATUS64`.
+#[repr(C)]
+struct LoopInfo64 {
+    lo_device: u64,
+    lo_inode: u64,
+    lo_rdevice: u64,
+    lo_offset: u64,
+    lo_sizelimit: u64,
+    lo_number: u32,
+    lo_encrypt_type: u32,
+    lo_encrypt_key_size: u32,
+    lo_flags: u32,
+    lo_file_name: [u8; 64],
+    lo_crypt_name: [u8; 64],
+    lo_encrypt_key: [u8; 32],
+    lo_init: [u64; 2],
+}
+
+const LOOP_SET_STATUS64: libc::c_ulong = 0x4C04;
+const LOOP_GET_STATUS64: libc::c_ulong = 0x4C05;
+const LO_FLAGS_AUTOCLEAR: u32 = 4;
+
+/// Sets `LO_FLAGS_AUTOCLEAR` on the loop device open as `device` (what `mount -o loop` does):
+/// the kernel detaches it when the last fd on it closes.
+fn set_autoclear(device: &std::fs::File) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    const _: () = assert!(std::mem::size_of::<LoopInfo64>() == 232);
+    // SAFETY: all-zero is a valid `loop_info64` (integers and byte arrays).
+    let mut info: LoopInfo64 = unsafe { std::mem::zeroed() };
+    // SAFETY: `device` is an open fd; LOOP_GET_STATUS64 writes one `loop_info64` into `info`,
+    // which is that struct (size checked above) and lives across the call.
+    if unsafe { libc::ioctl(device.as_raw_fd(), LOOP_GET_STATUS64, &mut info) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    info.lo_flags |= LO_FLAGS_AUTOCLEAR;
+    // SAFETY: as above; LOOP_SET_STATUS64 only reads `info` (the status just read, one
+    // settable flag added: offset and size unchanged, so the device keeps its size).
+    if unsafe { libc::ioctl(device.as_raw_fd(), LOOP_SET_STATUS64, &info) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// The backing file's name: `aio-bench-loop-PID.img`, then `aio-bench-loop-PID-N.img` for

@@ -487,6 +487,35 @@ fn a_signal_detaches_the_loop_device() {
     assert_cleaned_up(&backing);
 }
 
+/// SIGKILL (no handler, no destructor runs) in the middle of a run on the loop device: the
+/// kernel detaches the device (autoclear) and frees its nameless backing file.
+#[test]
+fn kill_9_detaches_the_loop_device() {
+    if let Some(reason) = loop_device_unusable() {
+        aio_core::testing::skip(&reason);
+        return;
+    }
+    let mut child = bench()
+        .args(["latency", "--device", "loop:64m", "--runtime", "60s"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let backing = PathBuf::from(format!("/dev/shm/aio-bench-loop-{}.img", child.id()));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while attached_to(&backing).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(),
+            "the device never appeared"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_cleaned_up(&backing);
+}
+
 /// Starts `args` in a child, kills it with SIGKILL after `after`, and waits for it.
 fn kill_9_after(args: &[&str], after: std::time::Duration) {
     let mut child = bench()
