@@ -69,6 +69,12 @@ struct Virtqueue {
     avail: Mutex<VecDeque<GuestRequest>>,
     avail_len: AtomicUsize,
     doorbell: Notifier,
+    /// Set while the iothread busy-polls this queue (virtio's `VRING_USED_F_NO_NOTIFY`, which
+    /// QEMU's `io_poll_begin` sets and `io_poll_end` clears): the guest skips the doorbell.
+    /// Guest and iothread each fence between their store and their load (the guest's
+    /// `avail_len`, then this flag; the iothread's flag, then `avail_len`), so that after the
+    /// iothread clears it, either the guest kicks or the iothread's last check sees the work.
+    no_notify: std::sync::atomic::AtomicBool,
     used: Mutex<Vec<UsedEntry>>,
     interrupt: Notifier,
     /// Interrupts raised (one per completion, or per batch with `batch_interrupts`).
@@ -81,6 +87,7 @@ impl Virtqueue {
             avail: Mutex::new(VecDeque::new()),
             avail_len: AtomicUsize::new(0),
             doorbell: Notifier::new()?,
+            no_notify: std::sync::atomic::AtomicBool::new(false),
             used: Mutex::new(Vec::new()),
             interrupt: Notifier::new()?,
             interrupts: AtomicU64::new(0),

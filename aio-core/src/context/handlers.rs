@@ -5,7 +5,7 @@
 //! per-handler idle deadlines). It never calls the monitor or a callback itself; the context
 //! does both, after releasing every borrow of the table, so callbacks may change the table.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::fmt;
 use std::io;
@@ -68,6 +68,8 @@ impl<L: EventLoop> LoopCallback<L> {
 }
 /// A cheap, syscall-free readiness check.
 pub(crate) type PollCheck = RefCell<Box<dyn FnMut() -> bool>>;
+/// A hook run when busy polling of a handler begins or ends.
+pub(crate) type PollHook = RefCell<Box<dyn FnMut()>>;
 
 /// The callbacks of one fd, built with the `on_*` methods and installed with
 /// [`AioContext::set_fd_handler`].
@@ -76,7 +78,11 @@ pub(crate) type PollCheck = RefCell<Box<dyn FnMut() -> bool>>;
 /// * `io_write` runs when the fd is writable;
 /// * `io_poll` is a cheap check, without syscalls, that busy polling calls instead of waiting
 ///   (e.g. "is there a new request in my queue?"); it must not touch the context;
-/// * `io_poll_ready` runs when `io_poll` returned true.
+/// * `io_poll_ready` runs when `io_poll` returned true;
+/// * `io_poll_begin` and `io_poll_end` bracket the time the loop busy-polls the handler
+///   (QEMU's polling mode, in which virtio turns the guest's notifications off): the loop
+///   checks `io_poll` once more after `io_poll_end`, so that work queued while notifications
+///   were off is found. The rules are on [`FdHandler::on_poll_begin`].
 ///
 /// Callbacks must tolerate being called when nothing is left to do (fds are level-triggered and
 /// a nested `poll()` may already have drained them): use non-blocking fds.
@@ -85,6 +91,10 @@ pub struct FdHandler<L: EventLoop> {
     pub(crate) io_write: Option<LoopCallback<L>>,
     pub(crate) io_poll: Option<PollCheck>,
     pub(crate) io_poll_ready: Option<LoopCallback<L>>,
+    pub(crate) io_poll_begin: Option<PollHook>,
+    pub(crate) io_poll_end: Option<PollHook>,
+    /// `io_poll_begin` ran and `io_poll_end` has not yet.
+    pub(crate) poll_begun: Cell<bool>,
 }
 
 impl<L: EventLoop> Default for FdHandler<L> {
@@ -100,6 +110,8 @@ impl<L: EventLoop> fmt::Debug for FdHandler<L> {
             .field("io_write", &self.io_write.is_some())
             .field("io_poll", &self.io_poll.is_some())
             .field("io_poll_ready", &self.io_poll_ready.is_some())
+            .field("io_poll_begin", &self.io_poll_begin.is_some())
+            .field("io_poll_end", &self.io_poll_end.is_some())
             .finish()
     }
 }
@@ -112,6 +124,9 @@ impl<L: EventLoop> FdHandler<L> {
             io_write: None,
             io_poll: None,
             io_poll_ready: None,
+            io_poll_begin: None,
+            io_poll_end: None,
+            poll_begun: Cell::new(false),
         }
     }
 
@@ -150,6 +165,39 @@ impl<L: EventLoop> FdHandler<L> {
     pub fn on_poll_ready(mut self, f: impl FnMut(&AioContext<L>) + 'static) -> Self {
         self.io_poll_ready = Some(LoopCallback::exclusive(f));
         self
+    }
+
+    /// Sets `io_poll_begin`, run when the loop starts busy-polling this handler (QEMU's
+    /// `io_poll_begin`; virtio-blk turns the guest's queue notifications off there, since the
+    /// loop is looking at the queue anyway). Polling mode (QEMU's `poll_set_started()`):
+    ///
+    /// * Only handlers with an `io_poll` check take part. An iteration that busy-polls begins
+    ///   polling mode for every handler in the poll set that is not in it yet.
+    /// * An iteration that does not find work by polling (it is about to block, or it did not
+    ///   poll at all) ends polling mode: `io_poll_end` runs for every handler in it, then
+    ///   `io_poll` once more, and if that finds work, `io_poll_ready` runs in this iteration
+    ///   and it does not block. Work queued between the last check and `io_poll_end` (while
+    ///   the guest was told not to notify) is found that way.
+    /// * A handler that leaves the poll set (idle, or its fd closed) is ended the same way by
+    ///   the next iteration. One removed or replaced while in polling mode gets `io_poll_end`
+    ///   at once (without the last check: its callbacks are gone).
+    /// * The hooks must not touch the context; one already running is not run again.
+    pub fn on_poll_begin(mut self, f: impl FnMut() + 'static) -> Self {
+        self.io_poll_begin = Some(RefCell::new(Box::new(f)));
+        self
+    }
+
+    /// Sets `io_poll_end`, run when the loop stops busy-polling this handler (QEMU's
+    /// `io_poll_end`; virtio-blk turns the guest's notifications back on). See
+    /// [`FdHandler::on_poll_begin`] for when.
+    pub fn on_poll_end(mut self, f: impl FnMut() + 'static) -> Self {
+        self.io_poll_end = Some(RefCell::new(Box::new(f)));
+        self
+    }
+
+    /// Whether polling mode concerns this handler (an `io_poll` check and a hook).
+    pub(crate) fn has_poll_hooks(&self) -> bool {
+        self.io_poll.is_some() && (self.io_poll_begin.is_some() || self.io_poll_end.is_some())
     }
 
     /// What the monitor must watch the fd for.
@@ -191,6 +239,8 @@ pub(crate) struct HandlerTable<L: EventLoop> {
     writers: usize,
     /// Tokens of handlers that busy polling checks (have `io_poll`, not idle, not closed).
     pub(crate) poll_set: Vec<Token>,
+    /// Handlers with polling-mode hooks ([`FdHandler::has_poll_hooks`]).
+    hooked: usize,
 }
 
 impl<L: EventLoop> HandlerTable<L> {
@@ -200,6 +250,7 @@ impl<L: EventLoop> HandlerTable<L> {
             by_fd: HashMap::new(),
             writers: 0,
             poll_set: Vec::new(),
+            hooked: 0,
         }
     }
 
@@ -244,6 +295,7 @@ impl<L: EventLoop> HandlerTable<L> {
     ) -> Token {
         let polled = callbacks.io_poll.is_some();
         self.writers += usize::from(callbacks.io_write.is_some());
+        self.hooked += usize::from(callbacks.has_poll_hooks());
         let token = Token(
             self.slots
                 .insert(HandlerSlot {
@@ -276,9 +328,11 @@ impl<L: EventLoop> HandlerTable<L> {
         let polled = callbacks.io_poll.is_some() && !slot.closed;
         let was_writer = slot.callbacks.io_write.is_some();
         let is_writer = callbacks.io_write.is_some();
+        let (was_hooked, is_hooked) = (slot.callbacks.has_poll_hooks(), callbacks.has_poll_hooks());
         let old = std::mem::replace(&mut slot.callbacks, callbacks);
         slot.poll_idle_deadline = now.saturating_add(idle_ns);
         self.writers = self.writers + usize::from(is_writer) - usize::from(was_writer);
+        self.hooked = self.hooked + usize::from(is_hooked) - usize::from(was_hooked);
         let in_set = self.poll_set.contains(&token);
         if polled && !in_set {
             self.poll_set.push(token);
@@ -291,9 +345,30 @@ impl<L: EventLoop> HandlerTable<L> {
     pub(crate) fn remove(&mut self, token: Token) -> Option<HandlerSlot<L>> {
         let slot = self.slots.remove(SlotId::from_u64(token.0))?;
         self.writers -= usize::from(slot.callbacks.io_write.is_some());
+        self.hooked -= usize::from(slot.callbacks.has_poll_hooks());
         self.by_fd.remove(&slot.fd);
         self.poll_set.retain(|t| *t != token);
         Some(slot)
+    }
+
+    /// The handlers with polling-mode hooks, each with whether it is in the poll set; empty
+    /// (and no allocation) when none has them.
+    pub(crate) fn hooked_handlers(&self) -> Vec<(Token, bool, Rc<FdHandler<L>>)> {
+        if self.hooked == 0 {
+            return Vec::new();
+        }
+        self.slots
+            .iter()
+            .filter(|(_, slot)| slot.callbacks.has_poll_hooks())
+            .map(|(id, slot)| {
+                let token = Token(id.to_u64());
+                (
+                    token,
+                    self.poll_set.contains(&token),
+                    slot.callbacks.clone(),
+                )
+            })
+            .collect()
     }
 
     /// Records activity: the handler (re)joins the poll set for another idle interval.
@@ -393,6 +468,9 @@ impl<L: EventLoop> AioContext<L> {
             self.poll_idle_ns.get(),
         );
         drop(table);
+        if let Some(old) = &old {
+            old.end_polling(false);
+        }
         // The old callbacks may own values whose Drop calls back into the context.
         drop(old);
         Ok(())
@@ -407,6 +485,7 @@ impl<L: EventLoop> AioContext<L> {
         let token = table.token_of(fd).ok_or(AioError::NotRegistered { fd })?;
         let slot = table.remove(token).ok_or(AioError::NotRegistered { fd })?;
         drop(table);
+        slot.callbacks.end_polling(false);
         if !slot.closed {
             let mut monitor = self.monitor.borrow_mut();
             if let Err(source) = monitor.deregister(borrowed) {
@@ -444,6 +523,7 @@ impl<L: EventLoop> AioContext<L> {
         let token = table.token_of(fd).ok_or(AioError::NotRegistered { fd })?;
         let slot = table.remove(token).ok_or(AioError::NotRegistered { fd })?;
         drop(table);
+        slot.callbacks.end_polling(false);
         if !slot.closed {
             // Not reported closed yet (epoll and io_uring forget closed fds silently).
             let _ = self.monitor.borrow_mut().forget_closed(fd);

@@ -130,11 +130,21 @@ impl<L: EventLoop> AioContext<L> {
         if probe {
             self.count(|c| c.poll_probes += 1);
         }
+        let mut polled_work = false;
         if would_block && poll_ns > 0 {
             let spin_ns = timeout.map_or(poll_ns, |t| t.min(poll_ns));
+            self.poll_set_started(true, &mut poll_ready);
             if self.run_poll_handlers(spin_ns, &mut poll_ready) {
                 timeout = Some(0);
+                polled_work = true;
             }
+        }
+        // An io_poll check found the event (not a notification that ended polling).
+        let polled_hit = !poll_ready.is_empty();
+        // Not found by polling: leave polling mode (io_poll_end, then a last io_poll check
+        // for work queued while notifications were off; if it finds some, don't block).
+        if !polled_work && self.poll_set_started(false, &mut poll_ready) {
+            timeout = Some(0);
         }
 
         // Wait on the monitor unless polling found work and covers every handler.
@@ -170,8 +180,7 @@ impl<L: EventLoop> AioContext<L> {
                     block_ns,
                     would_block,
                     probe,
-                    // An io_poll check found the event (not a notification that ended it).
-                    polled_hit: !poll_ready.is_empty(),
+                    polled_hit,
                 },
             );
             self.window.set(window);

@@ -7,6 +7,7 @@
 //! | `mod.rs` | the [`AioContext`] struct, its construction and drop | `aio_context_new` |
 //! | `iteration.rs` | one iteration: timeout, busy polling, wait, dispatch order | `aio_poll` (`aio-posix.c`) |
 //! | `handlers.rs` | fd handlers and their table, the poll set | `aio_set_fd_handler` |
+//! | `poll_mode.rs` | the `io_poll_begin` / `io_poll_end` hooks | `poll_set_started` |
 //! | `bottom_half.rs` | bottom halves, their schedule state and queue | `async.c` |
 //! | `defer.rs` | deferred calls and defer sections | `defer-call.c` |
 //! | `timers.rs` | timers and their deadline order | `qemu-timer.c` |
@@ -26,6 +27,7 @@ mod defer;
 mod handlers;
 mod iteration;
 mod notify;
+mod poll_mode;
 mod timers;
 mod wakeup;
 

@@ -375,3 +375,70 @@ pub fn bad_input_gets_typed_errors_and_loop_keeps_running<L: EventLoop>(make: im
     assert!(ran.get());
     ctx.remove_fd_handler(fd).unwrap();
 }
+
+/// Polling mode (QEMU's `io_poll_begin` / `io_poll_end`): `io_poll_begin` runs when busy
+/// polling finds the handler's work; an iteration that does not find work by polling ends the
+/// mode (`io_poll_end`) and checks `io_poll` once more, so work queued while the guest was told
+/// not to notify (here by `io_poll_end` itself) runs without a notification and without
+/// blocking; a handler removed in polling mode gets `io_poll_end` at once.
+pub fn io_poll_begin_and_end_bracket_polling_mode<L: EventLoop>(make: impl Fn() -> L) {
+    type Log = Rc<std::cell::RefCell<Vec<&'static str>>>;
+    let handler = |pending: &Rc<Cell<bool>>, late: &Rc<Cell<bool>>, log: &Log| {
+        let (p1, p2, p3) = (pending.clone(), pending.clone(), pending.clone());
+        let (l1, l2, l3, l4) = (log.clone(), log.clone(), log.clone(), log.clone());
+        let late = late.clone();
+        FdHandler::new()
+            .on_read(move |_| l1.borrow_mut().push("read"))
+            .on_poll(move || p1.get())
+            .on_poll_ready(move |_| {
+                p2.set(false);
+                l2.borrow_mut().push("ready");
+            })
+            .on_poll_begin(move || l3.borrow_mut().push("begin"))
+            .on_poll_end(move || {
+                l4.borrow_mut().push("end");
+                if late.replace(false) {
+                    p3.set(true);
+                }
+            })
+    };
+    let ctx = ctx_of(&make);
+    ctx.set_poll_params(PollParams::iothread());
+    let dog = watchdog(&ctx, Duration::from_secs(20));
+    let doorbell = Notifier::new().unwrap();
+    let (pending, late) = (Rc::new(Cell::new(false)), Rc::new(Cell::new(false)));
+    let log: Log = Rc::default();
+    ctx.set_fd_handler(doorbell.as_fd(), handler(&pending, &late, &log))
+        .unwrap();
+    // Found by polling: the mode begins, and stays on after the hit.
+    pending.set(true);
+    assert!(ctx.poll(true));
+    assert_eq!(*log.borrow(), ["begin", "ready"]);
+    // Nothing found by polling: the mode ends, and the last check finds what io_poll_end
+    // queued (no notification was sent: without that check this poll would block).
+    log.borrow_mut().clear();
+    late.set(true);
+    assert!(ctx.poll(true));
+    assert!(
+        !dog.get(),
+        "blocked: the last check after io_poll_end missed the work"
+    );
+    assert_eq!(*log.borrow(), ["end", "ready"]);
+
+    // A fresh context: an iteration that does not poll ends the mode too, and a handler
+    // removed in polling mode gets io_poll_end at once.
+    let ctx = ctx_of(&make);
+    ctx.set_poll_params(PollParams::iothread());
+    log.borrow_mut().clear();
+    ctx.set_fd_handler(doorbell.as_fd(), handler(&pending, &late, &log))
+        .unwrap();
+    pending.set(true);
+    assert!(ctx.poll(true));
+    assert!(!ctx.poll(false));
+    assert_eq!(*log.borrow(), ["begin", "ready", "end"]);
+    log.borrow_mut().clear();
+    pending.set(true);
+    assert!(ctx.poll(true));
+    ctx.remove_fd_handler(doorbell.as_fd()).unwrap();
+    assert_eq!(*log.borrow(), ["begin", "ready", "end"]);
+}

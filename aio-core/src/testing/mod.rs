@@ -218,6 +218,7 @@ macro_rules! event_loop_conformance {
             fd_closed_while_registered_is_handled,
             eintr_during_wait_is_retried,
             bad_input_gets_typed_errors_and_loop_keeps_running,
+            io_poll_begin_and_end_bracket_polling_mode,
         );
         $crate::event_loop_conformance!(@tests ($probe), $make; tasks:
             async_waker_from_another_thread_wakes_a_blocked_loop,

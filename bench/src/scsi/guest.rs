@@ -257,7 +257,12 @@ impl<'a> Guest<'a> {
             avail.extend(pending.drain(..));
             vq.avail_len.store(avail.len(), Ordering::Release);
             drop(avail);
-            let _ = vq.doorbell.notify();
+            // The iothread is polling this queue: it sees the request without a kick (the
+            // fence pairs with the one after the iothread clears `no_notify`).
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if !vq.no_notify.load(Ordering::Relaxed) {
+                let _ = vq.doorbell.notify();
+            }
         }
     }
 

@@ -290,6 +290,7 @@ fn register_doorbell<L: EventLoop + 'static, E: IoEngine + 'static>(
     let engine = engine.clone();
     let process = Rc::new(move || host.process(&engine));
     let (p1, p2, vq2, vq3) = (process.clone(), process, vq.clone(), vq.clone());
+    let (vq4, vq5) = (vq.clone(), vq.clone());
     ctx.set_fd_handler(
         &vq.doorbell,
         FdHandler::new()
@@ -298,7 +299,15 @@ fn register_doorbell<L: EventLoop + 'static, E: IoEngine + 'static>(
                 p1();
             })
             .on_poll(move || vq3.avail_len.load(Ordering::Acquire) > 0)
-            .on_poll_ready(move |_| p2()),
+            .on_poll_ready(move |_| p2())
+            // While the iothread polls, the guest need not kick (QEMU's virtio-blk turns the
+            // queue's notifications off in io_poll_begin and on in io_poll_end, after which
+            // the loop checks the queue once more).
+            .on_poll_begin(move || vq4.no_notify.store(true, Ordering::Relaxed))
+            .on_poll_end(move || {
+                vq5.no_notify.store(false, Ordering::Relaxed);
+                std::sync::atomic::fence(Ordering::SeqCst);
+            }),
     )
     .map_err(io::Error::from)
 }
