@@ -261,10 +261,20 @@ impl LoopDevice {
         // file loses its name (the device keeps it open), so the kernel frees both.
         let io_err = |what: String| move |e| LoopError::Io { what, source: e };
         let holder = std::fs::File::open(device).map_err(io_err(format!("opening {device}")))?;
-        set_autoclear(&holder).map_err(io_err(format!("setting autoclear on {device}")))?;
-        dev.holder = Some(holder);
-        std::fs::remove_file(&backing_path)
-            .map_err(io_err(format!("unlinking {}", backing_path.display())))?;
+        match set_autoclear(&holder) {
+            Ok(()) => {
+                dev.holder = Some(holder);
+                std::fs::remove_file(&backing_path)
+                    .map_err(io_err(format!("unlinking {}", backing_path.display())))?;
+            }
+            // Root without CAP_SYS_ADMIN (a container) may attach but not set the flag: the
+            // drop and the signal handler still clean up, `kill -9` cannot be covered.
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => eprintln!(
+                "aio-bench: --device loop: the kernel refused autoclear on {device} ({e}); \
+                 a kill -9 would leave it attached"
+            ),
+            Err(e) => return Err(io_err(format!("setting autoclear on {device}"))(e)),
+        }
         let name = device.trim_start_matches("/dev/");
         let dio_file = format!("/sys/block/{name}/loop/dio");
         let dio = std::fs::read_to_string(&dio_file)

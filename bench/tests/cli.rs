@@ -495,6 +495,17 @@ fn kill_9_detaches_the_loop_device() {
         aio_core::testing::skip(&reason);
         return;
     }
+    // Autoclear is set with LOOP_SET_STATUS64, which needs CAP_SYS_ADMIN (bit 21).
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let cap_eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    if cap_eff & (1 << 21) == 0 {
+        aio_core::testing::skip("autoclear on a loop device needs CAP_SYS_ADMIN");
+        return;
+    }
     let mut child = bench()
         .args(["latency", "--device", "loop:64m", "--runtime", "60s"])
         .stdout(std::process::Stdio::null())
