@@ -454,12 +454,9 @@ fn run_on_the_loop_device_detaches_it_afterwards() {
     assert_eq!(dir.entries(), 1, "only the job file");
 }
 
-#[test]
-fn a_signal_detaches_the_loop_device() {
-    if let Some(reason) = loop_device_unusable() {
-        aio_core::testing::skip(&reason);
-        return;
-    }
+/// `aio-bench latency --device loop:64m` in a child, once its device is attached and the run
+/// has started (half a second into the first cells); with the backing file's path.
+fn latency_run_on_the_loop_device() -> (std::process::Child, PathBuf) {
     let mut child = bench()
         .args(["latency", "--device", "loop:64m", "--runtime", "60s"])
         .stdout(std::process::Stdio::null())
@@ -475,9 +472,19 @@ fn a_signal_detaches_the_loop_device() {
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    // Into the run (the first cells), then SIGTERM (ctrlc's `termination` feature): the
-    // handler detaches the busy device and removes its file.
     std::thread::sleep(std::time::Duration::from_millis(500));
+    (child, backing)
+}
+
+#[test]
+fn a_signal_detaches_the_loop_device() {
+    if let Some(reason) = loop_device_unusable() {
+        aio_core::testing::skip(&reason);
+        return;
+    }
+    let (child, backing) = latency_run_on_the_loop_device();
+    // SIGTERM (ctrlc's `termination` feature): the handler detaches the busy device and
+    // removes its file.
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     let o = child.wait_with_output().unwrap();
@@ -506,22 +513,7 @@ fn kill_9_detaches_the_loop_device() {
         aio_core::testing::skip("autoclear on a loop device needs CAP_SYS_ADMIN");
         return;
     }
-    let mut child = bench()
-        .args(["latency", "--device", "loop:64m", "--runtime", "60s"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let backing = PathBuf::from(format!("/dev/shm/aio-bench-loop-{}.img", child.id()));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while attached_to(&backing).is_empty() {
-        assert!(
-            std::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(),
-            "the device never appeared"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    let (mut child, backing) = latency_run_on_the_loop_device();
     child.kill().unwrap();
     child.wait().unwrap();
     assert_cleaned_up(&backing);
