@@ -114,6 +114,9 @@ pub struct AioContext<L: EventLoop> {
     woken_task_runner: RefCell<Option<std::rc::Rc<WokenTaskRunner<L>>>>,
     /// Defer sections and the calls pending in them (QEMU's `defer_call()`).
     defer: std::rc::Rc<DeferState>,
+    /// Polling mode began and has not ended since (QEMU's `ctx->poll_started`): an iteration
+    /// that did not poll has nothing to end otherwise.
+    poll_started: Cell<bool>,
 }
 
 /// See `AioContext::woken_task_runner`.
@@ -177,6 +180,7 @@ impl<L: EventLoop> AioContext<L> {
             executor: RefCell::new(None),
             woken_task_runner: RefCell::new(None),
             defer: std::rc::Rc::default(),
+            poll_started: Cell::new(false),
         })
     }
 

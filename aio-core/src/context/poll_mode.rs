@@ -47,6 +47,12 @@ impl<L: EventLoop> AioContext<L> {
     /// that left the set; or ends it for all (`!started`). Tokens whose last check after
     /// `io_poll_end` found work go to `ready`; returns whether there were any.
     pub(super) fn poll_set_started(&self, started: bool, ready: &mut Vec<Token>) -> bool {
+        // Every handler in polling mode began in a `started` call since the last end: without
+        // one, ending has nothing to do (the common iteration: no table scan, no allocation).
+        if !started && !self.poll_started.get() {
+            return false;
+        }
+        self.poll_started.set(started);
         let hooked: Vec<(Token, bool, Rc<FdHandler<L>>)> = self.handlers.borrow().hooked_handlers();
         let mut found = false;
         for (token, in_poll_set, handler) in hooked {
