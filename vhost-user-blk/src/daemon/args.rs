@@ -1,0 +1,163 @@
+//! The daemon's command line: one `--disk` per served image, and the loop's settings.
+//!
+//! This module owns parsing and checking the arguments; it opens nothing.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use clap::Parser;
+
+use super::backends::{ENGINES, MONITORS};
+
+/// `aio-vhost-user-blk`: serves disk images as vhost-user-blk devices on aio-rs iothreads.
+#[derive(Debug, Parser)]
+#[command(name = "aio-vhost-user-blk", version)]
+pub struct Args {
+    /// A disk: `socket=PATH,image=PATH[,readonly=on][,serial=ID][,queues=Q]` (repeatable).
+    #[arg(long = "disk", required = true, value_name = "SPEC")]
+    pub disks: Vec<DiskSpec>,
+    /// The I/O engine: uring, linux-aio, pool or auto.
+    #[arg(long, default_value = "auto", value_parser = clap::builder::PossibleValuesParser::new(ENGINES))]
+    pub engine: String,
+    /// The fd monitor: poll, epoll, hybrid, uring or auto.
+    #[arg(long, default_value = "auto", value_parser = clap::builder::PossibleValuesParser::new(MONITORS))]
+    pub fdmon: String,
+    /// How many iothreads; queue i of each disk runs on iothread i mod K.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub iothreads: u16,
+    /// The iothreads' longest busy-poll window in ns (0: off; QEMU's IOThread default).
+    #[arg(long, default_value_t = aio_core::polling::DEFAULT_POLL_MAX_NS)]
+    pub poll_max_ns: u64,
+    /// CPUs to run on, e.g. `0` or `0-1,3`: iothread k on the k-th (mod the count).
+    #[arg(long, value_parser = parse_cpus)]
+    pub cpus: Option<CpuList>,
+}
+
+/// A CPU list (`0`, `0-3`, `0,2`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpuList(pub Vec<usize>);
+
+fn parse_cpus(s: &str) -> Result<CpuList, String> {
+    let mut cpus = Vec::new();
+    for part in s.split(',') {
+        let bad = || format!("'{part}' is not a CPU number or range");
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) =
+                    (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+                if a > b {
+                    return Err(bad());
+                }
+                cpus.extend(a..=b);
+            }
+            None => cpus.push(part.parse().map_err(|_| bad())?),
+        }
+    }
+    Ok(CpuList(cpus))
+}
+
+/// One `--disk`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskSpec {
+    /// Where the vhost-user socket goes.
+    pub socket: PathBuf,
+    /// The image (a file or a block device).
+    pub image: PathBuf,
+    /// `readonly=on`.
+    pub read_only: bool,
+    /// `serial=ID` (at most 20 bytes).
+    pub serial: String,
+    /// `queues=Q` (default 1).
+    pub queues: u16,
+}
+
+impl FromStr for DiskSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (mut socket, mut image) = (None, None);
+        let mut spec = DiskSpec {
+            socket: PathBuf::new(),
+            image: PathBuf::new(),
+            read_only: false,
+            serial: String::new(),
+            queues: 1,
+        };
+        for item in s.split(',') {
+            let (key, value) = item
+                .split_once('=')
+                .ok_or_else(|| format!("'{item}' is not KEY=VALUE"))?;
+            match key {
+                "socket" => socket = Some(PathBuf::from(value)),
+                "image" => image = Some(PathBuf::from(value)),
+                "readonly" => {
+                    spec.read_only = match value {
+                        "on" | "true" | "yes" => true,
+                        "off" | "false" | "no" => false,
+                        _ => return Err(format!("readonly={value}: expected on or off")),
+                    }
+                }
+                "serial" if value.len() <= 20 => spec.serial = value.to_string(),
+                "serial" => return Err(format!("serial '{value}' is longer than 20 bytes")),
+                "queues" => {
+                    spec.queues = value
+                        .parse()
+                        .ok()
+                        .filter(|q| (1..=256).contains(q))
+                        .ok_or_else(|| format!("queues={value}: expected 1 to 256"))?
+                }
+                other => {
+                    return Err(format!(
+                        "unknown key '{other}' (socket, image, readonly, serial, queues)"
+                    ))
+                }
+            }
+        }
+        spec.socket = socket.ok_or("socket=PATH is missing")?;
+        spec.image = image.ok_or("image=PATH is missing")?;
+        Ok(spec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disk_specs_parse_and_bad_ones_name_the_key() {
+        let d: DiskSpec = "socket=/tmp/s,image=/tmp/i,readonly=on,serial=abc,queues=4"
+            .parse()
+            .unwrap();
+        assert_eq!((d.read_only, d.serial.as_str(), d.queues), (true, "abc", 4));
+        assert!("image=/x"
+            .parse::<DiskSpec>()
+            .unwrap_err()
+            .contains("socket"));
+        assert!("socket=/s,image=/i,queues=0"
+            .parse::<DiskSpec>()
+            .unwrap_err()
+            .contains("queues"));
+        assert!("socket=/s,image=/i,colour=red"
+            .parse::<DiskSpec>()
+            .unwrap_err()
+            .contains("colour"));
+        let long = "socket=/s,image=/i,serial=123456789012345678901";
+        assert!(long.parse::<DiskSpec>().unwrap_err().contains("20 bytes"));
+        assert_eq!(parse_cpus("0-2,5").unwrap(), CpuList(vec![0, 1, 2, 5]));
+        assert!(parse_cpus("2-1").is_err());
+    }
+
+    #[test]
+    fn bad_arguments_are_refused_with_their_name() {
+        let e = Args::try_parse_from(["x", "--disk", "socket=/s,image=/i", "--engine", "spdk"])
+            .unwrap_err();
+        assert!(e.to_string().contains("spdk"), "{e}");
+        assert!(Args::try_parse_from(["x"]).is_err());
+        let a = Args::try_parse_from(["x", "--disk", "socket=/s,image=/i", "--iothreads", "2"])
+            .unwrap();
+        assert_eq!(
+            (a.iothreads, a.poll_max_ns, a.engine.as_str()),
+            (2, 32768, "auto")
+        );
+    }
+}

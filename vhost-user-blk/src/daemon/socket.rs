@@ -1,0 +1,191 @@
+//! One disk's vhost-user socket on the daemon's control loop: accept a frontend, read its
+//! messages, and when it goes, drain its queues and accept the next one.
+//!
+//! This module owns the listening socket (created under a temporary name and renamed into
+//! place once it listens, so a client never finds a socket that refuses it), the connection
+//! and the `vhost` crate's request handler driven from a read handler; one frontend at a time
+//! per disk (a second is turned away while one is connected).
+
+use std::cell::RefCell;
+use std::io;
+use std::os::fd::AsFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use aio_core::{AioContext, EventLoop, FdHandler, IoEngine};
+use vhost::vhost_user::{BackendReqHandler, Error as VuError};
+
+use crate::device::BlockDevice;
+use crate::vhost::{BlkBackend, IoThreads};
+
+type Handler<L, E> = BackendReqHandler<Mutex<BlkBackend<L, E>>>;
+
+/// A connected frontend.
+struct Connection<L: EventLoop + 'static, E: IoEngine + 'static> {
+    stream: UnixStream,
+    handler: Handler<L, E>,
+    backend: Arc<Mutex<BlkBackend<L, E>>>,
+}
+
+/// One disk's socket and its current frontend.
+pub struct DiskSocket<L: EventLoop + 'static, E: IoEngine + 'static> {
+    disk: u32,
+    path: PathBuf,
+    listener: UnixListener,
+    device: Arc<BlockDevice>,
+    iothreads: IoThreads<L, E>,
+    connection: RefCell<Option<Connection<L, E>>>,
+    /// Frontends served so far.
+    served: std::cell::Cell<u64>,
+}
+
+/// Binds `path` under a temporary name, listens, and renames it into place.
+fn listen_at(path: &Path) -> io::Result<UnixListener> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}.tmp", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let _ = std::fs::remove_file(&tmp);
+    let listener = UnixListener::bind(&tmp)?;
+    listener.set_nonblocking(true)?;
+    if let Err(e) = std::fs::rename(&tmp, path) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(listener)
+}
+
+/// Whether a request handler's error ends the connection (the socket failed or the frontend
+/// broke the protocol), rather than refusing one request.
+fn ends_connection(e: &VuError) -> bool {
+    !matches!(
+        e,
+        VuError::ReqHandlerError(_)
+            | VuError::InvalidParam
+            | VuError::InvalidOperation(_)
+            | VuError::InactiveFeature(_)
+            | VuError::InactiveOperation(_)
+            | VuError::SocketRetry(_)
+    )
+}
+
+impl<L: EventLoop + 'static, E: IoEngine + 'static> DiskSocket<L, E> {
+    /// Creates the socket of disk number `disk` at `path` and serves it on `ctx`.
+    pub fn serve(
+        ctx: &AioContext<L>,
+        disk: u32,
+        path: &Path,
+        device: Arc<BlockDevice>,
+        iothreads: IoThreads<L, E>,
+    ) -> io::Result<Rc<Self>> {
+        let listener = listen_at(path)?;
+        let socket = Rc::new(DiskSocket {
+            disk,
+            path: path.to_path_buf(),
+            listener,
+            device,
+            iothreads,
+            connection: RefCell::new(None),
+            served: std::cell::Cell::new(0),
+        });
+        let s = socket.clone();
+        ctx.set_fd_handler(
+            socket.listener.as_fd(),
+            FdHandler::new().on_read(move |ctx| s.accept(ctx)),
+        )
+        .map_err(io::Error::from)?;
+        Ok(socket)
+    }
+
+    /// Frontends accepted so far.
+    pub fn served(&self) -> u64 {
+        self.served.get()
+    }
+
+    fn accept(self: &Rc<Self>, ctx: &AioContext<L>) {
+        while let Ok((stream, _)) = self.listener.accept() {
+            if self.connection.borrow().is_some() {
+                eprintln!(
+                    "aio-vhost-user-blk: {}: a frontend is connected; refusing another",
+                    self.path.display()
+                );
+                continue;
+            }
+            if let Err(e) = self.connect(ctx, stream) {
+                eprintln!("aio-vhost-user-blk: {}: {e}", self.path.display());
+            }
+        }
+    }
+
+    fn connect(self: &Rc<Self>, ctx: &AioContext<L>, stream: UnixStream) -> io::Result<()> {
+        // Messages are read whole, with blocking reads, once the socket is readable.
+        stream.set_nonblocking(false)?;
+        let watched = stream.try_clone()?;
+        let backend = Arc::new(Mutex::new(BlkBackend::new(
+            self.disk,
+            self.device.clone(),
+            self.iothreads.clone(),
+        )));
+        let handler = BackendReqHandler::from_stream(stream, backend.clone());
+        let s = self.clone();
+        ctx.set_fd_handler(
+            watched.as_fd(),
+            FdHandler::new().on_read(move |ctx| s.on_message(ctx)),
+        )
+        .map_err(io::Error::from)?;
+        *self.connection.borrow_mut() = Some(Connection {
+            stream: watched,
+            handler,
+            backend,
+        });
+        self.served.set(self.served.get() + 1);
+        Ok(())
+    }
+
+    fn on_message(self: &Rc<Self>, ctx: &AioContext<L>) {
+        let result = match self.connection.borrow_mut().as_mut() {
+            Some(c) => c.handler.handle_request(),
+            None => return,
+        };
+        match result {
+            Ok(()) => {}
+            Err(e) if !ends_connection(&e) => {
+                eprintln!(
+                    "aio-vhost-user-blk: {}: request refused: {e}",
+                    self.path.display()
+                );
+            }
+            Err(e) => {
+                if !matches!(e, VuError::Disconnected | VuError::PartialMessage) {
+                    eprintln!(
+                        "aio-vhost-user-blk: {}: closing the connection: {e}",
+                        self.path.display()
+                    );
+                }
+                self.disconnect(ctx);
+            }
+        }
+    }
+
+    /// Ends the current connection: every queue drains (its requests complete) before the
+    /// memory table is dropped and the socket closed.
+    pub fn disconnect(&self, ctx: &AioContext<L>) {
+        let Some(c) = self.connection.borrow_mut().take() else {
+            return;
+        };
+        let _ = ctx.remove_fd_handler(c.stream.as_fd());
+        c.backend
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .disconnect();
+        drop(c);
+    }
+
+    /// Ends the connection, stops listening and removes the socket file.
+    pub fn close(&self, ctx: &AioContext<L>) {
+        self.disconnect(ctx);
+        let _ = ctx.remove_fd_handler(self.listener.as_fd());
+        let _ = std::fs::remove_file(&self.path);
+    }
+}

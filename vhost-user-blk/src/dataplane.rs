@@ -1,0 +1,105 @@
+//! What an iothread serving virtio-blk queues holds: its engine and its queues.
+//!
+//! This module owns the per-iothread state and the operations the transport sends to it
+//! (start, stop, new memory, new call fd), each run on the iothread itself; it never speaks
+//! the transport's protocol.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::fs::File;
+use std::sync::Arc;
+
+use aio_core::engine::{AttachedEngine, IoEngine};
+use aio_core::{AioContext, EventLoop};
+use virtio_queue::Queue;
+
+use crate::device::BlockDevice;
+use crate::queue::{GuestMemory, QueueError, QueueStats, VirtioBlkQueue};
+
+/// Which queue: a disk's number in the daemon and the queue's index on it.
+pub type QueueKey = (u32, u16);
+
+/// Everything a queue needs to start on an iothread (`Send`: built on the control thread).
+#[derive(Debug)]
+pub struct QueueSetup {
+    /// The disk.
+    pub device: Arc<BlockDevice>,
+    /// The ring, set up and ready.
+    pub queue: Queue,
+    /// The guest memory table.
+    pub memory: GuestMemory,
+    /// The kick eventfd.
+    pub kick: File,
+    /// The call eventfd.
+    pub call: Option<File>,
+}
+
+/// One iothread's state: an engine (`E`) attached to its context, and the queues it serves.
+pub struct DataPlane<L: EventLoop + 'static, E: IoEngine + 'static> {
+    engine: AttachedEngine<L, E>,
+    queues: RefCell<HashMap<QueueKey, VirtioBlkQueue<L, E>>>,
+}
+
+impl<L: EventLoop + 'static, E: IoEngine + 'static> DataPlane<L, E> {
+    /// Attaches `engine` to `ctx` (every request carries its own completion callback).
+    pub fn new(ctx: &AioContext<L>, engine: E) -> Result<Self, aio_core::AioError> {
+        let engine = ctx.attach_engine(engine, |_, _| {})?;
+        Ok(DataPlane {
+            engine,
+            queues: RefCell::new(HashMap::new()),
+        })
+    }
+
+    /// Starts serving a queue (a queue already running under `key` is stopped first).
+    pub fn start(
+        &self,
+        ctx: &AioContext<L>,
+        key: QueueKey,
+        setup: QueueSetup,
+    ) -> Result<(), QueueError> {
+        self.stop(ctx, key);
+        let q = VirtioBlkQueue::start(
+            ctx,
+            self.engine.clone(),
+            setup.device,
+            setup.queue,
+            setup.memory,
+            setup.kick,
+            setup.call,
+        )?;
+        self.queues.borrow_mut().insert(key, q);
+        Ok(())
+    }
+
+    /// Stops a queue once its requests have completed; its next avail index, if it ran.
+    pub fn stop(&self, ctx: &AioContext<L>, key: QueueKey) -> Option<u16> {
+        let q = self.queues.borrow_mut().remove(&key)?;
+        Some(q.stop(ctx))
+    }
+
+    /// Gives a disk's running queues a new memory table.
+    pub fn set_memory(&self, disk: u32, memory: &GuestMemory) {
+        for (key, q) in self.queues.borrow().iter() {
+            if key.0 == disk {
+                q.set_memory(memory.clone());
+            }
+        }
+    }
+
+    /// Gives a running queue a new call eventfd.
+    pub fn set_call(&self, key: QueueKey, call: Option<File>) {
+        if let Some(q) = self.queues.borrow().get(&key) {
+            q.set_call(call);
+        }
+    }
+
+    /// A running queue's statistics.
+    pub fn stats(&self, key: QueueKey) -> Option<QueueStats> {
+        self.queues.borrow().get(&key).map(|q| q.stats())
+    }
+
+    /// Requests in flight on the engine.
+    pub fn in_flight(&self) -> usize {
+        self.engine.in_flight()
+    }
+}

@@ -1,0 +1,204 @@
+//! The disk behind a virtio-blk device: its image, its size and the limits it tells the driver.
+//!
+//! This module owns opening the image (`O_DIRECT`, a file or a block device), the feature
+//! bits and the config space the device offers; it never touches a queue or guest memory.
+
+use std::fs::OpenOptions;
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use aio_core::IoFile;
+
+use crate::chain::ChainLimits;
+use crate::spec::{self, bit, feature, BlkConfig, SECTOR_SIZE};
+
+/// The largest queue a driver may set up (`SET_VRING_NUM`), as QEMU's virtio-blk.
+pub const MAX_QUEUE_SIZE: u16 = 1024;
+/// The most data segments in one request: a 128-entry queue less the header and status
+/// descriptors (QEMU's `seg-max-adjust`).
+pub const SEG_MAX: u32 = 126;
+/// The largest data segment (`size_max`).
+pub const SIZE_MAX: u32 = 1 << 20;
+/// The most sectors one discard or write-zeroes covers (32 MiB).
+pub const MAX_RANGE_SECTORS: u32 = 65_536;
+
+/// How to serve one image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskOptions {
+    /// Refuse writes, discards and write-zeroes (`VIRTIO_BLK_F_RO`).
+    pub read_only: bool,
+    /// What `GET_ID` answers: at most 20 bytes.
+    pub serial: String,
+    /// How many queues (`VIRTIO_BLK_F_MQ` when more than one).
+    pub queues: u16,
+}
+
+impl Default for DiskOptions {
+    fn default() -> Self {
+        DiskOptions {
+            read_only: false,
+            serial: String::new(),
+            queues: 1,
+        }
+    }
+}
+
+/// Why a disk cannot be served.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeviceError {
+    /// The image could not be opened with `O_DIRECT` (or its size read).
+    #[error("image {path}: {source}")]
+    Open {
+        /// The image.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The image is smaller than one sector, or not a whole number of them.
+    #[error("image {path}: {bytes} bytes is not a positive multiple of 512")]
+    BadSize {
+        /// The image.
+        path: PathBuf,
+        /// Its size.
+        bytes: u64,
+    },
+    /// The serial is longer than the 20 bytes `GET_ID` answers.
+    #[error("serial '{0}' is longer than 20 bytes")]
+    SerialTooLong(String),
+    /// Zero queues, or more than 256.
+    #[error("{0} queues (1 to 256)")]
+    BadQueueCount(u16),
+}
+
+impl From<DeviceError> for io::Error {
+    fn from(e: DeviceError) -> Self {
+        let kind = match &e {
+            DeviceError::Open { source, .. } => source.kind(),
+            _ => io::ErrorKind::InvalidInput,
+        };
+        io::Error::new(kind, e)
+    }
+}
+
+/// One virtio-blk disk: the image (opened `O_DIRECT`), its capacity and what the driver is
+/// told. `Send + Sync`: every iothread serving one of its queues shares it.
+#[derive(Debug, Clone)]
+pub struct BlockDevice {
+    file: IoFile,
+    capacity_sectors: u64,
+    options: DiskOptions,
+}
+
+impl BlockDevice {
+    /// Opens `image` (a file or a block device) with `O_DIRECT`, read-only when the options
+    /// say so, and reads its size.
+    pub fn open(image: &Path, options: DiskOptions) -> Result<Self, DeviceError> {
+        if options.serial.len() > spec::ID_BYTES {
+            return Err(DeviceError::SerialTooLong(options.serial));
+        }
+        if options.queues == 0 || options.queues > 256 {
+            return Err(DeviceError::BadQueueCount(options.queues));
+        }
+        let open_error = |source| DeviceError::Open {
+            path: image.to_path_buf(),
+            source,
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(!options.read_only)
+            .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
+            .open(image)
+            .map_err(open_error)?;
+        // Seeking to the end works for a block device as for a file.
+        let bytes = {
+            use std::io::Seek;
+            let mut f = &file;
+            f.seek(io::SeekFrom::End(0)).map_err(open_error)?
+        };
+        if bytes < SECTOR_SIZE || bytes % SECTOR_SIZE != 0 {
+            return Err(DeviceError::BadSize {
+                path: image.to_path_buf(),
+                bytes,
+            });
+        }
+        Ok(BlockDevice {
+            file: IoFile::new(file),
+            capacity_sectors: bytes / SECTOR_SIZE,
+            options,
+        })
+    }
+
+    /// The image, for requests.
+    pub fn file(&self) -> &IoFile {
+        &self.file
+    }
+
+    /// The size in 512-byte sectors.
+    pub fn capacity_sectors(&self) -> u64 {
+        self.capacity_sectors
+    }
+
+    /// The options it was opened with.
+    pub fn options(&self) -> &DiskOptions {
+        &self.options
+    }
+
+    /// What `GET_ID` writes: the serial, NUL-padded to 20 bytes.
+    pub fn id_bytes(&self) -> [u8; spec::ID_BYTES] {
+        let mut id = [0u8; spec::ID_BYTES];
+        let serial = self.options.serial.as_bytes();
+        id[..serial.len()].copy_from_slice(serial);
+        id
+    }
+
+    /// The virtio feature bits the device offers (transport bits included: `VERSION_1`,
+    /// `EVENT_IDX`, `INDIRECT_DESC`).
+    pub fn features(&self) -> u64 {
+        let mut f = bit(feature::VERSION_1)
+            | bit(feature::EVENT_IDX)
+            | bit(feature::INDIRECT_DESC)
+            | bit(feature::SEG_MAX)
+            | bit(feature::SIZE_MAX)
+            | bit(feature::BLK_SIZE)
+            | bit(feature::FLUSH)
+            | bit(feature::MQ);
+        if self.options.read_only {
+            f |= bit(feature::RO);
+        } else {
+            f |= bit(feature::DISCARD) | bit(feature::WRITE_ZEROES);
+        }
+        f
+    }
+
+    /// The config space's values.
+    pub fn config(&self) -> BlkConfig {
+        BlkConfig {
+            capacity: self.capacity_sectors,
+            size_max: SIZE_MAX,
+            seg_max: SEG_MAX,
+            blk_size: SECTOR_SIZE as u32,
+            num_queues: self.options.queues,
+            max_discard_sectors: MAX_RANGE_SECTORS,
+            max_discard_seg: 1,
+            discard_sector_alignment: 1,
+            max_write_zeroes_sectors: MAX_RANGE_SECTORS,
+            max_write_zeroes_seg: 1,
+            write_zeroes_may_unmap: true,
+        }
+    }
+
+    /// The checks every chain of this disk's queues passes.
+    pub fn chain_limits(&self) -> ChainLimits {
+        ChainLimits {
+            capacity_sectors: self.capacity_sectors,
+            read_only: self.options.read_only,
+            seg_max: SEG_MAX,
+            size_max: SIZE_MAX,
+            max_discard_sectors: MAX_RANGE_SECTORS,
+            max_write_zeroes_sectors: MAX_RANGE_SECTORS,
+        }
+    }
+}

@@ -1,0 +1,530 @@
+//! One virtqueue served on one `AioContext`: kicks in, requests out to the engine, completions
+//! back into the used ring, one interrupt per batch.
+//!
+//! This module owns a queue's data path and nothing of the transport: a VMM with its own
+//! virtio transport hands it a [`virtio_queue::Queue`], the guest memory, the kick eventfd and
+//! the call eventfd (an irqfd), and gets the same device vhost-user serves.
+//!
+//! * **Kicks are handlers of the loop.** The kick eventfd is an fd handler with `io_read`,
+//!   and with an `io_poll` that compares the avail index with the next one to take, reading
+//!   guest memory only (QEMU's `virtio_queue_host_notifier_aio_poll`), so an iothread that
+//!   busy-polls takes requests without a kick.
+//! * **Polling mode switches notifications.** `io_poll_begin` tells the driver not to kick
+//!   (`VRING_USED_F_NO_NOTIFY`, or the avail event with `EVENT_IDX`), `io_poll_end` turns
+//!   kicks back on; the loop checks the queue once more after the end, so nothing queued
+//!   meanwhile waits.
+//! * **Requests go straight to guest memory.** Reads and writes are `readv`/`writev` over the
+//!   chain's data descriptors (no copy), submitted with their own completion callback inside
+//!   one plugged batch per kick. A request the engine refuses for `O_DIRECT` alignment (a
+//!   driver's buffer not aligned to the image's block) goes through an aligned bounce buffer.
+//! * **Guest memory outlives its requests.** Each request holds the memory table it was
+//!   parsed against (an `Arc` of the mappings) until its completion, so a new table or a
+//!   disconnect never unmaps memory the kernel may still write.
+//! * **One interrupt per batch.** A completion writes the status byte and the used ring and
+//!   calls a deferred call; it raises the call eventfd once at the end of the batch, and only
+//!   when the driver asked for it (`EVENT_IDX`'s used event, or no `NO_INTERRUPT` flag), as
+//!   QEMU defers `virtio_notify_irqfd()` with `defer_call()`.
+//! * **A bad chain is the driver's error, not ours.** It is answered `IOERR` (or `UNSUPP`) and
+//!   the queue goes on; a ring the device cannot read or write at all marks the queue broken
+//!   (QEMU's `virtio_error()`): it takes no more requests until it is set up again.
+
+use std::cell::{Cell, RefCell};
+use std::fs::File;
+use std::io;
+use std::num::Wrapping;
+use std::os::fd::{AsFd, AsRawFd};
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use aio_core::engine::{AttachedEngine, IoEngine, Request};
+use aio_core::{AioContext, AlignedBuf, DeferredCall, EventLoop, FdHandler, GuestIovecs};
+use aio_core::{Completion, IoBuffers, RequestError};
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+
+use crate::chain::{parse_chain, BlkOp, BlkRequest, Segment};
+use crate::device::BlockDevice;
+use crate::spec;
+
+/// The guest's memory as one request sees it: the mappings stay while any holder lives.
+pub type GuestMemory = Arc<GuestMemoryMmap>;
+
+/// What a queue has done, for tests and reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueStats {
+    /// Requests taken from the avail ring.
+    pub requests: u64,
+    /// Chains refused (answered `IOERR` / `UNSUPP`, or returned with no status).
+    pub refused: u64,
+    /// Requests that went through a bounce buffer (misaligned for `O_DIRECT`).
+    pub bounced: u64,
+    /// Call eventfd writes (interrupts raised).
+    pub interrupts: u64,
+    /// Kicks read from the kick eventfd.
+    pub kicks: u64,
+    /// Times busy polling found requests (no kick needed).
+    pub poll_hits: u64,
+}
+
+/// Why a queue could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum QueueError {
+    /// The rings are not inside guest memory, or the size is not a power of two.
+    #[error("the queue's rings are not valid in guest memory")]
+    InvalidRings,
+    /// The kick fd could not be registered with the loop.
+    #[error("registering the kick fd: {0}")]
+    Register(#[from] aio_core::AioError),
+    /// An fd could not be set up (non-blocking mode).
+    #[error("kick fd: {0}")]
+    Fd(#[from] io::Error),
+}
+
+/// One virtio-blk queue served on a context `L` with engine `E`. `!Send`: it lives on its
+/// iothread. [`VirtioBlkQueue::stop`] drains it.
+pub struct VirtioBlkQueue<L: EventLoop + 'static, E: IoEngine + 'static> {
+    inner: Rc<Inner<L, E>>,
+}
+
+struct Inner<L: EventLoop + 'static, E: IoEngine + 'static> {
+    device: Arc<BlockDevice>,
+    queue: RefCell<Queue>,
+    mem: RefCell<GuestMemory>,
+    engine: AttachedEngine<L, E>,
+    kick: File,
+    call: RefCell<Option<File>>,
+    interrupt: RefCell<Option<DeferredCall>>,
+    in_flight: Cell<usize>,
+    /// Polling mode: the driver was told not to kick.
+    polling: Cell<bool>,
+    broken: Cell<bool>,
+    stats: Cell<QueueStats>,
+}
+
+impl<L: EventLoop + 'static, E: IoEngine + 'static> VirtioBlkQueue<L, E> {
+    /// Starts serving `queue` (set up and ready: size, ring addresses, event idx, next avail
+    /// index) of `device` on `ctx`: registers `kick` and takes what the avail ring already
+    /// holds. `call` is the interrupt eventfd (none: the driver polls the used ring).
+    pub fn start(
+        ctx: &AioContext<L>,
+        engine: AttachedEngine<L, E>,
+        device: Arc<BlockDevice>,
+        queue: Queue,
+        mem: GuestMemory,
+        kick: File,
+        call: Option<File>,
+    ) -> Result<Self, QueueError> {
+        if !queue.is_valid(&*mem) {
+            return Err(QueueError::InvalidRings);
+        }
+        set_nonblocking(&kick)?;
+        let inner = Rc::new(Inner {
+            device,
+            queue: RefCell::new(queue),
+            mem: RefCell::new(mem),
+            engine,
+            kick,
+            call: RefCell::new(call),
+            interrupt: RefCell::new(None),
+            in_flight: Cell::new(0),
+            polling: Cell::new(false),
+            broken: Cell::new(false),
+            stats: Cell::new(QueueStats::default()),
+        });
+        let weak = Rc::downgrade(&inner);
+        *inner.interrupt.borrow_mut() = Some(ctx.deferred_call(move || {
+            if let Some(q) = weak.upgrade() {
+                q.notify_driver();
+            }
+        }));
+        let handler = kick_handler(&inner);
+        ctx.set_fd_handler(inner.kick.as_fd(), handler)?;
+        // Requests queued before the kick fd was ours would wait for the next kick.
+        inner.process(ctx);
+        Ok(VirtioBlkQueue { inner })
+    }
+
+    /// Stops taking requests, waits (running `ctx`) until every request taken has completed
+    /// into the used ring, and returns the next avail index (vhost-user's vring base).
+    pub fn stop(self, ctx: &AioContext<L>) -> u16 {
+        let _ = ctx.remove_fd_handler(self.inner.kick.as_fd());
+        while self.inner.in_flight.get() > 0 {
+            ctx.poll(true);
+        }
+        self.inner.notify_driver();
+        let next = self.inner.queue.borrow().next_avail();
+        next
+    }
+
+    /// Replaces the guest memory table (requests in flight keep the one they started with).
+    pub fn set_memory(&self, mem: GuestMemory) {
+        *self.inner.mem.borrow_mut() = mem;
+    }
+
+    /// Replaces the call eventfd.
+    pub fn set_call(&self, call: Option<File>) {
+        *self.inner.call.borrow_mut() = call;
+    }
+
+    /// Requests taken and not yet completed.
+    pub fn in_flight(&self) -> usize {
+        self.inner.in_flight.get()
+    }
+
+    /// Whether the queue stopped taking requests because its rings could not be used.
+    pub fn is_broken(&self) -> bool {
+        self.inner.broken.get()
+    }
+
+    /// What it has done.
+    pub fn stats(&self) -> QueueStats {
+        self.inner.stats.get()
+    }
+}
+
+/// The kick fd's handler: `io_read` on a kick, `io_poll` on the avail index, notifications
+/// off and on around polling mode.
+fn kick_handler<L: EventLoop + 'static, E: IoEngine + 'static>(
+    inner: &Rc<Inner<L, E>>,
+) -> FdHandler<L> {
+    let (on_read, on_poll, on_ready) = (inner.clone(), inner.clone(), inner.clone());
+    let (on_begin, on_end) = (inner.clone(), inner.clone());
+    FdHandler::new()
+        .on_read(move |ctx| {
+            let mut counter = [0u8; 8];
+            // SAFETY: reads at most 8 bytes into a local buffer of 8 from an fd we own (it is
+            // non-blocking: a nested loop may have drained it already).
+            let n = unsafe { libc::read(on_read.kick.as_raw_fd(), counter.as_mut_ptr().cast(), 8) };
+            if n == 8 {
+                on_read.bump(|s| s.kicks += 1);
+            }
+            on_read.process(ctx);
+        })
+        .on_poll(move || on_poll.has_avail())
+        .on_poll_ready(move |ctx| {
+            on_ready.bump(|s| s.poll_hits += 1);
+            on_ready.process(ctx);
+        })
+        .on_poll_begin(move || on_begin.set_polling(true))
+        .on_poll_end(move || on_end.set_polling(false))
+}
+
+fn set_nonblocking(f: &File) -> io::Result<()> {
+    let fd = f.as_raw_fd();
+    // SAFETY: F_GETFL/F_SETFL on an fd we own; no pointers.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
+    fn bump(&self, f: impl FnOnce(&mut QueueStats)) {
+        let mut s = self.stats.get();
+        f(&mut s);
+        self.stats.set(s);
+    }
+
+    /// Whether the avail ring holds requests not taken yet (guest memory only, no syscall).
+    fn has_avail(&self) -> bool {
+        if self.broken.get() {
+            return false;
+        }
+        let mem = self.mem.borrow();
+        let queue = self.queue.borrow();
+        match queue.avail_idx(&**mem, Ordering::Acquire) {
+            Ok(avail) => avail != Wrapping(queue.next_avail()),
+            Err(_) => false,
+        }
+    }
+
+    fn set_polling(&self, on: bool) {
+        self.polling.set(on);
+        let mem = self.mem.borrow().clone();
+        let mut queue = self.queue.borrow_mut();
+        let _ = if on {
+            queue.disable_notification(&*mem)
+        } else {
+            queue.enable_notification(&*mem).map(drop)
+        };
+    }
+
+    /// Takes every request the avail ring holds (QEMU's `virtio_blk_handle_vq`): with kicks
+    /// off while it drains, unless polling mode already turned them off.
+    fn process(self: &Rc<Self>, ctx: &AioContext<L>) {
+        let _section = ctx.defer_section();
+        self.engine.plug();
+        while !self.broken.get() {
+            let mem = self.mem.borrow().clone();
+            let polling = self.polling.get();
+            let taken = self.take_requests(&mem, polling);
+            for request in taken {
+                self.start_request(&mem, request);
+            }
+            if polling {
+                break;
+            }
+            // Kicks back on; requests that came in meanwhile are taken now.
+            match self.queue.borrow_mut().enable_notification(&*mem) {
+                Ok(true) => continue,
+                Ok(false) => break,
+                Err(_) => self.mark_broken(),
+            }
+        }
+        self.engine.unplug();
+    }
+
+    /// Pops and checks every available chain.
+    fn take_requests(
+        &self,
+        mem: &GuestMemory,
+        polling: bool,
+    ) -> Vec<Result<BlkRequest, crate::chain::RefusedChain>> {
+        let limits = self.device.chain_limits();
+        let mut queue = self.queue.borrow_mut();
+        if !polling && queue.disable_notification(&**mem).is_err() {
+            drop(queue);
+            self.mark_broken();
+            return Vec::new();
+        }
+        let mut taken = Vec::new();
+        match queue.iter(mem.clone()) {
+            Ok(iter) => {
+                for chain in iter {
+                    taken.push(parse_chain(chain, mem, &limits));
+                }
+            }
+            // The avail index moved by more than the queue size: the driver broke the ring.
+            Err(_) => {
+                drop(queue);
+                self.mark_broken();
+            }
+        }
+        taken
+    }
+
+    fn mark_broken(&self) {
+        self.broken.set(true);
+    }
+
+    fn start_request(
+        self: &Rc<Self>,
+        mem: &GuestMemory,
+        request: Result<BlkRequest, crate::chain::RefusedChain>,
+    ) {
+        self.bump(|s| s.requests += 1);
+        self.in_flight.set(self.in_flight.get() + 1);
+        let request = match request {
+            Ok(r) => r,
+            Err(refused) => {
+                self.bump(|s| s.refused += 1);
+                match refused.status {
+                    Some(status) => {
+                        self.complete(mem, refused.head, status, refused.error.status(), 1)
+                    }
+                    None => self.complete_without_status(mem, refused.head),
+                }
+                return;
+            }
+        };
+        let file = self.device.file();
+        let token = u64::from(request.head);
+        let io = match &request.op {
+            BlkOp::Read { offset, segments } => match guest_iovecs(mem, segments) {
+                Some(iov) => Request::read_guest(file, *offset, iov, token),
+                None => return self.finish(mem, &request, spec::S_IOERR),
+            },
+            BlkOp::Write { offset, segments } => match guest_iovecs(mem, segments) {
+                Some(iov) => Request::write_guest(file, *offset, iov, token),
+                None => return self.finish(mem, &request, spec::S_IOERR),
+            },
+            BlkOp::Flush => Request::fdatasync(file, token),
+            BlkOp::Discard { offset, len } => Request::discard(file, *offset, *len, token),
+            BlkOp::WriteZeroes { offset, len, unmap } => {
+                Request::write_zeroes(file, *offset, *len, *unmap, token)
+            }
+            BlkOp::GetId { buf } => {
+                let ok = mem.write_slice(&self.device.id_bytes(), buf.addr).is_ok();
+                let status = if ok { spec::S_OK } else { spec::S_IOERR };
+                return self.finish(mem, &request, status);
+            }
+        };
+        self.submit(mem, request, io);
+    }
+
+    /// Submits `io` for `request`; a refusal for alignment goes through a bounce buffer.
+    fn submit(self: &Rc<Self>, mem: &GuestMemory, request: BlkRequest, io: Request) {
+        let q = self.clone();
+        let held = mem.clone();
+        let is_discard = matches!(request.op, BlkOp::Discard { .. });
+        let meta = request.clone();
+        let refused = self
+            .engine
+            .submit_with(io, move |_ctx, _engine, done: Completion| {
+                let status = match &done.result {
+                    Ok(_) => spec::S_OK,
+                    // Discard is advisory: a file system or device without it is not an error.
+                    Err(e) if is_discard && e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                        spec::S_OK
+                    }
+                    Err(_) => spec::S_IOERR,
+                };
+                // The request's memory table, held until here (the kernel is done with it).
+                q.finish(&held, &meta, status);
+            });
+        if let Err(refused) = refused {
+            if matches!(refused.error, RequestError::Misaligned { .. }) {
+                return self.bounce(mem, request);
+            }
+            self.finish(mem, &request, spec::S_IOERR);
+        }
+    }
+
+    /// A read or write through an aligned buffer (the driver's buffers are not aligned for
+    /// `O_DIRECT`): copied from guest memory before a write, into it after a read.
+    fn bounce(self: &Rc<Self>, mem: &GuestMemory, request: BlkRequest) {
+        self.bump(|s| s.bounced += 1);
+        let file = self.device.file();
+        let token = u64::from(request.head);
+        let io = match &request.op {
+            BlkOp::Read { offset, segments } => {
+                let len = segments.iter().map(|s| s.len as usize).sum();
+                Request::read(file, *offset, AlignedBuf::new(len), token)
+            }
+            BlkOp::Write { offset, segments } => {
+                let mut data = vec![0u8; segments.iter().map(|s| s.len as usize).sum()];
+                let mut at = 0;
+                for s in segments {
+                    let end = at + s.len as usize;
+                    if mem.read_slice(&mut data[at..end], s.addr).is_err() {
+                        return self.finish(mem, &request, spec::S_IOERR);
+                    }
+                    at = end;
+                }
+                Request::write(file, *offset, AlignedBuf::from_slice(&data), token)
+            }
+            _ => return self.finish(mem, &request, spec::S_IOERR),
+        };
+        let q = self.clone();
+        let held = mem.clone();
+        let meta = request.clone();
+        let refused = self
+            .engine
+            .submit_with(io, move |_ctx, _engine, done: Completion| {
+                let mut status = if done.result.is_ok() {
+                    spec::S_OK
+                } else {
+                    spec::S_IOERR
+                };
+                if let (BlkOp::Read { segments, .. }, IoBuffers::One(buf)) = (&meta.op, &done.buf) {
+                    if status == spec::S_OK && !copy_to_guest(&held, segments, buf) {
+                        status = spec::S_IOERR;
+                    }
+                }
+                q.finish(&held, &meta, status);
+            });
+        if refused.is_err() {
+            self.finish(mem, &request, spec::S_IOERR);
+        }
+    }
+
+    fn finish(&self, mem: &GuestMemory, request: &BlkRequest, status: u8) {
+        let len = if status == spec::S_OK {
+            request.written_len()
+        } else {
+            1
+        };
+        self.complete(mem, request.head, request.status, status, len);
+    }
+
+    /// Writes the status byte, puts the head in the used ring, asks for an interrupt.
+    fn complete(
+        &self,
+        mem: &GuestMemory,
+        head: u16,
+        status_at: GuestAddress,
+        status: u8,
+        len: u32,
+    ) {
+        if mem.write_obj(status, status_at).is_err() {
+            return self.complete_without_status(mem, head);
+        }
+        self.add_used(mem, head, len);
+    }
+
+    fn complete_without_status(&self, mem: &GuestMemory, head: u16) {
+        self.add_used(mem, head, 0);
+    }
+
+    fn add_used(&self, mem: &GuestMemory, head: u16, len: u32) {
+        self.in_flight.set(self.in_flight.get().saturating_sub(1));
+        if self.queue.borrow_mut().add_used(&**mem, head, len).is_err() {
+            self.mark_broken();
+            return;
+        }
+        if let Some(interrupt) = self.interrupt.borrow().as_ref() {
+            interrupt.call();
+        }
+    }
+
+    /// Raises the call eventfd if the driver wants an interrupt now.
+    fn notify_driver(&self) {
+        let mem = self.mem.borrow().clone();
+        let wanted = self
+            .queue
+            .borrow_mut()
+            .needs_notification(&*mem)
+            .unwrap_or(true);
+        if !wanted {
+            return;
+        }
+        if let Some(call) = self.call.borrow().as_ref() {
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: writes 8 bytes from a local array to an eventfd we own.
+            let n = unsafe { libc::write(call.as_raw_fd(), one.as_ptr().cast(), 8) };
+            if n == 8 {
+                self.bump(|s| s.interrupts += 1);
+            }
+        }
+    }
+}
+
+/// The host addresses of `segments` in `mem` (each may span regions), or None if one is not
+/// mapped (the chain parser checked it; a new table could not have been swapped in since,
+/// since `mem` is the table the chain was parsed against).
+fn guest_iovecs(mem: &GuestMemory, segments: &[Segment]) -> Option<GuestIovecs> {
+    let mut parts = Vec::with_capacity(segments.len());
+    for s in segments {
+        for slice in mem.get_slices(s.addr, s.len as usize) {
+            let slice = slice.ok()?;
+            parts.push((slice.ptr_guard_mut().as_ptr(), slice.len()));
+        }
+    }
+    // SAFETY: every segment lies in a mapping of `mem`; the request's completion callback
+    // holds a clone of `mem` (an `Arc` of the mappings), and the engine holds the iovecs
+    // until that completion, so the memory stays mapped while the kernel may touch it. This
+    // process never makes Rust references to guest memory (vm-memory's accesses are
+    // volatile), so the driver writing its own buffer meanwhile is a race only for the guest.
+    Some(unsafe { GuestIovecs::new(parts) })
+}
+
+/// Copies a bounce buffer into the read's segments.
+fn copy_to_guest(mem: &GuestMemory, segments: &[Segment], buf: &AlignedBuf) -> bool {
+    let mut at = 0usize;
+    for s in segments {
+        let end = at + s.len as usize;
+        let Some(part) = buf.get(at..end) else {
+            return false;
+        };
+        if mem.write_slice(part, s.addr).is_err() {
+            return false;
+        }
+        at = end;
+    }
+    true
+}

@@ -1,0 +1,458 @@
+//! The vhost-user-blk protocol: the frontend's messages turned into queue starts and stops.
+//!
+//! This module owns one connection's device state as the vhost-user protocol defines it
+//! (features, memory table, per-vring size, addresses, base, kick and call fds, enable) and
+//! decides when a vring runs. The messages themselves are read and answered by the `vhost`
+//! crate's `BackendReqHandler`, which the daemon drives from a read handler on the socket;
+//! the queues run on iothreads, reached through [`IoThreadHandle::call`]. It never touches a
+//! ring itself.
+//!
+//! * A vring runs once it has a size, addresses inside the memory table, a kick fd, and is
+//!   enabled (`SET_VRING_ENABLE`, or at once without `VHOST_USER_F_PROTOCOL_FEATURES`).
+//! * `GET_VRING_BASE` stops it: the call returns after every request it took has completed.
+//! * A new memory table reaches running queues; requests in flight keep the old mappings.
+//! * [`BlkBackend::disconnect`] stops every vring (requests complete first) and only then
+//!   drops the memory table.
+
+use std::fs::File;
+use std::sync::Arc;
+
+use aio_core::engine::IoEngine;
+use aio_core::{EventLoop, IoThreadHandle};
+use vhost::vhost_user::message::{
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserConfigFlags, VhostUserInflight,
+    VhostUserLog, VhostUserMemoryRegion, VhostUserProtocolFeatures, VhostUserShMemConfig,
+    VhostUserSharedMsg, VhostUserSingleMemoryRegion, VhostUserVirtioFeatures,
+    VhostUserVringAddrFlags, VhostUserVringState,
+};
+use vhost::vhost_user::VhostUserBackendReqHandlerMut;
+use vhost::vhost_user::{Error as VuError, GpuBackend, Result as VuResult};
+use vhost::VhostUserMemoryRegionBase;
+use virtio_queue::{Queue, QueueT};
+
+use crate::dataplane::{DataPlane, QueueSetup};
+use crate::device::{BlockDevice, MAX_QUEUE_SIZE};
+use crate::memory::{MemoryTable, MAX_REGIONS};
+use crate::spec::{bit, feature};
+
+/// The iothreads a disk's queues are spread over (queue `i` on iothread `i % K`, QEMU's
+/// iothread-vq-mapping rule).
+pub type IoThreads<L, E> = Arc<Vec<IoThreadHandle<L, DataPlane<L, E>>>>;
+
+/// One vring as the frontend set it up.
+#[derive(Debug, Default)]
+struct Vring {
+    size: u16,
+    /// Guest-physical addresses of the descriptor table, avail and used rings.
+    addrs: Option<(u64, u64, u64)>,
+    base: u16,
+    kick: Option<File>,
+    call: Option<File>,
+    enabled: bool,
+    running: bool,
+}
+
+/// One disk's device state for one connection, driven by the `vhost` crate's request handler.
+pub struct BlkBackend<L: EventLoop + 'static, E: IoEngine + 'static> {
+    disk: u32,
+    device: Arc<BlockDevice>,
+    iothreads: IoThreads<L, E>,
+    acked_features: u64,
+    protocol_features: u64,
+    memory: MemoryTable,
+    vrings: Vec<Vring>,
+}
+
+fn handler_error(message: impl Into<String>) -> VuError {
+    VuError::ReqHandlerError(std::io::Error::other(message.into()))
+}
+
+impl<L: EventLoop + 'static, E: IoEngine + 'static> BlkBackend<L, E> {
+    /// The state of a new connection to disk number `disk`.
+    pub fn new(disk: u32, device: Arc<BlockDevice>, iothreads: IoThreads<L, E>) -> Self {
+        let queues = device.options().queues as usize;
+        BlkBackend {
+            disk,
+            device,
+            iothreads,
+            acked_features: 0,
+            protocol_features: 0,
+            memory: MemoryTable::default(),
+            vrings: (0..queues).map(|_| Vring::default()).collect(),
+        }
+    }
+
+    fn iothread(&self, index: usize) -> &IoThreadHandle<L, DataPlane<L, E>> {
+        &self.iothreads[index % self.iothreads.len()]
+    }
+
+    fn vring(&mut self, index: u32) -> VuResult<&mut Vring> {
+        self.vrings
+            .get_mut(index as usize)
+            .ok_or(VuError::InvalidParam)
+    }
+
+    /// Stops every vring (each once its requests have completed), then drops the memory
+    /// table: the end of a connection.
+    pub fn disconnect(&mut self) {
+        for index in 0..self.vrings.len() {
+            self.stop_vring(index);
+        }
+        self.memory.clear();
+    }
+
+    /// Whether any vring runs.
+    pub fn is_running(&self) -> bool {
+        self.vrings.iter().any(|v| v.running)
+    }
+
+    fn stop_vring(&mut self, index: usize) -> Option<u16> {
+        if !self.vrings[index].running {
+            return None;
+        }
+        self.vrings[index].running = false;
+        let key = (self.disk, index as u16);
+        let next = self
+            .iothread(index)
+            .call(move |ctx, plane| plane.stop(ctx, key))
+            .ok()
+            .flatten();
+        if let Some(next) = next {
+            self.vrings[index].base = next;
+        }
+        next
+    }
+
+    /// Starts the vring if it has everything it needs.
+    fn maybe_start(&mut self, index: usize) -> VuResult<()> {
+        let protocol = self.acked_features & bit(feature::PROTOCOL_FEATURES) != 0;
+        let v = &self.vrings[index];
+        let ready = !v.running
+            && v.size > 0
+            && v.addrs.is_some()
+            && v.kick.is_some()
+            && (v.enabled || !protocol)
+            && !self.memory.is_empty();
+        if !ready {
+            return Ok(());
+        }
+        let memory = self
+            .memory
+            .guest_memory()
+            .map_err(|e| handler_error(e.to_string()))?;
+        let v = &self.vrings[index];
+        let (desc, avail, used) = v.addrs.expect("checked");
+        let mut queue = Queue::new(MAX_QUEUE_SIZE).map_err(|e| handler_error(e.to_string()))?;
+        queue.set_size(v.size);
+        queue.set_desc_table_address(Some(desc as u32), Some((desc >> 32) as u32));
+        queue.set_avail_ring_address(Some(avail as u32), Some((avail >> 32) as u32));
+        queue.set_used_ring_address(Some(used as u32), Some((used >> 32) as u32));
+        queue.set_event_idx(self.acked_features & bit(feature::EVENT_IDX) != 0);
+        queue.set_next_avail(v.base);
+        queue.set_next_used(v.base);
+        queue.set_ready(true);
+        let kick = v.kick.as_ref().expect("checked").try_clone();
+        let call = v.call.as_ref().map(File::try_clone).transpose();
+        let (Ok(kick), Ok(call)) = (kick, call) else {
+            return Err(handler_error("duplicating the vring's fds"));
+        };
+        let setup = QueueSetup {
+            device: self.device.clone(),
+            queue,
+            memory,
+            kick,
+            call,
+        };
+        let key = (self.disk, index as u16);
+        self.iothread(index)
+            .call(move |ctx, plane| plane.start(ctx, key, setup).map_err(|e| e.to_string()))
+            .map_err(|e| handler_error(e.to_string()))?
+            .map_err(handler_error)?;
+        self.vrings[index].running = true;
+        Ok(())
+    }
+
+    /// Hands a new memory table to the running queues.
+    fn memory_changed(&mut self) -> VuResult<()> {
+        if self.memory.is_empty() || !self.is_running() {
+            return Ok(());
+        }
+        let memory = self
+            .memory
+            .guest_memory()
+            .map_err(|e| handler_error(e.to_string()))?;
+        let disk = self.disk;
+        for plane in self.iothreads.iter() {
+            let memory = memory.clone();
+            plane
+                .call(move |_ctx, plane| plane.set_memory(disk, &memory))
+                .map_err(|e| handler_error(e.to_string()))?;
+        }
+        Ok(())
+    }
+}
+
+fn unsupported<T>(what: &'static str) -> VuResult<T> {
+    Err(VuError::InvalidOperation(what))
+}
+
+impl<L: EventLoop + 'static, E: IoEngine + 'static> VhostUserBackendReqHandlerMut
+    for BlkBackend<L, E>
+{
+    fn set_owner(&mut self) -> VuResult<()> {
+        Ok(())
+    }
+
+    fn reset_owner(&mut self) -> VuResult<()> {
+        self.disconnect();
+        Ok(())
+    }
+
+    fn reset_device(&mut self) -> VuResult<()> {
+        self.disconnect();
+        self.vrings.iter_mut().for_each(|v| *v = Vring::default());
+        Ok(())
+    }
+
+    fn get_features(&mut self) -> VuResult<u64> {
+        Ok(self.device.features() | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits())
+    }
+
+    fn set_features(&mut self, features: u64) -> VuResult<()> {
+        if features & !self.get_features()? != 0 {
+            return Err(VuError::InvalidParam);
+        }
+        self.acked_features = features;
+        Ok(())
+    }
+
+    fn set_mem_table(
+        &mut self,
+        regions: &[VhostUserMemoryRegion],
+        files: Vec<File>,
+        _postcopy: Option<bool>,
+    ) -> VuResult<Option<Vec<VhostUserMemoryRegionBase>>> {
+        if regions.len() != files.len() {
+            return Err(VuError::InvalidParam);
+        }
+        let mut table = MemoryTable::default();
+        for (r, f) in regions.iter().zip(files) {
+            table
+                .add(
+                    r.guest_phys_addr,
+                    r.memory_size,
+                    r.user_addr,
+                    f,
+                    r.mmap_offset,
+                )
+                .map_err(|e| handler_error(e.to_string()))?;
+        }
+        self.memory = table;
+        self.memory_changed()?;
+        Ok(None)
+    }
+
+    fn set_vring_num(&mut self, index: u32, num: u32) -> VuResult<()> {
+        if num == 0 || num > u32::from(MAX_QUEUE_SIZE) || !num.is_power_of_two() {
+            return Err(VuError::InvalidParam);
+        }
+        self.vring(index)?.size = num as u16;
+        Ok(())
+    }
+
+    fn set_vring_addr(
+        &mut self,
+        index: u32,
+        _flags: VhostUserVringAddrFlags,
+        descriptor: u64,
+        used: u64,
+        available: u64,
+        _log: u64,
+    ) -> VuResult<()> {
+        let translate = |a| {
+            self.memory
+                .frontend_to_guest(a)
+                .ok_or(VuError::InvalidParam)
+        };
+        let addrs = (
+            translate(descriptor)?,
+            translate(available)?,
+            translate(used)?,
+        );
+        self.vring(index)?.addrs = Some(addrs);
+        Ok(())
+    }
+
+    fn set_vring_base(&mut self, index: u32, base: u32) -> VuResult<()> {
+        let base = u16::try_from(base).map_err(|_| VuError::InvalidParam)?;
+        self.vring(index)?.base = base;
+        Ok(())
+    }
+
+    fn get_vring_base(&mut self, index: u32) -> VuResult<VhostUserVringState> {
+        self.vring(index)?;
+        self.stop_vring(index as usize);
+        let v = &mut self.vrings[index as usize];
+        // The frontend sets the ring up again from scratch.
+        v.kick = None;
+        v.enabled = false;
+        Ok(VhostUserVringState::new(index, u32::from(v.base)))
+    }
+
+    fn set_vring_kick(&mut self, index: u8, fd: Option<File>) -> VuResult<()> {
+        let index = u32::from(index);
+        self.vring(index)?;
+        self.stop_vring(index as usize);
+        self.vring(index)?.kick = fd;
+        self.maybe_start(index as usize)
+    }
+
+    fn set_vring_call(&mut self, index: u8, fd: Option<File>) -> VuResult<()> {
+        let index = u32::from(index);
+        let running = self.vring(index)?.running;
+        if running {
+            let call = fd
+                .as_ref()
+                .map(File::try_clone)
+                .transpose()
+                .map_err(VuError::ReqHandlerError)?;
+            let key = (self.disk, index as u16);
+            self.iothread(index as usize)
+                .call(move |_ctx, plane| plane.set_call(key, call))
+                .map_err(|e| handler_error(e.to_string()))?;
+        }
+        self.vring(index)?.call = fd;
+        Ok(())
+    }
+
+    fn set_vring_err(&mut self, index: u8, _fd: Option<File>) -> VuResult<()> {
+        self.vring(u32::from(index))?;
+        Ok(())
+    }
+
+    fn get_protocol_features(&mut self) -> VuResult<VhostUserProtocolFeatures> {
+        Ok(VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS)
+    }
+
+    fn set_protocol_features(&mut self, features: u64) -> VuResult<()> {
+        self.protocol_features = features;
+        Ok(())
+    }
+
+    fn get_queue_num(&mut self) -> VuResult<u64> {
+        Ok(self.vrings.len() as u64)
+    }
+
+    fn set_vring_enable(&mut self, index: u32, enable: bool) -> VuResult<()> {
+        self.vring(index)?.enabled = enable;
+        if enable {
+            self.maybe_start(index as usize)
+        } else {
+            self.stop_vring(index as usize);
+            Ok(())
+        }
+    }
+
+    fn get_config(
+        &mut self,
+        offset: u32,
+        size: u32,
+        _flags: VhostUserConfigFlags,
+    ) -> VuResult<Vec<u8>> {
+        let config = self.device.config().to_bytes();
+        let start = offset as usize;
+        let end = start
+            .checked_add(size as usize)
+            .ok_or(VuError::InvalidParam)?;
+        // Bytes past our layout read as zero (fields of features not offered).
+        let mut out = vec![0u8; size as usize];
+        if start < config.len() {
+            let have = end.min(config.len());
+            out[..have - start].copy_from_slice(&config[start..have]);
+        }
+        Ok(out)
+    }
+
+    fn set_config(
+        &mut self,
+        _offset: u32,
+        _buf: &[u8],
+        _flags: VhostUserConfigFlags,
+    ) -> VuResult<()> {
+        // The writeback field needs CONFIG_WCE, which is not offered: nothing is writable.
+        unsupported("the config space is read-only")
+    }
+
+    fn set_gpu_socket(&mut self, _gpu: GpuBackend) -> VuResult<()> {
+        unsupported("not a GPU device")
+    }
+
+    fn get_shared_object(&mut self, _uuid: VhostUserSharedMsg) -> VuResult<File> {
+        unsupported("no shared objects")
+    }
+
+    fn get_inflight_fd(&mut self, _: &VhostUserInflight) -> VuResult<(VhostUserInflight, File)> {
+        unsupported("INFLIGHT_SHMFD is not offered")
+    }
+
+    fn set_inflight_fd(&mut self, _: &VhostUserInflight, _file: File) -> VuResult<()> {
+        unsupported("INFLIGHT_SHMFD is not offered")
+    }
+
+    fn get_max_mem_slots(&mut self) -> VuResult<u64> {
+        Ok(MAX_REGIONS as u64)
+    }
+
+    fn add_mem_region(
+        &mut self,
+        region: &VhostUserSingleMemoryRegion,
+        fd: File,
+        _postcopy: Option<bool>,
+    ) -> VuResult<Option<VhostUserMemoryRegionBase>> {
+        self.memory
+            .add(
+                region.guest_phys_addr,
+                region.memory_size,
+                region.user_addr,
+                fd,
+                region.mmap_offset,
+            )
+            .map_err(|e| handler_error(e.to_string()))?;
+        self.memory_changed()?;
+        Ok(None)
+    }
+
+    fn remove_mem_region(&mut self, region: &VhostUserSingleMemoryRegion) -> VuResult<()> {
+        if !self
+            .memory
+            .remove(region.guest_phys_addr, region.memory_size)
+        {
+            return Err(VuError::InvalidParam);
+        }
+        self.memory_changed()
+    }
+
+    fn set_device_state_fd(
+        &mut self,
+        _direction: VhostTransferStateDirection,
+        _phase: VhostTransferStatePhase,
+        _fd: File,
+    ) -> VuResult<Option<File>> {
+        unsupported("DEVICE_STATE is not offered")
+    }
+
+    fn check_device_state(&mut self) -> VuResult<()> {
+        unsupported("DEVICE_STATE is not offered")
+    }
+
+    fn get_shmem_config(&mut self) -> VuResult<VhostUserShMemConfig> {
+        unsupported("SHMEM is not offered")
+    }
+
+    fn set_log_base(&mut self, _log: &VhostUserLog, _file: File) -> VuResult<()> {
+        unsupported("LOG_SHMFD is not offered")
+    }
+}

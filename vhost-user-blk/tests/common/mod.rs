@@ -1,0 +1,194 @@
+//! Shared by the integration tests: a daemon started as a child process, and a libblkio
+//! client of its socket.
+
+#![allow(dead_code)]
+
+use std::mem::MaybeUninit;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use blkio::{Blkio, Blkioq, MemoryRegion, ReqFlags};
+
+/// The daemon binary, started with `args`; killed (SIGKILL) on drop if still running.
+pub struct Daemon {
+    pub child: Child,
+    pub sockets: Vec<PathBuf>,
+}
+
+impl Daemon {
+    /// Starts the daemon and waits until every socket accepts connections.
+    pub fn start(args: &[String], sockets: Vec<PathBuf>) -> Daemon {
+        let child = Command::new(env!("CARGO_BIN_EXE_aio-vhost-user-blk"))
+            .args(args)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start the daemon");
+        let mut d = Daemon { child, sockets };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !d.sockets.iter().all(|s| s.exists()) {
+            if let Some(status) = d.child.try_wait().unwrap() {
+                panic!("the daemon exited before listening: {status}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the daemon's sockets did not appear"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        d
+    }
+
+    /// One disk on `image` with `engine` and extra disk keys (`,readonly=on`...).
+    pub fn one_disk(dir: &Path, image: &Path, engine: &str, extra: &str) -> Daemon {
+        let socket = dir.join("vhost.sock");
+        let args = vec![
+            "--disk".to_string(),
+            format!(
+                "socket={},image={}{extra}",
+                socket.display(),
+                image.display()
+            ),
+            "--engine".to_string(),
+            engine.to_string(),
+        ];
+        Daemon::start(&args, vec![socket])
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.sockets[0]
+    }
+
+    /// SIGTERM, then the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        // SAFETY: kill(2) on our own child's pid; no memory involved.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.child.wait().unwrap()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An image file of `bytes` in a fresh temporary directory (in /dev/shm when it exists, so
+/// O_DIRECT works without a disk).
+pub fn image(bytes: u64) -> (tempfile::TempDir, PathBuf) {
+    let base = if Path::new("/dev/shm").is_dir() {
+        "/dev/shm"
+    } else {
+        "/tmp"
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("aio-vub-")
+        .tempdir_in(base)
+        .unwrap();
+    let path = dir.path().join("disk.img");
+    let f = std::fs::File::create(&path).unwrap();
+    f.set_len(bytes).unwrap();
+    (dir, path)
+}
+
+/// A libblkio virtio-blk-vhost-user client with `queues` queues and one buffer region.
+pub struct Client {
+    pub blkio: Blkio,
+    pub queues: Vec<Blkioq>,
+    pub region: MemoryRegion,
+}
+
+impl Client {
+    pub fn connect(
+        socket: &Path,
+        queues: usize,
+        region_bytes: usize,
+    ) -> Result<Client, blkio::Error> {
+        Client::connect_with(socket, queues, region_bytes, false)
+    }
+
+    /// As `connect`; `read_only` opens the device read-only (libblkio refuses to start a
+    /// writable client of a read-only device).
+    pub fn connect_with(
+        socket: &Path,
+        queues: usize,
+        region_bytes: usize,
+        read_only: bool,
+    ) -> Result<Client, blkio::Error> {
+        let mut b = Blkio::new("virtio-blk-vhost-user")?;
+        b.set_bool("read-only", read_only)?;
+        b.set_str("path", socket.to_str().unwrap())?;
+        b.connect()?;
+        b.set_i32("num-queues", queues as i32)?;
+        let started = b.start()?;
+        let region = b.alloc_mem_region(region_bytes)?;
+        b.map_mem_region(&region)?;
+        Ok(Client {
+            blkio: b,
+            queues: started.queues,
+            region,
+        })
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.blkio.get_u64("capacity").unwrap()
+    }
+
+    /// The buffer at `offset` in the region.
+    pub fn buf(&self, offset: usize, len: usize) -> &mut [u8] {
+        assert!(offset + len <= self.region.len);
+        // SAFETY: the region is mapped for our process for `region.len` bytes and lives as
+        // long as the client; the tests use disjoint ranges for requests in flight.
+        unsafe { std::slice::from_raw_parts_mut((self.region.addr + offset) as *mut u8, len) }
+    }
+
+    /// Waits for `n` completions on queue `q` and returns their (user_data, ret).
+    pub fn wait(&mut self, q: usize, n: usize) -> Vec<(usize, i32)> {
+        let mut out = Vec::new();
+        let mut done: Vec<MaybeUninit<blkio::Completion>> =
+            (0..n).map(|_| MaybeUninit::uninit()).collect();
+        while out.len() < n {
+            let want = n - out.len();
+            let mut timeout = Duration::from_secs(20);
+            let got = self.queues[q]
+                .do_io(&mut done[..want], want, Some(&mut timeout), None)
+                .expect("do_io");
+            assert!(got > 0, "no completion within 20 s");
+            for c in &done[..got] {
+                // SAFETY: do_io initialised the first `got` completions.
+                let c = unsafe { c.assume_init_ref() };
+                out.push((c.user_data, c.ret));
+            }
+        }
+        out
+    }
+
+    pub fn read(&mut self, q: usize, offset: u64, buf_at: usize, len: usize, tag: usize) {
+        let ptr = (self.region.addr + buf_at) as *mut u8;
+        self.queues[q].read(offset, ptr, len, tag, ReqFlags::empty());
+    }
+
+    pub fn write(&mut self, q: usize, offset: u64, buf_at: usize, len: usize, tag: usize) {
+        let ptr = (self.region.addr + buf_at) as *const u8;
+        self.queues[q].write(offset, ptr, len, tag, ReqFlags::empty());
+    }
+
+    /// One request on queue `q`, waited for: its `ret`.
+    pub fn sync(&mut self, q: usize, submit: impl FnOnce(&mut Blkioq)) -> i32 {
+        submit(&mut self.queues[q]);
+        self.wait(q, 1)[0].1
+    }
+}
+
+/// The engines this kernel offers, by the daemon's names.
+pub fn engines() -> Vec<&'static str> {
+    ["uring", "linux-aio", "pool"]
+        .into_iter()
+        .filter(|e| aio_vhost_user_blk::daemon::backends::build_engine(e).is_ok())
+        .collect()
+}
