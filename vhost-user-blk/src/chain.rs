@@ -433,3 +433,7 @@ fn byte_range(sector: u64, len: u64, capacity: u64) -> Result<u64, ChainError> {
     }
     Ok(offset)
 }
+
+#[cfg(test)]
+#[path = "chain_tests.rs"]
+mod tests;

@@ -133,3 +133,125 @@ fn a_read_only_disk_refuses_writes() {
     assert_eq!(c.wait(0, 1)[0].1, 0);
     // The chain parser's unit tests show the device refusing a write a driver sends anyway.
 }
+
+/// The daemon's open fds and resident memory (kB).
+fn daemon_usage(pid: u32) -> (usize, u64) {
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    (fds, rss)
+}
+
+/// Run in a child process by `a_client_killed_mid_flight_leaves_the_daemon_serving`: connects,
+/// puts 32 reads and 32 writes in flight, says so, and waits to be killed.
+#[test]
+#[ignore = "a helper process of another test"]
+fn client_process_killed_mid_flight() {
+    let Ok(socket) = std::env::var("AIO_VUB_CHILD_SOCKET") else {
+        return;
+    };
+    let mut c = Client::connect(std::path::Path::new(&socket), 1, 64 * 4096).unwrap();
+    for i in 0..32 {
+        c.write(0, i * 8192, i as usize * 4096, 4096, i as usize);
+        c.read(
+            0,
+            i * 8192 + 4096,
+            (32 + i as usize) * 4096,
+            4096,
+            100 + i as usize,
+        );
+    }
+    // Submitted without waiting for a completion.
+    let mut now = std::time::Duration::ZERO;
+    c.queues[0].do_io(&mut [], 0, Some(&mut now), None).unwrap();
+    println!("IN-FLIGHT");
+    std::thread::sleep(std::time::Duration::from_secs(60));
+}
+
+#[test]
+fn a_client_killed_mid_flight_leaves_the_daemon_serving() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    for engine in common::engines() {
+        let (dir, img) = image(16 * MIB);
+        let d = Daemon::one_disk(dir.path(), &img, engine, "");
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "client_process_killed_mid_flight",
+                "--ignored",
+                "--nocapture",
+            ])
+            .env("AIO_VUB_CHILD_SOCKET", d.socket())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        assert!(
+            lines.any(|l| l.unwrap().contains("IN-FLIGHT")),
+            "{engine}: the child client did not start"
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // A new client is served once the old one's requests have completed.
+        let mut c = Client::connect(d.socket(), 1, 8192).unwrap();
+        c.buf(0, 4096).fill(7);
+        c.write(0, 0, 0, 4096, 1);
+        assert_eq!(c.wait(0, 1)[0].1, 0, "{engine}");
+        c.read(0, 0, 4096, 4096, 2);
+        assert_eq!(c.wait(0, 1)[0].1, 0, "{engine}");
+        assert!(c.buf(4096, 4096).iter().all(|&b| b == 7), "{engine}");
+        drop(c);
+        assert!(
+            d.terminate().success(),
+            "{engine}: SIGTERM ends the daemon with 0"
+        );
+    }
+}
+
+#[test]
+fn a_hundred_connections_leak_no_fds_nor_memory() {
+    let (dir, img) = image(16 * MIB);
+    let d = Daemon::one_disk(dir.path(), &img, "auto", ",queues=2");
+    let cycle = || {
+        let mut c = Client::connect(d.socket(), 2, 65536).unwrap();
+        for q in 0..2 {
+            c.read(q, 0, q * 4096, 4096, q);
+            assert_eq!(c.wait(q, 1)[0].1, 0);
+        }
+    };
+    // The first connections warm up what stays (the engine's rings, the allocator).
+    for _ in 0..5 {
+        cycle();
+    }
+    // The daemon closes a connection when it reads its end: wait for that before counting.
+    let settle = |want: Option<usize>| {
+        for _ in 0..200 {
+            let (fds, _) = daemon_usage(d.pid());
+            if want.is_none_or(|w| fds <= w) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        daemon_usage(d.pid())
+    };
+    let (fds0, rss0) = settle(None);
+    for _ in 0..100 {
+        cycle();
+    }
+    let (fds1, rss1) = settle(Some(fds0));
+    assert_eq!(fds1, fds0, "fds after 100 connections");
+    assert!(
+        rss1 < rss0 + 4096,
+        "RSS grew from {rss0} kB to {rss1} kB over 100 connections"
+    );
+    let socket = d.socket().to_path_buf();
+    assert!(d.terminate().success());
+    assert!(!socket.exists(), "SIGTERM removes the socket");
+}

@@ -4,7 +4,8 @@
 //! This module owns the listening socket (created under a temporary name and renamed into
 //! place once it listens, so a client never finds a socket that refuses it), the connection
 //! and the `vhost` crate's request handler driven from a read handler; one frontend at a time
-//! per disk (a second is turned away while one is connected).
+//! per disk: while one is connected the listener is not watched, so the next one waits in the
+//! backlog and is accepted once the first has gone and its requests have completed.
 
 use std::cell::RefCell;
 use std::io;
@@ -89,13 +90,18 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> DiskSocket<L, E> {
             connection: RefCell::new(None),
             served: std::cell::Cell::new(0),
         });
-        let s = socket.clone();
+        socket.listen(ctx)?;
+        Ok(socket)
+    }
+
+    /// Watches the listener for the next frontend.
+    fn listen(self: &Rc<Self>, ctx: &AioContext<L>) -> io::Result<()> {
+        let s = self.clone();
         ctx.set_fd_handler(
-            socket.listener.as_fd(),
+            self.listener.as_fd(),
             FdHandler::new().on_read(move |ctx| s.accept(ctx)),
         )
-        .map_err(io::Error::from)?;
-        Ok(socket)
+        .map_err(io::Error::from)
     }
 
     /// Frontends accepted so far.
@@ -104,16 +110,16 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> DiskSocket<L, E> {
     }
 
     fn accept(self: &Rc<Self>, ctx: &AioContext<L>) {
-        while let Ok((stream, _)) = self.listener.accept() {
-            if self.connection.borrow().is_some() {
-                eprintln!(
-                    "aio-vhost-user-blk: {}: a frontend is connected; refusing another",
-                    self.path.display()
-                );
-                continue;
-            }
-            if let Err(e) = self.connect(ctx, stream) {
-                eprintln!("aio-vhost-user-blk: {}: {e}", self.path.display());
+        if self.connection.borrow().is_some() {
+            return;
+        }
+        if let Ok((stream, _)) = self.listener.accept() {
+            match self.connect(ctx, stream) {
+                // The next frontend waits in the backlog until this one has gone.
+                Ok(()) => {
+                    let _ = ctx.remove_fd_handler(self.listener.as_fd());
+                }
+                Err(e) => eprintln!("aio-vhost-user-blk: {}: {e}", self.path.display()),
             }
         }
     }
@@ -164,6 +170,12 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> DiskSocket<L, E> {
                     );
                 }
                 self.disconnect(ctx);
+                if let Err(e) = self.listen(ctx) {
+                    eprintln!(
+                        "aio-vhost-user-blk: {}: listening again: {e}",
+                        self.path.display()
+                    );
+                }
             }
         }
     }

@@ -140,7 +140,7 @@ impl Client {
     }
 
     /// The buffer at `offset` in the region.
-    pub fn buf(&self, offset: usize, len: usize) -> &mut [u8] {
+    pub fn buf(&mut self, offset: usize, len: usize) -> &mut [u8] {
         assert!(offset + len <= self.region.len);
         // SAFETY: the region is mapped for our process for `region.len` bytes and lives as
         // long as the client; the tests use disjoint ranges for requests in flight.
