@@ -528,3 +528,7 @@ fn copy_to_guest(mem: &GuestMemory, segments: &[Segment], buf: &AlignedBuf) -> b
     }
     true
 }
+
+#[cfg(all(test, feature = "poll", feature = "pool"))]
+#[path = "queue_tests.rs"]
+mod tests;
