@@ -1,0 +1,101 @@
+//! The daemon's command line and life: bad arguments exit 2 naming them, several disks on
+//! shared iothreads, queues spread over iothreads, SIGINT ends it cleanly.
+
+mod common;
+
+use std::process::Command;
+
+use common::{image, Client, Daemon};
+
+fn daemon(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_aio-vhost-user-blk"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_arguments_exit_2_naming_them() {
+    let (dir, img) = image(1 << 20);
+    let sock = dir.path().join("s.sock");
+    let disk = format!("socket={},image={}", sock.display(), img.display());
+    for (args, named) in [
+        (vec!["--disk", "socket=/x"], "image"),
+        (vec!["--disk", &disk, "--engine", "spdk"], "spdk"),
+        (vec!["--disk", &disk, "--fdmon", "kqueue"], "kqueue"),
+        (vec!["--disk", &disk, "--iothreads", "0"], "iothreads"),
+        (
+            vec!["--disk", &disk, "--poll-max-ns", "fast"],
+            "poll-max-ns",
+        ),
+        (vec!["--disk", &disk, "--cpus", "3-1"], "cpus"),
+        (
+            vec!["--disk", "socket=/tmp/x.sock,image=/nonexistent/img"],
+            "/nonexistent/img",
+        ),
+        (vec![], "--disk"),
+    ] {
+        let (code, err) = daemon(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(
+            err.contains(named),
+            "{args:?}: the message names {named}: {err}"
+        );
+    }
+    assert!(!sock.exists());
+}
+
+#[test]
+fn several_disks_share_the_iothreads_and_queues_spread_over_them() {
+    let (dir, img_a) = image(8 << 20);
+    let img_b = dir.path().join("b.img");
+    std::fs::File::create(&img_b)
+        .unwrap()
+        .set_len(4 << 20)
+        .unwrap();
+    let (sa, sb) = (dir.path().join("a.sock"), dir.path().join("b.sock"));
+    let args: Vec<String> = [
+        "--disk".to_string(),
+        format!(
+            "socket={},image={},queues=4,serial=a",
+            sa.display(),
+            img_a.display()
+        ),
+        "--disk".to_string(),
+        format!("socket={},image={},serial=b", sb.display(), img_b.display()),
+        "--iothreads".to_string(),
+        "2".to_string(),
+        "--fdmon".to_string(),
+        "epoll".to_string(),
+    ]
+    .into();
+    let d = Daemon::start(&args, vec![sa.clone(), sb.clone()]);
+    let mut a = Client::connect(&sa, 4, 4 * 4096).unwrap();
+    let mut b = Client::connect(&sb, 1, 4096).unwrap();
+    assert_eq!((a.capacity(), b.capacity()), (8 << 20, 4 << 20));
+    for q in 0..4 {
+        a.buf(q * 4096, 4096).fill(q as u8 + 1);
+        a.write(q, q as u64 * 4096, q * 4096, 4096, q);
+    }
+    for q in 0..4 {
+        assert_eq!(a.wait(q, 1)[0].1, 0, "queue {q} on iothread {}", q % 2);
+    }
+    b.read(0, 0, 0, 4096, 9);
+    assert_eq!(b.wait(0, 1)[0].1, 0);
+    for q in 0..4 {
+        a.read(q, q as u64 * 4096, q * 4096, 4096, q);
+        assert_eq!(a.wait(q, 1)[0].1, 0);
+        assert!(a.buf(q * 4096, 4096).iter().all(|&x| x == q as u8 + 1));
+    }
+    drop((a, b));
+    // SIGINT, like SIGTERM, ends the daemon with 0 and removes every socket.
+    // SAFETY: kill(2) on our child's pid.
+    unsafe { libc::kill(d.pid() as i32, libc::SIGINT) };
+    let mut d = d;
+    assert!(d.child.wait().unwrap().success());
+    assert!(!sa.exists() && !sb.exists());
+}
