@@ -10,6 +10,8 @@
 //!   formats ([`runner`]), fio itself for side-by-side runs ([`fio`]), fio's units ([`units`]);
 //! * the fast device, a loop device with direct I/O over a file in `/dev/shm` ([`loopdev`]),
 //!   and undoing a run's setup on signals too ([`cleanup`]);
+//! * the vhost-user-blk client on libblkio, and starting our daemon and qemu-storage-daemon
+//!   side by side ([`vhost`]);
 //! * the command line's pieces: `--cpus` ([`cpus`]), progress lines ([`progress`]), the
 //!   `probe` report ([`probe`]), and the one error type with its exit codes ([`error`]).
 //!
@@ -34,3 +36,4 @@ pub mod runner;
 pub mod scsi;
 pub mod units;
 pub mod verify;
+pub mod vhost;

@@ -5,7 +5,9 @@
 //! thread-pool notifier/io_poll change: polling off, at QEMU's default, and at given values),
 //! `run` (fio job files, reported in fio's formats), `vs-fio` (the same job through fio and
 //! through one of our engines, alternating A B / B A) and `probe` (which backends this build
-//! and kernel offer, and what `auto` picks); with the `peers` feature, `peers` (aio-rs next to
+//! and kernel offer, and what `auto` picks), `vhost` (a vhost-user-blk socket driven through
+//! libblkio, and our daemon beside qemu-storage-daemon; the hidden `vhost-daemon` is our daemon
+//! itself, which `vhost --vs-qsd` starts); with the `peers` feature, `peers` (aio-rs next to
 //! its Rust peers).
 //!
 //! This file is the command line only: its clap structs and the dispatch. Each subcommand is a
@@ -55,10 +57,24 @@ enum Command {
     Run(RunArgs),
     /// Say which fd monitors and engines this build and kernel offer, and what `auto` picks.
     Probe,
+    /// Drive a vhost-user-blk socket through libblkio (`--socket`), or compare our daemon with
+    /// qemu-storage-daemon on one image, alternating (`--vs-qsd`).
+    Vhost(Box<cmd::vhost::VhostArgs>),
+    /// Our vhost-user-blk daemon (what `vhost --vs-qsd` starts): every argument goes to
+    /// `aio_vhost_user_blk::daemon::main_from_args`, and its exit code is ours.
+    #[command(hide = true, disable_help_flag = true)]
+    VhostDaemon(VhostDaemonArgs),
     /// aio-rs next to tokio-uring, monoio, glommio and tokio's spawn_blocking: 4 KiB O_DIRECT
     /// random reads at QD 1 and 32, alternating in one run (feature `peers`).
     #[cfg(feature = "peers")]
     Peers(cmd::peers::PeersArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct VhostDaemonArgs {
+    /// The daemon's own arguments (`--disk socket=PATH,image=PATH ...`).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -270,6 +286,8 @@ impl Command {
             Command::VsFio(_) => "vs-fio",
             Command::Run(_) => "run",
             Command::Probe => "probe",
+            Command::Vhost(_) => "vhost",
+            Command::VhostDaemon(_) => "vhost-daemon",
             #[cfg(feature = "peers")]
             Command::Peers(_) => "peers",
         }
@@ -285,6 +303,10 @@ fn main() -> ExitCode {
         Command::VsFio(args) => cmd::vs_fio::run(args),
         Command::Run(args) => cmd::run::run(args),
         Command::Probe => cmd::probe::run(),
+        Command::Vhost(args) => cmd::vhost::run(*args),
+        Command::VhostDaemon(args) => {
+            std::process::exit(aio_vhost_user_blk::daemon::main_from_args(args.args))
+        }
         #[cfg(feature = "peers")]
         Command::Peers(args) => cmd::peers::run(args),
     };

@@ -12,6 +12,8 @@
 //! * [`vs_fio`]: one job through fio and through one of our engines, alternating;
 //! * [`run`]: fio job files;
 //! * [`probe`]: the backends this build and kernel offer;
+//! * [`vhost`]: a vhost-user-blk socket through libblkio, and our daemon beside
+//!   qemu-storage-daemon;
 //! * `peers` (feature `peers`): aio-rs next to its Rust peers.
 
 pub mod latency;
@@ -21,6 +23,7 @@ pub mod peers;
 pub mod probe;
 pub mod run;
 pub mod values;
+pub mod vhost;
 pub mod vs_fio;
 
 use std::path::{Path, PathBuf};

@@ -31,41 +31,45 @@ pub fn build_engine(name: &str) -> io::Result<(Box<dyn IoEngine>, &'static str)>
         }
         return Ok(ladder.climb()?.value);
     }
-    let engine: Box<dyn IoEngine> = match name {
+    match name {
         #[cfg(feature = "uring")]
-        "uring" => Box::new(aio_backend_uring::UringEngine::new(
-            aio_backend_uring::UringConfig::default(),
-        )?),
+        "uring" => Ok((
+            with_fallback(Box::new(aio_backend_uring::UringEngine::new(
+                aio_backend_uring::UringConfig::default(),
+            )?))?,
+            "uring",
+        )),
         #[cfg(feature = "linux-aio")]
-        "linux-aio" => Box::new(aio_backend_linux_aio::LinuxAio::new(
-            aio_backend_linux_aio::LinuxAioConfig::default(),
-        )?),
+        "linux-aio" => Ok((
+            with_fallback(Box::new(aio_backend_linux_aio::LinuxAio::new(
+                aio_backend_linux_aio::LinuxAioConfig::default(),
+            )?))?,
+            "linux-aio",
+        )),
         #[cfg(feature = "pool")]
-        "pool" => {
-            return Ok((
-                Box::new(aio_pool::ThreadPool::new(aio_pool::PoolConfig::default())?),
-                "pool",
-            ))
-        }
-        other if ENGINES.contains(&other) => return Err(not_built("engine", other)),
-        other => {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("unknown engine '{other}'"),
-            ))
-        }
-    };
-    let name = ENGINES
-        .into_iter()
-        .find(|n| *n == name)
-        .expect("matched above");
+        "pool" => Ok((
+            Box::new(aio_pool::ThreadPool::new(aio_pool::PoolConfig::default())?),
+            "pool",
+        )),
+        other if ENGINES.contains(&other) => Err(not_built("engine", other)),
+        other => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("unknown engine '{other}'"),
+        )),
+    }
+}
+
+/// `engine` with a thread pool behind it for the ops it refuses (without the `pool` feature,
+/// alone).
+#[allow(dead_code)] // unused in builds without an in-kernel engine
+fn with_fallback(engine: Box<dyn IoEngine>) -> io::Result<Box<dyn IoEngine>> {
     #[cfg(feature = "pool")]
     {
         let pool = aio_pool::ThreadPool::new(aio_pool::PoolConfig::default())?;
-        Ok((Box::new(aio_core::Routed::new(engine, pool)), name))
+        Ok(Box::new(aio_core::Routed::new(engine, pool)))
     }
     #[cfg(not(feature = "pool"))]
-    Ok((engine, name))
+    Ok(engine)
 }
 
 /// The fd monitor `name` (one of [`MONITORS`]); `auto` walks uring, hybrid, poll.

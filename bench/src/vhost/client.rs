@@ -1,0 +1,312 @@
+//! The vhost-user-blk client: libblkio's `virtio-blk-vhost-user` driver keeping requests in
+//! flight on every virtqueue of one socket, measured like fio.
+//!
+//! Set-up, as libblkio wants it: `Blkio::new("virtio-blk-vhost-user")`, `path`, `connect`,
+//! `num-queues`, `start`, then one memory region (`alloc_mem_region`, `map_mem_region`: a memfd
+//! the daemon maps) holding `iodepth` buffers of `bs` bytes per queue.
+//!
+//! Each queue has its own thread (pinned to the client CPU when one is given, [`super::queue`])
+//! and its own part of the disk: queue `q` of `Q` uses blocks `q, q + Q, q + 2Q, ...`, so with
+//! `--verify` each block has one writer and each read one right answer. The threads wait for
+//! completions on their queue's completion fd, never busy polling.
+//!
+//! With verify, every write carries [`crate::verify`]'s stamp (its offset, a generation and a
+//! crc32c) and every read is checked: a block written in this run must hold its last
+//! acknowledged generation; a block not yet written in this run may be unstamped, or hold any
+//! valid stamp for its offset (an earlier run's).
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use blkio::Blkio;
+use hdrhistogram::Histogram;
+
+use crate::error::BenchError;
+use crate::job::Pattern;
+
+use super::queue::{QueueDriver, QueueStats};
+use super::ProcCpu;
+
+/// The longest wait for the daemon to answer libblkio's connection.
+pub const CONNECT_WAIT: Duration = Duration::from_secs(10);
+
+/// The largest `--iodepth` per queue: libblkio's default virtqueue size (256 descriptors, one
+/// per request of one buffer).
+pub const MAX_IODEPTH: usize = 256;
+
+/// What the client runs against one socket.
+#[derive(Debug, Clone)]
+pub struct ClientSpec {
+    /// The pattern: randread, randwrite, randrw (or the sequential read, write, rw).
+    pub rw: Pattern,
+    /// The percentage of reads with randrw and rw (fio's `rwmixread`).
+    pub rwmixread: u8,
+    /// Bytes per request.
+    pub bs: usize,
+    /// Requests in flight per queue (1..=[`MAX_IODEPTH`]).
+    pub iodepth: usize,
+    /// Virtqueues used (libblkio's `num-queues`), one client thread each.
+    pub queues: usize,
+    /// The measured window.
+    pub runtime: Duration,
+    /// The warm-up before it.
+    pub ramp: Duration,
+    /// Stamp writes and check reads; a mismatch fails the run.
+    pub verify: bool,
+    /// Pin the client threads to this CPU.
+    pub cpu: Option<usize>,
+}
+
+/// The figures of one client run, over the measured window.
+#[derive(Debug, Clone)]
+pub struct ClientResult {
+    /// The disk's capacity in bytes, as the device reports it.
+    pub capacity: u64,
+    /// Requests completed in the window.
+    pub requests: u64,
+    /// Of which reads.
+    pub reads: u64,
+    /// Bytes transferred in the window.
+    pub bytes: u64,
+    /// The window's length.
+    pub window: Duration,
+    /// Latency of the window's requests, submission to completion seen, nanoseconds.
+    pub latency_ns: Histogram<u64>,
+    /// The daemon's CPU time in the window (None without a daemon PID).
+    pub daemon_cpu: Option<Duration>,
+    /// Stamped writes acknowledged (verify; the ramp's included).
+    pub stamped_writes: u64,
+    /// Reads whose stamp was checked (verify; the ramp's included).
+    pub verified_reads: u64,
+    /// Reads of blocks not written in this run that held no stamp (verify: accepted, not
+    /// counted in `verified_reads`).
+    pub unstamped_reads: u64,
+}
+
+impl ClientResult {
+    /// Requests per second.
+    pub fn iops(&self) -> f64 {
+        self.requests as f64 / self.window.as_secs_f64()
+    }
+
+    /// Megabytes (10^6 bytes) per second.
+    pub fn mb_s(&self) -> f64 {
+        self.bytes as f64 / 1e6 / self.window.as_secs_f64()
+    }
+
+    /// Mean latency, µs.
+    pub fn mean_us(&self) -> f64 {
+        self.latency_ns.mean() / 1e3
+    }
+
+    /// Latency percentile `q` (0..=100), µs.
+    pub fn percentile_us(&self, q: f64) -> f64 {
+        self.latency_ns.value_at_quantile(q / 100.0) as f64 / 1e3
+    }
+
+    /// The daemon's CPU time per request, µs (None without a daemon PID or requests).
+    pub fn cpu_per_request_us(&self) -> Option<f64> {
+        let cpu = self.daemon_cpu?;
+        (self.requests > 0).then(|| cpu.as_secs_f64() * 1e6 / self.requests as f64)
+    }
+}
+
+/// A libblkio failure while doing `what`.
+pub(super) fn blkio_err(what: &str) -> impl Fn(blkio::Error) -> BenchError + '_ {
+    move |e| BenchError::failed(format!("{what}: {e} ({})", e.errno()))
+}
+
+/// Connects to the vhost-user-blk socket at `socket`, runs `spec` on it and returns the
+/// figures; the daemon's CPU time is read around the window when `daemon` is given. A request
+/// that fails, a verify mismatch, a daemon that stops answering ([`STALL`](super::queue::STALL)) or vanishes fails
+/// the run (after the other queues finished theirs).
+pub fn run_client(
+    socket: &Path,
+    spec: &ClientSpec,
+    daemon: Option<ProcCpu>,
+) -> Result<ClientResult, BenchError> {
+    let sock = socket.display().to_string();
+    let mut b = connect(&sock)?;
+    let max_queues = b
+        .get_i32("max-queues")
+        .map_err(blkio_err("libblkio: max-queues"))?;
+    if spec.queues as i64 > i64::from(max_queues) {
+        return Err(BenchError::bad_input(format!(
+            "--queues {}: the device at {sock} has {max_queues} queue(s)",
+            spec.queues
+        )));
+    }
+    b.set_i32("num-queues", spec.queues as i32)
+        .map_err(blkio_err("libblkio: num-queues"))?;
+    let capacity = b
+        .get_u64("capacity")
+        .map_err(blkio_err("libblkio: capacity"))?;
+    let req_align = b
+        .get_i32("request-alignment")
+        .map_err(blkio_err("libblkio: request-alignment"))?;
+    if req_align > 0 && spec.bs % req_align as usize != 0 {
+        return Err(BenchError::bad_input(format!(
+            "--bs {}: the device at {sock} needs multiples of {req_align}",
+            spec.bs
+        )));
+    }
+    let blocks_per_queue = capacity / spec.bs as u64 / spec.queues as u64;
+    let least = if spec.verify {
+        2 * spec.iodepth as u64
+    } else {
+        1
+    };
+    if blocks_per_queue < least {
+        return Err(BenchError::bad_input(format!(
+            "the device at {sock} has {capacity} bytes: too small for --bs {} x --queues {}{}",
+            spec.bs,
+            spec.queues,
+            if spec.verify {
+                format!(" x 2 --iodepth {} (--verify)", spec.iodepth)
+            } else {
+                String::new()
+            }
+        )));
+    }
+    let outcome = b.start().map_err(blkio_err(&format!("starting {sock}")))?;
+    let align = b
+        .get_u64("mem-region-alignment")
+        .map_err(blkio_err("libblkio: mem-region-alignment"))?
+        .max(1) as usize;
+    let len = (spec.queues * spec.iodepth * spec.bs).div_ceil(align) * align;
+    let region = b
+        .alloc_mem_region(len)
+        .map_err(blkio_err("libblkio: allocating the buffers"))?;
+    b.map_mem_region(&region)
+        .map_err(blkio_err(&format!("mapping the buffers into {sock}")))?;
+
+    let start = Instant::now();
+    let window_start = start + spec.ramp;
+    let window_end = window_start + spec.runtime;
+    let failed = AtomicBool::new(false);
+    let results: Vec<Result<QueueStats, BenchError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = outcome
+            .queues
+            .into_iter()
+            .enumerate()
+            .map(|(q, queue)| {
+                let base = region.addr + q * spec.iodepth * spec.bs;
+                let failed = &failed;
+                s.spawn(move || {
+                    let mut driver = QueueDriver::new(queue, q, spec, blocks_per_queue, base)?;
+                    let r = driver.run(window_start, window_end, failed);
+                    if r.is_err() {
+                        failed.store(true, Ordering::Relaxed);
+                    }
+                    r
+                })
+            })
+            .collect();
+        let cpu = daemon.map(|d| measure_cpu(d, window_start, window_end, &failed));
+        let mut results: Vec<_> = handles
+            .into_iter()
+            .map(|h| h.join().expect("a client thread panicked"))
+            .collect();
+        match cpu {
+            Some(Ok(cpu)) => results.push(Ok(QueueStats::cpu(cpu))),
+            Some(Err(e)) => results.push(Err(e)),
+            None => {}
+        }
+        results
+    });
+    b.unmap_mem_region(&region);
+    b.free_mem_region(&region);
+    drop(b);
+
+    let mut total = QueueStats::new();
+    let mut errors = Vec::new();
+    for r in results {
+        match r {
+            Ok(stats) => total.merge(stats),
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(BenchError::failed(errors.join("; ")));
+    }
+    if total.errors > 0 {
+        return Err(BenchError::failed(format!(
+            "{} request(s) failed on {sock}; first: {}",
+            total.errors,
+            total.first_error.unwrap_or_default()
+        )));
+    }
+    if total.mismatches > 0 {
+        return Err(BenchError::failed(format!(
+            "--verify: {} mismatch(es) on {sock}: {}",
+            total.mismatches,
+            total.reports.join("; ")
+        )));
+    }
+    Ok(ClientResult {
+        capacity,
+        requests: total.requests,
+        reads: total.reads,
+        bytes: total.requests * spec.bs as u64,
+        window: spec.runtime,
+        latency_ns: total.latency_ns,
+        daemon_cpu: total.daemon_cpu,
+        stamped_writes: total.stamped,
+        verified_reads: total.verified,
+        unstamped_reads: total.unstamped,
+    })
+}
+
+/// libblkio's driver connected to `sock`, or an error after [`CONNECT_WAIT`] without an answer
+/// (libblkio waits for the daemon's replies without a timeout; its thread is left blocked
+/// then, and ends with the process).
+fn connect(sock: &str) -> Result<Blkio, BenchError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = sock.to_string();
+    std::thread::spawn(move || {
+        let connected = Blkio::new("virtio-blk-vhost-user")
+            .map_err(blkio_err("libblkio"))
+            .and_then(|mut b| {
+                b.set_str("path", &path)
+                    .map_err(blkio_err("libblkio: path"))?;
+                b.connect()
+                    .map_err(blkio_err(&format!("connecting to {path}")))?;
+                Ok(b)
+            });
+        let _ = tx.send(connected);
+    });
+    rx.recv_timeout(CONNECT_WAIT).unwrap_or_else(|_| {
+        Err(BenchError::failed(format!(
+            "connecting to {sock}: no answer within {} s (a vhost-user-blk daemon serves one \
+             client at a time: is another one connected?)",
+            CONNECT_WAIT.as_secs()
+        )))
+    })
+}
+
+/// Sleeps until the window opens, reads the daemon's CPU time, sleeps until it closes and
+/// reads it again (woken early when a queue failed).
+fn measure_cpu(
+    daemon: ProcCpu,
+    from: Instant,
+    to: Instant,
+    failed: &AtomicBool,
+) -> Result<Duration, BenchError> {
+    let gone =
+        |e: std::io::Error| BenchError::failed(format!("the daemon (PID {}): {e}", daemon.pid));
+    let sleep_until = |t: Instant| {
+        while !failed.load(Ordering::Relaxed) {
+            let now = Instant::now();
+            if now >= t {
+                break;
+            }
+            std::thread::sleep((t - now).min(Duration::from_millis(50)));
+        }
+    };
+    sleep_until(from);
+    let before = daemon.read().map_err(gone)?;
+    sleep_until(to);
+    let after = daemon.read().map_err(gone)?;
+    Ok(after.saturating_sub(before))
+}

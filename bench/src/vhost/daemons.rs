@@ -1,0 +1,516 @@
+//! Starting and stopping the two vhost-user-blk daemons `aio-bench vhost --vs-qsd` compares:
+//! qemu-storage-daemon and ours (the `aio-bench` binary re-executed as the hidden
+//! `aio-bench vhost-daemon`, which runs `aio_vhost_user_blk::daemon::main_from_args`).
+//!
+//! Both serve the same image (opened once per disk; QEMU with `locking=off`, since its disks
+//! share the file) over one socket per disk, all disks on one iothread with the same
+//! `poll-max-ns` and the same kind of I/O: QEMU's `aio=io_uring`, `aio=native` and
+//! `aio=threads` for our engines `uring`, `linux-aio` and `pool`, O_DIRECT for both
+//! (`cache.direct=on`; `driver=host_device` for a block device).
+//!
+//! Both are pinned alike, as `taskset` would: the child sets its CPU affinity between fork
+//! and exec, so every thread it starts inherits it. The child also asks the kernel for
+//! SIGKILL when the bench dies (`PR_SET_PDEATHSIG`), and a signal of the bench
+//! ([`crate::cleanup`]) kills it and waits for it: no daemon outlives the bench. A daemon is
+//! started and stopped from the bench's main thread only (the death signal follows the thread
+//! that started it).
+//!
+//! [`Daemon::start`] waits (at most [`SOCKET_WAIT`]) until every socket exists; a daemon that
+//! exits before is reported with its exit status, command line and stderr. [`Daemon::stop`]
+//! sends SIGTERM and waits (at most [`STOP_WAIT`], then SIGKILL). The sockets and the daemons'
+//! logs live in a private directory ([`RunDir`]) removed afterwards.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sched::{sched_setaffinity, CpuSet};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use crate::cleanup::{self, OnSignal};
+use crate::engines::EngineKind;
+use crate::error::BenchError;
+use crate::monitors::MonitorKind;
+
+/// The longest wait for a daemon's sockets to appear.
+pub const SOCKET_WAIT: Duration = Duration::from_secs(10);
+
+/// The longest wait for a daemon to exit after SIGTERM (then SIGKILL).
+pub const STOP_WAIT: Duration = Duration::from_secs(5);
+
+/// qemu-storage-daemon's program name.
+pub const QSD: &str = "qemu-storage-daemon";
+
+/// Lines of a failed daemon's stderr quoted in the error.
+const LOG_LINES: usize = 30;
+
+/// Which daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DaemonKind {
+    /// qemu-storage-daemon.
+    Qemu,
+    /// Ours, with this fd monitor.
+    Ours(MonitorKind),
+}
+
+impl DaemonKind {
+    /// The name in reports: `qemu`, `ours/epoll`.
+    pub fn label(self) -> String {
+        match self {
+            DaemonKind::Qemu => "qemu".into(),
+            DaemonKind::Ours(m) => format!("ours/{}", m.name()),
+        }
+    }
+}
+
+/// QEMU's `aio=` for one of our engines.
+pub fn qemu_aio(engine: EngineKind) -> &'static str {
+    match engine {
+        EngineKind::Uring => "io_uring",
+        EngineKind::LinuxAio => "native",
+        EngineKind::Pool => "threads",
+    }
+}
+
+/// What a daemon serves and how.
+#[derive(Debug, Clone)]
+pub struct DaemonSpec {
+    /// Which daemon.
+    pub kind: DaemonKind,
+    /// The image every disk opens (a file, or a block device).
+    pub image: PathBuf,
+    /// The image is a block device (QEMU's `driver=host_device`).
+    pub block_device: bool,
+    /// The kind of I/O.
+    pub engine: EngineKind,
+    /// The iothread's adaptive polling limit.
+    pub poll_max_ns: u64,
+    /// Virtqueues per disk.
+    pub queues: usize,
+    /// Disks (sockets), all on the one iothread.
+    pub disks: usize,
+    /// Pin the daemon (all its threads) to this CPU.
+    pub cpu: Option<usize>,
+}
+
+impl DaemonSpec {
+    /// Disk `i`'s socket in `dir`.
+    pub fn socket(&self, dir: &Path, i: usize) -> PathBuf {
+        let who = match self.kind {
+            DaemonKind::Qemu => "qemu",
+            DaemonKind::Ours(_) => "ours",
+        };
+        dir.join(format!("{who}-{i}.sock"))
+    }
+
+    /// The program and its arguments; `exe` is the `aio-bench` binary (for ours).
+    pub fn command_line(&self, dir: &Path, exe: &Path) -> (PathBuf, Vec<String>) {
+        let image = self.image.display().to_string();
+        let sockets: Vec<String> = (0..self.disks)
+            .map(|i| self.socket(dir, i).display().to_string())
+            .collect();
+        match self.kind {
+            DaemonKind::Qemu => {
+                let mut args = vec![
+                    "--object".to_string(),
+                    format!("iothread,id=io0,poll-max-ns={}", self.poll_max_ns),
+                ];
+                let driver = if self.block_device {
+                    "host_device"
+                } else {
+                    "file"
+                };
+                let aio = qemu_aio(self.engine);
+                for (i, sock) in sockets.iter().enumerate() {
+                    args.extend([
+                        "--blockdev".into(),
+                        format!(
+                            "driver={driver},node-name=file{i},filename={image},\
+                             cache.direct=on,aio={aio},locking=off"
+                        ),
+                        "--blockdev".into(),
+                        format!("driver=raw,node-name=disk{i},file=file{i}"),
+                        "--export".into(),
+                        format!(
+                            "type=vhost-user-blk,id=exp{i},node-name=disk{i},addr.type=unix,\
+                             addr.path={sock},writable=on,num-queues={},iothread=io0",
+                            self.queues
+                        ),
+                    ]);
+                }
+                (PathBuf::from(QSD), args)
+            }
+            DaemonKind::Ours(fdmon) => {
+                let mut args = vec!["vhost-daemon".to_string()];
+                for sock in &sockets {
+                    args.push("--disk".into());
+                    args.push(format!(
+                        "socket={sock},image={image},queues={}",
+                        self.queues
+                    ));
+                }
+                args.extend([
+                    "--engine".into(),
+                    self.engine.name().into(),
+                    "--fdmon".into(),
+                    fdmon.name().into(),
+                    "--iothreads".into(),
+                    "1".into(),
+                    "--poll-max-ns".into(),
+                    self.poll_max_ns.to_string(),
+                ]);
+                (exe.to_path_buf(), args)
+            }
+        }
+    }
+}
+
+/// The private directory of a run's sockets and daemon logs:
+/// `TMPDIR/aio-bench-vhost-PID`, removed on drop and on a signal.
+#[derive(Debug)]
+pub struct RunDir {
+    path: PathBuf,
+    _on_signal: OnSignal,
+}
+
+impl RunDir {
+    /// Makes the directory (first removing what killed runs left, [`cleanup::remove_dead_runs`]).
+    pub fn new() -> Result<RunDir, BenchError> {
+        let tmp = std::env::temp_dir();
+        cleanup::remove_dead_runs(&tmp);
+        let path = tmp.join(format!("aio-bench-vhost-{}", std::process::id()));
+        let on_signal = {
+            let p = path.clone();
+            cleanup::on_signal(format!("{} removed", path.display()), move || {
+                let _ = std::fs::remove_dir_all(&p);
+            })
+        };
+        std::fs::create_dir_all(&path)
+            .map_err(|e| BenchError::io(format!("creating {}", path.display()), e))?;
+        Ok(RunDir {
+            path,
+            _on_signal: on_signal,
+        })
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// A running daemon; dropped without [`stop`](Daemon::stop), it is killed.
+#[derive(Debug)]
+pub struct Daemon {
+    label: String,
+    child: Child,
+    sockets: Vec<PathBuf>,
+    log: PathBuf,
+    command: String,
+    stopped: bool,
+    _on_signal: OnSignal,
+}
+
+impl Daemon {
+    /// Starts the daemon of `spec` with its sockets and log in `dir` (`exe`: the `aio-bench`
+    /// binary, for ours) and waits until all its sockets exist.
+    pub fn start(spec: &DaemonSpec, dir: &Path, exe: &Path) -> Result<Daemon, BenchError> {
+        let label = spec.kind.label();
+        let (program, args) = spec.command_line(dir, exe);
+        let command = format!("{} {}", program.display(), args.join(" "));
+        let sockets: Vec<PathBuf> = (0..spec.disks).map(|i| spec.socket(dir, i)).collect();
+        for s in &sockets {
+            // An earlier daemon's socket file would look like this one's.
+            let _ = std::fs::remove_file(s);
+        }
+        let log = dir.join(format!("{}.log", label.replace('/', "-")));
+        let log_file = File::create(&log)
+            .map_err(|e| BenchError::io(format!("creating {}", log.display()), e))?;
+        let log_err = log_file
+            .try_clone()
+            .map_err(|e| BenchError::io(format!("creating {}", log.display()), e))?;
+        let mut cmd = Command::new(&program);
+        cmd.args(&args)
+            .stdin(Stdio::null())
+            .stdout(log_file)
+            .stderr(log_err);
+        let affinity = match spec.cpu {
+            Some(c) => {
+                let mut set = CpuSet::new();
+                set.set(c).map_err(|_| {
+                    BenchError::bad_input(format!("--daemon-cpu {c}: out of range"))
+                })?;
+                Some(set)
+            }
+            None => None,
+        };
+        // SAFETY: the closure runs in the forked child before exec; it only makes two system
+        // calls (sched_setaffinity and prctl), both async-signal-safe, allocates nothing and
+        // touches no lock, and the CPU set it reads was built before the fork.
+        unsafe {
+            cmd.pre_exec(move || in_child(affinity.as_ref()));
+        }
+        let child = cmd.spawn().map_err(|e| {
+            if e.kind() == io::ErrorKind::NotFound {
+                BenchError::bad_input(format!("{label}: {} is not installed", program.display()))
+            } else {
+                BenchError::io(format!("starting {label} ({command})"), e)
+            }
+        })?;
+        let pid = child.id() as i32;
+        let on_signal = cleanup::on_signal(format!("{label} (PID {pid}) killed"), move || {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            // SAFETY: waitpid on our own child only reaps it; the Child handle that also names
+            // it is never used again, since the process exits after the undos.
+            unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+        });
+        let mut daemon = Daemon {
+            label,
+            child,
+            sockets,
+            log,
+            command,
+            stopped: false,
+            _on_signal: on_signal,
+        };
+        daemon.wait_for_sockets()?;
+        Ok(daemon)
+    }
+
+    /// Waits until every socket exists, or fails: the daemon exited, or [`SOCKET_WAIT`] passed
+    /// (then it is killed).
+    fn wait_for_sockets(&mut self) -> Result<(), BenchError> {
+        let deadline = Instant::now() + SOCKET_WAIT;
+        loop {
+            let missing = self.sockets.iter().find(|s| !is_socket(s)).cloned();
+            let Some(missing) = missing else {
+                return Ok(());
+            };
+            match self.child.try_wait() {
+                Ok(Some(status)) => {
+                    self.stopped = true;
+                    return Err(self.failure(&format!(
+                        "exited ({status}) before its socket {} appeared",
+                        missing.display()
+                    )));
+                }
+                Ok(None) => {}
+                Err(e) => return Err(BenchError::io(format!("waiting for {}", self.label), e)),
+            }
+            if Instant::now() >= deadline {
+                self.kill();
+                return Err(self.failure(&format!(
+                    "did not create its socket {} within {} s (killed)",
+                    missing.display(),
+                    SOCKET_WAIT.as_secs()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// A failure of this daemon: what happened, its command line and its log.
+    fn failure(&self, what: &str) -> BenchError {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = lines[lines.len().saturating_sub(LOG_LINES)..].join("\n  ");
+        let said = if tail.trim().is_empty() {
+            "it printed nothing".to_string()
+        } else {
+            format!("its output:\n  {tail}")
+        };
+        BenchError::failed(format!(
+            "{} {what}\n  command: {}\n  {said}",
+            self.label, self.command
+        ))
+    }
+
+    /// The daemon's PID.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Its name in reports (`qemu`, `ours/epoll`).
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// Disk `i`'s socket.
+    pub fn socket(&self, i: usize) -> &Path {
+        &self.sockets[i]
+    }
+
+    /// Whether it is still running (an error says how it ended, with its log).
+    pub fn check_running(&mut self) -> Result<(), BenchError> {
+        match self.child.try_wait() {
+            Ok(None) => Ok(()),
+            Ok(Some(status)) => {
+                self.stopped = true;
+                Err(self.failure(&format!("exited ({status}) during the run")))
+            }
+            Err(e) => Err(BenchError::io(format!("waiting for {}", self.label), e)),
+        }
+    }
+
+    /// Sends SIGTERM and waits for the exit (SIGKILL after [`STOP_WAIT`]); returns how it
+    /// exited, and warns on stderr when that was not a clean exit.
+    pub fn stop(mut self) -> Result<ExitStatus, BenchError> {
+        let pid = Pid::from_raw(self.child.id() as i32);
+        let _ = kill(pid, Signal::SIGTERM);
+        let deadline = Instant::now() + STOP_WAIT;
+        let status = loop {
+            match self.child.try_wait() {
+                Ok(Some(s)) => break s,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                Ok(None) => {
+                    eprintln!(
+                        "aio-bench vhost: {} did not exit within {} s of SIGTERM; killed",
+                        self.label,
+                        STOP_WAIT.as_secs()
+                    );
+                    self.kill();
+                    break self
+                        .child
+                        .wait()
+                        .map_err(|e| BenchError::io(format!("waiting for {}", self.label), e))?;
+                }
+                Err(e) => return Err(BenchError::io(format!("waiting for {}", self.label), e)),
+            }
+        };
+        self.stopped = true;
+        if !status.success() && status.code().is_some() {
+            eprintln!(
+                "aio-bench vhost: warning: {} exited ({status}) after SIGTERM",
+                self.label
+            );
+        }
+        Ok(status)
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.stopped = true;
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if !self.stopped {
+            self.kill();
+        }
+    }
+}
+
+/// In the forked child, before exec: the CPU affinity (inherited by every thread the daemon
+/// starts), and SIGKILL when the bench's thread that started it dies.
+fn in_child(affinity: Option<&CpuSet>) -> io::Result<()> {
+    if let Some(set) = affinity {
+        sched_setaffinity(Pid::from_raw(0), set).map_err(io::Error::from)?;
+    }
+    // SAFETY: prctl(PR_SET_PDEATHSIG) takes a signal number and touches no memory.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether `path` exists and is a socket.
+fn is_socket(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_socket())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(kind: DaemonKind) -> DaemonSpec {
+        DaemonSpec {
+            kind,
+            image: "/dev/shm/x.img".into(),
+            block_device: false,
+            engine: EngineKind::LinuxAio,
+            poll_max_ns: 32768,
+            queues: 2,
+            disks: 2,
+            cpu: Some(0),
+        }
+    }
+
+    #[test]
+    fn both_command_lines_serve_the_same_disks_alike() {
+        let dir = Path::new("/run/x");
+        let (p, a) = spec(DaemonKind::Qemu).command_line(dir, Path::new("/bin/aio-bench"));
+        assert_eq!(p, Path::new(QSD));
+        let a = a.join(" ");
+        assert!(a.contains("iothread,id=io0,poll-max-ns=32768"), "{a}");
+        assert!(
+            a.contains(
+                "driver=file,node-name=file1,filename=/dev/shm/x.img,cache.direct=on,aio=native"
+            ),
+            "{a}"
+        );
+        assert!(a.contains("addr.path=/run/x/qemu-1.sock,writable=on,num-queues=2,iothread=io0"));
+        let mut dev = spec(DaemonKind::Qemu);
+        dev.block_device = true;
+        let (_, a) = dev.command_line(dir, Path::new("x"));
+        assert!(a.join(" ").contains("driver=host_device"));
+
+        let (p, a) =
+            spec(DaemonKind::Ours(MonitorKind::Epoll)).command_line(dir, Path::new("/b/aio-bench"));
+        assert_eq!(p, Path::new("/b/aio-bench"));
+        assert_eq!(
+            a,
+            [
+                "vhost-daemon",
+                "--disk",
+                "socket=/run/x/ours-0.sock,image=/dev/shm/x.img,queues=2",
+                "--disk",
+                "socket=/run/x/ours-1.sock,image=/dev/shm/x.img,queues=2",
+                "--engine",
+                "linux-aio",
+                "--fdmon",
+                "epoll",
+                "--iothreads",
+                "1",
+                "--poll-max-ns",
+                "32768"
+            ]
+        );
+    }
+
+    /// A daemon that exits before its socket appears is reported with its status and what it
+    /// printed; one that never makes it is killed after the wait.
+    #[test]
+    fn a_daemon_that_fails_to_start_says_why() {
+        let dir = RunDir::new().unwrap();
+        let sh = Path::new("/bin/sh");
+        let mut s = spec(DaemonKind::Ours(MonitorKind::Epoll));
+        s.cpu = None;
+        // Ours is `exe vhost-daemon ARGS`: sh runs the script `vhost-daemon`, which is missing
+        // (exit code 2, and it says so).
+        let e = Daemon::start(&s, dir.path(), sh).unwrap_err();
+        let t = e.to_string();
+        assert!(t.contains("ours/epoll exited (exit status: 2)"), "{t}");
+        assert!(
+            t.contains("cannot open vhost-daemon"),
+            "what it printed: {t}"
+        );
+        assert!(t.contains("before its socket"), "{t}");
+        assert!(t.contains("vhost-daemon"), "{t}");
+        assert_eq!(e.exit_code(), 1);
+    }
+}
