@@ -2,39 +2,11 @@
 //! refuses io_uring and Linux AIO (a seccomp filter in the child).
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Command;
 
-fn bench() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_aio-bench"))
-}
+mod common;
 
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-/// A fresh directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("aio-bench-cli-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-    fn entries(&self) -> usize {
-        std::fs::read_dir(&self.0).unwrap().count()
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use common::{bench, expect_bad_input, text, TempDir};
 
 /// The fio engine names among `wanted` that this build and kernel run; each one refused says
 /// `skipped:` why (a failure under `AIO_REQUIRE_ALL_BACKENDS=1`).
@@ -53,19 +25,6 @@ fn usable(wanted: &[&'static str]) -> Vec<&'static str> {
         }
     }
     out
-}
-
-/// Each command exits with code 2 and a message naming what is wrong.
-fn expect_bad_input(cases: &[(Vec<&str>, &str)]) {
-    for (args, needle) in cases {
-        let o = bench().args(args).output().unwrap();
-        let t = text(&o);
-        assert_eq!(o.status.code(), Some(2), "{args:?}: {t}");
-        assert!(
-            t.contains(needle),
-            "{args:?}: '{t}' does not name '{needle}'"
-        );
-    }
 }
 
 #[test]

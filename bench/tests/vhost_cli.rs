@@ -4,36 +4,11 @@
 
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Command;
 
-fn bench() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_aio-bench"))
-}
+mod common;
 
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-/// A fresh directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("aio-vhost-cli-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use common::{bench, expect_bad_input, text, TempDir};
 
 #[test]
 fn bad_input_exits_2_and_names_it() {
@@ -163,15 +138,7 @@ fn bad_input_exits_2_and_names_it() {
             "--daemon-cpu 4000",
         ),
     ];
-    for (args, needle) in &cases {
-        let o = bench().args(args).output().unwrap();
-        let t = text(&o);
-        assert_eq!(o.status.code(), Some(2), "{args:?}: {t}");
-        assert!(
-            t.contains(needle),
-            "{args:?}: '{t}' does not name '{needle}'"
-        );
-    }
+    expect_bad_input(&cases);
 }
 
 /// A socket that accepts but never answers (a daemon busy with another client): the run

@@ -97,23 +97,15 @@ fn used(
     (flags, idx, entries)
 }
 
-#[test]
-fn a_bad_chain_is_answered_and_the_next_request_served() {
-    let fx = fixture();
-    let mem = Arc::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x20_0000)]).unwrap());
-    let vq = MockSplitQueue::new(&*mem, 16);
-    // Chain 0: a header of 15 bytes. Chain 3: a read of block 2 (sector 16).
-    mem.write_obj(spec::T_IN, GuestAddress(HDR)).unwrap();
-    mem.write_obj(16u64, GuestAddress(HDR + 8)).unwrap();
-    let mut descs = vec![
-        d(HDR, 15, N, 1),
-        d(DATA + 8192, 512, W | N, 2),
-        d(STATUS + 8, 1, W, 0),
-    ];
-    descs.extend(read_chain(3, DATA, STATUS));
-    vq.add_desc_chains(&descs, 0).unwrap();
-    let queue: Queue = vq.create_queue().unwrap();
+type TestQueue = VirtioBlkQueue<PollLoop, ThreadPool>;
 
+/// Serves `vq` on a new context with a thread pool; the reader end of the call eventfd.
+fn serve(
+    fx: &Fixture,
+    mem: &GuestMemory,
+    vq: &MockSplitQueue<GuestMemoryMmap>,
+) -> (AioContext<PollLoop>, TestQueue, File) {
+    let queue: Queue = vq.create_queue().unwrap();
     let ctx = AioContext::new(PollLoop::new()).unwrap();
     let engine = ctx
         .attach_engine(ThreadPool::new(PoolConfig::default()).unwrap(), |_, _| {})
@@ -130,6 +122,25 @@ fn a_bad_chain_is_answered_and_the_next_request_served() {
         Some(call),
     )
     .unwrap();
+    (ctx, q, call_reader)
+}
+
+#[test]
+fn a_bad_chain_is_answered_and_the_next_request_served() {
+    let fx = fixture();
+    let mem = Arc::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x20_0000)]).unwrap());
+    let vq = MockSplitQueue::new(&*mem, 16);
+    // Chain 0: a header of 15 bytes. Chain 3: a read of block 2 (sector 16).
+    mem.write_obj(spec::T_IN, GuestAddress(HDR)).unwrap();
+    mem.write_obj(16u64, GuestAddress(HDR + 8)).unwrap();
+    let mut descs = vec![
+        d(HDR, 15, N, 1),
+        d(DATA + 8192, 512, W | N, 2),
+        d(STATUS + 8, 1, W, 0),
+    ];
+    descs.extend(read_chain(3, DATA, STATUS));
+    vq.add_desc_chains(&descs, 0).unwrap();
+    let (ctx, q, call_reader) = serve(&fx, &mem, &vq);
     for _ in 0..1000 {
         if used(&mem, &vq).1 == 2 {
             break;
@@ -181,23 +192,7 @@ fn completions_of_one_batch_raise_one_interrupt() {
         })
         .collect();
     vq.add_desc_chains(&descs, 0).unwrap();
-    let queue: Queue = vq.create_queue().unwrap();
-    let ctx = AioContext::new(PollLoop::new()).unwrap();
-    let engine = ctx
-        .attach_engine(ThreadPool::new(PoolConfig::default()).unwrap(), |_, _| {})
-        .unwrap();
-    let (kick, call) = (eventfd(), eventfd());
-    let call_reader = call.try_clone().unwrap();
-    let q = VirtioBlkQueue::start(
-        &ctx,
-        engine,
-        fx.device.clone(),
-        queue,
-        mem.clone(),
-        kick,
-        Some(call),
-    )
-    .unwrap();
+    let (ctx, q, call_reader) = serve(&fx, &mem, &vq);
     assert_eq!(used(&mem, &vq).1, 4);
     assert_eq!(
         counter(&call_reader),
@@ -216,21 +211,7 @@ fn polling_mode_turns_the_drivers_kicks_off_and_on() {
     let fx = fixture();
     let mem = Arc::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x20_0000)]).unwrap());
     let vq = MockSplitQueue::new(&*mem, 16);
-    let queue: Queue = vq.create_queue().unwrap();
-    let ctx = AioContext::new(PollLoop::new()).unwrap();
-    let engine = ctx
-        .attach_engine(ThreadPool::new(PoolConfig::default()).unwrap(), |_, _| {})
-        .unwrap();
-    let q = VirtioBlkQueue::start(
-        &ctx,
-        engine,
-        fx.device.clone(),
-        queue,
-        mem.clone(),
-        eventfd(),
-        None,
-    )
-    .unwrap();
+    let (ctx, q, _call) = serve(&fx, &mem, &vq);
     let no_notify = VRING_USED_F_NO_NOTIFY as u16;
     assert_eq!(
         used(&mem, &vq).0 & no_notify,
