@@ -17,6 +17,7 @@
 //! vhost-user-blk export, as the reference the daemon is measured against:
 //! `cargo test -p aio-vhost-user-blk --test guest -- --ignored`.
 
+use aio_core::testing::skip;
 use std::fs::{self, File};
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::fs::FileTypeExt;
@@ -64,20 +65,6 @@ const RO_CHECKS: &[&str] = &[
     "read",
     "write-refused",
 ];
-
-/// Whether `AIO_REQUIRE_ALL_BACKENDS=1` is set: then a test that would skip fails instead.
-fn require_all() -> bool {
-    std::env::var("AIO_REQUIRE_ALL_BACKENDS").is_ok_and(|v| v == "1")
-}
-
-/// Reports a skipped test: prints `skipped: <reason>`, or panics under
-/// `AIO_REQUIRE_ALL_BACKENDS=1`.
-fn skip(reason: &str) {
-    if require_all() {
-        panic!("AIO_REQUIRE_ALL_BACKENDS=1 but this test would skip: {reason}");
-    }
-    println!("skipped: {reason}");
-}
 
 /// The built guest: what QEMU boots, and where console logs go.
 struct GuestImage {

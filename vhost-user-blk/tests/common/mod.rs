@@ -185,10 +185,17 @@ impl Client {
     }
 }
 
-/// The engines this kernel offers, by the daemon's names.
+/// The engines this kernel offers, by the daemon's names; each one refused says `skipped:`
+/// why (a failure under `AIO_REQUIRE_ALL_BACKENDS=1`).
 pub fn engines() -> Vec<&'static str> {
     ["uring", "linux-aio", "pool"]
         .into_iter()
-        .filter(|e| aio_vhost_user_blk::daemon::backends::build_engine(e).is_ok())
+        .filter(|e| match aio_vhost_user_blk::daemon::backends::build_engine(e) {
+            Ok(_) => true,
+            Err(why) => {
+                aio_core::testing::skip(&format!("engine {e}: {why}"));
+                false
+            }
+        })
         .collect()
 }
