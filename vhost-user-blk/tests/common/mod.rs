@@ -190,12 +190,14 @@ impl Client {
 pub fn engines() -> Vec<&'static str> {
     ["uring", "linux-aio", "pool"]
         .into_iter()
-        .filter(|e| match aio_vhost_user_blk::daemon::backends::build_engine(e) {
-            Ok(_) => true,
-            Err(why) => {
-                aio_core::testing::skip(&format!("engine {e}: {why}"));
-                false
-            }
-        })
+        .filter(
+            |e| match aio_vhost_user_blk::daemon::backends::build_engine(e) {
+                Ok(_) => true,
+                Err(why) => {
+                    aio_core::testing::skip(&format!("engine {e}: {why}"));
+                    false
+                }
+            },
+        )
         .collect()
 }
