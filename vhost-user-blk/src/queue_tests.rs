@@ -237,3 +237,40 @@ fn polling_mode_turns_the_drivers_kicks_off_and_on() {
     );
     q.stop(&ctx);
 }
+
+#[test]
+fn a_buffer_misaligned_for_o_direct_goes_through_a_bounce_buffer() {
+    let fx = fixture();
+    let mem = Arc::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x20_0000)]).unwrap());
+    let vq = MockSplitQueue::new(&*mem, 16);
+    // A read of block 3 into a buffer one byte past a page boundary, then a write of it back
+    // to block 5 from there.
+    mem.write_obj(spec::T_IN, GuestAddress(HDR)).unwrap();
+    mem.write_obj(24u64, GuestAddress(HDR + 8)).unwrap();
+    vq.add_desc_chains(&read_chain(0, DATA + 1, STATUS), 0)
+        .unwrap();
+    let (ctx, q, _call) = serve(&fx, &mem, &vq);
+    for _ in 0..1000 {
+        if used(&mem, &vq).1 == 1 {
+            break;
+        }
+        ctx.poll(true);
+    }
+    assert_eq!(used(&mem, &vq).2, vec![(0, 4097)]);
+    assert_eq!(
+        mem.read_obj::<u8>(GuestAddress(STATUS)).unwrap(),
+        spec::S_OK
+    );
+    let mut block = vec![0u8; 4096];
+    mem.read_slice(&mut block, GuestAddress(DATA + 1)).unwrap();
+    assert!(
+        block.iter().all(|&b| b == 3 ^ 0x5a),
+        "the read brought block 3"
+    );
+    assert_eq!(
+        q.stats().bounced,
+        1,
+        "the engine refused the misaligned iovec"
+    );
+    q.stop(&ctx);
+}
