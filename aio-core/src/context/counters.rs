@@ -9,13 +9,16 @@ use std::sync::atomic::Ordering;
 use super::AioContext;
 use crate::event_loop::EventLoop;
 
-/// Declares [`LoopCounters`] from one list of fields, so that its name table, its merge and
-/// the struct cannot drift apart.
+/// Declares [`LoopCounters`] from one list of fields, each a `count` (events, summed by a
+/// merge) or a `gauge` (a state, merged by taking the larger value), so that its name table,
+/// its merge and the struct cannot drift apart.
 macro_rules! loop_counters {
-    ($($(#[$doc:meta])* $name:ident,)*) => {
+    ($($(#[$doc:meta])* $kind:ident $name:ident,)*) => {
         /// What the loop has done, as plain numbers: tests and the bench read these to see *why*
-        /// a figure is what it is.
+        /// a figure is what it is. `#[non_exhaustive]`: new counters come without a breaking
+        /// change; start from [`LoopCounters::default`] to build one.
         #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        #[non_exhaustive]
         pub struct LoopCounters {
             $($(#[$doc])* pub $name: u64,)*
         }
@@ -27,83 +30,69 @@ macro_rules! loop_counters {
                 vec![$((stringify!($name), self.$name)),*]
             }
 
-            fn fields_mut(&mut self) -> Vec<(&'static str, &mut u64)> {
-                vec![$((stringify!($name), &mut self.$name)),*]
+            /// Adds another loop's counters to these, as for loops that ran side by side (a
+            /// job's parallel clones): counts and handler totals add up; the gauges (the
+            /// polling window, the nesting depth) keep the larger value.
+            pub fn merge(&mut self, other: &LoopCounters) {
+                $(loop_counters!(@merge $kind, self.$name, other.$name);)*
             }
         }
     };
+    (@merge count, $mine:expr, $theirs:expr) => { $mine += $theirs };
+    (@merge gauge, $mine:expr, $theirs:expr) => { $mine = $mine.max($theirs) };
 }
 
 loop_counters! {
     /// Calls of `poll()`, nested ones included.
-    iterations,
+    count iterations,
     /// Monitor waits with a non-zero timeout (the loop may have slept).
-    blocking_waits,
+    count blocking_waits,
     /// Monitor waits with a zero timeout.
-    nonblocking_waits,
+    count nonblocking_waits,
     /// Iterations that skipped the monitor entirely because busy polling found work and every
     /// handler is covered by polling.
-    waits_skipped,
+    count waits_skipped,
     /// Waits interrupted by a signal (`EINTR`) and retried.
-    wait_retries,
+    count wait_retries,
     /// Waits that failed with another error (the iteration made no fd progress).
-    wait_errors,
+    count wait_errors,
     /// Writes to the context notifier by `notify()` (only while the loop was, or was about to
     /// be, blocked: notify_me).
-    notifier_writes,
+    count notifier_writes,
     /// Calls of `notify()`, written or not.
-    notify_calls,
+    count notify_calls,
     /// Busy-polling windows run.
-    poll_attempts,
+    count poll_attempts,
     /// Busy-polling windows that found an `io_poll` handler ready (or a notification).
-    poll_hits,
+    count poll_hits,
     /// Time spent busy polling, in ns.
-    busy_poll_ns,
+    count busy_poll_ns,
     /// The current polling window, in ns.
-    poll_ns,
+    gauge poll_ns,
     /// Handlers busy polling checks now.
-    poll_set,
+    count poll_set,
     /// Handlers busy polling does not cover now (no `io_poll`, idle, or closed); they are
     /// still served by the monitor.
-    unpolled_handlers,
+    count unpolled_handlers,
     /// Times a handler left the poll set because it was idle for the idle interval.
-    poll_idle_removals,
+    count poll_idle_removals,
     /// Times the polling window shrank (to 0 with the default `shrink`).
-    poll_shrinks,
+    count poll_shrinks,
     /// Probes of a collapsed window ([`PollRule::Recovering`](crate::PollRule)): one busy
     /// poll of `poll_max_ns` while the window is 0.
-    poll_probes,
+    count poll_probes,
     /// Probes that found the event, restoring the window to `poll_max_ns`.
-    poll_probe_hits,
+    count poll_probe_hits,
     /// Bottom-half callbacks run.
-    bh_runs,
+    count bh_runs,
     /// Timer callbacks run.
-    timer_runs,
+    count timer_runs,
     /// Handler callbacks run (`io_read`, `io_write`, `io_poll_ready`).
-    handler_calls,
+    count handler_calls,
     /// Registered fds found closed (`POLLNVAL`) and taken out of the monitor.
-    closed_fds,
+    count closed_fds,
     /// The deepest nesting of `poll()` seen (1 = no nesting).
-    max_nesting,
-}
-
-/// Counters that describe a state (a gauge), not a count of events: merged by taking the
-/// larger value.
-const GAUGES: [&str; 2] = ["poll_ns", "max_nesting"];
-
-impl LoopCounters {
-    /// Adds another loop's counters to these, as for loops that ran side by side (a job's
-    /// parallel clones): counts and handler totals add up; the polling window and the nesting
-    /// depth keep the larger value.
-    pub fn merge(&mut self, other: &LoopCounters) {
-        for ((name, mine), (_, theirs)) in self.fields_mut().into_iter().zip(other.named()) {
-            if GAUGES.contains(&name) {
-                *mine = (*mine).max(theirs);
-            } else {
-                *mine += theirs;
-            }
-        }
-    }
+    gauge max_nesting,
 }
 
 impl<L: EventLoop> AioContext<L> {
