@@ -92,7 +92,7 @@ pub enum AioError {
     Notifier(#[source] io::Error),
 }
 
-crate::io_error_from!(AioError, |e| match e {
+crate::backend::io_error_from!(AioError, |e| match e {
     AioError::AlreadyRegistered { .. } => io::ErrorKind::AlreadyExists,
     AioError::InvalidFd { .. } | AioError::NoCallbacks { .. } => {
         io::ErrorKind::InvalidInput

@@ -69,7 +69,7 @@ pub enum IoThreadError {
     },
 }
 
-crate::io_error_from!(IoThreadError, |e| match e {
+crate::backend::io_error_from!(IoThreadError, |e| match e {
     IoThreadError::Build { .. } => std::io::ErrorKind::Other,
     IoThreadError::Stopped { .. } => std::io::ErrorKind::BrokenPipe,
     IoThreadError::Panicked { .. } => std::io::ErrorKind::Other,

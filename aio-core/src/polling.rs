@@ -80,7 +80,7 @@ impl Default for PollParams {
     }
 }
 
-crate::with_setters!(PollParams {
+crate::backend::with_setters!(PollParams {
     /// With the longest busy-poll window `max_ns` (0 turns polling off).
     with_max_ns => max_ns: u64,
     /// With the growth factor `grow` (0: x2).

@@ -34,7 +34,7 @@ pub enum LinuxAioError {
     Io(#[source] io::Error),
 }
 
-aio_core::io_error_from!(LinuxAioError, |e| match e {
+aio_core::backend::io_error_from!(LinuxAioError, |e| match e {
     LinuxAioError::AioMaxNr { .. } => io::ErrorKind::WouldBlock,
     LinuxAioError::Unavailable(s) | LinuxAioError::Io(s) => s.kind(),
     LinuxAioError::BadConfig(_) => io::ErrorKind::InvalidInput,

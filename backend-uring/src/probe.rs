@@ -40,7 +40,7 @@ pub enum UringUnavailable {
     Other(#[source] io::Error),
 }
 
-aio_core::io_error_from!(UringUnavailable, |e| match e {
+aio_core::backend::io_error_from!(UringUnavailable, |e| match e {
     UringUnavailable::DisabledBySysctl { .. } | UringUnavailable::PermissionDenied => {
         io::ErrorKind::PermissionDenied
     }

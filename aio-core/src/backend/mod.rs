@@ -10,9 +10,9 @@
 //! * [`InFlightTable`]: the requests a kernel-queue engine handed to the kernel, the iovecs
 //!   built for them, and the mapping of a kernel result to "done", "again" or "failed";
 //! * [`EngineCore`]: the queue, the table and the accepted/returned counts, with
-//!   [`engine_queue_methods!`](crate::engine_queue_methods) writing the `IoEngine` methods that
+//!   [`engine_queue_methods!`](engine_queue_methods) writing the `IoEngine` methods that
 //!   only queue or count work (`submit`, `plug`, `unplug`, `set_max_batch`, `in_flight`);
-//! * [`with_setters!`](crate::with_setters): the `with_*` setters of a config struct;
+//! * [`with_setters!`](with_setters): the `with_*` setters of a config struct;
 //! * [`Transfer`] and [`Step`]: resubmitting the remainder of a short read or write;
 //! * [`run_blocking`]: every op run with blocking syscalls (a thread-pool worker's job), and
 //!   [`RangeOp`]: how a discard or write-zeroes maps onto `fallocate` or `BLKDISCARD`;
@@ -40,17 +40,18 @@ pub use transfer::{Step, Transfer};
 /// Inside `impl IoEngine for MyEngine { ... }`:
 ///
 /// ```ignore
-/// aio_core::engine_queue_methods!(core: core, send: submit_pending);
+/// aio_core::backend::engine_queue_methods!(core: core, send: submit_pending);
 /// // or, with a check of its own before a request is accepted
 /// // (fn(&self, &Request) -> Result<(), RequestError>):
-/// aio_core::engine_queue_methods!(core: core, send: submit_pending, check: check_buffered);
+/// aio_core::backend::engine_queue_methods!(core: core, send: submit_pending, check: check_buffered);
 /// ```
 ///
 /// `send(&mut self, flush: Flush)` hands the kernel what the queue releases
 /// ([`Flush::ByBatchRule`]) or all of it ([`Flush::All`]). The macro writes `submit` (validate, check, queue, send), `plug`, `unplug` (send
 /// when the outermost plug ends) and `set_max_batch`.
+#[doc(hidden)]
 #[macro_export]
-macro_rules! engine_queue_methods {
+macro_rules! __engine_queue_methods {
     (core: $core:ident, send: $send:ident $(, check: $check:ident)?) => {
         fn submit(
             &mut self,
@@ -115,13 +116,14 @@ impl BadConfig {
 /// caller who expects `io::Error` gets a meaningful kind:
 ///
 /// ```ignore
-/// aio_core::io_error_from!(MyError, |e| match e {
+/// aio_core::backend::io_error_from!(MyError, |e| match e {
 ///     MyError::BadConfig(_) => std::io::ErrorKind::InvalidInput,
 ///     MyError::Io(source) => source.kind(),
 /// });
 /// ```
+#[doc(hidden)]
 #[macro_export]
-macro_rules! io_error_from {
+macro_rules! __io_error_from {
     ($ty:ty, $kind:expr) => {
         impl ::std::convert::From<$ty> for ::std::io::Error {
             fn from(e: $ty) -> ::std::io::Error {
@@ -136,14 +138,15 @@ macro_rules! io_error_from {
 /// option is not a breaking change and every config reads the same way:
 ///
 /// ```ignore
-/// aio_core::with_setters!(MyConfig {
+/// aio_core::backend::with_setters!(MyConfig {
 ///     /// With `entries` submission-queue entries.
 ///     with_entries => entries: u32,
 /// });
 /// // MyConfig::default().with_entries(256)
 /// ```
+#[doc(hidden)]
 #[macro_export]
-macro_rules! with_setters {
+macro_rules! __with_setters {
     ($ty:ty { $($(#[$doc:meta])* $setter:ident => $field:ident: $fty:ty,)* }) => {
         impl $ty {
             $(
@@ -156,3 +159,12 @@ macro_rules! with_setters {
         }
     };
 }
+
+// The writer macros are documented here, under `backend`, and kept out of the crate root's
+// docs (`#[macro_export]` puts them there under their hidden names).
+#[doc(inline)]
+pub use crate::__engine_queue_methods as engine_queue_methods;
+#[doc(inline)]
+pub use crate::__io_error_from as io_error_from;
+#[doc(inline)]
+pub use crate::__with_setters as with_setters;

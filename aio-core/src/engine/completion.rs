@@ -174,7 +174,7 @@ pub enum RequestError {
     },
 }
 
-crate::io_error_from!(RequestError, |e| match e {
+crate::backend::io_error_from!(RequestError, |e| match e {
     RequestError::ShutDown { .. } => io::ErrorKind::BrokenPipe,
     RequestError::Unsupported { .. } => io::ErrorKind::Unsupported,
     _ => io::ErrorKind::InvalidInput,

@@ -76,7 +76,7 @@ pub enum JoinError {
     ContextDropped,
 }
 
-crate::io_error_from!(JoinError, |_| std::io::ErrorKind::Other);
+crate::backend::io_error_from!(JoinError, |_| std::io::ErrorKind::Other);
 
 /// The output slot a task and its handle share.
 struct JoinState<T> {

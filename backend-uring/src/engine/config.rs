@@ -69,7 +69,7 @@ impl Default for UringConfig {
     }
 }
 
-aio_core::with_setters!(UringConfig {
+aio_core::backend::with_setters!(UringConfig {
     /// With `entries` submission-queue entries (1..=32768; the CQ is twice as large).
     with_entries => entries: u32,
     /// With at most `max_batch` entries per `io_uring_enter` (at least 1).

@@ -396,7 +396,7 @@ impl IoEngine for UringEngine {
         "uring"
     }
 
-    aio_core::engine_queue_methods!(core: core, send: submit_pending, check: check_request);
+    aio_core::backend::engine_queue_methods!(core: core, send: submit_pending, check: check_request);
 
     fn poll_completions(&mut self, out: &mut VecDeque<Completion>) -> usize {
         let reaped = self.reap();
