@@ -105,13 +105,10 @@ impl<L: EventLoop + 'static> PoolContext<L> {
     pub fn submit(&self, request: Request) -> Result<(), SubmitError> {
         if request.token & WORK_TOKEN_BIT != 0 {
             return Err(SubmitError::new(
-                RequestError::Unsupported {
-                    engine: "pool",
-                    op: request.op.name(),
-                    reason: format!(
-                        "token {:#x} has WORK_TOKEN_BIT set, which offloaded work uses",
-                        request.token
-                    ),
+                RequestError::ReservedToken {
+                    token: request.token,
+                    bit: WORK_TOKEN_BIT.trailing_zeros(),
+                    reserved_for: "the pool's offloaded work",
                 },
                 request,
             ));

@@ -321,7 +321,10 @@ fn offloaded_closures_return_typed_results_in_the_loop() {
             WORK_TOKEN_BIT | 1,
         ))
         .unwrap_err();
-    assert!(matches!(e.error, RequestError::Unsupported { .. }));
+    assert!(
+        matches!(e.error, RequestError::ReservedToken { bit: 63, .. }),
+        "{e}"
+    );
 }
 
 #[test]

@@ -143,12 +143,17 @@ pub enum RequestError {
         /// The flags given.
         flags: RwFlags,
     },
-    /// A token with a bit the attached engine reserves for its own use
-    /// ([`PER_REQUEST_TOKEN_BIT`](super::PER_REQUEST_TOKEN_BIT)).
-    #[error("token {token:#x} uses a bit reserved for per-request completions")]
+    /// A token with a bit reserved for the layer's own use: an attached engine's
+    /// per-request completions ([`PER_REQUEST_TOKEN_BIT`](super::PER_REQUEST_TOKEN_BIT), bit
+    /// 62) or the pool's offloaded work (`aio_pool::WORK_TOKEN_BIT`, bit 63).
+    #[error("token {token:#x} uses bit {bit}, which {reserved_for} reserves")]
     ReservedToken {
         /// The token.
         token: u64,
+        /// The reserved bit's number.
+        bit: u32,
+        /// What reserves it.
+        reserved_for: &'static str,
     },
     /// More buffers than `IOV_MAX`.
     #[error("{count} buffers in one vectored request (the limit is {IOV_MAX})")]

@@ -311,7 +311,11 @@ impl<L: EventLoop, E: IoEngine> AttachedEngine<L, E> {
         if request.token & PER_REQUEST_TOKEN_BIT != 0 {
             let token = request.token;
             return Err(SubmitError::new(
-                RequestError::ReservedToken { token },
+                RequestError::ReservedToken {
+                    token,
+                    bit: PER_REQUEST_TOKEN_BIT.trailing_zeros(),
+                    reserved_for: "an attached engine's per-request completions",
+                },
                 request,
             ));
         }
