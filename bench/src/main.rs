@@ -270,9 +270,15 @@ struct MatrixArgs {
     /// the next queue in turn.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
     queues: u64,
-    /// Raise each queue's interrupt once per batch of completions (a deferred call at the end
-    /// of the engine's completion delivery, as QEMU's `defer_call()` defers the irqfd write)
-    /// instead of once per request. Reports say which ran (`batch_interrupts`).
+    /// Raise each queue's interrupt once per request, one eventfd write each (the model
+    /// before QEMU deferred its irqfd writes), instead of the default: once per batch of
+    /// completions, by a deferred call at the end of the engine's completion delivery, as
+    /// QEMU's `defer_call()` defers `virtio_notify_irqfd()`. Reports say which ran
+    /// (`batch_interrupts`).
+    #[arg(long, conflicts_with = "batch_interrupts")]
+    interrupt_per_request: bool,
+    /// Interrupts once per batch of completions: the default (the flag is kept for scripts
+    /// that name it).
     #[arg(long)]
     batch_interrupts: bool,
 }

@@ -93,7 +93,7 @@ fn spec(args: &MatrixArgs) -> MatrixSpec {
                 MemoryPath::Guest
             },
             queues: args.queues as usize,
-            batch_interrupts: args.batch_interrupts,
+            batch_interrupts: !args.interrupt_per_request,
             ..base.cell
         },
         disk_size: args.disk_size,
@@ -328,8 +328,10 @@ mod tests {
         ]);
         assert_eq!((s.iothreads, s.cell.queues), (vec![1, 2], 4));
         assert_eq!((s.cell.iothreads, s.cpus), (1, vec![0, 1]));
-        assert!(!s.cell.batch_interrupts);
+        assert!(s.cell.batch_interrupts, "QEMU's model is the default");
         let s = spec_of(&["aio-bench", "matrix", "--batch-interrupts"]);
         assert!(s.cell.batch_interrupts);
+        let s = spec_of(&["aio-bench", "matrix", "--interrupt-per-request"]);
+        assert!(!s.cell.batch_interrupts);
     }
 }
