@@ -87,6 +87,9 @@ pub enum AioError {
         /// How many.
         holders: usize,
     },
+    /// `detach` with a context the engine is not attached to.
+    #[error("the engine is attached to another context")]
+    WrongContext,
     /// Creating the context's own notifier failed.
     #[error("creating the context notifier failed: {0}")]
     Notifier(#[source] io::Error),
@@ -99,6 +102,7 @@ crate::backend::io_error_from!(AioError, |e| match e {
     }
     AioError::TimeoutOverflow { .. } => io::ErrorKind::InvalidInput,
     AioError::EngineBusy | AioError::EngineShared { .. } => io::ErrorKind::ResourceBusy,
+    AioError::WrongContext => io::ErrorKind::InvalidInput,
     AioError::NotRegistered { .. }
     | AioError::UnknownTimer { .. }
     | AioError::UnknownBottomHalf { .. } => io::ErrorKind::NotFound,

@@ -420,11 +420,10 @@ impl<L: EventLoop, E: IoEngine> AttachedEngine<L, E> {
     /// in flight; the per-request callbacks of those requests are dropped without running).
     /// Refused, changing nothing and handing the handle back, when called from inside a
     /// callback of `ctx` ([`AioError::EngineBusy`]) or with another context
-    /// ([`AioError::NotRegistered`]).
+    /// ([`AioError::WrongContext`]).
     pub fn detach(self, ctx: &AioContext<L>) -> Result<E, (AioError, Self)> {
         if self.driver.context != ctx as *const AioContext<L> as usize {
-            let fd = self.driver.fds[0];
-            return Err((AioError::NotRegistered { fd }, self));
+            return Err((AioError::WrongContext, self));
         }
         if ctx.is_polling() {
             // A callback up the stack may be this engine's: refuse before changing anything.

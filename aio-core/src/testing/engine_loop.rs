@@ -165,7 +165,7 @@ pub fn attached_engine_delivers_in_the_loop<E: IoEngine + 'static, L: EventLoop 
         Ok(_) => panic!("detach from another context succeeded"),
         Err(refused) => refused,
     };
-    assert!(matches!(e, crate::AioError::NotRegistered { .. }), "{e}");
+    assert!(matches!(e, crate::AioError::WrongContext), "{e}");
     drop(other);
     let Ok(engine) = attached.detach(&ctx) else {
         panic!("detach refused");
