@@ -13,6 +13,37 @@ use io_uring::{opcode, squeue, types};
 use super::{UringEngine, REGISTERED_FILES};
 use crate::ring::ENGINE_BIT;
 
+/// One slot's submission entry and the registrations it uses (counted by the caller once the
+/// entry is in the SQ).
+pub(super) struct SlotEntry {
+    /// The SQE, its user data set.
+    pub(super) sqe: squeue::Entry,
+    /// It names the file by its registered index.
+    pub(super) fixed_file: bool,
+    /// It reads or writes a registered buffer.
+    pub(super) fixed_buffer: bool,
+}
+
+/// A prepared read or write, as the in-flight table gives it.
+struct Rw {
+    is_read: bool,
+    offset: u64,
+    iovecs: *const libc::iovec,
+    count: usize,
+    rw_flags: libc::c_int,
+}
+
+/// Builds an entry on the file's registered index if it has one, on its fd otherwise (the
+/// opcode builders take either type).
+macro_rules! on_target {
+    ($fixed:expr, $fd:expr, $build:expr) => {
+        match $fixed {
+            Some(i) => $build(types::Fixed(i)),
+            None => $build(types::Fd($fd)),
+        }
+    };
+}
+
 impl UringEngine {
     /// The registered-buffer slot for `slot`'s buffer, registering it on first use (None:
     /// off, a vectored request or a sync, or every slot in use).
@@ -99,23 +130,14 @@ impl UringEngine {
         Some(index)
     }
 
-    /// The submission entry for `slot`, and whether it names a registered file and a
-    /// registered buffer (counted by the caller once the entry is in the SQ).
-    pub(super) fn entry(&mut self, slot: u32) -> (squeue::Entry, bool, bool) {
+    /// The submission entry for `slot`, with the registrations it uses.
+    pub(super) fn entry(&mut self, slot: u32) -> SlotEntry {
         let prepared = self.core.table.prepare(slot).expect("live slot");
         let fd = match prepared {
             Prepared::Sync { fd, .. } | Prepared::Rw { fd, .. } | Prepared::Range { fd, .. } => fd,
         };
         let fixed = self.fixed_index(slot, fd);
         let mut fixed_buffer = false;
-        macro_rules! target {
-            ($build:expr) => {
-                match fixed {
-                    Some(i) => $build(types::Fixed(i)),
-                    None => $build(types::Fd(fd)),
-                }
-            };
-        }
         let entry = match prepared {
             Prepared::Sync { datasync, .. } => {
                 let flags = if datasync {
@@ -123,15 +145,17 @@ impl UringEngine {
                 } else {
                     types::FsyncFlags::empty()
                 };
-                target!(|t| opcode::Fsync::new(t).flags(flags).build())
+                on_target!(fixed, fd, |t| opcode::Fsync::new(t).flags(flags).build())
             }
             Prepared::Range {
                 how, offset, len, ..
             } => match how {
-                RangeOp::Fallocate { mode } => target!(|t| opcode::Fallocate::new(t, len)
-                    .offset(offset)
-                    .mode(mode)
-                    .build()),
+                RangeOp::Fallocate { mode } => {
+                    on_target!(fixed, fd, |t| opcode::Fallocate::new(t, len)
+                        .offset(offset)
+                        .mode(mode)
+                        .build())
+                }
                 RangeOp::BlockDiscard => {
                     unreachable!("check_request refuses a block device's discard at submit")
                 }
@@ -144,69 +168,86 @@ impl UringEngine {
                 rw_flags,
                 ..
             } => {
-                // SAFETY: `iovecs` points to `count` >= 1 live iovecs in the table.
-                let first_len = unsafe { (*iovecs).iov_len };
-                if count == 1 && first_len <= u32::MAX as usize {
-                    // SAFETY: `iovecs` points to one live iovec in the table.
-                    let v = unsafe { *iovecs };
-                    // The remainder lies inside the registered whole buffer.
-                    let registered = self.fixed_buffer(slot);
-                    if let Some(index) = registered {
-                        fixed_buffer = true;
-                        if is_read {
-                            target!(|t| opcode::ReadFixed::new(
-                                t,
-                                v.iov_base.cast(),
-                                v.iov_len as u32,
-                                index
-                            )
-                            .offset(offset)
-                            .rw_flags(rw_flags)
-                            .build())
-                        } else {
-                            target!(|t| opcode::WriteFixed::new(
-                                t,
-                                v.iov_base.cast(),
-                                v.iov_len as u32,
-                                index
-                            )
-                            .offset(offset)
-                            .rw_flags(rw_flags)
-                            .build())
-                        }
-                    } else if is_read {
-                        target!(
-                            |t| opcode::Read::new(t, v.iov_base.cast(), v.iov_len as u32)
-                                .offset(offset)
-                                .rw_flags(rw_flags)
-                                .build()
-                        )
-                    } else {
-                        target!(
-                            |t| opcode::Write::new(t, v.iov_base.cast(), v.iov_len as u32)
-                                .offset(offset)
-                                .rw_flags(rw_flags)
-                                .build()
-                        )
-                    }
-                } else if is_read {
-                    target!(|t| opcode::Readv::new(t, iovecs, count as u32)
-                        .offset(offset)
-                        .rw_flags(rw_flags)
-                        .build())
-                } else {
-                    target!(|t| opcode::Writev::new(t, iovecs, count as u32)
-                        .offset(offset)
-                        .rw_flags(rw_flags)
-                        .build())
-                }
+                let rw = Rw {
+                    is_read,
+                    offset,
+                    iovecs,
+                    count,
+                    rw_flags,
+                };
+                let (entry, registered) = self.rw_entry(slot, fixed, fd, rw);
+                fixed_buffer = registered;
+                entry
             }
         };
         let tag = if self.is_shared() { ENGINE_BIT } else { 0 };
-        (
-            entry.user_data(tag | slot as u64),
-            fixed.is_some(),
+        SlotEntry {
+            sqe: entry.user_data(tag | slot as u64),
+            fixed_file: fixed.is_some(),
             fixed_buffer,
-        )
+        }
+    }
+
+    /// A read or write: `READ_FIXED` / `WRITE_FIXED` for one buffer in a registered slot,
+    /// `READ` / `WRITE` for one buffer otherwise, `READV` / `WRITEV` for several; and whether
+    /// it uses a registered buffer.
+    fn rw_entry(
+        &mut self,
+        slot: u32,
+        fixed: Option<u32>,
+        fd: RawFd,
+        rw: Rw,
+    ) -> (squeue::Entry, bool) {
+        let Rw {
+            is_read,
+            offset,
+            iovecs,
+            count,
+            rw_flags,
+        } = rw;
+        // SAFETY: `iovecs` points to `count` >= 1 live iovecs in the table.
+        let first_len = unsafe { (*iovecs).iov_len };
+        if count > 1 || first_len > u32::MAX as usize {
+            let entry = if is_read {
+                on_target!(fixed, fd, |t| opcode::Readv::new(t, iovecs, count as u32)
+                    .offset(offset)
+                    .rw_flags(rw_flags)
+                    .build())
+            } else {
+                on_target!(fixed, fd, |t| opcode::Writev::new(t, iovecs, count as u32)
+                    .offset(offset)
+                    .rw_flags(rw_flags)
+                    .build())
+            };
+            return (entry, false);
+        }
+        // SAFETY: `iovecs` points to one live iovec in the table.
+        let v = unsafe { *iovecs };
+        let (base, len) = (v.iov_base.cast::<u8>(), v.iov_len as u32);
+        // The remainder lies inside the registered whole buffer.
+        let registered = self.fixed_buffer(slot);
+        let entry = match (registered, is_read) {
+            (Some(index), true) => {
+                on_target!(fixed, fd, |t| opcode::ReadFixed::new(t, base, len, index)
+                    .offset(offset)
+                    .rw_flags(rw_flags)
+                    .build())
+            }
+            (Some(index), false) => {
+                on_target!(fixed, fd, |t| opcode::WriteFixed::new(t, base, len, index)
+                    .offset(offset)
+                    .rw_flags(rw_flags)
+                    .build())
+            }
+            (None, true) => on_target!(fixed, fd, |t| opcode::Read::new(t, base, len)
+                .offset(offset)
+                .rw_flags(rw_flags)
+                .build()),
+            (None, false) => on_target!(fixed, fd, |t| opcode::Write::new(t, base, len)
+                .offset(offset)
+                .rw_flags(rw_flags)
+                .build()),
+        };
+        (entry, registered.is_some())
     }
 }

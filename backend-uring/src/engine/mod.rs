@@ -226,7 +226,11 @@ impl UringEngine {
                         }
                     }
                 };
-                let (mut entry, fixed_file, fixed_buffer) = self.entry(slot);
+                let entry::SlotEntry {
+                    sqe: mut entry,
+                    fixed_file,
+                    fixed_buffer,
+                } = self.entry(slot);
                 let room = pushed + 1 < batch && self.in_kernel + pushed + 1 < cap;
                 if room && fresh > 0 && self.range_op_follows(slot) {
                     // Range ops on one file run one after another in one io-wq worker (a hard
