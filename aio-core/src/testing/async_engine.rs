@@ -32,7 +32,7 @@ pub fn async_requests_complete_exactly_once_at_qd32<E, L>(
         .unwrap();
     const BLOCKS: u64 = 128;
     let tmp = TempFile::with_len(BLOCKS as usize * BLOCK, 0);
-    let file = tmp.open(libc::O_DIRECT).or_else(|_| tmp.open(0)).unwrap();
+    let file = tmp.open_direct_or_say();
     let mut rng = Rng::new(15);
     let data: Vec<AlignedBuf> = (0..BLOCKS).map(|_| rng.buf(BLOCK)).collect();
     let expected: Vec<Vec<u8>> = data.iter().map(|b| b.to_vec()).collect();

@@ -281,7 +281,7 @@ pub fn guest_memory_reads_and_writes_at_many_offsets<E: IoEngine, L: EventLoop>(
     let mut engine = engine();
     const BLOCKS: usize = 64;
     let tmp = TempFile::with_len(BLOCKS * BLOCK, 0);
-    let file = tmp.open(libc::O_DIRECT).or_else(|_| tmp.open(0)).unwrap();
+    let file = tmp.open_direct_or_say();
     let mut rng = Rng::new(14);
     let mut ram = GuestRam {
         mem: rng.buf(2 * BLOCKS * BLOCK),
@@ -389,7 +389,7 @@ pub fn fua_and_nowait_requests_complete<E: IoEngine, L: EventLoop>(
 ) {
     let mut engine = engine();
     let tmp = TempFile::with_len(8 * BLOCK, 0);
-    let file = tmp.open(libc::O_DIRECT).or_else(|_| tmp.open(0)).unwrap();
+    let file = tmp.open_direct_or_say();
     for i in 0..8u64 {
         let w = Request::write(
             &file,

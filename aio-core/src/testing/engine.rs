@@ -52,7 +52,7 @@ macro_rules! engine_conformance {
                 if $crate::testing::available(::std::stringify!($name), $probe).is_none() {
                     return;
                 }
-                let ::std::option::Option::Some(_devices) =
+                let ::std::option::Option::Some(devices) =
                     $crate::testing::fixtures::on_loop_devices(::std::stringify!($name))
                 else {
                     return;
@@ -60,6 +60,11 @@ macro_rules! engine_conformance {
                 $crate::testing::run_test(::std::stringify!($name), || {
                     $crate::testing::$module::$name(|| $engine, || $monitor)
                 });
+                ::std::assert!(
+                    devices.devices_made() > 0,
+                    "{} ran on no loop device (its files were plain files)",
+                    ::std::stringify!($name)
+                );
             }
         )*
     };
@@ -603,7 +608,7 @@ pub fn drop_with_requests_in_flight_waits_for_them<E: IoEngine, L: EventLoop>(
     let tmp = TempFile::with_len(256 * BLOCK, 0);
     for round in 0..5u8 {
         let mut engine = engine();
-        let file = tmp.open(libc::O_DIRECT).or_else(|_| tmp.open(0)).unwrap();
+        let file = tmp.open_direct_or_say();
         for t in 0..256u64 {
             let fill = round.wrapping_mul(16).wrapping_add((t % 16) as u8) | 1;
             engine

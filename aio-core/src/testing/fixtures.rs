@@ -73,8 +73,25 @@ impl TempFile {
                 String::from_utf8_lossy(&out.stderr).trim()
             ));
         }
-        let device = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        tmp.device = Some(PathBuf::from(device));
+        let device = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        tmp.device = Some(device.clone());
+        // What the suite promises to run on: a block device doing direct I/O to its file.
+        let name = device
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        let dio = std::fs::read_to_string(format!("/sys/block/{name}/loop/dio"));
+        let is_block = std::fs::metadata(&device)
+            .map(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()))
+            .unwrap_or(false);
+        if !is_block || !dio.as_deref().is_ok_and(|d| d.trim() == "1") {
+            return Err(format!(
+                "{} is not a block device with direct I/O (dio: {dio:?})",
+                device.display()
+            ));
+        }
+        LOOP_DEVICES_MADE.with(|n| n.set(n.get() + 1));
         Ok(tmp)
     }
 
@@ -96,6 +113,22 @@ impl TempFile {
             .custom_flags(flags)
             .open(self.path())
             .map(IoFile::from)
+    }
+
+    /// Opens read-write with `O_DIRECT` where the file system takes it; where it does not,
+    /// says `skipped:` why (a failure under `AIO_REQUIRE_ALL_BACKENDS=1`) and opens it
+    /// buffered, so the test still runs its other checks.
+    pub fn open_direct_or_say(&self) -> IoFile {
+        match self.open(libc::O_DIRECT) {
+            Ok(file) => file,
+            Err(e) => {
+                super::skip(&format!(
+                    "O_DIRECT on {}: {e}; running buffered instead",
+                    self.path().display()
+                ));
+                self.open(0).expect("open buffered")
+            }
+        }
     }
 
     /// Opens read-only.
@@ -124,14 +157,25 @@ impl Drop for TempFile {
 
 thread_local! {
     static ON_LOOP_DEVICES: Cell<bool> = const { Cell::new(false) };
+    /// Loop devices this thread set up and checked (a block device, `loop/dio` 1).
+    static LOOP_DEVICES_MADE: Cell<u64> = const { Cell::new(0) };
 }
 
 /// While alive, every [`TempFile::with_len`] on this thread is a loop device: the guard that
 /// runs the engine suite once more against a real block device.
 #[derive(Debug)]
 pub struct OnLoopDevices {
+    made_before: u64,
     // A thread's setting: the guard stays on the thread that set it.
     _not_send: PhantomData<*const ()>,
+}
+
+impl OnLoopDevices {
+    /// Loop devices this thread has set up and checked since the guard was made: a test run
+    /// "on a loop device" that made none ran on plain files.
+    pub fn devices_made(&self) -> u64 {
+        LOOP_DEVICES_MADE.with(Cell::get) - self.made_before
+    }
 }
 
 impl Drop for OnLoopDevices {
@@ -149,6 +193,7 @@ pub fn on_loop_devices(what: &str) -> Option<OnLoopDevices> {
     let () = super::available(&format!("{what} on a loop device"), works.clone())?;
     ON_LOOP_DEVICES.with(|on| on.set(true));
     Some(OnLoopDevices {
+        made_before: LOOP_DEVICES_MADE.with(Cell::get),
         _not_send: PhantomData,
     })
 }
