@@ -55,6 +55,17 @@ fn ten_thousand_closures_from_eight_threads_run_once_in_order_per_sender() {
 fn stop_runs_what_was_accepted_and_refuses_the_rest() {
     let iothread = spawn_logging("iot-stop");
     let handle = iothread.handle();
+    // The first closure holds the thread until stop() has begun; the 1,000 are sent while it
+    // runs, so they are still in the queue (not yet taken) when the thread is told to stop.
+    let (open_gate, gate) = std::sync::mpsc::channel::<()>();
+    let (started_tx, started) = std::sync::mpsc::channel::<()>();
+    handle
+        .run(move |_, _| {
+            started_tx.send(()).unwrap();
+            gate.recv().unwrap();
+        })
+        .unwrap();
+    started.recv().unwrap();
     let ran = Arc::new(AtomicUsize::new(0));
     for _ in 0..1000 {
         let r = ran.clone();
@@ -64,7 +75,14 @@ fn stop_runs_what_was_accepted_and_refuses_the_rest() {
             })
             .unwrap();
     }
-    iothread.stop().unwrap();
+    let stopper = std::thread::spawn(move || iothread.stop());
+    // Stop has begun once new closures are refused (a handshake on the queue, no sleep).
+    while handle.run(|_, _| {}).is_ok() {
+        std::thread::yield_now();
+    }
+    assert_eq!(ran.load(Ordering::Relaxed), 0, "the queue is still blocked");
+    open_gate.send(()).unwrap();
+    stopper.join().unwrap().unwrap();
     assert_eq!(
         ran.load(Ordering::Relaxed),
         1000,
