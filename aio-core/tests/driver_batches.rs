@@ -1,0 +1,203 @@
+//! The driver with an engine that holds its completions until told: a batch released at once
+//! is one batch for the deferred calls, a nested `poll()` runs none of the outer section's
+//! calls, and a stale per-request token (its slot reused) reaches the engine-wide callback.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::rc::Rc;
+
+use aio_backend_poll::PollLoop;
+use aio_core::engine::{AlignedBuf, Completion, IoEngine, IoFile, Request, SubmitError};
+use aio_core::{AioContext, Notifier};
+
+/// Completes nothing until [`HeldEngine::release`]; then every held request at once.
+struct HeldEngine {
+    notifier: Notifier,
+    held: Vec<Request>,
+    done: VecDeque<Completion>,
+    /// Every token the engine was given, in order.
+    seen: Vec<u64>,
+}
+
+impl HeldEngine {
+    fn new() -> Self {
+        HeldEngine {
+            notifier: Notifier::new().unwrap(),
+            held: Vec::new(),
+            done: VecDeque::new(),
+            seen: Vec::new(),
+        }
+    }
+
+    /// Completes every held request (a full read) and signals the notifier once.
+    fn release(&mut self) {
+        for r in self.held.drain(..) {
+            let len = r.op.len();
+            self.done.push_back(r.complete(Ok(len)));
+        }
+        self.notifier.notify().unwrap();
+    }
+
+    /// Completes a request with an arbitrary token, as a buggy or late engine would.
+    fn complete_with_token(&mut self, token: u64) {
+        let file = IoFile::new(std::fs::File::open("/dev/null").unwrap());
+        let mut r = Request::read(&file, 0, AlignedBuf::new(512), 0);
+        r.token = token;
+        self.done.push_back(r.complete(Ok(0)));
+        self.notifier.notify().unwrap();
+    }
+}
+
+impl IoEngine for HeldEngine {
+    fn name(&self) -> &'static str {
+        "held"
+    }
+    fn submit(&mut self, request: Request) -> Result<(), SubmitError> {
+        self.seen.push(request.token);
+        self.held.push(request);
+        Ok(())
+    }
+    fn plug(&mut self) {}
+    fn unplug(&mut self) {}
+    fn set_max_batch(&mut self, _max: usize) {}
+    fn poll_completions(&mut self, out: &mut VecDeque<Completion>) -> usize {
+        let n = self.done.len();
+        out.extend(self.done.drain(..));
+        n
+    }
+    fn has_completions(&self) -> bool {
+        !self.done.is_empty()
+    }
+    fn notifier(&self) -> &Notifier {
+        &self.notifier
+    }
+    fn cancel(&mut self, _token: u64) -> bool {
+        false
+    }
+    fn in_flight(&self) -> usize {
+        self.held.len() + self.done.len()
+    }
+    fn drain(&mut self) -> Vec<Completion> {
+        self.release();
+        self.done.drain(..).collect()
+    }
+}
+
+fn null_file() -> IoFile {
+    IoFile::new(std::fs::File::open("/dev/null").unwrap())
+}
+
+#[test]
+fn a_batch_of_64_released_together_runs_its_deferred_call_once() {
+    let ctx = AioContext::new(PollLoop::new()).unwrap();
+    let calls = Rc::new(Cell::new(0u32));
+    let c = calls.clone();
+    let irq = ctx.deferred_call(move || c.set(c.get() + 1));
+    let delivered = Rc::new(Cell::new(0u32));
+    let d = delivered.clone();
+    let attached = ctx
+        .attach_engine(HeldEngine::new(), move |_, _| {
+            d.set(d.get() + 1);
+            irq.call();
+        })
+        .unwrap();
+    let file = null_file();
+    for t in 0..64 {
+        attached
+            .submit(Request::read(&file, 0, AlignedBuf::new(512), t))
+            .unwrap();
+    }
+    attached.with_engine(HeldEngine::release);
+    while delivered.get() < 64 {
+        ctx.poll(true);
+    }
+    assert_eq!(calls.get(), 1, "one deferred call for the batch of 64");
+}
+
+#[test]
+fn a_nested_poll_runs_none_of_the_outer_sections_calls() {
+    let ctx = AioContext::new(PollLoop::new()).unwrap();
+    let calls = Rc::new(Cell::new(0u32));
+    let c = calls.clone();
+    let irq = ctx.deferred_call(move || c.set(c.get() + 1));
+    let seen_in_nested = Rc::new(RefCell::new(Vec::new()));
+    let s = seen_in_nested.clone();
+    let calls_in = calls.clone();
+    let attached = ctx
+        .attach_engine(HeldEngine::new(), move |ctx, done| {
+            irq.call();
+            if done.token == 0 {
+                // A callback that runs a nested loop: the outer section's call must wait.
+                ctx.poll(false);
+                s.borrow_mut().push(calls_in.get());
+            }
+        })
+        .unwrap();
+    let file = null_file();
+    for t in 0..8 {
+        attached
+            .submit(Request::read(&file, 0, AlignedBuf::new(512), t))
+            .unwrap();
+    }
+    attached.with_engine(HeldEngine::release);
+    while attached.delivered() < 8 {
+        ctx.poll(true);
+    }
+    assert_eq!(
+        *seen_in_nested.borrow(),
+        vec![0],
+        "no call ran inside the nested poll"
+    );
+    assert_eq!(calls.get(), 1, "the call ran once, after the batch");
+}
+
+#[test]
+fn a_stale_per_request_token_goes_to_the_engine_wide_callback() {
+    let ctx = AioContext::new(PollLoop::new()).unwrap();
+    let wide = Rc::new(RefCell::new(Vec::new()));
+    let w = wide.clone();
+    let attached = ctx
+        .attach_engine(HeldEngine::new(), move |_, c| w.borrow_mut().push(c.token))
+        .unwrap();
+    let file = null_file();
+    let own = Rc::new(Cell::new(0u32));
+    let o = own.clone();
+    attached
+        .submit_with(
+            Request::read(&file, 0, AlignedBuf::new(512), 1),
+            move |_, _, _| o.set(o.get() + 1),
+        )
+        .unwrap();
+    let first = attached.with_engine(|e| e.seen[0]);
+    attached.with_engine(HeldEngine::release);
+    while own.get() < 1 {
+        ctx.poll(true);
+    }
+    // The slot is reused by the next request: its generation moves on.
+    let o = own.clone();
+    attached
+        .submit_with(
+            Request::read(&file, 0, AlignedBuf::new(512), 2),
+            move |_, _, _| o.set(o.get() + 10),
+        )
+        .unwrap();
+    // A completion carrying the first request's engine token (delivered late, or twice).
+    attached.with_engine(|e| e.complete_with_token(first));
+    for _ in 0..4 {
+        ctx.poll(false);
+    }
+    assert_eq!(
+        own.get(),
+        1,
+        "the second request's callback did not run for a stale token"
+    );
+    assert_eq!(
+        wide.borrow().as_slice(),
+        &[first],
+        "the stale token went to the engine-wide callback"
+    );
+    attached.with_engine(HeldEngine::release);
+    while own.get() < 11 {
+        ctx.poll(true);
+    }
+}
