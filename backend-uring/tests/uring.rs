@@ -465,3 +465,36 @@ fn a_request_in_the_kernel_is_cancelled_with_async_cancel() {
 // engine of one loop (`Rc`), and with deferred task work only the thread that set it up may
 // enter it (`IORING_SETUP_SINGLE_ISSUER`).
 aio_core::assert_not_thread_safe!(not_send: UringEngine, aio_backend_uring::UringLoop);
+
+/// A dropped engine future cancels its request in the kernel: a read of an empty pipe (which
+/// would wait forever) leaves the engine once the future is gone, with one
+/// `IORING_OP_ASYNC_CANCEL` sent, and nothing is ever written to the pipe.
+#[test]
+fn a_dropped_future_cancels_its_read_in_the_kernel() {
+    if !available() {
+        return;
+    }
+    let ctx = aio_core::AioContext::new(aio_backend_poll::PollLoop::new()).unwrap();
+    let attached = ctx
+        .attach_engine(common::engine(UringConfig::default()), |_, _| {})
+        .unwrap();
+    let (read_end, _write_end) = pipe();
+    let file = IoFile::from(read_end);
+    let read = attached.read(&file, 0, AlignedBuf::new(4096));
+    assert_eq!(attached.in_flight(), 1);
+    drop(read);
+    // A read that was not cancelled never completes (the pipe stays empty): wait for the
+    // cancellation's completion, with a hang guard of 5 s.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while attached.in_flight() > 0 && std::time::Instant::now() < deadline {
+        if !ctx.poll(false) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    assert_eq!(
+        attached.in_flight(),
+        0,
+        "the cancelled read left the engine"
+    );
+    assert_eq!(attached.with_engine(|e| e.stats().cancels_sent), 1);
+}

@@ -395,3 +395,38 @@ fn run_async_gives_the_result_and_a_dropped_future_cancels_unstarted_work() {
         "cancelled before a thread started it"
     );
 }
+
+/// A dropped engine future whose request is still queued behind a busy worker is cancelled
+/// there: it never runs (the file keeps its bytes), and the engine ends with nothing in flight.
+#[test]
+fn a_dropped_future_queued_behind_a_blocker_never_runs() {
+    let ctx = AioContext::new(PollLoop::new()).unwrap();
+    let pool = ThreadPool::new(PoolConfig::default().with_max_threads(1)).unwrap();
+    let attached = ctx.attach_engine(pool, |_, _| {}).unwrap();
+    // The one worker blocks until the gate opens.
+    let (open_gate, gate) = std::sync::mpsc::channel::<()>();
+    let (started_tx, started) = std::sync::mpsc::channel::<()>();
+    attached
+        .with_engine(|p| {
+            p.submit_work(1, move || {
+                started_tx.send(()).unwrap();
+                gate.recv().unwrap();
+                Ok(0)
+            })
+        })
+        .unwrap();
+    started.recv().unwrap();
+    let tmp = TempFile::with_len(4096, 7);
+    let file = tmp.open(0).unwrap();
+    let queued = attached.write(&file, 0, AlignedBuf::from_slice(&[9; 4096]));
+    assert_eq!(attached.in_flight(), 2);
+    drop(queued);
+    open_gate.send(()).unwrap();
+    poll_until(&ctx, "the blocker and the cancelled write", || {
+        attached.in_flight() == 0
+    });
+    assert!(
+        tmp.contents().iter().all(|&b| b == 7),
+        "the cancelled write never ran"
+    );
+}
