@@ -149,3 +149,111 @@ impl<A: IoEngine, B: IoEngine> IoEngine for Routed<A, B> {
         all
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{AlignedBuf, IoFile};
+
+    /// Records what reaches it; refuses discards and write-zeroes as unsupported when asked.
+    struct Counting {
+        refuses_range: bool,
+        ops: Vec<(u64, &'static str)>,
+        cancels: Vec<u64>,
+        notifier: Notifier,
+    }
+
+    impl Counting {
+        fn new(refuses_range: bool) -> Self {
+            Counting {
+                refuses_range,
+                ops: Vec::new(),
+                cancels: Vec::new(),
+                notifier: Notifier::new().unwrap(),
+            }
+        }
+    }
+
+    impl IoEngine for Counting {
+        fn name(&self) -> &'static str {
+            "counting"
+        }
+        fn submit(&mut self, request: Request) -> Result<(), SubmitError> {
+            if self.refuses_range && request.op.is_range() {
+                let op = request.op.name();
+                let reason = "no fallocate".to_string();
+                let error = RequestError::Unsupported {
+                    engine: "counting",
+                    op,
+                    reason,
+                };
+                return Err(SubmitError::new(error, request));
+            }
+            self.ops.push((request.token, request.op.name()));
+            Ok(())
+        }
+        fn plug(&mut self) {}
+        fn unplug(&mut self) {}
+        fn set_max_batch(&mut self, _: usize) {}
+        fn poll_completions(&mut self, _: &mut VecDeque<Completion>) -> usize {
+            0
+        }
+        fn has_completions(&self) -> bool {
+            false
+        }
+        fn notifier(&self) -> &Notifier {
+            &self.notifier
+        }
+        fn cancel(&mut self, token: u64) -> bool {
+            let ours = self.ops.iter().any(|(t, _)| *t == token);
+            if ours {
+                self.cancels.push(token);
+            }
+            ours
+        }
+        fn in_flight(&self) -> usize {
+            self.ops.len()
+        }
+        fn drain(&mut self) -> Vec<Completion> {
+            Vec::new()
+        }
+    }
+
+    fn null() -> IoFile {
+        IoFile::new(std::fs::File::open("/dev/null").unwrap())
+    }
+
+    #[test]
+    fn reads_stay_in_front_range_ops_go_behind_and_cancel_follows_them() {
+        let mut r = Routed::new(Counting::new(true), Counting::new(false));
+        let f = null();
+        r.submit(Request::read(&f, 0, AlignedBuf::new(512), 1))
+            .unwrap();
+        r.submit(Request::discard(&f, 0, 4096, 2)).unwrap();
+        r.submit(Request::write_zeroes(&f, 0, 4096, true, 3))
+            .unwrap();
+        assert_eq!(r.primary().ops, vec![(1, "read")]);
+        let behind: Vec<u64> = r.fallback().ops.iter().map(|o| o.0).collect();
+        assert_eq!(behind, vec![2, 3]);
+        assert_eq!(r.routed(), 2);
+        assert_eq!(r.in_flight(), 3);
+        assert_eq!(r.notifiers().len(), 2, "both engines are watched");
+        // A routed token's cancel reaches the engine that holds it.
+        assert!(r.cancel(2));
+        assert_eq!(r.fallback().cancels, vec![2]);
+        assert!(r.primary().cancels.is_empty());
+        assert!(r.cancel(1));
+        assert_eq!(r.primary().cancels, vec![1]);
+    }
+
+    #[test]
+    fn an_op_both_refuse_is_the_callers_error_with_the_request_back() {
+        let mut r = Routed::new(Counting::new(true), Counting::new(true));
+        let f = null();
+        let e = r.submit(Request::discard(&f, 0, 4096, 9)).unwrap_err();
+        assert!(matches!(e.error, RequestError::Unsupported { .. }), "{e}");
+        assert_eq!(e.request.token, 9);
+        assert_eq!(r.routed(), 0);
+        assert_eq!(r.in_flight(), 0);
+    }
+}
