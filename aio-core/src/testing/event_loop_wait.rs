@@ -441,4 +441,25 @@ pub fn io_poll_begin_and_end_bracket_polling_mode<L: EventLoop>(make: impl Fn() 
     assert!(ctx.poll(true));
     ctx.remove_fd_handler(doorbell.as_fd()).unwrap();
     assert_eq!(*log.borrow(), ["begin", "ready", "end"]);
+
+    // A handler replaced in polling mode (update_fd_handler) is ended at once too: the new
+    // one starts outside the mode and begins it on its own.
+    let other_log: Log = Rc::default();
+    log.borrow_mut().clear();
+    ctx.set_fd_handler(doorbell.as_fd(), handler(&pending, &late, &log))
+        .unwrap();
+    pending.set(true);
+    assert!(ctx.poll(true));
+    assert_eq!(*log.borrow(), ["begin", "ready"]);
+    ctx.update_fd_handler(doorbell.as_fd(), handler(&pending, &late, &other_log))
+        .unwrap();
+    assert_eq!(
+        *log.borrow(),
+        ["begin", "ready", "end"],
+        "the replaced handler was not ended"
+    );
+    pending.set(true);
+    assert!(ctx.poll(true));
+    assert_eq!(*other_log.borrow(), ["begin", "ready"]);
+    ctx.remove_fd_handler(doorbell.as_fd()).unwrap();
 }
