@@ -195,6 +195,28 @@ mod tests {
     }
 
     #[test]
+    fn eagain_is_retried_unless_nowait_asked_for_it() {
+        let again = || Err(io::Error::from_raw_os_error(libc::EAGAIN));
+        let mut calls = 0;
+        let reported = retry(true, || {
+            calls += 1;
+            again()
+        });
+        assert_eq!(reported.unwrap_err().raw_os_error(), Some(libc::EAGAIN));
+        assert_eq!(calls, 1, "NOWAIT: reported at once");
+        let mut calls = 0;
+        let retried = retry(false, || {
+            calls += 1;
+            if calls < 3 {
+                again()
+            } else {
+                Ok(5)
+            }
+        });
+        assert_eq!((retried.unwrap(), calls), (5, 3), "otherwise waited out");
+    }
+
+    #[test]
     fn reads_and_writes_whole_transfers_with_flags() {
         let (file, path) = temp_file(8192);
         let data: Vec<u8> = (0..3 * 1000).map(|i| (i % 251) as u8).collect();

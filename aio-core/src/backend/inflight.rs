@@ -434,4 +434,28 @@ mod tests {
         assert_eq!(out[1].errno(), Some(libc::EIO));
         assert_eq!(table.live(), 0);
     }
+
+    #[test]
+    fn a_nowait_eagain_is_reported_not_retried() {
+        let f = file();
+        let mut table = InFlightTable::new();
+        let read =
+            table.insert(Request::read(&f, 0, AlignedBuf::new(512), 7).with_flags(RwFlags::NOWAIT));
+        assert_eq!(
+            table.on_result(read, -(libc::EAGAIN as i64)),
+            Outcome::Completed,
+            "NOWAIT asked for EAGAIN, not a wait"
+        );
+        assert_eq!(table.pop_resubmit(), None);
+        let mut out = VecDeque::new();
+        assert_eq!(table.take_done(&mut out), 1);
+        assert_eq!((out[0].token, out[0].errno()), (7, Some(libc::EAGAIN)));
+        // EINTR is still retried for a NOWAIT request: it says nothing about blocking.
+        let again =
+            table.insert(Request::read(&f, 0, AlignedBuf::new(512), 8).with_flags(RwFlags::NOWAIT));
+        assert_eq!(
+            table.on_result(again, -(libc::EINTR as i64)),
+            Outcome::Resubmit
+        );
+    }
 }
