@@ -217,6 +217,27 @@ mod tests {
     }
 
     #[test]
+    fn a_nowait_read_of_uncached_pages_reports_eagain() {
+        let (file, path) = temp_file(1 << 20);
+        // The pages leave the page cache: a buffered read of them would block on the disk.
+        // SAFETY: fsync and posix_fadvise on an fd the IoFile keeps open; no pointers.
+        unsafe {
+            libc::fsync(file.raw_fd());
+            libc::posix_fadvise(file.raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+        }
+        let mut r =
+            Request::read(&file, 512 << 10, AlignedBuf::new(4096), 1).with_flags(RwFlags::NOWAIT);
+        let result = run_blocking(&mut r);
+        std::fs::remove_file(&path).unwrap();
+        match result {
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {}
+            // A file system without RWF_NOWAIT, or pages that came back (readahead): the test
+            // says so instead of passing silently.
+            other => crate::testing::skip(&format!("NOWAIT read of uncached pages gave {other:?}")),
+        }
+    }
+
+    #[test]
     fn reads_and_writes_whole_transfers_with_flags() {
         let (file, path) = temp_file(8192);
         let data: Vec<u8> = (0..3 * 1000).map(|i| (i % 251) as u8).collect();
