@@ -505,3 +505,64 @@ fn random_chains_never_panic_nor_reach_outside_memory() {
     // The search reaches the accepting paths too, not only refusals.
     assert!(accepted > 10, "only {accepted} random chains were accepted");
 }
+
+/// Writes a range segment at DATA: `sectors` sectors at `sector` with `flags`.
+fn range_segment(mem: &GuestMemoryMmap, sector: u64, sectors: u32, flags: u32) {
+    mem.write_obj(sector.to_le(), GuestAddress(DATA)).unwrap();
+    mem.write_obj(sectors.to_le(), GuestAddress(DATA + 8))
+        .unwrap();
+    mem.write_obj(flags.to_le(), GuestAddress(DATA + 12))
+        .unwrap();
+}
+
+/// The limits are inclusive (exactly `seg_max` segments, a segment of exactly `size_max`, a
+/// range of exactly the most sectors are fine; one more is not), a zero-sector range is
+/// refused, write-zeroes without the unmap flag does not unmap, and `GET_ID` answers 20 bytes
+/// and the status. Each check here was a mutant the other tests missed.
+#[test]
+fn limits_are_inclusive_and_small_fields_are_right() {
+    let mem = memory();
+    let l = limits();
+    header(&mem, spec::T_IN, 0);
+    let four: Vec<_> = (0..4)
+        .map(|i| (DATA + 512 * i, 512, W))
+        .chain([(STATUS, 1, W)])
+        .collect();
+    let mut chain = vec![(HDR, 16, 0)];
+    chain.extend(four);
+    assert!(parse(&mem, &chain, &l).is_ok(), "seg_max segments");
+    let exact = [(HDR, 16, 0), (DATA, l.size_max, W), (STATUS, 1, W)];
+    assert!(parse(&mem, &exact, &l).is_ok(), "a segment of size_max");
+    let seg = [(HDR, 16, 0), (DATA, 16, 0), (STATUS, 1, W)];
+    header(&mem, spec::T_WRITE_ZEROES, 0);
+    range_segment(&mem, 0, l.max_write_zeroes_sectors, 0);
+    let r = parse(&mem, &seg, &l).unwrap();
+    let whole = u64::from(l.max_write_zeroes_sectors) * 512;
+    assert_eq!(
+        r.op,
+        BlkOp::WriteZeroes {
+            offset: 0,
+            len: whole,
+            unmap: false
+        }
+    );
+    range_segment(&mem, 0, l.max_write_zeroes_sectors + 1, 0);
+    assert!(matches!(
+        error(parse(&mem, &seg, &l)),
+        ChainError::BadRangeSegment(_)
+    ));
+    range_segment(&mem, 0, 0, 0);
+    assert!(
+        matches!(error(parse(&mem, &seg, &l)), ChainError::BadRangeSegment(_)),
+        "0 sectors"
+    );
+    header(&mem, spec::T_DISCARD, 0);
+    range_segment(&mem, 0, 0, 0);
+    assert!(
+        matches!(error(parse(&mem, &seg, &l)), ChainError::BadRangeSegment(_)),
+        "0 sectors"
+    );
+    header(&mem, spec::T_GET_ID, 0);
+    let id = parse(&mem, &[(HDR, 16, 0), (DATA, 64, W), (STATUS, 1, W)], &l).unwrap();
+    assert_eq!(id.written_len(), 21, "the serial and the status byte");
+}
