@@ -458,4 +458,30 @@ mod tests {
             Outcome::Resubmit
         );
     }
+
+    #[test]
+    fn flags_reach_the_prepared_request() {
+        let f = file();
+        let mut table = InFlightTable::new();
+        let fua =
+            table.insert(Request::write(&f, 0, AlignedBuf::new(512), 1).with_flags(RwFlags::FUA));
+        let nowait =
+            table.insert(Request::read(&f, 0, AlignedBuf::new(512), 2).with_flags(RwFlags::NOWAIT));
+        let plain = table.insert(Request::read(&f, 0, AlignedBuf::new(512), 3));
+        let flags = |table: &mut InFlightTable, slot| match table.prepare(slot) {
+            Some(Prepared::Rw { rw_flags, .. }) => rw_flags,
+            _ => panic!("a read or write"),
+        };
+        assert_eq!(
+            flags(&mut table, fua),
+            libc::RWF_DSYNC,
+            "FUA is RWF_DSYNC for the kernel"
+        );
+        assert_eq!(flags(&mut table, nowait), libc::RWF_NOWAIT);
+        assert_eq!(flags(&mut table, plain), 0);
+        // A remainder keeps the flags.
+        assert_eq!(table.on_result(fua, 100), Outcome::Resubmit);
+        assert_eq!(table.pop_resubmit(), Some(fua));
+        assert_eq!(flags(&mut table, fua), libc::RWF_DSYNC);
+    }
 }
