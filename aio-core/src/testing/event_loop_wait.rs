@@ -14,16 +14,39 @@ use std::time::{Duration, Instant};
 use super::{bump, counter, ctx_of, poll_until, raise_fd_limit, watchdog, write_byte, Pipe};
 use crate::{AioError, EventLoop, FdHandler, Notifier, PollParams};
 
+/// Waits (at most `within`) until thread `tid` of this process sleeps in the kernel: state `S`
+/// in `/proc/self/task/TID/stat`, which a loop thread is only in once its wait has blocked.
+fn wait_until_sleeping(tid: libc::pid_t, within: Duration) -> bool {
+    let path = format!("/proc/self/task/{tid}/stat");
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        let state = std::fs::read_to_string(&path).ok().and_then(|stat| {
+            // The command name (field 2) is in parentheses and may hold spaces.
+            let (_, rest) = stat.rsplit_once(')')?;
+            rest.trim_start().chars().next()
+        });
+        if state == Some('S') {
+            return true;
+        }
+        std::thread::yield_now();
+    }
+    false
+}
+
 /// `notify()` from another thread wakes a `poll(true)` that has nothing else to wait for.
+/// The other thread notifies once the loop's thread sleeps in its wait (a handshake on the
+/// thread's state in `/proc`, not a sleep), and the counters show the notifier was written:
+/// the blocked path, not a notification that came first.
 pub fn notify_from_another_thread_wakes_blocked_poll<L: EventLoop>(make: impl Fn() -> L) {
     let ctx = ctx_of(&make);
     let handle = ctx.notify_handle();
     let dog = watchdog(&ctx, Duration::from_secs(20));
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
+    // SAFETY: gettid has no preconditions.
+    let loop_tid = unsafe { libc::gettid() };
     let t = std::thread::spawn(move || {
-        // Most likely blocked by then (a notify that comes first must wake it all the same).
-        std::thread::sleep(Duration::from_millis(30));
+        let blocked = wait_until_sleeping(loop_tid, Duration::from_secs(5));
         handle.notify();
         // If the loop missed that one it would hang: after 5 s, nudge it so the test fails
         // instead, and count the nudges.
@@ -37,15 +60,20 @@ pub fn notify_from_another_thread_wakes_blocked_poll<L: EventLoop>(make: impl Fn
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
-        nudges
+        (blocked, nudges)
     });
     ctx.poll(true);
     stop.store(true, Ordering::Release);
-    let nudges = t.join().unwrap();
+    let (blocked, nudges) = t.join().unwrap();
+    assert!(blocked, "the loop's thread never slept in its wait");
     assert!(!dog.get(), "the notification never woke the loop");
     assert_eq!(nudges, 0, "woken by a later nudge, not the first notify");
     let c = ctx.counters();
     assert!(c.notify_calls >= 1);
+    assert!(
+        c.notifier_writes >= 1,
+        "a notify while the loop sleeps writes the notifier"
+    );
 }
 
 /// With the loop not blocked, notifications and bottom-half schedules from other threads
