@@ -414,7 +414,7 @@ fn run_on_the_loop_device_detaches_it_afterwards() {
 }
 
 /// `aio-bench latency --device loop:64m` in a child, once its device is attached and the run
-/// has started (half a second into the first cells); with the backing file's path.
+/// has started (the device has served reads); with the backing file's path.
 fn latency_run_on_the_loop_device() -> (std::process::Child, PathBuf) {
     let mut child = bench()
         .args(["latency", "--device", "loop:64m", "--runtime", "60s"])
@@ -431,7 +431,26 @@ fn latency_run_on_the_loop_device() -> (std::process::Child, PathBuf) {
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    // The run has started once the device has served reads (its own count in sysfs).
+    let device = attached_to(&backing)[0]
+        .split(':')
+        .next()
+        .unwrap()
+        .trim_start_matches("/dev/")
+        .to_string();
+    let reads = || {
+        std::fs::read_to_string(format!("/sys/block/{device}/stat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    while reads() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(),
+            "the run never read from {device}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     (child, backing)
 }
 

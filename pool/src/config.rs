@@ -89,6 +89,9 @@ pub struct PoolStats {
     pub finished: u64,
     /// Notifier writes (at most one per batch of completions).
     pub notifier_writes: u64,
+    /// Idle waits that timed out (a thread retires on one only while more than the minimum
+    /// are alive).
+    pub idle_timeouts: u64,
     /// Writes accepted with [`RwFlags::FUA`](aio_core::RwFlags::FUA) (`pwritev2` with
     /// `RWF_DSYNC`).
     pub fua_writes: u64,

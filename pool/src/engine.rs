@@ -105,6 +105,7 @@ impl ThreadPool {
             queued: st.jobs.len() + self.queue.len(),
             running: st.running,
             finished: st.finished,
+            idle_timeouts: st.idle_timeouts,
             notifier_writes: self.shared.notifier_writes.load(Ordering::Relaxed) as u64,
             fua_writes: self.fua_writes,
         }

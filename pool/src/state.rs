@@ -65,6 +65,8 @@ pub(crate) struct State {
     pub(crate) peak: usize,
     pub(crate) spawned: u64,
     pub(crate) finished: u64,
+    /// Idle waits that timed out (a thread retires on one only above the minimum).
+    pub(crate) idle_timeouts: u64,
     pub(crate) shutdown: bool,
     pub(crate) handles: Vec<JoinHandle<()>>,
 }
@@ -83,6 +85,7 @@ impl State {
             peak: 0,
             spawned: 0,
             finished: 0,
+            idle_timeouts: 0,
             shutdown: false,
             handles: Vec::new(),
         }
@@ -149,6 +152,7 @@ impl State {
     /// job is queued, and more than the minimum of threads are left).
     pub(crate) fn idle_end(&mut self, timed_out: bool) -> bool {
         self.idle -= 1;
+        self.idle_timeouts += u64::from(timed_out);
         timed_out && self.jobs.is_empty() && self.threads > self.config.min_threads
     }
 

@@ -127,7 +127,13 @@ fn threads_above_the_minimum_exit_after_the_idle_timeout() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    std::thread::sleep(Duration::from_millis(300));
+    // The minimum stays through idle timeouts: wait for two more of them (a counter, not a
+    // sleep) and count the threads again.
+    let timeouts = pool.stats().idle_timeouts;
+    while pool.stats().idle_timeouts < timeouts + 2 {
+        assert!(Instant::now() < deadline, "no idle timeout at the minimum");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert_eq!(pool.stats().threads, 2, "the minimum stays");
     // Limits change at run time.
     pool.set_config(
