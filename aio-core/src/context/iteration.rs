@@ -15,7 +15,21 @@ use super::handlers::{FdHandler, LoopCallback};
 use super::{AioContext, CONTEXT_NOTIFIER};
 use crate::error::AioError;
 use crate::event_loop::{Event, EventLoop, Token};
-use crate::polling::{PollParams, Wait, WindowChange};
+use crate::polling::{PollParams, PollWindow, Wait, WindowChange};
+
+/// What busy polling (step 2) leaves for the wait and the window.
+struct Polled {
+    /// The wait's timeout: 0 when polling found work.
+    timeout: Option<u64>,
+    /// The window as this iteration used it.
+    window: PollWindow,
+    /// The iteration could have blocked (only such waits teach the window).
+    would_block: bool,
+    /// This iteration probed a collapsed window.
+    probe: bool,
+    /// An `io_poll` check found the event.
+    polled_hit: bool,
+}
 
 /// Why a handler is dispatched.
 #[derive(Debug, Clone, Copy)]
@@ -98,26 +112,57 @@ impl<L: EventLoop> AioContext<L> {
         result
     }
 
+    /// One iteration, in the steps of ARCHITECTURE.md's "One loop iteration".
     fn iterate(&self, blocking: bool) -> Result<bool, AioError> {
         let mut events = self.event_buffers.borrow_mut().pop().unwrap_or_default();
         let mut poll_ready: Vec<Token> = Vec::new();
         let seq = self.dispatch_seq.get() + 1;
         self.dispatch_seq.set(seq);
-
         let start = self.now_ns();
-        let mut timeout = if blocking {
-            self.compute_timeout()
-        } else {
-            Some(0)
-        };
-        if blocking && self.params.get().max_ns > 0 {
-            let dropped = self.handlers.borrow_mut().drop_idle(start);
+        // 1. Timeout (and idle handlers out of the poll set).
+        let timeout = self.iteration_timeout(blocking, start);
+        // 2. Busy polling, and polling mode begun or ended.
+        let polled = self.busy_poll(blocking, timeout, &mut poll_ready);
+        // 3. Wait on the monitor, unless polling found work that covers every handler.
+        let wait_result = self.wait_unless_covered(polled.timeout, &poll_ready, &mut events);
+        let end = self.now_ns();
+        if blocking {
+            self.learn_window(&polled, end.saturating_sub(start));
+        }
+        // Accept the notification (QEMU's aio_notify_accept).
+        if self.shared.wakeup.accept() {
+            self.shared.notifier.test_and_clear();
+        }
+        // 4.-6. Bottom halves, handlers, timers (and the tasks they woke).
+        let progress = self.dispatch_iteration(&mut poll_ready, &mut events, seq, end);
+        self.event_buffers.borrow_mut().push(events);
+        self.iteration_result(wait_result, progress)
+    }
+
+    /// Step 1: the wait timeout (0 when not blocking); with polling on, handlers idle for the
+    /// idle interval leave the poll set.
+    fn iteration_timeout(&self, blocking: bool, now: u64) -> Option<u64> {
+        if !blocking {
+            return Some(0);
+        }
+        if self.params.get().max_ns > 0 {
+            let dropped = self.handlers.borrow_mut().drop_idle(now);
             if dropped > 0 {
                 self.count(|c| c.poll_idle_removals += dropped as u64);
             }
         }
+        self.compute_timeout()
+    }
 
-        // Busy polling: only worth it when we would otherwise block.
+    /// Step 2: busy polling, only worth it when the loop would otherwise block; then polling
+    /// mode ends unless polling found the work (`io_poll_end`, and a last `io_poll` check for
+    /// work queued while notifications were off: if it finds some, the wait does not block).
+    fn busy_poll(
+        &self,
+        blocking: bool,
+        timeout: Option<u64>,
+        poll_ready: &mut Vec<Token>,
+    ) -> Polled {
         let mut window = self.window.get();
         // Only a wait that could block says anything about the device: an iteration that
         // cannot wait (a bottom half is pending) must not teach the window.
@@ -130,75 +175,95 @@ impl<L: EventLoop> AioContext<L> {
         if probe {
             self.count(|c| c.poll_probes += 1);
         }
+        let mut timeout = timeout;
         let mut polled_work = false;
         if would_block && poll_ns > 0 {
             let spin_ns = timeout.map_or(poll_ns, |t| t.min(poll_ns));
-            self.poll_set_started(true, &mut poll_ready);
-            if self.run_poll_handlers(spin_ns, &mut poll_ready) {
+            self.poll_set_started(true, poll_ready);
+            if self.run_poll_handlers(spin_ns, poll_ready) {
                 timeout = Some(0);
                 polled_work = true;
             }
         }
         // An io_poll check found the event (not a notification that ended polling).
         let polled_hit = !poll_ready.is_empty();
-        // Not found by polling: leave polling mode (io_poll_end, then a last io_poll check
-        // for work queued while notifications were off; if it finds some, don't block).
-        if !polled_work && self.poll_set_started(false, &mut poll_ready) {
+        if !polled_work && self.poll_set_started(false, poll_ready) {
             timeout = Some(0);
         }
+        Polled {
+            timeout,
+            window,
+            would_block,
+            probe,
+            polled_hit,
+        }
+    }
 
-        // Wait on the monitor unless polling found work and covers every handler.
+    /// Step 3: the wait, with the notify_me handshake around one that may block; skipped when
+    /// polling found work and covers every handler.
+    fn wait_unless_covered(
+        &self,
+        timeout: Option<u64>,
+        poll_ready: &[Token],
+        events: &mut Vec<Event>,
+    ) -> Result<(), AioError> {
         let skip_wait = timeout == Some(0)
             && !poll_ready.is_empty()
             && self.handlers.borrow().all_covered_by_polling();
-        let mut wait_result = Ok(());
         if skip_wait {
             self.count(|c| c.waits_skipped += 1);
-        } else {
-            let armed = timeout != Some(0);
-            if armed {
-                // A notification or a schedule that raced with the handshake: don't sleep.
-                if self.shared.wakeup.block_begin() {
-                    timeout = Some(0);
-                } else {
-                    timeout = self.compute_timeout();
-                }
-            }
-            wait_result = self.wait(timeout, &mut events);
-            if armed {
-                self.shared.wakeup.block_end();
-            }
+            return Ok(());
         }
-        let end = self.now_ns();
-
-        if blocking {
-            let params = self.params.get();
-            let block_ns = end.saturating_sub(start);
-            let change = window.update(
-                &params,
-                Wait {
-                    block_ns,
-                    would_block,
-                    probe,
-                    polled_hit,
-                },
-            );
-            self.window.set(window);
-            match change {
-                WindowChange::Shrank => self.count(|c| c.poll_shrinks += 1),
-                WindowChange::ProbeHit => self.count(|c| c.poll_probe_hits += 1),
-                _ => {}
-            }
+        let armed = timeout != Some(0);
+        let mut timeout = timeout;
+        if armed {
+            // A notification or a schedule that raced with the handshake: don't sleep.
+            timeout = if self.shared.wakeup.block_begin() {
+                Some(0)
+            } else {
+                self.compute_timeout()
+            };
         }
-
-        // Accept the notification (QEMU's aio_notify_accept).
-        if self.shared.wakeup.accept() {
-            self.shared.notifier.test_and_clear();
+        let result = self.wait(timeout, events);
+        if armed {
+            self.shared.wakeup.block_end();
         }
+        result
+    }
 
+    /// The window learns from the iteration's block time (QEMU's rule, or the recovering one).
+    fn learn_window(&self, polled: &Polled, block_ns: u64) {
+        let params = self.params.get();
+        let mut window = polled.window;
+        let change = window.update(
+            &params,
+            Wait {
+                block_ns,
+                would_block: polled.would_block,
+                probe: polled.probe,
+                polled_hit: polled.polled_hit,
+            },
+        );
+        self.window.set(window);
+        match change {
+            WindowChange::Shrank => self.count(|c| c.poll_shrinks += 1),
+            WindowChange::ProbeHit => self.count(|c| c.poll_probe_hits += 1),
+            _ => {}
+        }
+    }
+
+    /// Steps 4 to 6: the bottom halves scheduled so far, the handlers polling and the monitor
+    /// found, the expired timers, then the tasks they woke.
+    fn dispatch_iteration(
+        &self,
+        poll_ready: &mut Vec<Token>,
+        events: &mut Vec<Event>,
+        seq: u64,
+        now: u64,
+    ) -> bool {
         let mut progress = self.bh_poll();
         for token in poll_ready.drain(..) {
-            progress |= self.dispatch(token, Report::Polled, seq, end);
+            progress |= self.dispatch(token, Report::Polled, seq, now);
         }
         for ev in events.drain(..) {
             if ev.token == CONTEXT_NOTIFIER {
@@ -215,16 +280,23 @@ impl<L: EventLoop> AioContext<L> {
                 readable: ev.readable,
                 writable: ev.writable,
             };
-            progress |= self.dispatch(ev.token, report, seq, end);
+            progress |= self.dispatch(ev.token, report, seq, now);
         }
         progress |= self.run_timers();
         // Tasks woken by the handlers and timers above run now, not an iteration later.
         progress |= self.run_woken_tasks();
-        self.event_buffers.borrow_mut().push(events);
+        progress
+    }
 
-        wait_result.map(|()| progress).or_else(|e| {
+    /// A failed wait in an iteration that did work is reported through the counters and the
+    /// next call, not as this call's error.
+    fn iteration_result(
+        &self,
+        wait: Result<(), AioError>,
+        progress: bool,
+    ) -> Result<bool, AioError> {
+        wait.map(|()| progress).or_else(|e| {
             if progress {
-                // Work was done; report the error through the counters and the next call.
                 *self.last_wait_error.borrow_mut() = Some(match e {
                     AioError::Wait { source, .. } => source,
                     other => io::Error::from(other),
