@@ -30,7 +30,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::fs::File;
-use std::io;
+use std::io::{self, Read, Write};
 use std::num::Wrapping;
 use std::os::fd::{AsFd, AsRawFd};
 use std::rc::Rc;
@@ -194,11 +194,9 @@ fn kick_handler<L: EventLoop + 'static, E: IoEngine + 'static>(
     let (on_begin, on_end) = (inner.clone(), inner.clone());
     FdHandler::new()
         .on_read(move |ctx| {
+            // The eventfd's counter (non-blocking: a nested loop may have drained it already).
             let mut counter = [0u8; 8];
-            // SAFETY: reads at most 8 bytes into a local buffer of 8 from an fd we own (it is
-            // non-blocking: a nested loop may have drained it already).
-            let n = unsafe { libc::read(on_read.kick.as_raw_fd(), counter.as_mut_ptr().cast(), 8) };
-            if n == 8 {
+            if (&on_read.kick).read(&mut counter).ok() == Some(8) {
                 on_read.bump(|s| s.kicks += 1);
             }
             on_read.process(ctx);
@@ -483,11 +481,8 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
         if !wanted {
             return;
         }
-        if let Some(call) = self.call.borrow().as_ref() {
-            let one = 1u64.to_ne_bytes();
-            // SAFETY: writes 8 bytes from a local array to an eventfd we own.
-            let n = unsafe { libc::write(call.as_raw_fd(), one.as_ptr().cast(), 8) };
-            if n == 8 {
+        if let Some(mut call) = self.call.borrow().as_ref() {
+            if call.write(&1u64.to_ne_bytes()).ok() == Some(8) {
                 self.bump(|s| s.interrupts += 1);
             }
         }

@@ -540,43 +540,37 @@ fn stop_daemon(mut daemon: Reaped, image: &Path) {
     assert_eq!(len, CAPACITY, "the image changed size");
 }
 
-/// Boots the guest against our daemon's read-write disk: every check must pass.
-#[test]
-fn guest_checks_the_daemons_disk() {
+/// Boots the guest against our daemon's disk (`readonly=on` when `readonly`), as the run
+/// `name`: every check must pass.
+fn guest_against_our_daemon(readonly: bool, name: &str) {
     let Some(image) = guest_image() else { return };
     let dir = tempfile::tempdir().expect("tempdir");
     let disk = make_image(dir.path(), CAPACITY);
     let socket = dir.path().join("vhost-user-blk.sock");
-    let daemon = start_daemon(dir.path(), &socket, &disk, "");
+    let extra = if readonly { ",readonly=on" } else { "" };
+    let daemon = start_daemon(dir.path(), &socket, &disk, extra);
     let spec = GuestSpec {
         socket: &socket,
         capacity: CAPACITY,
         serial: Some(SERIAL),
         queues: QUEUES,
-        readonly: false,
+        readonly,
     };
-    run_guest(image, &spec, "daemon-rw").assert_passed(&spec);
+    run_guest(image, &spec, name).assert_passed(&spec);
     stop_daemon(daemon, &disk);
+}
+
+/// Boots the guest against our daemon's read-write disk: every check must pass.
+#[test]
+fn guest_checks_the_daemons_disk() {
+    guest_against_our_daemon(false, "daemon-rw");
 }
 
 /// Boots the guest against our daemon's disk with `readonly=on`: the guest sees a read-only
 /// disk it can read.
 #[test]
 fn guest_checks_the_daemons_read_only_disk() {
-    let Some(image) = guest_image() else { return };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let disk = make_image(dir.path(), CAPACITY);
-    let socket = dir.path().join("vhost-user-blk.sock");
-    let daemon = start_daemon(dir.path(), &socket, &disk, ",readonly=on");
-    let spec = GuestSpec {
-        socket: &socket,
-        capacity: CAPACITY,
-        serial: Some(SERIAL),
-        queues: QUEUES,
-        readonly: true,
-    };
-    run_guest(image, &spec, "daemon-ro").assert_passed(&spec);
-    stop_daemon(daemon, &disk);
+    guest_against_our_daemon(true, "daemon-ro");
 }
 
 /// The reference: the same guest against qemu-storage-daemon's vhost-user-blk export, read
