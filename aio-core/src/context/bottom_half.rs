@@ -1,25 +1,30 @@
 //! Bottom halves: callbacks scheduled from any thread, run once per schedule on the loop thread.
 //!
-//! This module owns the cross-thread schedule state of each bottom half and the queue that
-//! carries schedules to the loop. The callbacks themselves never leave the loop thread: the
-//! [`BottomHalf`] handle that other threads hold carries only an id and an atomic state.
+//! This module owns the cross-thread schedule state of each bottom half, the queue that
+//! carries schedules to the loop ([`BhQueue`], reached by other threads through the context's
+//! shared part), and the loop side ([`BhTable`]: the slots with the callbacks, the schedules
+//! taken off the queue, and those kept for a callback running further up the stack). The
+//! callbacks themselves never leave the loop thread: the [`BottomHalf`] handle that other
+//! threads hold carries only an id and an atomic state.
 //!
 //! State word of a bottom half: bit 0 scheduled, bit 1 deleted, bits 2.. a ticket that grows with
 //! every schedule. A queue entry names the ticket it was pushed for, so an entry left behind by a
 //! `cancel()` can never run a later schedule early: that is what keeps "a bottom half scheduled
 //! while bottom halves run goes to the next iteration" exact.
 
+use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::fmt;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use super::handlers::LoopCallback;
 use super::notify::Shared;
 use super::AioContext;
 use crate::error::AioError;
 use crate::event_loop::EventLoop;
-use crate::slots::SlotId;
+use crate::slots::{SlotId, Slots};
 use crate::sync::AtomicU64;
 
 const SCHEDULED: u64 = 1;
@@ -49,6 +54,32 @@ pub(crate) struct BhEntry {
     pub(crate) ticket: u64,
     /// Scheduled with [`BottomHalf::schedule_idle`]: it does not make the wait non-blocking.
     pub(crate) idle: bool,
+}
+
+/// The schedules (and deletions) on their way from any thread to the loop thread.
+#[derive(Debug, Default)]
+pub(crate) struct BhQueue(Mutex<Vec<BhEntry>>);
+
+impl BhQueue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<BhEntry>> {
+        // A panic while the lock was held cannot leave a half-pushed entry behind.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Any thread: queues an entry for the loop.
+    pub(crate) fn push(&self, entry: BhEntry) {
+        self.lock().push(entry);
+    }
+
+    /// Loop side: takes every queued entry, oldest first.
+    fn take(&self) -> Vec<BhEntry> {
+        std::mem::take(&mut *self.lock())
+    }
+
+    /// Whether `f` holds for a queued entry (it stops at the first).
+    fn any(&self, f: impl FnMut(&BhEntry) -> bool) -> bool {
+        self.lock().iter().any(f)
+    }
 }
 
 /// How long an idle bottom half may wait for the loop (QEMU's `qemu_bh_schedule_idle`: the
@@ -270,7 +301,7 @@ impl BottomHalf {
             return false;
         }
         self.cancel();
-        self.shared.push_bh(BhEntry {
+        self.shared.bh_queue.push(BhEntry {
             id: self.id,
             ticket: DELETE_TICKET,
             idle: false,
@@ -279,7 +310,7 @@ impl BottomHalf {
     }
 
     fn push(&self, ticket: u64, idle: bool) {
-        self.shared.push_bh(BhEntry {
+        self.shared.bh_queue.push(BhEntry {
             id: self.id,
             ticket,
             idle,
@@ -297,10 +328,37 @@ enum Lifetime {
 }
 
 /// A bottom half's slot on the loop thread: its callback never leaves this thread.
-pub(super) struct BhSlot<L: EventLoop> {
-    pub(super) state: Arc<BhState>,
+struct BhSlot<L: EventLoop> {
+    state: Arc<BhState>,
     callback: Rc<LoopCallback<L>>,
     oneshot: bool,
+}
+
+/// The loop side of a context's bottom halves.
+pub(super) struct BhTable<L: EventLoop> {
+    slots: RefCell<Slots<BhSlot<L>>>,
+    /// Schedules taken off the queue, one slice per `poll()` on the stack; a nested poll
+    /// drains the outer slices too, oldest first (QEMU's `bh_slice_list`).
+    slices: RefCell<Vec<VecDeque<BhEntry>>>,
+    /// Schedules of bottom halves whose callback is running further up the stack.
+    deferred: RefCell<Vec<BhEntry>>,
+}
+
+impl<L: EventLoop> BhTable<L> {
+    pub(super) fn new() -> Self {
+        BhTable {
+            slots: RefCell::new(Slots::new()),
+            slices: RefCell::new(Vec::new()),
+            deferred: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// At context drop: every handle stops scheduling.
+    pub(super) fn mark_all_deleted(&mut self) {
+        for slot in self.slots.get_mut().values_mut() {
+            slot.state.mark_deleted();
+        }
+    }
 }
 
 impl<L: EventLoop> AioContext<L> {
@@ -333,7 +391,7 @@ impl<L: EventLoop> AioContext<L> {
 
     fn bh_create(&self, callback: LoopCallback<L>, lifetime: Lifetime) -> BottomHalf {
         let state = Arc::new(BhState::default());
-        let id = self.bhs.borrow_mut().insert(BhSlot {
+        let id = self.bottom_halves.slots.borrow_mut().insert(BhSlot {
             state: state.clone(),
             callback: Rc::new(callback),
             oneshot: lifetime == Lifetime::Oneshot,
@@ -363,7 +421,8 @@ impl<L: EventLoop> AioContext<L> {
         let mut look = |e: &BhEntry| {
             let live = e.ticket == DELETE_TICKET
                 || self
-                    .bhs
+                    .bottom_halves
+                    .slots
                     .borrow()
                     .get(e.id)
                     .is_some_and(|s| s.state.is_pending(e.ticket));
@@ -372,31 +431,27 @@ impl<L: EventLoop> AioContext<L> {
             }
             wait == BhWait::Now
         };
-        let urgent = self
-            .shared
-            .bh_queue
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .any(&mut look);
+        let urgent = self.shared.bh_queue.any(&mut look);
         if !urgent {
-            self.bh_slices.borrow().iter().flatten().any(&mut look);
+            let slices = self.bottom_halves.slices.borrow();
+            slices.iter().flatten().any(&mut look);
         }
         wait
     }
 
     /// Runs the bottom halves scheduled before this call; returns whether any ran.
     pub(super) fn bh_poll(&self) -> bool {
-        let queued = self.shared.take_bh_queue();
+        let table = &self.bottom_halves;
+        let queued = self.shared.bh_queue.take();
         let my_level = {
-            let mut slices = self.bh_slices.borrow_mut();
+            let mut slices = table.slices.borrow_mut();
             slices.push(queued.into());
             slices.len()
         };
         let mut progress = false;
         loop {
             let entry = {
-                let mut slices = self.bh_slices.borrow_mut();
+                let mut slices = table.slices.borrow_mut();
                 let next = slices[..my_level].iter_mut().find_map(|s| s.pop_front());
                 match next {
                     Some(e) => e,
@@ -405,13 +460,13 @@ impl<L: EventLoop> AioContext<L> {
             };
             progress |= self.bh_run_entry(entry);
         }
-        self.bh_slices.borrow_mut().truncate(my_level - 1);
+        table.slices.borrow_mut().truncate(my_level - 1);
         progress
     }
 
     fn bh_run_entry(&self, entry: BhEntry) -> bool {
         let (state, callback, oneshot) = {
-            match self.bhs.borrow().get(entry.id) {
+            match self.bottom_halves.slots.borrow().get(entry.id) {
                 Some(s) => (s.state.clone(), s.callback.clone(), s.oneshot),
                 None => return false,
             }
@@ -427,7 +482,7 @@ impl<L: EventLoop> AioContext<L> {
         }
         if callback.is_busy() {
             // Running further up the stack: keep the schedule for after it returns.
-            self.bh_deferred.borrow_mut().push(entry);
+            self.bottom_halves.deferred.borrow_mut().push(entry);
             return false;
         }
         if !state.claim(entry.ticket) {
@@ -438,15 +493,15 @@ impl<L: EventLoop> AioContext<L> {
         }
         self.count(|c| c.bh_runs += 1);
         callback.invoke(self);
-        let deferred = std::mem::take(&mut *self.bh_deferred.borrow_mut());
+        let deferred = std::mem::take(&mut *self.bottom_halves.deferred.borrow_mut());
         for e in deferred {
-            self.shared.push_bh(e);
+            self.shared.bh_queue.push(e);
         }
         true
     }
 
     fn bh_free_slot(&self, id: SlotId) {
-        let old = self.bhs.borrow_mut().remove(id);
+        let old = self.bottom_halves.slots.borrow_mut().remove(id);
         // Dropped here, outside the borrow: the callback's captures may call into the context.
         drop(old);
     }

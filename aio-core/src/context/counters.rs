@@ -101,16 +101,19 @@ impl<L: EventLoop> AioContext<L> {
         let mut c = *self.counters.borrow();
         c.notifier_writes = self.shared.notifier_writes.load(Ordering::Relaxed);
         c.notify_calls = self.shared.notify_calls.load(Ordering::Relaxed);
-        c.poll_ns = self.window.get().ns();
-        let handlers = self.handlers.borrow();
-        c.poll_set = handlers.poll_set.len() as u64;
-        c.unpolled_handlers = handlers.unpolled() as u64;
+        c.poll_ns = self.busy_poll.window_ns();
+        c.poll_set = self.busy_poll.set_len() as u64;
+        c.unpolled_handlers = self
+            .handlers
+            .borrow()
+            .len()
+            .saturating_sub(c.poll_set as usize) as u64;
         c
     }
 
     /// The last wait error other than `EINTR`, if the latest failing iteration had one.
     pub fn take_last_wait_error(&self) -> Option<io::Error> {
-        self.last_wait_error.borrow_mut().take()
+        self.iteration.last_wait_error.borrow_mut().take()
     }
 
     pub(super) fn count(&self, f: impl FnOnce(&mut LoopCounters)) {

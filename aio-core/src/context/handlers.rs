@@ -1,9 +1,11 @@
 //! Fd handlers: the callbacks a context runs for an fd, and the table that maps monitor tokens
 //! back to them.
 //!
-//! This module owns the handler table's bookkeeping (tokens with generations, the poll set and
-//! per-handler idle deadlines). It never calls the monitor or a callback itself; the context
-//! does both, after releasing every borrow of the table, so callbacks may change the table.
+//! This module owns the handler table's bookkeeping (tokens with generations, the fd index, the
+//! last dispatch of each direction). It never calls the monitor or a callback itself; the
+//! context does both, after releasing every borrow of the table, so callbacks may change the
+//! table. Which handlers busy polling checks is `busy_poll`'s, told here when one comes or
+//! goes.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -222,8 +224,6 @@ pub(crate) struct HandlerSlot<L: EventLoop> {
     pub(crate) callbacks: Rc<FdHandler<L>>,
     /// The fd was reported closed (`POLLNVAL`); it is no longer watched.
     pub(crate) closed: bool,
-    /// Clock reading after which the handler leaves the poll set if it stays inactive.
-    pub(crate) poll_idle_deadline: u64,
     /// The last wait whose report ran the read side (`io_read` / `io_poll_ready`).
     pub(crate) last_read_dispatch: u64,
     /// The last wait whose report ran `io_write`.
@@ -237,8 +237,6 @@ pub(crate) struct HandlerTable<L: EventLoop> {
     by_fd: HashMap<RawFd, Token>,
     /// Handlers with an `io_write` callback.
     writers: usize,
-    /// Tokens of handlers that busy polling checks (have `io_poll`, not idle, not closed).
-    pub(crate) poll_set: Vec<Token>,
     /// Handlers with polling-mode hooks ([`FdHandler::has_poll_hooks`]).
     hooked: usize,
 }
@@ -249,7 +247,6 @@ impl<L: EventLoop> HandlerTable<L> {
             slots: Slots::new(),
             by_fd: HashMap::new(),
             writers: 0,
-            poll_set: Vec::new(),
             hooked: 0,
         }
     }
@@ -262,15 +259,9 @@ impl<L: EventLoop> HandlerTable<L> {
         self.by_fd.len()
     }
 
-    /// Number of handlers that busy polling does not cover (no `io_poll`, idle or closed).
-    pub(crate) fn unpolled(&self) -> usize {
-        self.by_fd.len() - self.poll_set.len()
-    }
-
-    /// Whether busy polling alone serves every handler: all are in the poll set and none
-    /// waits for writability (which only the monitor reports).
-    pub(crate) fn all_covered_by_polling(&self) -> bool {
-        self.unpolled() == 0 && self.writers == 0
+    /// Whether some handler waits for writability (which only the monitor reports).
+    pub(crate) fn has_writers(&self) -> bool {
+        self.writers > 0
     }
 
     pub(crate) fn get(&self, token: Token) -> Option<&HandlerSlot<L>> {
@@ -286,14 +277,7 @@ impl<L: EventLoop> HandlerTable<L> {
         Token(self.slots.next_id().to_u64())
     }
 
-    pub(crate) fn insert(
-        &mut self,
-        fd: RawFd,
-        callbacks: Rc<FdHandler<L>>,
-        now: u64,
-        idle_ns: u64,
-    ) -> Token {
-        let polled = callbacks.io_poll.is_some();
+    pub(crate) fn insert(&mut self, fd: RawFd, callbacks: Rc<FdHandler<L>>) -> Token {
         self.writers += usize::from(callbacks.io_write.is_some());
         self.hooked += usize::from(callbacks.has_poll_hooks());
         let token = Token(
@@ -302,16 +286,12 @@ impl<L: EventLoop> HandlerTable<L> {
                     fd,
                     callbacks,
                     closed: false,
-                    poll_idle_deadline: now.saturating_add(idle_ns),
                     last_read_dispatch: 0,
                     last_write_dispatch: 0,
                 })
                 .to_u64(),
         );
         self.by_fd.insert(fd, token);
-        if polled {
-            self.poll_set.push(token);
-        }
         token
     }
 
@@ -321,24 +301,14 @@ impl<L: EventLoop> HandlerTable<L> {
         &mut self,
         token: Token,
         callbacks: Rc<FdHandler<L>>,
-        now: u64,
-        idle_ns: u64,
     ) -> Option<Rc<FdHandler<L>>> {
         let slot = self.get_mut(token)?;
-        let polled = callbacks.io_poll.is_some() && !slot.closed;
         let was_writer = slot.callbacks.io_write.is_some();
         let is_writer = callbacks.io_write.is_some();
         let (was_hooked, is_hooked) = (slot.callbacks.has_poll_hooks(), callbacks.has_poll_hooks());
         let old = std::mem::replace(&mut slot.callbacks, callbacks);
-        slot.poll_idle_deadline = now.saturating_add(idle_ns);
         self.writers = self.writers + usize::from(is_writer) - usize::from(was_writer);
         self.hooked = self.hooked + usize::from(is_hooked) - usize::from(was_hooked);
-        let in_set = self.poll_set.contains(&token);
-        if polled && !in_set {
-            self.poll_set.push(token);
-        } else if !polled && in_set {
-            self.poll_set.retain(|t| *t != token);
-        }
         Some(old)
     }
 
@@ -347,66 +317,37 @@ impl<L: EventLoop> HandlerTable<L> {
         self.writers -= usize::from(slot.callbacks.io_write.is_some());
         self.hooked -= usize::from(slot.callbacks.has_poll_hooks());
         self.by_fd.remove(&slot.fd);
-        self.poll_set.retain(|t| *t != token);
         Some(slot)
     }
 
-    /// The handlers with polling-mode hooks, each with whether it is in the poll set; empty
-    /// (and no allocation) when none has them.
-    pub(crate) fn hooked_handlers(&self) -> Vec<(Token, bool, Rc<FdHandler<L>>)> {
+    /// The handlers with polling-mode hooks; empty (and no allocation) when none has them.
+    pub(crate) fn hooked_handlers(&self) -> Vec<(Token, Rc<FdHandler<L>>)> {
         if self.hooked == 0 {
             return Vec::new();
         }
         self.slots
             .iter()
             .filter(|(_, slot)| slot.callbacks.has_poll_hooks())
-            .map(|(id, slot)| {
-                let token = Token(id.to_u64());
-                (
-                    token,
-                    self.poll_set.contains(&token),
-                    slot.callbacks.clone(),
-                )
-            })
+            .map(|(id, slot)| (Token(id.to_u64()), slot.callbacks.clone()))
             .collect()
     }
 
-    /// Records activity: the handler (re)joins the poll set for another idle interval.
-    pub(crate) fn mark_active(&mut self, token: Token, now: u64, idle_ns: u64) {
-        let rejoin = match self.get_mut(token) {
-            Some(slot) if !slot.closed => {
-                slot.poll_idle_deadline = now.saturating_add(idle_ns);
-                slot.callbacks.io_poll.is_some()
-            }
-            _ => false,
-        };
-        if rejoin && !self.poll_set.contains(&token) {
-            self.poll_set.push(token);
-        }
+    /// Whether the handler is live, not closed, and has an `io_poll` check (busy polling may
+    /// check it).
+    pub(crate) fn is_pollable(&self, token: Token) -> bool {
+        self.get(token)
+            .is_some_and(|slot| !slot.closed && slot.callbacks.io_poll.is_some())
     }
 
-    /// Drops handlers whose idle deadline passed from the poll set; returns how many left.
-    pub(crate) fn drop_idle(&mut self, now: u64) -> usize {
-        let before = self.poll_set.len();
-        let slots = &self.slots;
-        self.poll_set.retain(|t| {
-            slots
-                .get(SlotId::from_u64(t.0))
-                .is_some_and(|s| s.poll_idle_deadline > now)
-        });
-        before - self.poll_set.len()
-    }
-
-    /// Marks a handler's fd as closed: it leaves the poll set and is no longer watched.
+    /// Marks a handler's fd as closed: it is no longer watched (the caller takes it out of the
+    /// poll set).
     pub(crate) fn mark_closed(&mut self, token: Token) -> Option<RawFd> {
         let slot = self.get_mut(token)?;
         if slot.closed {
             return None;
         }
         slot.closed = true;
-        let fd = slot.fd;
-        self.poll_set.retain(|t| *t != token);
-        Some(fd)
+        Some(slot.fd)
     }
 }
 
@@ -439,8 +380,12 @@ impl<L: EventLoop> AioContext<L> {
         self.monitor_call("register", fd, |m| {
             m.register(borrowed, token, handler.interest())
         })?;
-        let inserted = table.insert(fd, Rc::new(handler), self.now_ns(), self.poll_idle_ns.get());
+        let polled = handler.io_poll.is_some();
+        let inserted = table.insert(fd, Rc::new(handler));
         debug_assert_eq!(inserted, token);
+        if polled {
+            self.busy_poll.join(token, self.now_ns());
+        }
         Ok(())
     }
 
@@ -461,13 +406,14 @@ impl<L: EventLoop> AioContext<L> {
                 m.modify(borrowed, token, handler.interest())
             })?;
         }
-        let old = table.replace(
-            token,
-            Rc::new(handler),
-            self.now_ns(),
-            self.poll_idle_ns.get(),
-        );
+        let old = table.replace(token, Rc::new(handler));
+        let pollable = table.is_pollable(token);
         drop(table);
+        if pollable {
+            self.busy_poll.join(token, self.now_ns());
+        } else {
+            self.busy_poll.leave(token);
+        }
         if let Some(old) = &old {
             old.end_polling(false);
         }
@@ -485,6 +431,7 @@ impl<L: EventLoop> AioContext<L> {
         let token = table.token_of(fd).ok_or(AioError::NotRegistered { fd })?;
         let slot = table.remove(token).ok_or(AioError::NotRegistered { fd })?;
         drop(table);
+        self.busy_poll.leave(token);
         slot.callbacks.end_polling(false);
         if !slot.closed {
             let mut monitor = self.monitor.borrow_mut();
@@ -523,6 +470,7 @@ impl<L: EventLoop> AioContext<L> {
         let token = table.token_of(fd).ok_or(AioError::NotRegistered { fd })?;
         let slot = table.remove(token).ok_or(AioError::NotRegistered { fd })?;
         drop(table);
+        self.busy_poll.leave(token);
         slot.callbacks.end_polling(false);
         if !slot.closed {
             // Not reported closed yet (epoll and io_uring forget closed fds silently).

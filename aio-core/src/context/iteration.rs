@@ -1,34 +1,34 @@
-//! One iteration of the loop (QEMU's `aio_poll`): the wait timeout, busy polling and its
-//! adaptive window, the wait on the monitor with the notify_me handshake, and the dispatch order
-//! (bottom halves, ready handlers, expired timers).
+//! One iteration of the loop (QEMU's `aio_poll`): the wait timeout, the wait on the monitor
+//! with the notify_me handshake, and the dispatch order (bottom halves, ready handlers, expired
+//! timers).
 //!
-//! This module owns the iteration and the polling parameters. The tables it walks belong to
-//! `handlers`, `bottom_half` and `timers`; it issues fd-monitor calls only through the
-//! [`EventLoop`] trait.
+//! This module owns the order of an iteration's steps and what iterations share (nesting depth,
+//! dispatch sequence, event buffers, the last wait error). Busy polling is `busy_poll`'s; the
+//! tables it walks belong to `handlers`, `bottom_half` and `timers`; it issues fd-monitor calls
+//! only through the [`EventLoop`] trait.
 
+use std::cell::{Cell, RefCell};
 use std::io;
-use std::rc::Rc;
 use std::time::Duration;
 
 use super::bottom_half::{BhWait, IDLE_BH_DELAY_NS};
-use super::handlers::{FdHandler, LoopCallback};
+use super::handlers::LoopCallback;
 use super::{AioContext, CONTEXT_NOTIFIER};
 use crate::error::AioError;
 use crate::event_loop::{Event, EventLoop, Token};
-use crate::polling::{PollParams, PollWindow, Wait, WindowChange};
 
-/// What busy polling (step 2) leaves for the wait and the window.
-struct Polled {
-    /// The wait's timeout: 0 when polling found work.
-    timeout: Option<u64>,
-    /// The window as this iteration used it.
-    window: PollWindow,
-    /// The iteration could have blocked (only such waits teach the window).
-    would_block: bool,
-    /// This iteration probed a collapsed window.
-    probe: bool,
-    /// An `io_poll` check found the event.
-    polled_hit: bool,
+/// What a context's iterations share: how deeply they nest, the wait each dispatch belongs
+/// to, the event buffers they reuse, and the last wait error.
+#[derive(Default)]
+pub(super) struct IterationState {
+    /// `poll()` calls on the stack.
+    pub(super) depth: Cell<u32>,
+    /// Numbers each iteration's wait: a report older than a handler's last dispatch is dropped.
+    dispatch_seq: Cell<u64>,
+    /// One buffer per nesting level, kept between iterations.
+    event_buffers: RefCell<Vec<Vec<Event>>>,
+    /// For [`AioContext::take_last_wait_error`].
+    pub(super) last_wait_error: RefCell<Option<io::Error>>,
 }
 
 /// Why a handler is dispatched.
@@ -41,26 +41,6 @@ enum Report {
 }
 
 impl<L: EventLoop> AioContext<L> {
-    /// Sets the adaptive polling parameters; takes effect in the next iteration. Turning
-    /// polling on starts the window at 4 µs; turning it off (max 0) resets the window to 0.
-    pub fn set_poll_params(&self, params: PollParams) {
-        self.params.set(params);
-        let mut window = self.window.get();
-        window.reset(&params);
-        self.window.set(window);
-    }
-
-    /// The current adaptive polling parameters.
-    pub fn poll_params(&self) -> PollParams {
-        self.params.get()
-    }
-
-    /// Sets how long a handler may stay inactive before it leaves the poll set (default 7 s).
-    pub fn set_poll_idle_interval(&self, interval: Duration) {
-        self.poll_idle_ns
-            .set(u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX));
-    }
-
     /// The wait timeout: 0 with a bottom half pending, else until the earliest timer, at most
     /// 10 ms while an idle bottom half is pending, else infinite (`None`). In ns.
     pub(super) fn compute_timeout(&self) -> Option<u64> {
@@ -91,7 +71,7 @@ impl<L: EventLoop> AioContext<L> {
         match self.try_poll(blocking) {
             Ok(progress) => progress,
             Err(AioError::Wait { source, .. }) => {
-                *self.last_wait_error.borrow_mut() = Some(source);
+                *self.iteration.last_wait_error.borrow_mut() = Some(source);
                 false
             }
             Err(_) => false,
@@ -101,23 +81,28 @@ impl<L: EventLoop> AioContext<L> {
     /// [`AioContext::poll`] that returns a failing wait as [`AioError::Wait`]. Bottom halves
     /// and timers still run in an iteration whose wait failed.
     pub fn try_poll(&self, blocking: bool) -> Result<bool, AioError> {
-        let depth = self.depth.get() + 1;
-        self.depth.set(depth);
+        let depth = self.iteration.depth.get() + 1;
+        self.iteration.depth.set(depth);
         self.count(|c| {
             c.iterations += 1;
             c.max_nesting = c.max_nesting.max(depth as u64);
         });
         let result = self.iterate(blocking);
-        self.depth.set(depth - 1);
+        self.iteration.depth.set(depth - 1);
         result
     }
 
     /// One iteration, in the steps of ARCHITECTURE.md's "One loop iteration".
     fn iterate(&self, blocking: bool) -> Result<bool, AioError> {
-        let mut events = self.event_buffers.borrow_mut().pop().unwrap_or_default();
+        let mut events = self
+            .iteration
+            .event_buffers
+            .borrow_mut()
+            .pop()
+            .unwrap_or_default();
         let mut poll_ready: Vec<Token> = Vec::new();
-        let seq = self.dispatch_seq.get() + 1;
-        self.dispatch_seq.set(seq);
+        let seq = self.iteration.dispatch_seq.get() + 1;
+        self.iteration.dispatch_seq.set(seq);
         let start = self.now_ns();
         // 1. Timeout (and idle handlers out of the poll set).
         let timeout = self.iteration_timeout(blocking, start);
@@ -135,7 +120,7 @@ impl<L: EventLoop> AioContext<L> {
         }
         // 4.-6. Bottom halves, handlers, timers (and the tasks they woke).
         let progress = self.dispatch_iteration(&mut poll_ready, &mut events, seq, end);
-        self.event_buffers.borrow_mut().push(events);
+        self.iteration.event_buffers.borrow_mut().push(events);
         self.iteration_result(wait_result, progress)
     }
 
@@ -145,58 +130,8 @@ impl<L: EventLoop> AioContext<L> {
         if !blocking {
             return Some(0);
         }
-        if self.params.get().max_ns > 0 {
-            let dropped = self.handlers.borrow_mut().drop_idle(now);
-            if dropped > 0 {
-                self.count(|c| c.poll_idle_removals += dropped as u64);
-            }
-        }
+        self.drop_idle_pollers(now);
         self.compute_timeout()
-    }
-
-    /// Step 2: busy polling, only worth it when the loop would otherwise block; then polling
-    /// mode ends unless polling found the work (`io_poll_end`, and a last `io_poll` check for
-    /// work queued while notifications were off: if it finds some, the wait does not block).
-    fn busy_poll(
-        &self,
-        blocking: bool,
-        timeout: Option<u64>,
-        poll_ready: &mut Vec<Token>,
-    ) -> Polled {
-        let mut window = self.window.get();
-        // Only a wait that could block says anything about the device: an iteration that
-        // cannot wait (a bottom half is pending) must not teach the window.
-        let would_block = blocking && timeout != Some(0);
-        let (poll_ns, probe) = if would_block {
-            window.next_window(&self.params.get())
-        } else {
-            (window.ns(), false)
-        };
-        if probe {
-            self.count(|c| c.poll_probes += 1);
-        }
-        let mut timeout = timeout;
-        let mut polled_work = false;
-        if would_block && poll_ns > 0 {
-            let spin_ns = timeout.map_or(poll_ns, |t| t.min(poll_ns));
-            self.poll_set_started(true, poll_ready);
-            if self.run_poll_handlers(spin_ns, poll_ready) {
-                timeout = Some(0);
-                polled_work = true;
-            }
-        }
-        // An io_poll check found the event (not a notification that ended polling).
-        let polled_hit = !poll_ready.is_empty();
-        if !polled_work && self.poll_set_started(false, poll_ready) {
-            timeout = Some(0);
-        }
-        Polled {
-            timeout,
-            window,
-            would_block,
-            probe,
-            polled_hit,
-        }
     }
 
     /// Step 3: the wait, with the notify_me handshake around one that may block; skipped when
@@ -207,9 +142,8 @@ impl<L: EventLoop> AioContext<L> {
         poll_ready: &[Token],
         events: &mut Vec<Event>,
     ) -> Result<(), AioError> {
-        let skip_wait = timeout == Some(0)
-            && !poll_ready.is_empty()
-            && self.handlers.borrow().all_covered_by_polling();
+        let skip_wait =
+            timeout == Some(0) && !poll_ready.is_empty() && self.all_covered_by_polling();
         if skip_wait {
             self.count(|c| c.waits_skipped += 1);
             return Ok(());
@@ -229,27 +163,6 @@ impl<L: EventLoop> AioContext<L> {
             self.shared.wakeup.block_end();
         }
         result
-    }
-
-    /// The window learns from the iteration's block time (QEMU's rule, or the recovering one).
-    fn learn_window(&self, polled: &Polled, block_ns: u64) {
-        let params = self.params.get();
-        let mut window = polled.window;
-        let change = window.update(
-            &params,
-            Wait {
-                block_ns,
-                would_block: polled.would_block,
-                probe: polled.probe,
-                polled_hit: polled.polled_hit,
-            },
-        );
-        self.window.set(window);
-        match change {
-            WindowChange::Shrank => self.count(|c| c.poll_shrinks += 1),
-            WindowChange::ProbeHit => self.count(|c| c.poll_probe_hits += 1),
-            _ => {}
-        }
     }
 
     /// Steps 4 to 6: the bottom halves scheduled so far, the handlers polling and the monitor
@@ -297,7 +210,7 @@ impl<L: EventLoop> AioContext<L> {
     ) -> Result<bool, AioError> {
         wait.map(|()| progress).or_else(|e| {
             if progress {
-                *self.last_wait_error.borrow_mut() = Some(match e {
+                *self.iteration.last_wait_error.borrow_mut() = Some(match e {
                     AioError::Wait { source, .. } => source,
                     other => io::Error::from(other),
                 });
@@ -340,67 +253,6 @@ impl<L: EventLoop> AioContext<L> {
         }
     }
 
-    /// Busy polling: calls the poll set's `io_poll` checks until one is ready, a notification
-    /// arrives, or `window_ns` passes. Ready tokens go to `ready`. Returns whether to stop
-    /// waiting.
-    fn run_poll_handlers(&self, window_ns: u64, ready: &mut Vec<Token>) -> bool {
-        let start = self.now_ns();
-        // One snapshot per window: io_poll checks run no loop code, so the table cannot change
-        // while we spin, and each pass is then an indirect call per handler, nothing more.
-        let handlers: Vec<(Token, Rc<FdHandler<L>>)> = {
-            let table = self.handlers.borrow();
-            table
-                .poll_set
-                .iter()
-                .filter_map(|&t| table.get(t).map(|slot| (t, slot.callbacks.clone())))
-                .filter(|(_, cbs)| {
-                    // A handler whose callback is running further up the stack cannot be
-                    // dispatched now; reporting it ready would only make a nested poll spin.
-                    let ready_cb = cbs.io_poll_ready.as_ref().or(cbs.io_read.as_ref());
-                    cbs.io_poll.is_some() && !ready_cb.is_some_and(|cb| cb.is_busy())
-                })
-                .collect()
-        };
-        if handlers.is_empty() {
-            // Nothing to poll: spinning would only check for notifications the wait sees too.
-            return self.shared.wakeup.is_notified();
-        }
-        let mut found = false;
-        let mut now = start;
-        loop {
-            for (token, cbs) in &handlers {
-                let Some(io_poll) = &cbs.io_poll else {
-                    continue;
-                };
-                let Ok(mut f) = io_poll.try_borrow_mut() else {
-                    continue;
-                };
-                if f() {
-                    ready.push(*token);
-                    found = true;
-                }
-            }
-            if found || self.shared.wakeup.is_notified() {
-                break;
-            }
-            now = self.now_ns();
-            if now.saturating_sub(start) >= window_ns {
-                break;
-            }
-            std::hint::spin_loop();
-        }
-        let hit = found || self.shared.wakeup.is_notified();
-        let spent = now.max(self.now_ns()).saturating_sub(start);
-        self.count(|c| {
-            c.poll_attempts += 1;
-            c.busy_poll_ns += spent;
-            if hit {
-                c.poll_hits += 1;
-            }
-        });
-        hit
-    }
-
     /// Runs a handler's callbacks for one readiness report.
     fn dispatch(&self, token: Token, report: Report, seq: u64, now: u64) -> bool {
         let (readable, writable, poll_ready) = match report {
@@ -427,8 +279,9 @@ impl<L: EventLoop> AioContext<L> {
                 slot.last_write_dispatch = seq;
             }
             let callbacks = slot.callbacks.clone();
-            if run_read {
-                table.mark_active(token, now, self.poll_idle_ns.get());
+            if run_read && table.is_pollable(token) {
+                // Activity: the handler (re)joins the poll set for another idle interval.
+                self.busy_poll.join(token, now);
             }
             (run_read, run_write, callbacks)
         };
@@ -457,6 +310,13 @@ impl<L: EventLoop> AioContext<L> {
         progress
     }
 
+    /// Whether busy polling alone serves every handler: all are in the poll set and none
+    /// waits for writability (which only the monitor reports).
+    fn all_covered_by_polling(&self) -> bool {
+        let handlers = self.handlers.borrow();
+        self.busy_poll.set_len() == handlers.len() && !handlers.has_writers()
+    }
+
     fn call(&self, callback: Option<&LoopCallback<L>>) -> bool {
         let Some(cb) = callback else { return false };
         let ran = cb.invoke(self);
@@ -471,6 +331,7 @@ impl<L: EventLoop> AioContext<L> {
     fn handle_closed(&self, token: Token, seq: u64) -> bool {
         let fd = self.handlers.borrow_mut().mark_closed(token);
         let Some(fd) = fd else { return false };
+        self.busy_poll.leave(token);
         self.count(|c| c.closed_fds += 1);
         let _ = self.monitor.borrow_mut().forget_closed(fd);
         let callbacks = {

@@ -5,10 +5,10 @@
 //! | file | owns | QEMU |
 //! | --- | --- | --- |
 //! | `mod.rs` | the [`AioContext`] struct, its construction and drop | `aio_context_new` |
-//! | `iteration.rs` | one iteration: timeout, busy polling, wait, dispatch order | `aio_poll` (`aio-posix.c`) |
-//! | `handlers.rs` | fd handlers and their table, the poll set | `aio_set_fd_handler` |
-//! | `poll_mode.rs` | the `io_poll_begin` / `io_poll_end` hooks | `poll_set_started` |
-//! | `bottom_half.rs` | bottom halves, their schedule state and queue | `async.c` |
+//! | `iteration.rs` | one iteration: timeout, wait, dispatch order | `aio_poll` (`aio-posix.c`) |
+//! | `handlers.rs` | fd handlers and their table | `aio_set_fd_handler` |
+//! | `busy_poll.rs` | busy polling: parameters, window, poll set, polling mode | `try_poll_mode`, `poll_set_started` |
+//! | `bottom_half.rs` | bottom halves: schedule state, queue, loop-side table | `async.c` |
 //! | `defer.rs` | deferred calls and defer sections | `defer-call.c` |
 //! | `timers.rs` | timers and their deadline order | `qemu-timer.c` |
 //! | `notify.rs` | [`NotifyHandle`] and what other threads share | `aio_notify` |
@@ -22,22 +22,21 @@
 //! itself, where users read them.
 
 mod bottom_half;
+mod busy_poll;
 mod counters;
 mod defer;
 mod handlers;
 mod iteration;
 mod notify;
-mod poll_mode;
 mod timers;
 mod wakeup;
 
-use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
+use std::cell::RefCell;
 use std::fmt;
-use std::io;
 use std::os::fd::{AsFd, AsRawFd};
+use std::rc::Rc;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 pub use bottom_half::{BottomHalf, IDLE_BH_DELAY_NS};
 pub use counters::LoopCounters;
@@ -46,19 +45,20 @@ pub use handlers::FdHandler;
 pub use notify::NotifyHandle;
 pub use timers::TimerId;
 
-use bottom_half::{BhEntry, BhSlot};
+use bottom_half::BhTable;
+use busy_poll::BusyPoll;
 use defer::DeferState;
 use handlers::HandlerTable;
+use iteration::IterationState;
 use notify::Shared;
 use timers::TimerTable;
 use wakeup::Wakeup;
 
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::AioError;
-use crate::event_loop::{Event, EventLoop, Interest, Token};
+use crate::event_loop::{EventLoop, Interest, Token};
 use crate::notifier::Notifier;
-use crate::polling::{PollParams, PollWindow, DEFAULT_POLL_IDLE_NS};
-use crate::slots::Slots;
+use crate::task::Executor;
 
 /// The token of the context's own notifier in the monitor (never a handler's token: handler
 /// tokens have a generation >= 1 in their high half and an index < 2^32 - 1 in the low half).
@@ -90,36 +90,28 @@ const CONTEXT_NOTIFIER: Token = Token(u64::MAX);
 /// ```
 pub struct AioContext<L: EventLoop> {
     monitor: RefCell<L>,
+    /// What other threads reach: the notifier, the notify_me handshake, the bottom-half queue.
     shared: Arc<Shared>,
     clock: Box<dyn Clock>,
     handlers: RefCell<HandlerTable<L>>,
-    bhs: RefCell<Slots<BhSlot<L>>>,
-    /// Schedules taken off the shared queue, one slice per `poll()` on the stack; a nested
-    /// poll drains the outer slices too, oldest first (QEMU's `bh_slice_list`).
-    bh_slices: RefCell<Vec<VecDeque<BhEntry>>>,
-    /// Schedules of bottom halves whose callback is running further up the stack.
-    bh_deferred: RefCell<Vec<BhEntry>>,
+    bottom_halves: BhTable<L>,
     timers: RefCell<TimerTable<L>>,
-    params: Cell<PollParams>,
-    window: Cell<PollWindow>,
-    poll_idle_ns: Cell<u64>,
-    counters: RefCell<LoopCounters>,
-    depth: Cell<u32>,
-    dispatch_seq: Cell<u64>,
-    event_buffers: RefCell<Vec<Vec<Event>>>,
-    last_wait_error: RefCell<Option<io::Error>>,
-    /// The tasks of [`AioContext::spawn`], created on first use.
-    executor: RefCell<Option<std::rc::Rc<crate::task::Executor>>>,
-    /// Polls the tasks woken during an iteration at its end (set with the executor).
-    woken_task_runner: RefCell<Option<std::rc::Rc<WokenTaskRunner<L>>>>,
+    busy_poll: BusyPoll,
     /// Defer sections and the calls pending in them (QEMU's `defer_call()`).
-    defer: std::rc::Rc<DeferState>,
-    /// Polling mode began and has not ended since (QEMU's `ctx->poll_started`): an iteration
-    /// that did not poll has nothing to end otherwise.
-    poll_started: Cell<bool>,
+    defer: Rc<DeferState>,
+    tasks: Tasks<L>,
+    iteration: IterationState,
+    counters: RefCell<LoopCounters>,
 }
 
-/// See `AioContext::woken_task_runner`.
+/// The tasks of [`AioContext::spawn`]: their executor, created on first use, and what polls
+/// the tasks woken during an iteration at its end (set with the executor).
+struct Tasks<L: EventLoop> {
+    executor: RefCell<Option<Rc<Executor>>>,
+    woken_runner: RefCell<Option<Rc<WokenTaskRunner<L>>>>,
+}
+
+/// See [`Tasks`].
 type WokenTaskRunner<L> = dyn Fn(&AioContext<L>) -> bool;
 
 impl<L: EventLoop> fmt::Debug for AioContext<L> {
@@ -157,30 +149,21 @@ impl<L: EventLoop> AioContext<L> {
                 wakeup: Wakeup::new(),
                 notifier_writes: AtomicU64::new(0),
                 notify_calls: AtomicU64::new(0),
-                bh_queue: Mutex::new(Vec::new()),
+                bh_queue: Default::default(),
                 loop_thread: std::thread::current().id(),
             }),
             clock,
             handlers: RefCell::new(HandlerTable::new()),
-            bhs: RefCell::new(Slots::new()),
-            bh_slices: RefCell::new(Vec::new()),
-            bh_deferred: RefCell::new(Vec::new()),
+            bottom_halves: BhTable::new(),
             timers: RefCell::new(TimerTable::new()),
-            params: Cell::new(PollParams::default()),
-            window: Cell::new(PollWindow::default()),
-            poll_idle_ns: Cell::new(DEFAULT_POLL_IDLE_NS),
-            counters: RefCell::new(LoopCounters {
-                max_nesting: 0,
-                ..LoopCounters::default()
-            }),
-            depth: Cell::new(0),
-            dispatch_seq: Cell::new(0),
-            event_buffers: RefCell::new(Vec::new()),
-            last_wait_error: RefCell::new(None),
-            executor: RefCell::new(None),
-            woken_task_runner: RefCell::new(None),
-            defer: std::rc::Rc::default(),
-            poll_started: Cell::new(false),
+            busy_poll: BusyPoll::new(),
+            defer: Rc::default(),
+            tasks: Tasks {
+                executor: RefCell::new(None),
+                woken_runner: RefCell::new(None),
+            },
+            iteration: IterationState::default(),
+            counters: RefCell::new(LoopCounters::default()),
         })
     }
 
@@ -211,25 +194,25 @@ impl<L: EventLoop> AioContext<L> {
     }
 
     /// Where the executor of [`AioContext::spawn`] lives (`task` module).
-    pub(crate) fn executor_slot(&self) -> &RefCell<Option<std::rc::Rc<crate::task::Executor>>> {
-        &self.executor
+    pub(crate) fn executor_slot(&self) -> &RefCell<Option<Rc<Executor>>> {
+        &self.tasks.executor
     }
 
     /// Sets what runs the woken tasks at the end of each iteration (`task` module).
-    pub(crate) fn set_woken_task_runner(&self, runner: std::rc::Rc<WokenTaskRunner<L>>) {
-        *self.woken_task_runner.borrow_mut() = Some(runner);
+    pub(crate) fn set_woken_task_runner(&self, runner: Rc<WokenTaskRunner<L>>) {
+        *self.tasks.woken_runner.borrow_mut() = Some(runner);
     }
 
     /// Runs the tasks woken in this iteration; whether any ran.
     pub(crate) fn run_woken_tasks(&self) -> bool {
-        let runner = self.woken_task_runner.borrow().clone();
+        let runner = self.tasks.woken_runner.borrow().clone();
         runner.is_some_and(|r| r(self))
     }
 
     /// Whether a `poll()` of this context is running (the caller is inside one of its
     /// callbacks).
     pub fn is_polling(&self) -> bool {
-        self.depth.get() > 0
+        self.iteration.depth.get() > 0
     }
 
     /// A call that runs once at the end of the batch it is called in (QEMU's
@@ -262,14 +245,12 @@ impl<L: EventLoop> Drop for AioContext<L> {
     fn drop(&mut self) {
         // Unfinished tasks first, while everything their futures hold still works (an engine
         // future's drop cancels its request; the engine's drop waits for the kernel).
-        self.woken_task_runner.get_mut().take();
-        if let Some(executor) = self.executor.get_mut().take() {
+        self.tasks.woken_runner.get_mut().take();
+        if let Some(executor) = self.tasks.executor.get_mut().take() {
             executor.clear();
         }
         // Mark every bottom half deleted so handles held by other threads stop scheduling.
-        for slot in self.bhs.get_mut().values_mut() {
-            slot.state.mark_deleted();
-        }
+        self.bottom_halves.mark_all_deleted();
     }
 }
 

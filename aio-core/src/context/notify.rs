@@ -1,14 +1,14 @@
 //! Cross-thread wake-ups: the part of a context other threads reach (QEMU's `aio_notify`).
 //!
-//! This module owns [`NotifyHandle`], the shared state behind it and the bottom-half queue that
-//! carries schedules to the loop thread; the notify_me handshake itself is in `wakeup`. It never
-//! runs a callback.
+//! This module owns [`NotifyHandle`] and the shared state behind it. That state holds the
+//! bottom-half queue, whose type and operations are `bottom_half`'s, and the notify_me
+//! handshake, which is `wakeup`'s. It never runs a callback.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
-use super::bottom_half::BhEntry;
+use super::bottom_half::BhQueue;
 use super::wakeup::Wakeup;
 use super::AioContext;
 use crate::event_loop::EventLoop;
@@ -22,7 +22,8 @@ pub(crate) struct Shared {
     pub(super) wakeup: Wakeup,
     pub(super) notifier_writes: AtomicU64,
     pub(super) notify_calls: AtomicU64,
-    pub(super) bh_queue: Mutex<Vec<BhEntry>>,
+    /// Schedules on their way to the loop (`bottom_half`).
+    pub(super) bh_queue: BhQueue,
     /// The thread that runs the loop: a bottom half scheduled from it needs no wake-up.
     pub(super) loop_thread: std::thread::ThreadId,
 }
@@ -53,17 +54,6 @@ impl Shared {
     /// blocks, so it needs no notification).
     pub(crate) fn on_loop_thread(&self) -> bool {
         std::thread::current().id() == self.loop_thread
-    }
-
-    pub(crate) fn push_bh(&self, entry: BhEntry) {
-        self.bh_queue
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(entry);
-    }
-
-    pub(super) fn take_bh_queue(&self) -> Vec<BhEntry> {
-        std::mem::take(&mut *self.bh_queue.lock().unwrap_or_else(PoisonError::into_inner))
     }
 }
 

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use super::*;
 use crate::clock::FakeClock;
-use crate::polling::{PollRule, DEFAULT_POLL_MAX_NS, POLL_START_NS};
+use crate::event_loop::Event;
+use crate::polling::{PollParams, PollRule, DEFAULT_POLL_MAX_NS, POLL_START_NS};
 
 /// A monitor whose waits advance a fake clock by scripted amounts and report injected fds.
 #[derive(Default, Clone)]

@@ -1,0 +1,340 @@
+//! Busy polling (QEMU's `try_poll_mode` and `poll_set_started`): the polling parameters and
+//! window, the poll set with its idle handling, polling mode (`io_poll_begin` / `io_poll_end`),
+//! and the spin over the `io_poll` checks.
+//!
+//! This module owns [`BusyPoll`], everything busy polling remembers between iterations. It
+//! never owns the window arithmetic (`crate::polling`, pure functions of the measured waits) or
+//! the handlers' callbacks (`handlers.rs`, which tells it when a handler with an `io_poll`
+//! check comes, goes or is active).
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::time::Duration;
+
+use super::handlers::{FdHandler, PollHook};
+use super::AioContext;
+use crate::event_loop::{EventLoop, Token};
+use crate::polling::{PollParams, PollWindow, Wait, WindowChange, DEFAULT_POLL_IDLE_NS};
+
+/// What busy polling remembers between iterations.
+pub(super) struct BusyPoll {
+    params: Cell<PollParams>,
+    window: Cell<PollWindow>,
+    /// How long a handler may stay inactive before it leaves the poll set.
+    idle_ns: Cell<u64>,
+    /// The handlers busy polling checks: they have `io_poll`, are not idle and not closed.
+    set: RefCell<Vec<Member>>,
+    /// Polling mode began and has not ended since (QEMU's `ctx->poll_started`): an iteration
+    /// that did not poll has nothing to end otherwise.
+    mode_started: Cell<bool>,
+}
+
+/// One handler of the poll set.
+#[derive(Debug, Clone, Copy)]
+struct Member {
+    token: Token,
+    /// Clock reading after which the handler leaves the set if it stays inactive.
+    idle_deadline: u64,
+}
+
+/// What busy polling (step 2 of an iteration) leaves for the wait and the window.
+pub(super) struct Polled {
+    /// The wait's timeout: 0 when polling found work.
+    pub(super) timeout: Option<u64>,
+    /// The window as this iteration used it.
+    window: PollWindow,
+    /// The iteration could have blocked (only such waits teach the window).
+    would_block: bool,
+    /// This iteration probed a collapsed window.
+    probe: bool,
+    /// An `io_poll` check found the event.
+    polled_hit: bool,
+}
+
+impl BusyPoll {
+    /// Polling off, the default idle interval, an empty poll set.
+    pub(super) fn new() -> Self {
+        BusyPoll {
+            params: Cell::new(PollParams::default()),
+            window: Cell::new(PollWindow::default()),
+            idle_ns: Cell::new(DEFAULT_POLL_IDLE_NS),
+            set: RefCell::new(Vec::new()),
+            mode_started: Cell::new(false),
+        }
+    }
+
+    /// The current polling window in ns.
+    pub(super) fn window_ns(&self) -> u64 {
+        self.window.get().ns()
+    }
+
+    /// How many handlers the poll set holds.
+    pub(super) fn set_len(&self) -> usize {
+        self.set.borrow().len()
+    }
+
+    /// Whether `token`'s handler is in the poll set.
+    fn contains(&self, token: Token) -> bool {
+        self.set.borrow().iter().any(|m| m.token == token)
+    }
+
+    /// A handler with an `io_poll` check came, was replaced or was active at `now`: it is in
+    /// the set for another idle interval.
+    pub(super) fn join(&self, token: Token, now: u64) {
+        let idle_deadline = now.saturating_add(self.idle_ns.get());
+        let mut set = self.set.borrow_mut();
+        match set.iter_mut().find(|m| m.token == token) {
+            Some(member) => member.idle_deadline = idle_deadline,
+            None => set.push(Member {
+                token,
+                idle_deadline,
+            }),
+        }
+    }
+
+    /// A handler left: removed, closed, or replaced by one without `io_poll`.
+    pub(super) fn leave(&self, token: Token) {
+        self.set.borrow_mut().retain(|m| m.token != token);
+    }
+
+    /// With polling on, handlers inactive for the idle interval leave the set; returns how
+    /// many left.
+    fn drop_idle(&self, now: u64) -> usize {
+        if self.params.get().max_ns == 0 {
+            return 0;
+        }
+        let mut set = self.set.borrow_mut();
+        let before = set.len();
+        set.retain(|m| m.idle_deadline > now);
+        before - set.len()
+    }
+
+    fn tokens(&self) -> Vec<Token> {
+        self.set.borrow().iter().map(|m| m.token).collect()
+    }
+}
+
+/// Runs a hook unless it is running already (a hook must not reach the context, but a panic
+/// guard is cheaper than a rule).
+fn run_hook(hook: &Option<PollHook>) {
+    if let Some(Ok(mut f)) = hook.as_ref().map(|h| h.try_borrow_mut()) {
+        f();
+    }
+}
+
+impl<L: EventLoop> FdHandler<L> {
+    /// Begins polling mode for this handler (once).
+    fn begin_polling(&self) {
+        if !self.poll_begun.replace(true) {
+            run_hook(&self.io_poll_begin);
+        }
+    }
+
+    /// Ends polling mode for this handler if it began; with `check`, runs `io_poll` once more
+    /// afterwards and says whether it found work.
+    pub(super) fn end_polling(&self, check: bool) -> bool {
+        if !self.poll_begun.replace(false) {
+            return false;
+        }
+        run_hook(&self.io_poll_end);
+        check
+            && self
+                .io_poll
+                .as_ref()
+                .is_some_and(|p| p.try_borrow_mut().is_ok_and(|mut f| f()))
+    }
+}
+
+impl<L: EventLoop> AioContext<L> {
+    /// Sets the adaptive polling parameters; takes effect in the next iteration. Turning
+    /// polling on starts the window at 4 µs; turning it off (max 0) resets the window to 0.
+    pub fn set_poll_params(&self, params: PollParams) {
+        let busy = &self.busy_poll;
+        busy.params.set(params);
+        let mut window = busy.window.get();
+        window.reset(&params);
+        busy.window.set(window);
+    }
+
+    /// The current adaptive polling parameters.
+    pub fn poll_params(&self) -> PollParams {
+        self.busy_poll.params.get()
+    }
+
+    /// Sets how long a handler may stay inactive before it leaves the poll set (default 7 s).
+    pub fn set_poll_idle_interval(&self, interval: Duration) {
+        self.busy_poll
+            .idle_ns
+            .set(u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX));
+    }
+
+    /// Handlers idle for the idle interval leave the poll set (step 1 of an iteration).
+    pub(super) fn drop_idle_pollers(&self, now: u64) {
+        let dropped = self.busy_poll.drop_idle(now);
+        if dropped > 0 {
+            self.count(|c| c.poll_idle_removals += dropped as u64);
+        }
+    }
+
+    /// Step 2 of an iteration: busy polling, only worth it when the loop would otherwise
+    /// block; then polling mode ends unless polling found the work (`io_poll_end`, and a last
+    /// `io_poll` check for work queued while notifications were off: if it finds some, the
+    /// wait does not block).
+    pub(super) fn busy_poll(
+        &self,
+        blocking: bool,
+        timeout: Option<u64>,
+        poll_ready: &mut Vec<Token>,
+    ) -> Polled {
+        let busy = &self.busy_poll;
+        let mut window = busy.window.get();
+        // Only a wait that could block says anything about the device: an iteration that
+        // cannot wait (a bottom half is pending) must not teach the window.
+        let would_block = blocking && timeout != Some(0);
+        let (poll_ns, probe) = if would_block {
+            window.next_window(&busy.params.get())
+        } else {
+            (window.ns(), false)
+        };
+        if probe {
+            self.count(|c| c.poll_probes += 1);
+        }
+        let mut timeout = timeout;
+        let mut polled_work = false;
+        if would_block && poll_ns > 0 {
+            let spin_ns = timeout.map_or(poll_ns, |t| t.min(poll_ns));
+            self.begin_poll_mode(poll_ready);
+            if self.run_poll_handlers(spin_ns, poll_ready) {
+                timeout = Some(0);
+                polled_work = true;
+            }
+        }
+        // An io_poll check found the event (not a notification that ended polling).
+        let polled_hit = !poll_ready.is_empty();
+        if !polled_work && self.end_poll_mode(poll_ready) {
+            timeout = Some(0);
+        }
+        Polled {
+            timeout,
+            window,
+            would_block,
+            probe,
+            polled_hit,
+        }
+    }
+
+    /// The window learns from the iteration's block time (QEMU's rule, or the recovering one).
+    pub(super) fn learn_window(&self, polled: &Polled, block_ns: u64) {
+        let busy = &self.busy_poll;
+        let mut window = polled.window;
+        let change = window.update(
+            &busy.params.get(),
+            Wait {
+                block_ns,
+                would_block: polled.would_block,
+                probe: polled.probe,
+                polled_hit: polled.polled_hit,
+            },
+        );
+        busy.window.set(window);
+        match change {
+            WindowChange::Shrank => self.count(|c| c.poll_shrinks += 1),
+            WindowChange::ProbeHit => self.count(|c| c.poll_probe_hits += 1),
+            _ => {}
+        }
+    }
+
+    /// Begins polling mode for the poll set's hooked handlers, and ends it for those that
+    /// left the set; a token whose last check after `io_poll_end` found work goes to `ready`.
+    fn begin_poll_mode(&self, ready: &mut Vec<Token>) {
+        self.busy_poll.mode_started.set(true);
+        let hooked = self.handlers.borrow().hooked_handlers();
+        for (token, handler) in hooked {
+            if self.busy_poll.contains(token) {
+                handler.begin_polling();
+            } else if handler.end_polling(true) {
+                ready.push(token);
+            }
+        }
+    }
+
+    /// Ends polling mode for every handler in it; tokens whose last check after
+    /// `io_poll_end` found work go to `ready`. Returns whether there were any.
+    fn end_poll_mode(&self, ready: &mut Vec<Token>) -> bool {
+        // Every handler in polling mode began in `begin_poll_mode` since the last end: without
+        // one, ending has nothing to do (the common iteration: no table scan, no allocation).
+        if !self.busy_poll.mode_started.replace(false) {
+            return false;
+        }
+        let mut found = false;
+        let hooked = self.handlers.borrow().hooked_handlers();
+        for (token, handler) in hooked {
+            if handler.end_polling(true) {
+                ready.push(token);
+                found = true;
+            }
+        }
+        found
+    }
+
+    /// The spin: calls the poll set's `io_poll` checks until one is ready, a notification
+    /// arrives, or `window_ns` passes. Ready tokens go to `ready`. Returns whether to stop
+    /// waiting.
+    fn run_poll_handlers(&self, window_ns: u64, ready: &mut Vec<Token>) -> bool {
+        let start = self.now_ns();
+        // One snapshot per window: io_poll checks run no loop code, so the table cannot change
+        // while we spin, and each pass is then an indirect call per handler, nothing more.
+        let handlers: Vec<(Token, Rc<FdHandler<L>>)> = {
+            let table = self.handlers.borrow();
+            self.busy_poll
+                .tokens()
+                .into_iter()
+                .filter_map(|t| table.get(t).map(|slot| (t, slot.callbacks.clone())))
+                .filter(|(_, cbs)| {
+                    // A handler whose callback is running further up the stack cannot be
+                    // dispatched now; reporting it ready would only make a nested poll spin.
+                    let ready_cb = cbs.io_poll_ready.as_ref().or(cbs.io_read.as_ref());
+                    cbs.io_poll.is_some() && !ready_cb.is_some_and(|cb| cb.is_busy())
+                })
+                .collect()
+        };
+        if handlers.is_empty() {
+            // Nothing to poll: spinning would only check for notifications the wait sees too.
+            return self.shared.wakeup.is_notified();
+        }
+        let mut found = false;
+        let mut now = start;
+        loop {
+            for (token, cbs) in &handlers {
+                let Some(io_poll) = &cbs.io_poll else {
+                    continue;
+                };
+                let Ok(mut f) = io_poll.try_borrow_mut() else {
+                    continue;
+                };
+                if f() {
+                    ready.push(*token);
+                    found = true;
+                }
+            }
+            if found || self.shared.wakeup.is_notified() {
+                break;
+            }
+            now = self.now_ns();
+            if now.saturating_sub(start) >= window_ns {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        let hit = found || self.shared.wakeup.is_notified();
+        let spent = now.max(self.now_ns()).saturating_sub(start);
+        self.count(|c| {
+            c.poll_attempts += 1;
+            c.busy_poll_ns += spent;
+            if hit {
+                c.poll_hits += 1;
+            }
+        });
+        hit
+    }
+}
