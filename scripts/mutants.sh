@@ -7,6 +7,8 @@
 #
 #   scripts/mutants.sh            every group below
 #   scripts/mutants.sh GROUP      one group: chain, core, engines, pool
+#   MUTANTS_ARGS=--iterate scripts/mutants.sh GROUP
+#                                 only the mutants the last run of GROUP did not catch
 #
 # Each group runs the tests of the crates that exercise its files, not the whole workspace:
 # a mutant of aio-core's engine driver is caught by aio-core's own tests, one of the in-flight
@@ -27,7 +29,8 @@ run() { # group name, the packages whose tests run (comma-separated), then the f
     local pkgs=()
     IFS=, read -ra names <<<"$tests"
     for p in "${names[@]}"; do pkgs+=(--test-package "$p"); done
-    cargo mutants --no-shuffle "${pkgs[@]}" "${args[@]}" -o "$out/$group" || true
+    # shellcheck disable=SC2086 # MUTANTS_ARGS is a list of flags
+    cargo mutants --no-shuffle "${pkgs[@]}" "${args[@]}" -o "$out/$group" ${MUTANTS_ARGS:-} || true
     echo "== $group: missed mutants"
     cat "$out/$group/mutants.out/missed.txt" 2>/dev/null || true
 }
@@ -35,10 +38,10 @@ run() { # group name, the packages whose tests run (comma-separated), then the f
 group() {
     case "$1" in
     chain)
-        run chain aio-vhost-user-blk vhost-user-blk/src/chain.rs
+        MUTANTS_ARGS="${MUTANTS_ARGS:-} -- --lib" run chain aio-vhost-user-blk vhost-user-blk/src/chain.rs
         ;;
     core)
-        run core aio-core aio-core/src/engine/driver.rs aio-core/src/engine/routed.rs \
+        run core aio-core,aio-backend-linux-aio,aio-pool aio-core/src/engine/driver.rs aio-core/src/engine/routed.rs \
             aio-core/src/context/defer.rs
         ;;
     engines)

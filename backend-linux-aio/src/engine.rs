@@ -176,23 +176,11 @@ impl LinuxAio {
     fn submit_pending(&mut self, flush: Flush) {
         let capacity = self.config.ring_size as usize;
         while !self.submit_blocked && self.in_kernel < capacity {
-            let batch = self.core.queue.round_limit(self.in_kernel, flush);
-            let room = (capacity - self.in_kernel).min(batch);
+            let mut round = self
+                .core
+                .begin_round(self.in_kernel, capacity - self.in_kernel, flush);
             self.batch.clear();
-            while self.batch.len() < room {
-                match self.core.table.pop_resubmit() {
-                    Some(slot) => self.batch.push(slot),
-                    None => break,
-                }
-            }
-            let want = room - self.batch.len();
-            let fresh: Vec<Request> = if flush == Flush::All {
-                self.core.queue.force_batch(want).collect()
-            } else {
-                self.core.queue.next_batch(want, self.in_kernel).collect()
-            };
-            for request in fresh {
-                let slot = self.core.table.insert(request);
+            while let Some(slot) = self.core.next_in_round(&mut round) {
                 self.batch.push(slot);
             }
             if self.batch.is_empty() {

@@ -9,7 +9,9 @@
 //!   [the batch rule](queue#the-batch-rule);
 //! * [`InFlightTable`]: the requests a kernel-queue engine handed to the kernel, the iovecs
 //!   built for them, and the mapping of a kernel result to "done", "again" or "failed";
-//! * [`EngineCore`]: the queue, the table and the accepted/returned counts, with
+//! * [`EngineCore`]: the queue, the table and the accepted/returned counts, with the
+//!   [submit round](round) ([`EngineCore::begin_round`], [`SubmitRound`]: resubmissions
+//!   first, then fresh requests) and
 //!   [`engine_queue_methods!`](engine_queue_methods) writing the `IoEngine` methods that
 //!   only queue or count work (`submit`, `plug`, `unplug`, `set_max_batch`, `in_flight`);
 //! * [`with_setters!`](with_setters): the `with_*` setters of a config struct;
@@ -25,6 +27,7 @@
 mod blocking;
 mod inflight;
 pub mod queue;
+pub mod round;
 mod transfer;
 
 pub use crate::event_loop::{already_registered, ensure_known, ensure_new, not_registered};
@@ -32,6 +35,7 @@ pub use crate::sys::{cvt, timeout_ms_round_up, timespec_from, timespec_ptr};
 pub use blocking::{run_blocking, RangeOp};
 pub use inflight::{EngineCore, InFlightTable, Outcome, Prepared, WholeBuffer};
 pub use queue::{Flush, SubmitQueue};
+pub use round::SubmitRound;
 pub use transfer::{Step, Transfer};
 
 /// Writes the [`IoEngine`](crate::engine::IoEngine) methods that only queue work, for an engine

@@ -201,38 +201,16 @@ impl UringEngine {
             self.ring.with(|r| r.params().cq_entries()) as usize
         };
         loop {
+            let room = cap.saturating_sub(self.in_kernel);
+            let mut round = self.core.begin_round(self.in_kernel, room, flush);
             let mut pushed = 0usize;
-            let batch = self.core.queue.round_limit(self.in_kernel, flush);
-            // Fresh requests this round may take: decided once, so that pulling them one by
-            // one does not shrink a full batch below the plug's threshold half-way.
-            let mut fresh = if flush == Flush::All {
-                usize::MAX
-            } else {
-                self.core.queue.sendable(self.in_kernel)
-            };
-            while pushed < batch && self.in_kernel + pushed < cap {
-                let slot = match self.core.table.pop_resubmit() {
-                    Some(slot) => slot,
-                    None => {
-                        let next = if fresh > 0 {
-                            fresh -= 1;
-                            self.core.queue.force_batch(1).next()
-                        } else {
-                            None
-                        };
-                        match next {
-                            Some(request) => self.core.table.insert(request),
-                            None => break,
-                        }
-                    }
-                };
+            while let Some(slot) = self.core.next_in_round(&mut round) {
                 let entry::SlotEntry {
                     sqe: mut entry,
                     fixed_file,
                     fixed_buffer,
                 } = self.entry(slot);
-                let room = pushed + 1 < batch && self.in_kernel + pushed + 1 < cap;
-                if room && fresh > 0 && self.range_op_follows(slot) {
+                if round.has_room() && round.takes_fresh() && self.range_op_follows(slot) {
                     // Range ops on one file run one after another in one io-wq worker (a hard
                     // link: a failure does not cancel the next), instead of a worker each
                     // queueing on the file's lock (BENCHMARKS.md, "Discard and write-zeroes").
@@ -257,7 +235,7 @@ impl UringEngine {
             // Counted from the push: an entry in the SQ belongs to the kernel once any enter
             // consumes it, and its memory is pinned in the table until its CQE.
             self.in_kernel += pushed;
-            if self.is_shared() && flush != Flush::All && pushed < batch {
+            if self.is_shared() && flush != Flush::All && pushed < round.batch {
                 // One ring with the monitor, and less than this round's batch: its next wait
                 // enters the kernel anyway and submits these with it. A whole round (by the
                 // batch rule, the first request to an idle ring is one) goes now.
@@ -277,7 +255,7 @@ impl UringEngine {
                     return;
                 }
             }
-            if pushed < batch {
+            if pushed < round.batch {
                 return;
             }
         }
