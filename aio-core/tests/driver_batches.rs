@@ -201,3 +201,28 @@ fn a_stale_per_request_token_goes_to_the_engine_wide_callback() {
         ctx.poll(true);
     }
 }
+
+#[test]
+fn detach_is_refused_while_another_handle_lives_and_returns_the_engine_after() {
+    let ctx = AioContext::new(PollLoop::new()).unwrap();
+    let attached = ctx.attach_engine(HeldEngine::new(), |_, _| {}).unwrap();
+    let file = null_file();
+    attached
+        .submit(Request::read(&file, 0, AlignedBuf::new(512), 7))
+        .unwrap();
+    let other = attached.clone();
+    let attached = match attached.detach(&ctx) {
+        Err((aio_core::AioError::EngineShared { holders }, handle)) => {
+            assert_eq!(holders, 1, "the clone, and nothing the loop holds");
+            handle
+        }
+        other => panic!("detach with a clone alive: {:?}", other.err().map(|e| e.0)),
+    };
+    // Refused without changing anything: the engine is still attached and served.
+    assert!(attached.with_engine(|e| ctx.has_fd_handler(&e.notifier)));
+    drop(other);
+    let engine = attached.detach(&ctx).expect("the last handle detaches");
+    assert_eq!(engine.seen, [7]);
+    assert!(!ctx.has_fd_handler(&engine.notifier));
+    assert_eq!(ctx.fd_handler_count(), 0);
+}

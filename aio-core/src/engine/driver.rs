@@ -278,23 +278,30 @@ impl<L: EventLoop + 'static> AioContext<L> {
         driver: &Rc<Driver<L, E>>,
         index: usize,
     ) -> Result<(), AioError> {
-        let (on_read, on_poll, on_ready) = (driver.clone(), driver.clone(), driver.clone());
+        // Weak: only handles own the driver, so that `detach` knows it holds the last one.
+        let weak = Rc::downgrade(driver);
+        let (on_read, on_poll, on_ready) = (weak.clone(), weak.clone(), weak);
         // Re-entrant callbacks: a nested loop inside a completion callback must be able to
         // deliver new completions through the same handler.
         let handler = FdHandler::new()
             .on_read_reentrant(move |ctx| {
-                if let Ok(engine) = on_read.engine.try_borrow() {
+                let Some(driver) = on_read.upgrade() else {
+                    return;
+                };
+                if let Ok(engine) = driver.engine.try_borrow() {
                     if index == 0 {
                         engine.clear_notifier();
                     } else if let Some(n) = engine.notifiers().get(index) {
                         n.test_and_clear();
                     }
                 }
-                on_read.process(ctx);
+                driver.process(ctx);
             })
-            .on_poll(move || on_poll.has_work())
+            .on_poll(move || on_poll.upgrade().is_some_and(|d| d.has_work()))
             .on_poll_ready_reentrant(move |ctx| {
-                on_ready.process(ctx);
+                if let Some(driver) = on_ready.upgrade() {
+                    driver.process(ctx);
+                }
             });
         // The engine, and so its notifiers, live in the driver until `detach`, which removes
         // the handlers first.
@@ -429,9 +436,9 @@ impl<L: EventLoop, E: IoEngine> AttachedEngine<L, E> {
             // A callback up the stack may be this engine's: refuse before changing anything.
             return Err((AioError::EngineBusy, self));
         }
-        // This handle and the three closures of each notifier's handler.
-        let own = 1 + 3 * self.driver.fds.len();
-        let holders = Rc::strong_count(&self.driver).saturating_sub(own);
+        // The loop's handlers and bottom half hold the driver weakly: every other strong
+        // reference is another handle or an unfinished future.
+        let holders = Rc::strong_count(&self.driver) - 1;
         if holders > 0 {
             return Err((AioError::EngineShared { holders }, self));
         }
@@ -449,8 +456,8 @@ impl<L: EventLoop, E: IoEngine> AttachedEngine<L, E> {
         if let Some(bh) = self.driver.safety_net.borrow_mut().take() {
             bh.delete();
         }
-        // The handler's closures held the other references and were freed with the handler
-        // (no callback is running: the context is not polling).
+        // No callback is running (the context is not polling), so none holds an upgraded
+        // reference, and no other handle exists (checked above).
         match Rc::try_unwrap(self.driver) {
             Ok(driver) => Ok(driver.engine.into_inner()),
             Err(_) => unreachable!("no callback of a context that is not polling holds the driver"),
