@@ -392,6 +392,90 @@ fn completions_held_as_task_work_wake_the_eventfd_and_are_seen_by_io_poll() {
     }
 }
 
+/// Pins the calling thread to `cpu`.
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET writes inside it.
+    let ok = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    assert_eq!(ok, 0, "sched_setaffinity to CPU {cpu}");
+}
+
+/// One read of an empty pipe that another thread fills while this one spins in user space
+/// (no syscall, so nothing of this thread's runs task work on its way back from the kernel):
+/// whether the engine then had to enter the kernel to post the completion.
+fn entered_for_task_work(mode: TaskRun) -> bool {
+    use std::io::Write;
+    use std::time::{Duration, Instant};
+    let mut engine = common::engine(UringConfig::default().with_task_run(mode));
+    assert_eq!(engine.task_run(), mode);
+    let (read_end, mut write_end) = pipe();
+    let file = IoFile::from(read_end);
+    engine
+        .submit(Request::read(&file, 0, AlignedBuf::new(512), 1))
+        .unwrap();
+    let go = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let writer = {
+        let go = go.clone();
+        std::thread::spawn(move || {
+            pin_to_cpu(1);
+            go.wait();
+            // Let the reader reach its spin first.
+            std::thread::sleep(Duration::from_millis(2));
+            write_end.write_all(&[1; 512]).unwrap();
+            write_end
+        })
+    };
+    // Reader and writer on their own CPUs: a writer that preempted the reader would hand
+    // the work back to it on its way to user space, which is not what is tested.
+    pin_to_cpu(0);
+    go.wait();
+    let before = engine.stats().task_run_enters;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    // `has_completions` reads the rings' shared memory only; `Instant::now` is the vDSO.
+    while !engine.has_completions() {
+        assert!(
+            Instant::now() < deadline,
+            "{mode:?}: the read never completed"
+        );
+        std::hint::spin_loop();
+    }
+    let mut done = VecDeque::new();
+    assert_eq!(engine.poll_completions(&mut done), 1, "{mode:?}");
+    assert_eq!(done[0].result.as_ref().ok(), Some(&512), "{mode:?}");
+    drop(writer.join().unwrap());
+    engine.stats().task_run_enters > before
+}
+
+#[test]
+fn the_cooperative_mode_leaves_task_work_to_a_running_thread_and_the_signal_mode_does_not() {
+    if !available() {
+        return;
+    }
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        println!("skipped: the task-run modes are told apart with two CPUs");
+        return;
+    }
+    // Cooperative (COOP_TASKRUN with TASKRUN_FLAG): the writer's wake-up does not interrupt
+    // this thread; the kernel raises IORING_SQ_TASKRUN and the engine enters to run the work.
+    // A timer tick that preempts the spinner can run the work first, so one attempt of 20
+    // must show it. Signal mode: the wake-up interrupts the spinner, which runs the work on
+    // its way back to user space; the engine never enters for it.
+    let coop = (0..20)
+        .filter(|_| entered_for_task_work(TaskRun::Cooperative))
+        .count();
+    assert!(
+        coop >= 1,
+        "cooperative: no attempt of 20 saw the task-run flag"
+    );
+    let signal = (0..20)
+        .filter(|_| entered_for_task_work(TaskRun::Signal))
+        .count();
+    assert_eq!(signal, 0, "signal mode entered for task work");
+}
+
 #[test]
 fn fua_writes_are_counted_and_a_file_discard_is_fallocate() {
     if !available() {
