@@ -214,7 +214,11 @@ impl LinuxAio {
                     }
                 }
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EINTR)) => {
-                    self.stats.submit_eagain += 1;
+                    if e.raw_os_error() == Some(libc::EINTR) {
+                        self.stats.interrupted_calls += 1;
+                    } else {
+                        self.stats.submit_eagain += 1;
+                    }
                     self.core.table.unsent(&self.batch);
                     // Retry once a completion frees kernel resources (or, with nothing in
                     // the kernel, on the next poll: wake the loop so that it comes).
@@ -287,7 +291,9 @@ impl LinuxAio {
                     self.events.extend_from_slice(&buf[..n]);
                     return n;
                 }
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {
+                    self.stats.interrupted_calls += 1;
+                }
                 Err(_) => return 0,
             }
         }

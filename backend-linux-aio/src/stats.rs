@@ -19,6 +19,8 @@ pub struct LinuxAioStats {
     pub ring_events: u64,
     /// `io_getevents` calls (the fallback, and blocking waits in drain and drop).
     pub getevents_calls: u64,
+    /// `io_getevents` and `io_submit` calls a signal interrupted (`EINTR`), retried.
+    pub interrupted_calls: u64,
     /// Requests on files without `O_DIRECT`.
     pub buffered_requests: u64,
     /// Writes with [`RwFlags::FUA`](aio_core::RwFlags::FUA) (`aio_rw_flags = RWF_DSYNC`).

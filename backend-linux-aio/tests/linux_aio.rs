@@ -244,3 +244,38 @@ fn discard_is_refused_as_unsupported_and_fua_writes_are_counted() {
 // Moves to the thread that runs it; used by one thread at a time.
 aio_core::assert_thread_safe!(send: LinuxAio);
 aio_core::assert_not_thread_safe!(not_sync: LinuxAio);
+
+#[test]
+fn signals_interrupt_the_engines_waits_and_are_retried() {
+    if !available() {
+        return;
+    }
+    aio_core::testing::run_test(
+        "signals_interrupt_the_engines_waits_and_are_retried",
+        || {
+            let tmp = TempFile::with_len(64 * BLOCK, 7);
+            // tmpfs completes O_DIRECT inside io_submit: no wait would be left to interrupt.
+            // SAFETY: a zeroed statfs is a valid out-buffer; the path is NUL-terminated.
+            let f_type = unsafe {
+                let mut st: libc::statfs = std::mem::zeroed();
+                let path =
+                    std::ffi::CString::new(tmp.path().as_os_str().as_encoded_bytes()).unwrap();
+                assert_eq!(libc::statfs(path.as_ptr(), &mut st), 0);
+                st.f_type
+            };
+            if f_type == libc::TMPFS_MAGIC {
+                aio_core::testing::skip_test("the temp dir is tmpfs, whose O_DIRECT never waits");
+            }
+            let file = tmp
+                .open(libc::O_DIRECT)
+                .unwrap_or_else(|e| aio_core::testing::skip_test(format!("O_DIRECT: {e}")));
+            let mut engine = LinuxAio::new(LinuxAioConfig::default()).unwrap();
+            let sent = aio_core::testing::engine::read_through_a_signal_storm(&mut engine, &file);
+            let stats = engine.stats();
+            assert!(
+                stats.interrupted_calls > 0,
+                "{sent} signals, none interrupted a call: {stats:?}"
+            );
+        },
+    );
+}

@@ -477,6 +477,44 @@ fn the_cooperative_mode_leaves_task_work_to_a_running_thread_and_the_signal_mode
 }
 
 #[test]
+fn a_signal_that_interrupts_the_engines_wait_is_counted_and_retried() {
+    use std::io::Write;
+    use std::time::Duration;
+    if !available() {
+        return;
+    }
+    let mut engine = common::engine(UringConfig::default());
+    // An empty pipe: `drain` blocks in io_uring_enter until the writer fills it, 20 ms in,
+    // while the storm interrupts that wait every 20 µs.
+    let (read_end, mut write_end) = pipe();
+    let file = IoFile::from(read_end);
+    engine
+        .submit(Request::read(&file, 0, AlignedBuf::new(512), 9))
+        .unwrap();
+    let storm = aio_core::testing::SignalStorm::start(Duration::from_micros(20));
+    let writer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(20));
+        write_end.write_all(&[3; 512]).unwrap();
+        write_end
+    });
+    let done = engine.drain();
+    drop(storm);
+    drop(writer.join().unwrap());
+    assert_eq!(done.len(), 1);
+    assert_eq!(
+        done[0].result.as_ref().ok(),
+        Some(&512),
+        "{:?}",
+        done[0].result
+    );
+    let stats = engine.stats();
+    assert!(
+        stats.interrupted_calls > 0,
+        "no wait was interrupted: {stats:?}"
+    );
+}
+
+#[test]
 fn fua_writes_are_counted_and_a_file_discard_is_fallocate() {
     if !available() {
         return;

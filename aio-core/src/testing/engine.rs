@@ -569,21 +569,29 @@ pub fn drain_hands_every_buffer_back<E: IoEngine, L: EventLoop>(
 }
 
 /// Signals that interrupt the engine's own calls (`drain` blocking in `io_getevents` or
-/// `io_uring_enter`, the submission calls) are retried, never reported: 2,048 reads in batches
-/// of 64, each batch drained, while another thread sends this one SIGURG (a no-op handler
-/// without `SA_RESTART`) every 20 µs; every read succeeds with its data.
+/// `io_uring_enter`, the submission calls) are retried, never reported: see
+/// [`read_through_a_signal_storm`]. With `O_DIRECT` where the file system takes it, so that
+/// the engine's waits block on the device and the signals find them blocked.
 pub fn signals_during_io_are_retried_not_reported<E: IoEngine, L: EventLoop>(
     engine: impl Fn() -> E,
     _monitor: impl Fn() -> L,
 ) {
     let mut engine = engine();
     let tmp = TempFile::with_len(64 * BLOCK, 7);
-    let file = tmp.open(0).unwrap();
+    let file = tmp.open_direct_or_say();
+    read_through_a_signal_storm(&mut engine, &file);
+}
+
+/// 2,048 reads of `file`'s first 64 blocks (each filled with 7) in batches of 64, each batch
+/// drained, while another thread sends this one SIGURG (a no-op handler without
+/// `SA_RESTART`) every 20 µs; every read succeeds with its data. Returns the signals sent.
+/// An engine's own count of interrupted calls says whether any found a call to interrupt.
+pub fn read_through_a_signal_storm<E: IoEngine>(engine: &mut E, file: &IoFile) -> u64 {
     let storm = super::SignalStorm::start(Duration::from_micros(20));
     let mut done = 0;
     for round in 0..32u64 {
         for b in 0..64 {
-            engine.submit(read_block(&file, b, round * 64 + b)).unwrap();
+            engine.submit(read_block(file, b, round * 64 + b)).unwrap();
         }
         for c in engine.drain() {
             assert_eq!(ok(&c), BLOCK, "token {}", c.token);
@@ -595,6 +603,7 @@ pub fn signals_during_io_are_retried_not_reported<E: IoEngine, L: EventLoop>(
     drop(storm);
     assert_eq!(done, 2048);
     assert!(sent > 0, "no signal was sent while the reads ran");
+    sent
 }
 
 /// Dropping an engine with hundreds of writes in flight waits for them: afterwards every

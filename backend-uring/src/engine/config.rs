@@ -168,4 +168,6 @@ pub struct UringStats {
     pub linked_range_ops: u64,
     /// `IORING_OP_ASYNC_CANCEL` entries sent for requests in the kernel.
     pub cancels_sent: u64,
+    /// `io_uring_enter` calls of the engine a signal interrupted (`EINTR`), retried.
+    pub interrupted_calls: u64,
 }

@@ -248,7 +248,10 @@ impl UringEngine {
                 // enter (the next submit, reap or wait). With its own ring nothing else may
                 // come (the kernel may hold nothing but these): wake the loop, whose
                 // `poll_completions` submits what waits in the SQ.
-                Err(_) => {
+                Err(e) => {
+                    if e.raw_os_error() == Some(libc::EINTR) {
+                        self.stats.interrupted_calls += 1;
+                    }
                     if !self.is_shared() {
                         let _ = self.notifier.notify();
                     }
@@ -366,7 +369,9 @@ impl UringEngine {
         loop {
             match self.ring.with(|r| r.submit_and_wait(1)) {
                 Ok(_) => return Ok(()),
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {
+                    self.stats.interrupted_calls += 1;
+                }
                 Err(e) => return Err(e),
             }
         }
