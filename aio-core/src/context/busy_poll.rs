@@ -108,10 +108,6 @@ impl BusyPoll {
         set.retain(|m| m.idle_deadline > now);
         before - set.len()
     }
-
-    fn tokens(&self) -> Vec<Token> {
-        self.set.borrow().iter().map(|m| m.token).collect()
-    }
 }
 
 /// Runs a hook unless it is running already (a hook must not reach the context, but a panic
@@ -286,10 +282,13 @@ impl<L: EventLoop> AioContext<L> {
         // while we spin, and each pass is then an indirect call per handler, nothing more.
         let handlers: Vec<(Token, Rc<FdHandler<L>>)> = {
             let table = self.handlers.borrow();
-            self.busy_poll
-                .tokens()
-                .into_iter()
-                .filter_map(|t| table.get(t).map(|slot| (t, slot.callbacks.clone())))
+            let set = self.busy_poll.set.borrow();
+            set.iter()
+                .filter_map(|m| {
+                    table
+                        .get(m.token)
+                        .map(|slot| (m.token, slot.callbacks.clone()))
+                })
                 .filter(|(_, cbs)| {
                     // A handler whose callback is running further up the stack cannot be
                     // dispatched now; reporting it ready would only make a nested poll spin.
