@@ -161,6 +161,12 @@ mod tests {
         ops: Vec<(u64, &'static str)>,
         cancels: Vec<u64>,
         notifier: Notifier,
+        /// Plug depth, and the last `set_max_batch`.
+        plugged: i32,
+        max_batch: usize,
+        /// Requests held until [`Counting::finish`], then their completions.
+        held: Vec<Request>,
+        done: VecDeque<Completion>,
     }
 
     impl Counting {
@@ -170,6 +176,17 @@ mod tests {
                 ops: Vec::new(),
                 cancels: Vec::new(),
                 notifier: Notifier::new().unwrap(),
+                plugged: 0,
+                max_batch: 0,
+                held: Vec::new(),
+                done: VecDeque::new(),
+            }
+        }
+
+        /// Completes every held request.
+        fn finish(&mut self) {
+            for r in self.held.drain(..) {
+                self.done.push_back(r.complete(Ok(0)));
             }
         }
     }
@@ -190,16 +207,25 @@ mod tests {
                 return Err(SubmitError::new(error, request));
             }
             self.ops.push((request.token, request.op.name()));
+            self.held.push(request);
             Ok(())
         }
-        fn plug(&mut self) {}
-        fn unplug(&mut self) {}
-        fn set_max_batch(&mut self, _: usize) {}
-        fn poll_completions(&mut self, _: &mut VecDeque<Completion>) -> usize {
-            0
+        fn plug(&mut self) {
+            self.plugged += 1;
+        }
+        fn unplug(&mut self) {
+            self.plugged -= 1;
+        }
+        fn set_max_batch(&mut self, max: usize) {
+            self.max_batch = max;
+        }
+        fn poll_completions(&mut self, out: &mut VecDeque<Completion>) -> usize {
+            let n = self.done.len();
+            out.extend(self.done.drain(..));
+            n
         }
         fn has_completions(&self) -> bool {
-            false
+            !self.done.is_empty()
         }
         fn notifier(&self) -> &Notifier {
             &self.notifier
@@ -212,10 +238,11 @@ mod tests {
             ours
         }
         fn in_flight(&self) -> usize {
-            self.ops.len()
+            self.held.len() + self.done.len()
         }
         fn drain(&mut self) -> Vec<Completion> {
-            Vec::new()
+            self.finish();
+            self.done.drain(..).collect()
         }
     }
 
@@ -237,6 +264,7 @@ mod tests {
         assert_eq!(behind, vec![2, 3]);
         assert_eq!(r.routed(), 2);
         assert_eq!(r.in_flight(), 3);
+        assert_eq!(r.name(), "counting", "the primary names the pair");
         assert_eq!(r.notifiers().len(), 2, "both engines are watched");
         // A routed token's cancel reaches the engine that holds it.
         assert!(r.cancel(2));
@@ -254,6 +282,37 @@ mod tests {
         assert!(matches!(e.error, RequestError::Unsupported { .. }), "{e}");
         assert_eq!(e.request.token, 9);
         assert_eq!(r.routed(), 0);
+        assert_eq!(r.in_flight(), 0);
+    }
+
+    #[test]
+    fn batching_reaches_both_engines_and_so_do_completions() {
+        let mut r = Routed::new(Counting::new(true), Counting::new(false));
+        let f = null();
+        r.plug();
+        r.set_max_batch(7);
+        assert_eq!((r.primary().plugged, r.fallback().plugged), (1, 1));
+        assert_eq!((r.primary().max_batch, r.fallback().max_batch), (7, 7));
+        r.unplug();
+        assert_eq!((r.primary().plugged, r.fallback().plugged), (0, 0));
+        r.submit(Request::read(&f, 0, AlignedBuf::new(512), 1))
+            .unwrap();
+        r.submit(Request::discard(&f, 0, 4096, 2)).unwrap();
+        assert!(!r.has_completions());
+        // Only the fallback's completion is ready: it is seen and collected.
+        r.fallback.finish();
+        assert!(r.has_completions(), "the fallback's completion is seen");
+        let mut out = VecDeque::new();
+        assert_eq!(r.poll_completions(&mut out), 1);
+        assert_eq!(out.pop_front().map(|c| c.token), Some(2));
+        assert!(!r.has_completions());
+        // Then the primary's; drain hands back what both hold.
+        r.submit(Request::discard(&f, 0, 4096, 3)).unwrap();
+        r.primary.finish();
+        assert_eq!(r.poll_completions(&mut out), 1);
+        assert_eq!(out.pop_front().map(|c| c.token), Some(1));
+        let drained: Vec<u64> = r.drain().iter().map(|c| c.token).collect();
+        assert_eq!(drained, vec![3]);
         assert_eq!(r.in_flight(), 0);
     }
 }
