@@ -46,7 +46,8 @@ group() {
         ;;
     engines)
         run engines aio-core,aio-backend-linux-aio,aio-backend-uring \
-            aio-core/src/backend/inflight.rs aio-core/src/backend/queue.rs
+            aio-core/src/backend/inflight.rs aio-core/src/backend/queue.rs \
+            aio-core/src/backend/round.rs
         ;;
     pool)
         run pool aio-pool aio-core/src/backend/blocking.rs

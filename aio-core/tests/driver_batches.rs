@@ -17,8 +17,9 @@ struct HeldEngine {
     done: VecDeque<Completion>,
     /// Every token the engine was given, in order.
     seen: Vec<u64>,
-    /// Plug depth.
+    /// Plug depth, and what it was at each submit.
     plugged: i32,
+    plugged_at_submit: Vec<i32>,
 }
 
 impl HeldEngine {
@@ -29,6 +30,7 @@ impl HeldEngine {
             done: VecDeque::new(),
             seen: Vec::new(),
             plugged: 0,
+            plugged_at_submit: Vec::new(),
         }
     }
 
@@ -57,6 +59,7 @@ impl IoEngine for HeldEngine {
     }
     fn submit(&mut self, request: Request) -> Result<(), SubmitError> {
         self.seen.push(request.token);
+        self.plugged_at_submit.push(self.plugged);
         self.held.push(request);
         Ok(())
     }
@@ -285,5 +288,43 @@ fn the_handle_plugs_counts_and_lets_busy_polling_find_completions() {
         0,
         "no nested loop needed the safety net"
     );
+    handle.borrow_mut().take();
+}
+
+#[test]
+fn requests_submitted_by_completion_callbacks_go_out_as_one_plugged_batch() {
+    let ctx = AioContext::new(PollLoop::new()).unwrap();
+    let handle: Rc<RefCell<Option<aio_core::AttachedEngine<PollLoop, HeldEngine>>>> = Rc::default();
+    let h = handle.clone();
+    let file = Rc::new(null_file());
+    let f = file.clone();
+    let attached = ctx
+        .attach_engine(HeldEngine::new(), move |_, c| {
+            if c.token < 100 {
+                let h = h.borrow();
+                let follow_up = Request::read(&f, 0, AlignedBuf::new(512), 100 + c.token);
+                h.as_ref().unwrap().submit(follow_up).unwrap();
+            }
+        })
+        .unwrap();
+    *handle.borrow_mut() = Some(attached.clone());
+    for t in 0..2 {
+        attached
+            .submit(Request::read(&file, 0, AlignedBuf::new(512), t))
+            .unwrap();
+    }
+    attached.with_engine(|e| e.release());
+    while attached.delivered() < 2 {
+        ctx.poll(true);
+    }
+    let (seen, plugged_at, plugged) =
+        attached.with_engine(|e| (e.seen.clone(), e.plugged_at_submit.clone(), e.plugged));
+    assert_eq!(seen, [0, 1, 100, 101]);
+    assert_eq!(
+        plugged_at,
+        [0, 0, 1, 1],
+        "the callbacks' requests went in under a plug"
+    );
+    assert_eq!(plugged, 0, "unplugged after the batch");
     handle.borrow_mut().take();
 }
