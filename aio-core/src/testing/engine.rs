@@ -606,22 +606,43 @@ pub fn read_through_a_signal_storm<E: IoEngine>(engine: &mut E, file: &IoFile) -
     sent
 }
 
-/// Returns once every write the kernel still runs on `tmp` has landed: `fallocate` waits for
-/// the direct I/O in flight on the file (`inode_dio_wait`, ext4 and xfs) and for writes that
-/// hold the inode lock. Where it cannot (`EOPNOTSUPP`), says so and pauses 20 ms instead.
+/// Returns once every write the kernel still runs on `tmp` has landed. A block device (the
+/// loop-device suite): its in-flight count in sysfs (`/sys/class/block/NAME/inflight`) is 0.
+/// A file: `fallocate` waits for the direct I/O in flight on it (`inode_dio_wait`, ext4 and
+/// xfs) and for writes that hold the inode lock; where it cannot (`EOPNOTSUPP`), says so and
+/// pauses 20 ms instead.
 fn wait_for_writes_in_the_kernel(tmp: &TempFile) {
     use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileTypeExt;
+    let path = tmp.path();
+    let meta = std::fs::metadata(path).expect("metadata");
+    if meta.file_type().is_block_device() {
+        let name = path.file_name().expect("a device name").to_string_lossy();
+        let inflight = format!("/sys/class/block/{name}/inflight");
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let counts = std::fs::read_to_string(&inflight).expect("the device's inflight");
+            if counts.split_whitespace().all(|n| n == "0") {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{inflight} still says {counts:?} after 5 s"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
     let file = std::fs::OpenOptions::new()
         .write(true)
-        .open(tmp.path())
+        .open(path)
         .expect("open for fallocate");
-    let len = file.metadata().expect("metadata").len() as libc::off_t;
+    let len = meta.len() as libc::off_t;
     // SAFETY: a valid fd; KEEP_SIZE past the end changes no byte of the file.
     let r = unsafe { libc::fallocate(file.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, len, 4096) };
     if r != 0 {
         super::skip(&format!(
             "fallocate on {}: {}; a 20 ms pause stands in for the in-flight barrier",
-            tmp.path().display(),
+            path.display(),
             std::io::Error::last_os_error()
         ));
         std::thread::sleep(Duration::from_millis(20));
