@@ -519,10 +519,15 @@ fn apply(
             job.fdmon = if v == "auto" {
                 MonitorChoice::Auto
             } else {
-                MonitorChoice::Kind(
-                    v.parse::<MonitorKind>()
-                        .map_err(|e| bad(format!("{e}, or auto")))?,
-                )
+                match v.parse::<MonitorKind>() {
+                    Ok(MonitorKind::SharedRing) => {
+                        return Err(bad("shared-ring pairs the monitor with the io_uring \
+                                        engine: vs-fio and peers only"
+                            .into()))
+                    }
+                    Ok(kind) => MonitorChoice::Kind(kind),
+                    Err(e) => return Err(bad(format!("{e}, or auto"))),
+                }
             };
         }
         "disks" => job.disks = count(1, 256)?,

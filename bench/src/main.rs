@@ -32,7 +32,8 @@ use clap::{Parser, Subcommand};
 
 use crate::cmd::values::{
     parse_device, parse_duration_arg, parse_engine, parse_engine_or_auto, parse_monitor,
-    parse_monitor_or_auto, parse_pattern, parse_runtime_arg, parse_size_arg, parse_workload,
+    parse_monitor_alone, parse_monitor_or_auto, parse_pattern, parse_runtime_arg, parse_size_arg,
+    parse_workload,
 };
 
 #[derive(Parser, Debug)]
@@ -125,15 +126,15 @@ struct VsFioArgs {
     /// (default 512m), a loop device with direct I/O over a file in /dev/shm (needs root).
     #[arg(long, value_parser = parse_device, conflicts_with_all = ["dir", "size"])]
     device: Option<LoopSpec>,
-    /// Our fd monitor.
+    /// Our fd monitor; `shared-ring` (with `--engine uring`): one io_uring for the fd monitor
+    /// and the engine, so completions need no eventfd.
     #[arg(long, default_value = "epoll", value_parser = parse_monitor)]
     fdmon: MonitorKind,
     /// Our loop's adaptive polling limit (0 = off, as fio's libaio engine waits in the kernel).
     #[arg(long, default_value_t = 0)]
     poll_max_ns: u64,
-    /// With `--engine uring`: one io_uring for the fd monitor and the engine (implies
-    /// `--fdmon uring`), so completions need no eventfd.
-    #[arg(long)]
+    /// The old spelling of `--fdmon shared-ring`.
+    #[arg(long, hide = true)]
     shared_ring: bool,
     /// Our engine's largest batch per submission (default: the engine's, 32). Requests that
     /// completion callbacks resubmit go out whenever a batch is full; a batch is never larger
@@ -170,7 +171,7 @@ struct LatencyArgs {
     #[arg(long, value_parser = parse_device, conflicts_with_all = ["dir", "size"])]
     device: Option<LoopSpec>,
     /// Our fd monitor.
-    #[arg(long, default_value = "epoll", value_parser = parse_monitor)]
+    #[arg(long, default_value = "epoll", value_parser = parse_monitor_alone)]
     fdmon: MonitorKind,
 }
 

@@ -20,18 +20,25 @@ pub enum MonitorKind {
     Hybrid,
     /// io_uring `POLL_ADD` (backend-uring).
     Uring,
+    /// io_uring `POLL_ADD` on the ring of the io_uring engine
+    /// (`aio_backend_uring::shared_ring`: its completions need no eventfd). Built together
+    /// with that engine, by the commands that pair them (`vs-fio`, `peers`); with another
+    /// engine those commands give the monitor a ring of its own.
+    SharedRing,
 }
 
 impl MonitorKind {
     /// Every kind, in the order reports list them.
-    pub const ALL: [MonitorKind; 4] = [
+    pub const ALL: [MonitorKind; 5] = [
         MonitorKind::Poll,
         MonitorKind::Epoll,
         MonitorKind::Hybrid,
         MonitorKind::Uring,
+        MonitorKind::SharedRing,
     ];
 
-    /// Every kind this build and kernel can build, in report order.
+    /// Every kind this build and kernel can build on its own (not
+    /// [`MonitorKind::SharedRing`]), in report order.
     pub fn available() -> Vec<MonitorKind> {
         MonitorKind::ALL
             .into_iter()
@@ -46,12 +53,19 @@ impl MonitorKind {
             MonitorKind::Epoll => "epoll",
             MonitorKind::Hybrid => "hybrid",
             MonitorKind::Uring => "uring",
+            MonitorKind::SharedRing => "shared-ring",
         }
     }
 
-    /// Builds the monitor, or says why this build or kernel cannot.
+    /// Builds the monitor, or says why this build or kernel cannot. A
+    /// [`MonitorKind::SharedRing`] is refused: it is built with its engine.
     pub fn build(self) -> io::Result<Box<dyn EventLoop>> {
         match self {
+            MonitorKind::SharedRing => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "fd monitor 'shared-ring' shares the io_uring engine's ring: only vs-fio and \
+                 peers build the pair (aio_backend_uring::shared_ring)",
+            )),
             #[cfg(feature = "poll")]
             MonitorKind::Poll => Ok(Box::new(aio_backend_poll::PollLoop::new())),
             #[cfg(feature = "epoll")]
@@ -105,7 +119,7 @@ impl fmt::Display for MonitorKind {
 
 /// An unknown monitor name.
 #[derive(Debug, thiserror::Error)]
-#[error("unknown fd monitor '{0}' (expected one of: poll, epoll, hybrid, uring)")]
+#[error("unknown fd monitor '{0}' (expected one of: poll, epoll, hybrid, uring, shared-ring)")]
 pub struct UnknownMonitor(pub String);
 
 impl FromStr for MonitorKind {
@@ -126,6 +140,11 @@ mod tests {
     fn names_round_trip_and_unknown_is_an_error() {
         for k in MonitorKind::ALL {
             assert_eq!(k.name().parse::<MonitorKind>().unwrap(), k);
+            if k == MonitorKind::SharedRing {
+                let e = k.build().err().expect("built with its engine only");
+                assert!(e.to_string().contains("shared_ring"), "{e}");
+                continue;
+            }
             // Where the kernel refuses a kind (io_uring switched off), it says why.
             match k.build() {
                 Ok(built) => assert_eq!(built.name(), k.name()),

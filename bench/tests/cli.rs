@@ -35,6 +35,10 @@ fn bad_input_exits_2_says_what_and_leaves_no_images() {
     std::fs::write(&bad_job, "[global]\nbs=4k\n[j]\nrw=sideways\n").unwrap();
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["matrix", "--fdmon", "kqueue"], "kqueue"),
+        (
+            vec!["matrix", "--fdmon", "shared-ring"],
+            "only vs-fio and peers build the pair",
+        ),
         (vec!["matrix", "--engine", "spdk"], "spdk"),
         (vec!["matrix", "--workloads", "seq"], "seq"),
         (vec!["matrix", "--disks", "0"], "--disks"),
@@ -64,6 +68,10 @@ fn bad_input_exits_2_says_what_and_leaves_no_images() {
         ),
         (vec!["matrix", "--runtime", "0s"], "more than 0"),
         (vec!["vs-fio", "--runtime", "0"], "more than 0"),
+        (
+            vec!["vs-fio", "--fdmon", "shared-ring", "--engine", "pool"],
+            "--fdmon shared-ring needs --engine uring (got pool)",
+        ),
         (
             vec!["run", bad_job.to_str().unwrap()],
             "bad.fio:4: rw=sideways",

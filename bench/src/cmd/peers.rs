@@ -18,7 +18,7 @@ use aio_bench::loopdev::{LoopDevice, LoopSpec};
 use super::check_target;
 use super::values::{parse_device, parse_duration_arg, parse_size_arg};
 use crate::peers::report::TargetRuns;
-use crate::peers::{self, Fdmon, Job, Variant};
+use crate::peers::{self, Job, Variant};
 
 /// `aio-bench peers`'s arguments.
 #[derive(clap::Args, Debug)]
@@ -63,10 +63,10 @@ pub struct PeersArgs {
     #[arg(long, default_value_t = 32_768)]
     poll_max_ns: u64,
     /// aio-rs's fd monitor: `uring` (what `auto` picks here, as `run` and `matrix` do),
-    /// `epoll` (`vs-fio`'s default) or `shared-ring` (one io_uring for the monitor and the
-    /// io_uring engine).
-    #[arg(long, default_value = "uring", value_parser = ["uring", "epoll", "shared-ring"])]
-    fdmon: String,
+    /// `epoll` (`vs-fio`'s default), `shared-ring` (one io_uring for the monitor and the
+    /// io_uring engine), or `poll`, `hybrid`.
+    #[arg(long, default_value = "uring", value_parser = super::values::parse_monitor)]
+    fdmon: aio_bench::monitors::MonitorKind,
     /// aio-rs's io_uring engine registers the file and the workers' buffers with its ring
     /// (`IORING_OP_READ_FIXED`, as glommio does; off by default, as the engine's own default).
     #[arg(long)]
@@ -101,11 +101,7 @@ pub fn run(args: PeersArgs) -> Result<(), BenchError> {
     } else {
         args.variants.clone()
     };
-    let fdmon = match args.fdmon.as_str() {
-        "epoll" => Fdmon::Epoll,
-        "shared-ring" => Fdmon::SharedRing,
-        _ => Fdmon::Uring,
-    };
+    let fdmon = args.fdmon;
     println!(
         "peers: {} B O_DIRECT random reads, QD {:?}, {} rounds of {:?} (+{:?} warm-up) per run; \
          aio-rs: fd monitor {}, poll_max_ns {}{}; CPU = user+sys of the process (getrusage), \

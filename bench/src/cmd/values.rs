@@ -32,14 +32,27 @@ pub fn parse_monitor(s: &str) -> Result<MonitorKind, String> {
         .map_err(|e: aio_bench::monitors::UnknownMonitor| e.to_string())
 }
 
-/// A monitor name or `auto` (resolved now, by the probe order uring -> hybrid -> poll).
+/// A monitor that runs on its own (not `shared-ring`, which only `vs-fio` and `peers` pair
+/// with the io_uring engine).
+pub fn parse_monitor_alone(s: &str) -> Result<MonitorKind, String> {
+    match parse_monitor(s)? {
+        MonitorKind::SharedRing => Err(
+            "shared-ring shares the io_uring engine's ring: only vs-fio and peers build the pair"
+                .to_string(),
+        ),
+        kind => Ok(kind),
+    }
+}
+
+/// A monitor that runs on its own, or `auto` (resolved now, by the probe order uring ->
+/// hybrid -> poll).
 pub fn parse_monitor_or_auto(s: &str) -> Result<MonitorKind, String> {
     if s == "auto" {
         return aio_bench::monitors::auto()
             .map(|(k, _)| k)
             .map_err(|e| e.to_string());
     }
-    parse_monitor(s).map_err(|e| format!("{e}, or auto"))
+    parse_monitor_alone(s).map_err(|e| format!("{e}, or auto"))
 }
 
 /// An engine name or `auto` (resolved now, by the probe order uring -> linux-aio -> pool).

@@ -1,7 +1,7 @@
 //! `aio-bench vs-fio`: one job through fio and through one of our engines, alternating A B for
 //! `--rounds`, with IOPS, mean latency and their ratios.
 //!
-//! This module owns the comparison: the checks (`--shared-ring` with `--engine uring` only,
+//! This module owns the comparison: the checks (`--fdmon shared-ring` with `--engine uring` only,
 //! fio installed), the test target shared by both (a file, or the fast device), the rounds
 //! and the table. It never builds fio's command line or reads fio's output
 //! ([`aio_bench::fio`]), and never measures our side itself ([`aio_bench::job::run_job`]).
@@ -11,6 +11,7 @@ use aio_bench::error::BenchError;
 use aio_bench::fio::{self, FioResult};
 use aio_bench::image::DiskImage;
 use aio_bench::job::{run_job, JobResult, JobSpec};
+use aio_bench::monitors::MonitorKind;
 use aio_core::engine::IoFile;
 
 use super::{check_target, test_image};
@@ -21,9 +22,12 @@ pub fn run(mut args: VsFioArgs) -> Result<(), BenchError> {
     // On the fast device, both fio and ours use all of it.
     args.size = args.device.map_or(args.size, |d| d.size);
     let dir = check_target(args.dir.as_deref(), args.bs, args.size, "--size")?;
-    if args.shared_ring && args.engine != EngineKind::Uring {
+    if args.shared_ring {
+        args.fdmon = MonitorKind::SharedRing;
+    }
+    if args.fdmon == MonitorKind::SharedRing && args.engine != EngineKind::Uring {
         return Err(BenchError::bad_input(format!(
-            "--shared-ring needs --engine uring (got {})",
+            "--fdmon shared-ring needs --engine uring (got {})",
             args.engine
         )));
     }
@@ -59,7 +63,7 @@ pub fn run(mut args: VsFioArgs) -> Result<(), BenchError> {
 
 /// What runs against what, on which file, and the table's header.
 fn print_header(args: &VsFioArgs, version: &str, image: &DiskImage) {
-    let fdmon = if args.shared_ring {
+    let fdmon = if args.fdmon == MonitorKind::SharedRing {
         "uring, one shared ring".to_string()
     } else {
         args.fdmon.to_string()
@@ -115,7 +119,7 @@ fn one_round(
 /// Our side of a round: the chosen fd monitor and engine, or one shared io_uring.
 fn ours(args: &VsFioArgs, file: &IoFile, spec: JobSpec) -> Result<JobResult, BenchError> {
     let failed = |e| BenchError::io("our run failed", e);
-    if args.shared_ring {
+    if args.fdmon == MonitorKind::SharedRing {
         #[cfg(feature = "uring")]
         {
             let (monitor, engine) =
@@ -132,7 +136,9 @@ fn ours(args: &VsFioArgs, file: &IoFile, spec: JobSpec) -> Result<JobResult, Ben
             return run_job(monitor, engine, file, args.size, spec).map_err(failed);
         }
         #[cfg(not(feature = "uring"))]
-        return Err(BenchError::failed("--shared-ring needs the uring feature"));
+        return Err(BenchError::failed(
+            "--fdmon shared-ring needs the uring feature",
+        ));
     }
     let monitor = args
         .fdmon

@@ -178,6 +178,7 @@ fn errors_name_the_file_and_line() {
         ("[a]\nbs=1000\n", 2, "multiple of 512"),
         ("[a]\nruntime=soon\n", 2, "duration"),
         ("[a]\nfdmon=kqueue\n", 2, "kqueue"),
+        ("[a]\nfdmon=shared-ring\n", 2, "vs-fio and peers only"),
         ("[a]\nsize=\n", 2, "needs a value"),
         ("[a]\ndirect=yes\n", 2, "0 or 1"),
         ("[global]\nbs=4k\n", 2, "no job section"),

@@ -25,6 +25,7 @@ use std::io;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use aio_bench::monitors::MonitorKind;
 use hdrhistogram::Histogram;
 
 /// One way of running the job (tables list them in this order).
@@ -121,32 +122,9 @@ pub struct Job {
     /// aio-rs's adaptive polling limit (`PollParams::with_max_ns`); the peers have no such knob.
     pub poll_max_ns: u64,
     /// aio-rs's fd monitor.
-    pub fdmon: Fdmon,
+    pub fdmon: MonitorKind,
     /// aio-rs's io_uring engine registers the file and each worker's buffer with its ring.
     pub uring_registered: bool,
-}
-
-/// aio-rs's fd monitor in this comparison.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fdmon {
-    /// epoll (`aio-bench vs-fio`'s default).
-    Epoll,
-    /// An io_uring of its own (what `auto` picks on this kernel, `aio-bench run`'s default).
-    Uring,
-    /// One io_uring for the monitor and the io_uring engine (`aio_backend_uring::shared_ring`:
-    /// completions need no eventfd); the other engines get the monitor's ring alone.
-    SharedRing,
-}
-
-impl Fdmon {
-    /// The name on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Fdmon::Epoll => "epoll",
-            Fdmon::Uring => "uring",
-            Fdmon::SharedRing => "shared-ring",
-        }
-    }
 }
 
 impl Job {
@@ -366,7 +344,7 @@ mod tests {
             ramp: Duration::ZERO,
             secs: Duration::from_secs(60),
             poll_max_ns: 0,
-            fdmon: Fdmon::Epoll,
+            fdmon: MonitorKind::Epoll,
             uring_registered: false,
         }
     }

@@ -18,7 +18,9 @@ use aio_core::task::join_all;
 use aio_core::{AioContext, EventLoop, PollParams};
 use aio_pool::{PoolConfig, PoolContext, ThreadPool};
 
-use super::{open_direct, Fdmon, Job, Outcome, Variant, Worker};
+use aio_bench::monitors::MonitorKind;
+
+use super::{open_direct, Job, Outcome, Variant, Worker};
 
 /// The io_uring engine's settings: the defaults, or with `--uring-registered` each file and
 /// each worker's buffer registered with the ring (`IORING_OP_READ_FIXED`, as glommio reads).
@@ -45,17 +47,18 @@ fn pool() -> io::Result<ThreadPool> {
 pub fn run(variant: Variant, job: &Job) -> io::Result<Outcome> {
     let uring_variant = matches!(variant, Variant::AioUringAsync | Variant::AioUringCallback);
     match job.fdmon {
-        Fdmon::Epoll => run_on(variant, job, EpollLoop::new()?, None),
-        Fdmon::SharedRing if uring_variant => {
+        MonitorKind::Epoll => run_on(variant, job, EpollLoop::new()?, None),
+        MonitorKind::SharedRing if uring_variant => {
             let (monitor, engine) = shared_ring(uring_config(job)).map_err(io::Error::other)?;
             run_on(variant, job, monitor, Some(engine))
         }
-        Fdmon::Uring | Fdmon::SharedRing => run_on(
+        MonitorKind::Uring | MonitorKind::SharedRing => run_on(
             variant,
             job,
             UringLoop::new().map_err(io::Error::other)?,
             None,
         ),
+        other => run_on(variant, job, other.build()?, None),
     }
 }
 
