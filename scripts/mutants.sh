@@ -41,7 +41,7 @@ group() {
         MUTANTS_ARGS="${MUTANTS_ARGS:-} -- --lib" run chain aio-vhost-user-blk vhost-user-blk/src/chain.rs
         ;;
     core)
-        run core aio-core,aio-backend-linux-aio,aio-pool aio-core/src/engine/driver.rs aio-core/src/engine/routed.rs \
+        run core aio-core,aio-backend-linux-aio,aio-pool aio-core/src/engine/attached.rs aio-core/src/engine/fallback.rs \
             aio-core/src/context/defer.rs
         ;;
     engines)

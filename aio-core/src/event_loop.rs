@@ -4,28 +4,6 @@
 //! dumb: it remembers which fds to watch, for what, under which token, and waits. All policy
 //! (handlers, bottom halves, timers, polling, retrying `EINTR`) lives in
 //! [`AioContext`](crate::AioContext), once, so backends cannot drift apart.
-//!
-//! # The contract a backend must keep
-//!
-//! * **Level-triggered.** An fd that stays ready is reported by every `wait` until it is not.
-//! * **One registration per fd.** `register` of an fd already registered fails with
-//!   `io::ErrorKind::AlreadyExists`; `modify` and `deregister` of an unknown fd fail with
-//!   `io::ErrorKind::NotFound`.
-//! * **Tokens are opaque.** The monitor reports the token given at registration and never
-//!   interprets it.
-//! * **Readiness mapping.** Hang-up and error conditions are reported as `readable` (a read then
-//!   returns the EOF or the error), `error` additionally sets `writable` for write interest.
-//!   A registered fd that was closed behind the monitor's back is reported with `invalid` where
-//!   the kernel says so (`POLLNVAL`); monitors whose kernel interface forgets closed fds
-//!   (epoll, io_uring poll) report nothing and say so through
-//!   [`EventLoop::reports_closed_fds`].
-//! * **Timeouts.** `None` waits until an event; `Some(d)` waits at most `d`, never returning
-//!   early because of rounding (a monitor with millisecond resolution rounds up). `Some(ZERO)`
-//!   never blocks.
-//! * **Signals.** `wait` returns `io::ErrorKind::Interrupted` on `EINTR`; the caller retries
-//!   with a recomputed timeout.
-//! * **`wait` appends** to `events` and never clears it; it may report fewer events than are
-//!   ready (the rest come next time, they are level-triggered).
 
 use std::io;
 use std::os::fd::{BorrowedFd, RawFd};
@@ -186,7 +164,27 @@ pub fn not_registered(fd: RawFd) -> io::Error {
 
 /// A pluggable fd monitor: register fds with an interest and a token, wait for readiness.
 ///
-/// See the [module documentation](self) for the contract every implementation keeps.
+/// # The contract a backend must keep
+///
+/// * **Level-triggered.** An fd that stays ready is reported by every `wait` until it is not.
+/// * **One registration per fd.** `register` of an fd already registered fails with
+///   `io::ErrorKind::AlreadyExists`; `modify` and `deregister` of an unknown fd fail with
+///   `io::ErrorKind::NotFound`.
+/// * **Tokens are opaque.** The monitor reports the token given at registration and never
+///   interprets it.
+/// * **Readiness mapping.** Hang-up and error conditions are reported as `readable` (a read then
+///   returns the EOF or the error), `error` additionally sets `writable` for write interest.
+///   A registered fd that was closed behind the monitor's back is reported with `invalid` where
+///   the kernel says so (`POLLNVAL`); monitors whose kernel interface forgets closed fds
+///   (epoll, io_uring poll) report nothing and say so through
+///   [`EventLoop::reports_closed_fds`].
+/// * **Timeouts.** `None` waits until an event; `Some(d)` waits at most `d`, never returning
+///   early because of rounding (a monitor with millisecond resolution rounds up). `Some(ZERO)`
+///   never blocks.
+/// * **Signals.** `wait` returns `io::ErrorKind::Interrupted` on `EINTR`; the caller retries
+///   with a recomputed timeout.
+/// * **`wait` appends** to `events` and never clears it; it may report fewer events than are
+///   ready (the rest come next time, they are level-triggered).
 pub trait EventLoop {
     /// A short, stable name for reports (`"poll"`, `"epoll"`, ...).
     fn name(&self) -> &'static str;

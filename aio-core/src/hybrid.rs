@@ -4,14 +4,7 @@
 //! than scanning a handful of pollfds) and moves every registration to epoll at 64. This module
 //! owns that switching and the registry that makes it lossless; it is generic over the two
 //! monitors so that backends stay independent of each other. In this project "hybrid" always
-//! means `Hybrid<PollLoop, EpollLoop>` with [`DEFAULT_THRESHOLD`].
-//!
-//! Switching happens inside `register` / `deregister`, never during a wait; both monitors are
-//! level-triggered, so an fd that was ready before the switch is reported by the new monitor's
-//! next wait: no event is lost. If the large monitor refuses an fd (epoll refuses regular files
-//! with `EPERM`), the upgrade is rolled back and the hybrid stays small, as QEMU does.
-//! Downgrading happens below half the threshold, so a set hovering around the threshold does not
-//! flap between monitors.
+//! means `Hybrid<PollLoop, EpollLoop>` with [`DEFAULT_HYBRID_THRESHOLD`].
 
 use std::collections::HashMap;
 use std::io;
@@ -21,7 +14,7 @@ use std::time::Duration;
 use crate::event_loop::{Event, EventLoop, Interest, Token};
 
 /// QEMU's switch point: epoll from 64 registered fds up.
-pub const DEFAULT_THRESHOLD: usize = 64;
+pub const DEFAULT_HYBRID_THRESHOLD: usize = 64;
 
 /// Which side of a [`Hybrid`] is active.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +28,13 @@ pub enum HybridSide {
 /// An [`EventLoop`] over a small-set monitor `S` and a large-set monitor `G`.
 ///
 /// `Send` / `Sync` when both monitors are.
+///
+/// Switching happens inside `register` / `deregister`, never during a wait; both monitors are
+/// level-triggered, so an fd that was ready before the switch is reported by the new monitor's
+/// next wait: no event is lost. If the large monitor refuses an fd (epoll refuses regular files
+/// with `EPERM`), the upgrade is rolled back and the hybrid stays small, as QEMU does.
+/// Downgrading happens below half the threshold, so a set hovering around the threshold does not
+/// flap between monitors.
 #[derive(Debug)]
 pub struct Hybrid<S, G> {
     small: S,
@@ -52,7 +52,7 @@ pub struct Hybrid<S, G> {
 impl<S: EventLoop, G: EventLoop> Hybrid<S, G> {
     /// A hybrid with QEMU's threshold of 64. Both monitors must be empty.
     pub fn new(small: S, large: G) -> Self {
-        Self::with_threshold(small, large, DEFAULT_THRESHOLD)
+        Self::with_threshold(small, large, DEFAULT_HYBRID_THRESHOLD)
     }
 
     /// A hybrid that moves to `large` at `threshold` registered fds (at least 1).

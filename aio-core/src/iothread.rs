@@ -3,20 +3,6 @@
 //! This module owns the thread's life (build on the thread, run the loop, stop, join) and the
 //! queue of closures other threads send it. It never touches the loop's internals: closures
 //! run in a bottom half of the thread's own context.
-//!
-//! * **Built on its thread.** A closure builds the context, its monitor and whatever the
-//!   thread serves (an attached engine, disks) on the new thread, so `!Send` engines and
-//!   monitors work; [`IoThread::spawn`] returns once it is built, or with the build's error.
-//! * **Handles cross threads.** [`IoThreadHandle`] is `Send + Sync + Clone`: it runs closures
-//!   on the thread (fire-and-forget, or waiting for a result), creates bottom halves that any
-//!   thread schedules, sets poll parameters, reads the loop's counters. Closures from one
-//!   sender run in the order it sent them.
-//! * **Panics are reported, not lost.** A panic in a closure ends that closure only: a waiting
-//!   caller gets [`IoThreadError::Panicked`], a fire-and-forget one is kept for
-//!   [`IoThreadHandle::take_panics`]; the loop and the other iothreads go on.
-//! * **Stop runs what is scheduled.** [`IoThread::stop`] (or dropping the `IoThread`) refuses
-//!   new closures, runs every closure already accepted, then drops the thread's state and
-//!   context (an engine's drop waits for its requests) and joins the thread.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -227,6 +213,20 @@ impl<L: EventLoop + 'static, S: 'static> IoThreadHandle<L, S> {
 /// An iothread: a named thread running one [`AioContext`] and the state `S` it serves,
 /// stopped and joined by [`IoThread::stop`] or on drop. `Send + Sync` (a handle and a join
 /// handle); share it, or its [`IoThreadHandle`]s, with any thread.
+///
+/// * **Built on its thread.** A closure builds the context, its monitor and whatever the
+///   thread serves (an attached engine, disks) on the new thread, so `!Send` engines and
+///   monitors work; [`IoThread::spawn`] returns once it is built, or with the build's error.
+/// * **Handles cross threads.** [`IoThreadHandle`] is `Send + Sync + Clone`: it runs closures
+///   on the thread (fire-and-forget, or waiting for a result), creates bottom halves that any
+///   thread schedules, sets poll parameters, reads the loop's counters. Closures from one
+///   sender run in the order it sent them.
+/// * **Panics are reported, not lost.** A panic in a closure ends that closure only: a waiting
+///   caller gets [`IoThreadError::Panicked`], a fire-and-forget one is kept for
+///   [`IoThreadHandle::take_panics`]; the loop and the other iothreads go on.
+/// * **Stop runs what is scheduled.** [`IoThread::stop`] (or dropping the `IoThread`) refuses
+///   new closures, runs every closure already accepted, then drops the thread's state and
+///   context (an engine's drop waits for its requests) and joins the thread.
 pub struct IoThread<L: EventLoop + 'static, S: 'static> {
     handle: IoThreadHandle<L, S>,
     thread: Option<JoinHandle<()>>,

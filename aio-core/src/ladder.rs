@@ -4,23 +4,6 @@
 //! This module owns the walk and its report, never a backend: the rungs are constructors the
 //! caller takes from the backend crates it chose (no backend depends on another), so a program
 //! that links only `aio-backend-uring` and `aio-pool` climbs uring -> pool.
-//!
-//! io_uring can be switched off by a sysctl (`kernel.io_uring_disabled`) or refused by a
-//! seccomp filter (container runtimes' default profiles), Linux AIO can be out of
-//! `fs.aio-max-nr`: a VMM that picks its engine at start-up wants the best one that works and a
-//! line for its log saying why.
-//!
-//! ```
-//! use aio_core::Ladder;
-//! let choice = Ladder::new()
-//!     .rung("uring", || Err::<&str, _>("io_uring is disabled by the sysctl"))
-//!     .rung("pool", || Ok::<_, std::io::Error>("a thread pool"))
-//!     .climb()
-//!     .unwrap();
-//! assert_eq!(choice.name, "pool");
-//! assert_eq!(choice.reports[0].to_string(), "uring: passed over: io_uring is disabled by the sysctl");
-//! assert_eq!(choice.reports[1].to_string(), "pool: usable, picked");
-//! ```
 
 use std::fmt;
 
@@ -44,7 +27,7 @@ impl fmt::Display for RungReport {
 
 /// The rung a ladder took: its name, what it built, and the report of every rung tried.
 #[derive(Debug)]
-pub struct Choice<T> {
+pub struct LadderChoice<T> {
     /// The name of the rung taken.
     pub name: &'static str,
     /// What its constructor built.
@@ -80,7 +63,24 @@ impl From<NoneUsable> for std::io::Error {
 
 type Build<'a, T> = Box<dyn FnOnce() -> Result<T, String> + 'a>;
 
-/// Backends in order of preference (see the [module docs](self)).
+/// Backends in order of preference, tried in turn by [`Ladder::climb`].
+///
+/// io_uring can be switched off by a sysctl (`kernel.io_uring_disabled`) or refused by a
+/// seccomp filter (container runtimes' default profiles), Linux AIO can be out of
+/// `fs.aio-max-nr`: a VMM that picks its engine at start-up wants the best one that works and a
+/// line for its log saying why.
+///
+/// ```
+/// use aio_core::Ladder;
+/// let choice = Ladder::new()
+///     .rung("uring", || Err::<&str, _>("io_uring is disabled by the sysctl"))
+///     .rung("pool", || Ok::<_, std::io::Error>("a thread pool"))
+///     .climb()
+///     .unwrap();
+/// assert_eq!(choice.name, "pool");
+/// assert_eq!(choice.reports[0].to_string(), "uring: passed over: io_uring is disabled by the sysctl");
+/// assert_eq!(choice.reports[1].to_string(), "pool: usable, picked");
+/// ```
 pub struct Ladder<'a, T> {
     rungs: Vec<(&'static str, Build<'a, T>)>,
 }
@@ -117,7 +117,7 @@ impl<'a, T> Ladder<'a, T> {
     }
 
     /// Tries the rungs in order and takes the first that builds; nothing after it is tried.
-    pub fn climb(self) -> Result<Choice<T>, NoneUsable> {
+    pub fn climb(self) -> Result<LadderChoice<T>, NoneUsable> {
         let mut reports = Vec::new();
         for (name, build) in self.rungs {
             match build() {
@@ -126,7 +126,7 @@ impl<'a, T> Ladder<'a, T> {
                         name,
                         passed_over: None,
                     });
-                    return Ok(Choice {
+                    return Ok(LadderChoice {
                         name,
                         value,
                         reports,

@@ -4,32 +4,6 @@
 //! This module owns the arithmetic only: given how long the loop last blocked, what should the
 //! next polling window be. [`AioContext`](crate::AioContext) runs the `io_poll` callbacks and
 //! feeds the measured block time back here.
-//!
-//! # Why QEMU's rule alone collapses on a fast device
-//!
-//! QEMU judges each wait alone: a wait that blocked longer than `poll_max_ns` resets the window
-//! to 0, and the window grows again only after a wait that blocked *less* than `poll_max_ns`.
-//! The block time of a wait that slept includes the cost of waking up, and on a virtual
-//! machine whose idle vCPUs halt that cost is 20-50 µs: more than the device takes. On a
-//! device that answers in 12-20 µs (a loop device with direct I/O over tmpfs, an NVMe drive),
-//! a loop polling at QEMU's 32 µs default catches about 95% of completions; the first one that
-//! comes late (a completion handled on the other, halted vCPU) resets the window, every later
-//! wait sleeps and pays the wake-up (40-70 µs, above the max), and the window never grows
-//! back. Measured at QD 1: polling ran in 48% of the waits and the mean latency was 38 µs,
-//! against 17 µs with the window held at the max.
-//!
-//! [`PollRule::Recovering`] (the default) keeps QEMU's grow, keep and shrink steps and adds two
-//! things:
-//!
-//! * **one late event is forgiven**: the window shrinks only after two waits in a row that
-//!   blocked longer than `poll_max_ns`;
-//! * **a collapsed window is probed**: while the window is 0, every n-th blocking wait polls
-//!   once for `poll_max_ns` (n starts at 4 and doubles after each probe that finds nothing, up
-//!   to 1024); a probe that finds the event restores the window to `poll_max_ns`.
-//!
-//! A slow device (a wait of 80 µs and more) still ends with polling off: two late waits shrink
-//! the window and the probes back off to one spin of `poll_max_ns` per 1024 waits.
-//! [`PollRule::Qemu`] is QEMU's rule, unchanged.
 
 /// The polling window a context starts from when polling is turned on or grows from 0 (4 µs,
 /// as QEMU).
@@ -41,7 +15,33 @@ pub const DEFAULT_POLL_MAX_NS: u64 = 32_768;
 /// How long a handler may go without activity before it leaves the poll set (QEMU: 7 s).
 pub const DEFAULT_POLL_IDLE_NS: u64 = 7_000_000_000;
 
-/// Which rule adapts the polling window (see the [module docs](self)).
+/// Which rule adapts the polling window.
+///
+/// # Why QEMU's rule alone collapses on a fast device
+///
+/// QEMU judges each wait alone: a wait that blocked longer than `poll_max_ns` resets the window
+/// to 0, and the window grows again only after a wait that blocked *less* than `poll_max_ns`.
+/// The block time of a wait that slept includes the cost of waking up, and on a virtual
+/// machine whose idle vCPUs halt that cost is 20-50 µs: more than the device takes. On a
+/// device that answers in 12-20 µs (a loop device with direct I/O over tmpfs, an NVMe drive),
+/// a loop polling at QEMU's 32 µs default catches about 95% of completions; the first one that
+/// comes late (a completion handled on the other, halted vCPU) resets the window, every later
+/// wait sleeps and pays the wake-up (40-70 µs, above the max), and the window never grows
+/// back. Measured at QD 1: polling ran in 48% of the waits and the mean latency was 38 µs,
+/// against 17 µs with the window held at the max.
+///
+/// [`PollRule::Recovering`] (the default) keeps QEMU's grow, keep and shrink steps and adds two
+/// things:
+///
+/// * **one late event is forgiven**: the window shrinks only after two waits in a row that
+///   blocked longer than `poll_max_ns`;
+/// * **a collapsed window is probed**: while the window is 0, every n-th blocking wait polls
+///   once for `poll_max_ns` (n starts at 4 and doubles after each probe that finds nothing, up
+///   to 1024); a probe that finds the event restores the window to `poll_max_ns`.
+///
+/// A slow device (a wait of 80 µs and more) still ends with polling off: two late waits shrink
+/// the window and the probes back off to one spin of `poll_max_ns` per 1024 waits.
+/// [`PollRule::Qemu`] is QEMU's rule, unchanged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PollRule {
     /// QEMU's rule, each wait judged alone ([`PollParams::adjust`]).

@@ -242,7 +242,8 @@ fn the_handle_plugs_counts_and_lets_busy_polling_find_completions() {
     use aio_core::PollParams;
     let ctx = AioContext::new(PollLoop::new()).unwrap();
     ctx.set_poll_params(PollParams::iothread());
-    let handle: Rc<RefCell<Option<aio_core::AttachedEngine<PollLoop, HeldEngine>>>> = Rc::default();
+    let handle: Rc<RefCell<Option<aio_core::engine::AttachedEngine<PollLoop, HeldEngine>>>> =
+        Rc::default();
     let in_flight_seen = Rc::new(RefCell::new(Vec::new()));
     let (h, seen) = (handle.clone(), in_flight_seen.clone());
     let attached = ctx
@@ -294,7 +295,8 @@ fn the_handle_plugs_counts_and_lets_busy_polling_find_completions() {
 #[test]
 fn requests_submitted_by_completion_callbacks_go_out_as_one_plugged_batch() {
     let ctx = AioContext::new(PollLoop::new()).unwrap();
-    let handle: Rc<RefCell<Option<aio_core::AttachedEngine<PollLoop, HeldEngine>>>> = Rc::default();
+    let handle: Rc<RefCell<Option<aio_core::engine::AttachedEngine<PollLoop, HeldEngine>>>> =
+        Rc::default();
     let h = handle.clone();
     let file = Rc::new(null_file());
     let f = file.clone();

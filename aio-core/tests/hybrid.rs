@@ -5,8 +5,8 @@ use std::os::fd::AsFd;
 
 use aio_backend_epoll::EpollLoop;
 use aio_backend_poll::PollLoop;
-use aio_core::hybrid::HybridSide;
 use aio_core::testing::Pipe;
+use aio_core::HybridSide;
 use aio_core::{Event, EventLoop, Hybrid, Interest, Token};
 
 fn hybrid(threshold: usize) -> Hybrid<PollLoop, EpollLoop> {

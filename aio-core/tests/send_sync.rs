@@ -2,10 +2,10 @@
 
 use aio_backend_poll::PollLoop;
 use aio_core::engine::{
-    AlignedBuf, AttachedEngine, Completion, GuestIovecs, IoFile, Request, RequestError, Routed,
-    RwFlags, SubmitError,
+    AlignedBuf, AttachedEngine, Completion, GuestIovecs, IoFile, Request, RequestError, RwFlags,
+    SubmitError, WithFallback,
 };
-use aio_core::task::{EngineOp, JoinHandle, Sleep};
+use aio_core::task::{JoinHandle, RequestFuture, Sleep};
 use aio_core::{
     AioContext, AioError, BottomHalf, IoThread, IoThreadHandle, LoopCounters, Notifier,
     NotifyHandle, PollParams,
@@ -20,13 +20,13 @@ aio_core::assert_thread_safe!(send_sync:
 );
 
 // Engines and monitors may be built on one thread and run on another.
-aio_core::assert_thread_safe!(send_sync: ThreadPool, Routed<ThreadPool, ThreadPool>, PollLoop);
+aio_core::assert_thread_safe!(send_sync: ThreadPool, WithFallback<ThreadPool, ThreadPool>, PollLoop);
 
 // Loop-thread objects: `Rc` and `Cell` inside, by design (one loop, one thread; other
 // threads use NotifyHandle, BottomHalf and IoThreadHandle).
 aio_core::assert_not_thread_safe!(not_send:
     AioContext<PollLoop>, AttachedEngine<PollLoop, ThreadPool>, JoinHandle<()>,
-    EngineOp<PollLoop, ThreadPool>, Sleep, aio_pool::PoolContext<PollLoop>,
+    RequestFuture<PollLoop, ThreadPool>, Sleep, aio_pool::PoolContext<PollLoop>,
 );
 aio_core::assert_not_thread_safe!(not_sync: AioContext<PollLoop>);
 

@@ -11,7 +11,7 @@ pub enum BufferedPolicy {
     /// [`LinuxAioStats::buffered_requests`](crate::LinuxAioStats::buffered_requests), where a caller can see and report it.
     #[default]
     Count,
-    /// Refuse them with [`RequestError::Unsupported`](aio_core::RequestError::Unsupported).
+    /// Refuse them with [`RequestError::Unsupported`](aio_core::engine::RequestError::Unsupported).
     Refuse,
 }
 

@@ -317,7 +317,7 @@ impl LinuxAio {
                 engine: "linux-aio",
                 op: request.op.name(),
                 reason: "the kernel's AIO has no fallocate; route it to a thread pool with \
-                         aio_core::engine::Routed, as QEMU does with aio=native"
+                         aio_core::engine::WithFallback, as QEMU does with aio=native"
                     .into(),
             });
         }

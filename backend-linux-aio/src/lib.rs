@@ -1,6 +1,6 @@
 //! # aio-backend-linux-aio
 //!
-//! An [`IoEngine`](aio_core::IoEngine) over Linux native AIO (`io_setup` / `io_submit` / `io_getevents`, called
+//! An [`IoEngine`](aio_core::engine::IoEngine) over Linux native AIO (`io_setup` / `io_submit` / `io_getevents`, called
 //! through `libc::syscall`, no libaio).
 //!
 //! * **Completions** are signalled by an eventfd (`IOCB_FLAG_RESFD` on every iocb) and read
@@ -18,23 +18,23 @@
 //!   EOF completes with what exists); `-EAGAIN` / `-EINTR` results are resubmitted. Vectored
 //!   requests use `IOCB_CMD_PREADV` / `PWRITEV`.
 //! * **Guest memory and flags**: reads and writes of caller-owned memory
-//!   ([`GuestIovecs`](aio_core::GuestIovecs)) go to the kernel as they are, with no copy;
-//!   [`RwFlags`](aio_core::RwFlags) become `aio_rw_flags` (`RWF_DSYNC` for FUA, `RWF_NOWAIT`; a kernel or file
+//!   ([`GuestIovecs`](aio_core::engine::GuestIovecs)) go to the kernel as they are, with no copy;
+//!   [`RwFlags`](aio_core::engine::RwFlags) become `aio_rw_flags` (`RWF_DSYNC` for FUA, `RWF_NOWAIT`; a kernel or file
 //!   that refuses one completes the request with `EOPNOTSUPP`, kind `Unsupported`).
 //! * **Discard and write-zeroes**: the kernel's AIO has no `fallocate`, so they are refused
-//!   with [`RequestError::Unsupported`](aio_core::RequestError::Unsupported), which [`Routed`](aio_core::Routed) turns into a
+//!   with [`RequestError::Unsupported`](aio_core::engine::RequestError::Unsupported), which [`WithFallback`](aio_core::engine::WithFallback) turns into a
 //!   hand-over to a second engine (QEMU sends them to its thread pool even with
-//!   `aio=native`): `Routed::new(LinuxAio::new(config)?, ThreadPool::new(pool_config)?)`.
+//!   `aio=native`): `WithFallback::new(LinuxAio::new(config)?, ThreadPool::new(pool_config)?)`.
 //! * **fsync / fdatasync** use `IOCB_CMD_FSYNC` / `IOCB_CMD_FDSYNC` (Linux 4.18+). Where the
 //!   kernel or file system lacks them the request completes with `EINVAL` from the kernel; the
 //!   pool engine is the fallback for such files.
 //! * **Buffered files**: io_submit on a file opened without `O_DIRECT` does the I/O inside the
 //!   syscall, so the loop blocks. [`BufferedPolicy::Count`] (the default) accepts such
 //!   requests and counts them in [`LinuxAioStats::buffered_requests`] (a library never prints);
-//!   [`BufferedPolicy::Refuse`] refuses them with [`RequestError::Unsupported`](aio_core::RequestError::Unsupported).
+//!   [`BufferedPolicy::Refuse`] refuses them with [`RequestError::Unsupported`](aio_core::engine::RequestError::Unsupported).
 //! * **Limits**: `io_setup` failing with `EAGAIN` (the system-wide `aio-max-nr` is used up) is
 //!   [`LinuxAioError::AioMaxNr`], which names `/proc/sys/fs/aio-max-nr` and the numbers.
-//! * **Cancel** ([`IoEngine::cancel`](aio_core::IoEngine::cancel)) reaches requests still queued in the engine. A read or
+//! * **Cancel** ([`IoEngine::cancel`](aio_core::engine::IoEngine::cancel)) reaches requests still queued in the engine. A read or
 //!   write already in the kernel cannot be cancelled: `io_cancel` finds only requests that
 //!   registered a cancel function, which the kernel's AIO gives poll and USB-gadget requests,
 //!   never reads and writes (`EINVAL`); such a request completes normally, and a dropped

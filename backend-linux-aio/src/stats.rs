@@ -23,6 +23,6 @@ pub struct LinuxAioStats {
     pub interrupted_calls: u64,
     /// Requests on files without `O_DIRECT`.
     pub buffered_requests: u64,
-    /// Writes with [`RwFlags::FUA`](aio_core::RwFlags::FUA) (`aio_rw_flags = RWF_DSYNC`).
+    /// Writes with [`RwFlags::FUA`](aio_core::engine::RwFlags::FUA) (`aio_rw_flags = RWF_DSYNC`).
     pub fua_writes: u64,
 }

@@ -1,17 +1,17 @@
 //! The whole aio-core engine conformance suite against the Linux AIO engine, alone and behind
-//! `Routed` with a thread pool.
+//! `WithFallback` with a thread pool.
 aio_core::engine_conformance!(
     probe: aio_backend_linux_aio::probe(),
     aio_backend_linux_aio::LinuxAio::new(Default::default()).expect("io_setup"),
     aio_backend_poll::PollLoop::new()
 );
 
-/// The suite once more behind `Routed` with a thread pool, the way a user of Linux AIO gets
+/// The suite once more behind `WithFallback` with a thread pool, the way a user of Linux AIO gets
 /// discard and write-zeroes (the kernel's AIO has no `fallocate`).
 mod routed_to_a_pool {
     aio_core::engine_conformance!(
         probe: aio_backend_linux_aio::probe(),
-        aio_core::engine::Routed::new(
+        aio_core::engine::WithFallback::new(
             aio_backend_linux_aio::LinuxAio::new(Default::default()).expect("io_setup"),
             aio_pool::ThreadPool::new(Default::default()).expect("pool"),
         ),

@@ -69,7 +69,7 @@ impl EventLoop for PollLoop {
         let i = *self
             .index
             .get(&fd)
-            .ok_or_else(|| aio_core::event_loop::not_registered(fd))?;
+            .ok_or_else(|| aio_core::backend::not_registered(fd))?;
         self.pollfds[i].events = interest.to_poll_events();
         self.tokens[i] = token;
         Ok(())
@@ -84,7 +84,7 @@ impl EventLoop for PollLoop {
         let i = self
             .index
             .remove(&fd)
-            .ok_or_else(|| aio_core::event_loop::not_registered(fd))?;
+            .ok_or_else(|| aio_core::backend::not_registered(fd))?;
         self.pollfds.swap_remove(i);
         self.tokens.swap_remove(i);
         if let Some(moved) = self.pollfds.get(i) {

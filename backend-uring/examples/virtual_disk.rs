@@ -13,7 +13,7 @@ use std::rc::Rc;
 
 use aio_backend_poll::PollLoop;
 use aio_backend_uring::UringEngine;
-use aio_core::engine::{GuestIovecs, IoFile, Request, Routed, RwFlags};
+use aio_core::engine::{GuestIovecs, IoFile, Request, RwFlags, WithFallback};
 use aio_core::AioContext;
 use aio_pool::ThreadPool;
 
@@ -51,7 +51,7 @@ fn main() -> std::io::Result<()> {
     // io_uring for data and file discards; a block device's discard (an ioctl) would go to
     // the pool. Each request below has its own callback, so the engine-wide one sees nothing.
     let ctx = AioContext::new(PollLoop::new())?;
-    let engine = Routed::new(
+    let engine = WithFallback::new(
         UringEngine::new(Default::default())?,
         ThreadPool::new(Default::default())?,
     );

@@ -2,7 +2,7 @@
 //!
 //! io_uring for aio-rs, through the `io-uring` crate:
 //!
-//! * [`UringEngine`]: an [`IoEngine`](aio_core::IoEngine) — read, write, readv, writev, fsync,
+//! * [`UringEngine`]: an [`IoEngine`](aio_core::engine::IoEngine) — read, write, readv, writev, fsync,
 //!   fdatasync; a ring of 128 entries by default; batched submission (max batch 32); a full
 //!   submission queue queues instead of failing; completions signalled through a registered
 //!   eventfd, and found without a syscall by peeking at the completion queue (the `io_poll`

@@ -272,7 +272,7 @@ impl EventLoop for UringLoop {
     fn modify(&mut self, fd: BorrowedFd<'_>, token: Token, interest: Interest) -> io::Result<()> {
         let fd = fd.as_raw_fd();
         let Some(reg) = self.registrations.get(&fd).copied() else {
-            return Err(aio_core::event_loop::not_registered(fd));
+            return Err(aio_core::backend::not_registered(fd));
         };
         self.remove_poll(fd, &reg)?;
         self.arm_new(fd, token, interest, reg.dead);
@@ -286,7 +286,7 @@ impl EventLoop for UringLoop {
     fn forget_closed(&mut self, fd: RawFd) -> io::Result<()> {
         // A poll is cancelled by its user data, never through the fd number.
         let Some(reg) = self.registrations.remove(&fd) else {
-            return Err(aio_core::event_loop::not_registered(fd));
+            return Err(aio_core::backend::not_registered(fd));
         };
         // Its poll (if any) is cancelled; the completion that follows has a generation no
         // registration has any more and is ignored.

@@ -59,11 +59,11 @@ mod engine_on_uring_monitor {
     );
 }
 
-// Behind `Routed` with a thread pool: a block device's discard (an ioctl) goes to the pool.
+// Behind `WithFallback` with a thread pool: a block device's discard (an ioctl) goes to the pool.
 mod engine_routed_to_a_pool {
     aio_core::engine_conformance!(
         probe: aio_backend_uring::probe().map(drop),
-        aio_core::engine::Routed::new(
+        aio_core::engine::WithFallback::new(
             crate::common::engine(Default::default()),
             aio_pool::ThreadPool::new(Default::default()).expect("pool"),
         ),

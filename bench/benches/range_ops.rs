@@ -9,7 +9,7 @@
 //! * `range_ops/sync`: the 1024 calls, one after the other;
 //! * `range_ops/<engine>`: the same 1024 requests through the engine, 32 in flight: `uring`
 //!   (`IORING_OP_FALLOCATE`), `uring-1-worker` (with `UringConfig::io_workers` at 1), `pool`
-//!   (its workers), `linux-aio` (behind `Routed` with a pool: the kernel's AIO has no
+//!   (its workers), `linux-aio` (behind `WithFallback` with a pool: the kernel's AIO has no
 //!   `fallocate`).
 //!
 //! `range_ops_4_files/...` is the same with the ranges round-robin over four files (a VMM's
@@ -25,7 +25,7 @@ use std::os::fd::AsRawFd;
 
 use aio_backend_linux_aio::LinuxAio;
 use aio_backend_uring::{UringConfig, UringEngine};
-use aio_core::engine::{IoEngine, IoFile, Request, Routed};
+use aio_core::engine::{IoEngine, IoFile, Request, WithFallback};
 use aio_pool::ThreadPool;
 use criterion::{criterion_group, criterion_main, Criterion};
 
@@ -60,7 +60,7 @@ fn through_engine<E: IoEngine>(engine: &mut E, files: &[IoFile]) {
             }
         }
         if engine.poll_completions(&mut out) == 0 {
-            // Wait on every notifier (behind `Routed`, the pool's too), as a loop would.
+            // Wait on every notifier (behind `WithFallback`, the pool's too), as a loop would.
             let mut pfds: Vec<libc::pollfd> = engine
                 .notifiers()
                 .iter()
@@ -132,7 +132,7 @@ fn group(c: &mut Criterion, name: &str, files: &[IoFile]) {
     g.bench_function("pool", |b| b.iter(|| through_engine(&mut p, files)));
     match LinuxAio::new(Default::default()) {
         Ok(aio) => {
-            let mut routed = Routed::new(aio, pool());
+            let mut routed = WithFallback::new(aio, pool());
             g.bench_function("linux-aio", |b| {
                 b.iter(|| through_engine(&mut routed, files))
             });

@@ -9,7 +9,7 @@ use std::fmt;
 use std::io;
 use std::str::FromStr;
 
-use aio_core::IoEngine;
+use aio_core::engine::IoEngine;
 
 /// The names of io_uring's task-work modes (`UringConfig::task_run`), as job files write them
 /// (`uring_taskrun=`): `auto` (the default), `signal`, `coop`, `defer`.
@@ -134,13 +134,13 @@ impl EngineKind {
     }
 
     /// As [`build_with`](Self::build_with); with `range_ops` (a job that discards or
-    /// writes zeroes), Linux AIO and io_uring come behind [`Routed`] with a thread pool, which
+    /// writes zeroes), Linux AIO and io_uring come behind [`WithFallback`] with a thread pool, which
     /// takes the ops they refuse as unsupported (Linux AIO: every discard and write-zeroes,
     /// the kernel's AIO has no `fallocate`; io_uring: a block device's), as QEMU sends them to
     /// its thread pool even with `aio=native`. The pool runs every op itself. Without the
     /// `pool` feature the engine is returned alone and refuses those ops.
     ///
-    /// [`Routed`]: aio_core::engine::Routed
+    /// [`WithFallback`]: aio_core::engine::WithFallback
     pub fn build_for(self, uring: UringOptions, range_ops: bool) -> io::Result<Box<dyn IoEngine>> {
         let engine = self.build_with(uring)?;
         if !range_ops || self == EngineKind::Pool {
@@ -149,7 +149,7 @@ impl EngineKind {
         #[cfg(feature = "pool")]
         {
             let pool = aio_pool::ThreadPool::new(aio_pool::PoolConfig::default())?;
-            Ok(Box::new(aio_core::engine::Routed::new(engine, pool)))
+            Ok(Box::new(aio_core::engine::WithFallback::new(engine, pool)))
         }
         #[cfg(not(feature = "pool"))]
         Ok(engine)

@@ -39,7 +39,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use aio_core::{EventLoop, IoEngine, LoopCounters, Notifier};
+use aio_core::engine::IoEngine;
+use aio_core::{EventLoop, LoopCounters, Notifier};
 use hdrhistogram::Histogram;
 
 use self::guest::GuestStats;

@@ -92,7 +92,7 @@ pub struct PoolStats {
     /// Idle waits that timed out (a thread retires on one only while more than the minimum
     /// are alive).
     pub idle_timeouts: u64,
-    /// Writes accepted with [`RwFlags::FUA`](aio_core::RwFlags::FUA) (`pwritev2` with
+    /// Writes accepted with [`RwFlags::FUA`](aio_core::engine::RwFlags::FUA) (`pwritev2` with
     /// `RWF_DSYNC`).
     pub fua_writes: u64,
 }

@@ -97,7 +97,7 @@ fn run(shared: &Shared) {
     shared.progress.notify_all();
 }
 
-fn execute(job: Job) -> aio_core::Completion {
+fn execute(job: Job) -> aio_core::engine::Completion {
     match job {
         Job::Io(mut request) => {
             let result = run_blocking(&mut request);
@@ -106,7 +106,7 @@ fn execute(job: Job) -> aio_core::Completion {
         Job::Work { token, run } => {
             let result = catch_unwind(AssertUnwindSafe(run))
                 .unwrap_or_else(|_| Err(io::Error::other("offloaded work panicked")));
-            aio_core::Completion {
+            aio_core::engine::Completion {
                 token,
                 result,
                 buf: Default::default(),

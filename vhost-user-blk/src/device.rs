@@ -8,7 +8,7 @@ use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use aio_core::IoFile;
+use aio_core::engine::IoFile;
 
 use crate::chain::ChainLimits;
 use crate::spec::{self, bit, feature, BlkConfig, SECTOR_SIZE};

@@ -41,7 +41,8 @@
 //!
 //! ```no_run
 //! # use std::sync::Arc;
-//! # use aio_core::{AioContext, EventLoop, IoEngine};
+//! # use aio_core::{AioContext, EventLoop};
+//! # use aio_core::engine::{IoEngine};
 //! # use aio_vhost_user_blk::{device::BlockDevice, queue::VirtioBlkQueue};
 //! # fn demo<L: EventLoop + 'static, E: IoEngine + 'static>(
 //! #     ctx: &AioContext<L>, engine: E, disk: BlockDevice, queue: virtio_queue::Queue,

@@ -37,9 +37,10 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use aio_core::engine::{AlignedBuf, GuestIovecs};
 use aio_core::engine::{AttachedEngine, IoEngine, Request};
-use aio_core::{AioContext, AlignedBuf, DeferredCall, EventLoop, FdHandler, GuestIovecs};
-use aio_core::{Completion, IoBuffers, RequestError};
+use aio_core::engine::{Completion, IoBuffers, RequestError};
+use aio_core::{AioContext, DeferredCall, EventLoop, FdHandler};
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 

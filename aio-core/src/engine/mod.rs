@@ -3,7 +3,7 @@
 //! This module owns the trait, its documentation and the types a user of an engine handles:
 //! requests and completions ([`Request`], [`Op`], [`RwFlags`], [`Completion`], [`IoFile`]),
 //! O_DIRECT buffers ([`AlignedBuf`]), caller-owned memory ([`GuestIovecs`]), the routing of
-//! ops one engine lacks to another ([`Routed`]) and the attachment of an engine to an
+//! ops one engine lacks to another ([`WithFallback`]) and the attachment of an engine to an
 //! [`AioContext`](crate::AioContext) ([`AttachedEngine`], with per-request completion
 //! callbacks). It performs no I/O itself. What only an engine author needs (the
 //! plug/batch queue, the in-flight table, short-transfer arithmetic) is in
@@ -18,7 +18,7 @@
 //!   returned by exactly one `poll_completions` (or `drain`) call.
 //! * **Refusal is immediate and typed.** A request that can never run ([`Request::validate`]
 //!   fails, among others for `O_DIRECT` alignment; the engine is shut down; the op is
-//!   unsupported by this engine, which [`Routed`] turns into a hand-over to a second engine)
+//!   unsupported by this engine, which [`WithFallback`] turns into a hand-over to a second engine)
 //!   is refused by `submit` with a
 //!   [`SubmitError`] that hands the request back. Errors from the kernel are per request: they
 //!   arrive in that request's completion (`result` carries the errno) and do not disturb the
@@ -34,7 +34,7 @@
 //!   `RWF_NOWAIT`; a request with `NOWAIT` gets `EAGAIN` reported, not retried). Discard and
 //!   write-zeroes ([`Op::Discard`], [`Op::WriteZeroes`]) run where the engine's kernel
 //!   interface has them; an engine without them refuses them with
-//!   [`RequestError::Unsupported`], and [`Routed`] sends them to one that has them.
+//!   [`RequestError::Unsupported`], and [`WithFallback`] sends them to one that has them.
 //! * **Batching.** Between `plug()` and `unplug()` (nestable) submissions queue until a whole
 //!   batch is queued; `unplug()` sends the rest. A batch is at most `max_batch` (default
 //!   [`DEFAULT_MAX_BATCH`], QEMU's aio-max-batch) and never larger than the work the kernel
@@ -56,23 +56,25 @@
 //!   that memory is a caller's ([`GuestIovecs`]). `drain()` does the same and
 //!   hands every outstanding completion back.
 
+pub(crate) mod attached;
 pub(crate) mod buf;
 mod completion;
-pub(crate) mod driver;
+mod fallback;
 mod file;
 mod guest;
 mod request;
-mod routed;
 
 use std::collections::VecDeque;
 
+pub use attached::{AttachedEngine, RequestId, PER_REQUEST_TOKEN_BIT};
 pub use buf::{AlignedBuf, BufError, DEFAULT_ALIGN};
 pub use completion::{Completion, IoBuffers, RequestError, SubmitError, IOV_MAX};
-pub use driver::{AttachedEngine, RequestId, PER_REQUEST_TOKEN_BIT};
+#[allow(deprecated)]
+pub use fallback::Routed;
+pub use fallback::WithFallback;
 pub use file::{DirectIoAlignment, FileKind, IoFile};
 pub use guest::GuestIovecs;
 pub use request::{Op, Request, RwFlags};
-pub use routed::Routed;
 
 use crate::notifier::Notifier;
 
@@ -110,7 +112,7 @@ pub trait IoEngine {
     fn notifier(&self) -> &Notifier;
 
     /// Every notifier the loop must watch: [`notifier`](IoEngine::notifier) first, and for an
-    /// engine that combines others ([`Routed`]) theirs after it. The loop registers each one;
+    /// engine that combines others ([`WithFallback`]) theirs after it. The loop registers each one;
     /// when the first is readable it calls [`clear_notifier`](IoEngine::clear_notifier), when
     /// another is readable it reads that notifier (`test_and_clear`). Either way it then
     /// collects completions.

@@ -2,10 +2,10 @@
 //! engine while in flight and handed back with the result (the design of tokio-uring and
 //! monoio).
 //!
-//! This module owns [`EngineOp`] and its cancellation rule. It builds on the per-request
+//! This module owns [`RequestFuture`] and its cancellation rule. It builds on the per-request
 //! callback of [`AttachedEngine::submit_with`]; it never touches an engine's internals.
 //!
-//! Dropping an [`EngineOp`] before it completes cancels the request ([`IoEngine::cancel`]: a
+//! Dropping an [`RequestFuture`] before it completes cancels the request ([`IoEngine::cancel`]: a
 //! queued request at once, one in the kernel where the engine can) and leaves its memory with
 //! the engine: the late completion, when the kernel or the worker is done, is discarded and
 //! only then are the buffers freed.
@@ -39,21 +39,21 @@ struct OpShared {
 /// The future holds a handle of the engine: [`AttachedEngine::detach`] waits for none to be
 /// left.
 #[must_use = "dropping the future cancels the request"]
-pub struct EngineOp<L: EventLoop, E: IoEngine> {
+pub struct RequestFuture<L: EventLoop, E: IoEngine> {
     shared: Rc<RefCell<OpShared>>,
     /// The engine and the request's id while it is in flight; a refused request has none.
     in_flight: Option<(AttachedEngine<L, E>, RequestId)>,
 }
 
-impl<L: EventLoop, E: IoEngine> std::fmt::Debug for EngineOp<L, E> {
+impl<L: EventLoop, E: IoEngine> std::fmt::Debug for RequestFuture<L, E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EngineOp")
+        f.debug_struct("RequestFuture")
             .field("in_flight", &self.in_flight.as_ref().map(|(_, id)| *id))
             .finish()
     }
 }
 
-impl<L: EventLoop, E: IoEngine> Future for EngineOp<L, E> {
+impl<L: EventLoop, E: IoEngine> Future for RequestFuture<L, E> {
     type Output = Completion;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Completion> {
@@ -73,7 +73,7 @@ impl<L: EventLoop, E: IoEngine> Future for EngineOp<L, E> {
     }
 }
 
-impl<L: EventLoop, E: IoEngine> Drop for EngineOp<L, E> {
+impl<L: EventLoop, E: IoEngine> Drop for RequestFuture<L, E> {
     fn drop(&mut self) {
         let Some((engine, id)) = self.in_flight.take() else {
             return;
@@ -93,9 +93,9 @@ impl<L: EventLoop, E: IoEngine> Drop for EngineOp<L, E> {
 impl<L: EventLoop + 'static, E: IoEngine + 'static> AttachedEngine<L, E> {
     /// Submits `request` and returns the future of its [`Completion`]. A request the engine
     /// refuses completes at once with the refusal as its error (kind as in
-    /// [`RequestError`](crate::RequestError)'s conversion) and its memory back. The request's
+    /// [`RequestError`](crate::engine::RequestError)'s conversion) and its memory back. The request's
     /// own token is kept in the completion.
-    pub fn run(&self, request: Request) -> EngineOp<L, E> {
+    pub fn run(&self, request: Request) -> RequestFuture<L, E> {
         let shared = Rc::new(RefCell::new(OpShared::default()));
         let s = shared.clone();
         let submitted = self.submit_with(request, move |_, _, completion| {
@@ -120,7 +120,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> AttachedEngine<L, E> {
                 None
             }
         };
-        EngineOp { shared, in_flight }
+        RequestFuture { shared, in_flight }
     }
 
     /// Reads `buf.len()` bytes at `offset` into `buf`; the buffer comes back with the result.
@@ -202,7 +202,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> AttachedEngine<L, E> {
         unit(self.run(Request::fdatasync(file, 0)))
     }
 
-    /// A discard of `len` bytes at `offset` (see [`Op::Discard`](crate::Op::Discard)).
+    /// A discard of `len` bytes at `offset` (see [`Op::Discard`](crate::engine::Op::Discard)).
     pub fn discard(
         &self,
         file: &IoFile,
@@ -213,7 +213,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> AttachedEngine<L, E> {
     }
 
     /// A write-zeroes of `len` bytes at `offset` (see
-    /// [`Op::WriteZeroes`](crate::Op::WriteZeroes)).
+    /// [`Op::WriteZeroes`](crate::engine::Op::WriteZeroes)).
     pub fn write_zeroes(
         &self,
         file: &IoFile,
@@ -226,7 +226,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> AttachedEngine<L, E> {
 }
 
 async fn one_buffer<L: EventLoop, E: IoEngine>(
-    op: EngineOp<L, E>,
+    op: RequestFuture<L, E>,
 ) -> (io::Result<usize>, AlignedBuf) {
     let c = op.await;
     let buf = match c.buf {
@@ -237,7 +237,9 @@ async fn one_buffer<L: EventLoop, E: IoEngine>(
     (c.result, buf)
 }
 
-async fn guest<L: EventLoop, E: IoEngine>(op: EngineOp<L, E>) -> (io::Result<usize>, GuestIovecs) {
+async fn guest<L: EventLoop, E: IoEngine>(
+    op: RequestFuture<L, E>,
+) -> (io::Result<usize>, GuestIovecs) {
     let c = op.await;
     let mem = match c.buf {
         IoBuffers::Guest(g) => g,
@@ -247,6 +249,6 @@ async fn guest<L: EventLoop, E: IoEngine>(op: EngineOp<L, E>) -> (io::Result<usi
     (c.result, mem)
 }
 
-async fn unit<L: EventLoop, E: IoEngine>(op: EngineOp<L, E>) -> io::Result<()> {
+async fn unit<L: EventLoop, E: IoEngine>(op: RequestFuture<L, E>) -> io::Result<()> {
     op.await.result.map(drop)
 }

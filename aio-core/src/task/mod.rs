@@ -5,7 +5,7 @@
 //! executor (`executor.rs`), the current-context view the loop's futures use (`current.rs`),
 //! the timer futures [`sleep`] and [`timeout`] (`time.rs`), the readiness futures
 //! [`readable`] and [`writable`] (`readiness.rs`), the engine futures on
-//! [`AttachedEngine`](crate::AttachedEngine) (`io.rs`) and [`join_all`] (`join.rs`). No extra thread, no global runtime, no
+//! [`AttachedEngine`](crate::engine::AttachedEngine) (`io.rs`) and [`join_all`] (`join.rs`). No extra thread, no global runtime, no
 //! dependency beyond std.
 //!
 //! * **Tasks** are `!Send` futures spawned on a context and polled by a bottom half of that
@@ -49,7 +49,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
-pub use io::EngineOp;
+pub use io::RequestFuture;
 pub use join::{join_all, JoinAll};
 pub use readiness::{readable, writable, Readiness};
 pub use time::{sleep, timeout, Elapsed, Sleep, Timeout};

@@ -8,7 +8,7 @@
 //! An engine may refuse a discard or write-zeroes at `submit` with a typed
 //! [`RequestError::Unsupported`] (Linux AIO has no `fallocate`; io_uring runs no ioctl): the
 //! tests then check that the refusal hands the request back and stop there for that engine,
-//! and the engine crate runs the suite once more behind [`Routed`](crate::engine::Routed) to
+//! and the engine crate runs the suite once more behind [`WithFallback`](crate::engine::WithFallback) to
 //! cover the real path.
 
 use std::cell::{Cell, RefCell};
@@ -40,7 +40,7 @@ pub(crate) fn run_range_op<E: IoEngine>(engine: &mut E, request: Request) -> Opt
             assert_eq!(e.request.token, token, "the request comes back");
             assert_eq!(e.request.op.name(), name);
             println!(
-                "{}: {name} refused as unsupported (the Routed suite runs it)",
+                "{}: {name} refused as unsupported (the WithFallback suite runs it)",
                 engine.name()
             );
             None

@@ -7,7 +7,7 @@
 //!
 //! ```
 //! use aio_core::testing::faults::{FaultPlan, FaultyEngine};
-//! # fn wrap<E: aio_core::IoEngine>(engine: E) -> FaultyEngine<E> {
+//! # fn wrap<E: aio_core::engine::IoEngine>(engine: E) -> FaultyEngine<E> {
 //! // Every 5th request fails with EIO, completions are held 1 ms and handed on reversed.
 //! let plan = FaultPlan {
 //!     fail_every: Some((5, libc::EIO)),

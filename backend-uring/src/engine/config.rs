@@ -34,7 +34,7 @@ pub struct UringConfig {
     /// or permission, the engine goes on without registered buffers and says why in
     /// [`UringEngine::fixed_buffers_error`](crate::UringEngine::fixed_buffers_error); another refusal affects that buffer only.
     ///
-    /// Requests on caller-owned memory ([`GuestIovecs`](aio_core::GuestIovecs)) always go
+    /// Requests on caller-owned memory ([`GuestIovecs`](aio_core::engine::GuestIovecs)) always go
     /// without: the engine does not register memory it does not own.
     ///
     /// Meant for buffers that are reused (a request pool): a freed
@@ -161,7 +161,7 @@ pub struct UringStats {
     /// `io_uring_enter` calls made to run pending task work (the `IORING_SQ_TASKRUN` flag
     /// was set; [`TaskRun::Cooperative`] and [`TaskRun::Deferred`] only).
     pub task_run_enters: u64,
-    /// Writes with [`RwFlags::FUA`](aio_core::RwFlags::FUA) (an SQE `rw_flags` of `RWF_DSYNC`).
+    /// Writes with [`RwFlags::FUA`](aio_core::engine::RwFlags::FUA) (an SQE `rw_flags` of `RWF_DSYNC`).
     pub fua_writes: u64,
     /// Discards and write-zeroes hard-linked to the next one on the same file, so that one
     /// io-wq worker runs them in turn.

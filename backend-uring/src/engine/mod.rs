@@ -320,7 +320,7 @@ impl UringEngine {
     }
 
     /// Refuses a block device's discard (an ioctl: no io_uring op runs it on this kernel
-    /// interface; [`Routed`](aio_core::Routed) sends it to a thread pool); counts FUA writes.
+    /// interface; [`WithFallback`](aio_core::engine::WithFallback) sends it to a thread pool); counts FUA writes.
     fn check_request(&mut self, request: &Request) -> Result<(), RequestError> {
         if matches!(request.op, Op::Discard { .. }) && request.file.kind() == FileKind::BlockDevice
         {
@@ -328,7 +328,7 @@ impl UringEngine {
                 engine: "uring",
                 op: "discard",
                 reason: "a block device's discard is the BLKDISCARD ioctl; route it to a \
-                         thread pool with aio_core::engine::Routed"
+                         thread pool with aio_core::engine::WithFallback"
                     .into(),
             });
         }

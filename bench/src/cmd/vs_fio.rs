@@ -130,7 +130,7 @@ fn ours(args: &VsFioArgs, file: &IoFile, spec: JobSpec) -> Result<JobResult, Ben
                 // A block device's discard goes to the pool (io_uring refuses it).
                 let pool = aio_pool::ThreadPool::new(aio_pool::PoolConfig::default())
                     .map_err(|e| BenchError::failed(format!("thread pool: {e}")))?;
-                let engine = aio_core::engine::Routed::new(engine, pool);
+                let engine = aio_core::engine::WithFallback::new(engine, pool);
                 return run_job(monitor, engine, file, args.size, spec).map_err(failed);
             }
             return run_job(monitor, engine, file, args.size, spec).map_err(failed);

@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use aio_core::{AioContext, EventLoop, IoEngine, IoThread, NotifyHandle};
+use aio_core::engine::IoEngine;
+use aio_core::{AioContext, EventLoop, IoThread, NotifyHandle};
 
 use super::guest::{self, GuestDone, GuestPlace, GuestStats};
 use super::host::{QueuePlace, Station};

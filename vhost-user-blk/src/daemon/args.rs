@@ -26,7 +26,7 @@ pub struct Args {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub iothreads: u16,
     /// The iothreads' longest busy-poll window in ns (0: off; QEMU's IOThread default).
-    #[arg(long, default_value_t = aio_core::polling::DEFAULT_POLL_MAX_NS)]
+    #[arg(long, default_value_t = aio_core::DEFAULT_POLL_MAX_NS)]
     pub poll_max_ns: u64,
     /// CPUs to run on, e.g. `0` or `0-1,3`: iothread k on the k-th (mod the count).
     #[arg(long, value_parser = parse_cpus)]

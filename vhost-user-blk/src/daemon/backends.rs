@@ -6,7 +6,8 @@
 
 use std::io;
 
-use aio_core::{EventLoop, IoEngine};
+use aio_core::engine::IoEngine;
+use aio_core::EventLoop;
 
 /// The engine names `--engine` takes.
 pub const ENGINES: [&str; 4] = ["uring", "linux-aio", "pool", "auto"];
@@ -66,7 +67,7 @@ fn with_fallback(engine: Box<dyn IoEngine>) -> io::Result<Box<dyn IoEngine>> {
     #[cfg(feature = "pool")]
     {
         let pool = aio_pool::ThreadPool::new(aio_pool::PoolConfig::default())?;
-        Ok(Box::new(aio_core::Routed::new(engine, pool)))
+        Ok(Box::new(aio_core::engine::WithFallback::new(engine, pool)))
     }
     #[cfg(not(feature = "pool"))]
     Ok(engine)

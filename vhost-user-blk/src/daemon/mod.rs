@@ -17,7 +17,8 @@ use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use aio_core::{AioContext, EventLoop, IoEngine, IoThread, PollParams};
+use aio_core::engine::IoEngine;
+use aio_core::{AioContext, EventLoop, IoThread, PollParams};
 use clap::Parser;
 
 pub use args::{Args, CpuList, DiskSpec};

@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use aio_core::{AioContext, EventLoop, FdHandler, IoEngine};
+use aio_core::engine::IoEngine;
+use aio_core::{AioContext, EventLoop, FdHandler};
 use vhost::vhost_user::{BackendReqHandler, Error as VuError};
 
 use crate::device::BlockDevice;

@@ -1,4 +1,4 @@
-//! `Routed`: one engine in front, a second one for the ops the first cannot run.
+//! `WithFallback`: one engine in front, a second one for the ops the first cannot run.
 //!
 //! This module owns the routing rule and the merging of two engines' completions and
 //! notifiers. It never runs I/O itself and never looks inside either engine.
@@ -19,9 +19,9 @@ use crate::notifier::Notifier;
 /// the kernel's AIO has no `fallocate`; this is that, for any pair of engines:
 ///
 /// ```no_run
-/// # use aio_core::engine::{IoEngine, Routed};
+/// # use aio_core::engine::{IoEngine, WithFallback};
 /// # fn demo(linux_aio: impl IoEngine, pool: impl IoEngine) {
-/// let engine = Routed::new(linux_aio, pool); // discard and write-zeroes go to the pool
+/// let engine = WithFallback::new(linux_aio, pool); // discard and write-zeroes go to the pool
 /// # }
 /// ```
 ///
@@ -32,19 +32,19 @@ use crate::notifier::Notifier;
 ///   pays nothing for the second engine.
 /// * `name()` is the primary's.
 #[derive(Debug)]
-pub struct Routed<A, B> {
+pub struct WithFallback<A, B> {
     primary: A,
     fallback: B,
-    routed: u64,
+    sent_to_fallback: u64,
 }
 
-impl<A: IoEngine, B: IoEngine> Routed<A, B> {
+impl<A: IoEngine, B: IoEngine> WithFallback<A, B> {
     /// `primary` for everything it runs, `fallback` for what it refuses as unsupported.
     pub fn new(primary: A, fallback: B) -> Self {
-        Routed {
+        WithFallback {
             primary,
             fallback,
-            routed: 0,
+            sent_to_fallback: 0,
         }
     }
 
@@ -69,12 +69,22 @@ impl<A: IoEngine, B: IoEngine> Routed<A, B> {
     }
 
     /// Requests sent to the fallback so far.
+    pub fn sent_to_fallback(&self) -> u64 {
+        self.sent_to_fallback
+    }
+
+    /// The old name of [`WithFallback::sent_to_fallback`].
+    #[deprecated(note = "renamed `sent_to_fallback`")]
     pub fn routed(&self) -> u64 {
-        self.routed
+        self.sent_to_fallback
     }
 }
 
-impl<A: IoEngine, B: IoEngine> IoEngine for Routed<A, B> {
+/// The old name of [`WithFallback`] (it was `Routed` in the examples of earlier versions).
+#[deprecated(note = "renamed `WithFallback`")]
+pub type Routed<A, B> = WithFallback<A, B>;
+
+impl<A: IoEngine, B: IoEngine> IoEngine for WithFallback<A, B> {
     fn name(&self) -> &'static str {
         self.primary.name()
     }
@@ -86,7 +96,7 @@ impl<A: IoEngine, B: IoEngine> IoEngine for Routed<A, B> {
                 request,
             }) => {
                 self.fallback.submit(*request)?;
-                self.routed += 1;
+                self.sent_to_fallback += 1;
                 Ok(())
             }
             other => other,
@@ -252,7 +262,7 @@ mod tests {
 
     #[test]
     fn reads_stay_in_front_range_ops_go_behind_and_cancel_follows_them() {
-        let mut r = Routed::new(Counting::new(true), Counting::new(false));
+        let mut r = WithFallback::new(Counting::new(true), Counting::new(false));
         let f = null();
         r.submit(Request::read(&f, 0, AlignedBuf::new(512), 1))
             .unwrap();
@@ -262,7 +272,7 @@ mod tests {
         assert_eq!(r.primary().ops, vec![(1, "read")]);
         let behind: Vec<u64> = r.fallback().ops.iter().map(|o| o.0).collect();
         assert_eq!(behind, vec![2, 3]);
-        assert_eq!(r.routed(), 2);
+        assert_eq!(r.sent_to_fallback(), 2);
         assert_eq!(r.in_flight(), 3);
         assert_eq!(r.name(), "counting", "the primary names the pair");
         assert_eq!(r.notifiers().len(), 2, "both engines are watched");
@@ -276,18 +286,18 @@ mod tests {
 
     #[test]
     fn an_op_both_refuse_is_the_callers_error_with_the_request_back() {
-        let mut r = Routed::new(Counting::new(true), Counting::new(true));
+        let mut r = WithFallback::new(Counting::new(true), Counting::new(true));
         let f = null();
         let e = r.submit(Request::discard(&f, 0, 4096, 9)).unwrap_err();
         assert!(matches!(e.error, RequestError::Unsupported { .. }), "{e}");
         assert_eq!(e.request.token, 9);
-        assert_eq!(r.routed(), 0);
+        assert_eq!(r.sent_to_fallback(), 0);
         assert_eq!(r.in_flight(), 0);
     }
 
     #[test]
     fn batching_reaches_both_engines_and_so_do_completions() {
-        let mut r = Routed::new(Counting::new(true), Counting::new(false));
+        let mut r = WithFallback::new(Counting::new(true), Counting::new(false));
         let f = null();
         r.plug();
         r.set_max_batch(7);
