@@ -29,9 +29,9 @@ use std::rc::Rc;
 
 use aio_backend_epoll::EpollLoop;
 use aio_backend_poll::PollLoop;
-use aio_bench::engines::EngineKind;
-use aio_bench::image::DiskImage;
-use aio_bench::loopdev::{LoopDevice, LoopSpec};
+use aio_bench::backends::engines::EngineKind;
+use aio_bench::targets::image::DiskImage;
+use aio_bench::targets::loopdev::{LoopDevice, LoopSpec};
 use aio_core::engine::{AlignedBuf, IoEngine, Request};
 use aio_core::testing::{drain_fd, raise_fd_limit, write_byte, Pipe};
 use aio_core::{AioContext, EventLoop, FdHandler, Hybrid, Notifier, PollParams};

@@ -8,14 +8,14 @@
 //! not be written). The other modules' errors ([`JobFileError`], [`LoopError`], [`FioError`],
 //! [`RunError`]) convert into it with `?`. It never prints: the binary prints
 //! `aio-bench SUBCOMMAND: MESSAGE` and exits with [`BenchError::exit_code`]. (A signal's exit,
-//! code 130, is [`crate::cleanup`]'s.)
+//! code 130, is [`crate::targets::cleanup`]'s.)
 
 use std::io;
 
+use crate::fio::jobfile::JobFileError;
+use crate::fio::runner::RunError;
 use crate::fio::FioError;
-use crate::jobfile::JobFileError;
-use crate::loopdev::LoopError;
-use crate::runner::RunError;
+use crate::targets::loopdev::LoopError;
 
 /// Why an `aio-bench` subcommand failed; [`exit_code`](BenchError::exit_code) says with which
 /// code the binary exits.
@@ -99,7 +99,9 @@ mod tests {
 
     #[test]
     fn bad_input_exits_2_and_failures_1_with_the_message_unchanged() {
-        let device = "nvme".parse::<crate::loopdev::LoopSpec>().unwrap_err();
+        let device = "nvme"
+            .parse::<crate::targets::loopdev::LoopSpec>()
+            .unwrap_err();
         let device_text = device.to_string();
         let cases: Vec<(BenchError, u8, String)> = vec![
             (
@@ -109,7 +111,7 @@ mod tests {
             ),
             (device.into(), 2, device_text),
             (
-                crate::jobfile::parse("[j]\nrw=sideways\n", "t.fio".as_ref())
+                crate::fio::jobfile::parse("[j]\nrw=sideways\n", "t.fio".as_ref())
                     .unwrap_err()
                     .into(),
                 2,

@@ -22,12 +22,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use aio_bench::backends::engines::EngineKind;
+use aio_bench::backends::monitors::MonitorKind;
 use aio_bench::cpus::CpuList;
-use aio_bench::engines::EngineKind;
-use aio_bench::job::Pattern;
-use aio_bench::loopdev::LoopSpec;
+use aio_bench::load::Pattern;
 use aio_bench::matrix::Workload;
-use aio_bench::monitors::MonitorKind;
+use aio_bench::targets::loopdev::LoopSpec;
 use clap::{Parser, Subcommand};
 
 use crate::cmd::values::{
@@ -80,7 +80,7 @@ struct VhostDaemonArgs {
 
 #[derive(clap::Args, Debug)]
 struct RunArgs {
-    /// fio job files (`[global]` and job sections; see `aio_bench::jobfile` for the options).
+    /// fio job files (`[global]` and job sections; see `aio_bench::fio::jobfile` for the options).
     #[arg(required = true)]
     jobfiles: Vec<PathBuf>,
     /// `normal` (fio's text summary) or `json` (fio's JSON field names).

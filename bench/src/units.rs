@@ -109,14 +109,14 @@ mod tests {
     /// an overflow (never wrapped).
     #[test]
     fn random_input_never_panics_and_units_multiply_exactly() {
-        let mut rng = crate::job::Rng::new(11);
+        let mut rng = crate::load::Rng::new(11);
         let alphabet: Vec<char> = "0123456789kKmMgGtTbBiIsSuUhHdD .-+x\u{e9}"
             .chars()
             .collect();
         for _ in 0..50_000 {
-            let len = (rng.next() % 12) as usize;
+            let len = (rng.next_u64() % 12) as usize;
             let s: String = (0..len)
-                .map(|_| alphabet[(rng.next() % alphabet.len() as u64) as usize])
+                .map(|_| alphabet[(rng.next_u64() % alphabet.len() as u64) as usize])
                 .collect();
             if let Err(e) = parse_size(&s) {
                 assert!(e.to_string().contains(&format!("'{s}'")));
@@ -143,13 +143,13 @@ mod tests {
         ];
         for _ in 0..20_000 {
             // Numbers of every magnitude, up to u64::MAX.
-            let n = rng.next() >> (rng.next() % 64);
-            let (suffix, unit) = sizes[(rng.next() % sizes.len() as u64) as usize];
+            let n = rng.next_u64() >> (rng.next_u64() % 64);
+            let (suffix, unit) = sizes[(rng.next_u64() % sizes.len() as u64) as usize];
             match n.checked_mul(unit) {
                 Some(v) => assert_eq!(parse_size(&format!("{n}{suffix}")), Ok(v)),
                 None => assert!(parse_size(&format!("{n}{suffix}")).is_err()),
             }
-            let (suffix, us) = times[(rng.next() % times.len() as u64) as usize];
+            let (suffix, us) = times[(rng.next_u64() % times.len() as u64) as usize];
             let got = parse_duration(&format!("{n}{suffix}"));
             let want_us = u128::from(n) * u128::from(us);
             if want_us <= MAX_DURATION.as_micros() {

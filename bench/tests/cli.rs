@@ -12,7 +12,7 @@ use common::{bench, expect_bad_input, text, TempDir};
 /// `skipped:` why (a failure under `AIO_REQUIRE_ALL_BACKENDS=1`).
 #[allow(dead_code)] // Not every feature set has a test that asks.
 fn usable(wanted: &[&'static str]) -> Vec<&'static str> {
-    use aio_bench::engines::EngineKind;
+    use aio_bench::backends::engines::EngineKind;
     let mut out = Vec::new();
     for &w in wanted {
         let kind = EngineKind::ALL

@@ -7,9 +7,9 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::Duration;
 
-use aio_bench::image::DiskImage;
-use aio_bench::job::Pattern;
+use aio_bench::load::Pattern;
 use aio_bench::scsi::{run_cell, CellResult, CellSpec, MemoryPath};
+use aio_bench::targets::image::DiskImage;
 use aio_core::engine::{Completion, IoEngine, Request, SubmitError};
 use aio_core::testing::faults::{FaultPlan, FaultyEngine};
 use aio_core::Notifier;

@@ -18,7 +18,7 @@ use std::task::Waker;
 use std::time::{Duration, Instant};
 
 use aio_backend_epoll::EpollLoop;
-use aio_bench::engines::EngineKind;
+use aio_bench::backends::engines::EngineKind;
 use aio_core::engine::{AlignedBuf, AttachedEngine, IoEngine, IoFile};
 use aio_core::task::join_all;
 use aio_core::{AioContext, IoThread};

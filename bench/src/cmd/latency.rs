@@ -4,13 +4,13 @@
 //!
 //! This module owns the subcommand's run: the engines and polling limits compared, the test
 //! target (a file, or the fast device) and the table, mean latency with p99 per cell. It never
-//! measures anything itself ([`aio_bench::job::run_job`]).
+//! measures anything itself ([`aio_bench::fio::job::run_job`]).
 
 use std::time::Duration;
 
-use aio_bench::engines::{EngineKind, UringOptions};
+use aio_bench::backends::engines::{EngineKind, UringOptions};
 use aio_bench::error::BenchError;
-use aio_bench::job::{run_job, JobSpec};
+use aio_bench::fio::job::{run_job, JobSpec};
 use aio_core::engine::IoFile;
 
 use super::{check_target, test_image};

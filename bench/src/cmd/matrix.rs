@@ -10,15 +10,15 @@
 
 use std::path::Path;
 
+use aio_bench::backends::engines::EngineKind;
+use aio_bench::backends::monitors::MonitorKind;
 use aio_bench::cpus::CpuList;
-use aio_bench::engines::EngineKind;
 use aio_bench::error::BenchError;
-use aio_bench::image::{free_bytes, DiskImage};
-use aio_bench::loopdev::{LoopDevice, LoopSpec};
 use aio_bench::matrix::{self, Cell, MatrixSpec};
-use aio_bench::monitors::MonitorKind;
 use aio_bench::progress::Progress;
 use aio_bench::scsi::{CellSpec, MemoryPath};
+use aio_bench::targets::image::{free_bytes, DiskImage};
+use aio_bench::targets::loopdev::{LoopDevice, LoopSpec};
 
 use super::check_target;
 use crate::MatrixArgs;
@@ -140,11 +140,11 @@ impl Disks {
     }
 
     /// Images in `dir`, if its file system has room for them. They have no names (see
-    /// [`DiskImage`](aio_bench::image::DiskImage)): nothing is left in `dir` however the run
+    /// [`DiskImage`](aio_bench::targets::image::DiskImage)): nothing is left in `dir` however the run
     /// ends. Directories that runs of older versions left behind, whose process is gone, are
     /// removed first.
     fn in_dir(dir: &Path, spec: &MatrixSpec) -> Result<Disks, BenchError> {
-        aio_bench::cleanup::remove_dead_runs(dir);
+        aio_bench::targets::cleanup::remove_dead_runs(dir);
         // Enough free space (driven disks at --disk-size, idle ones at 1 MiB)?
         let max_disks = spec.max_disks() as u64;
         let driven = if spec.active_all { max_disks } else { 1 };

@@ -29,8 +29,8 @@ pub mod vs_fio;
 use std::path::{Path, PathBuf};
 
 use aio_bench::error::BenchError;
-use aio_bench::image::DiskImage;
-use aio_bench::loopdev::{LoopDevice, LoopSpec};
+use aio_bench::targets::image::DiskImage;
+use aio_bench::targets::loopdev::{LoopDevice, LoopSpec};
 
 /// Checks `--dir` (default: the system temp dir), `--bs` and the image size (`size_flag`
 /// names its flag); bad input names the flag.

@@ -12,8 +12,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use aio_bench::error::BenchError;
-use aio_bench::image::DiskImage;
-use aio_bench::loopdev::{LoopDevice, LoopSpec};
+use aio_bench::targets::image::DiskImage;
+use aio_bench::targets::loopdev::{LoopDevice, LoopSpec};
 
 use super::check_target;
 use super::values::{parse_device, parse_duration_arg, parse_size_arg};
@@ -66,7 +66,7 @@ pub struct PeersArgs {
     /// `epoll` (`vs-fio`'s default), `shared-ring` (one io_uring for the monitor and the
     /// io_uring engine), or `poll`, `hybrid`.
     #[arg(long, default_value = "uring", value_parser = super::values::parse_monitor)]
-    fdmon: aio_bench::monitors::MonitorKind,
+    fdmon: aio_bench::backends::monitors::MonitorKind,
     /// aio-rs's io_uring engine registers the file and the workers' buffers with its ring
     /// (`IORING_OP_READ_FIXED`, as glommio does; off by default, as the engine's own default).
     #[arg(long)]

@@ -5,15 +5,16 @@
 //! error anywhere stops it), the options noted as accepted without effect, `--device`
 //! (every job retargeted at the fast device), the jobs in file order with a progress line each,
 //! and the report in the chosen format. It never parses a job file, runs a job or formats a
-//! report itself ([`aio_bench::jobfile`], [`aio_bench::runner`]).
+//! report itself ([`aio_bench::fio::jobfile`], [`aio_bench::fio::runner`]).
 
 use std::path::PathBuf;
 
 use aio_bench::error::BenchError;
-use aio_bench::jobfile::{self, JobFile};
-use aio_bench::loopdev::LoopDevice;
+use aio_bench::fio::jobfile::{self, JobFile};
+use aio_bench::fio::output;
+use aio_bench::fio::runner::{self, JobReport};
 use aio_bench::progress::Progress;
-use aio_bench::runner::{self, JobReport};
+use aio_bench::targets::loopdev::LoopDevice;
 
 use crate::RunArgs;
 
@@ -31,10 +32,10 @@ pub fn run(args: RunArgs) -> Result<(), BenchError> {
     if args.output_format == "json" {
         println!(
             "{}",
-            serde_json::to_string_pretty(&runner::to_fio_json(&reports)).expect("json")
+            serde_json::to_string_pretty(&output::to_fio_json(&reports)).expect("json")
         );
     } else {
-        print!("{}", runner::to_normal(&reports));
+        print!("{}", output::to_normal(&reports));
     }
     // As fio: requests that failed make the run fail (exit 1), after the report.
     let failed: Vec<String> = reports

@@ -8,11 +8,11 @@
 
 use std::time::Duration;
 
-use aio_bench::engines::EngineKind;
-use aio_bench::job::Pattern;
-use aio_bench::loopdev::LoopSpec;
+use aio_bench::backends::engines::EngineKind;
+use aio_bench::backends::monitors::MonitorKind;
+use aio_bench::load::Pattern;
 use aio_bench::matrix::Workload;
-use aio_bench::monitors::MonitorKind;
+use aio_bench::targets::loopdev::LoopSpec;
 use aio_bench::units::{parse_duration, parse_size};
 
 /// A matrix workload: `rd`, `wr` or `randrw`.
@@ -23,13 +23,13 @@ pub fn parse_workload(s: &str) -> Result<Workload, String> {
 /// An engine name.
 pub fn parse_engine(s: &str) -> Result<EngineKind, String> {
     s.parse()
-        .map_err(|e: aio_bench::engines::UnknownEngine| e.to_string())
+        .map_err(|e: aio_bench::backends::engines::UnknownEngine| e.to_string())
 }
 
 /// An fd monitor name.
 pub fn parse_monitor(s: &str) -> Result<MonitorKind, String> {
     s.parse()
-        .map_err(|e: aio_bench::monitors::UnknownMonitor| e.to_string())
+        .map_err(|e: aio_bench::backends::monitors::UnknownMonitor| e.to_string())
 }
 
 /// A monitor that runs on its own (not `shared-ring`, which only `vs-fio` and `peers` pair
@@ -48,7 +48,7 @@ pub fn parse_monitor_alone(s: &str) -> Result<MonitorKind, String> {
 /// hybrid -> poll).
 pub fn parse_monitor_or_auto(s: &str) -> Result<MonitorKind, String> {
     if s == "auto" {
-        return aio_bench::monitors::auto()
+        return aio_bench::backends::monitors::auto()
             .map(|(k, _)| k)
             .map_err(|e| e.to_string());
     }
@@ -58,7 +58,7 @@ pub fn parse_monitor_or_auto(s: &str) -> Result<MonitorKind, String> {
 /// An engine name or `auto` (resolved now, by the probe order uring -> linux-aio -> pool).
 pub fn parse_engine_or_auto(s: &str) -> Result<EngineKind, String> {
     if s == "auto" {
-        return aio_bench::engines::auto()
+        return aio_bench::backends::engines::auto()
             .map(|(k, _)| k)
             .map_err(|e| e.to_string());
     }
@@ -93,5 +93,5 @@ pub fn parse_runtime_arg(s: &str) -> Result<Duration, String> {
 /// A `--device`: `loop` or `loop:SIZE`.
 pub fn parse_device(s: &str) -> Result<LoopSpec, String> {
     s.parse()
-        .map_err(|e: aio_bench::loopdev::LoopError| e.to_string())
+        .map_err(|e: aio_bench::targets::loopdev::LoopError| e.to_string())
 }

@@ -10,11 +10,11 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use aio_bench::engines::EngineKind;
+use aio_bench::backends::engines::EngineKind;
+use aio_bench::backends::monitors::MonitorKind;
 use aio_bench::error::BenchError;
-use aio_bench::job::Pattern;
-use aio_bench::loopdev::{LoopDevice, LoopSpec};
-use aio_bench::monitors::MonitorKind;
+use aio_bench::load::Pattern;
+use aio_bench::targets::loopdev::{LoopDevice, LoopSpec};
 use aio_bench::vhost::client::MAX_IODEPTH;
 use aio_bench::vhost::compare::{self, CompareSpec};
 use aio_bench::vhost::daemons::QSD;
@@ -140,7 +140,7 @@ pub fn run(args: VhostArgs) -> Result<(), BenchError> {
             .collect()
     } else {
         vec![
-            aio_bench::monitors::auto()
+            aio_bench::backends::monitors::auto()
                 .map_err(|e| BenchError::failed(format!("--fdmon auto: {e}")))?
                 .0,
         ]

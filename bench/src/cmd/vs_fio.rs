@@ -4,14 +4,14 @@
 //! This module owns the comparison: the checks (`--fdmon shared-ring` with `--engine uring` only,
 //! fio installed), the test target shared by both (a file, or the fast device), the rounds
 //! and the table. It never builds fio's command line or reads fio's output
-//! ([`aio_bench::fio`]), and never measures our side itself ([`aio_bench::job::run_job`]).
+//! ([`aio_bench::fio`]), and never measures our side itself ([`aio_bench::fio::job::run_job`]).
 
-use aio_bench::engines::{EngineKind, UringOptions};
+use aio_bench::backends::engines::{EngineKind, UringOptions};
+use aio_bench::backends::monitors::MonitorKind;
 use aio_bench::error::BenchError;
+use aio_bench::fio::job::{run_job, JobResult, JobSpec};
 use aio_bench::fio::{self, FioResult};
-use aio_bench::image::DiskImage;
-use aio_bench::job::{run_job, JobResult, JobSpec};
-use aio_bench::monitors::MonitorKind;
+use aio_bench::targets::image::DiskImage;
 use aio_core::engine::IoFile;
 
 use super::{check_target, test_image};

@@ -277,7 +277,7 @@ pub fn to_json(spec: &MatrixSpec, cells: &[Cell]) -> serde_json::Value {
                 "per_iothread": c.result.per_iothread.iter().map(|t| json!({
                     "queues": t.queues,
                     "cpu_s": t.cpu_s,
-                    "counters": crate::runner::counters_json(&t.counters),
+                    "counters": crate::fio::output::counters_json(&t.counters),
                 })).collect::<Vec<_>>(),
                 "counters": {
                     "iterations": k.iterations,

@@ -25,7 +25,8 @@ use std::io;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use aio_bench::monitors::MonitorKind;
+use aio_bench::backends::monitors::MonitorKind;
+use aio_bench::load::{latency_histogram, OffsetStream, Pattern, Window};
 use hdrhistogram::Histogram;
 
 /// One way of running the job (tables list them in this order).
@@ -139,13 +140,13 @@ impl Job {
 
 /// One worker's state: where it reads next, and what it measured. Every variant drives its
 /// workers the same way: `while w.running(t) { read at w.next_offset(); t = w.record(t, r) }`.
+/// The offsets, the histogram and the measured window are the library's (`aio_bench::load`),
+/// as every other load generator of the bench uses them.
 #[derive(Debug, Clone)]
 pub struct Worker {
-    rng: u64,
-    blocks: u64,
+    offsets: OffsetStream,
     bs: u64,
-    ramp_end: Instant,
-    deadline: Instant,
+    window: Window,
     /// Latency of the reads completed in the measured window, in ns.
     pub latency_ns: Histogram<u64>,
     /// Reads completed in the measured window.
@@ -158,16 +159,13 @@ pub struct Worker {
 
 impl Worker {
     fn new(job: &Job, index: u64, start: Instant) -> Worker {
-        let ramp_end = start + job.ramp;
+        // A different seed per worker; the same for every variant.
+        let seed = 0x9e37_79b9_7f4a_7c15 ^ (index + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         Worker {
-            // A different non-zero xorshift seed per worker; the same for every variant.
-            rng: 0x9e37_79b9_7f4a_7c15 ^ (index + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9),
-            blocks: job.blocks.max(1),
+            offsets: OffsetStream::new(Pattern::RandRead, 100, job.blocks, job.bs as u64, seed),
             bs: job.bs as u64,
-            ramp_end,
-            deadline: ramp_end + job.secs,
-            latency_ns: Histogram::new_with_bounds(1, 60_000_000_000, 3)
-                .expect("static histogram bounds"),
+            window: Window::new(start, job.ramp, job.secs),
+            latency_ns: latency_histogram(),
             measured: 0,
             completed: 0,
             errors: 0,
@@ -176,17 +174,13 @@ impl Worker {
 
     /// The byte offset of the next read: a uniformly random block.
     pub fn next_offset(&mut self) -> u64 {
-        // xorshift64*
-        self.rng ^= self.rng >> 12;
-        self.rng ^= self.rng << 25;
-        self.rng ^= self.rng >> 27;
-        let r = self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d);
-        (r % self.blocks) * self.bs
+        let block = self.offsets.next_block();
+        self.offsets.offset(block)
     }
 
     /// True while a read issued at `now` belongs to the run.
     pub fn running(&self, now: Instant) -> bool {
-        now < self.deadline
+        self.window.running(now)
     }
 
     /// Records a read issued at `started` that returned `result` (bytes read), and returns the
@@ -196,7 +190,7 @@ impl Worker {
         self.completed += 1;
         match result {
             Ok(n) if *n as u64 == self.bs => {
-                if now >= self.ramp_end && now < self.deadline {
+                if self.window.measures(now) {
                     self.measured += 1;
                     let ns = now.duration_since(started).as_nanos() as u64;
                     let _ = self.latency_ns.record(ns.max(1));
@@ -277,8 +271,7 @@ pub fn run(variant: Variant, job: &Job) -> io::Result<Sample> {
     };
     let cpu_s = process_cpu_seconds() - cpu_start;
     let mut sample = Sample {
-        latency_ns: Histogram::new_with_bounds(1, 60_000_000_000, 3)
-            .expect("static histogram bounds"),
+        latency_ns: latency_histogram(),
         measured: 0,
         completed: 0,
         errors: 0,

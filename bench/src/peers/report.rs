@@ -25,7 +25,7 @@ impl Runs {
     }
 
     fn merged(&self) -> Histogram<u64> {
-        let mut h = Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("static bounds");
+        let mut h = aio_bench::load::latency_histogram();
         for s in &self.rounds {
             let _ = h.add(&s.latency_ns);
         }
@@ -384,7 +384,7 @@ mod tests {
             rounds: iops
                 .iter()
                 .map(|&n| Sample {
-                    latency_ns: Histogram::new_with_bounds(1, 60_000_000_000, 3).unwrap(),
+                    latency_ns: aio_bench::load::latency_histogram(),
                     measured: n,
                     completed: n,
                     errors: 0,

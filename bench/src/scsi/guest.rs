@@ -21,8 +21,9 @@ use nix::poll::{poll, PollFd, PollFlags};
 
 use super::memory::GuestRam;
 use super::{CellSpec, GuestRequest, UsedEntry, Virtqueue};
-use crate::job::{latency_histogram, thread_cpu_seconds, OffsetStream};
-use crate::verify::{self, Ledger};
+use crate::fio::job::thread_cpu_seconds;
+use crate::load::verify::{self, Ledger};
+use crate::load::{latency_histogram, OffsetStream, Window};
 
 /// How long after its deadline a guest waits for requests still in flight before it counts
 /// them as failed (an iothread that stopped answering must not hang the bench).
@@ -154,8 +155,7 @@ struct Guest<'a> {
     /// Slots with no request in flight.
     free: Vec<u32>,
     outstanding: usize,
-    measure_from: Instant,
-    deadline: Instant,
+    window: Window,
     stats: GuestStats,
 }
 
@@ -177,7 +177,7 @@ impl<'a> Guest<'a> {
             0x9e37 + disk as u64,
         );
         let start = Instant::now();
-        let measure_from = start + spec.ramp;
+        let window = Window::new(start, spec.ramp, spec.runtime);
         let idle = SlotInfo {
             issued_at: start,
             block: 0,
@@ -195,8 +195,7 @@ impl<'a> Guest<'a> {
             slots: vec![idle; spec.iodepth],
             free: (0..spec.iodepth as u32).collect(),
             outstanding: 0,
-            measure_from,
-            deadline: measure_from + spec.runtime,
+            window,
             stats: GuestStats {
                 ios: 0,
                 bytes: 0,
@@ -215,7 +214,7 @@ impl<'a> Guest<'a> {
     fn drive(&mut self) {
         loop {
             let now = Instant::now();
-            if now < self.deadline && !self.free.is_empty() {
+            if self.window.running(now) && !self.free.is_empty() {
                 self.issue(now);
             }
             if self.outstanding == 0 {
@@ -229,7 +228,7 @@ impl<'a> Guest<'a> {
                     self.complete(entry, now);
                 }
             }
-            if now >= self.deadline + GIVE_UP_AFTER {
+            if now >= self.window.deadline + GIVE_UP_AFTER {
                 self.abandon();
                 break;
             }
@@ -342,7 +341,7 @@ impl<'a> Guest<'a> {
         let info = self.slots[entry.slot as usize];
         let result = entry.result;
         self.settle(entry.slot, info, result);
-        if now >= self.measure_from && now < self.deadline {
+        if self.window.measures(now) {
             if result < 0 {
                 self.stats.errors += 1;
             } else {

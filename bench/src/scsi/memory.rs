@@ -2,7 +2,7 @@
 //!
 //! This module owns the one guest-RAM region of a cell (an anonymous shared mapping, as a
 //! VMM maps its guest's memory for its device threads) and the layout of the guests' request
-//! slots in it. It never submits I/O; the iothread (`scsi.rs`) points requests into it or,
+//! slots in it. It never submits I/O; the iothread (`scsi/mod.rs`) points requests into it or,
 //! with `--bounce`, copies through its own buffers, and the guests (`scsi/guest.rs`) prepare
 //! and check their data in it.
 

@@ -18,8 +18,8 @@ use super::guest::{self, GuestDone, GuestPlace, GuestStats};
 use super::host::{QueuePlace, Station};
 use super::memory::GuestRam;
 use super::{check, iothread_of, CellResult, CellSpec, IothreadFigures, Virtqueue};
-use crate::image::DiskImage;
-use crate::job::thread_cpu_seconds;
+use crate::fio::job::thread_cpu_seconds;
+use crate::targets::image::DiskImage;
 
 /// A cell's shared parts: the guest RAM and every disk's virtqueues. Whoever runs the cell
 /// keeps the rig until every iothread's context is dropped: the guest RAM must outlive every

@@ -10,7 +10,7 @@
 //! `--verify` each block has one writer and each read one right answer. The threads wait for
 //! completions on their queue's completion fd, never busy polling.
 //!
-//! With verify, every write carries [`crate::verify`]'s stamp (its offset, a generation and a
+//! With verify, every write carries [`crate::load::verify`]'s stamp (its offset, a generation and a
 //! crc32c) and every read is checked: a block written in this run must hold its last
 //! acknowledged generation; a block not yet written in this run may be unstamped, or hold any
 //! valid stamp for its offset (an earlier run's).
@@ -23,7 +23,7 @@ use blkio::Blkio;
 use hdrhistogram::Histogram;
 
 use crate::error::BenchError;
-use crate::job::Pattern;
+use crate::load::{Pattern, Window};
 
 use super::queue::{QueueDriver, QueueStats};
 use super::ProcCpu;
@@ -182,8 +182,7 @@ pub fn run_client(
         .map_err(blkio_err(&format!("mapping the buffers into {sock}")))?;
 
     let start = Instant::now();
-    let window_start = start + spec.ramp;
-    let window_end = window_start + spec.runtime;
+    let window = Window::new(start, spec.ramp, spec.runtime);
     let failed = AtomicBool::new(false);
     let results: Vec<Result<QueueStats, BenchError>> = std::thread::scope(|s| {
         let handles: Vec<_> = outcome
@@ -195,7 +194,7 @@ pub fn run_client(
                 let failed = &failed;
                 s.spawn(move || {
                     let mut driver = QueueDriver::new(queue, q, spec, blocks_per_queue, base)?;
-                    let r = driver.run(window_start, window_end, failed);
+                    let r = driver.run(window, failed);
                     if r.is_err() {
                         failed.store(true, Ordering::Relaxed);
                     }
@@ -203,7 +202,7 @@ pub fn run_client(
                 })
             })
             .collect();
-        let cpu = daemon.map(|d| measure_cpu(d, window_start, window_end, &failed));
+        let cpu = daemon.map(|d| measure_cpu(d, window.measure_from, window.deadline, &failed));
         let mut results: Vec<_> = handles
             .into_iter()
             .map(|h| h.join().expect("a client thread panicked"))

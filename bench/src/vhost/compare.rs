@@ -13,9 +13,9 @@
 
 use std::path::PathBuf;
 
-use crate::engines::EngineKind;
+use crate::backends::engines::EngineKind;
+use crate::backends::monitors::MonitorKind;
 use crate::error::BenchError;
-use crate::monitors::MonitorKind;
 
 use super::client::{run_client, ClientResult, ClientSpec};
 use super::daemons::{qemu_aio, Daemon, DaemonKind, DaemonSpec, RunDir};

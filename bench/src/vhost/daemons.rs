@@ -11,7 +11,7 @@
 //! Both are pinned alike, as `taskset` would: the child sets its CPU affinity between fork
 //! and exec, so every thread it starts inherits it. The child also asks the kernel for
 //! SIGKILL when the bench dies (`PR_SET_PDEATHSIG`), and a signal of the bench
-//! ([`crate::cleanup`]) kills it and waits for it: no daemon outlives the bench. A daemon is
+//! ([`crate::targets::cleanup`]) kills it and waits for it: no daemon outlives the bench. A daemon is
 //! started and stopped from the bench's main thread only (the death signal follows the thread
 //! that started it).
 //!
@@ -32,10 +32,10 @@ use nix::sched::{sched_setaffinity, CpuSet};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use crate::cleanup::{self, OnSignal};
-use crate::engines::EngineKind;
+use crate::backends::engines::EngineKind;
+use crate::backends::monitors::MonitorKind;
 use crate::error::BenchError;
-use crate::monitors::MonitorKind;
+use crate::targets::cleanup::{self, OnSignal};
 
 /// The longest wait for a daemon's sockets to appear.
 pub const SOCKET_WAIT: Duration = Duration::from_secs(10);

@@ -21,8 +21,8 @@ use hdrhistogram::Histogram;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use crate::error::BenchError;
-use crate::job::{latency_histogram, OffsetStream};
-use crate::verify::{self, Ledger, VerifyError};
+use crate::load::verify::{self, Ledger, VerifyError};
+use crate::load::{latency_histogram, OffsetStream, Window};
 
 use super::client::{blkio_err, ClientSpec};
 
@@ -179,8 +179,7 @@ impl<'a> QueueDriver<'a> {
     /// completes in `from..to`. Returns early when another queue failed.
     pub(super) fn run(
         &mut self,
-        from: Instant,
-        to: Instant,
+        window: Window,
         failed: &AtomicBool,
     ) -> Result<QueueStats, BenchError> {
         let mut completions: Vec<MaybeUninit<Completion>> = (0..self.spec.iodepth)
@@ -197,12 +196,12 @@ impl<'a> QueueDriver<'a> {
                 .do_io(&mut completions, 0, None, None)
                 .map_err(blkio_err("libblkio: do_io"))?;
             let now = Instant::now();
-            let running = now < to && !failed.load(Ordering::Relaxed);
+            let running = window.running(now) && !failed.load(Ordering::Relaxed);
             for c in &completions[..n] {
                 // SAFETY: do_io initialised the first `n` entries; `Completion` is plain data
                 // (its error message pointer is only read by Display, never here).
                 let c = unsafe { c.assume_init_read() };
-                self.complete(&c, now, from, to);
+                self.complete(&c, now, window);
                 if running {
                     self.submit(c.user_data);
                 }
@@ -223,7 +222,11 @@ impl<'a> QueueDriver<'a> {
                     self.in_flight
                 )));
             }
-            self.wait(if running { to - now } else { STALL })?;
+            self.wait(if running {
+                window.deadline - now
+            } else {
+                STALL
+            })?;
         }
         Ok(std::mem::replace(&mut self.stats, QueueStats::new()))
     }
@@ -304,8 +307,8 @@ impl<'a> QueueDriver<'a> {
     }
 
     /// A finished request: its slot freed, its result settled (and checked, verify), counted
-    /// when it finished inside `from..to`.
-    fn complete(&mut self, c: &Completion, now: Instant, from: Instant, to: Instant) {
+    /// when it finished inside the measured window.
+    fn complete(&mut self, c: &Completion, now: Instant, window: Window) {
         let i = c.user_data;
         let slot = self.slots[i].take().expect("a completion for a busy slot");
         self.in_flight -= 1;
@@ -346,7 +349,7 @@ impl<'a> QueueDriver<'a> {
                 }
             }
         }
-        if now >= from && now < to {
+        if window.measures(now) {
             self.stats.requests += 1;
             if !slot.write {
                 self.stats.reads += 1;

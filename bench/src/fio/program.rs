@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::job::JobSpec;
+use crate::fio::job::JobSpec;
 
 /// What fio measured for one job.
 #[derive(Debug, Clone, Copy)]
@@ -86,7 +86,7 @@ pub fn run(ioengine: &str, file: &Path, size: u64, spec: &JobSpec) -> Result<Fio
 }
 
 /// Reads IOPS and mean latency from fio's JSON (the first job, or the group report) over
-/// `sides` ([`Pattern::fio_sides`](crate::job::Pattern::fio_sides): `read`, `write`, both for
+/// `sides` ([`Pattern::fio_sides`](crate::load::Pattern::fio_sides): `read`, `write`, both for
 /// a mixed job, or `trim`), together: IOPS added, latency weighted by IOPS.
 pub fn parse(json: &str, sides: &[&str]) -> Result<FioResult, FioError> {
     // fio may print notes before the JSON object.

@@ -134,7 +134,7 @@ impl fmt::Display for Pattern {
 /// Where the next request goes and which way: the offset stream of a job, shared by the job
 /// runner and the matrix's guest.
 #[derive(Debug, Clone)]
-pub(crate) struct OffsetStream {
+pub struct OffsetStream {
     trim: bool,
     read_percent: u8,
     random: bool,
@@ -146,7 +146,7 @@ pub(crate) struct OffsetStream {
 
 impl OffsetStream {
     /// A stream over `blocks` blocks of `bs` bytes (at least one block).
-    pub(crate) fn new(pattern: Pattern, rwmixread: u8, blocks: u64, bs: u64, seed: u64) -> Self {
+    pub fn new(pattern: Pattern, rwmixread: u8, blocks: u64, bs: u64, seed: u64) -> Self {
         OffsetStream {
             trim: pattern.is_trim(),
             read_percent: pattern.read_percent(rwmixread),
@@ -159,9 +159,9 @@ impl OffsetStream {
     }
 
     /// The next block index.
-    pub(crate) fn next_block(&mut self) -> u64 {
+    pub fn next_block(&mut self) -> u64 {
         if self.random {
-            self.rng.next() % self.blocks
+            self.rng.next_u64() % self.blocks
         } else {
             let b = self.next_seq % self.blocks;
             self.next_seq += 1;
@@ -170,41 +170,41 @@ impl OffsetStream {
     }
 
     /// Which way the next request goes.
-    pub(crate) fn next_direction(&mut self) -> Direction {
+    pub fn next_direction(&mut self) -> Direction {
         if self.trim {
             return Direction::Trim;
         }
         match self.read_percent {
             100 => Direction::Read,
             0 => Direction::Write,
-            p if self.rng.next() % 100 >= u64::from(p) => Direction::Write,
+            p if self.rng.next_u64() % 100 >= u64::from(p) => Direction::Write,
             _ => Direction::Read,
         }
     }
 
     /// Whether the next request writes (the matrix's guests read and write only).
-    pub(crate) fn next_is_write(&mut self) -> bool {
+    pub fn next_is_write(&mut self) -> bool {
         self.next_direction() != Direction::Read
     }
 
     /// The byte offset of `block`.
-    pub(crate) fn offset(&self, block: u64) -> u64 {
+    pub fn offset(&self, block: u64) -> u64 {
         block * self.bs
     }
 }
 
 /// A small deterministic PRNG (xorshift64*) for offsets.
 #[derive(Debug, Clone)]
-pub(crate) struct Rng(u64);
+pub struct Rng(u64);
 
 impl Rng {
     /// A generator seeded with `seed` (never the all-zero state).
-    pub(crate) fn new(seed: u64) -> Rng {
+    pub fn new(seed: u64) -> Rng {
         Rng(seed | 1)
     }
 
     /// The next value.
-    pub(crate) fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;

@@ -2,7 +2,8 @@
 //! that name their job.
 
 use super::*;
-use crate::jobfile;
+use crate::fio::jobfile;
+use crate::fio::output::{to_fio_json, to_normal};
 use std::path::Path;
 
 #[test]

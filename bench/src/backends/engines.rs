@@ -159,7 +159,7 @@ impl EngineKind {
 /// The engine `auto` picks: the first of uring, linux-aio, pool that this build and kernel can
 /// build, with one line per candidate saying why it was taken or passed over.
 pub fn auto() -> io::Result<(EngineKind, Vec<String>)> {
-    crate::monitors::pick(
+    crate::backends::monitors::pick(
         [EngineKind::Uring, EngineKind::LinuxAio, EngineKind::Pool].map(|k| (k, k.name())),
         |k| k.build().map(drop),
     )

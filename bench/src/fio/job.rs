@@ -7,8 +7,6 @@
 //! engine's internals. Reads and writes move `AlignedBuf`s; trims are discards of `bs`-sized
 //! blocks and carry no memory.
 
-mod pattern;
-
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -19,10 +17,7 @@ use aio_core::engine::{
 use aio_core::{AioContext, EventLoop, FdHandler, LoopCounters, Notifier, PollParams, PollRule};
 use hdrhistogram::Histogram;
 
-pub(crate) use self::pattern::OffsetStream;
-#[cfg(test)]
-pub(crate) use self::pattern::Rng;
-pub use self::pattern::{Direction, Pattern};
+use crate::load::{latency_histogram, Direction, OffsetStream, Pattern, Window};
 
 /// What a job does.
 #[derive(Debug, Clone, Copy)]
@@ -179,11 +174,6 @@ impl JobResult {
     }
 }
 
-/// A latency histogram in ns (1 ns to 60 s, 3 significant digits), as every report uses.
-pub(crate) fn latency_histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid histogram bounds")
-}
-
 /// A job while it runs: where the next request goes, what each slot's request is, and the
 /// figures so far.
 struct Generator {
@@ -194,8 +184,7 @@ struct Generator {
     offsets: OffsetStream,
     /// Per slot: when its request was issued and which way it goes.
     started: Vec<(Instant, Direction)>,
-    measure_from: Instant,
-    deadline: Instant,
+    window: Window,
     issued_bytes: u64,
     read: IoStats,
     write: IoStats,
@@ -254,7 +243,7 @@ impl Generator {
                 let errno = e.raw_os_error().unwrap_or(libc::EIO);
                 self.first_errno = self.first_errno.or(Some(errno));
             }
-            Ok(n) if now >= self.measure_from && now < self.deadline => {
+            Ok(n) if self.window.measures(now) => {
                 self.last_completion = Some(now);
                 let stats = match dir {
                     Direction::Read => &mut self.read,
@@ -268,7 +257,7 @@ impl Generator {
             }
             Ok(_) => {}
         }
-        now < self.deadline
+        self.window.running(now)
     }
 }
 
@@ -321,7 +310,7 @@ fn on_complete<L, E>(
 
 /// Runs `spec` with `engine` on `file` (of `file_size` bytes) in a fresh context over
 /// `monitor`. A trim job needs an engine that takes discards (for Linux AIO, one behind
-/// [`WithFallback`](aio_core::engine::WithFallback): see [`crate::engines::EngineKind::build_for`]).
+/// [`WithFallback`](aio_core::engine::WithFallback): see [`crate::backends::engines::EngineKind::build_for`]).
 pub fn run_job<L, E>(
     monitor: L,
     engine: E,
@@ -379,7 +368,7 @@ where
     }
     let start = Instant::now();
     let cpu_start = thread_cpu_seconds();
-    let measure_from = start + spec.ramp;
+    let window = Window::new(start, spec.ramp, spec.runtime);
     let generator = Rc::new(RefCell::new(Generator {
         spec,
         file: file.clone(),
@@ -392,8 +381,7 @@ where
             0x9e37_79b9_7f4a_7c15,
         ),
         started: vec![(start, Direction::Read); spec.iodepth],
-        measure_from,
-        deadline: measure_from + spec.runtime,
+        window,
         issued_bytes: 0,
         read: IoStats::new(),
         write: IoStats::new(),
@@ -424,15 +412,15 @@ where
     // The window: from the ramp's end to the deadline, or to the last completion when the
     // job's I/O ran out first.
     let end = match (spec.io_limit, gen.last_completion) {
-        (Some(_), Some(last)) => last.min(gen.deadline),
-        _ => Instant::now().min(gen.deadline),
+        (Some(_), Some(last)) => last.min(gen.window.deadline),
+        _ => Instant::now().min(gen.window.deadline),
     };
     Ok(JobResult {
         read: gen.read.clone(),
         write: gen.write.clone(),
         trim: gen.trim.clone(),
         elapsed: end
-            .saturating_duration_since(measure_from)
+            .saturating_duration_since(window.measure_from)
             .max(Duration::from_millis(1)),
         counters: ctx.counters(),
         errors: gen.errors,

@@ -3,7 +3,7 @@
 //! the file system lacks it, unlinked as soon as it is open), so only its open fds keep it,
 //! and nothing is left behind however the process ends (`kill -9`, the OOM killer, a crash).
 //! Another process (fio) reaches it through `/proc/PID/fd/N` ([`DiskImage::shared_path`]). An
-//! image may also be a region of a block device (the fast device, [`crate::loopdev`]): the
+//! image may also be a region of a block device (the fast device, [`crate::targets::loopdev`]): the
 //! device is opened, never created or removed.
 //!
 //! This module owns image files and regions only; the matrix's disks and `vs-fio` / `latency`
@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use aio_core::engine::IoFile;
 
-use crate::verify::Ledger;
+use crate::load::verify::Ledger;
 
 /// Bytes written per `write` while an image is created.
 const CHUNK: usize = 1 << 20;
@@ -81,7 +81,7 @@ impl DiskImage {
     }
 
     /// As [`create`](Self::create), with every `bs`-byte block stamped for `--verify`
-    /// (generation 0, see [`crate::verify`]). `size` is rounded down to whole blocks.
+    /// (generation 0, see [`crate::load::verify`]). `size` is rounded down to whole blocks.
     pub fn create_stamped(path: PathBuf, size: u64, bs: usize) -> io::Result<DiskImage> {
         DiskImage::new(path, 0, size, true).stamp_and_open(bs)
     }
@@ -122,7 +122,7 @@ impl DiskImage {
         let size = self.size;
         let mut image = self.fill_and_open(chunk_len, true, |offset, chunk| {
             for (i, block) in chunk.chunks_mut(bs).enumerate() {
-                crate::verify::stamp(block, offset + (i * bs) as u64, 0);
+                crate::load::verify::stamp(block, offset + (i * bs) as u64, 0);
             }
         })?;
         image.ledger = Some(Arc::new(Mutex::new(Ledger::new(size / bs as u64, bs))));

@@ -3,7 +3,7 @@
 //! This module owns the job-file syntax and the meaning of each option: `[global]` and named
 //! sections, `key=value` lines and bare flags, `;` and `#` comments, fio's size units
 //! (`4k` = 4096) and time suffixes. It turns a file into [`JobDef`]s and says exactly what is
-//! wrong and on which line otherwise. It runs nothing (that is [`crate::runner`]).
+//! wrong and on which line otherwise. It runs nothing (that is [`crate::fio::runner`]).
 //!
 //! Rules, as fio has them:
 //!
@@ -31,16 +31,16 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::engines::{EngineKind, URING_TASK_RUN_MODES};
-use crate::job::Pattern;
-use crate::monitors::MonitorKind;
+use crate::backends::engines::{EngineKind, URING_TASK_RUN_MODES};
+use crate::backends::monitors::MonitorKind;
+use crate::load::Pattern;
 use crate::units::{parse_duration, parse_size};
 use aio_core::PollRule;
 
 /// The fd monitor a job asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MonitorChoice {
-    /// What [`crate::monitors::auto`] picks on this kernel.
+    /// What [`crate::backends::monitors::auto`] picks on this kernel.
     Auto,
     /// This one.
     Kind(MonitorKind),
@@ -102,7 +102,7 @@ pub struct JobDef {
     /// `poll_rule=` (`recovering`, the default, or `qemu`).
     pub poll_rule: PollRule,
     /// `uring_taskrun=`: io_uring's task-work mode, one of
-    /// [`crate::engines::URING_TASK_RUN_MODES`] (default `auto`).
+    /// [`crate::backends::engines::URING_TASK_RUN_MODES`] (default `auto`).
     pub uring_task_run: &'static str,
     /// `iodepth_batch_submit=` (alias `iodepth_batch`): the engine's largest batch per
     /// submission call; 0 means `iodepth`, as in fio. Unset, the engine's own default (32)
@@ -114,7 +114,7 @@ pub struct JobDef {
     pub fixed_bufs: bool,
     /// `allow_mounted_write=1` (fio's): write to a block device even while it is in use
     /// (mounted, holding a mounted partition, device-mapper, swap). Off, such a job is refused
-    /// ([`crate::mounted`]).
+    /// ([`crate::targets::mounted`]).
     pub allow_mounted_write: bool,
 }
 

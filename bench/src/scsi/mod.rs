@@ -45,8 +45,8 @@ use hdrhistogram::Histogram;
 
 use self::guest::GuestStats;
 pub use self::memory::MemoryPath;
-use crate::image::DiskImage;
-use crate::job::{latency_histogram, Pattern};
+use crate::load::{latency_histogram, Pattern};
+use crate::targets::image::DiskImage;
 
 /// One guest request in a virtqueue.
 #[derive(Debug, Clone, Copy)]
@@ -156,7 +156,7 @@ pub struct CellSpec {
     pub poll_max_ns: u64,
     /// How long a disk may stay idle before its doorbell leaves the poll set (QEMU: 7 s).
     pub poll_idle: Duration,
-    /// Stamp every block written and check every block read ([`crate::verify`]); the images
+    /// Stamp every block written and check every block read ([`crate::load::verify`]); the images
     /// must have been created with [`DiskImage::create_stamped`]. One request per block at a
     /// time, so that each read has exactly one right answer. The guests stamp and check
     /// their data in guest RAM, on either memory path.

@@ -8,7 +8,7 @@
 //! has undone its work drops its [`OnSignal`], which unregisters the undo without running it.
 //!
 //! This module owns the handler and the list; what each undo does belongs to its guard
-//! ([`crate::loopdev::LoopDevice`]).
+//! ([`crate::targets::loopdev::LoopDevice`]).
 
 use std::io;
 use std::path::Path;
@@ -69,7 +69,7 @@ fn run_all_and_exit() {
 
 /// Removes from `dir` the directories runs of earlier versions made (`aio-bench-<what>-<pid>`)
 /// whose process is gone: what a `kill -9` of such a run left behind. Images are nameless now
-/// ([`crate::image`]), so a run of this version leaves nothing to remove. Returns how many
+/// ([`crate::targets::image`]), so a run of this version leaves nothing to remove. Returns how many
 /// were removed.
 pub fn remove_dead_runs(dir: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {

@@ -1,43 +1,26 @@
-//! Running fio job files (`aio-bench run`) and reporting like fio does.
+//! Running fio job files (`aio-bench run`) through aio-rs engines.
 //!
 //! This module owns what happens between a parsed [`JobFile`] and its report: the target file
 //! of each job (an existing file or device used as it is, or an image created for the run and
 //! removed afterwards), the choice of backends (`auto` resolved by the probe order), the
 //! `numjobs` clones (each its own thread, loop and engine, reported together like fio's
-//! `group_reporting`), the `iothreads=` shares of each clone (each its own thread, loop and
-//! engine, in its own region of the file, reported together too), and the two output formats: fio's text summary and fio's JSON field
-//! names (`jobs[].jobname`, `read` / `write` / `trim` with `io_bytes`, `bw_bytes`, `iops`,
-//! `lat_ns` and `clat_ns` with `percentile` keyed like `"99.000000"`). A trim job's engine is
+//! `group_reporting`) and the `iothreads=` shares of each clone (each its own thread, loop and
+//! engine, in its own region of the file, reported together too). A trim job's engine is
 //! paired with the thread pool for the discards it cannot run
-//! ([`EngineKind::build_for`]).
-//!
-//! Latency here is submit-to-completion as the application sees it: fio's `lat_ns`. `clat_ns`
-//! carries the same figures (our engines do not time submission separately), and there is no
-//! `slat_ns`.
+//! ([`EngineKind::build_for`]). Its reports are formatted by [`super::output`].
 
-use std::fmt::Write as _;
 use std::fs::OpenOptions;
 use std::io::{self, Seek, SeekFrom};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use aio_core::engine::IoFile;
-use aio_core::LoopCounters;
-use hdrhistogram::Histogram;
-use serde_json::{json, Map, Value};
 
-use crate::engines::{EngineKind, UringOptions};
-use crate::image::DiskImage;
-use crate::job::{run_job_in, IoStats, JobResult, JobSpec};
-use crate::jobfile::{JobDef, JobFile, MonitorChoice};
-use crate::monitors::{self, MonitorKind};
-
-/// The percentiles fio reports by default, as fractions.
-const PERCENTILES: [f64; 17] = [
-    1.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 95.0, 99.0, 99.5, 99.9, 99.95,
-    99.99,
-];
+use crate::backends::engines::{EngineKind, UringOptions};
+use crate::backends::monitors::{self, MonitorKind};
+use crate::fio::job::{run_job_in, JobResult, JobSpec};
+use crate::fio::jobfile::{JobDef, JobFile, MonitorChoice};
+use crate::targets::image::DiskImage;
 
 /// A job that could not run.
 #[derive(Debug, thiserror::Error)]
@@ -122,7 +105,7 @@ fn target(def: &JobDef, clone: u64) -> Result<Target, RunError> {
     };
     let writes = def.rw.modifies(def.rwmixread);
     if writes && !def.allow_mounted_write {
-        if let Some(reason) = crate::mounted::in_use(&path, "allow_mounted_write") {
+        if let Some(reason) = crate::targets::mounted::in_use(&path, "allow_mounted_write") {
             return Err(RunError::InUse {
                 job: def.name.clone(),
                 line: def.line,
@@ -361,180 +344,6 @@ pub fn run_file(
             run_one(def)
         })
         .collect()
-}
-
-fn si(v: f64) -> String {
-    if v >= 1e6 {
-        format!("{:.1}M", v / 1e6)
-    } else if v >= 1e3 {
-        format!("{:.1}k", v / 1e3)
-    } else {
-        format!("{v:.0}")
-    }
-}
-
-/// fio's text summary of `reports`.
-pub fn to_normal(reports: &[JobReport]) -> String {
-    let mut out = String::new();
-    for r in reports {
-        let d = &r.def;
-        let _ = writeln!(
-            out,
-            "{}: (groupid=0, jobs={}): err= {}: rw={}, bs={}, iodepth={}, engine={}, fdmon={}, disks={}, iothreads={}, poll_max_ns={}, file={}",
-            d.name,
-            d.numjobs,
-            r.result.first_errno.unwrap_or(0),
-            d.rw,
-            d.bs,
-            d.iodepth,
-            r.engine,
-            r.fdmon,
-            d.disks,
-            d.iothreads,
-            d.poll_max_ns,
-            r.file.display()
-        );
-        let ms = r.result.elapsed.as_millis();
-        let sides = [
-            ("read", &r.result.read),
-            ("write", &r.result.write),
-            ("trim", &r.result.trim),
-        ];
-        for (side, st) in sides {
-            if st.ios == 0 {
-                continue;
-            }
-            let secs = r.result.elapsed.as_secs_f64();
-            let h = &st.latency_ns;
-            let _ = writeln!(
-                out,
-                "  {side}: IOPS={}, BW={:.1}MiB/s ({:.1}MB/s)({:.1}MiB/{ms}msec)",
-                si(st.ios as f64 / secs),
-                st.bytes as f64 / secs / (1 << 20) as f64,
-                st.bytes as f64 / secs / 1e6,
-                st.bytes as f64 / (1 << 20) as f64,
-            );
-            let _ = writeln!(
-                out,
-                "    lat (usec): min={:.1}, max={:.1}, avg={:.2}, stdev={:.2}",
-                h.min() as f64 / 1e3,
-                h.max() as f64 / 1e3,
-                h.mean() / 1e3,
-                h.stdev() / 1e3
-            );
-            let _ = write!(out, "    lat percentiles (usec):");
-            for (i, p) in PERCENTILES.iter().enumerate() {
-                if i % 4 == 0 {
-                    let _ = write!(out, "\n     |");
-                }
-                let _ = write!(
-                    out,
-                    " {p:5.2}th=[{:>6.1}],",
-                    h.value_at_quantile(p / 100.0) as f64 / 1e3
-                );
-            }
-            out.push('\n');
-        }
-        let _ = writeln!(
-            out,
-            "  cpu          : loop threads {:.1}% of one CPU",
-            100.0 * r.result.iothread_cpu_s / r.result.wall_s.max(1e-9)
-        );
-        out.push('\n');
-    }
-    out
-}
-
-fn lat_json(h: &Histogram<u64>, with_percentiles: bool) -> Value {
-    let mut v = json!({
-        "min": if h.is_empty() { 0 } else { h.min() },
-        "max": h.max(),
-        "mean": h.mean(),
-        "stddev": h.stdev(),
-        "N": h.len(),
-    });
-    if with_percentiles && !h.is_empty() {
-        let pct: Map<String, Value> = PERCENTILES
-            .iter()
-            .map(|p| (format!("{p:.6}"), json!(h.value_at_quantile(p / 100.0))))
-            .collect();
-        v["percentile"] = Value::Object(pct);
-    }
-    v
-}
-
-fn side_json(st: &IoStats, elapsed: Duration) -> Value {
-    let secs = elapsed.as_secs_f64();
-    json!({
-        "io_bytes": st.bytes,
-        "io_kbytes": st.bytes / 1024,
-        "bw_bytes": (st.bytes as f64 / secs) as u64,
-        "bw": (st.bytes as f64 / secs / 1024.0) as u64,
-        "iops": st.ios as f64 / secs,
-        "runtime": elapsed.as_millis() as u64,
-        "total_ios": st.ios,
-        "short_ios": 0,
-        "drop_ios": 0,
-        "lat_ns": lat_json(&st.latency_ns, true),
-        "clat_ns": lat_json(&st.latency_ns, true),
-    })
-}
-
-/// Every loop counter of a job, by its field name: why a figure is what it is.
-pub fn counters_json(k: &LoopCounters) -> Value {
-    Value::Object(
-        k.named()
-            .into_iter()
-            .map(|(name, v)| (name.to_string(), json!(v)))
-            .collect(),
-    )
-}
-
-/// fio's JSON output (`--output-format=json`) for `reports`.
-pub fn to_fio_json(reports: &[JobReport]) -> Value {
-    let jobs: Vec<Value> = reports
-        .iter()
-        .map(|r| {
-            let d = &r.def;
-            json!({
-                "jobname": d.name,
-                "groupid": 0,
-                "error": r.result.first_errno.unwrap_or(0),
-                "job options": {
-                    "rw": d.rw.fio_name(),
-                    "bs": d.bs.to_string(),
-                    "iodepth": d.iodepth.to_string(),
-                    "numjobs": d.numjobs.to_string(),
-                    "ioengine": r.engine.fio_ioengine(),
-                    "sync": if d.fua { "dsync" } else { "none" },
-                },
-                "read": side_json(&r.result.read, r.result.elapsed),
-                "write": side_json(&r.result.write, r.result.elapsed),
-                "trim": side_json(&r.result.trim, r.result.elapsed),
-                "job_runtime": r.result.elapsed.as_millis() as u64,
-                "aio-bench": {
-                    "engine": r.engine.name(),
-                    "fdmon": r.fdmon.name(),
-                    "disks": d.disks,
-                    "iothreads": d.iothreads,
-                    "poll_max_ns": d.poll_max_ns,
-                    "file": r.file.display().to_string(),
-                    "errors": r.result.errors,
-                    "iothread_cpu_s": r.result.iothread_cpu_s,
-                    "counters": counters_json(&r.result.counters),
-                },
-            })
-        })
-        .collect();
-    let timestamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    json!({
-        "fio version": format!("aio-bench-{}", env!("CARGO_PKG_VERSION")),
-        "timestamp": timestamp,
-        "jobs": jobs,
-    })
 }
 
 #[cfg(test)]

@@ -19,9 +19,9 @@ use std::process::Command;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::cleanup::{self, OnSignal};
-use crate::image::{free_bytes, DiskImage};
-use crate::jobfile::JobDef;
+use crate::fio::jobfile::JobDef;
+use crate::targets::cleanup::{self, OnSignal};
+use crate::targets::image::{free_bytes, DiskImage};
 use crate::units::parse_size;
 
 /// The device's size with a bare `--device loop`.
@@ -175,7 +175,7 @@ pub enum LoopError {
 }
 
 /// A loop device with direct I/O over a private file in `/dev/shm`. Dropping it detaches the
-/// device and removes the file; a signal does the same ([`crate::cleanup`]).
+/// device and removes the file; a signal does the same ([`crate::targets::cleanup`]).
 #[derive(Debug)]
 pub struct LoopDevice {
     /// `/dev/loopN`, once attached.
@@ -507,9 +507,9 @@ mod tests {
         use std::os::unix::fs::FileExt;
         use std::time::Duration;
 
-        use crate::engines::EngineKind;
+        use crate::backends::engines::EngineKind;
+        use crate::backends::monitors::MonitorKind;
         use crate::matrix::{self, MatrixSpec, Workload};
-        use crate::monitors::MonitorKind;
 
         let loop_spec = LoopSpec { size: 16 << 20 };
         let Some(dev) = aio_core::testing::available(
@@ -547,7 +547,7 @@ mod tests {
         for offset in [0u64, 4096, spec.disk_size - 4096] {
             f.read_exact_at(&mut block, 2 * spec.disk_size + offset)
                 .unwrap();
-            crate::verify::check(&block, offset).unwrap();
+            crate::load::verify::check(&block, offset).unwrap();
         }
         drop((f, images));
         let backing = dev.backing_file().to_path_buf();

@@ -2,7 +2,7 @@
 //! their lines, and mutated files that must never panic.
 
 use super::*;
-use crate::job::Rng;
+use crate::load::Rng;
 
 fn p(text: &str) -> Result<JobFile, JobFileError> {
     parse(text, Path::new("t.fio"))
@@ -68,7 +68,7 @@ fn globals_apply_to_later_jobs_only_and_jobs_override_them() {
 
 #[test]
 fn the_shipped_job_files_parse() {
-    let f = p(include_str!("../../jobs/uring-registered.fio")).unwrap();
+    let f = p(include_str!("../../../jobs/uring-registered.fio")).unwrap();
     let opts: Vec<_> = f
         .jobs
         .iter()
@@ -78,7 +78,7 @@ fn the_shipped_job_files_parse() {
         opts[..4],
         [(false, false), (true, false), (false, true), (true, true)]
     );
-    let f = p(include_str!("../../jobs/uring-vs-linux-aio.fio")).unwrap();
+    let f = p(include_str!("../../../jobs/uring-vs-linux-aio.fio")).unwrap();
     assert_eq!(f.jobs.len(), 8);
     assert!(f.jobs.iter().all(|j| j.direct && j.time_based));
     let engines: Vec<_> = f.jobs.iter().map(|j| j.engine).collect();
@@ -222,10 +222,10 @@ fn fuzzed_job_files_never_panic_and_errors_name_a_line() {
     let cases = 20_000;
     for case in 0..cases {
         let mut bytes = corpus[case % corpus.len()].as_bytes().to_vec();
-        for _ in 0..1 + rng.next() % 6 {
-            let at = (rng.next() as usize) % (bytes.len() + 1);
-            let c = alphabet[(rng.next() as usize) % alphabet.len()];
-            match rng.next() % 3 {
+        for _ in 0..1 + rng.next_u64() % 6 {
+            let at = (rng.next_u64() as usize) % (bytes.len() + 1);
+            let c = alphabet[(rng.next_u64() as usize) % alphabet.len()];
+            match rng.next_u64() % 3 {
                 0 if at < bytes.len() => bytes[at] = c,
                 1 if at < bytes.len() => {
                     bytes.remove(at);
