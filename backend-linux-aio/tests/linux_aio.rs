@@ -270,7 +270,8 @@ fn signals_interrupt_the_engines_waits_and_are_retried() {
                 .open(libc::O_DIRECT)
                 .unwrap_or_else(|e| aio_core::testing::skip_test(format!("O_DIRECT: {e}")));
             let mut engine = LinuxAio::new(LinuxAioConfig::default()).unwrap();
-            let sent = aio_core::testing::engine::read_through_a_signal_storm(&mut engine, &file);
+            let sent =
+                aio_core::testing::interruptions::read_through_a_signal_storm(&mut engine, &file);
             let stats = engine.stats();
             assert!(
                 stats.interrupted_calls > 0,

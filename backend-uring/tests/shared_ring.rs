@@ -76,6 +76,8 @@ mod engine_suite {
         cancel_of_a_queued_request_ends_with_ecanceled,
         plug_releases_a_full_batch,
         drain_hands_every_buffer_back,
+    );
+    on_shared_ring!(interruptions:
         drop_with_requests_in_flight_waits_for_them,
         signals_during_io_are_retried_not_reported,
     );

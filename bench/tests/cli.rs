@@ -2,30 +2,10 @@
 //! refuses io_uring and Linux AIO (a seccomp filter in the child).
 
 use std::path::PathBuf;
-use std::process::Command;
 
 mod common;
 
-use common::{bench, expect_bad_input, text, TempDir};
-
-/// The fio engine names among `wanted` that this build and kernel run; each one refused says
-/// `skipped:` why (a failure under `AIO_REQUIRE_ALL_BACKENDS=1`).
-#[allow(dead_code)] // Not every feature set has a test that asks.
-fn usable(wanted: &[&'static str]) -> Vec<&'static str> {
-    use aio_bench::backends::engines::EngineKind;
-    let mut out = Vec::new();
-    for &w in wanted {
-        let kind = EngineKind::ALL
-            .into_iter()
-            .find(|k| k.fio_ioengine() == w)
-            .expect("a fio ioengine name");
-        match kind.build() {
-            Ok(_) => out.push(w),
-            Err(e) => aio_core::testing::skip(&format!("ioengine={w}: {e}")),
-        }
-    }
-    out
-}
+use common::{bench, expect_bad_input, loop_device_unusable, text, TempDir};
 
 #[test]
 fn bad_input_exits_2_says_what_and_leaves_no_images() {
@@ -195,7 +175,7 @@ fn a_randtrim_job_fills_the_trim_section_and_frees_the_blocks() {
     use std::os::unix::fs::MetadataExt;
     const SIZE: usize = 4 << 20;
     let dir = TempDir::new("trim");
-    let engines = usable(&["psync", "libaio", "io_uring"]);
+    let engines = common::usable(&["psync", "libaio", "io_uring"]);
     let mut job =
         String::from("[global]\nbs=64k\nsize=4m\ndirect=1\nfdmon=poll\niodepth=8\nrw=randtrim\n");
     let mut before = Vec::new();
@@ -312,197 +292,6 @@ fn auto_falls_back_when_seccomp_refuses_io_uring_and_linux_aio() {
         "{t}"
     );
     assert_eq!(dir.entries(), 0);
-}
-
-/// Why `--device loop` cannot run here (not root, no losetup, no loop driver), or `None`.
-fn loop_device_unusable() -> Option<String> {
-    if !nix::unistd::geteuid().is_root() {
-        return Some("--device loop needs root".into());
-    }
-    if Command::new("losetup").arg("--version").output().is_err() {
-        return Some("losetup is not installed".into());
-    }
-    if !std::path::Path::new("/dev/loop-control").exists() {
-        return Some("no /dev/loop-control (loop driver missing)".into());
-    }
-    None
-}
-
-/// The loop devices whose backing file is `file` (`losetup -a`, deleted files included).
-fn attached_to(file: &std::path::Path) -> Vec<String> {
-    let out = Command::new("losetup").arg("-a").output().unwrap();
-    let name = file.to_string_lossy().into_owned();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| l.contains(&name))
-        .map(str::to_string)
-        .collect()
-}
-
-/// Asserts that no loop device is left over `file` (the kernel may finish a detach of a device
-/// that was busy when its last fd closes: allowed a few seconds) and that `file` is gone.
-fn assert_cleaned_up(file: &std::path::Path) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while !attached_to(file).is_empty() && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    assert_eq!(
-        attached_to(file),
-        Vec::<String>::new(),
-        "device left attached"
-    );
-    assert!(!file.exists(), "{} left behind", file.display());
-}
-
-#[test]
-fn device_bad_input_exits_2_and_says_what() {
-    let dir = TempDir::new("device-bad");
-    let job = dir.0.join("j.fio");
-    std::fs::write(&job, "[j]\nrw=randread\n").unwrap();
-    let job = job.to_str().unwrap();
-    let cases: Vec<(Vec<&str>, &str)> = vec![
-        (vec!["run", job, "--device", "loop:12q"], "'12q'"),
-        (vec!["latency", "--device", "loop:1000"], "'1000'"),
-        (vec!["vs-fio", "--device", "loop:"], "'' is not a size"),
-        (vec!["matrix", "--device", "nvme"], "unknown device"),
-        // Checked before anything is set up: no root needed to be told.
-        (
-            vec!["matrix", "--device", "loop:64m", "--disks", "256"],
-            "256 disks",
-        ),
-        (vec!["matrix", "--device", "loop", "--dir", "/tmp"], "--dir"),
-    ];
-    expect_bad_input(&cases);
-}
-
-#[test]
-#[cfg(all(feature = "linux-aio", feature = "pool"))]
-fn run_on_the_loop_device_detaches_it_afterwards() {
-    if let Some(reason) = loop_device_unusable() {
-        aio_core::testing::skip(&reason);
-        return;
-    }
-    let dir = TempDir::new("device-run");
-    let job = dir.0.join("j.fio");
-    // io_uring where the kernel runs it (its discards then go to the pool beside it), else the
-    // same route from Linux AIO.
-    let trims = usable(&["io_uring"]).first().copied().unwrap_or("libaio");
-    std::fs::write(
-        &job,
-        format!(
-            "[global]\nrw=randread\niodepth=1\ndirect=1\ntime_based\nruntime=200ms\nfdmon=poll\n\
-             [aio]\nioengine=libaio\n[threads]\nioengine=psync\nfilename=ignored.img\n\
-             [trims]\nioengine={trims}\nrw=randtrim\nbs=64k\n"
-        ),
-    )
-    .unwrap();
-    let child = bench()
-        .args(["run", job.to_str().unwrap(), "--device", "loop:64m"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let backing = PathBuf::from(format!("/dev/shm/aio-bench-loop-{}.img", child.id()));
-    let o = child.wait_with_output().unwrap();
-    let t = text(&o);
-    assert!(o.status.success(), "{t}");
-    assert!(t.contains("aio: (groupid=0"), "{t}");
-    assert!(
-        t.contains("file=/dev/loop"),
-        "the jobs ran on the device: {t}"
-    );
-    assert!(!t.contains("ignored.img"), "filename= is replaced: {t}");
-    assert!(t.contains("read: IOPS="), "{t}");
-    // Neither io_uring nor Linux AIO sends a block device's discard: the pool beside them
-    // does (BLKDISCARD).
-    assert!(t.contains("trims: (groupid=0, jobs=1): err= 0"), "{t}");
-    assert!(t.contains("trim: IOPS="), "{t}");
-    assert_cleaned_up(&backing);
-    assert_eq!(dir.entries(), 1, "only the job file");
-}
-
-/// `aio-bench latency --device loop:64m` in a child, once its device is attached and the run
-/// has started (the device has served reads); with the backing file's path.
-fn latency_run_on_the_loop_device() -> (std::process::Child, PathBuf) {
-    let mut child = bench()
-        .args(["latency", "--device", "loop:64m", "--runtime", "60s"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let backing = PathBuf::from(format!("/dev/shm/aio-bench-loop-{}.img", child.id()));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while attached_to(&backing).is_empty() {
-        assert!(
-            std::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(),
-            "the device never appeared"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    // The run has started once the device has served reads (its own count in sysfs).
-    let device = attached_to(&backing)[0]
-        .split(':')
-        .next()
-        .unwrap()
-        .trim_start_matches("/dev/")
-        .to_string();
-    let reads = || {
-        std::fs::read_to_string(format!("/sys/block/{device}/stat"))
-            .ok()
-            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    while reads() == 0 {
-        assert!(
-            std::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(),
-            "the run never read from {device}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    (child, backing)
-}
-
-#[test]
-fn a_signal_detaches_the_loop_device() {
-    if let Some(reason) = loop_device_unusable() {
-        aio_core::testing::skip(&reason);
-        return;
-    }
-    let (child, backing) = latency_run_on_the_loop_device();
-    // SIGTERM (ctrlc's `termination` feature): the handler detaches the busy device and
-    // removes its file.
-    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-    let o = child.wait_with_output().unwrap();
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(130), "{t}");
-    assert!(t.contains("interrupted; loop device"), "{t}");
-    assert_cleaned_up(&backing);
-}
-
-/// SIGKILL (no handler, no destructor runs) in the middle of a run on the loop device: the
-/// kernel detaches the device (autoclear) and frees its nameless backing file.
-#[test]
-fn kill_9_detaches_the_loop_device() {
-    if let Some(reason) = loop_device_unusable() {
-        aio_core::testing::skip(&reason);
-        return;
-    }
-    // Autoclear is set with LOOP_SET_STATUS64, which needs CAP_SYS_ADMIN (bit 21).
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let cap_eff = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .unwrap_or(0);
-    if cap_eff & (1 << 21) == 0 {
-        aio_core::testing::skip("autoclear on a loop device needs CAP_SYS_ADMIN");
-        return;
-    }
-    let (mut child, backing) = latency_run_on_the_loop_device();
-    child.kill().unwrap();
-    child.wait().unwrap();
-    assert_cleaned_up(&backing);
 }
 
 /// Starts `args` in a child, kills it with SIGKILL after `after`, and waits for it.

@@ -29,6 +29,7 @@ pub mod event_loop;
 pub mod event_loop_wait;
 pub mod faults;
 pub mod fixtures;
+pub mod interruptions;
 pub mod iothread;
 pub mod seccomp;
 pub mod send_sync;

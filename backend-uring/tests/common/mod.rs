@@ -29,3 +29,19 @@ pub fn monitor() -> UringLoop {
 pub fn shared(config: UringConfig) -> (UringLoop, UringEngine) {
     aio_core::testing::build_within_limits("shared ring", || shared_ring(config), is_memlock)
 }
+
+/// A pipe (read end, write end) as files; the read end is what the engine reads.
+pub fn pipe() -> (std::fs::File, std::fs::File) {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
+    assert_eq!(rc, 0, "pipe2: {}", std::io::Error::last_os_error());
+    use std::os::fd::FromRawFd;
+    // SAFETY: both fds were just created and are owned by nobody else.
+    unsafe {
+        (
+            std::fs::File::from_raw_fd(fds[0]),
+            std::fs::File::from_raw_fd(fds[1]),
+        )
+    }
+}

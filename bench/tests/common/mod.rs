@@ -51,3 +51,61 @@ pub fn expect_bad_input(cases: &[(Vec<&str>, &str)]) {
         );
     }
 }
+
+/// The fio engine names among `wanted` that this build and kernel run; each one refused says
+/// `skipped:` why (a failure under `AIO_REQUIRE_ALL_BACKENDS=1`).
+pub fn usable(wanted: &[&'static str]) -> Vec<&'static str> {
+    use aio_bench::backends::engines::EngineKind;
+    let mut out = Vec::new();
+    for &w in wanted {
+        let kind = EngineKind::ALL
+            .into_iter()
+            .find(|k| k.fio_ioengine() == w)
+            .expect("a fio ioengine name");
+        match kind.build() {
+            Ok(_) => out.push(w),
+            Err(e) => aio_core::testing::skip(&format!("ioengine={w}: {e}")),
+        }
+    }
+    out
+}
+
+/// Why `--device loop` cannot run here (not root, no losetup, no loop driver), or `None`.
+pub fn loop_device_unusable() -> Option<String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Some("--device loop needs root".into());
+    }
+    if Command::new("losetup").arg("--version").output().is_err() {
+        return Some("losetup is not installed".into());
+    }
+    if !std::path::Path::new("/dev/loop-control").exists() {
+        return Some("no /dev/loop-control (loop driver missing)".into());
+    }
+    None
+}
+
+/// The loop devices whose backing file is `file` (`losetup -a`, deleted files included).
+pub fn attached_to(file: &std::path::Path) -> Vec<String> {
+    let out = Command::new("losetup").arg("-a").output().unwrap();
+    let name = file.to_string_lossy().into_owned();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&name))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Asserts that no loop device is left over `file` (the kernel may finish a detach of a device
+/// that was busy when its last fd closes: allowed a few seconds) and that `file` is gone.
+pub fn assert_cleaned_up(file: &std::path::Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !attached_to(file).is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(
+        attached_to(file),
+        Vec::<String>::new(),
+        "device left attached"
+    );
+    assert!(!file.exists(), "{} left behind", file.display());
+}
