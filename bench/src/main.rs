@@ -15,8 +15,6 @@
 //! prints the error and exits with its code.
 
 mod cmd;
-#[cfg(feature = "peers")]
-mod peers;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -5,7 +5,7 @@
 //! This module owns the subcommand's arguments, the targets (set up once, removed when it
 //! returns), the order of the runs (each round runs every variant, odd rounds backwards, so
 //! no variant always goes first), and what it prints. The variants and the report are
-//! [`crate::peers`]'.
+//! [`aio_bench::peers`]'.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -17,8 +17,8 @@ use aio_bench::targets::loopdev::{LoopDevice, LoopSpec};
 
 use super::check_target;
 use super::values::{parse_device, parse_duration_arg, parse_size_arg};
-use crate::peers::report::TargetRuns;
-use crate::peers::{self, Job, Variant};
+use aio_bench::peers::report::TargetRuns;
+use aio_bench::peers::{self, Job, Variant};
 
 /// `aio-bench peers`'s arguments.
 #[derive(clap::Args, Debug)]

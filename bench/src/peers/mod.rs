@@ -25,8 +25,8 @@ use std::io;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use aio_bench::backends::monitors::MonitorKind;
-use aio_bench::load::{latency_histogram, OffsetStream, Pattern, Window};
+use crate::backends::monitors::MonitorKind;
+use crate::load::{latency_histogram, OffsetStream, Pattern, Window};
 use hdrhistogram::Histogram;
 
 /// One way of running the job (tables list them in this order).
@@ -140,7 +140,7 @@ impl Job {
 
 /// One worker's state: where it reads next, and what it measured. Every variant drives its
 /// workers the same way: `while w.running(t) { read at w.next_offset(); t = w.record(t, r) }`.
-/// The offsets, the histogram and the measured window are the library's (`aio_bench::load`),
+/// The offsets, the histogram and the measured window are the library's (`crate::load`),
 /// as every other load generator of the bench uses them.
 #[derive(Debug, Clone)]
 pub struct Worker {

@@ -18,7 +18,7 @@ use aio_core::task::join_all;
 use aio_core::{AioContext, EventLoop, PollParams};
 use aio_pool::{PoolConfig, PoolContext, ThreadPool};
 
-use aio_bench::backends::monitors::MonitorKind;
+use crate::backends::monitors::MonitorKind;
 
 use super::{open_direct, Job, Outcome, Variant, Worker};
 

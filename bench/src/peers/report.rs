@@ -25,7 +25,7 @@ impl Runs {
     }
 
     fn merged(&self) -> Histogram<u64> {
-        let mut h = aio_bench::load::latency_histogram();
+        let mut h = crate::load::latency_histogram();
         for s in &self.rounds {
             let _ = h.add(&s.latency_ns);
         }
@@ -384,7 +384,7 @@ mod tests {
             rounds: iops
                 .iter()
                 .map(|&n| Sample {
-                    latency_ns: aio_bench::load::latency_histogram(),
+                    latency_ns: crate::load::latency_histogram(),
                     measured: n,
                     completed: n,
                     errors: 0,
