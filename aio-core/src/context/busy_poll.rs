@@ -14,12 +14,18 @@ use std::time::Duration;
 use super::handlers::{FdHandler, PollHook};
 use super::AioContext;
 use crate::event_loop::{EventLoop, Token};
-use crate::polling::{PollParams, PollWindow, Wait, WindowChange, DEFAULT_POLL_IDLE_NS};
+use super::LoopCounters;
+use crate::polling::auto::{AutoWait, AutoWindow};
+use crate::polling::{
+    wake, PollParams, PollRule, PollWindow, Wait, WindowChange, DEFAULT_POLL_IDLE_NS,
+};
 
 /// What busy polling remembers between iterations.
 pub(super) struct BusyPoll {
     params: Cell<PollParams>,
     window: Cell<PollWindow>,
+    /// [`PollRule::Auto`]'s model, while that rule is set.
+    auto: RefCell<Option<AutoWindow>>,
     /// How long a handler may stay inactive before it leaves the poll set.
     idle_ns: Cell<u64>,
     /// The handlers busy polling checks: they have `io_poll`, are not idle and not closed.
@@ -49,6 +55,8 @@ pub(super) struct Polled {
     probe: bool,
     /// An `io_poll` check found the event.
     polled_hit: bool,
+    /// How long the loop polled, in ns.
+    spun_ns: u64,
 }
 
 impl BusyPoll {
@@ -57,6 +65,7 @@ impl BusyPoll {
         BusyPoll {
             params: Cell::new(PollParams::default()),
             window: Cell::new(PollWindow::default()),
+            auto: RefCell::new(None),
             idle_ns: Cell::new(DEFAULT_POLL_IDLE_NS),
             set: RefCell::new(Vec::new()),
             mode_started: Cell::new(false),
@@ -65,7 +74,20 @@ impl BusyPoll {
 
     /// The current polling window in ns.
     pub(super) fn window_ns(&self) -> u64 {
-        self.window.get().ns()
+        match &*self.auto.borrow() {
+            Some(auto) => auto.chosen_ns().min(self.params.get().max_ns),
+            None => self.window.get().ns(),
+        }
+    }
+
+    /// [`PollRule::Auto`]'s decisions, into a counters snapshot.
+    pub(super) fn auto_counters(&self, c: &mut LoopCounters) {
+        if let Some(auto) = &*self.auto.borrow() {
+            c.poll_auto_choices = auto.updates;
+            c.poll_auto_off = auto.offs;
+            c.poll_auto_budget_cuts = auto.budget_cuts;
+            c.poll_wake_ns = auto.wake_ns();
+        }
     }
 
     /// How many handlers the poll set holds.
@@ -150,6 +172,21 @@ impl<L: EventLoop> AioContext<L> {
         let mut window = busy.window.get();
         window.reset(&params);
         busy.window.set(window);
+        let mut auto = busy.auto.borrow_mut();
+        match params.rule {
+            PollRule::Auto if params.max_ns > 0 => {
+                let wake_ns = match params.wake_ns {
+                    0 => wake::wake_ns(),
+                    given => given,
+                };
+                // A model already running keeps what it learned; a new wake-up cost starts
+                // it afresh.
+                if auto.as_ref().is_none_or(|a| a.wake_ns() != wake_ns) {
+                    *auto = Some(AutoWindow::new(wake_ns));
+                }
+            }
+            _ => *auto = None,
+        }
     }
 
     /// The current adaptive polling parameters.
@@ -187,20 +224,25 @@ impl<L: EventLoop> AioContext<L> {
         // Only a wait that could block says anything about the device: an iteration that
         // cannot wait (a bottom half is pending) must not teach the window.
         let would_block = blocking && timeout != Some(0);
-        let (poll_ns, probe) = if would_block {
-            window.next_window(&busy.params.get())
-        } else {
-            (window.ns(), false)
+        let params = busy.params.get();
+        let (poll_ns, probe) = match &mut *busy.auto.borrow_mut() {
+            Some(auto) if would_block => (auto.next_window(self.now_ns(), params.max_ns), false),
+            Some(_) => (0, false),
+            None if would_block => window.next_window(&params),
+            None => (window.ns(), false),
         };
         if probe {
             self.count(|c| c.poll_probes += 1);
         }
         let mut timeout = timeout;
         let mut polled_work = false;
+        let mut spun_ns = 0;
         if would_block && poll_ns > 0 {
             let spin_ns = timeout.map_or(poll_ns, |t| t.min(poll_ns));
             self.begin_poll_mode(poll_ready);
-            if self.run_poll_handlers(spin_ns, poll_ready) {
+            let (hit, spent) = self.run_poll_handlers(spin_ns, poll_ready);
+            spun_ns = spent;
+            if hit {
                 timeout = Some(0);
                 polled_work = true;
             }
@@ -216,12 +258,27 @@ impl<L: EventLoop> AioContext<L> {
             would_block,
             probe,
             polled_hit,
+            spun_ns,
         }
     }
 
     /// The window learns from the iteration's block time (QEMU's rule, or the recovering one).
     pub(super) fn learn_window(&self, polled: &Polled, block_ns: u64) {
         let busy = &self.busy_poll;
+        if let Some(auto) = &mut *busy.auto.borrow_mut() {
+            if polled.would_block {
+                auto.observe(
+                    AutoWait {
+                        block_ns,
+                        polled_ns: polled.spun_ns,
+                        hit: polled.polled_hit,
+                        now_ns: self.now_ns(),
+                    },
+                    busy.params.get().max_ns,
+                );
+            }
+            return;
+        }
         let mut window = polled.window;
         let change = window.update(
             &busy.params.get(),
@@ -275,8 +332,8 @@ impl<L: EventLoop> AioContext<L> {
 
     /// The spin: calls the poll set's `io_poll` checks until one is ready, a notification
     /// arrives, or `window_ns` passes. Ready tokens go to `ready`. Returns whether to stop
-    /// waiting.
-    fn run_poll_handlers(&self, window_ns: u64, ready: &mut Vec<Token>) -> bool {
+    /// waiting, and how long it spun in ns.
+    fn run_poll_handlers(&self, window_ns: u64, ready: &mut Vec<Token>) -> (bool, u64) {
         let start = self.now_ns();
         // One snapshot per window: io_poll checks run no loop code, so the table cannot change
         // while we spin, and each pass is then an indirect call per handler, nothing more.
@@ -299,7 +356,7 @@ impl<L: EventLoop> AioContext<L> {
         };
         if handlers.is_empty() {
             // Nothing to poll: spinning would only check for notifications the wait sees too.
-            return self.shared.wakeup.is_notified();
+            return (self.shared.wakeup.is_notified(), 0);
         }
         let mut found = false;
         let mut now = start;
@@ -332,8 +389,10 @@ impl<L: EventLoop> AioContext<L> {
             c.busy_poll_ns += spent;
             if hit {
                 c.poll_hits += 1;
+            } else {
+                c.busy_poll_missed_ns += spent;
             }
         });
-        hit
+        (hit, spent)
     }
 }

@@ -93,6 +93,19 @@ loop_counters! {
     count closed_fds,
     /// The deepest nesting of `poll()` seen (1 = no nesting).
     gauge max_nesting,
+    /// Time spent busy polling that found nothing (the window ran out), in ns.
+    count busy_poll_missed_ns,
+    /// [`PollRule::Auto`](crate::PollRule::Auto): windows chosen from the waits seen.
+    count poll_auto_choices,
+    /// [`PollRule::Auto`](crate::PollRule::Auto): choices that turned polling off (the waits
+    /// were too long for polling to pay).
+    count poll_auto_off,
+    /// [`PollRule::Auto`](crate::PollRule::Auto): windows cut because polling without hits
+    /// had used its share of the time.
+    count poll_auto_budget_cuts,
+    /// [`PollRule::Auto`](crate::PollRule::Auto): the wake-up cost it weighs polling
+    /// against, in ns.
+    gauge poll_wake_ns,
 }
 
 impl<L: EventLoop> AioContext<L> {
@@ -102,6 +115,7 @@ impl<L: EventLoop> AioContext<L> {
         c.notifier_writes = self.shared.notifier_writes.load(Ordering::Relaxed);
         c.notify_calls = self.shared.notify_calls.load(Ordering::Relaxed);
         c.poll_ns = self.busy_poll.window_ns();
+        self.busy_poll.auto_counters(&mut c);
         c.poll_set = self.busy_poll.set_len() as u64;
         c.unpolled_handlers = self
             .handlers

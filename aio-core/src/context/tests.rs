@@ -134,6 +134,7 @@ fn adaptive_window_grows_keeps_and_shrinks_with_a_fake_clock() {
         grow: 4,
         shrink: 2,
         rule: PollRule::Qemu,
+        wake_ns: 0,
     });
     script.blocks.borrow_mut().push_back(2_000);
     ctx.poll(true);
@@ -462,4 +463,46 @@ fn a_call_made_while_deferred_calls_run_joins_the_pass_and_a_panic_closes_the_se
         ["first", "second"],
         "outside a section again"
     );
+}
+
+#[test]
+fn auto_polling_turns_off_for_long_waits_and_says_why() {
+    let (ctx, script) = scripted();
+    let (_doorbell, _countdown) = countdown_handler(&ctx);
+    ctx.set_poll_params(PollParams::auto().with_wake_ns(30_000));
+    // Nothing for the checks to find; each wait blocks 500 µs.
+    for _ in 0..64 {
+        script.blocks.borrow_mut().push_back(500_000);
+        ctx.poll(true);
+    }
+    let c = ctx.counters();
+    assert_eq!(c.poll_wake_ns, 30_000, "the wake-up cost given");
+    assert_eq!(c.poll_auto_choices, 4, "a choice every 16 waits");
+    assert_eq!(c.poll_auto_off, 4, "every one of them off: {c:?}");
+    assert_eq!(c.poll_ns, 0);
+    // Only the first 16 waits polled (the start window, 4 µs each), and found nothing.
+    assert!(c.busy_poll_missed_ns > 0 && c.busy_poll_missed_ns <= 16 * 4_100, "{c:?}");
+    assert_eq!(c.poll_hits, 0);
+}
+
+#[test]
+fn auto_polling_keeps_a_window_that_catches_short_waits() {
+    let (ctx, script) = scripted();
+    let (_doorbell, countdown) = countdown_handler(&ctx);
+    ctx.set_poll_params(PollParams::auto().with_wake_ns(30_000));
+    for _ in 0..64 {
+        // Ready after 100 checks: 1 µs of the fake clock.
+        countdown.set(100);
+        script.blocks.borrow_mut().push_back(0);
+        ctx.poll(true);
+    }
+    let c = ctx.counters();
+    assert_eq!(c.poll_auto_choices, 4);
+    assert_eq!(c.poll_auto_off, 0, "{c:?}");
+    assert!(c.poll_ns >= 1_000, "a window that covers the waits: {c:?}");
+    assert_eq!(c.busy_poll_ns, 64 * 1_000);
+    assert_eq!(c.poll_hits, 64);
+    // Back to a fixed window: the model is gone and its counters with it.
+    ctx.set_poll_params(PollParams::iothread());
+    assert_eq!(ctx.counters().poll_auto_choices, 0);
 }

@@ -5,6 +5,9 @@
 //! next polling window be. [`AioContext`](crate::AioContext) runs the `io_poll` callbacks and
 //! feeds the measured block time back here.
 
+pub(crate) mod auto;
+pub(crate) mod wake;
+
 /// The polling window a context starts from when polling is turned on or grows from 0 (4 µs,
 /// as QEMU).
 pub const POLL_START_NS: u64 = 4_000;
@@ -49,7 +52,22 @@ pub enum PollRule {
     /// QEMU's rule, plus: one late event is forgiven, and a collapsed window is probed back.
     #[default]
     Recovering,
+    /// The window chosen from the waits the loop observes, no hand-set window needed:
+    /// `max_ns` is only a cap. The loop keeps a histogram of recent wait lengths and polls up
+    /// to the length that minimises the expected wake-up cost plus a price for the CPU
+    /// polling burns (half a ns of latency per ns polled); it polls not at all when waits are
+    /// far longer than a wake-up, follows a device that changes within 528 waits (the
+    /// histogram halves every 128), and lets polling that finds nothing take at most 10% of
+    /// the loop thread's time (`LoopCounters::busy_poll_missed_ns`,
+    /// `poll_auto_budget_cuts`). The wake-up cost is measured once
+    /// per process (`LoopCounters::poll_wake_ns`). See [`AUTO_MAX_NS`] for the cap `auto`
+    /// usually comes with.
+    Auto,
 }
+
+/// The cap on the window that `auto` comes with where a tool takes `poll_max_ns=auto`
+/// (256 µs: past it, a wake-up is cheaper than polling on any machine measured here).
+pub const AUTO_MAX_NS: u64 = 262_144;
 
 /// Adaptive polling parameters, settable at run time with
 /// [`AioContext::set_poll_params`](crate::AioContext::set_poll_params). Built from
@@ -65,6 +83,9 @@ pub struct PollParams {
     pub shrink: u64,
     /// How the window adapts (default [`PollRule::Recovering`]).
     pub rule: PollRule,
+    /// For [`PollRule::Auto`]: what a wake-up costs, in ns; 0 (the default) measures it on
+    /// this machine, once per process.
+    pub wake_ns: u64,
 }
 
 impl Default for PollParams {
@@ -76,6 +97,7 @@ impl Default for PollParams {
             grow: 0,
             shrink: 0,
             rule: PollRule::Recovering,
+            wake_ns: 0,
         }
     }
 }
@@ -89,9 +111,20 @@ crate::backend::with_setters!(PollParams {
     with_shrink => shrink: u64,
     /// With the window rule `rule`.
     with_rule => rule: PollRule,
+    /// With the wake-up cost [`PollRule::Auto`] assumes, in ns (0: measured).
+    with_wake_ns => wake_ns: u64,
 });
 
 impl PollParams {
+    /// [`PollRule::Auto`] capped at [`AUTO_MAX_NS`]: what `poll_max_ns=auto` means.
+    pub fn auto() -> Self {
+        PollParams {
+            max_ns: AUTO_MAX_NS,
+            rule: PollRule::Auto,
+            ..PollParams::iothread()
+        }
+    }
+
     /// QEMU's IOThread defaults: `poll-max-ns` 32768, grow x2, shrink to 0.
     pub fn iothread() -> Self {
         PollParams {
@@ -99,6 +132,7 @@ impl PollParams {
             grow: 0,
             shrink: 0,
             rule: PollRule::Recovering,
+            wake_ns: 0,
         }
     }
 

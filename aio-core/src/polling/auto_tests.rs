@@ -1,0 +1,204 @@
+//! The automatic window on made-up waits: a simulated loop on a fake clock polls with the
+//! window the model gives, is woken `WAKE` after the event when polling missed it, and feeds
+//! each wait back.
+
+use super::*;
+
+/// A wake-up on this VM: 20-50 µs.
+const WAKE: u64 = 30_000;
+const MAX: u64 = 262_144;
+
+/// A loop on a fake clock.
+struct Sim {
+    model: AutoWindow,
+    now: u64,
+    waits: u64,
+    hits: u64,
+}
+
+impl Sim {
+    fn new() -> Sim {
+        Sim {
+            model: AutoWindow::new(WAKE),
+            now: 0,
+            waits: 0,
+            hits: 0,
+        }
+    }
+
+    /// One wait for an event `t` ns away.
+    fn wait(&mut self, t: u64) {
+        let w = self.model.next_window(self.now, MAX);
+        let (block, polled, hit) = if t <= w { (t, t, true) } else { (t + WAKE, w, false) };
+        self.now += block;
+        self.waits += 1;
+        self.hits += u64::from(hit);
+        self.model.observe(
+            AutoWait {
+                block_ns: block,
+                polled_ns: polled,
+                hit,
+                now_ns: self.now,
+            },
+            MAX,
+        );
+    }
+
+    fn run(&mut self, n: u64, mut t: impl FnMut(u64) -> u64) {
+        for i in 0..n {
+            self.wait(t(i));
+        }
+    }
+}
+
+#[test]
+fn buckets_are_four_per_doubling_from_one_microsecond() {
+    assert_eq!(edge(0), 1_000);
+    assert_eq!(edge(4), 2_000);
+    assert_eq!(edge(8), 4_000);
+    assert_eq!(bucket(999), 0);
+    assert_eq!(bucket(1_000), 0);
+    assert_eq!(bucket(2_000), 4);
+    assert_eq!(bucket(1_999), 3);
+    assert_eq!(bucket(u64::MAX), BUCKETS - 1);
+}
+
+#[test]
+fn short_waits_are_polled_for_and_caught() {
+    let mut sim = Sim::new();
+    // A fast device: 12-20 µs.
+    sim.run(2_000, |i| 12_000 + (i * 7_919) % 8_000);
+    let m = &sim.model;
+    assert_eq!(m.choice(), Choice::Polling);
+    assert!(
+        (20_000..=64_000).contains(&m.chosen_ns()),
+        "the window covers 20 µs without running far past it: {}",
+        m.chosen_ns()
+    );
+    assert!(sim.hits * 100 >= sim.waits * 95, "{} of {} caught", sim.hits, sim.waits);
+    assert_eq!(m.updates, sim.waits / u64::from(UPDATE_EVERY));
+}
+
+#[test]
+fn long_waits_turn_polling_off() {
+    let mut sim = Sim::new();
+    // A slow disk: 80-400 µs, far beyond a wake-up.
+    sim.run(2_000, |i| 80_000 + (i * 7_919) % 320_000);
+    assert_eq!(sim.model.choice(), Choice::Off);
+    assert_eq!(sim.model.chosen_ns(), 0);
+    // Off after the first choice: what polled before it is the start window's, 4 µs a wait.
+    assert!(
+        sim.model.missed_ns <= u64::from(UPDATE_EVERY) * POLL_START_NS,
+        "{} ns polled for nothing",
+        sim.model.missed_ns
+    );
+}
+
+#[test]
+fn a_bimodal_device_is_polled_for_its_short_mode_only() {
+    let mut sim = Sim::new();
+    // Half the requests from a cache in 8 µs, half from the disk in 2 ms.
+    sim.run(2_000, |i| if i % 2 == 0 { 8_000 } else { 2_000_000 });
+    let m = &sim.model;
+    assert_eq!(m.choice(), Choice::Polling);
+    assert!(
+        (8_000..=16_000).contains(&m.chosen_ns()),
+        "catches the 8 µs mode, not the 2 ms one: {}",
+        m.chosen_ns()
+    );
+}
+
+#[test]
+fn a_device_that_slows_down_and_recovers_is_followed_within_the_promised_waits() {
+    let mut sim = Sim::new();
+    sim.run(1_000, |_| 20_000);
+    assert_eq!(sim.model.choice(), Choice::Polling);
+    // 20 -> 200 µs: off within ADAPTS_WITHIN waits.
+    let mut off_after = None;
+    for i in 0..u64::from(ADAPTS_WITHIN) {
+        sim.wait(200_000);
+        if off_after.is_none() && sim.model.choice() == Choice::Off {
+            off_after = Some(i + 1);
+        }
+    }
+    let off_after = off_after.expect("polling off within ADAPTS_WITHIN waits");
+    assert_eq!(sim.model.choice(), Choice::Off, "and it stays off");
+    // And back: polling again within the same bound.
+    let mut on_after = None;
+    for i in 0..u64::from(ADAPTS_WITHIN) {
+        sim.wait(20_000);
+        if on_after.is_none() && sim.model.choice() == Choice::Polling {
+            on_after = Some(i + 1);
+        }
+    }
+    let on_after = on_after.expect("polling on again within ADAPTS_WITHIN waits");
+    assert!(sim.model.chosen_ns() >= 20_000);
+    assert!(off_after <= u64::from(ADAPTS_WITHIN) && on_after <= u64::from(ADAPTS_WITHIN));
+}
+
+#[test]
+fn polling_without_hits_never_takes_more_than_its_share_of_the_time() {
+    // An adversary: each event comes just after the window the model gives, so every poll
+    // misses; the model keeps polling as long as its histogram says the waits are short.
+    let mut m = AutoWindow::new(WAKE);
+    let mut now = 0u64;
+    for _ in 0..20_000 {
+        let w = m.next_window(now, MAX);
+        let t = w + 1_000;
+        now += t + WAKE;
+        m.observe(
+            AutoWait {
+                block_ns: t + WAKE,
+                polled_ns: w,
+                hit: false,
+                now_ns: now,
+            },
+            MAX,
+        );
+        assert!(
+            m.missed_ns <= now * MISS_BUDGET_PERCENT / 100 + BUDGET_CAP_NS,
+            "{} ns missed in {} ns",
+            m.missed_ns,
+            now
+        );
+    }
+    assert!(m.missed_ns > 0, "it did poll");
+}
+
+#[test]
+fn the_budget_cuts_a_window_it_cannot_pay_for_and_says_so() {
+    let mut m = AutoWindow::new(WAKE);
+    // Learn short waits at a high rate: the window opens.
+    let mut now = 0;
+    for _ in 0..64 {
+        now += 10_000;
+        m.observe(
+            AutoWait {
+                block_ns: 10_000,
+                polled_ns: 10_000,
+                hit: true,
+                now_ns: now,
+            },
+            MAX,
+        );
+    }
+    assert!(m.chosen_ns() >= 10_000);
+    // Now a burst of misses at the same instant empties the budget.
+    for _ in 0..1_000 {
+        let w = m.next_window(now, MAX);
+        m.observe(
+            AutoWait {
+                block_ns: w,
+                polled_ns: w,
+                hit: false,
+                now_ns: now,
+            },
+            MAX,
+        );
+    }
+    assert!(m.budget_cuts > 0);
+    assert_eq!(m.next_window(now, MAX), 0, "nothing left to poll with");
+    // Time refills it at 10% of the clock.
+    assert_eq!(m.next_window(now + 100_000, MAX), m.chosen_ns().min(10_000));
+}
+
