@@ -98,4 +98,7 @@ pub use hybrid::{Hybrid, HybridSide, DEFAULT_HYBRID_THRESHOLD};
 pub use iothread::{IoThread, IoThreadError, IoThreadHandle};
 pub use ladder::{Ladder, LadderChoice, NoneUsable, RungReport};
 pub use notifier::{Notifier, NotifierKind};
-pub use polling::{PollParams, PollRule, DEFAULT_POLL_IDLE_NS, DEFAULT_POLL_MAX_NS, POLL_START_NS};
+pub use polling::{
+    BadPollMaxNs, PollMaxNs, PollParams, PollRule, AUTO_MAX_NS, DEFAULT_POLL_IDLE_NS,
+    DEFAULT_POLL_MAX_NS, POLL_START_NS,
+};

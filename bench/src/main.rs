@@ -26,12 +26,13 @@ use aio_bench::cpus::CpuList;
 use aio_bench::load::Pattern;
 use aio_bench::matrix::Workload;
 use aio_bench::targets::loopdev::LoopSpec;
+use aio_core::PollMaxNs;
 use clap::{Parser, Subcommand};
 
 use crate::cmd::values::{
     parse_device, parse_duration_arg, parse_engine, parse_engine_or_auto, parse_monitor,
-    parse_monitor_alone, parse_monitor_or_auto, parse_pattern, parse_runtime_arg, parse_size_arg,
-    parse_workload,
+    parse_monitor_alone, parse_monitor_or_auto, parse_pattern, parse_poll_max_ns,
+    parse_runtime_arg, parse_size_arg, parse_workload,
 };
 
 #[derive(Parser, Debug)]
@@ -128,9 +129,10 @@ struct VsFioArgs {
     /// and the engine, so completions need no eventfd.
     #[arg(long, default_value = "epoll", value_parser = parse_monitor)]
     fdmon: MonitorKind,
-    /// Our loop's adaptive polling limit (0 = off, as fio's libaio engine waits in the kernel).
-    #[arg(long, default_value_t = 0)]
-    poll_max_ns: u64,
+    /// Our loop's adaptive polling limit in ns (0 = off, as fio's libaio engine waits in the
+    /// kernel), or `auto` (the window chosen from the waits the loop sees).
+    #[arg(long, default_value = "0", value_parser = parse_poll_max_ns)]
+    poll_max_ns: PollMaxNs,
     /// The old spelling of `--fdmon shared-ring`.
     #[arg(long, hide = true)]
     shared_ring: bool,
@@ -146,9 +148,9 @@ struct LatencyArgs {
     /// Engines, comma-separated. Default: all this build has.
     #[arg(long, value_delimiter = ',', value_parser = parse_engine)]
     engine: Vec<EngineKind>,
-    /// poll_max_ns values beyond 0 and 32768, comma-separated.
-    #[arg(long, value_delimiter = ',')]
-    poll_max_ns: Vec<u64>,
+    /// poll_max_ns values beyond 0 and 32768, comma-separated (ns, or `auto`).
+    #[arg(long, value_delimiter = ',', value_parser = parse_poll_max_ns)]
+    poll_max_ns: Vec<PollMaxNs>,
     /// read, write, randread, randwrite, rw or randrw (mixed 50/50).
     #[arg(long, default_value = "randread", value_parser = parse_pattern)]
     rw: Pattern,
@@ -171,6 +173,15 @@ struct LatencyArgs {
     /// Our fd monitor.
     #[arg(long, default_value = "epoll", value_parser = parse_monitor_alone)]
     fdmon: MonitorKind,
+    /// Runs of every cell, alternated (each round runs every engine at every setting once);
+    /// the table shows the median.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100))]
+    repeat: u64,
+    /// After the table, one line per cell: the spread of the mean over the runs (max / min),
+    /// the loop thread's CPU per request, the share of its time spent busy polling and
+    /// polling for nothing, and the window the loop ended with.
+    #[arg(long)]
+    detail: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -215,9 +226,9 @@ struct MatrixArgs {
     /// gets its own fd and SIZE / disks of it.
     #[arg(long, value_parser = parse_device, conflicts_with_all = ["dir", "disk_size"])]
     device: Option<LoopSpec>,
-    /// The iothread's adaptive polling limit (QEMU's IOThread default).
-    #[arg(long, default_value_t = 32768)]
-    poll_max_ns: u64,
+    /// The iothread's adaptive polling limit in ns (QEMU's IOThread default), or `auto`.
+    #[arg(long, default_value = "32768", value_parser = parse_poll_max_ns)]
+    poll_max_ns: PollMaxNs,
     /// How long an idle disk stays in the poll set. QEMU uses 7 s; the matrix's cells are
     /// short, so the default (100ms, shorter than the ramp) measures the steady state in which
     /// idle disks have left it, as they would in a long-running QEMU.

@@ -48,6 +48,8 @@ fn bad_input_exits_2_says_what_and_leaves_no_images() {
         ),
         (vec!["matrix", "--runtime", "0s"], "more than 0"),
         (vec!["vs-fio", "--runtime", "0"], "more than 0"),
+        (vec!["latency", "--poll-max-ns", "soon"], "or `auto`"),
+        (vec!["matrix", "--poll-max-ns", "2000000000"], "more than 1 s"),
         (
             vec!["vs-fio", "--fdmon", "shared-ring", "--engine", "pool"],
             "--fdmon shared-ring needs --engine uring (got pool)",
@@ -511,4 +513,42 @@ fn failed_requests_are_reported_with_their_errno_and_fail_the_run() {
         t.contains("write: IOPS="),
         "the writes that fitted are counted: {t}"
     );
+}
+
+/// `latency --poll-max-ns auto --repeat 2 --detail`: the automatic window next to the fixed
+/// ones, each cell run twice, and the detail lines that say what the loop did.
+#[test]
+#[cfg(feature = "pool")]
+fn latency_compares_auto_with_fixed_windows_in_detail() {
+    let dir = TempDir::new("latency");
+    let o = bench()
+        .args([
+            "latency",
+            "--engine",
+            "pool",
+            "--poll-max-ns",
+            "auto",
+            "--repeat",
+            "2",
+        ])
+        .args(["--detail", "--runtime", "100ms", "--size", "4m", "--dir"])
+        .arg(&dir.0)
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("poll_max_ns=auto") && t.contains("2 run(s) each"),
+        "{t}"
+    );
+    let detail: Vec<&str> = t.lines().filter(|l| l.starts_with("pool ")).collect();
+    // The table's row, then one detail line per setting: 0, 32768, auto.
+    assert_eq!(detail.len(), 4, "{t}");
+    let auto = detail
+        .iter()
+        .find(|l| l.split_whitespace().nth(1) == Some("auto"));
+    let auto = auto.expect("a detail line for auto");
+    let wake: u64 = auto.split_whitespace().last().unwrap().parse().unwrap();
+    assert!(wake > 0, "auto measured a wake-up cost: {auto}");
+    assert_eq!(dir.entries(), 0, "the test file is removed");
 }

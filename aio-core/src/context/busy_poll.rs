@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use super::handlers::{FdHandler, PollHook};
 use super::AioContext;
-use crate::event_loop::{EventLoop, Token};
 use super::LoopCounters;
+use crate::event_loop::{EventLoop, Token};
 use crate::polling::auto::{AutoWait, AutoWindow};
 use crate::polling::{
     wake, PollParams, PollRule, PollWindow, Wait, WindowChange, DEFAULT_POLL_IDLE_NS,

@@ -481,7 +481,10 @@ fn auto_polling_turns_off_for_long_waits_and_says_why() {
     assert_eq!(c.poll_auto_off, 4, "every one of them off: {c:?}");
     assert_eq!(c.poll_ns, 0);
     // Only the first 16 waits polled (the start window, 4 µs each), and found nothing.
-    assert!(c.busy_poll_missed_ns > 0 && c.busy_poll_missed_ns <= 16 * 4_100, "{c:?}");
+    assert!(
+        c.busy_poll_missed_ns > 0 && c.busy_poll_missed_ns <= 16 * 4_100,
+        "{c:?}"
+    );
     assert_eq!(c.poll_hits, 0);
 }
 

@@ -29,7 +29,11 @@ impl Sim {
     /// One wait for an event `t` ns away.
     fn wait(&mut self, t: u64) {
         let w = self.model.next_window(self.now, MAX);
-        let (block, polled, hit) = if t <= w { (t, t, true) } else { (t + WAKE, w, false) };
+        let (block, polled, hit) = if t <= w {
+            (t, t, true)
+        } else {
+            (t + WAKE, w, false)
+        };
         self.now += block;
         self.waits += 1;
         self.hits += u64::from(hit);
@@ -75,7 +79,12 @@ fn short_waits_are_polled_for_and_caught() {
         "the window covers 20 µs without running far past it: {}",
         m.chosen_ns()
     );
-    assert!(sim.hits * 100 >= sim.waits * 95, "{} of {} caught", sim.hits, sim.waits);
+    assert!(
+        sim.hits * 100 >= sim.waits * 95,
+        "{} of {} caught",
+        sim.hits,
+        sim.waits
+    );
     assert_eq!(m.updates, sim.waits / u64::from(UPDATE_EVERY));
 }
 
@@ -201,4 +210,3 @@ fn the_budget_cuts_a_window_it_cannot_pay_for_and_says_so() {
     // Time refills it at 10% of the clock.
     assert_eq!(m.next_window(now + 100_000, MAX), m.chosen_ns().min(10_000));
 }
-

@@ -163,6 +163,75 @@ impl PollParams {
     }
 }
 
+/// A `poll-max-ns` as tools take it (`--poll-max-ns`, `poll_max_ns=` in job files): a window
+/// in ns, 0 turning polling off, or `auto` ([`PollRule::Auto`] capped at [`AUTO_MAX_NS`]).
+///
+/// ```
+/// use aio_core::{PollMaxNs, PollRule};
+/// let auto: PollMaxNs = "auto".parse().unwrap();
+/// assert_eq!(auto.params().rule, PollRule::Auto);
+/// let fixed: PollMaxNs = "32768".parse().unwrap();
+/// assert_eq!(fixed.params().max_ns, 32_768);
+/// assert!("soon".parse::<PollMaxNs>().is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PollMaxNs {
+    /// This window, with QEMU's IOThread rule ([`PollParams::iothread`]); 0: polling off.
+    Fixed(u64),
+    /// The window chosen from the waits observed ([`PollParams::auto`]).
+    Auto,
+}
+
+impl PollMaxNs {
+    /// The parameters it stands for.
+    pub fn params(self) -> PollParams {
+        match self {
+            PollMaxNs::Fixed(ns) => PollParams::iothread().with_max_ns(ns),
+            PollMaxNs::Auto => PollParams::auto(),
+        }
+    }
+
+    /// The fixed window, or `None` for `auto`.
+    pub fn fixed(self) -> Option<u64> {
+        match self {
+            PollMaxNs::Fixed(ns) => Some(ns),
+            PollMaxNs::Auto => None,
+        }
+    }
+}
+
+impl From<u64> for PollMaxNs {
+    fn from(ns: u64) -> Self {
+        PollMaxNs::Fixed(ns)
+    }
+}
+
+impl std::fmt::Display for PollMaxNs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PollMaxNs::Fixed(ns) => write!(f, "{ns}"),
+            PollMaxNs::Auto => f.write_str("auto"),
+        }
+    }
+}
+
+/// A `poll-max-ns` that is neither a number of ns nor `auto`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("poll-max-ns {0:?}: expected a number of ns (0 turns polling off) or `auto`")]
+pub struct BadPollMaxNs(pub String);
+
+impl std::str::FromStr for PollMaxNs {
+    type Err = BadPollMaxNs;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "auto" {
+            return Ok(PollMaxNs::Auto);
+        }
+        s.parse()
+            .map(PollMaxNs::Fixed)
+            .map_err(|_| BadPollMaxNs(s.to_string()))
+    }
+}
+
 /// Blocking waits between the collapse of the window and the first probe.
 const PROBE_FIRST: u32 = 4;
 /// The longest interval between probes, in blocking waits.

@@ -12,6 +12,7 @@ use aio_bench::backends::engines::{EngineKind, UringOptions};
 use aio_bench::error::BenchError;
 use aio_bench::fio::job::{run_job, JobSpec};
 use aio_core::engine::IoFile;
+use aio_core::PollMaxNs;
 
 use super::{check_target, test_image};
 use crate::LatencyArgs;
@@ -29,7 +30,7 @@ pub fn run(mut args: LatencyArgs) -> Result<(), BenchError> {
         args.engine.clone()
     };
     // Off and QEMU's IOThread default, then the values given.
-    let mut polls = vec![0u64, 32_768];
+    let mut polls = vec![PollMaxNs::Fixed(0), PollMaxNs::Fixed(32_768)];
     for &p in &args.poll_max_ns {
         if !polls.contains(&p) {
             polls.push(p);
@@ -37,37 +38,111 @@ pub fn run(mut args: LatencyArgs) -> Result<(), BenchError> {
     }
     let (_device, image) = test_image(&dir, args.size, args.device)?;
     println!(
-        "QD1 {} bs={} on {} ({} MiB, O_DIRECT), fd monitor {}, {:?} per cell: mean latency in µs (p99)",
+        "QD1 {} bs={} on {} ({} MiB, O_DIRECT), fd monitor {}, {:?} per cell, {} run(s) each: \
+         mean latency in µs (p99), the median run",
         args.rw,
         args.bs,
         image.path().display(),
         args.size >> 20,
         args.fdmon,
-        args.runtime
+        args.runtime,
+        args.repeat
     );
+    // Every round runs every cell once, so that a disturbance hits all of them alike.
+    let mut runs: Vec<Vec<Vec<Run>>> = vec![vec![Vec::new(); polls.len()]; engines.len()];
+    for _ in 0..args.repeat {
+        for (e, &engine) in engines.iter().enumerate() {
+            for (p, &poll_max_ns) in polls.iter().enumerate() {
+                runs[e][p].push(one_run(&args, engine, poll_max_ns, image.file())?);
+            }
+        }
+    }
     print!("{:<10}", "engine");
     for p in &polls {
         print!(" {:>22}", format!("poll_max_ns={p}"));
     }
     println!();
-    for engine in engines {
+    for (e, engine) in engines.iter().enumerate() {
         print!("{:<10}", engine.name());
-        for &poll_max_ns in &polls {
-            let cell = one_cell(&args, engine, poll_max_ns, image.file())?;
-            print!(" {cell:>22}");
+        for cell in &runs[e] {
+            let m = median(cell);
+            print!(" {:>22}", format!("{:.1} ({:.1})", m.mean_us, m.p99_us));
         }
         println!();
+    }
+    if args.detail {
+        println!(
+            "{:<10} {:>12} {:>9} {:>9} {:>8} {:>10} {:>9} {:>9} {:>10} {:>9}",
+            "engine",
+            "poll_max_ns",
+            "mean us",
+            "p99 us",
+            "spread",
+            "CPU us/req",
+            "polling",
+            "missed",
+            "window ns",
+            "wake ns"
+        );
+        for (e, engine) in engines.iter().enumerate() {
+            for (p, cell) in runs[e].iter().enumerate() {
+                let m = median(cell);
+                println!(
+                    "{:<10} {:>12} {:>9.1} {:>9.1} {:>8.2} {:>10.2} {:>8.1}% {:>8.1}% {:>10} {:>9}",
+                    engine.name(),
+                    polls[p].to_string(),
+                    m.mean_us,
+                    m.p99_us,
+                    spread(cell),
+                    m.cpu_us_per_req,
+                    m.polling_share * 100.0,
+                    m.missed_share * 100.0,
+                    m.window_ns,
+                    m.wake_ns
+                );
+            }
+        }
     }
     Ok(())
 }
 
-/// One cell at QD1: `mean (p99)` in µs.
-fn one_cell(
+/// One run of one cell.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    mean_us: f64,
+    p99_us: f64,
+    /// The loop thread's CPU time per request.
+    cpu_us_per_req: f64,
+    /// Busy polling's share of the loop thread's wall time, and that of polling that found
+    /// nothing.
+    polling_share: f64,
+    missed_share: f64,
+    /// The window at the end of the run, and the wake-up cost `auto` weighed it against.
+    window_ns: u64,
+    wake_ns: u64,
+}
+
+/// The run with the median mean latency.
+fn median(runs: &[Run]) -> Run {
+    let mut sorted = runs.to_vec();
+    sorted.sort_by(|a, b| a.mean_us.total_cmp(&b.mean_us));
+    sorted[sorted.len() / 2]
+}
+
+/// The largest mean over the smallest.
+fn spread(runs: &[Run]) -> f64 {
+    let max = runs.iter().map(|r| r.mean_us).fold(0.0, f64::max);
+    let min = runs.iter().map(|r| r.mean_us).fold(f64::MAX, f64::min);
+    max / min
+}
+
+/// One run at QD1.
+fn one_run(
     args: &LatencyArgs,
     engine: EngineKind,
-    poll_max_ns: u64,
+    poll_max_ns: PollMaxNs,
     file: &IoFile,
-) -> Result<String, BenchError> {
+) -> Result<Run, BenchError> {
     let spec = JobSpec {
         ramp: RAMP,
         poll_max_ns,
@@ -82,6 +157,17 @@ fn one_cell(
         .map_err(|e| BenchError::io(engine.to_string(), e))?;
     let r = run_job(monitor, eng, file, args.size, spec)
         .map_err(|e| BenchError::failed(e.to_string()))?;
-    let p99 = r.total().latency_ns.value_at_quantile(0.99) as f64 / 1000.0;
-    Ok(format!("{:.1} ({:.1})", r.mean_lat_us(), p99))
+    let total = r.total();
+    // The CPU time covers the whole job, ramp included: so does the request count.
+    let requests = (r.iops() * r.wall_s).max(1.0);
+    let wall_ns = (r.wall_s * 1e9).max(1.0);
+    Ok(Run {
+        mean_us: r.mean_lat_us(),
+        p99_us: total.latency_ns.value_at_quantile(0.99) as f64 / 1000.0,
+        cpu_us_per_req: r.iothread_cpu_s * 1e6 / requests,
+        polling_share: r.counters.busy_poll_ns as f64 / wall_ns,
+        missed_share: r.counters.busy_poll_missed_ns as f64 / wall_ns,
+        window_ns: r.counters.poll_ns,
+        wake_ns: r.counters.poll_wake_ns,
+    })
 }

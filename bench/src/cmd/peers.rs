@@ -60,8 +60,8 @@ pub struct PeersArgs {
     variants: Vec<Variant>,
     /// aio-rs's adaptive polling limit (the default is QEMU's IOThread value, as `run` and
     /// `matrix` use; 0 turns polling off, as `vs-fio` does by default).
-    #[arg(long, default_value_t = 32_768)]
-    poll_max_ns: u64,
+    #[arg(long, default_value = "32768", value_parser = super::values::parse_poll_max_ns)]
+    poll_max_ns: aio_core::PollMaxNs,
     /// aio-rs's fd monitor: `uring` (what `auto` picks here, as `run` and `matrix` do),
     /// `epoll` (`vs-fio`'s default), `shared-ring` (one io_uring for the monitor and the
     /// io_uring engine), or `poll`, `hybrid`.
@@ -185,7 +185,7 @@ pub fn run(args: PeersArgs) -> Result<(), BenchError> {
             "rounds": args.rounds,
             "secs": args.secs.as_secs_f64(),
             "ramp_s": args.ramp.as_secs_f64(),
-            "poll_max_ns": args.poll_max_ns,
+            "poll_max_ns": aio_bench::fio::output::poll_max_ns_json(args.poll_max_ns),
             "fdmon": fdmon.name(),
             "uring_registered": args.uring_registered,
             "targets": report.iter().map(TargetRuns::to_json).collect::<Vec<_>>(),

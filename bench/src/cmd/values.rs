@@ -95,3 +95,14 @@ pub fn parse_device(s: &str) -> Result<LoopSpec, String> {
     s.parse()
         .map_err(|e: aio_bench::targets::loopdev::LoopError| e.to_string())
 }
+
+/// A `--poll-max-ns`: ns (0 turns polling off, at most 1 s) or `auto`.
+pub fn parse_poll_max_ns(s: &str) -> Result<aio_core::PollMaxNs, String> {
+    match s.parse::<aio_core::PollMaxNs>() {
+        Ok(aio_core::PollMaxNs::Fixed(ns)) if ns > 1_000_000_000 => {
+            Err(format!("{ns} ns is more than 1 s"))
+        }
+        Ok(p) => Ok(p),
+        Err(e) => Err(e.to_string()),
+    }
+}

@@ -89,9 +89,10 @@ pub struct VhostArgs {
     /// threads (default uring).
     #[arg(long, value_parser = parse_engine)]
     pub engine: Option<EngineKind>,
-    /// With --vs-qsd: both iothreads' adaptive polling limit (default 32768, QEMU's).
-    #[arg(long)]
-    pub poll_max_ns: Option<u64>,
+    /// With --vs-qsd: both iothreads' adaptive polling limit (default 32768, QEMU's); `auto`
+    /// gives ours the automatic window and qemu-storage-daemon its default.
+    #[arg(long, value_parser = super::values::parse_poll_max_ns)]
+    pub poll_max_ns: Option<aio_core::PollMaxNs>,
     /// With --vs-qsd: disk counts, comma-separated (the scsi-disk scaling test: N disks on
     /// each daemon's one iothread, the first driven; default 1).
     #[arg(long, value_delimiter = ',',
@@ -162,7 +163,9 @@ pub fn run(args: VhostArgs) -> Result<(), BenchError> {
         image,
         block_device,
         engine: args.engine.unwrap_or(EngineKind::Uring),
-        poll_max_ns: args.poll_max_ns.unwrap_or(32_768),
+        poll_max_ns: args
+            .poll_max_ns
+            .unwrap_or(aio_core::PollMaxNs::Fixed(32_768)),
         rounds: args.rounds.unwrap_or(2) as usize,
         disks: if scaling {
             args.disks.iter().map(|&d| d as usize).collect()

@@ -13,6 +13,7 @@ use aio_bench::fio::job::{run_job, JobResult, JobSpec};
 use aio_bench::fio::{self, FioResult};
 use aio_bench::targets::image::DiskImage;
 use aio_core::engine::IoFile;
+use aio_core::PollMaxNs;
 
 use super::{check_target, test_image};
 use crate::VsFioArgs;
@@ -68,7 +69,7 @@ fn print_header(args: &VsFioArgs, version: &str, image: &DiskImage) {
     } else {
         args.fdmon.to_string()
     };
-    let polling = if args.poll_max_ns == 0 {
+    let polling = if args.poll_max_ns == PollMaxNs::Fixed(0) {
         "polling off".to_string()
     } else {
         format!("poll_max_ns {}", args.poll_max_ns)

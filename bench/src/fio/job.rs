@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use aio_core::engine::{
     AlignedBuf, AttachedEngine, Completion, IoEngine, IoFile, Request, RwFlags, SubmitError,
 };
-use aio_core::{AioContext, EventLoop, FdHandler, LoopCounters, Notifier, PollParams, PollRule};
+use aio_core::{
+    AioContext, EventLoop, FdHandler, LoopCounters, Notifier, PollMaxNs, PollParams, PollRule,
+};
 use hdrhistogram::Histogram;
 
 use crate::load::{latency_histogram, Direction, OffsetStream, Pattern, Window};
@@ -35,7 +37,7 @@ pub struct JobSpec {
     /// Time run before measuring starts.
     pub ramp: Duration,
     /// The loop's adaptive polling limit.
-    pub poll_max_ns: u64,
+    pub poll_max_ns: PollMaxNs,
     /// How the loop's polling window adapts.
     pub poll_rule: PollRule,
     /// Stop issuing after this many bytes (fio without `time_based`: `size` bytes per job).
@@ -61,7 +63,7 @@ impl JobSpec {
             iodepth,
             runtime,
             ramp: Duration::ZERO,
-            poll_max_ns: 32_768,
+            poll_max_ns: PollMaxNs::Fixed(32_768),
             poll_rule: PollRule::default(),
             io_limit: None,
             idle_fds: 0,
@@ -353,11 +355,12 @@ where
         engine.set_max_batch(n);
     }
     let ctx = AioContext::new(monitor)?;
-    ctx.set_poll_params(
-        PollParams::iothread()
-            .with_max_ns(spec.poll_max_ns)
+    ctx.set_poll_params(match spec.poll_max_ns {
+        PollMaxNs::Auto => PollParams::auto(),
+        PollMaxNs::Fixed(ns) => PollParams::iothread()
+            .with_max_ns(ns)
             .with_rule(spec.poll_rule),
-    );
+    });
     // The idle disks: registered, never ready.
     let idle: Vec<Notifier> = (0..spec.idle_fds)
         .map(|_| Notifier::new())

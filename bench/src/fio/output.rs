@@ -13,6 +13,8 @@ use aio_core::LoopCounters;
 use hdrhistogram::Histogram;
 use serde_json::{json, Map, Value};
 
+use aio_core::PollMaxNs;
+
 use super::job::IoStats;
 use super::runner::JobReport;
 
@@ -176,7 +178,7 @@ pub fn to_fio_json(reports: &[JobReport]) -> Value {
                     "fdmon": r.fdmon.name(),
                     "disks": d.disks,
                     "iothreads": d.iothreads,
-                    "poll_max_ns": d.poll_max_ns,
+                    "poll_max_ns": poll_max_ns_json(d.poll_max_ns),
                     "file": r.file.display().to_string(),
                     "errors": r.result.errors,
                     "iothread_cpu_s": r.result.iothread_cpu_s,
@@ -194,4 +196,12 @@ pub fn to_fio_json(reports: &[JobReport]) -> Value {
         "timestamp": timestamp,
         "jobs": jobs,
     })
+}
+
+/// A `poll_max_ns` in JSON: the number of ns, or `"auto"`.
+pub fn poll_max_ns_json(p: PollMaxNs) -> Value {
+    match p {
+        PollMaxNs::Fixed(ns) => json!(ns),
+        PollMaxNs::Auto => json!("auto"),
+    }
 }

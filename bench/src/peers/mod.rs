@@ -121,7 +121,7 @@ pub struct Job {
     /// The measured window.
     pub secs: Duration,
     /// aio-rs's adaptive polling limit (`PollParams::with_max_ns`); the peers have no such knob.
-    pub poll_max_ns: u64,
+    pub poll_max_ns: aio_core::PollMaxNs,
     /// aio-rs's fd monitor.
     pub fdmon: MonitorKind,
     /// aio-rs's io_uring engine registers the file and each worker's buffer with its ring.
@@ -336,7 +336,7 @@ mod tests {
             qd,
             ramp: Duration::ZERO,
             secs: Duration::from_secs(60),
-            poll_max_ns: 0,
+            poll_max_ns: aio_core::PollMaxNs::Fixed(0),
             fdmon: MonitorKind::Epoll,
             uring_registered: false,
         }

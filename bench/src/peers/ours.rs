@@ -15,7 +15,7 @@ use aio_backend_linux_aio::{LinuxAio, LinuxAioConfig};
 use aio_backend_uring::{shared_ring, UringConfig, UringEngine, UringLoop, MAX_REGISTERED_BUFFERS};
 use aio_core::engine::{AlignedBuf, AttachedEngine, IoEngine, IoFile, Request, SubmitError};
 use aio_core::task::join_all;
-use aio_core::{AioContext, EventLoop, PollParams};
+use aio_core::{AioContext, EventLoop};
 use aio_pool::{PoolConfig, PoolContext, ThreadPool};
 
 use crate::backends::monitors::MonitorKind;
@@ -72,7 +72,7 @@ fn run_on<L: EventLoop + 'static>(
 ) -> io::Result<Outcome> {
     let ctx = AioContext::new(monitor)?;
     // The job's polling limit, QEMU's IOThread rule otherwise.
-    ctx.set_poll_params(PollParams::iothread().with_max_ns(job.poll_max_ns));
+    ctx.set_poll_params(job.poll_max_ns.params());
     let uring = || match shared {
         Some(engine) => Ok(engine),
         None => UringEngine::new(uring_config(job)).map_err(io::Error::other),

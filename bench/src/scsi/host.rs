@@ -17,7 +17,7 @@ use std::sync::Arc;
 use aio_core::engine::{
     AlignedBuf, AttachedEngine, Completion, GuestIovecs, IoBuffers, IoEngine, IoFile, Request,
 };
-use aio_core::{AioContext, DeferredCall, EventLoop, FdHandler, PollParams};
+use aio_core::{AioContext, DeferredCall, EventLoop, FdHandler};
 
 use super::memory::GuestRam;
 use super::{CellSpec, GuestRequest, MemoryPath, UsedEntry, Virtqueue};
@@ -228,7 +228,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Station<L, E> {
         ram: &Arc<GuestRam>,
         places: Vec<QueuePlace>,
     ) -> io::Result<Self> {
-        ctx.set_poll_params(PollParams::iothread().with_max_ns(spec.poll_max_ns));
+        ctx.set_poll_params(spec.poll_max_ns.params());
         ctx.set_poll_idle_interval(spec.poll_idle);
         // Every request is submitted with its own completion (`HostQueue::complete`).
         let engine = Rc::new(ctx.attach_engine(engine, |_, _| {})?);

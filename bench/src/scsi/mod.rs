@@ -153,7 +153,7 @@ pub struct CellSpec {
     /// Warm-up.
     pub ramp: Duration,
     /// Each iothread's adaptive polling limit.
-    pub poll_max_ns: u64,
+    pub poll_max_ns: aio_core::PollMaxNs,
     /// How long a disk may stay idle before its doorbell leaves the poll set (QEMU: 7 s).
     pub poll_idle: Duration,
     /// Stamp every block written and check every block read ([`crate::load::verify`]); the images
@@ -192,7 +192,7 @@ impl CellSpec {
             iodepth: 8,
             runtime: Duration::from_secs(1),
             ramp: Duration::from_millis(200),
-            poll_max_ns: 32_768,
+            poll_max_ns: aio_core::PollMaxNs::Fixed(32_768),
             poll_idle: Duration::from_millis(100),
             verify: false,
             memory: MemoryPath::Guest,

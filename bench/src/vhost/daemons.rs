@@ -89,7 +89,7 @@ pub struct DaemonSpec {
     /// The kind of I/O.
     pub engine: EngineKind,
     /// The iothread's adaptive polling limit.
-    pub poll_max_ns: u64,
+    pub poll_max_ns: aio_core::PollMaxNs,
     /// Virtqueues per disk.
     pub queues: usize,
     /// Disks (sockets), all on the one iothread.
@@ -118,7 +118,13 @@ impl DaemonSpec {
             DaemonKind::Qemu => {
                 let mut args = vec![
                     "--object".to_string(),
-                    format!("iothread,id=io0,poll-max-ns={}", self.poll_max_ns),
+                    // QEMU has no automatic window: with `auto` it keeps its default.
+                    format!(
+                        "iothread,id=io0,poll-max-ns={}",
+                        self.poll_max_ns
+                            .fixed()
+                            .unwrap_or(aio_core::DEFAULT_POLL_MAX_NS)
+                    ),
                 ];
                 let driver = if self.block_device {
                     "host_device"
@@ -443,7 +449,7 @@ mod tests {
             image: "/dev/shm/x.img".into(),
             block_device: false,
             engine: EngineKind::LinuxAio,
-            poll_max_ns: 32768,
+            poll_max_ns: aio_core::PollMaxNs::Fixed(32768),
             queues: 2,
             disks: 2,
             cpu: Some(0),

@@ -25,9 +25,10 @@ pub struct Args {
     /// How many iothreads; queue i of each disk runs on iothread i mod K.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub iothreads: u16,
-    /// The iothreads' longest busy-poll window in ns (0: off; QEMU's IOThread default).
-    #[arg(long, default_value_t = aio_core::DEFAULT_POLL_MAX_NS)]
-    pub poll_max_ns: u64,
+    /// The iothreads' longest busy-poll window in ns (0: off; default QEMU's IOThread 32768),
+    /// or `auto`: the window chosen from the waits each iothread sees.
+    #[arg(long, default_value = "32768", value_parser = parse_poll_max_ns)]
+    pub poll_max_ns: aio_core::PollMaxNs,
     /// CPUs to run on, e.g. `0` or `0-1,3`: iothread k on the k-th (mod the count).
     #[arg(long, value_parser = parse_cpus)]
     pub cpus: Option<CpuList>,
@@ -119,6 +120,11 @@ impl FromStr for DiskSpec {
     }
 }
 
+/// `--poll-max-ns`: ns or `auto`.
+fn parse_poll_max_ns(s: &str) -> Result<aio_core::PollMaxNs, String> {
+    s.parse().map_err(|e: aio_core::BadPollMaxNs| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,7 +163,15 @@ mod tests {
             .unwrap();
         assert_eq!(
             (a.iothreads, a.poll_max_ns, a.engine.as_str()),
-            (2, 32768, "auto")
+            (2, aio_core::PollMaxNs::Fixed(32768), "auto")
         );
+        let a =
+            Args::try_parse_from(["x", "--disk", "socket=/s,image=/i", "--poll-max-ns", "auto"])
+                .unwrap();
+        assert_eq!(a.poll_max_ns, aio_core::PollMaxNs::Auto);
+        let e =
+            Args::try_parse_from(["x", "--disk", "socket=/s,image=/i", "--poll-max-ns", "soon"])
+                .unwrap_err();
+        assert!(e.to_string().contains("auto"), "{e}");
     }
 }

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use aio_core::engine::IoEngine;
-use aio_core::{AioContext, EventLoop, IoThread, PollParams};
+use aio_core::{AioContext, EventLoop, IoThread};
 use clap::Parser;
 
 pub use args::{Args, CpuList, DiskSpec};
@@ -99,7 +99,7 @@ pub fn run(args: &Args) -> Result<(), DaemonError> {
     for k in 0..usize::from(args.iothreads) {
         let (engine, fdmon) = (args.engine.clone(), args.fdmon.clone());
         let cpu = args.cpus.as_ref().map(|c| c.0[k % c.0.len()]);
-        let poll = PollParams::iothread().with_max_ns(args.poll_max_ns);
+        let poll = args.poll_max_ns.params();
         let thread = IoThread::spawn(&format!("iothread{k}"), move || -> io::Result<_> {
             if let Some(cpu) = cpu {
                 pin(cpu)?;

@@ -35,7 +35,7 @@ use crate::backends::engines::{EngineKind, URING_TASK_RUN_MODES};
 use crate::backends::monitors::MonitorKind;
 use crate::load::Pattern;
 use crate::units::{parse_duration, parse_size};
-use aio_core::PollRule;
+use aio_core::{PollMaxNs, PollRule};
 
 /// The fd monitor a job asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,7 +98,7 @@ pub struct JobDef {
     /// are.
     pub iothreads: u64,
     /// `poll_max_ns=` (default 32768, QEMU's IOThread default).
-    pub poll_max_ns: u64,
+    pub poll_max_ns: PollMaxNs,
     /// `poll_rule=` (`recovering`, the default, or `qemu`).
     pub poll_rule: PollRule,
     /// `uring_taskrun=`: io_uring's task-work mode, one of
@@ -140,7 +140,7 @@ impl JobDef {
             fdmon: MonitorChoice::Auto,
             disks: 1,
             iothreads: 1,
-            poll_max_ns: 32_768,
+            poll_max_ns: PollMaxNs::Fixed(32_768),
             poll_rule: PollRule::default(),
             uring_task_run: URING_TASK_RUN_MODES[0],
             batch_submit: None,
@@ -532,7 +532,16 @@ fn apply(
         }
         "disks" => job.disks = count(1, 256)?,
         "iothreads" => job.iothreads = count(1, 64)?,
-        "poll_max_ns" => job.poll_max_ns = count(0, 1_000_000_000)?,
+        "poll_max_ns" => {
+            let v = needs_value()?;
+            job.poll_max_ns = match v.parse::<PollMaxNs>() {
+                Ok(PollMaxNs::Fixed(ns)) if ns > 1_000_000_000 => {
+                    return Err(bad("expected at most 1000000000 ns, or auto".into()))
+                }
+                Ok(p) => p,
+                Err(e) => return Err(bad(e.to_string())),
+            };
+        }
         "poll_rule" => {
             job.poll_rule = match needs_value()? {
                 "recovering" => PollRule::Recovering,

@@ -63,7 +63,10 @@ fn globals_apply_to_later_jobs_only_and_jobs_override_them() {
         (Pattern::RandReadWrite, 70, true)
     );
     assert_eq!(c.fdmon, MonitorChoice::Kind(MonitorKind::Epoll));
-    assert_eq!((c.disks, c.poll_max_ns), (64, 0));
+    assert_eq!(
+        (c.disks, c.poll_max_ns),
+        (64, aio_core::PollMaxNs::Fixed(0))
+    );
 }
 
 #[test]
@@ -178,6 +181,8 @@ fn errors_name_the_file_and_line() {
         ("[a]\nbs=1000\n", 2, "multiple of 512"),
         ("[a]\nruntime=soon\n", 2, "duration"),
         ("[a]\nfdmon=kqueue\n", 2, "kqueue"),
+        ("[a]\npoll_max_ns=soon\n", 2, "or `auto`"),
+        ("[a]\npoll_max_ns=2000000000\n", 2, "at most 1000000000 ns"),
         ("[a]\nfdmon=shared-ring\n", 2, "vs-fio and peers only"),
         ("[a]\nsize=\n", 2, "needs a value"),
         ("[a]\ndirect=yes\n", 2, "0 or 1"),
