@@ -17,6 +17,12 @@
 //!   pays for the polling it did, at [`CPU_PRICE`] per ns. Waits far longer than a wake-up make
 //!   `W = 0` the cheapest (polling off); waits shorter than it make a window that catches most
 //!   of them the cheapest.
+//! * **Probes while off.** A wait the loop slept through without polling says only roughly how
+//!   long the event took (its wake-up is estimated, and an error there would feed itself), so
+//!   while polling is off such waits are not learned from: every [`PROBE_EVERY`]-th wait polls
+//!   for twice the wake-up cost instead (a wait longer than that is never worth polling for,
+//!   at [`CPU_PRICE`]) and that probe's wait is. Turning polling back on for a device that
+//!   sped up takes at most [`ADAPTS_BACK_WITHIN`] waits.
 //! * **The CPU bound.** Polling that finds nothing (the window ran out) may take at most
 //!   [`MISS_BUDGET_PERCENT`]% of the loop thread's time: a budget grows with the clock and each
 //!   missed poll spends its length; a window the budget cannot pay for is cut to what it can.
@@ -33,6 +39,12 @@ pub const UPDATE_EVERY: u32 = 16;
 /// waits from before the change weigh 1/16 of what they did.
 #[cfg_attr(not(test), allow(dead_code))] // The promise the tests hold the model to.
 pub const ADAPTS_WITHIN: u32 = 4 * DECAY_EVERY + UPDATE_EVERY;
+/// While polling is off, every this many waits polls as a probe.
+pub const PROBE_EVERY: u32 = 4;
+/// Waits after which a device that sped up while polling was off has polling on again: the
+/// probes are a quarter of the waits.
+#[cfg_attr(not(test), allow(dead_code))] // The promise the tests hold the model to.
+pub const ADAPTS_BACK_WITHIN: u32 = PROBE_EVERY * ADAPTS_WITHIN;
 /// The price of a ns of polling, in ns of latency: polling that saves a wake-up pays for itself
 /// when it costs less than twice the wake-up.
 pub const CPU_PRICE: f64 = 0.5;
@@ -94,6 +106,9 @@ pub(crate) struct AutoWindow {
     /// The miss budget, in ns, and the clock when it last grew.
     budget_ns: u64,
     budget_at: Option<u64>,
+    /// While off: waits left before the next probe, and whether the current wait is one.
+    probe_in: u32,
+    probing: bool,
     /// Choices made, those that turned polling off, windows cut by the budget, polling time
     /// without a hit.
     pub(crate) updates: u64,
@@ -114,6 +129,8 @@ impl AutoWindow {
             wake_ns,
             budget_ns: BUDGET_CAP_NS / 4,
             budget_at: None,
+            probe_in: PROBE_EVERY,
+            probing: false,
             updates: 0,
             offs: 0,
             budget_cuts: 0,
@@ -141,12 +158,27 @@ impl AutoWindow {
     /// can pay for, at most `max_ns`.
     pub(crate) fn next_window(&mut self, now_ns: u64, max_ns: u64) -> u64 {
         self.refill(now_ns);
-        let want = self.window_ns.min(max_ns);
+        self.probing = false;
+        let mut want = self.window_ns.min(max_ns);
+        if self.choice == Choice::Off {
+            self.probe_in = self.probe_in.saturating_sub(1);
+            if self.probe_in > 0 {
+                return 0;
+            }
+            self.probe_in = PROBE_EVERY;
+            self.probing = true;
+            want = self.probe_window(max_ns);
+        }
         if want > self.budget_ns {
             self.budget_cuts += 1;
             return self.budget_ns;
         }
         want
+    }
+
+    /// A probe's window: twice the wake-up cost (no longer wait is worth polling for).
+    fn probe_window(&self, max_ns: u64) -> u64 {
+        ((self.wake_ns as f64 / CPU_PRICE) as u64).min(max_ns)
     }
 
     fn refill(&mut self, now_ns: u64) {
@@ -164,6 +196,10 @@ impl AutoWindow {
         if !wait.hit {
             self.budget_ns = self.budget_ns.saturating_sub(wait.polled_ns);
             self.missed_ns += wait.polled_ns;
+        }
+        if self.choice == Choice::Off && !self.probing {
+            // Slept through without polling: only the probes are learned from while off.
+            return;
         }
         // The event's own time: exact when polling caught it; a loop that slept was woken
         // `wake_ns` after it (and it came after the polling, if any).

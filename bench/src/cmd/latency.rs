@@ -88,7 +88,7 @@ pub fn run(mut args: LatencyArgs) -> Result<(), BenchError> {
             for (p, cell) in runs[e].iter().enumerate() {
                 let m = median(cell);
                 println!(
-                    "{:<10} {:>12} {:>9.1} {:>9.1} {:>8.2} {:>10.2} {:>8.1}% {:>8.1}% {:>10} {:>9}",
+                    "{:<10} {:>12} {:>9.1} {:>9.1} {:>8.2} {:>10.2} {:>8.1}% {:>8.1}% {:>10} {:>9} {:>12}",
                     engine.name(),
                     polls[p].to_string(),
                     m.mean_us,
@@ -98,7 +98,8 @@ pub fn run(mut args: LatencyArgs) -> Result<(), BenchError> {
                     m.polling_share * 100.0,
                     m.missed_share * 100.0,
                     m.window_ns,
-                    m.wake_ns
+                    m.wake_ns,
+                    format!("{}/{}", m.auto_off, m.auto_choices)
                 );
             }
         }
@@ -120,6 +121,9 @@ struct Run {
     /// The window at the end of the run, and the wake-up cost `auto` weighed it against.
     window_ns: u64,
     wake_ns: u64,
+    /// `auto`'s choices, and how many of them turned polling off.
+    auto_choices: u64,
+    auto_off: u64,
 }
 
 /// The run with the median mean latency.
@@ -169,5 +173,7 @@ fn one_run(
         missed_share: r.counters.busy_poll_missed_ns as f64 / wall_ns,
         window_ns: r.counters.poll_ns,
         wake_ns: r.counters.poll_wake_ns,
+        auto_choices: r.counters.poll_auto_choices,
+        auto_off: r.counters.poll_auto_off,
     })
 }
