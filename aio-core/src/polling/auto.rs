@@ -23,13 +23,6 @@
 //!   for twice the wake-up cost instead (a wait longer than that is never worth polling for,
 //!   at [`CPU_PRICE`]) and that probe's wait is. Turning polling back on for a device that
 //!   sped up takes at most [`ADAPTS_BACK_WITHIN`] waits.
-//! * **The wake-up cost, learned.** It starts from a measurement of this machine (a parked
-//!   thread woken after a pause) and is then learned from the loop's own waits: while polling
-//!   is on, one wait in [`SLEEP_PROBE_EVERY`] sleeps without polling; those waits, and the
-//!   waits slept through while polling is off, are the device's time plus a wake-up, the polled
-//!   ones the device's time alone. The difference of their 10th percentiles (low, so that a
-//!   device with a fast and a slow mode compares its fast mode) is the wake-up cost the next
-//!   choice weighs, taken halfway each time.
 //! * **The CPU bound.** Polling that finds nothing (the window ran out) may take at most
 //!   [`MISS_BUDGET_PERCENT`]% of the loop thread's time: a budget grows with the clock and each
 //!   missed poll spends its length; a window the budget cannot pay for is cut to what it can.
@@ -52,8 +45,6 @@ pub const PROBE_EVERY: u32 = 4;
 /// probes are a quarter of the waits.
 #[cfg_attr(not(test), allow(dead_code))] // The promise the tests hold the model to.
 pub const ADAPTS_BACK_WITHIN: u32 = PROBE_EVERY * ADAPTS_WITHIN;
-/// While polling is on, every this many waits sleeps without polling, to learn the wake-up.
-pub const SLEEP_PROBE_EVERY: u32 = 64;
 /// The price of a ns of polling, in ns of latency: polling that saves a wake-up pays for itself
 /// when it costs less than twice the wake-up.
 pub const CPU_PRICE: f64 = 0.5;
@@ -74,26 +65,6 @@ fn edge(b: usize) -> u64 {
 /// The bucket of a wait of `ns`.
 fn bucket(ns: u64) -> usize {
     (0..BUCKETS).rev().find(|&b| ns >= edge(b)).unwrap_or(0)
-}
-
-/// The quantile the wake-up is learned at: low, so that a device with a fast and a slow mode
-/// compares its fast mode in both histograms.
-const WAKE_QUANTILE_PERCENT: u64 = 10;
-
-/// The middle of the bucket holding the [`WAKE_QUANTILE_PERCENT`] quantile of `counts`, in ns.
-fn low_quantile(counts: &[u32; BUCKETS]) -> Option<u64> {
-    let total: u64 = counts.iter().map(|&c| u64::from(c)).sum();
-    if total == 0 {
-        return None;
-    }
-    let mut seen = 0;
-    for (b, &c) in counts.iter().enumerate() {
-        seen += u64::from(c);
-        if seen * 100 >= total * WAKE_QUANTILE_PERCENT {
-            return Some((edge(b) + edge(b + 1)) / 2);
-        }
-    }
-    None
 }
 
 /// Why the window is what it is (for the counters).
@@ -138,12 +109,6 @@ pub(crate) struct AutoWindow {
     /// While off: waits left before the next probe, and whether the current wait is one.
     probe_in: u32,
     probing: bool,
-    /// While on: waits left before the next sleep probe, and whether the current wait is one.
-    sleep_probe_in: u32,
-    sleep_probing: bool,
-    /// The lengths of waits slept through without polling (device time plus a wake-up).
-    slept: [u32; BUCKETS],
-    slept_since_decay: u32,
     /// Choices made, those that turned polling off, windows cut by the budget, polling time
     /// without a hit.
     pub(crate) updates: u64,
@@ -166,10 +131,6 @@ impl AutoWindow {
             budget_at: None,
             probe_in: PROBE_EVERY,
             probing: false,
-            sleep_probe_in: SLEEP_PROBE_EVERY,
-            sleep_probing: false,
-            slept: [0; BUCKETS],
-            slept_since_decay: 0,
             updates: 0,
             offs: 0,
             budget_cuts: 0,
@@ -198,16 +159,7 @@ impl AutoWindow {
     pub(crate) fn next_window(&mut self, now_ns: u64, max_ns: u64) -> u64 {
         self.refill(now_ns);
         self.probing = false;
-        self.sleep_probing = false;
         let mut want = self.window_ns.min(max_ns);
-        if self.choice == Choice::Polling {
-            self.sleep_probe_in = self.sleep_probe_in.saturating_sub(1);
-            if self.sleep_probe_in == 0 {
-                self.sleep_probe_in = SLEEP_PROBE_EVERY;
-                self.sleep_probing = true;
-                return 0;
-            }
-        }
         if self.choice == Choice::Off {
             self.probe_in = self.probe_in.saturating_sub(1);
             if self.probe_in > 0 {
@@ -245,18 +197,8 @@ impl AutoWindow {
             self.budget_ns = self.budget_ns.saturating_sub(wait.polled_ns);
             self.missed_ns += wait.polled_ns;
         }
-        let slept_unpolled = self.sleep_probing || (self.choice == Choice::Off && !self.probing);
-        if slept_unpolled {
-            // Device time plus a wake-up: taught to the wake-up estimate, not to the window
-            // (only the probes are learned from while off).
-            self.slept[bucket(wait.block_ns)] += 1;
-            self.slept_since_decay += 1;
-            if self.slept_since_decay >= DECAY_EVERY / 4 {
-                self.slept_since_decay = 0;
-                for c in &mut self.slept {
-                    *c /= 2;
-                }
-            }
+        if self.choice == Choice::Off && !self.probing {
+            // Slept through without polling: only the probes are learned from while off.
             return;
         }
         // The event's own time: exact when polling caught it; a loop that slept was woken
@@ -279,30 +221,7 @@ impl AutoWindow {
         self.since_update += 1;
         if self.since_update >= UPDATE_EVERY {
             self.since_update = 0;
-            self.learn_wake();
             self.choose(max_ns);
-        }
-    }
-
-    /// The wake-up cost from the loop's own waits: a low quantile of the waits slept through
-    /// less the same quantile of the polled ones, once 16 slept waits are known, when it is
-    /// within a factor of 4 of the current estimate.
-    fn learn_wake(&mut self) {
-        let slept: u64 = self.slept.iter().map(|&c| u64::from(c)).sum();
-        if slept < 16 {
-            return;
-        }
-        let (Some(with_wake), Some(without)) =
-            (low_quantile(&self.slept), low_quantile(&self.counts))
-        else {
-            return;
-        };
-        let learned = with_wake.saturating_sub(without);
-        // A few slept waits from another mode of the device would give a difference that is
-        // no wake-up: only one within a factor of 4 of the current estimate is taken, and
-        // halfway each time.
-        if learned >= self.wake_ns / 4 && learned <= self.wake_ns.saturating_mul(4) {
-            self.wake_ns = (self.wake_ns + learned) / 2;
         }
     }
 

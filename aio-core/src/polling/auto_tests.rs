@@ -85,15 +85,7 @@ fn short_waits_are_polled_for_and_caught() {
         sim.hits,
         sim.waits
     );
-    // A choice every 16 waits learned from (one in 64 sleeps, to learn the wake-up).
-    let learned = sim.waits - sim.waits / u64::from(SLEEP_PROBE_EVERY);
-    assert!(
-        m.updates.abs_diff(learned / u64::from(UPDATE_EVERY)) <= 1,
-        "{}",
-        m.updates
-    );
-    // And the wake-up it learned is the simulated one.
-    assert!(m.wake_ns().abs_diff(WAKE) < WAKE / 4, "{}", m.wake_ns());
+    assert_eq!(m.updates, sim.waits / u64::from(UPDATE_EVERY));
 }
 
 #[test]
@@ -124,8 +116,6 @@ fn a_wake_up_underestimated_does_not_keep_polling_off() {
     }
     assert_eq!(m.choice(), Choice::Polling);
     assert!(m.chosen_ns() >= 18_000, "{}", m.chosen_ns());
-    // And it learned what a wake-up really costs from the waits it slept through.
-    assert!(m.wake_ns().abs_diff(40_000) < 10_000, "{}", m.wake_ns());
 }
 
 #[test]
