@@ -548,7 +548,14 @@ fn latency_compares_auto_with_fixed_windows_in_detail() {
         .iter()
         .find(|l| l.split_whitespace().nth(1) == Some("auto"));
     let auto = auto.expect("a detail line for auto");
-    let wake: u64 = auto.split_whitespace().last().unwrap().parse().unwrap();
+    // The last two columns: the wake-up cost, and auto's choices ("off/all").
+    let cols: Vec<&str> = auto.split_whitespace().collect();
+    let wake: u64 = cols[cols.len() - 2].parse().unwrap();
     assert!(wake > 0, "auto measured a wake-up cost: {auto}");
+    let (off, all) = cols[cols.len() - 1].split_once('/').expect("off/all");
+    assert!(
+        off.parse::<u64>().unwrap() <= all.parse::<u64>().unwrap(),
+        "{auto}"
+    );
     assert_eq!(dir.entries(), 0, "the test file is removed");
 }
