@@ -53,15 +53,23 @@ pub enum PollRule {
     #[default]
     Recovering,
     /// The window chosen from the waits the loop observes, no hand-set window needed:
-    /// `max_ns` is only a cap. The loop keeps a histogram of recent wait lengths and polls up
-    /// to the length that minimises the expected wake-up cost plus a price for the CPU
-    /// polling burns (half a ns of latency per ns polled); it polls not at all when waits are
-    /// far longer than a wake-up, follows a device that changes within 528 waits (the
-    /// histogram halves every 128), and lets polling that finds nothing take at most 10% of
-    /// the loop thread's time (`LoopCounters::busy_poll_missed_ns`,
-    /// `poll_auto_budget_cuts`). The wake-up cost is measured once
-    /// per process (`LoopCounters::poll_wake_ns`). See [`AUTO_MAX_NS`] for the cap `auto`
-    /// usually comes with.
+    /// `max_ns` is only a cap.
+    ///
+    /// * The loop keeps a histogram of recent wait lengths and polls up to the length that
+    ///   minimises the expected wake-up cost plus a price for the CPU polling burns (half a ns
+    ///   of latency per ns polled).
+    /// * It polls not at all when waits are far longer than a wake-up; every 4th wait then
+    ///   still polls, as a probe, for twice the wake-up.
+    /// * It follows a device that slows down within 528 waits (the histogram halves every
+    ///   128), and one that speeds up again within 2112 (the probes are a quarter of the
+    ///   waits).
+    /// * Polling that finds nothing takes at most 10% of the loop thread's time
+    ///   (`LoopCounters::busy_poll_missed_ns`, `poll_auto_budget_cuts`).
+    /// * The wake-up cost is measured once per process (`LoopCounters::poll_wake_ns`), or
+    ///   given ([`PollParams::with_wake_ns`]).
+    ///
+    /// [`PollParams::auto`] caps it at [`AUTO_MAX_NS`]. Measured against fixed windows in
+    /// BENCHMARKS.md ("Busy polling that tunes itself"); opt-in, the default is unchanged.
     Auto,
 }
 
