@@ -50,7 +50,7 @@ group() {
             aio-core/src/backend/round.rs
         ;;
     pool)
-        run pool aio-pool aio-core/src/backend/blocking.rs
+        run pool aio-core,aio-pool aio-core/src/backend/blocking.rs
         ;;
     *)
         echo "usage: scripts/mutants.sh [chain|core|engines|pool]" >&2

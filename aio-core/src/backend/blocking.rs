@@ -217,6 +217,44 @@ mod tests {
     }
 
     #[test]
+    fn eintr_is_retried_even_for_nowait() {
+        for report_eagain in [false, true] {
+            let mut calls = 0;
+            let r = retry(report_eagain, || {
+                calls += 1;
+                if calls < 3 {
+                    Err(io::Error::from_raw_os_error(libc::EINTR))
+                } else {
+                    Ok(7)
+                }
+            });
+            assert_eq!((r.unwrap(), calls), (7, 3), "nowait {report_eagain}");
+        }
+    }
+
+    #[test]
+    fn a_sync_is_an_fsync_of_the_fd() {
+        // fsync(2) of a pipe fails with EINVAL: the sync really went to fsync, not down the
+        // read/write path (which would fail with ESPIPE).
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        use std::os::fd::FromRawFd;
+        // SAFETY: both fds were just created and are owned by nobody else.
+        let (read_end, _write_end) = unsafe {
+            (
+                std::fs::File::from_raw_fd(fds[0]),
+                std::fs::File::from_raw_fd(fds[1]),
+            )
+        };
+        let file = IoFile::from(read_end);
+        for mut sync in [Request::fsync(&file, 1), Request::fdatasync(&file, 2)] {
+            let e = run_blocking(&mut sync).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}");
+        }
+    }
+
+    #[test]
     fn a_nowait_read_of_uncached_pages_reports_eagain() {
         let (file, path) = temp_file(1 << 20);
         // The pages leave the page cache: a buffered read of them would block on the disk.
