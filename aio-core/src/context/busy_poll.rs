@@ -212,11 +212,12 @@ impl<L: EventLoop> AioContext<L> {
     /// Step 2 of an iteration: busy polling, only worth it when the loop would otherwise
     /// block; then polling mode ends unless polling found the work (`io_poll_end`, and a last
     /// `io_poll` check for work queued while notifications were off: if it finds some, the
-    /// wait does not block).
+    /// wait does not block). `now` is the iteration's start.
     pub(super) fn busy_poll(
         &self,
         blocking: bool,
         timeout: Option<u64>,
+        now: u64,
         poll_ready: &mut Vec<Token>,
     ) -> Polled {
         let busy = &self.busy_poll;
@@ -226,7 +227,7 @@ impl<L: EventLoop> AioContext<L> {
         let would_block = blocking && timeout != Some(0);
         let params = busy.params.get();
         let (poll_ns, probe) = match &mut *busy.auto.borrow_mut() {
-            Some(auto) if would_block => (auto.next_window(self.now_ns(), params.max_ns), false),
+            Some(auto) if would_block => (auto.next_window(now, params.max_ns), false),
             Some(_) => (0, false),
             None if would_block => window.next_window(&params),
             None => (window.ns(), false),
@@ -262,8 +263,9 @@ impl<L: EventLoop> AioContext<L> {
         }
     }
 
-    /// The window learns from the iteration's block time (QEMU's rule, or the recovering one).
-    pub(super) fn learn_window(&self, polled: &Polled, block_ns: u64) {
+    /// The window learns from the iteration's block time, which ended at `end` (QEMU's rule,
+    /// the recovering one, or the automatic one).
+    pub(super) fn learn_window(&self, polled: &Polled, block_ns: u64, end: u64) {
         let busy = &self.busy_poll;
         if let Some(auto) = &mut *busy.auto.borrow_mut() {
             if polled.would_block {
@@ -272,7 +274,7 @@ impl<L: EventLoop> AioContext<L> {
                         block_ns,
                         polled_ns: polled.spun_ns,
                         hit: polled.polled_hit,
-                        now_ns: self.now_ns(),
+                        now_ns: end,
                     },
                     busy.params.get().max_ns,
                 );

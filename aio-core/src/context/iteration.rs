@@ -107,12 +107,12 @@ impl<L: EventLoop> AioContext<L> {
         // 1. Timeout (and idle handlers out of the poll set).
         let timeout = self.iteration_timeout(blocking, start);
         // 2. Busy polling, and polling mode begun or ended.
-        let polled = self.busy_poll(blocking, timeout, &mut poll_ready);
+        let polled = self.busy_poll(blocking, timeout, start, &mut poll_ready);
         // 3. Wait on the monitor, unless polling found work that covers every handler.
         let wait_result = self.wait_unless_covered(polled.timeout, &poll_ready, &mut events);
         let end = self.now_ns();
         if blocking {
-            self.learn_window(&polled, end.saturating_sub(start));
+            self.learn_window(&polled, end.saturating_sub(start), end);
         }
         // Accept the notification (QEMU's aio_notify_accept).
         if self.shared.wakeup.accept() {
@@ -279,7 +279,8 @@ impl<L: EventLoop> AioContext<L> {
                 slot.last_write_dispatch = seq;
             }
             let callbacks = slot.callbacks.clone();
-            if run_read && table.is_pollable(token) {
+            // Not closed (checked above): pollable when it has an io_poll check.
+            if run_read && callbacks.io_poll.is_some() {
                 // Activity: the handler (re)joins the poll set for another idle interval.
                 self.busy_poll.join(token, now);
             }
