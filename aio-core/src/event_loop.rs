@@ -6,7 +6,7 @@
 //! [`AioContext`](crate::AioContext), once, so backends cannot drift apart.
 
 use std::io;
-use std::os::fd::{BorrowedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::time::Duration;
 
 /// An opaque value a monitor reports back with each event of an fd.
@@ -124,13 +124,14 @@ impl Event {
     }
 }
 
-/// `Ok` for an fd the monitor does not know yet (`known` false), else the contract's
-/// [`already_registered`] error: the first check of every `register`.
-pub fn ensure_new(known: bool, fd: RawFd) -> io::Result<()> {
-    if known {
+/// The first check of every `register`: the raw number of `fd` when the monitor does not
+/// know it yet (`is_known(fd)` false), else the contract's [`already_registered`] error.
+pub fn ensure_new(fd: BorrowedFd<'_>, is_known: impl FnOnce(RawFd) -> bool) -> io::Result<RawFd> {
+    let fd = fd.as_raw_fd();
+    if is_known(fd) {
         Err(already_registered(fd))
     } else {
-        Ok(())
+        Ok(fd)
     }
 }
 

@@ -141,8 +141,7 @@ impl EventLoop for EpollLoop {
     }
 
     fn register(&mut self, fd: BorrowedFd<'_>, token: Token, interest: Interest) -> io::Result<()> {
-        let fd = fd.as_raw_fd();
-        ensure_new(self.registered.contains(&fd), fd)?;
+        let fd = ensure_new(fd, |fd| self.registered.contains(&fd))?;
         self.ctl(libc::EPOLL_CTL_ADD, fd, Some(epoll_event(token, interest)))?;
         self.registered.insert(fd);
         Ok(())

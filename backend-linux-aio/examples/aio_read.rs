@@ -5,7 +5,8 @@
 //! ```text
 //! cargo run --release -p aio-backend-linux-aio --example aio_read [-- PATH]
 //! ```
-//! Without a path it reads a 64 MiB file it creates (and removes) in the system temp dir.
+//! Without a path it writes 64 MiB of numbered blocks to a temporary file (removed at the end),
+//! reads them back and checks that every block holds its number.
 
 use std::cell::Cell;
 use std::io::Write;
@@ -23,20 +24,21 @@ const BS: usize = 64 * 1024;
 const DEPTH: u64 = 32;
 
 fn main() -> std::io::Result<()> {
-    let mut tmp;
-    let path = match std::env::args().nth(1) {
-        Some(p) => PathBuf::from(p),
-        None => {
-            // 64 MiB of data in a temporary file, removed when `tmp` is dropped.
-            tmp = tempfile::NamedTempFile::new()?;
-            tmp.write_all(&vec![0x42; 64 << 20])?;
-            tmp.path().to_path_buf()
+    // The file to read, or numbered blocks in a scratch file (each block filled with the low
+    // byte of its number).
+    let scratch = tempfile::NamedTempFile::new()?;
+    let path = std::env::args().nth(1).map(PathBuf::from);
+    let verify = path.is_none();
+    if verify {
+        let mut out = scratch.as_file();
+        for block in 0..(64 << 20) / BS {
+            out.write_all(&[block as u8; BS])?;
         }
-    };
+    }
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECT)
-        .open(&path)?;
+        .open(path.as_deref().unwrap_or(scratch.path()))?;
     let size = f.metadata()?.len();
     let file = IoFile::from(f);
     let blocks = size / BS as u64;
@@ -47,6 +49,8 @@ fn main() -> std::io::Result<()> {
     let progress = Rc::new(Progress {
         file,
         blocks,
+        verify,
+        wrong_blocks: Cell::new(0),
         next: Cell::new(0),
         finished: Cell::new(0),
         bytes: Cell::new(0),
@@ -71,6 +75,12 @@ fn main() -> std::io::Result<()> {
         blocks,
         BS / 1024
     );
+    if verify {
+        println!(
+            "blocks holding the wrong number: {}",
+            progress.wrong_blocks.get()
+        );
+    }
     engine.with_engine(|e| println!("engine: {:?}", e.stats()));
     println!("loop:   {:?}", ctx.counters());
     Ok(())
@@ -80,6 +90,9 @@ fn main() -> std::io::Result<()> {
 struct Progress {
     file: IoFile,
     blocks: u64,
+    /// Check each block's number (the scratch file's contents).
+    verify: bool,
+    wrong_blocks: Cell<u64>,
     next: Cell<u64>,
     finished: Cell<u64>,
     bytes: Cell<u64>,
@@ -99,8 +112,11 @@ fn read_next<L: EventLoop + 'static>(
     engine.submit_with(request, move |_ctx, engine, c| {
         p.bytes.set(p.bytes.get() + c.result.expect("read") as u64);
         p.finished.set(p.finished.get() + 1);
+        let buf = c.buf.into_one().expect("a read's buffer");
+        if p.verify && buf.iter().any(|&b| b != block as u8) {
+            p.wrong_blocks.set(p.wrong_blocks.get() + 1);
+        }
         if p.next.get() < p.blocks {
-            let buf = c.buf.into_one().expect("a read's buffer");
             read_next(engine, &p, buf).expect("submit");
         }
     })?;

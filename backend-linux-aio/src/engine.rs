@@ -137,21 +137,14 @@ impl LinuxAio {
             Prepared::Range { .. } => {
                 unreachable!("check_request refuses discard and write-zeroes at submit")
             }
-            Prepared::Rw {
-                fd,
-                is_read,
-                offset,
-                iovecs,
-                count,
-                rw_flags,
-            } => {
-                iocb.aio_fildes = fd as u32;
-                iocb.aio_offset = offset as i64;
-                iocb.aio_rw_flags = rw_flags;
-                if count == 1 {
+            Prepared::Rw(rw) => {
+                iocb.aio_fildes = rw.fd as u32;
+                iocb.aio_offset = rw.offset as i64;
+                iocb.aio_rw_flags = rw.rw_flags;
+                if rw.count == 1 {
                     // SAFETY: `iovecs` points to `count` (= 1) live iovecs in the table.
-                    let single = unsafe { *iovecs };
-                    iocb.aio_lio_opcode = if is_read {
+                    let single = unsafe { *rw.iovecs };
+                    iocb.aio_lio_opcode = if rw.is_read {
                         abi::IOCB_CMD_PREAD
                     } else {
                         abi::IOCB_CMD_PWRITE
@@ -159,13 +152,13 @@ impl LinuxAio {
                     iocb.aio_buf = single.iov_base as u64;
                     iocb.aio_nbytes = single.iov_len as u64;
                 } else {
-                    iocb.aio_lio_opcode = if is_read {
+                    iocb.aio_lio_opcode = if rw.is_read {
                         abi::IOCB_CMD_PREADV
                     } else {
                         abi::IOCB_CMD_PWRITEV
                     };
-                    iocb.aio_buf = iovecs as u64;
-                    iocb.aio_nbytes = count as u64;
+                    iocb.aio_buf = rw.iovecs as u64;
+                    iocb.aio_nbytes = rw.count as u64;
                 }
             }
         }

@@ -52,8 +52,7 @@ impl EventLoop for PollLoop {
     }
 
     fn register(&mut self, fd: BorrowedFd<'_>, token: Token, interest: Interest) -> io::Result<()> {
-        let fd = fd.as_raw_fd();
-        ensure_new(self.index.contains_key(&fd), fd)?;
+        let fd = ensure_new(fd, |fd| self.index.contains_key(&fd))?;
         self.index.insert(fd, self.pollfds.len());
         self.pollfds.push(libc::pollfd {
             fd,

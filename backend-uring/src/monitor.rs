@@ -263,8 +263,7 @@ impl EventLoop for UringLoop {
     }
 
     fn register(&mut self, fd: BorrowedFd<'_>, token: Token, interest: Interest) -> io::Result<()> {
-        let fd = fd.as_raw_fd();
-        ensure_new(self.registrations.contains_key(&fd), fd)?;
+        let fd = ensure_new(fd, |fd| self.registrations.contains_key(&fd))?;
         self.arm_new(fd, token, interest, false);
         Ok(())
     }

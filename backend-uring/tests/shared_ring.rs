@@ -1,6 +1,6 @@
-//! One ring for the fd monitor and the engine: the whole engine conformance suite, run with a
+//! One ring for the fd monitor and the engine: the engine conformance suite, run with a
 //! monitor and an engine built together by `shared_ring` (block I/O completions arrive with
-//! the monitor's, without an eventfd).
+//! the monitor's, without an eventfd), on files and on loop devices.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -42,88 +42,9 @@ fn pair() -> Option<(impl Fn() -> UringEngine, impl Fn() -> UringLoop)> {
     Some((engine, monitor))
 }
 
-/// One `#[test]` per suite test, each on a fresh shared-ring pair.
-macro_rules! on_shared_ring {
-    ($module:ident: $($name:ident),* $(,)?) => {
-        $(
-            #[test]
-            fn $name() {
-                if let Some((engine, monitor)) = pair() {
-                    aio_core::testing::run_test(stringify!($name), || {
-                        aio_core::testing::$module::$name(engine, monitor)
-                    });
-                }
-            }
-        )*
-    };
-}
-
-// The whole engine suite, but for two tests that do not apply: the iothread test builds its
-// engine on another thread, which a shared ring, built with its monitor on this one, cannot
-// be; and a shared ring's engine never writes its notifier (the monitor reports the engine's
-// completions from the one completion queue), which `notifier_signals_every_completion_batch`
-// checks for.
-mod engine_suite {
-    use super::pair;
-    on_shared_ring!(engine:
-        write_then_read_at_random_offsets,
-        readv_and_writev,
-        fsync_and_fdatasync,
-        o_direct_with_aligned_buffers,
-        short_read_at_eof_and_read_past_eof,
-        errors_are_per_request_and_the_batch_completes,
-        ten_thousand_requests_complete_exactly_once,
-        cancel_of_a_queued_request_ends_with_ecanceled,
-        plug_releases_a_full_batch,
-        drain_hands_every_buffer_back,
-    );
-    on_shared_ring!(interruptions:
-        drop_with_requests_in_flight_waits_for_them,
-        signals_during_io_are_retried_not_reported,
-    );
-}
-
-mod engine_loop_suite {
-    use super::pair;
-    on_shared_ring!(engine_loop:
-        qd1_through_the_loop_without_polling,
-        bad_input_is_refused_with_the_request_handed_back,
-        attached_engine_delivers_in_the_loop,
-        nested_poll_in_a_completion_callback_loses_and_duplicates_nothing,
-        callback_that_submits_and_waits_in_a_nested_loop_is_not_stuck_in_a_batch,
-        injected_faults_are_reported_against_their_own_requests,
-        context_dropped_with_thousands_in_flight,
-        completion_callbacks_defer_calls_to_the_end_of_their_batch,
-    );
-}
-
-mod disk_suite {
-    use super::pair;
-    on_shared_ring!(disk:
-        discard_and_write_zeroes_read_back_as_zeroes,
-        discard_refused_by_the_file_system_is_a_typed_error,
-        guest_memory_reads_and_writes_at_many_offsets,
-        misaligned_guest_iovec_is_refused_at_submit,
-        fua_and_nowait_requests_complete,
-        per_request_callbacks_submit_from_inside,
-        writes_on_a_full_file_system_fail_alone,
-    );
-}
-
-mod block_device_suite {
-    use super::pair;
-    on_shared_ring!(block_device:
-        block_device_takes_discard_and_write_zeroes,
-        block_device_reads_and_writes_at_random_offsets,
-    );
-}
-
-mod async_suite {
-    use super::pair;
-    on_shared_ring!(async_engine:
-        async_requests_complete_exactly_once_at_qd32,
-        dropped_futures_free_nothing_early_and_leak_nothing,
-        block_on_inside_a_completion_callback,
-        cancel_after_submit_completes_each_once,
-    );
-}
+// The whole engine suite on a fresh pair per test, on files and on loop devices, but for the
+// two tests that do not apply: the iothread test builds its engine on another thread, which a
+// shared ring, built with its monitor on this one, cannot be; and a shared ring's engine never
+// writes its notifier (the monitor reports the engine's completions from the one completion
+// queue), which `notifier_signals_every_completion_batch` checks for.
+aio_core::engine_conformance!(pair: crate::pair());

@@ -3,9 +3,11 @@
 //! signal mode by what a running thread sees.
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 use aio_backend_uring::{probe, TaskRun, UringConfig};
 use aio_core::engine::{AlignedBuf, IoEngine, IoFile, Request};
+use aio_core::testing::engine::wait_readable;
 
 mod common;
 
@@ -59,14 +61,10 @@ fn completions_held_as_task_work_wake_the_eventfd_and_are_seen_by_io_poll() {
         // One atomic pipe write (PIPE_BUF) of the whole buffer: the read is not short.
         write_end.write_all(&[0x5a; 4096]).unwrap();
         // A loop asleep on the eventfd wakes (5 s is only a hang guard).
-        let mut pfd = libc::pollfd {
-            fd: engine.notifier().as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        let ready = unsafe { libc::poll(&mut pfd, 1, 5_000) };
-        assert_eq!(ready, 1, "{mode:?}: the eventfd was not written");
+        assert!(
+            wait_readable(engine.notifier().as_raw_fd(), Duration::from_secs(5)),
+            "{mode:?}: the eventfd was not written"
+        );
         assert!(engine.has_completions(), "{mode:?}: io_poll missed it");
         let mut done = VecDeque::new();
         assert_eq!(engine.poll_completions(&mut done), 1, "{mode:?}");
@@ -103,7 +101,7 @@ fn pin_to_cpu(cpu: usize) {
 /// whether the engine then had to enter the kernel to post the completion.
 fn entered_for_task_work(mode: TaskRun) -> bool {
     use std::io::Write;
-    use std::time::{Duration, Instant};
+    use std::time::Instant;
     let mut engine = common::engine(UringConfig::default().with_task_run(mode));
     assert_eq!(engine.task_run(), mode);
     let (read_end, mut write_end) = common::pipe();

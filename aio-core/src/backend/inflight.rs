@@ -42,20 +42,7 @@ pub enum Prepared {
         datasync: bool,
     },
     /// A read or write of what is left.
-    Rw {
-        /// The fd.
-        fd: i32,
-        /// Reads into memory.
-        is_read: bool,
-        /// File offset of the remainder.
-        offset: u64,
-        /// The iovec array (valid until the slot completes).
-        iovecs: *const libc::iovec,
-        /// How many iovecs.
-        count: usize,
-        /// The request's `RWF_*` flags ([`RwFlags::to_rwf`]).
-        rw_flags: libc::c_int,
-    },
+    Rw(PreparedRw),
     /// A discard or write-zeroes.
     Range {
         /// The fd.
@@ -67,6 +54,23 @@ pub enum Prepared {
         /// Bytes.
         len: u64,
     },
+}
+
+/// What is left of a read or write, as its engine hands it to the kernel.
+#[derive(Debug, Clone, Copy)]
+pub struct PreparedRw {
+    /// The fd.
+    pub fd: i32,
+    /// Reads into memory.
+    pub is_read: bool,
+    /// File offset of the remainder.
+    pub offset: u64,
+    /// The iovec array (valid until the slot completes).
+    pub iovecs: *const libc::iovec,
+    /// How many iovecs (at least one).
+    pub count: usize,
+    /// The request's `RWF_*` flags ([`RwFlags::to_rwf`]).
+    pub rw_flags: libc::c_int,
 }
 
 /// The whole buffer of an in-flight read or write ([`InFlightTable::single_buffer`]).
@@ -166,11 +170,6 @@ impl InFlightTable {
         (!self.resubmit.contains(&slot)).then_some(slot)
     }
 
-    /// The token of a live slot.
-    pub fn token(&self, slot: u32) -> Option<u64> {
-        self.slots.get_index(slot).map(|e| e.request.token)
-    }
-
     /// Describes what to submit for `slot` (the remainder of its transfer).
     pub fn prepare(&mut self, slot: u32) -> Option<Prepared> {
         let entry = self.slots.get_index_mut(slot)?;
@@ -191,14 +190,14 @@ impl InFlightTable {
             _ => {
                 let is_read = op.is_read();
                 entry.transfer.remaining_iovecs(op, &mut entry.iovecs);
-                Prepared::Rw {
+                Prepared::Rw(PreparedRw {
                     fd,
                     is_read,
                     offset: entry.transfer.offset(op),
                     iovecs: entry.iovecs.as_ptr(),
                     count: entry.iovecs.len(),
                     rw_flags: entry.request.flags.to_rwf(),
-                }
+                })
             }
         })
     }
@@ -385,7 +384,7 @@ mod tests {
         assert_eq!(table.live(), 2);
         assert_eq!(table.slot_of_token(1), Some(read));
         // The whole transfer first: two iovecs over the two buffers.
-        let Some(Prepared::Rw { count, offset, .. }) = table.prepare(read) else {
+        let Some(Prepared::Rw(PreparedRw { count, offset, .. })) = table.prepare(read) else {
             panic!("a read")
         };
         assert_eq!((count, offset), (2, 100));
@@ -397,12 +396,12 @@ mod tests {
             "waiting to go back, not in the kernel"
         );
         assert_eq!(table.pop_resubmit(), Some(read));
-        let Some(Prepared::Rw {
+        let Some(Prepared::Rw(PreparedRw {
             count,
             offset,
             iovecs,
             ..
-        }) = table.prepare(read)
+        })) = table.prepare(read)
         else {
             panic!("a read")
         };
@@ -469,7 +468,7 @@ mod tests {
             table.insert(Request::read(&f, 0, AlignedBuf::new(512), 2).with_flags(RwFlags::NOWAIT));
         let plain = table.insert(Request::read(&f, 0, AlignedBuf::new(512), 3));
         let flags = |table: &mut InFlightTable, slot| match table.prepare(slot) {
-            Some(Prepared::Rw { rw_flags, .. }) => rw_flags,
+            Some(Prepared::Rw(rw)) => rw.rw_flags,
             _ => panic!("a read or write"),
         };
         assert_eq!(
@@ -483,5 +482,65 @@ mod tests {
         assert_eq!(table.on_result(fua, 100), Outcome::Resubmit);
         assert_eq!(table.pop_resubmit(), Some(fua));
         assert_eq!(flags(&mut table, fua), libc::RWF_DSYNC);
+    }
+
+    #[test]
+    fn remainders_waiting_to_go_back_are_told_apart() {
+        let f = file();
+        let mut table = InFlightTable::new();
+        let read = table.insert(Request::read(&f, 0, AlignedBuf::new(512), 1));
+        assert!(!table.has_resubmits());
+        assert_eq!(table.on_result(read, 100), Outcome::Resubmit, "short");
+        assert!(table.has_resubmits(), "the remainder waits to go back");
+        assert_eq!(table.pop_resubmit(), Some(read));
+        assert!(!table.has_resubmits(), "sent again");
+        assert!(!table.has_done());
+        assert_eq!(table.on_result(read, 412), Outcome::Completed);
+        assert!(table.has_done(), "the completion waits to be handed out");
+        assert_eq!(table.take_done(&mut VecDeque::new()), 1);
+        assert!(!table.has_done());
+    }
+
+    #[test]
+    fn guest_memory_is_seen_while_its_request_is_live() {
+        let f = file();
+        let mut table = InFlightTable::new();
+        let plain = table.insert(Request::read(&f, 0, AlignedBuf::new(512), 1));
+        assert!(
+            !table.holds_guest_memory(),
+            "an AlignedBuf is the table's own"
+        );
+        let mut memory = vec![0u8; 512];
+        // SAFETY: `memory` outlives the request, which completes below and is never submitted.
+        let mem = unsafe { crate::engine::GuestIovecs::from_raw_parts(memory.as_mut_ptr(), 512) };
+        let guest = table.insert(Request::read_guest(&f, 0, mem, 2));
+        assert!(table.holds_guest_memory());
+        table.complete(guest, Ok(512));
+        assert!(
+            !table.holds_guest_memory(),
+            "completed: the memory is the caller's again"
+        );
+        table.complete(plain, Ok(512));
+        drop(memory);
+    }
+
+    #[test]
+    fn an_abandoned_table_frees_nothing() {
+        use std::os::fd::AsRawFd;
+        // The request's file is the table's last handle on it: a table dropped would close it.
+        let tmp = tempfile::tempfile().expect("a temporary file");
+        let raw = tmp.as_raw_fd();
+        let f = IoFile::new(tmp);
+        let mut table = InFlightTable::new();
+        table.insert(Request::read(&f, 0, AlignedBuf::new(512), 1));
+        drop(f);
+        table.abandon();
+        // SAFETY: F_GETFD only reads the descriptor's flags; `raw` was never closed (the
+        // abandoned table keeps its file open for good).
+        let flags = unsafe { libc::fcntl(raw, libc::F_GETFD) };
+        assert_ne!(
+            flags, -1,
+            "the abandoned request's file was closed: the table was freed"
+        );
     }
 }

@@ -33,7 +33,7 @@ mod transfer;
 pub use crate::event_loop::{already_registered, ensure_known, ensure_new, not_registered};
 pub use crate::sys::{cvt, timeout_ms_round_up, timespec_from, timespec_ptr};
 pub use blocking::{run_blocking, RangeOp};
-pub use inflight::{EngineCore, InFlightTable, Outcome, Prepared, WholeBuffer};
+pub use inflight::{EngineCore, InFlightTable, Outcome, Prepared, PreparedRw, WholeBuffer};
 pub use queue::{Flush, SubmitQueue};
 pub use round::SubmitRound;
 pub use transfer::{Step, Transfer};

@@ -68,11 +68,6 @@ impl SubmitQueue {
         self.queue.front()
     }
 
-    /// Puts a request back at the head (it could not be sent after all, e.g. `EAGAIN`).
-    pub fn push_front(&mut self, request: Request) {
-        self.queue.push_front(request);
-    }
-
     /// Starts or nests a batch.
     pub fn plug(&mut self) {
         self.plug_depth += 1;
@@ -92,11 +87,6 @@ impl SubmitQueue {
     /// Sets the batch size (at least 1).
     pub fn set_max_batch(&mut self, max: usize) {
         self.max_batch = max.max(1);
-    }
-
-    /// The batch size.
-    pub fn max_batch(&self) -> usize {
-        self.max_batch
     }
 
     /// Queued requests.
@@ -175,6 +165,27 @@ impl SubmitQueue {
 mod tests {
     use super::*;
     use crate::engine::{AlignedBuf, IoFile};
+
+    #[test]
+    fn empty_until_a_request_is_queued_and_again_once_it_goes() {
+        let mut q = queue_of(0, 4);
+        assert!(q.is_empty());
+        q = queue_of(1, 4);
+        assert!(!q.is_empty());
+        assert_eq!(q.len(), 1);
+        assert_eq!(q.next_batch(4, 1).count(), 1);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn cancel_all_hands_back_every_queued_request_as_ecanceled() {
+        let mut q = queue_of(3, 4);
+        let cancelled = q.cancel_all();
+        let tokens: Vec<u64> = cancelled.iter().map(|c| c.token).collect();
+        assert_eq!(tokens, [0, 1, 2], "each once, in order");
+        assert!(cancelled.iter().all(|c| c.errno() == Some(libc::ECANCELED)));
+        assert!(q.is_empty());
+    }
 
     fn queue_of(n: u64, max_batch: usize) -> SubmitQueue {
         let file = IoFile::from(std::fs::File::open("/dev/null").unwrap());

@@ -176,7 +176,7 @@ impl<L: EventLoop> AioContext<L> {
         match params.rule {
             PollRule::Auto if params.max_ns > 0 => {
                 let wake_ns = match params.wake_ns {
-                    0 => wake::wake_ns(),
+                    0 => wake::wake_cost().price_ns(),
                     given => given,
                 };
                 // A model already running keeps what it learned; a new wake-up cost starts

@@ -104,7 +104,7 @@ loop_counters! {
     /// had used its share of the time.
     count poll_auto_budget_cuts,
     /// [`PollRule::Auto`](crate::PollRule::Auto): the wake-up cost it weighs polling
-    /// against, in ns.
+    /// against, in ns (the wake-up's latency and the sleep's own CPU, priced).
     gauge poll_wake_ns,
 }
 

@@ -65,8 +65,10 @@ pub enum PollRule {
     ///   waits).
     /// * Polling that finds nothing takes at most 10% of the loop thread's time
     ///   (`LoopCounters::busy_poll_missed_ns`, `poll_auto_budget_cuts`).
-    /// * The wake-up cost is measured once per process (`LoopCounters::poll_wake_ns`), or
-    ///   given ([`PollParams::with_wake_ns`]).
+    /// * The wake-up cost is measured once per process (`LoopCounters::poll_wake_ns`): the
+    ///   latency of waking a sleeping thread, plus the CPU that thread spends on the sleep
+    ///   and the wake-up at the price of polling's CPU (sleeping is not free either); or it
+    ///   is given ([`PollParams::with_wake_ns`]).
     ///
     /// [`PollParams::auto`] caps it at [`AUTO_MAX_NS`]. Measured against fixed windows in
     /// BENCHMARKS.md ("Busy polling that tunes itself"); opt-in, the default is unchanged.
@@ -91,8 +93,9 @@ pub struct PollParams {
     pub shrink: u64,
     /// How the window adapts (default [`PollRule::Recovering`]).
     pub rule: PollRule,
-    /// For [`PollRule::Auto`]: what a wake-up costs, in ns; 0 (the default) measures it on
-    /// this machine, once per process.
+    /// For [`PollRule::Auto`]: what a wake-up costs, in ns of latency; 0 (the default)
+    /// measures it on this machine, once per process (the wake-up's latency and the sleep's
+    /// own CPU, priced).
     pub wake_ns: u64,
 }
 

@@ -1,9 +1,10 @@
 //! The engine conformance suite: every behavioural test of the [`IoEngine`] contract.
 //!
-//! This module owns the macro and the engine's own tests (reads, writes, batches, cancel,
-//! drain), never a loop: signals in the engine's waits and drop with requests in flight are
-//! `interruptions`, the tests that attach the engine to an [`AioContext`] live in
-//! `engine_loop`, the virtual-disk ops in `disk`, the fixtures in `fixtures`. An engine crate
+//! This module owns the engine's own tests (reads, writes, batches, cancel, drain), never a
+//! loop or the list of what runs (the macro, in `suite`): signals in the engine's waits and
+//! drop with requests in flight are `interruptions`, the tests that attach the engine to an
+//! [`AioContext`] live in `engine_loop`, the virtual-disk ops in `disk`, the fixtures in
+//! `fixtures`. An engine crate
 //! gets the whole suite with one line in `tests/conformance.rs`, naming the engine and a
 //! monitor for the tests that run a loop:
 //!
@@ -22,156 +23,9 @@ use std::fs::File;
 use std::time::{Duration, Instant};
 
 use super::fixtures::{ok, submit_all};
-pub use super::fixtures::{read_block, wait_for, Rng, TempFile, BLOCK};
+pub use super::fixtures::{read_block, wait_for, wait_readable, Rng, TempFile, BLOCK};
 use crate::engine::{AlignedBuf, IoEngine, IoFile, Request};
 use crate::EventLoop;
-
-/// Generates one `#[test]` per engine conformance test; `$engine` builds the engine and
-/// `$monitor` the fd monitor for tests that run a loop. With `probe: $probe` (an expression
-/// giving `Result<(), impl Display>`), each test first asks whether the kernel supports the
-/// engine and, if not, reports `skipped: <reason>` (a failure under
-/// `AIO_REQUIRE_ALL_BACKENDS=1`).
-#[macro_export]
-macro_rules! engine_conformance {
-    (@tests ($probe:expr), $engine:expr, $monitor:expr; $module:ident: $($name:ident),* $(,)?) => {
-        $(
-            #[test]
-            fn $name() {
-                if $crate::testing::available(::std::stringify!($name), $probe).is_none() {
-                    return;
-                }
-                $crate::testing::run_test(::std::stringify!($name), || {
-                    $crate::testing::$module::$name(|| $engine, || $monitor)
-                });
-            }
-        )*
-    };
-    (@on_loop_devices ($probe:expr), $engine:expr, $monitor:expr; $module:ident: $($name:ident),* $(,)?) => {
-        $(
-            #[test]
-            fn $name() {
-                if $crate::testing::available(::std::stringify!($name), $probe).is_none() {
-                    return;
-                }
-                let ::std::option::Option::Some(devices) =
-                    $crate::testing::fixtures::on_loop_devices(::std::stringify!($name))
-                else {
-                    return;
-                };
-                $crate::testing::run_test(::std::stringify!($name), || {
-                    $crate::testing::$module::$name(|| $engine, || $monitor)
-                });
-                ::std::assert!(
-                    devices.devices_made() > 0,
-                    "{} ran on no loop device (its files were plain files)",
-                    ::std::stringify!($name)
-                );
-            }
-        )*
-    };
-    (probe: $probe:expr, $engine:expr, $monitor:expr) => {
-        $crate::engine_conformance!(@tests ($probe), $engine, $monitor; disk:
-            discard_and_write_zeroes_read_back_as_zeroes,
-            discard_refused_by_the_file_system_is_a_typed_error,
-            guest_memory_reads_and_writes_at_many_offsets,
-            misaligned_guest_iovec_is_refused_at_submit,
-            fua_and_nowait_requests_complete,
-            per_request_callbacks_submit_from_inside,
-            writes_on_a_full_file_system_fail_alone,
-        );
-        $crate::engine_conformance!(@tests ($probe), $engine, $monitor; block_device:
-            block_device_takes_discard_and_write_zeroes,
-            block_device_reads_and_writes_at_random_offsets,
-        );
-        $crate::engine_conformance!(@tests ($probe), $engine, $monitor; async_engine:
-            async_requests_complete_exactly_once_at_qd32,
-            dropped_futures_free_nothing_early_and_leak_nothing,
-            block_on_inside_a_completion_callback,
-            cancel_after_submit_completes_each_once,
-        );
-        $crate::engine_conformance!(@tests ($probe), $engine, $monitor; iothread:
-            engine_runs_inside_an_iothread,
-        );
-        $crate::engine_conformance!(@tests ($probe), $engine, $monitor; engine:
-            write_then_read_at_random_offsets,
-            readv_and_writev,
-            fsync_and_fdatasync,
-            o_direct_with_aligned_buffers,
-            short_read_at_eof_and_read_past_eof,
-            errors_are_per_request_and_the_batch_completes,
-            ten_thousand_requests_complete_exactly_once,
-            cancel_of_a_queued_request_ends_with_ecanceled,
-            plug_releases_a_full_batch,
-            drain_hands_every_buffer_back,
-        );
-        $crate::engine_conformance!(@tests ($probe), $engine, $monitor; interruptions:
-            drop_with_requests_in_flight_waits_for_them,
-            signals_during_io_are_retried_not_reported,
-        );
-        $crate::engine_conformance!(@tests ($probe), $engine, $monitor; engine_loop:
-            notifier_signals_every_completion_batch,
-            qd1_through_the_loop_without_polling,
-            bad_input_is_refused_with_the_request_handed_back,
-            attached_engine_delivers_in_the_loop,
-            nested_poll_in_a_completion_callback_loses_and_duplicates_nothing,
-            callback_that_submits_and_waits_in_a_nested_loop_is_not_stuck_in_a_batch,
-            injected_faults_are_reported_against_their_own_requests,
-            context_dropped_with_thousands_in_flight,
-            completion_callbacks_defer_calls_to_the_end_of_their_batch,
-        );
-        /// The suite once more, every file a loop device (`losetup --direct-io=on`): a real
-        /// block device under each engine. Left out: the tests of a file system's behaviour
-        /// (sizes, holes, a full or refusing file system) and of EOF inside a block.
-        mod on_a_loop_device {
-            #[allow(unused_imports)]
-            use super::*;
-            $crate::engine_conformance!(@on_loop_devices ($probe), $engine, $monitor; disk:
-                guest_memory_reads_and_writes_at_many_offsets,
-                misaligned_guest_iovec_is_refused_at_submit,
-                fua_and_nowait_requests_complete,
-                per_request_callbacks_submit_from_inside,
-            );
-            $crate::engine_conformance!(@on_loop_devices ($probe), $engine, $monitor; async_engine:
-                async_requests_complete_exactly_once_at_qd32,
-                dropped_futures_free_nothing_early_and_leak_nothing,
-                block_on_inside_a_completion_callback,
-                cancel_after_submit_completes_each_once,
-            );
-            $crate::engine_conformance!(@on_loop_devices ($probe), $engine, $monitor; iothread:
-                engine_runs_inside_an_iothread,
-            );
-            $crate::engine_conformance!(@on_loop_devices ($probe), $engine, $monitor; engine:
-                write_then_read_at_random_offsets,
-                readv_and_writev,
-                fsync_and_fdatasync,
-                o_direct_with_aligned_buffers,
-                errors_are_per_request_and_the_batch_completes,
-                ten_thousand_requests_complete_exactly_once,
-                cancel_of_a_queued_request_ends_with_ecanceled,
-                plug_releases_a_full_batch,
-                drain_hands_every_buffer_back,
-            );
-            $crate::engine_conformance!(@on_loop_devices ($probe), $engine, $monitor; interruptions:
-                drop_with_requests_in_flight_waits_for_them,
-                signals_during_io_are_retried_not_reported,
-            );
-            $crate::engine_conformance!(@on_loop_devices ($probe), $engine, $monitor; engine_loop:
-                notifier_signals_every_completion_batch,
-                qd1_through_the_loop_without_polling,
-                bad_input_is_refused_with_the_request_handed_back,
-                attached_engine_delivers_in_the_loop,
-                nested_poll_in_a_completion_callback_loses_and_duplicates_nothing,
-                callback_that_submits_and_waits_in_a_nested_loop_is_not_stuck_in_a_batch,
-                injected_faults_are_reported_against_their_own_requests,
-                context_dropped_with_thousands_in_flight,
-                completion_callbacks_defer_calls_to_the_end_of_their_batch,
-            );
-        }
-    };
-    ($engine:expr, $monitor:expr) => {
-        $crate::engine_conformance!(probe: ::std::result::Result::<(), &str>::Ok(()), $engine, $monitor);
-    };
-}
 
 /// Writes at random block offsets, reads them back, and checks every byte.
 pub fn write_then_read_at_random_offsets<E: IoEngine, L: EventLoop>(

@@ -11,7 +11,7 @@ use std::os::fd::AsRawFd;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use super::fixtures::{ok, read_block, submit_all, TempFile, BLOCK};
+use super::fixtures::{ok, read_block, submit_all, wait_readable, TempFile, BLOCK};
 use crate::engine::{AlignedBuf, Completion, IoEngine, IoFile, Request, RequestError};
 use crate::{AioContext, EventLoop};
 
@@ -27,14 +27,10 @@ pub fn notifier_signals_every_completion_batch<E: IoEngine, L: EventLoop>(
     let mut out = VecDeque::new();
     for round in 0..500u64 {
         engine.submit(read_block(&file, round % 16, round)).unwrap();
-        let mut pfd = libc::pollfd {
-            fd: engine.notifier().as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the duration of the call.
-        let r = unsafe { libc::poll(&mut pfd, 1, 10_000) };
-        assert_eq!(r, 1, "round {round}: the notifier never became readable");
+        assert!(
+            wait_readable(engine.notifier().as_raw_fd(), Duration::from_secs(10)),
+            "round {round}: the notifier never became readable"
+        );
         engine.notifier().test_and_clear();
         // The notifier may fire a moment before the completion is visible: wait for it.
         let deadline = Instant::now() + Duration::from_secs(10);

@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::marker::PhantomData;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -239,17 +239,25 @@ pub fn wait_for<E: IoEngine + ?Sized>(engine: &mut E, n: usize) -> Vec<Completio
                 out.len(),
                 n
             );
-            let mut pfd = libc::pollfd {
-                fd: engine.notifier().as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd for the duration of the call.
-            unsafe { libc::poll(&mut pfd, 1, 10) };
+            wait_readable(engine.notifier().as_raw_fd(), Duration::from_millis(10));
             engine.notifier().test_and_clear();
         }
     }
     out.into()
+}
+
+/// Waits up to `timeout` for `fd` to be readable (one `poll(2)`); whether it became so.
+pub fn wait_readable(fd: RawFd, timeout: Duration) -> bool {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: one pollfd, valid for the duration of the call; a closed fd is reported in
+    // `revents` (`POLLNVAL`), which is then not `POLLIN`.
+    let ready = unsafe { libc::poll(&mut pfd, 1, ms) };
+    ready == 1 && pfd.revents & libc::POLLIN != 0
 }
 
 pub(crate) fn submit_all<E: IoEngine>(engine: &mut E, requests: Vec<Request>) -> Vec<Completion> {

@@ -1,14 +1,16 @@
 //! The engine interrupted: signals that land in its own waits and submissions, and a drop
-//! with requests in flight. Part of [`engine_conformance!`](crate::engine_conformance).
+//! with requests in flight, on a fast file and behind a write limit that holds them in the
+//! block layer. Part of [`engine_conformance!`](crate::engine_conformance).
 //!
-//! This module owns those two tests and the barrier that makes the drop test's verdict exact
-//! (the writes the kernel still runs on a file or a block device have landed before the file is
-//! read again), never the suite's other tests (`engine`).
+//! This module owns those tests and the barrier that makes the drop tests' verdict exact (the
+//! writes the kernel still runs on a file or a block device have landed before the file is read
+//! again), never the suite's other tests (`engine`) or the write limit (`throttle`).
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::fixtures::{ok, read_block, TempFile, BLOCK};
+use super::throttle::{read_direct, WriteLimit};
 use crate::engine::{AlignedBuf, IoEngine, IoFile, Request};
 use crate::EventLoop;
 
@@ -153,5 +155,52 @@ pub fn drop_with_requests_in_flight_waits_for_them<E: IoEngine, L: EventLoop>(
                 "round {round}: block {t} holds {first:#x}, data no request wrote"
             );
         }
+    }
+}
+
+/// Dropping an engine while the block layer still holds its writes waits for them: a write
+/// limit of 20 a second on the loop device (a cgroup of this thread, [`WriteLimit`]) holds
+/// most of eight writes when the drop starts, and the device does not change once the drop has
+/// returned. A drop that returned at once, its writes still held, would see them land after.
+/// The engine is built under the limit, so that the threads it starts (the pool's) are too.
+pub fn drop_waits_for_writes_the_block_layer_holds<E: IoEngine, L: EventLoop>(
+    engine: impl Fn() -> E,
+    _monitor: impl Fn() -> L,
+) {
+    const WRITES: u64 = 8;
+    let tmp = TempFile::with_len(64 * BLOCK, 0);
+    let file = tmp.open_direct_or_say();
+    let Some(limit) = WriteLimit::on(tmp.path(), 20) else {
+        return;
+    };
+    let mut engine = engine();
+    for t in 0..WRITES {
+        let data = AlignedBuf::from_slice(&[0xa5; BLOCK]);
+        let write = Request::write(&file, t * BLOCK as u64, data, t);
+        engine.submit(write).unwrap();
+    }
+    let mut done = VecDeque::new();
+    engine.poll_completions(&mut done);
+    assert!(
+        done.len() < WRITES as usize / 2,
+        "the limit held too few writes: {} of {WRITES} done before the drop",
+        done.len()
+    );
+    drop(engine);
+    let len = WRITES as usize * BLOCK;
+    let at_drop = read_direct(tmp.path(), len);
+    // Behind every write still held (the limit keeps their order), then the device drained.
+    limit.write_behind_the_held_ones(tmp.path(), 63 * BLOCK as u64);
+    wait_for_writes_in_the_kernel(&tmp);
+    drop(limit);
+    assert!(
+        read_direct(tmp.path(), len) == at_drop,
+        "the device changed after the drop returned"
+    );
+    for (t, block) in at_drop.chunks(BLOCK).enumerate() {
+        assert!(
+            block.iter().all(|&b| b == block[0]) && (block[0] == 0 || block[0] == 0xa5),
+            "block {t} is torn or holds data no request wrote"
+        );
     }
 }

@@ -33,7 +33,9 @@ pub mod interruptions;
 pub mod iothread;
 pub mod seccomp;
 pub mod send_sync;
+mod suite;
 pub mod tasks;
+pub mod throttle;
 
 /// `AlignedBuf`s allocated minus those freed on this thread so far: a test that allocates
 /// and frees on one thread (the loop's) compares it before and after to see that nothing

@@ -7,7 +7,7 @@
 
 use std::os::fd::RawFd;
 
-use aio_core::backend::{Prepared, RangeOp};
+use aio_core::backend::{Prepared, PreparedRw, RangeOp};
 use io_uring::{opcode, squeue, types};
 
 use super::{UringEngine, REGISTERED_FILES};
@@ -22,15 +22,6 @@ pub(super) struct SlotEntry {
     pub(super) fixed_file: bool,
     /// It reads or writes a registered buffer.
     pub(super) fixed_buffer: bool,
-}
-
-/// A prepared read or write, as the in-flight table gives it.
-struct Rw {
-    is_read: bool,
-    offset: u64,
-    iovecs: *const libc::iovec,
-    count: usize,
-    rw_flags: libc::c_int,
 }
 
 /// Builds an entry on the file's registered index if it has one, on its fd otherwise (the
@@ -134,7 +125,9 @@ impl UringEngine {
     pub(super) fn entry(&mut self, slot: u32) -> SlotEntry {
         let prepared = self.core.table.prepare(slot).expect("live slot");
         let fd = match prepared {
-            Prepared::Sync { fd, .. } | Prepared::Rw { fd, .. } | Prepared::Range { fd, .. } => fd,
+            Prepared::Sync { fd, .. }
+            | Prepared::Rw(PreparedRw { fd, .. })
+            | Prepared::Range { fd, .. } => fd,
         };
         let fixed = self.fixed_index(slot, fd);
         let mut fixed_buffer = false;
@@ -160,22 +153,8 @@ impl UringEngine {
                     unreachable!("check_request refuses a block device's discard at submit")
                 }
             },
-            Prepared::Rw {
-                is_read,
-                offset,
-                iovecs,
-                count,
-                rw_flags,
-                ..
-            } => {
-                let rw = Rw {
-                    is_read,
-                    offset,
-                    iovecs,
-                    count,
-                    rw_flags,
-                };
-                let (entry, registered) = self.rw_entry(slot, fixed, fd, rw);
+            Prepared::Rw(rw) => {
+                let (entry, registered) = self.rw_entry(slot, fixed, rw);
                 fixed_buffer = registered;
                 entry
             }
@@ -191,14 +170,9 @@ impl UringEngine {
     /// A read or write: `READ_FIXED` / `WRITE_FIXED` for one buffer in a registered slot,
     /// `READ` / `WRITE` for one buffer otherwise, `READV` / `WRITEV` for several; and whether
     /// it uses a registered buffer.
-    fn rw_entry(
-        &mut self,
-        slot: u32,
-        fixed: Option<u32>,
-        fd: RawFd,
-        rw: Rw,
-    ) -> (squeue::Entry, bool) {
-        let Rw {
+    fn rw_entry(&mut self, slot: u32, fixed: Option<u32>, rw: PreparedRw) -> (squeue::Entry, bool) {
+        let PreparedRw {
+            fd,
             is_read,
             offset,
             iovecs,

@@ -43,6 +43,15 @@ impl UringOptions {
         self != UringOptions::default()
     }
 
+    /// The io_uring engine's configuration with these options.
+    #[cfg(feature = "uring")]
+    pub fn config(self) -> aio_backend_uring::UringConfig {
+        aio_backend_uring::UringConfig::default()
+            .with_register_files(self.register_files)
+            .with_fixed_buffers(self.fixed_buffers)
+            .with_task_run(aio_backend_uring::TaskRun::from_name(self.task_run).unwrap_or_default())
+    }
+
     /// Refuses options that are on for an engine other than io_uring, saying which.
     pub fn check_for(self, engine: EngineKind) -> Result<(), String> {
         if self.any() && engine != EngineKind::Uring {
@@ -118,12 +127,7 @@ impl EngineKind {
             )?)),
             #[cfg(feature = "uring")]
             EngineKind::Uring => Ok(Box::new(aio_backend_uring::UringEngine::new(
-                aio_backend_uring::UringConfig::default()
-                    .with_register_files(uring.register_files)
-                    .with_fixed_buffers(uring.fixed_buffers)
-                    .with_task_run(
-                        aio_backend_uring::TaskRun::from_name(uring.task_run).unwrap_or_default(),
-                    ),
+                uring.config(),
             )?)),
             #[allow(unreachable_patterns)]
             other => Err(io::Error::new(

@@ -17,9 +17,8 @@ use aio_core::engine::{
 use aio_core::{
     AioContext, EventLoop, FdHandler, LoopCounters, Notifier, PollMaxNs, PollParams, PollRule,
 };
-use hdrhistogram::Histogram;
 
-use crate::load::{latency_histogram, Direction, OffsetStream, Pattern, Window};
+use crate::load::{Direction, OffsetStream, Pattern, Tally, Window};
 
 /// What a job does.
 #[derive(Debug, Clone, Copy)]
@@ -73,43 +72,15 @@ impl JobSpec {
     }
 }
 
-/// What one direction (reads, writes or trims) of a job measured.
-#[derive(Debug, Clone)]
-pub struct IoStats {
-    /// Completed requests in the measured window.
-    pub ios: u64,
-    /// Bytes moved in the measured window.
-    pub bytes: u64,
-    /// Submit-to-completion latency in ns.
-    pub latency_ns: Histogram<u64>,
-}
-
-impl IoStats {
-    fn new() -> IoStats {
-        IoStats {
-            ios: 0,
-            bytes: 0,
-            latency_ns: latency_histogram(),
-        }
-    }
-
-    /// Adds `other`'s requests to these.
-    pub fn merge(&mut self, other: &IoStats) {
-        self.ios += other.ios;
-        self.bytes += other.bytes;
-        let _ = self.latency_ns.add(&other.latency_ns);
-    }
-}
-
 /// What a job measured.
 #[derive(Debug, Clone)]
 pub struct JobResult {
     /// Reads.
-    pub read: IoStats,
+    pub read: Tally,
     /// Writes.
-    pub write: IoStats,
+    pub write: Tally,
     /// Trims (discards).
-    pub trim: IoStats,
+    pub trim: Tally,
     /// Length of the measured window.
     pub elapsed: Duration,
     /// The loop's counters over the whole job.
@@ -137,7 +108,7 @@ pub fn thread_cpu_seconds() -> f64 {
 
 impl JobResult {
     /// Reads, writes and trims together.
-    pub fn total(&self) -> IoStats {
+    pub fn total(&self) -> Tally {
         let mut t = self.read.clone();
         t.merge(&self.write);
         t.merge(&self.trim);
@@ -188,9 +159,9 @@ struct Generator {
     started: Vec<(Instant, Direction)>,
     window: Window,
     issued_bytes: u64,
-    read: IoStats,
-    write: IoStats,
-    trim: IoStats,
+    read: Tally,
+    write: Tally,
+    trim: Tally,
     errors: u64,
     /// The errno of the first failed request.
     first_errno: Option<i32>,
@@ -247,15 +218,12 @@ impl Generator {
             }
             Ok(n) if self.window.measures(now) => {
                 self.last_completion = Some(now);
-                let stats = match dir {
+                let tally = match dir {
                     Direction::Read => &mut self.read,
                     Direction::Write => &mut self.write,
                     Direction::Trim => &mut self.trim,
                 };
-                stats.ios += 1;
-                stats.bytes += *n as u64;
-                let ns = now.duration_since(started).as_nanos() as u64;
-                let _ = stats.latency_ns.record(ns.max(1));
+                tally.done(*n as u64, started, now);
             }
             Ok(_) => {}
         }
@@ -386,9 +354,9 @@ where
         started: vec![(start, Direction::Read); spec.iodepth],
         window,
         issued_bytes: 0,
-        read: IoStats::new(),
-        write: IoStats::new(),
-        trim: IoStats::new(),
+        read: Tally::default(),
+        write: Tally::default(),
+        trim: Tally::default(),
         errors: 0,
         first_errno: None,
         outstanding: 0,

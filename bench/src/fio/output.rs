@@ -15,8 +15,8 @@ use serde_json::{json, Map, Value};
 
 use aio_core::PollMaxNs;
 
-use super::job::IoStats;
 use super::runner::JobReport;
+use crate::load::Tally;
 
 /// The percentiles fio reports by default, as fractions.
 const PERCENTILES: [f64; 17] = [
@@ -124,7 +124,7 @@ fn lat_json(h: &Histogram<u64>, with_percentiles: bool) -> Value {
     v
 }
 
-fn side_json(st: &IoStats, elapsed: Duration) -> Value {
+fn side_json(st: &Tally, elapsed: Duration) -> Value {
     let secs = elapsed.as_secs_f64();
     json!({
         "io_bytes": st.bytes,

@@ -1,6 +1,7 @@
 //! What every workload needs, whichever way its requests reach the target: the pattern and the
 //! offset stream (sequential or random blocks, the read/write mix, a deterministic RNG per
-//! worker), the latency histogram, the ramp and the measured window, and the verify stamps.
+//! worker), the latency histogram, the ramp and the measured window, the tally of what finished
+//! in it, and the verify stamps.
 //!
 //! This module owns those pieces; the load generators that use them are the job on an
 //! attached engine (`fio::job`), the matrix's guests (`scsi::guest`), the Rust peers
@@ -18,6 +19,57 @@ pub use pattern::{Direction, OffsetStream, Pattern, Rng};
 /// A latency histogram in ns (1 ns to 60 s, 3 significant digits), as every report uses.
 pub fn latency_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid histogram bounds")
+}
+
+/// What a load generator counts of the requests that finished in the measured window: how
+/// many, their bytes, their latency (issue to completion seen), and failures (when each path
+/// counts those is its own: fio counts the ramp's too).
+#[derive(Debug, Clone)]
+pub struct Tally {
+    /// Requests completed.
+    pub ios: u64,
+    /// Bytes they moved.
+    pub bytes: u64,
+    /// Requests that failed.
+    pub errors: u64,
+    /// Their latency, in ns ([`latency_histogram`]).
+    pub latency_ns: Histogram<u64>,
+}
+
+impl Default for Tally {
+    fn default() -> Tally {
+        Tally {
+            ios: 0,
+            bytes: 0,
+            errors: 0,
+            latency_ns: latency_histogram(),
+        }
+    }
+}
+
+impl Tally {
+    /// A request issued at `issued` that moved `bytes` and was seen complete at `now`.
+    pub fn done(&mut self, bytes: u64, issued: Instant, now: Instant) {
+        self.ios += 1;
+        self.bytes += bytes;
+        let ns = now.saturating_duration_since(issued).as_nanos() as u64;
+        self.latency_ns.saturating_record(ns.max(1));
+    }
+
+    /// Adds `other`'s requests to these.
+    pub fn merge(&mut self, other: &Tally) {
+        self.ios += other.ios;
+        self.bytes += other.bytes;
+        self.errors += other.errors;
+        self.latency_ns
+            .add(&other.latency_ns)
+            .expect("histograms of the same bounds");
+    }
+
+    /// Mean latency, µs.
+    pub fn mean_us(&self) -> f64 {
+        self.latency_ns.mean() / 1e3
+    }
 }
 
 /// When a run measures: requests completed before `measure_from` (the ramp) count as work

@@ -21,12 +21,13 @@ pub mod report;
 pub mod rivals;
 
 use std::fmt;
+use std::future::Future;
 use std::io;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::backends::monitors::MonitorKind;
-use crate::load::{latency_histogram, OffsetStream, Pattern, Window};
+use crate::load::{latency_histogram, OffsetStream, Pattern, Tally, Window};
 use hdrhistogram::Histogram;
 
 /// One way of running the job (tables list them in this order).
@@ -138,23 +139,21 @@ impl Job {
     }
 }
 
-/// One worker's state: where it reads next, and what it measured. Every variant drives its
-/// workers the same way: `while w.running(t) { read at w.next_offset(); t = w.record(t, r) }`.
-/// The offsets, the histogram and the measured window are the library's (`crate::load`),
-/// as every other load generator of the bench uses them.
+/// One worker's state: where it reads next, and what it measured. Every variant that runs a
+/// task per worker drives it with [`Worker::read_until_done`], giving only how its runtime
+/// reads; the callback variant calls [`Worker::record`] itself. The offsets, the histogram and
+/// the measured window are the library's (`crate::load`), as every other load generator of
+/// the bench uses them.
 #[derive(Debug, Clone)]
 pub struct Worker {
     offsets: OffsetStream,
     bs: u64,
     window: Window,
-    /// Latency of the reads completed in the measured window, in ns.
-    pub latency_ns: Histogram<u64>,
-    /// Reads completed in the measured window.
-    pub measured: u64,
+    /// The reads completed in the measured window and their latency; the reads that failed
+    /// or came back short, whenever.
+    pub tally: Tally,
     /// Every read completed, warm-up included (CPU per request divides by this).
     pub completed: u64,
-    /// Reads that failed or came back short.
-    pub errors: u64,
 }
 
 impl Worker {
@@ -165,10 +164,8 @@ impl Worker {
             offsets: OffsetStream::new(Pattern::RandRead, 100, job.blocks, job.bs as u64, seed),
             bs: job.bs as u64,
             window: Window::new(start, job.ramp, job.secs),
-            latency_ns: latency_histogram(),
-            measured: 0,
+            tally: Tally::default(),
             completed: 0,
-            errors: 0,
         }
     }
 
@@ -183,6 +180,23 @@ impl Worker {
         self.window.running(now)
     }
 
+    /// The loop of every worker task: reads one at a time until the run's deadline, each
+    /// `read(buf, offset)` (this runtime's read, handing the buffer back with the result), and
+    /// records each. An `Err` from `read` itself (the runtime failed, not the read) ends it.
+    pub async fn read_until_done<B, F, Fut>(mut self, mut buf: B, mut read: F) -> io::Result<Worker>
+    where
+        F: FnMut(B, u64) -> Fut,
+        Fut: Future<Output = io::Result<(io::Result<usize>, B)>>,
+    {
+        let mut t = Instant::now();
+        while self.running(t) {
+            let (result, back) = read(buf, self.next_offset()).await?;
+            buf = back;
+            t = self.record(t, &result);
+        }
+        Ok(self)
+    }
+
     /// Records a read issued at `started` that returned `result` (bytes read), and returns the
     /// time now (the next read's start).
     pub fn record(&mut self, started: Instant, result: &io::Result<usize>) -> Instant {
@@ -191,12 +205,10 @@ impl Worker {
         match result {
             Ok(n) if *n as u64 == self.bs => {
                 if self.window.measures(now) {
-                    self.measured += 1;
-                    let ns = now.duration_since(started).as_nanos() as u64;
-                    let _ = self.latency_ns.record(ns.max(1));
+                    self.tally.done(self.bs, started, now);
                 }
             }
-            _ => self.errors += 1,
+            _ => self.tally.errors += 1,
         }
         now
     }
@@ -280,10 +292,10 @@ pub fn run(variant: Variant, job: &Job) -> io::Result<Sample> {
         counters,
     };
     for w in &workers {
-        let _ = sample.latency_ns.add(&w.latency_ns);
-        sample.measured += w.measured;
+        let _ = sample.latency_ns.add(&w.tally.latency_ns);
+        sample.measured += w.tally.ios;
         sample.completed += w.completed;
-        sample.errors += w.errors;
+        sample.errors += w.tally.errors;
     }
     // On a block device every read must reach it: a runtime that quietly reads through the
     // page cache (glommio drops O_DIRECT for a node on devtmpfs, which it takes for tmpfs) is
@@ -362,8 +374,8 @@ mod tests {
         w.record(t, &Ok(4096));
         w.record(t, &Ok(512));
         w.record(t, &Err(io::Error::other("EIO")));
-        assert_eq!((w.completed, w.measured, w.errors), (3, 1, 2));
-        assert_eq!(w.latency_ns.len(), 1);
+        assert_eq!((w.completed, w.tally.ios, w.tally.errors), (3, 1, 2));
+        assert_eq!(w.tally.latency_ns.len(), 1);
     }
 
     #[test]

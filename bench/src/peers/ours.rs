@@ -11,36 +11,26 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use aio_backend_epoll::EpollLoop;
-use aio_backend_linux_aio::{LinuxAio, LinuxAioConfig};
-use aio_backend_uring::{shared_ring, UringConfig, UringEngine, UringLoop, MAX_REGISTERED_BUFFERS};
+use aio_backend_uring::{shared_ring, UringLoop, MAX_REGISTERED_BUFFERS};
 use aio_core::engine::{AlignedBuf, AttachedEngine, IoEngine, IoFile, Request, SubmitError};
 use aio_core::task::join_all;
 use aio_core::{AioContext, EventLoop};
 use aio_pool::{PoolConfig, PoolContext, ThreadPool};
 
+use crate::backends::engines::{EngineKind, UringOptions};
 use crate::backends::monitors::MonitorKind;
 
 use super::{open_direct, Job, Outcome, Variant, Worker};
 
-/// The io_uring engine's settings: the defaults, or with `--uring-registered` each file and
+/// The io_uring engine's options: the defaults, or with `--uring-registered` each file and
 /// each worker's buffer registered with the ring (`IORING_OP_READ_FIXED`, as glommio reads).
-fn uring_config(job: &Job) -> UringConfig {
-    let mut config = UringConfig::default();
+fn uring_options(job: &Job) -> UringOptions {
+    let mut options = UringOptions::default();
     if job.uring_registered {
-        config.register_files = true;
-        config.fixed_buffers = (job.qd as u32).min(MAX_REGISTERED_BUFFERS);
+        options.register_files = true;
+        options.fixed_buffers = (job.qd as u32).min(MAX_REGISTERED_BUFFERS);
     }
-    config
-}
-
-/// The Linux AIO engine, as configured by default.
-fn linux_aio() -> io::Result<LinuxAio> {
-    LinuxAio::new(LinuxAioConfig::default()).map_err(io::Error::other)
-}
-
-/// The thread pool, as configured by default (QEMU's limits: up to 64 threads).
-fn pool() -> io::Result<ThreadPool> {
-    ThreadPool::new(PoolConfig::default()).map_err(io::Error::other)
+    options
 }
 
 /// Runs one of aio-rs's variants (a peer's is refused as invalid input).
@@ -49,8 +39,9 @@ pub fn run(variant: Variant, job: &Job) -> io::Result<Outcome> {
     match job.fdmon {
         MonitorKind::Epoll => run_on(variant, job, EpollLoop::new()?, None),
         MonitorKind::SharedRing if uring_variant => {
-            let (monitor, engine) = shared_ring(uring_config(job)).map_err(io::Error::other)?;
-            run_on(variant, job, monitor, Some(engine))
+            let (monitor, engine) =
+                shared_ring(uring_options(job).config()).map_err(io::Error::other)?;
+            run_on(variant, job, monitor, Some(Box::new(engine)))
         }
         MonitorKind::Uring | MonitorKind::SharedRing => run_on(
             variant,
@@ -68,21 +59,21 @@ fn run_on<L: EventLoop + 'static>(
     variant: Variant,
     job: &Job,
     monitor: L,
-    shared: Option<UringEngine>,
+    shared: Option<Box<dyn IoEngine>>,
 ) -> io::Result<Outcome> {
     let ctx = AioContext::new(monitor)?;
     // The job's polling limit, QEMU's IOThread rule otherwise.
     ctx.set_poll_params(job.poll_max_ns.params());
     let uring = || match shared {
         Some(engine) => Ok(engine),
-        None => UringEngine::new(uring_config(job)).map_err(io::Error::other),
+        None => EngineKind::Uring.build_with(uring_options(job)),
     };
     match variant {
         Variant::AioUringAsync => futures(&ctx, job, uring()?),
         Variant::AioUringCallback => callbacks(&ctx, job, uring()?),
-        Variant::AioLinuxAioAsync => futures(&ctx, job, linux_aio()?),
-        Variant::AioLinuxAioCallback => callbacks(&ctx, job, linux_aio()?),
-        Variant::AioPoolAsync => futures(&ctx, job, pool()?),
+        Variant::AioLinuxAioAsync => futures(&ctx, job, EngineKind::LinuxAio.build()?),
+        Variant::AioLinuxAioCallback => callbacks(&ctx, job, EngineKind::LinuxAio.build()?),
+        Variant::AioPoolAsync => futures(&ctx, job, EngineKind::Pool.build()?),
         Variant::AioPoolRunAsync => pool_run_async(&ctx, job),
         peer => Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -103,23 +94,17 @@ fn futures<L: EventLoop + 'static, E: IoEngine + 'static>(
     let tasks: Vec<_> = job
         .workers()
         .into_iter()
-        .map(|mut w| {
+        .map(|w| {
             let (engine, file) = (engine.clone(), file.clone());
-            ctx.spawn(async move {
-                let mut buf = AlignedBuf::new(bs);
-                let mut t = Instant::now();
-                while w.running(t) {
-                    let (r, b) = engine.read(&file, w.next_offset(), buf).await;
-                    buf = b;
-                    t = w.record(t, &r);
-                }
-                w
-            })
+            ctx.spawn(w.read_until_done(AlignedBuf::new(bs), move |buf, offset| {
+                let read = engine.read(&file, offset, buf);
+                async move { Ok(read.await) }
+            }))
         })
         .collect();
     let mut workers = Vec::with_capacity(tasks.len());
     for w in ctx.block_on(join_all(tasks)) {
-        workers.push(w.map_err(io::Error::other)?);
+        workers.push(w.map_err(io::Error::other)??);
     }
     drop(engine);
     Ok((workers, ctx.counters().named()))
@@ -159,7 +144,7 @@ fn issue<L: EventLoop + 'static, E: IoEngine + 'static>(
         // A read's completion always carries its one buffer back.
         let buf = c.buf.into_one().unwrap_or_else(|| AlignedBuf::new(s.bs));
         if issue(engine, &s, i, buf, now).is_err() {
-            s.workers.borrow_mut()[i].errors += 1;
+            s.workers.borrow_mut()[i].tally.errors += 1;
             s.in_flight.set(s.in_flight.get() - 1);
         }
     })?;
@@ -202,30 +187,21 @@ fn callbacks<L: EventLoop + 'static, E: IoEngine + 'static>(
 /// closure that `pread`s into a buffer it moves to a pool thread and back.
 fn pool_run_async<L: EventLoop + 'static>(ctx: &AioContext<L>, job: &Job) -> io::Result<Outcome> {
     let file = Arc::new(open_direct(&job.path)?);
-    let pool = Rc::new(PoolContext::attach(ctx, pool()?, |_, _| {}).map_err(io::Error::other)?);
+    // `PoolContext` takes the pool itself, not an engine built by name.
+    let pool = ThreadPool::new(PoolConfig::default()).map_err(io::Error::other)?;
+    let pool = Rc::new(PoolContext::attach(ctx, pool, |_, _| {}).map_err(io::Error::other)?);
     let bs = job.bs;
     let tasks: Vec<_> = job
         .workers()
         .into_iter()
-        .map(|mut w| {
+        .map(|w| {
             let (pool, file) = (pool.clone(), file.clone());
-            ctx.spawn(async move {
-                let mut buf = AlignedBuf::new(bs);
-                let mut t = Instant::now();
-                while w.running(t) {
-                    let (f, offset) = (file.clone(), w.next_offset());
-                    let done = pool
-                        .run_async(move || {
-                            let r = f.read_at(&mut buf, offset);
-                            (r, buf)
-                        })
-                        .await;
-                    let (r, b) = done?;
-                    buf = b;
-                    t = w.record(t, &r);
-                }
-                Ok::<Worker, io::Error>(w)
-            })
+            ctx.spawn(
+                w.read_until_done(AlignedBuf::new(bs), move |mut buf, offset| {
+                    let file = file.clone();
+                    pool.run_async(move || (file.read_at(&mut buf, offset), buf))
+                }),
+            )
         })
         .collect();
     let mut workers = Vec::with_capacity(tasks.len());

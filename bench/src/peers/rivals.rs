@@ -11,7 +11,6 @@ use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Instant;
 
 use aio_core::engine::AlignedBuf;
 
@@ -45,25 +44,22 @@ pub fn tokio_uring(job: &Job) -> io::Result<Vec<Worker>> {
         let tasks: Vec<_> = job
             .workers()
             .into_iter()
-            .map(|mut w| {
+            .map(|w| {
+                use tokio_uring::buf::BoundedBuf;
                 let file = file.clone();
-                tokio_uring::spawn(async move {
-                    use tokio_uring::buf::BoundedBuf;
-                    let (mut buf, pad) = aligned_vec(bs, ALIGN);
-                    let mut t = Instant::now();
-                    while w.running(t) {
-                        let slice = buf.slice(pad..pad + bs);
-                        let (r, slice) = file.read_at(slice, w.next_offset()).await;
-                        buf = slice.into_inner();
-                        t = w.record(t, &r);
+                let (buf, pad) = aligned_vec(bs, ALIGN);
+                tokio_uring::spawn(w.read_until_done(buf, move |buf, offset| {
+                    let file = file.clone();
+                    async move {
+                        let (r, slice) = file.read_at(buf.slice(pad..pad + bs), offset).await;
+                        Ok((r, slice.into_inner()))
                     }
-                    w
-                })
+                }))
             })
             .collect();
         let mut out = Vec::with_capacity(tasks.len());
         for t in tasks {
-            out.push(t.await.map_err(io::Error::other)?);
+            out.push(t.await.map_err(io::Error::other)??);
         }
         if let Ok(file) = Rc::try_unwrap(file) {
             file.close().await?;
@@ -89,25 +85,22 @@ pub fn monoio(job: &Job) -> io::Result<Vec<Worker>> {
         let tasks: Vec<_> = job
             .workers()
             .into_iter()
-            .map(|mut w| {
+            .map(|w| {
+                use monoio::buf::IoBufMut;
                 let file = file.clone();
-                monoio::spawn(async move {
-                    use monoio::buf::IoBufMut;
-                    let (mut buf, pad) = aligned_vec(bs, ALIGN);
-                    let mut t = Instant::now();
-                    while w.running(t) {
-                        let slice = buf.slice_mut(pad..pad + bs);
-                        let (r, slice) = file.read_at(slice, w.next_offset()).await;
-                        buf = slice.into_inner();
-                        t = w.record(t, &r);
+                let (buf, pad) = aligned_vec(bs, ALIGN);
+                monoio::spawn(w.read_until_done(buf, move |buf, offset| {
+                    let file = file.clone();
+                    async move {
+                        let (r, slice) = file.read_at(buf.slice_mut(pad..pad + bs), offset).await;
+                        Ok((r, slice.into_inner()))
                     }
-                    w
-                })
+                }))
             })
             .collect();
         let mut out = Vec::with_capacity(tasks.len());
         for t in tasks {
-            out.push(t.await);
+            out.push(t.await?);
         }
         if let Ok(file) = Rc::try_unwrap(file) {
             file.close().await?;
@@ -139,25 +132,24 @@ pub fn glommio(job: &Job) -> io::Result<Vec<Worker>> {
         let tasks: Vec<_> = job
             .workers()
             .into_iter()
-            .map(|mut w| {
+            .map(|w| {
                 let file = file.clone();
-                glommio::spawn_local(async move {
-                    let mut t = Instant::now();
-                    while w.running(t) {
-                        let r = file
-                            .read_at_aligned(w.next_offset(), bs)
-                            .await
+                // glommio allocates each read's DMA buffer itself: there is none to hand back.
+                glommio::spawn_local(w.read_until_done((), move |(), offset| {
+                    let file = file.clone();
+                    async move {
+                        let r = file.read_at_aligned(offset, bs).await;
+                        let r = r
                             .map(|buf| buf.len())
                             .map_err(|e| io::Error::other(e.to_string()));
-                        t = w.record(t, &r);
+                        Ok((r, ()))
                     }
-                    w
-                })
+                }))
             })
             .collect();
         let mut out = Vec::with_capacity(tasks.len());
         for t in tasks {
-            out.push(t.await);
+            out.push(t.await?);
         }
         if let Ok(file) = Rc::try_unwrap(file) {
             file.close().await.map_err(glommio_err)?;
@@ -176,24 +168,19 @@ pub fn tokio_spawn_blocking(job: &Job) -> io::Result<Vec<Worker>> {
         let tasks: Vec<_> = job
             .workers()
             .into_iter()
-            .map(|mut w| {
+            .map(|w| {
                 let file = file.clone();
-                tokio::spawn(async move {
-                    let mut buf = AlignedBuf::new(bs);
-                    let mut t = Instant::now();
-                    while w.running(t) {
-                        let (f, offset) = (file.clone(), w.next_offset());
-                        let done = tokio::task::spawn_blocking(move || {
-                            let r = f.read_at(&mut buf, offset);
-                            (r, buf)
-                        })
-                        .await;
-                        let (r, b) = done.map_err(io::Error::other)?;
-                        buf = b;
-                        t = w.record(t, &r);
-                    }
-                    Ok::<Worker, io::Error>(w)
-                })
+                tokio::spawn(
+                    w.read_until_done(AlignedBuf::new(bs), move |mut buf, offset| {
+                        let file = file.clone();
+                        async move {
+                            let read = move || (file.read_at(&mut buf, offset), buf);
+                            tokio::task::spawn_blocking(read)
+                                .await
+                                .map_err(io::Error::other)
+                        }
+                    }),
+                )
             })
             .collect();
         let mut out = Vec::with_capacity(tasks.len());

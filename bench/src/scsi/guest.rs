@@ -16,14 +16,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use hdrhistogram::Histogram;
 use nix::poll::{poll, PollFd, PollFlags};
 
 use super::memory::GuestRam;
 use super::{CellSpec, GuestRequest, UsedEntry, Virtqueue};
 use crate::fio::job::thread_cpu_seconds;
 use crate::load::verify::{self, Ledger};
-use crate::load::{latency_histogram, OffsetStream, Window};
+use crate::load::{OffsetStream, Tally, Window};
 
 /// How long after its deadline a guest waits for requests still in flight before it counts
 /// them as failed (an iothread that stopped answering must not hang the bench).
@@ -37,14 +36,9 @@ const MAX_REPORTS: usize = 10;
 
 /// What one guest measured.
 pub(super) struct GuestStats {
-    /// Requests completed in the measured window.
-    pub(super) ios: u64,
-    /// Bytes moved in the measured window.
-    pub(super) bytes: u64,
-    /// Requests that failed in the measured window (and those abandoned).
-    pub(super) errors: u64,
-    /// Doorbell-to-interrupt latency, ns.
-    pub(super) hist: Histogram<u64>,
+    /// Requests completed, and failed, in the measured window (and those abandoned, as
+    /// failed), with their doorbell-to-interrupt latency.
+    pub(super) tally: Tally,
     /// With verify: reads checked.
     pub(super) verified_reads: u64,
     /// With verify: reads that did not hold what was last written there.
@@ -197,10 +191,7 @@ impl<'a> Guest<'a> {
             outstanding: 0,
             window,
             stats: GuestStats {
-                ios: 0,
-                bytes: 0,
-                errors: 0,
-                hist: latency_histogram(),
+                tally: Tally::default(),
                 verified_reads: 0,
                 verify_errors: 0,
                 verify_reports: Vec::new(),
@@ -343,12 +334,9 @@ impl<'a> Guest<'a> {
         self.settle(entry.slot, info, result);
         if self.window.measures(now) {
             if result < 0 {
-                self.stats.errors += 1;
+                self.stats.tally.errors += 1;
             } else {
-                self.stats.ios += 1;
-                self.stats.bytes += result as u64;
-                let ns = now.duration_since(info.issued_at).as_nanos() as u64;
-                let _ = self.stats.hist.record(ns.max(1));
+                self.stats.tally.done(result as u64, info.issued_at, now);
             }
         }
     }
@@ -382,7 +370,7 @@ impl<'a> Guest<'a> {
     /// The iothread stopped answering: the requests in flight count as failed. Their blocks
     /// are free again but their contents unknown.
     fn abandon(&mut self) {
-        self.stats.errors += self.outstanding as u64;
+        self.stats.tally.errors += self.outstanding as u64;
         if let Some(l) = &mut self.ledger {
             for (slot, info) in self.slots.iter().enumerate() {
                 if !self.free.contains(&(slot as u32)) {

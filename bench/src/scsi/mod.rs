@@ -39,12 +39,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use aio_core::engine::IoEngine;
-use aio_core::{EventLoop, LoopCounters, Notifier};
+use aio_core::{LoopCounters, Notifier};
 use hdrhistogram::Histogram;
 
 use self::guest::GuestStats;
 pub use self::memory::MemoryPath;
+pub use self::run::{run_cell, run_cell_on_iothreads};
 use crate::load::{latency_histogram, Pattern};
 use crate::targets::image::DiskImage;
 
@@ -276,54 +276,16 @@ impl CellResult {
 
     /// Adds one guest's figures.
     fn add(&mut self, s: GuestStats) {
-        self.ios += s.ios;
-        self.bytes += s.bytes;
-        self.errors += s.errors;
-        let _ = self.latency_ns.add(&s.hist);
+        self.ios += s.tally.ios;
+        self.bytes += s.tally.bytes;
+        self.errors += s.tally.errors;
+        let _ = self.latency_ns.add(&s.tally.latency_ns);
         self.guest_cpu_s += s.cpu_s;
         self.guest_waits += s.waits;
         self.verified_reads += s.verified_reads;
         self.verify_errors += s.verify_errors;
         self.verify_reports.extend(s.verify_reports);
     }
-}
-
-/// Runs one cell on `images` (at least `spec.disks`; the first `spec.active` are driven) with
-/// one iothread, the calling thread, over `monitor` with `engine` attached: both are used as
-/// given, so they need not be `Send`. Every queue of every disk is on this iothread;
-/// `spec.iothreads` must be 1 ([`run_cell_on_iothreads`] runs several).
-pub fn run_cell<L, E>(
-    monitor: L,
-    engine: E,
-    images: &[DiskImage],
-    spec: CellSpec,
-) -> io::Result<CellResult>
-where
-    L: EventLoop + 'static,
-    E: IoEngine + 'static,
-{
-    run::on_calling_thread(monitor, engine, images, spec)
-}
-
-/// Runs one cell on `images` (at least `spec.disks`; the first `spec.active` are driven) with
-/// `spec.iothreads` iothreads ([`aio_core::IoThread`]s named `iothread0`, `iothread1`, ...):
-/// `build(t)` makes iothread `t`'s monitor and engine on that thread (so `!Send` ones work),
-/// and the queues are spread over them by [`iothread_of`]. With `cpus` non-empty, iothread `t`
-/// is pinned to CPU `cpus[t % cpus.len()]` ([`crate::cpus::iothread_cpu`]) before it builds
-/// anything, so the threads its engine starts later (the pool's workers) run there too, and
-/// the guests to the CPUs the iothreads leave ([`crate::cpus::guest_cpus`]).
-pub fn run_cell_on_iothreads<L, E, B>(
-    build: B,
-    images: &[DiskImage],
-    spec: CellSpec,
-    cpus: &[usize],
-) -> io::Result<CellResult>
-where
-    L: EventLoop + 'static,
-    E: IoEngine + 'static,
-    B: Fn(usize) -> io::Result<(L, E)> + Send + Sync + 'static,
-{
-    run::on_iothreads(build, images, spec, cpus)
 }
 
 /// Refuses a spec that cannot run on `images`: too few images, more active disks than disks,

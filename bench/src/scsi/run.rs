@@ -133,9 +133,11 @@ impl<'a> Rig<'a> {
     }
 }
 
-/// One iothread, the calling thread, over `monitor` with `engine` (see
-/// [`run_cell`](super::run_cell)).
-pub(super) fn on_calling_thread<L, E>(
+/// Runs one cell on `images` (at least `spec.disks`; the first `spec.active` are driven) with
+/// one iothread, the calling thread, over `monitor` with `engine` attached: both are used as
+/// given, so they need not be `Send`. Every queue of every disk is on this iothread;
+/// `spec.iothreads` must be 1 ([`run_cell_on_iothreads`] runs several).
+pub fn run_cell<L, E>(
     monitor: L,
     engine: E,
     images: &[DiskImage],
@@ -175,9 +177,14 @@ where
     Ok(rig.result(vec![figures], stats))
 }
 
-/// `spec.iothreads` iothreads, each building its monitor and engine with `build` (see
-/// [`run_cell_on_iothreads`](super::run_cell_on_iothreads)).
-pub(super) fn on_iothreads<L, E, B>(
+/// Runs one cell on `images` (at least `spec.disks`; the first `spec.active` are driven) with
+/// `spec.iothreads` iothreads ([`aio_core::IoThread`]s named `iothread0`, `iothread1`, ...):
+/// `build(t)` makes iothread `t`'s monitor and engine on that thread (so `!Send` ones work),
+/// and the queues are spread over them by [`iothread_of`]. With `cpus` non-empty, iothread `t`
+/// is pinned to CPU `cpus[t % cpus.len()]` ([`crate::cpus::iothread_cpu`]) before it builds
+/// anything, so the threads its engine starts later (the pool's workers) run there too, and
+/// the guests to the CPUs the iothreads leave ([`crate::cpus::guest_cpus`]).
+pub fn run_cell_on_iothreads<L, E, B>(
     build: B,
     images: &[DiskImage],
     spec: CellSpec,

@@ -229,10 +229,10 @@ pub fn run_client(
     if !errors.is_empty() {
         return Err(BenchError::failed(errors.join("; ")));
     }
-    if total.errors > 0 {
+    if total.tally.errors > 0 {
         return Err(BenchError::failed(format!(
             "{} request(s) failed on {sock}; first: {}",
-            total.errors,
+            total.tally.errors,
             total.first_error.unwrap_or_default()
         )));
     }
@@ -245,11 +245,11 @@ pub fn run_client(
     }
     Ok(ClientResult {
         capacity,
-        requests: total.requests,
+        requests: total.tally.ios,
         reads: total.reads,
-        bytes: total.requests * spec.bs as u64,
+        bytes: total.tally.bytes,
         window: spec.runtime,
-        latency_ns: total.latency_ns,
+        latency_ns: total.tally.latency_ns,
         daemon_cpu: total.daemon_cpu,
         stamped_writes: total.stamped,
         verified_reads: total.verified,

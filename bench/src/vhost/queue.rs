@@ -17,12 +17,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use blkio::{Blkioq, Completion, ReqFlags};
-use hdrhistogram::Histogram;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use crate::error::BenchError;
 use crate::load::verify::{self, Ledger, VerifyError};
-use crate::load::{latency_histogram, OffsetStream, Window};
+use crate::load::{OffsetStream, Tally, Window};
 
 use super::client::{blkio_err, ClientSpec};
 
@@ -36,10 +35,9 @@ const MAX_REPORTS: usize = 8;
 /// What one queue's thread counted.
 #[derive(Debug)]
 pub(super) struct QueueStats {
-    pub(super) requests: u64,
+    /// The requests completed in the window (their bytes, their latency), and the failures.
+    pub(super) tally: Tally,
     pub(super) reads: u64,
-    pub(super) latency_ns: Histogram<u64>,
-    pub(super) errors: u64,
     pub(super) first_error: Option<String>,
     pub(super) stamped: u64,
     pub(super) verified: u64,
@@ -52,10 +50,8 @@ pub(super) struct QueueStats {
 impl QueueStats {
     pub(super) fn new() -> QueueStats {
         QueueStats {
-            requests: 0,
+            tally: Tally::default(),
             reads: 0,
-            latency_ns: latency_histogram(),
-            errors: 0,
             first_error: None,
             stamped: 0,
             verified: 0,
@@ -75,12 +71,8 @@ impl QueueStats {
     }
 
     pub(super) fn merge(&mut self, o: QueueStats) {
-        self.requests += o.requests;
+        self.tally.merge(&o.tally);
         self.reads += o.reads;
-        self.latency_ns
-            .add(&o.latency_ns)
-            .expect("histograms of the same bounds");
-        self.errors += o.errors;
         self.first_error = self.first_error.take().or(o.first_error);
         self.stamped += o.stamped;
         self.verified += o.verified;
@@ -316,7 +308,7 @@ impl<'a> QueueDriver<'a> {
         let buf = self.buf(i);
         let what = if slot.write { "write" } else { "read" };
         if c.ret != 0 {
-            self.stats.errors += 1;
+            self.stats.tally.errors += 1;
             if self.stats.first_error.is_none() {
                 self.stats.first_error = Some(format!(
                     "{what} of {} bytes at {offset}: {}",
@@ -350,12 +342,12 @@ impl<'a> QueueDriver<'a> {
             }
         }
         if window.measures(now) {
-            self.stats.requests += 1;
             if !slot.write {
                 self.stats.reads += 1;
             }
-            let ns = now.duration_since(slot.started).as_nanos() as u64;
-            self.stats.latency_ns.saturating_record(ns.max(1));
+            self.stats
+                .tally
+                .done(self.spec.bs as u64, slot.started, now);
         }
     }
 }
