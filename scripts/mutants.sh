@@ -6,7 +6,7 @@
 # docs/mutants.md.
 #
 #   scripts/mutants.sh            every group below
-#   scripts/mutants.sh GROUP      one group: chain, core, engines, pool
+#   scripts/mutants.sh GROUP      one group: chain, core, engines, pool, linux-aio, uring
 #   MUTANTS_ARGS=--iterate scripts/mutants.sh GROUP
 #                                 only the mutants the last run of GROUP did not catch
 #
@@ -61,15 +61,25 @@ group() {
     pool)
         run pool aio-core,aio-pool aio-core/src/backend/blocking.rs
         ;;
+    linux-aio)
+        # The engine's own submit, reap and drop, with its suites on files and loop devices
+        # (the drop test needs a loop device).
+        MUTANTS_ARGS="${MUTANTS_ARGS:-} -- --lib --tests" \
+            run linux-aio aio-backend-linux-aio backend-linux-aio/src/engine.rs
+        ;;
+    uring)
+        MUTANTS_ARGS="${MUTANTS_ARGS:-} -- --lib --tests" \
+            run uring aio-backend-uring backend-uring/src/engine/mod.rs backend-uring/src/engine/entry.rs
+        ;;
     *)
-        echo "usage: scripts/mutants.sh [chain|core|engines|pool]" >&2
+        echo "usage: scripts/mutants.sh [chain|core|engines|pool|linux-aio|uring]" >&2
         exit 2
         ;;
     esac
 }
 
 if [ $# -eq 0 ]; then
-    for g in chain core engines pool; do group "$g"; done
+    for g in chain core engines pool linux-aio uring; do group "$g"; done
 else
     group "$1"
 fi

@@ -60,6 +60,45 @@ fn a_tiny_ring_queues_the_rest_and_batches_stay_bounded() {
 }
 
 #[test]
+fn the_kernel_holds_what_the_ring_takes_and_a_vector_goes_as_one_iocb() {
+    if !available() {
+        return;
+    }
+    let mut engine = LinuxAio::new(LinuxAioConfig::default().with_ring_size(4)).unwrap();
+    assert_eq!(
+        engine.name(),
+        "linux-aio",
+        "the name reports and `--engine` use"
+    );
+    let tmp = TempFile::with_len(64 * BLOCK, 7);
+    let file = tmp.open(libc::O_DIRECT).unwrap();
+    // Sixteen reads released together: the ring takes four, the queue keeps the rest.
+    engine.plug();
+    for t in 0..16u64 {
+        engine.submit(read_block(&file, t, t)).unwrap();
+    }
+    engine.unplug();
+    assert_eq!(engine.in_kernel(), 4, "a full ring, not more");
+    assert_eq!(engine.in_flight(), 16);
+    assert_eq!(wait_for(&mut engine, 16).len(), 16);
+    assert_eq!(engine.in_kernel(), 0, "every event reaped");
+    // One readv of two blocks: one iocb (IOCB_CMD_PREADV), not the first block and then the
+    // rest as a remainder.
+    let before = engine.stats();
+    let bufs = vec![AlignedBuf::new(BLOCK), AlignedBuf::new(BLOCK)];
+    engine.submit(Request::readv(&file, 0, bufs, 99)).unwrap();
+    let done = wait_for(&mut engine, 1);
+    assert_eq!(done[0].result.as_ref().ok(), Some(&(2 * BLOCK)));
+    let after = engine.stats();
+    assert_eq!(
+        after.iocbs_submitted - before.iocbs_submitted,
+        1,
+        "{after:?}"
+    );
+    assert_eq!(after.resubmits, before.resubmits, "no remainder went back");
+}
+
+#[test]
 fn buffered_files_are_refused_or_accepted_by_policy() {
     if !available() {
         return;
