@@ -10,9 +10,10 @@
 //!   a whole `max_batch` with [`Flush::All`]), capped by the room the kernel has now;
 //! * remainders of short transfers and `EAGAIN` retries go first
 //!   ([`InFlightTable::pop_resubmit`](super::InFlightTable::pop_resubmit)), in their order;
-//! * then fresh requests from the queue, as many as the batch rule lets go at the round's
-//!   start: decided once, so that taking them one by one does not shrink a full batch below
-//!   the plug's threshold half-way. Each is moved into the in-flight table as it is taken.
+//! * then fresh requests from the queue, if the batch rule lets them go at the round's start:
+//!   decided once, so that taking them one by one does not drop a full batch below the plug's
+//!   threshold half-way (how many is the round's limit, at most a batch, and what is queued).
+//!   Each is moved into the in-flight table as it is taken.
 //!
 //! A slot the kernel did not take goes back with
 //! [`InFlightTable::unsent`](super::InFlightTable::unsent) and leads the next round.
@@ -30,7 +31,8 @@ pub struct SubmitRound {
     /// How many slots the round may take: `batch` capped by the kernel's room.
     pub limit: usize,
     taken: usize,
-    fresh: usize,
+    /// Whether the batch rule let fresh requests go when the round began.
+    fresh: bool,
 }
 
 impl SubmitRound {
@@ -47,7 +49,7 @@ impl SubmitRound {
     /// Whether fresh requests may still join the round (a request the engine looks ahead to,
     /// such as a range op it links to the one just taken, goes in this round).
     pub fn takes_fresh(&self) -> bool {
-        self.fresh > 0
+        self.fresh
     }
 }
 
@@ -56,8 +58,8 @@ impl EngineCore {
     pub fn begin_round(&self, in_kernel: usize, room: usize, flush: Flush) -> SubmitRound {
         let batch = self.queue.round_limit(in_kernel, flush);
         let fresh = match flush {
-            Flush::All => usize::MAX,
-            Flush::ByBatchRule => self.queue.sendable(in_kernel),
+            Flush::All => true,
+            Flush::ByBatchRule => self.queue.sendable(in_kernel) > 0,
         };
         SubmitRound {
             batch,
@@ -75,10 +77,9 @@ impl EngineCore {
         }
         let slot = match self.table.pop_resubmit() {
             Some(slot) => slot,
-            None if round.fresh == 0 => return None,
+            None if !round.fresh => return None,
             None => {
                 let request = self.queue.force_batch(1).next()?;
-                round.fresh -= 1;
                 self.table.insert(request)
             }
         };
