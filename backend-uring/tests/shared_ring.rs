@@ -48,3 +48,31 @@ fn pair() -> Option<(impl Fn() -> UringEngine, impl Fn() -> UringLoop)> {
 // writes its notifier (the monitor reports the engine's completions from the one completion
 // queue), which `notifier_signals_every_completion_batch` checks for.
 aio_core::engine_conformance!(pair: crate::pair());
+
+/// The engine of a shared ring says completions wait exactly while its completion queue holds
+/// some: the fd monitor reports the engine ready from it, with no eventfd to read.
+#[test]
+fn a_shared_ring_says_when_completions_wait() {
+    use aio_core::engine::IoEngine;
+    use aio_core::testing::engine::{read_block, TempFile, BLOCK};
+    if aio_core::testing::available("io_uring unusable", probe()).is_none() {
+        return;
+    }
+    let (_monitor, mut engine) = common::shared(UringConfig::default());
+    let tmp = TempFile::with_len(4 * BLOCK, 9);
+    let file = tmp.open(0).unwrap();
+    assert!(!engine.has_completions(), "nothing submitted");
+    engine.submit(read_block(&file, 0, 1)).unwrap();
+    // A read from the page cache completes inside the submitting enter.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !engine.has_completions() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the read never completed"
+        );
+        std::thread::yield_now();
+    }
+    let done = aio_core::testing::engine::wait_for(&mut engine, 1);
+    assert_eq!(done[0].result.as_ref().ok(), Some(&BLOCK));
+    assert!(!engine.has_completions(), "all reaped");
+}

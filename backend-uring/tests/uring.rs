@@ -47,32 +47,35 @@ fn a_tiny_ring_overflows_its_completion_queue_and_loses_nothing() {
     aio_core::testing::run_test(
         "a_tiny_ring_overflows_its_completion_queue_and_loses_nothing",
         || {
-            let mut engine = common::engine(UringConfig::default().with_entries(2));
-            let tmp = TempFile::with_len(64 * BLOCK, 5);
-            let file = tmp.open(0).unwrap();
-            for t in 0..300u64 {
-                engine.submit(read_block(&file, t % 64, t)).unwrap();
-            }
-            // Nothing reaped yet: page-cache reads complete during submission, far more of them than
-            // the 4-entry CQ holds (the overflow count below proves it happened).
-            let done = wait_for(&mut engine, 300);
-            let mut seen = vec![0u8; 300];
-            for c in &done {
-                assert_eq!(c.result.as_ref().unwrap(), &BLOCK);
-                seen[c.token as usize] += 1;
-            }
-            assert!(
-                seen.iter().all(|&n| n == 1),
-                "every completion exactly once"
-            );
-            let stats = engine.stats();
-            assert!(
-                stats.cq_overflows > 0,
-                "the CQ overflowed and was flushed: {stats:?}"
-            );
-            assert_eq!(engine.in_flight(), 0);
+            overflow_and_lose_nothing(common::engine(UringConfig::default().with_entries(2)));
         },
     );
+}
+
+fn overflow_and_lose_nothing(mut engine: UringEngine) {
+    let tmp = TempFile::with_len(64 * BLOCK, 5);
+    let file = tmp.open(0).unwrap();
+    for t in 0..300u64 {
+        engine.submit(read_block(&file, t % 64, t)).unwrap();
+    }
+    // Nothing reaped yet: page-cache reads complete during submission, far more of them than
+    // the 4-entry CQ holds (the overflow count below proves it happened).
+    let done = wait_for(&mut engine, 300);
+    let mut seen = vec![0u8; 300];
+    for c in &done {
+        assert_eq!(c.result.as_ref().unwrap(), &BLOCK);
+        seen[c.token as usize] += 1;
+    }
+    assert!(
+        seen.iter().all(|&n| n == 1),
+        "every completion exactly once"
+    );
+    let stats = engine.stats();
+    assert!(
+        stats.cq_overflows > 0,
+        "the CQ overflowed and was flushed: {stats:?}"
+    );
+    assert_eq!(engine.in_flight(), 0);
 }
 
 #[test]
@@ -303,6 +306,76 @@ fn range_ops_on_one_file_are_linked_and_all_complete() {
 }
 
 #[test]
+fn range_ops_on_different_files_are_not_linked() {
+    if !available() {
+        return;
+    }
+    // A link orders range ops on one file; discards alternating between two files run apart.
+    let mut engine = common::engine(UringConfig::default());
+    let (a, b) = (
+        TempFile::with_len(8 * BLOCK, 1),
+        TempFile::with_len(8 * BLOCK, 1),
+    );
+    let files = [a.open(0).unwrap(), b.open(0).unwrap()];
+    engine.plug();
+    for i in 0..8u64 {
+        let file = &files[i as usize % 2];
+        engine
+            .submit(Request::discard(file, i * BLOCK as u64, BLOCK as u64, i))
+            .unwrap();
+    }
+    engine.unplug();
+    let done = wait_for(&mut engine, 8);
+    assert!(
+        done.iter().all(|c| c.result.as_ref().ok() == Some(&BLOCK)),
+        "{done:?}"
+    );
+    assert_eq!(engine.stats().linked_range_ops, 0, "{:?}", engine.stats());
+}
+
+#[test]
+fn reads_in_one_batch_are_not_linked() {
+    if !available() {
+        return;
+    }
+    // Only range ops are hard-linked: reads of one file in one submission run side by side.
+    let mut engine = common::engine(UringConfig::default());
+    let tmp = TempFile::with_len(8 * BLOCK, 3);
+    let file = tmp.open(0).unwrap();
+    engine.plug();
+    for i in 0..8u64 {
+        engine.submit(read_block(&file, i, i)).unwrap();
+    }
+    engine.unplug();
+    let done = wait_for(&mut engine, 8);
+    assert!(done.iter().all(|c| c.result.as_ref().ok() == Some(&BLOCK)));
+    let stats = engine.stats();
+    assert_eq!(stats.linked_range_ops, 0, "{stats:?}");
+    assert_eq!(stats.cqes, 8, "one completion entry each: {stats:?}");
+}
+
+#[test]
+fn the_engine_reports_the_ring_it_set_up() {
+    if !available() {
+        return;
+    }
+    let engine = common::engine(UringConfig::default().with_entries(64));
+    let entries = engine.sq_entries();
+    // 64, or halved down to 8 where the locked-memory limit refused the larger ring.
+    assert!(
+        (8..=64).contains(&entries) && entries.is_power_of_two(),
+        "{entries}"
+    );
+    assert_eq!(engine.name(), "uring");
+    assert!(!engine.is_shared(), "an engine with its own ring");
+    assert!(
+        engine.fixed_buffers_error().is_none(),
+        "no registered buffers asked for, so none refused"
+    );
+    assert_eq!(engine.in_kernel(), 0);
+}
+
+#[test]
 fn a_signal_that_interrupts_the_engines_wait_is_counted_and_retried() {
     use std::io::Write;
     use std::time::Duration;
@@ -397,12 +470,20 @@ fn a_request_in_the_kernel_is_cancelled_with_async_cancel() {
             engine.poll_completions(&mut out);
             assert!(out.is_empty(), "nothing to read yet");
             assert_eq!(engine.in_kernel(), 1);
+            let calls = engine.stats().submit_calls;
             assert!(engine.cancel(7), "the cancel is sent");
+            let stats = engine.stats();
+            assert_eq!(stats.submit_calls, calls + 1, "in one enter");
+            assert_eq!(
+                stats.entries_submitted, 2,
+                "the read and its cancel: {stats:?}"
+            );
             let done = wait_for(&mut engine, 1);
             assert_eq!(done[0].token, 7);
             assert_eq!(done[0].errno(), Some(libc::ECANCELED));
             assert_eq!(done[0].buf.count(), 1, "the buffer comes back");
             assert_eq!(engine.stats().cancels_sent, 1);
+            assert_eq!(engine.in_kernel(), 0, "the cancelled read is back");
             assert!(!engine.cancel(7), "gone");
             drop(pipe.write);
         },
@@ -417,6 +498,31 @@ aio_core::assert_not_thread_safe!(not_send: UringEngine, aio_backend_uring::Urin
 /// A dropped engine future cancels its request in the kernel: a read of an empty pipe (which
 /// would wait forever) leaves the engine once the future is gone, with one
 /// `IORING_OP_ASYNC_CANCEL` sent, and nothing is ever written to the pipe.
+#[test]
+fn a_cancel_in_the_kernel_stops_its_own_request_only() {
+    if !available() {
+        return;
+    }
+    // Two reads of an empty pipe wait in the kernel; the second is cancelled, the first
+    // stays until the write end closes.
+    let (read_end, write_end) = common::pipe();
+    let read_end = IoFile::from(read_end);
+    let mut engine = common::engine(UringConfig::default());
+    for token in [1, 2] {
+        engine
+            .submit(Request::read(&read_end, 0, AlignedBuf::new(64), token))
+            .unwrap();
+    }
+    assert_eq!(engine.in_kernel(), 2);
+    assert!(engine.cancel(2));
+    let done = wait_for(&mut engine, 1);
+    assert_eq!((done[0].token, done[0].errno()), (2, Some(libc::ECANCELED)));
+    assert_eq!(engine.in_kernel(), 1, "the other read still waits");
+    drop(write_end);
+    let done = wait_for(&mut engine, 1);
+    assert_eq!((done[0].token, done[0].result.as_ref().ok()), (1, Some(&0)));
+}
+
 #[test]
 fn a_dropped_future_cancels_its_read_in_the_kernel() {
     if !available() {

@@ -548,14 +548,21 @@ fn latency_compares_auto_with_fixed_windows_in_detail() {
         .iter()
         .find(|l| l.split_whitespace().nth(1) == Some("auto"));
     let auto = auto.expect("a detail line for auto");
-    // The last two columns: the wake-up cost, and auto's choices ("off/all").
+    // The last four columns: the wake-up cost, the follow-up cost (at most a wake-up), auto's
+    // choices ("off/all") and its budget cuts per request.
     let cols: Vec<&str> = auto.split_whitespace().collect();
-    let wake: u64 = cols[cols.len() - 2].parse().unwrap();
+    let n = cols.len();
+    let wake: u64 = cols[n - 4].parse().unwrap();
     assert!(wake > 0, "auto measured a wake-up cost: {auto}");
-    let (off, all) = cols[cols.len() - 1].split_once('/').expect("off/all");
+    let followup: u64 = cols[n - 3].parse().unwrap();
+    assert!(followup <= wake, "{auto}");
+    let (off, all) = cols[n - 2].split_once('/').expect("off/all");
     assert!(
         off.parse::<u64>().unwrap() <= all.parse::<u64>().unwrap(),
         "{auto}"
     );
+    cols[n - 1]
+        .parse::<f64>()
+        .unwrap_or_else(|e| panic!("budget cuts per request: {e}: {auto}"));
     assert_eq!(dir.entries(), 0, "the test file is removed");
 }

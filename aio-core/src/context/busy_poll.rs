@@ -87,6 +87,7 @@ impl BusyPoll {
             c.poll_auto_off = auto.offs;
             c.poll_auto_budget_cuts = auto.budget_cuts;
             c.poll_wake_ns = auto.wake_ns();
+            c.poll_followup_ns = auto.followup_ns();
         }
     }
 

@@ -101,11 +101,16 @@ loop_counters! {
     /// were too long for polling to pay).
     count poll_auto_off,
     /// [`PollRule::Auto`](crate::PollRule::Auto): windows cut because polling without hits
-    /// had used its share of the time.
+    /// had used its share of the time (to what the budget holds, or, below the median wait,
+    /// not polled).
     count poll_auto_budget_cuts,
     /// [`PollRule::Auto`](crate::PollRule::Auto): the wake-up cost it weighs polling
     /// against, in ns (the wake-up's latency and the sleep's own CPU, priced).
     gauge poll_wake_ns,
+    /// [`PollRule::Auto`](crate::PollRule::Auto): how much longer a wait is after one the loop
+    /// slept through than after a hit, in ns, added to what a miss costs (a thread pool whose
+    /// worker fell asleep too; 0 where the device does not care).
+    gauge poll_followup_ns,
 }
 
 impl<L: EventLoop> AioContext<L> {

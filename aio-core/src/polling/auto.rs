@@ -12,8 +12,9 @@
 //!   [`ADAPTS_WITHIN`] waits.
 //! * **What it chooses.** Every [`UPDATE_EVERY`] waits, the window `W` (0, or a bucket edge up
 //!   to `max_ns`) that minimises the expected cost of a wait beyond the device's own time:
-//!   `wake · P(t > W) + price · E[min(t, W)]`. A wait longer than the window pays the wake-up
-//!   (`wake`: what a sleeping loop pays for being woken, measured on this machine); every wait
+//!   `(wake + followup) · P(t > W) + price · E[min(t, W)]`. A wait longer than the window
+//!   pays the wake-up (`wake`: what a sleeping loop pays for being woken, measured on this
+//!   machine) and what sleeping adds to the next wait (`followup`, below); every wait
 //!   pays for the polling it did, at [`CPU_PRICE`] per ns. Waits far longer than a wake-up make
 //!   `W = 0` the cheapest (polling off); waits shorter than it make a window that catches most
 //!   of them the cheapest.
@@ -21,11 +22,24 @@
 //!   long the event took (its wake-up is estimated, and an error there would feed itself), so
 //!   while polling is off such waits are not learned from: every [`PROBE_EVERY`]-th wait polls
 //!   for twice the wake-up cost instead (a wait longer than that is never worth polling for,
-//!   at [`CPU_PRICE`]) and that probe's wait is. Turning polling back on for a device that
-//!   sped up takes at most [`ADAPTS_BACK_WITHIN`] waits.
+//!   at [`CPU_PRICE`]) and that probe's wait is. A probe that caught its event is followed by
+//!   another, so that a wait after a hit is measured too (below). Turning polling back on for
+//!   a device that sped up takes at most [`ADAPTS_BACK_WITHIN`] waits.
+//! * **What a sleep costs the next wait.** Sleeping through a wait can make the next one
+//!   longer: a thread pool's worker that finished while the loop slept has often gone to sleep
+//!   too when the next request comes, and then must be woken as well. The model keeps the mean
+//!   event time of waits that follow a sleep and of those that follow a hit, and adds the
+//!   difference, at most one more wake-up, to what a missed wait costs. The mean after a hit
+//!   fades with the histogram; the one after a sleep, once known, stays until new sleeps move
+//!   it (while polling catches every wait there is nothing to measure it by again).
+//!   On a device whose waits do not depend on the loop's (a disk, an NVMe queue) the two means
+//!   agree and nothing is added.
 //! * **The CPU bound.** Polling that finds nothing (the window ran out) may take at most
 //!   [`MISS_BUDGET_PERCENT`]% of the loop thread's time: a budget grows with the clock and each
-//!   missed poll spends its length; a window the budget cannot pay for is cut to what it can.
+//!   missed poll spends its length; a window the budget cannot pay for is cut to what it can,
+//!   or, where that is shorter than the median wait, not polled at all: a window cut that short
+//!   would mostly miss, spend the budget again, and keep it empty (a loop whose every poll is
+//!   cut to a few µs catches nothing and sleeps as if polling were off).
 
 use super::POLL_START_NS;
 
@@ -53,6 +67,37 @@ pub const MISS_BUDGET_PERCENT: u64 = 10;
 /// The most the miss budget can hold, in ns: a burst of missed polls after a long idle time
 /// costs at most this.
 const BUDGET_CAP_NS: u64 = 2_000_000;
+/// Waits (decayed) each side of the follow-up comparison needs before it counts.
+const FOLLOWUP_MIN_WAITS: f64 = 8.0;
+
+/// A mean of event times that fades with the histogram.
+#[derive(Debug, Clone, Copy, Default)]
+struct FadingMean {
+    sum_ns: f64,
+    weight: f64,
+}
+
+impl FadingMean {
+    fn add(&mut self, t: u64) {
+        self.sum_ns += t as f64;
+        self.weight += 1.0;
+    }
+
+    /// Halves the weight of the waits so far, but not below `floor` waits (nor above what
+    /// there is): a mean kept at the floor stays until new waits move it.
+    fn fade(&mut self, floor: f64) {
+        if self.weight > 0.0 {
+            let weight = (self.weight / 2.0).max(floor.min(self.weight));
+            self.sum_ns *= weight / self.weight;
+            self.weight = weight;
+        }
+    }
+
+    /// The mean, once it rests on enough waits.
+    fn mean(&self) -> Option<f64> {
+        (self.weight >= FOLLOWUP_MIN_WAITS).then(|| self.sum_ns / self.weight)
+    }
+}
 
 /// The lower edge of bucket `b`, in ns: 1 µs x 2^(b/4).
 fn edge(b: usize) -> u64 {
@@ -109,6 +154,14 @@ pub(crate) struct AutoWindow {
     /// While off: waits left before the next probe, and whether the current wait is one.
     probe_in: u32,
     probing: bool,
+    /// Event times of the waits after one the loop slept through, and after a hit; whether the
+    /// last wait was slept through.
+    after_sleep: FadingMean,
+    after_hit: FadingMean,
+    last_slept: Option<bool>,
+    /// The middle of the histogram's median bucket at the last choice, in ns: a window the
+    /// budget cuts below it is not polled.
+    median_ns: u64,
     /// Choices made, those that turned polling off, windows cut by the budget, polling time
     /// without a hit.
     pub(crate) updates: u64,
@@ -131,6 +184,10 @@ impl AutoWindow {
             budget_at: None,
             probe_in: PROBE_EVERY,
             probing: false,
+            after_sleep: FadingMean::default(),
+            after_hit: FadingMean::default(),
+            last_slept: None,
+            median_ns: 0,
             updates: 0,
             offs: 0,
             budget_cuts: 0,
@@ -154,6 +211,15 @@ impl AutoWindow {
         self.wake_ns
     }
 
+    /// How much longer a wait is after one the loop slept through than after a hit, in ns:
+    /// what a miss costs beyond the wake-up (0 until both are known; at most a wake-up).
+    pub(crate) fn followup_ns(&self) -> u64 {
+        match (self.after_sleep.mean(), self.after_hit.mean()) {
+            (Some(slept), Some(hit)) if slept > hit => ((slept - hit) as u64).min(self.wake_ns),
+            _ => 0,
+        }
+    }
+
     /// The window for a wait starting at `now_ns`: the chosen one, cut to what the miss budget
     /// can pay for, at most `max_ns`.
     pub(crate) fn next_window(&mut self, now_ns: u64, max_ns: u64) -> u64 {
@@ -171,6 +237,9 @@ impl AutoWindow {
         }
         if want > self.budget_ns {
             self.budget_cuts += 1;
+            if self.budget_ns < self.median_ns {
+                return 0;
+            }
             return self.budget_ns;
         }
         want
@@ -197,6 +266,7 @@ impl AutoWindow {
             self.budget_ns = self.budget_ns.saturating_sub(wait.polled_ns);
             self.missed_ns += wait.polled_ns;
         }
+        let slept_before = self.last_slept.replace(!wait.hit);
         if self.choice == Choice::Off && !self.probing {
             // Slept through without polling: only the probes are learned from while off.
             return;
@@ -211,12 +281,26 @@ impl AutoWindow {
                 .max(wait.polled_ns)
         };
         self.counts[bucket(t)] += 1;
+        match slept_before {
+            Some(true) => self.after_sleep.add(t),
+            Some(false) => self.after_hit.add(t),
+            None => {}
+        }
+        if self.probing && wait.hit {
+            // The next wait follows a hit: probe it as well.
+            self.probe_in = 1;
+        }
         self.since_decay += 1;
         if self.since_decay >= DECAY_EVERY {
             self.since_decay = 0;
             for c in &mut self.counts {
                 *c /= 2;
             }
+            // What a sleep costs stays known while polling catches everything (nothing is
+            // slept through to measure it again); what a wait after a hit takes fades, so a
+            // device whose every wait is slept through adds nothing.
+            self.after_sleep.fade(FOLLOWUP_MIN_WAITS);
+            self.after_hit.fade(0.0);
         }
         self.since_update += 1;
         if self.since_update >= UPDATE_EVERY {
@@ -225,14 +309,22 @@ impl AutoWindow {
         }
     }
 
-    /// The window of least expected cost: `wake * P(t > W) + price * E[min(t, W)]`, over 0
-    /// and the bucket edges up to `max_ns`. A bucket's waits count at its middle.
+    /// The window of least expected cost: `(wake + followup) * P(t > W) + price *
+    /// E[min(t, W)]`, over 0 and the bucket edges up to `max_ns`. A bucket's waits count at
+    /// its middle.
     fn choose(&mut self, max_ns: u64) {
+        let miss_ns = (self.wake_ns + self.followup_ns()) as f64;
         let total: u64 = self.counts.iter().map(|&c| u64::from(c)).sum();
         if total == 0 {
             return;
         }
         let mid = |b: usize| (edge(b) + edge(b + 1)) as f64 / 2.0;
+        let mut below = 0u64;
+        let median = self.counts.iter().position(|&c| {
+            below += u64::from(c);
+            2 * below >= total
+        });
+        self.median_ns = median.map_or(0, |b| mid(b) as u64);
         let cost = |w: u64| -> f64 {
             let mut cost = 0.0;
             for (b, &c) in self.counts.iter().enumerate() {
@@ -248,7 +340,7 @@ impl AutoWindow {
                 let p = f64::from(c) / total as f64;
                 let caught = t <= w as f64;
                 let polled = if caught { t } else { w as f64 };
-                let woken = if caught { 0.0 } else { self.wake_ns as f64 };
+                let woken = if caught { 0.0 } else { miss_ns };
                 cost += p * (woken + CPU_PRICE * polled);
             }
             cost

@@ -136,6 +136,42 @@ fn long_waits_turn_polling_off() {
 }
 
 #[test]
+fn a_sleep_that_makes_the_next_wait_longer_is_priced_and_polled_through() {
+    // A thread pool's worker: 12-20 µs while the loop catches each completion, one wait in 40
+    // a 100 µs hiccup; after a wait the loop slept through, the worker has gone to sleep too
+    // and the next request waits 20-70 µs more for it. Priced at a wake-up alone, neither the
+    // hiccup nor most waits after a sleep are worth polling for, so that one miss leads to
+    // the next.
+    let mut sim = Sim::new();
+    let mut last_hit = true;
+    let mut recent_hits = 0;
+    for i in 0..4_000u64 {
+        let own = if i % 40 == 0 {
+            100_000
+        } else {
+            12_000 + (i * 7_919) % 8_000
+        };
+        let hits = sim.hits;
+        let woken = 20_000 + (i * 104_729) % 50_000;
+        sim.wait(if last_hit { own } else { own + woken });
+        last_hit = sim.hits > hits;
+        recent_hits += u64::from(last_hit && i >= 3_000);
+    }
+    let m = &sim.model;
+    assert_eq!(
+        m.followup_ns(),
+        WAKE,
+        "45 µs more after a sleep on average, counted up to one wake-up"
+    );
+    assert!(
+        m.chosen_ns() >= 100_000,
+        "the window catches the hiccups too: {}",
+        m.chosen_ns()
+    );
+    assert!(recent_hits >= 990, "{recent_hits} of the last 1000 caught");
+}
+
+#[test]
 fn a_bimodal_device_is_polled_for_its_short_mode_only() {
     let mut sim = Sim::new();
     // Half the requests from a cache in 8 µs, half from the disk in 2 ms.
@@ -147,6 +183,7 @@ fn a_bimodal_device_is_polled_for_its_short_mode_only() {
         "catches the 8 µs mode, not the 2 ms one: {}",
         m.chosen_ns()
     );
+    assert_eq!(m.followup_ns(), 0, "a wait after a sleep is no longer");
 }
 
 #[test]
@@ -242,4 +279,48 @@ fn the_budget_cuts_a_window_it_cannot_pay_for_and_says_so() {
     assert_eq!(m.next_window(now, MAX), 0, "nothing left to poll with");
     // Time refills it at 10% of the clock.
     assert_eq!(m.next_window(now + 100_000, MAX), m.chosen_ns().min(10_000));
+}
+
+#[test]
+fn a_cut_shorter_than_the_median_wait_polls_nothing() {
+    let mut m = AutoWindow::new(WAKE);
+    let mut now = 0;
+    let wait = |m: &mut AutoWindow, now: u64, polled: u64, hit: bool| {
+        m.observe(
+            AutoWait {
+                block_ns: if hit { 30_000 } else { 30_000 + WAKE },
+                polled_ns: polled,
+                hit,
+                now_ns: now,
+            },
+            MAX,
+        )
+    };
+    // Waits of 30 µs, caught: the window opens past them.
+    for _ in 0..64 {
+        now += 30_000;
+        wait(&mut m, now, 30_000, true);
+    }
+    assert!(m.chosen_ns() >= 30_000);
+    // The same waits missed at one instant (each poll ending just short of its event) empty
+    // the budget until the next window is not polled at all.
+    loop {
+        let w = m.next_window(now, MAX);
+        if w == 0 {
+            break;
+        }
+        wait(&mut m, now, w, false);
+    }
+    assert!(m.budget_cuts > 0);
+    assert!(
+        m.budget_ns < m.median_ns,
+        "what is left would not catch half"
+    );
+    // As time refills it, a window is polled whole, or cut to no less than the median wait,
+    // never to a few µs that would miss and spend the budget again.
+    for step in 1..40 {
+        let w = m.next_window(now + step * 10_000, MAX);
+        assert!(w == 0 || w >= m.median_ns, "{w} at {step}");
+    }
+    assert!(m.next_window(now + 400_000, MAX) >= 30_000);
 }

@@ -63,8 +63,12 @@ pub enum PollRule {
     /// * It follows a device that slows down within 528 waits (the histogram halves every
     ///   128), and one that speeds up again within 2112 (the probes are a quarter of the
     ///   waits).
+    /// * A miss costs the wake-up plus what sleeping made the next wait longer, measured
+    ///   (`LoopCounters::poll_followup_ns`: a thread pool's worker that fell asleep too; 0 on
+    ///   a device that does not care), at most one more wake-up.
     /// * Polling that finds nothing takes at most 10% of the loop thread's time
-    ///   (`LoopCounters::busy_poll_missed_ns`, `poll_auto_budget_cuts`).
+    ///   (`LoopCounters::busy_poll_missed_ns`, `poll_auto_budget_cuts`); a window the budget
+    ///   would cut below the median wait is not polled at all.
     /// * The wake-up cost is measured once per process (`LoopCounters::poll_wake_ns`): the
     ///   latency of waking a sleeping thread, plus the CPU that thread spends on the sleep
     ///   and the wake-up at the price of polling's CPU (sleeping is not free either); or it

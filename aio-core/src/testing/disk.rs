@@ -124,6 +124,7 @@ impl Mount {
         if unsafe { libc::geteuid() } != 0 {
             return Err(format!("mounting {fstype} needs root"));
         }
+        super::leftovers::sweep();
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
             "aio-rs-{fstype}-{}-{}",

@@ -40,6 +40,7 @@ impl TempFile {
     }
 
     fn file(len: usize, fill: u8) -> TempFile {
+        super::leftovers::sweep();
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let path = std::env::temp_dir().join(format!(
             "aio-rs-test-{}-{}",

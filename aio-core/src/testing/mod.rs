@@ -31,6 +31,7 @@ pub mod faults;
 pub mod fixtures;
 pub mod interruptions;
 pub mod iothread;
+pub mod leftovers;
 pub mod seccomp;
 pub mod send_sync;
 mod suite;

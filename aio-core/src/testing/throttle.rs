@@ -48,6 +48,7 @@ impl WriteLimit {
         if !root.join("blkio.throttle.write_iops_device").exists() {
             return Err(format!("no cgroup v1 blkio throttling at {BLKIO}"));
         }
+        super::leftovers::sweep();
         // SAFETY: gettid(2) takes nothing and cannot fail.
         let tid = unsafe { libc::gettid() };
         let dir = root.join(format!("aio-rs-test-{}-{tid}", std::process::id()));

@@ -140,7 +140,8 @@ pub const REGISTERED_FILES: u32 = 1024;
 pub struct UringStats {
     /// `io_uring_enter` calls made to submit.
     pub submit_calls: u64,
-    /// Entries the kernel consumed.
+    /// Entries the kernel consumed in the engine's own enters (on a shared ring, those the
+    /// monitor's wait sends are not counted here).
     pub entries_submitted: u64,
     /// Times the submission queue was full and requests waited.
     pub sq_full: u64,

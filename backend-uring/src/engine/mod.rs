@@ -359,7 +359,9 @@ impl UringEngine {
         if pushed {
             self.stats.cancels_sent += 1;
             self.stats.submit_calls += 1;
-            let _ = self.ring.with(|r| r.submit());
+            if let Ok(n) = self.ring.with(|r| r.submit()) {
+                self.stats.entries_submitted += n as u64;
+            }
         }
         pushed
     }
@@ -395,7 +397,9 @@ impl IoEngine for UringEngine {
             let queued = self.ring.with(|r| unsafe { r.submission_shared() }.len());
             if queued > 0 {
                 self.stats.submit_calls += 1;
-                let _ = self.ring.with(|r| r.submit());
+                if let Ok(n) = self.ring.with(|r| r.submit()) {
+                    self.stats.entries_submitted += n as u64;
+                }
             }
         }
         self.core.take_done(out)

@@ -72,7 +72,7 @@ pub fn run(mut args: LatencyArgs) -> Result<(), BenchError> {
     }
     if args.detail {
         println!(
-            "{:<10} {:>12} {:>9} {:>9} {:>8} {:>10} {:>9} {:>9} {:>10} {:>9}",
+            "{:<10} {:>12} {:>9} {:>9} {:>8} {:>10} {:>9} {:>9} {:>10} {:>9} {:>11} {:>12} {:>9}",
             "engine",
             "poll_max_ns",
             "mean us",
@@ -82,13 +82,16 @@ pub fn run(mut args: LatencyArgs) -> Result<(), BenchError> {
             "polling",
             "missed",
             "window ns",
-            "wake ns"
+            "wake ns",
+            "followup ns",
+            "auto off",
+            "cut/req"
         );
         for (e, engine) in engines.iter().enumerate() {
             for (p, cell) in runs[e].iter().enumerate() {
                 let m = median(cell);
                 println!(
-                    "{:<10} {:>12} {:>9.1} {:>9.1} {:>8.2} {:>10.2} {:>8.1}% {:>8.1}% {:>10} {:>9} {:>12}",
+                    "{:<10} {:>12} {:>9.1} {:>9.1} {:>8.2} {:>10.2} {:>8.1}% {:>8.1}% {:>10} {:>9} {:>11} {:>12} {:>9.3}",
                     engine.name(),
                     polls[p].to_string(),
                     m.mean_us,
@@ -99,7 +102,9 @@ pub fn run(mut args: LatencyArgs) -> Result<(), BenchError> {
                     m.missed_share * 100.0,
                     m.window_ns,
                     m.wake_ns,
-                    format!("{}/{}", m.auto_off, m.auto_choices)
+                    m.followup_ns,
+                    format!("{}/{}", m.auto_off, m.auto_choices),
+                    m.budget_cuts_per_req
                 );
             }
         }
@@ -121,9 +126,13 @@ struct Run {
     /// The window at the end of the run, and the wake-up cost `auto` weighed it against.
     window_ns: u64,
     wake_ns: u64,
+    /// What `auto` added to a miss's cost for the longer wait after a sleep.
+    followup_ns: u64,
     /// `auto`'s choices, and how many of them turned polling off.
     auto_choices: u64,
     auto_off: u64,
+    /// Windows `auto`'s CPU budget cut short, per request.
+    budget_cuts_per_req: f64,
 }
 
 /// The run with the median mean latency.
@@ -173,7 +182,9 @@ fn one_run(
         missed_share: r.counters.busy_poll_missed_ns as f64 / wall_ns,
         window_ns: r.counters.poll_ns,
         wake_ns: r.counters.poll_wake_ns,
+        followup_ns: r.counters.poll_followup_ns,
         auto_choices: r.counters.poll_auto_choices,
         auto_off: r.counters.poll_auto_off,
+        budget_cuts_per_req: r.counters.poll_auto_budget_cuts as f64 / requests,
     })
 }
