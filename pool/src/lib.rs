@@ -17,6 +17,8 @@
 //!   completions, not once per completion) plus a syscall-free `has_completions` check that
 //!   adaptive polling uses (QEMU's thread-pool notifier/io_poll change: QD1 69.87 -> 49.45 µs).
 //! * **Cancel** removes work that no thread has started; it completes with `ECANCELED`.
+//! * **A panic** on a worker, in offloaded work or in the I/O path, completes that request with
+//!   an error (`ErrorKind::Other`); the thread goes on and no request is lost.
 //! * **Shutdown** ([`ThreadPool::shutdown`], or drop) cancels queued work, lets running work
 //!   finish, joins every thread, and only then frees buffers.
 //!

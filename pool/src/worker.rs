@@ -100,7 +100,11 @@ fn run(shared: &Shared) {
 fn execute(job: Job) -> aio_core::engine::Completion {
     match job {
         Job::Io(mut request) => {
-            let result = run_blocking(&mut request);
+            // A panic in the I/O path (a bug: no request should reach one) must not lose the
+            // request: it completes with an error, and the thread goes on. The syscalls are
+            // synchronous, so nothing the kernel could still write outlives the unwind.
+            let result = catch_unwind(AssertUnwindSafe(|| run_blocking(&mut request)))
+                .unwrap_or_else(|_| Err(io::Error::other("the pool's I/O path panicked")));
             request.complete(result)
         }
         Job::Work { token, run } => {
