@@ -17,11 +17,6 @@ fn available() -> bool {
     aio_core::testing::available("io_uring unusable", probe()).is_some()
 }
 
-/// A read of the pipe's read end that waits until something is written or the end closes.
-fn pipe_read(read_end: &IoFile, token: u64) -> Request {
-    Request::read(read_end, 0, AlignedBuf::new(64), token)
-}
-
 /// Closes the write end: every read still waiting completes with 0 bytes (end of file).
 fn finish(mut engine: UringEngine, write_end: File, n: usize) {
     drop(write_end);
@@ -45,7 +40,7 @@ fn a_plugged_queue_goes_out_in_batches_as_large_as_what_the_kernel_holds() {
     // Batches of 1, 1, 2 and 4: each goes once as many are queued as the kernel holds.
     let mut sent = Vec::new();
     for token in 0..8 {
-        engine.submit(pipe_read(&read_end, token)).unwrap();
+        engine.submit(common::pipe_read(&read_end, token)).unwrap();
         sent.push(engine.in_kernel());
     }
     assert_eq!(sent, [1, 2, 2, 4, 4, 4, 4, 8]);
@@ -75,7 +70,7 @@ fn a_shared_ring_leaves_a_partial_round_to_the_monitors_next_wait() {
     // The first request to an idle ring is a whole round (the batch rule's one): it goes now,
     // and so does the second (a round of one, the kernel holding one).
     for token in 0..2 {
-        engine.submit(pipe_read(&read_end, token)).unwrap();
+        engine.submit(common::pipe_read(&read_end, token)).unwrap();
     }
     let stats = engine.stats();
     assert_eq!(
@@ -85,7 +80,7 @@ fn a_shared_ring_leaves_a_partial_round_to_the_monitors_next_wait() {
     );
     // With two in the kernel a round is two: one request alone waits in the submission queue,
     // counted as the kernel's, for the next enter.
-    engine.submit(pipe_read(&read_end, 2)).unwrap();
+    engine.submit(common::pipe_read(&read_end, 2)).unwrap();
     let stats = engine.stats();
     assert_eq!(
         (stats.submit_calls, stats.entries_submitted),

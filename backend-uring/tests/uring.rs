@@ -47,35 +47,32 @@ fn a_tiny_ring_overflows_its_completion_queue_and_loses_nothing() {
     aio_core::testing::run_test(
         "a_tiny_ring_overflows_its_completion_queue_and_loses_nothing",
         || {
-            overflow_and_lose_nothing(common::engine(UringConfig::default().with_entries(2)));
+            let mut engine = common::engine(UringConfig::default().with_entries(2));
+            let tmp = TempFile::with_len(64 * BLOCK, 5);
+            let file = tmp.open(0).unwrap();
+            for t in 0..300u64 {
+                engine.submit(read_block(&file, t % 64, t)).unwrap();
+            }
+            // Nothing reaped yet: page-cache reads complete during submission, far more of them than
+            // the 4-entry CQ holds (the overflow count below proves it happened).
+            let done = wait_for(&mut engine, 300);
+            let mut seen = vec![0u8; 300];
+            for c in &done {
+                assert_eq!(c.result.as_ref().unwrap(), &BLOCK);
+                seen[c.token as usize] += 1;
+            }
+            assert!(
+                seen.iter().all(|&n| n == 1),
+                "every completion exactly once"
+            );
+            let stats = engine.stats();
+            assert!(
+                stats.cq_overflows > 0,
+                "the CQ overflowed and was flushed: {stats:?}"
+            );
+            assert_eq!(engine.in_flight(), 0);
         },
     );
-}
-
-fn overflow_and_lose_nothing(mut engine: UringEngine) {
-    let tmp = TempFile::with_len(64 * BLOCK, 5);
-    let file = tmp.open(0).unwrap();
-    for t in 0..300u64 {
-        engine.submit(read_block(&file, t % 64, t)).unwrap();
-    }
-    // Nothing reaped yet: page-cache reads complete during submission, far more of them than
-    // the 4-entry CQ holds (the overflow count below proves it happened).
-    let done = wait_for(&mut engine, 300);
-    let mut seen = vec![0u8; 300];
-    for c in &done {
-        assert_eq!(c.result.as_ref().unwrap(), &BLOCK);
-        seen[c.token as usize] += 1;
-    }
-    assert!(
-        seen.iter().all(|&n| n == 1),
-        "every completion exactly once"
-    );
-    let stats = engine.stats();
-    assert!(
-        stats.cq_overflows > 0,
-        "the CQ overflowed and was flushed: {stats:?}"
-    );
-    assert_eq!(engine.in_flight(), 0);
 }
 
 #[test]
@@ -509,9 +506,7 @@ fn a_cancel_in_the_kernel_stops_its_own_request_only() {
     let read_end = IoFile::from(read_end);
     let mut engine = common::engine(UringConfig::default());
     for token in [1, 2] {
-        engine
-            .submit(Request::read(&read_end, 0, AlignedBuf::new(64), token))
-            .unwrap();
+        engine.submit(common::pipe_read(&read_end, token)).unwrap();
     }
     assert_eq!(engine.in_kernel(), 2);
     assert!(engine.cancel(2));

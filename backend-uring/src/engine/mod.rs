@@ -241,22 +241,18 @@ impl UringEngine {
                 // batch rule, the first request to an idle ring is one) goes now.
                 return;
             }
-            self.stats.submit_calls += 1;
-            match self.ring.with(|r| r.submit()) {
-                Ok(n) => self.stats.entries_submitted += n as u64,
-                // EAGAIN / EBUSY / EINTR: the entries stay in the SQ and go with the next
-                // enter (the next submit, reap or wait). With its own ring nothing else may
-                // come (the kernel may hold nothing but these): wake the loop, whose
-                // `poll_completions` submits what waits in the SQ.
-                Err(e) => {
-                    if e.raw_os_error() == Some(libc::EINTR) {
-                        self.stats.interrupted_calls += 1;
-                    }
-                    if !self.is_shared() {
-                        let _ = self.notifier.notify();
-                    }
-                    return;
+            // EAGAIN / EBUSY / EINTR: the entries stay in the SQ and go with the next enter
+            // (the next submit, reap or wait). With its own ring nothing else may come (the
+            // kernel may hold nothing but these): wake the loop, whose `poll_completions`
+            // submits what waits in the SQ.
+            if let Err(e) = self.enter_to_submit() {
+                if e.raw_os_error() == Some(libc::EINTR) {
+                    self.stats.interrupted_calls += 1;
                 }
+                if !self.is_shared() {
+                    let _ = self.notifier.notify();
+                }
+                return;
             }
             if pushed < round.batch {
                 return;
@@ -358,12 +354,20 @@ impl UringEngine {
         }
         if pushed {
             self.stats.cancels_sent += 1;
-            self.stats.submit_calls += 1;
-            if let Ok(n) = self.ring.with(|r| r.submit()) {
-                self.stats.entries_submitted += n as u64;
-            }
+            let _ = self.enter_to_submit();
         }
         pushed
+    }
+
+    /// One `io_uring_enter` that sends what waits in the SQ, counted in `submit_calls` and,
+    /// for what the kernel took, `entries_submitted`.
+    fn enter_to_submit(&mut self) -> io::Result<usize> {
+        self.stats.submit_calls += 1;
+        let sent = self.ring.with(|r| r.submit());
+        if let Ok(n) = sent {
+            self.stats.entries_submitted += n as u64;
+        }
+        sent
     }
 
     /// Blocks until at least one completion arrives (drain and drop).
@@ -396,10 +400,7 @@ impl IoEngine for UringEngine {
             // SAFETY: a transient view of the SQ length.
             let queued = self.ring.with(|r| unsafe { r.submission_shared() }.len());
             if queued > 0 {
-                self.stats.submit_calls += 1;
-                if let Ok(n) = self.ring.with(|r| r.submit()) {
-                    self.stats.entries_submitted += n as u64;
-                }
+                let _ = self.enter_to_submit();
             }
         }
         self.core.take_done(out)

@@ -45,3 +45,9 @@ pub fn pipe() -> (std::fs::File, std::fs::File) {
         )
     }
 }
+
+/// A read of 64 bytes from a pipe's read end: it waits in the kernel until something is
+/// written or the write end closes.
+pub fn pipe_read(read_end: &aio_core::engine::IoFile, token: u64) -> aio_core::engine::Request {
+    aio_core::engine::Request::read(read_end, 0, aio_core::engine::AlignedBuf::new(64), token)
+}
