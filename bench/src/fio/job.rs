@@ -1,9 +1,11 @@
 //! One fio-like job against one engine: keep `iodepth` requests in flight on a file for a
 //! while and measure IOPS and latency.
 //!
-//! This module owns the load generator and its measurements. It drives an engine attached to
-//! an [`AioContext`] exactly as an application would (each request's own completion callback
-//! submits the slot's next request, the loop blocking in `poll`), and it never reaches into an
+//! This module owns the job's spec, its result, and how its requests reach an engine attached
+//! to an [`AioContext`]: as an application's would, each request's own completion callback
+//! counts it and submits the slot's next request (`submit_with` refill), the loop blocking in
+//! `poll`. Which request comes next and what is counted is the bench's load generator's
+//! ([`crate::load::generator`]), called from those callbacks. It never reaches into an
 //! engine's internals. Reads and writes move `AlignedBuf`s; trims are discards of `bs`-sized
 //! blocks and carry no memory.
 
@@ -12,13 +14,13 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use aio_core::engine::{
-    AlignedBuf, AttachedEngine, Completion, IoEngine, IoFile, Request, RwFlags, SubmitError,
+    AlignedBuf, AttachedEngine, Completion, IoEngine, IoFile, Request, RwFlags,
 };
 use aio_core::{
     AioContext, EventLoop, FdHandler, LoopCounters, Notifier, PollMaxNs, PollParams, PollRule,
 };
 
-use crate::load::{Direction, OffsetStream, Pattern, Tally, Window};
+use crate::load::{Direction, Generator, Layout, LoadSpec, Pattern, Tally, Window};
 
 /// What a job does.
 #[derive(Debug, Clone, Copy)]
@@ -147,135 +149,79 @@ impl JobResult {
     }
 }
 
-/// A job while it runs: where the next request goes, what each slot's request is, and the
-/// figures so far.
-struct Generator {
-    spec: JobSpec,
+/// What the completion callbacks share: the load generator, the file and the write flags.
+struct JobState {
+    generator: Generator<'static>,
     file: IoFile,
-    /// The first byte of the job's region of `file`.
-    base: u64,
-    offsets: OffsetStream,
-    /// Per slot: when its request was issued and which way it goes.
-    started: Vec<(Instant, Direction)>,
-    window: Window,
-    issued_bytes: u64,
-    read: Tally,
-    write: Tally,
-    trim: Tally,
-    errors: u64,
-    /// The errno of the first failed request.
-    first_errno: Option<i32>,
-    outstanding: usize,
-    last_completion: Option<Instant>,
+    fua: bool,
 }
 
-impl Generator {
-    /// The next request for `slot` (reads and writes on `buf`, allocated if the slot has none
-    /// yet; trims need none), or `None` once the job's I/O limit is reached.
-    fn request(&mut self, slot: usize, buf: Option<AlignedBuf>) -> Option<Request> {
-        if self
-            .spec
-            .io_limit
-            .is_some_and(|limit| self.issued_bytes >= limit)
-        {
-            return None;
-        }
-        let block = self.offsets.next_block();
-        let offset = self.base + self.offsets.offset(block);
-        self.issued_bytes += self.spec.bs as u64;
-        let dir = self.offsets.next_direction();
-        self.started[slot] = (Instant::now(), dir);
-        self.outstanding += 1;
-        let token = slot as u64;
+/// Issues `slot`'s next request (if the generator has one) on `buf` (allocated if the slot has
+/// none yet; trims need none), its completion going to [`on_complete`], which issues the one
+/// after it. A request the engine refuses counts as failed.
+fn issue<L, E>(
+    engine: &AttachedEngine<L, E>,
+    state: &Rc<RefCell<JobState>>,
+    slot: usize,
+    buf: Option<AlignedBuf>,
+) where
+    L: EventLoop + 'static,
+    E: IoEngine + 'static,
+{
+    let request = {
+        let mut s = state.borrow_mut();
+        let Some(r) = s.generator.issue(slot, Instant::now(), None) else {
+            return;
+        };
+        let (file, token) = (&s.file, slot as u64);
         let buf = || {
             buf.unwrap_or_else(|| {
-                let mut b = AlignedBuf::new(self.spec.bs);
+                let mut b = AlignedBuf::new(r.len);
                 b.fill(0x5a);
                 b
             })
         };
-        Some(match dir {
-            Direction::Read => Request::read(&self.file, offset, buf(), token),
-            Direction::Write if self.spec.fua => {
-                Request::write(&self.file, offset, buf(), token).with_flags(RwFlags::FUA)
+        match r.direction {
+            Direction::Read => Request::read(file, r.offset, buf(), token),
+            Direction::Write if s.fua => {
+                Request::write(file, r.offset, buf(), token).with_flags(RwFlags::FUA)
             }
-            Direction::Write => Request::write(&self.file, offset, buf(), token),
-            Direction::Trim => Request::discard(&self.file, offset, self.spec.bs as u64, token),
-        })
-    }
-
-    /// Counts `slot`'s completion `c` at `now` (its bytes and latency if inside the measured
-    /// window; an error whenever it comes, the ramp included, as fio counts them); whether the
-    /// slot goes on (the deadline has not passed).
-    fn record(&mut self, slot: usize, c: &Completion, now: Instant) -> bool {
-        self.outstanding -= 1;
-        let (started, dir) = self.started[slot];
-        match &c.result {
-            Err(e) => {
-                self.errors += 1;
-                let errno = e.raw_os_error().unwrap_or(libc::EIO);
-                self.first_errno = self.first_errno.or(Some(errno));
-            }
-            Ok(n) if self.window.measures(now) => {
-                self.last_completion = Some(now);
-                let tally = match dir {
-                    Direction::Read => &mut self.read,
-                    Direction::Write => &mut self.write,
-                    Direction::Trim => &mut self.trim,
-                };
-                tally.done(*n as u64, started, now);
-            }
-            Ok(_) => {}
+            Direction::Write => Request::write(file, r.offset, buf(), token),
+            Direction::Trim => Request::discard(file, r.offset, r.len as u64, token),
         }
-        self.window.running(now)
-    }
-}
-
-/// Issues `slot`'s next request (if the job has one), its completion going to
-/// [`on_complete`], which issues the one after it. A refused request is not outstanding.
-fn issue<L, E>(
-    engine: &AttachedEngine<L, E>,
-    gen: &Rc<RefCell<Generator>>,
-    slot: usize,
-    buf: Option<AlignedBuf>,
-) -> Result<(), SubmitError>
-where
-    L: EventLoop + 'static,
-    E: IoEngine + 'static,
-{
-    let Some(req) = gen.borrow_mut().request(slot, buf) else {
-        return Ok(());
     };
-    let g = gen.clone();
-    let sent = engine.submit_with(req, move |_, engine, c| on_complete(engine, g, slot, c));
-    if sent.is_err() {
-        gen.borrow_mut().outstanding -= 1;
+    let st = state.clone();
+    let sent = engine.submit_with(request, move |_, engine, c| {
+        on_complete(engine, st, slot, c)
+    });
+    if let Err(e) = sent {
+        let errno = std::io::Error::from(e)
+            .raw_os_error()
+            .unwrap_or(libc::EINVAL);
+        state.borrow_mut().generator.refused(slot, errno);
     }
-    sent.map(drop)
 }
 
 /// `slot`'s request finished: counted, and the slot's next request issued on its buffer.
 fn on_complete<L, E>(
     engine: &AttachedEngine<L, E>,
-    gen: Rc<RefCell<Generator>>,
+    state: Rc<RefCell<JobState>>,
     slot: usize,
     c: Completion,
 ) where
     L: EventLoop + 'static,
     E: IoEngine + 'static,
 {
+    let result = match &c.result {
+        Ok(n) => Ok(*n as u64),
+        Err(e) => Err(e.raw_os_error().unwrap_or(libc::EIO)),
+    };
     let now = Instant::now();
-    if !gen.borrow_mut().record(slot, &c, now) {
-        return;
-    }
-    if let Err(e) = issue(engine, &gen, slot, c.buf.into_one()) {
-        let mut g = gen.borrow_mut();
-        g.errors += 1;
-        let errno = std::io::Error::from(e)
-            .raw_os_error()
-            .unwrap_or(libc::EINVAL);
-        g.first_errno = g.first_errno.or(Some(errno));
-    }
+    state
+        .borrow_mut()
+        .generator
+        .complete(slot, result, now, None);
+    issue(engine, &state, slot, c.buf.into_one());
 }
 
 /// Runs `spec` with `engine` on `file` (of `file_size` bytes) in a fresh context over
@@ -340,35 +286,30 @@ where
     let start = Instant::now();
     let cpu_start = thread_cpu_seconds();
     let window = Window::new(start, spec.ramp, spec.runtime);
-    let generator = Rc::new(RefCell::new(Generator {
-        spec,
-        file: file.clone(),
-        base: region.start,
-        offsets: OffsetStream::new(
-            spec.pattern,
-            spec.rwmixread,
-            blocks,
-            spec.bs as u64,
-            0x9e37_79b9_7f4a_7c15,
-        ),
-        started: vec![(start, Direction::Read); spec.iodepth],
+    let generator = Generator::new(&LoadSpec {
+        pattern: spec.pattern,
+        rwmixread: spec.rwmixread,
+        bs: spec.bs,
+        blocks,
+        layout: Layout::contiguous(region.start),
+        slots: spec.iodepth,
+        seed: 0x9e37_79b9_7f4a_7c15,
         window,
-        issued_bytes: 0,
-        read: Tally::default(),
-        write: Tally::default(),
-        trim: Tally::default(),
-        errors: 0,
-        first_errno: None,
-        outstanding: 0,
-        last_completion: None,
+        io_limit: spec.io_limit,
+    });
+    let state = Rc::new(RefCell::new(JobState {
+        generator,
+        file: file.clone(),
+        fua: spec.fua,
     }));
     // Every request is submitted with its own completion (`on_complete`).
     let engine = ctx.attach_engine(engine, |_, _| {})?;
     engine.plug();
-    let filled = (0..spec.iodepth).try_for_each(|slot| issue(&engine, &generator, slot, None));
+    for slot in 0..spec.iodepth {
+        issue(&engine, &state, slot, None);
+    }
     engine.unplug();
-    filled.map_err(std::io::Error::from)?;
-    while generator.borrow().outstanding > 0 {
+    while state.borrow().generator.in_flight() > 0 {
         ctx.poll(true);
     }
     drop(
@@ -379,23 +320,25 @@ where
     for n in &idle {
         let _ = ctx.remove_fd_handler(n);
     }
-    let gen = generator.borrow();
+    let state = Rc::into_inner(state).expect("the callbacks are gone with the engine");
+    let figures = state.into_inner().generator.into_figures();
     // The window: from the ramp's end to the deadline, or to the last completion when the
     // job's I/O ran out first.
-    let end = match (spec.io_limit, gen.last_completion) {
-        (Some(_), Some(last)) => last.min(gen.window.deadline),
-        _ => Instant::now().min(gen.window.deadline),
+    let end = match (spec.io_limit, figures.last_measured) {
+        (Some(_), Some(last)) => last.min(window.deadline),
+        _ => Instant::now().min(window.deadline),
     };
+    let errors = figures.total().errors;
     Ok(JobResult {
-        read: gen.read.clone(),
-        write: gen.write.clone(),
-        trim: gen.trim.clone(),
+        read: figures.read,
+        write: figures.write,
+        trim: figures.trim,
         elapsed: end
             .saturating_duration_since(window.measure_from)
             .max(Duration::from_millis(1)),
         counters: ctx.counters(),
-        errors: gen.errors,
-        first_errno: gen.first_errno,
+        errors,
+        first_errno: figures.first_failure.map(|f| f.errno()),
         iothread_cpu_s: thread_cpu_seconds() - cpu_start,
         wall_s: start.elapsed().as_secs_f64(),
     })

@@ -3,10 +3,14 @@
 //! worker), the latency histogram, the ramp and the measured window, the tally of what finished
 //! in it, and the verify stamps.
 //!
-//! This module owns those pieces; the load generators that use them are the job on an
-//! attached engine (`fio::job`), the matrix's guests (`scsi::guest`), the Rust peers
-//! (`aio-bench peers`) and the libblkio client (`vhost`). It never submits a request.
+//! This module owns those pieces and the one load generator built of them
+//! ([`generator::Generator`], with [`generator::drive`] to keep a [`generator::Target`] busy).
+//! The matrix's virtqueues (`scsi::guest`) and the libblkio client's queues (`vhost`) are its
+//! targets; the job on an attached engine (`fio::job`) calls it from its completion callbacks
+//! and the Rust peers (`aio-bench peers`) from each worker task. It never submits a request
+//! itself.
 
+pub mod generator;
 mod pattern;
 pub mod verify;
 
@@ -14,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
+pub use generator::{drive, Generator, Issued, Layout, LoadFigures, LoadSpec, Target};
 pub use pattern::{Direction, OffsetStream, Pattern, Rng};
 
 /// A latency histogram in ns (1 ns to 60 s, 3 significant digits), as every report uses.

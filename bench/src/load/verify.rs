@@ -1,8 +1,9 @@
 //! Block stamps for `--verify`: every block written carries its offset, a generation and a
 //! crc32c, so a read can tell a correct block from a misplaced, torn, stale or corrupt one.
 //!
-//! This module owns the stamp layout and its check. It does not decide which generation a
-//! read must see; the caller (the matrix's guest) knows what it wrote and compares.
+//! This module owns the stamp layout, its check, and the [`Ledger`] that knows which generation
+//! each block must hold. Which block a request takes and what it counts is the load
+//! generator's ([`super::generator`]).
 //!
 //! Layout of a stamped block (little-endian):
 //!
@@ -14,6 +15,8 @@
 //! | 24..28  | crc32c of bytes 8..24 and 32..end                  |
 //! | 28..32  | zero                                               |
 //! | 32..end | payload derived from offset and generation        |
+
+use super::Direction;
 
 /// The stamp's magic.
 const MAGIC: &[u8; 8] = b"aio-rsV1";
@@ -86,6 +89,16 @@ impl Ledger {
         }
     }
 
+    /// A ledger for `blocks` blocks of `bs` bytes whose contents are unknown (a disk this run
+    /// did not stamp): a read of a block not written yet may hold no stamp, or any valid stamp
+    /// for its offset.
+    pub fn unknown(blocks: u64, bs: usize) -> Ledger {
+        Ledger {
+            acked: vec![None; blocks as usize],
+            ..Ledger::new(blocks, bs)
+        }
+    }
+
     /// Judges a successful read of `block` at `offset` whose stamp check gave `stamp`.
     pub fn judge(
         &self,
@@ -102,6 +115,79 @@ impl Ledger {
             _ => Ok(()),
         }
     }
+
+    /// `start`, or the first block after it (wrapping) with no request in flight; `None` when
+    /// every block is busy.
+    pub fn free_block_from(&self, start: u64) -> Option<u64> {
+        let n = self.busy.len() as u64;
+        (0..n)
+            .map(|k| (start + k) % n)
+            .find(|&b| !self.busy[b as usize])
+    }
+
+    /// A request on free `block` at `offset` begins, its buffer `mem`: the block is busy; a
+    /// write gets the next generation, stamped into `mem`; a read's `mem` loses any earlier
+    /// stamp (a read that transfers nothing must not pass on another request's). Returns the
+    /// write's generation (0 for a read or a trim).
+    pub fn begin(&mut self, block: u64, direction: Direction, offset: u64, mem: &mut [u8]) -> u64 {
+        self.busy[block as usize] = true;
+        match direction {
+            Direction::Write => {
+                let generation = self.next_generation;
+                self.next_generation += 1;
+                stamp(mem, offset, generation);
+                generation
+            }
+            Direction::Read => {
+                mem[..8].fill(0);
+                0
+            }
+            Direction::Trim => 0,
+        }
+    }
+
+    /// The request on `block` at `offset` finished (`ok`: it succeeded): the block is free
+    /// again; an acknowledged write's `generation` is what the block holds now, a failed
+    /// write or any trim leaves it unknown; a successful read's buffer `read` is judged.
+    /// Returns the read's verdict (`None` for anything else).
+    pub fn finish(
+        &mut self,
+        block: u64,
+        direction: Direction,
+        generation: u64,
+        ok: bool,
+        offset: u64,
+        read: Option<&[u8]>,
+    ) -> Option<ReadVerdict> {
+        let b = block as usize;
+        self.busy[b] = false;
+        match direction {
+            Direction::Write => self.acked[b] = ok.then_some(generation),
+            Direction::Trim => self.acked[b] = None,
+            Direction::Read => {}
+        }
+        let read = read.filter(|_| ok && direction == Direction::Read)?;
+        let stamp = check(read, offset);
+        Some(match (self.acked[b], stamp) {
+            (None, Err(VerifyError::NotStamped { .. })) => ReadVerdict::Unstamped,
+            (_, stamp) => match self.judge(block, offset, stamp) {
+                Ok(()) => ReadVerdict::Verified,
+                Err(e) => ReadVerdict::Mismatch(e),
+            },
+        })
+    }
+}
+
+/// What a read of a stamped disk found, judged by the [`Ledger`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadVerdict {
+    /// The block held the stamp the ledger expects (or, where it knows nothing, a valid
+    /// stamp for its offset).
+    Verified,
+    /// A block whose contents the ledger does not know held no stamp: accepted.
+    Unstamped,
+    /// It held something else.
+    Mismatch(VerifyError),
 }
 
 fn crc(block: &[u8]) -> u32 {

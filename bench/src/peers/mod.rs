@@ -27,7 +27,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::backends::monitors::MonitorKind;
-use crate::load::{latency_histogram, OffsetStream, Pattern, Tally, Window};
+use crate::load::{latency_histogram, Generator, Layout, LoadFigures, LoadSpec, Pattern, Window};
 use hdrhistogram::Histogram;
 
 /// One way of running the job (tables list them in this order).
@@ -139,21 +139,13 @@ impl Job {
     }
 }
 
-/// One worker's state: where it reads next, and what it measured. Every variant that runs a
-/// task per worker drives it with [`Worker::read_until_done`], giving only how its runtime
-/// reads; the callback variant calls [`Worker::record`] itself. The offsets, the histogram and
-/// the measured window are the library's (`crate::load`), as every other load generator of
-/// the bench uses them.
-#[derive(Debug, Clone)]
+/// One worker's state: where it reads next, and what it measured: a load generator of one
+/// slot (`crate::load::generator`, the same every other path of the bench uses). Every variant
+/// that runs a task per worker drives it with [`Worker::read_until_done`], giving only how its
+/// runtime reads; the callback variant calls [`Worker::start`] and [`Worker::finish`] itself.
+#[derive(Debug)]
 pub struct Worker {
-    offsets: OffsetStream,
-    bs: u64,
-    window: Window,
-    /// The reads completed in the measured window and their latency; the reads that failed
-    /// or came back short, whenever.
-    pub tally: Tally,
-    /// Every read completed, warm-up included (CPU per request divides by this).
-    pub completed: u64,
+    load: Generator<'static>,
 }
 
 impl Worker {
@@ -161,23 +153,48 @@ impl Worker {
         // A different seed per worker; the same for every variant.
         let seed = 0x9e37_79b9_7f4a_7c15 ^ (index + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         Worker {
-            offsets: OffsetStream::new(Pattern::RandRead, 100, job.blocks, job.bs as u64, seed),
-            bs: job.bs as u64,
-            window: Window::new(start, job.ramp, job.secs),
-            tally: Tally::default(),
-            completed: 0,
+            load: Generator::new(&LoadSpec {
+                pattern: Pattern::RandRead,
+                rwmixread: 100,
+                bs: job.bs,
+                blocks: job.blocks,
+                layout: Layout::contiguous(0),
+                slots: 1,
+                seed,
+                window: Window::new(start, job.ramp, job.secs),
+                io_limit: None,
+            }),
         }
     }
 
-    /// The byte offset of the next read: a uniformly random block.
-    pub fn next_offset(&mut self) -> u64 {
-        let block = self.offsets.next_block();
-        self.offsets.offset(block)
+    /// The byte offset of the next read, issued at `now` (a uniformly random block); `None`
+    /// from the run's deadline on.
+    pub fn start(&mut self, now: Instant) -> Option<u64> {
+        self.load.issue(0, now, None).map(|r| r.offset)
     }
 
-    /// True while a read issued at `now` belongs to the run.
-    pub fn running(&self, now: Instant) -> bool {
-        self.window.running(now)
+    /// Records the read [`start`](Self::start) issued, which returned `result` (bytes read; a
+    /// short read is a failure), and returns the time now (the next read's start).
+    pub fn finish(&mut self, result: &io::Result<usize>) -> Instant {
+        let now = Instant::now();
+        let result = match result {
+            Ok(n) => Ok(*n as u64),
+            Err(e) => Err(e.raw_os_error().unwrap_or(libc::EIO)),
+        };
+        self.load.complete(0, result, now, None);
+        now
+    }
+
+    /// The read [`start`](Self::start) issued was refused by the runtime: it counts as failed.
+    pub fn refused(&mut self, errno: i32) {
+        self.load.refused(0, errno);
+    }
+
+    /// The reads completed in the measured window and their latency; the reads that failed or
+    /// came back short, whenever; every read completed, warm-up included (CPU per request
+    /// divides by that).
+    pub fn figures(&self) -> &LoadFigures {
+        self.load.figures()
     }
 
     /// The loop of every worker task: reads one at a time until the run's deadline, each
@@ -189,28 +206,12 @@ impl Worker {
         Fut: Future<Output = io::Result<(io::Result<usize>, B)>>,
     {
         let mut t = Instant::now();
-        while self.running(t) {
-            let (result, back) = read(buf, self.next_offset()).await?;
+        while let Some(offset) = self.start(t) {
+            let (result, back) = read(buf, offset).await?;
             buf = back;
-            t = self.record(t, &result);
+            t = self.finish(&result);
         }
         Ok(self)
-    }
-
-    /// Records a read issued at `started` that returned `result` (bytes read), and returns the
-    /// time now (the next read's start).
-    pub fn record(&mut self, started: Instant, result: &io::Result<usize>) -> Instant {
-        let now = Instant::now();
-        self.completed += 1;
-        match result {
-            Ok(n) if *n as u64 == self.bs => {
-                if self.window.measures(now) {
-                    self.tally.done(self.bs, started, now);
-                }
-            }
-            _ => self.tally.errors += 1,
-        }
-        now
     }
 }
 
@@ -292,10 +293,11 @@ pub fn run(variant: Variant, job: &Job) -> io::Result<Sample> {
         counters,
     };
     for w in &workers {
-        let _ = sample.latency_ns.add(&w.tally.latency_ns);
-        sample.measured += w.tally.ios;
-        sample.completed += w.completed;
-        sample.errors += w.tally.errors;
+        let f = w.figures();
+        let _ = sample.latency_ns.add(&f.read.latency_ns);
+        sample.measured += f.read.ios;
+        sample.completed += f.completed;
+        sample.errors += f.read.errors;
     }
     // On a block device every read must reach it: a runtime that quietly reads through the
     // page cache (glommio drops O_DIRECT for a node on devtmpfs, which it takes for tmpfs) is
@@ -356,26 +358,45 @@ mod tests {
 
     #[test]
     fn offsets_are_whole_blocks_inside_the_target_and_differ_per_worker() {
+        let offsets = |w: &mut Worker| -> Vec<u64> {
+            (0..1000)
+                .map(|_| {
+                    let o = w.start(Instant::now()).expect("before the deadline");
+                    w.finish(&Ok(4096));
+                    o
+                })
+                .collect()
+        };
         let mut workers = job(2).workers();
-        let a: Vec<u64> = (0..1000).map(|_| workers[0].next_offset()).collect();
-        let b: Vec<u64> = (0..1000).map(|_| workers[1].next_offset()).collect();
+        let a = offsets(&mut workers[0]);
+        let b = offsets(&mut workers[1]);
         assert!(a.iter().all(|o| o % 4096 == 0 && *o < 100 * 4096));
         assert_ne!(a, b);
         // Every variant gets the same sequence for the same worker.
-        let mut w = job(2).workers().remove(0);
-        let again: Vec<u64> = (0..1000).map(|_| w.next_offset()).collect();
-        assert_eq!(a, again);
+        assert_eq!(a, offsets(&mut job(2).workers().remove(0)));
     }
 
     #[test]
     fn short_and_failed_reads_are_errors_not_measurements() {
         let mut w = job(1).workers().remove(0);
-        let t = Instant::now();
-        w.record(t, &Ok(4096));
-        w.record(t, &Ok(512));
-        w.record(t, &Err(io::Error::other("EIO")));
-        assert_eq!((w.completed, w.tally.ios, w.tally.errors), (3, 1, 2));
-        assert_eq!(w.tally.latency_ns.len(), 1);
+        for result in [
+            Ok(4096),
+            Ok(512),
+            Err(io::Error::from_raw_os_error(libc::EIO)),
+        ] {
+            w.start(Instant::now()).expect("before the deadline");
+            w.finish(&result);
+        }
+        let f = w.figures();
+        assert_eq!((f.completed, f.read.ios, f.read.errors), (3, 1, 2));
+        assert_eq!(f.read.latency_ns.len(), 1);
+    }
+
+    #[test]
+    fn no_read_is_issued_from_the_deadline_on() {
+        let mut j = job(1);
+        j.secs = Duration::ZERO;
+        assert_eq!(j.workers()[0].start(Instant::now()), None);
     }
 
     #[test]

@@ -118,37 +118,33 @@ struct Shared {
     in_flight: Cell<usize>,
 }
 
-/// Submits worker `i`'s next read into `buf`, issued at `started`; its callback records it
-/// and submits the one after, until the worker's deadline.
+/// Submits worker `i`'s next read into `buf`, issued at `now`, unless the worker's deadline
+/// has passed (then it is no longer in flight); its callback records it and submits the one
+/// after.
 fn issue<L: EventLoop + 'static, E: IoEngine + 'static>(
     engine: &AttachedEngine<L, E>,
     shared: &Rc<Shared>,
     i: usize,
     buf: AlignedBuf,
-    started: Instant,
+    now: Instant,
 ) -> Result<(), SubmitError> {
-    let offset = shared.workers.borrow_mut()[i].next_offset();
+    let Some(offset) = shared.workers.borrow_mut()[i].start(now) else {
+        shared.in_flight.set(shared.in_flight.get() - 1);
+        return Ok(());
+    };
     let s = shared.clone();
     let request = Request::read(&shared.file, offset, buf, i as u64);
-    engine.submit_with(request, move |_ctx, engine, c| {
-        let now = {
-            let mut workers = s.workers.borrow_mut();
-            let w = &mut workers[i];
-            let now = w.record(started, &c.result);
-            if !w.running(now) {
-                s.in_flight.set(s.in_flight.get() - 1);
-                return;
-            }
-            now
-        };
+    let sent = engine.submit_with(request, move |_ctx, engine, c| {
+        let now = s.workers.borrow_mut()[i].finish(&c.result);
         // A read's completion always carries its one buffer back.
         let buf = c.buf.into_one().unwrap_or_else(|| AlignedBuf::new(s.bs));
-        if issue(engine, &s, i, buf, now).is_err() {
-            s.workers.borrow_mut()[i].tally.errors += 1;
+        if let Err(e) = issue(engine, &s, i, buf, now) {
+            let errno = io::Error::from(e).raw_os_error().unwrap_or(libc::EINVAL);
+            s.workers.borrow_mut()[i].refused(errno);
             s.in_flight.set(s.in_flight.get() - 1);
         }
-    })?;
-    Ok(())
+    });
+    sent.map(drop)
 }
 
 /// Per-request callbacks: every worker's first read submitted in one batch, then each
@@ -167,12 +163,12 @@ fn callbacks<L: EventLoop + 'static, E: IoEngine + 'static>(
     let engine = ctx.attach_engine(engine, |_, _| {})?;
     engine.plug();
     for i in 0..job.qd {
+        shared.in_flight.set(shared.in_flight.get() + 1);
         let sent = issue(&engine, &shared, i, AlignedBuf::new(job.bs), Instant::now());
         if let Err(e) = sent {
             engine.unplug();
             return Err(io::Error::from(e));
         }
-        shared.in_flight.set(shared.in_flight.get() + 1);
     }
     engine.unplug();
     while shared.in_flight.get() > 0 {

@@ -1,13 +1,11 @@
 //! The guest of a matrix cell: one thread per active disk, keeping `iodepth` requests in flight
 //! on the disk's virtqueues as fio does in the guest.
 //!
-//! This module owns the guest's side of the virtqueues and its figures: set up (the offsets,
-//! the slots, the measured window), drive (put each request on the disk's next queue in turn
-//! and ring the doorbells of the queues it filled, wait for an interrupt, reap the used rings;
-//! with verify, one request per block, each write's stamp
-//! prepared in its slot of guest RAM and every read's stamp checked there, judged against the
-//! disk's ledger) and collect ([`GuestStats`]). It never touches the iothread's context or the
-//! engine.
+//! This module owns the guest's side of the virtqueues: the target the bench's load generator
+//! drives ([`crate::load::generator`]: each request put on the disk's next queue in turn, the
+//! doorbells of the queues a batch filled rung once, the interrupts waited for, the used rings
+//! reaped; with verify, the slots of guest RAM where the generator stamps and checks) and the
+//! guest's figures ([`GuestStats`]). It never touches the iothread's context or the engine.
 
 use std::io;
 use std::os::fd::AsFd;
@@ -19,22 +17,18 @@ use std::time::{Duration, Instant};
 use nix::poll::{poll, PollFd, PollFlags};
 
 use super::memory::GuestRam;
-use super::{CellSpec, GuestRequest, UsedEntry, Virtqueue};
+use super::{CellSpec, GuestRequest, Virtqueue};
+use crate::error::BenchError;
 use crate::fio::job::thread_cpu_seconds;
-use crate::load::verify::{self, Ledger};
-use crate::load::{OffsetStream, Tally, Window};
+use crate::load::verify::Ledger;
+use crate::load::{drive, Direction, Generator, Issued, Layout, LoadSpec, Tally, Target, Window};
 
-/// How long after its deadline a guest waits for requests still in flight before it counts
+/// How long a guest waits without a completion while requests are in flight before it counts
 /// them as failed (an iothread that stopped answering must not hang the bench).
 const GIVE_UP_AFTER: Duration = Duration::from_secs(30);
 
-/// With verify: how many blocks a guest tries before it waits for one to be free.
-const BUSY_TRIES: usize = 64;
-
-/// With verify: how many mismatches a guest reports in full.
-const MAX_REPORTS: usize = 10;
-
 /// What one guest measured.
+#[derive(Default)]
 pub(super) struct GuestStats {
     /// Requests completed, and failed, in the measured window (and those abandoned, as
     /// failed), with their doorbell-to-interrupt latency.
@@ -111,134 +105,88 @@ pub(super) fn spawn(
                 // leaves the guest where its parent runs.
                 let _ = crate::cpus::pin_to(&place.cpus);
             }
+            let load = LoadSpec {
+                pattern: spec.pattern,
+                rwmixread: 50,
+                bs: spec.bs,
+                blocks,
+                layout: Layout::contiguous(0),
+                slots: spec.iodepth,
+                seed: 0x9e37 + disk as u64,
+                window: Window::new(Instant::now(), spec.ramp, spec.runtime),
+                io_limit: None,
+            };
             // This guest is the disk's only writer while the cell runs.
             let mut ledger = ledger
                 .as_ref()
                 .map(|l| l.lock().unwrap_or_else(PoisonError::into_inner));
-            let mut guest = Guest::set_up(&vqs, &ram, spec, disk, blocks, ledger.as_deref_mut());
-            guest.drive();
-            guest.stats.cpu_s = thread_cpu_seconds();
-            guest.stats
+            let mut target = VirtqueueTarget {
+                vqs: &vqs,
+                next_queue: 0,
+                pending: vec![Vec::new(); vqs.len()],
+                ram: &ram,
+                disk,
+                waits: 0,
+            };
+            let mut stats = GuestStats::default();
+            let generator = match ledger.as_deref_mut() {
+                Some(l) => Generator::verifying(&load, l),
+                None => Ok(Generator::new(&load)),
+            };
+            let mut generator = match generator {
+                Ok(g) => g,
+                Err(e) => {
+                    // The cell's checks keep this from happening; a guest that cannot run
+                    // counts one failure and reports why.
+                    stats.tally.errors = 1;
+                    stats.verify_reports.push(format!("disk {disk}: {e}"));
+                    return stats;
+                }
+            };
+            // A stalled iothread's requests count as failed (abandoned): nothing more to do.
+            let _ = drive(&mut generator, &mut target, GIVE_UP_AFTER);
+            let figures = generator.into_figures();
+            stats.tally = figures.total();
+            stats.verified_reads = figures.verify.verified;
+            stats.verify_errors = figures.verify.mismatches;
+            stats.verify_reports = (figures.verify.reports.into_iter())
+                .map(|e| format!("disk {disk}: {e}"))
+                .collect();
+            stats.waits = target.waits;
+            stats.cpu_s = thread_cpu_seconds();
+            stats
         })
 }
 
-/// Where each slot's request went, for the guest's bookkeeping.
-#[derive(Debug, Clone, Copy)]
-struct SlotInfo {
-    issued_at: Instant,
-    block: u64,
-    write: bool,
-    generation: u64,
-}
-
-/// One guest while it runs.
-struct Guest<'a> {
+/// The guest's target: the disk's virtqueues, each request put on the next queue in turn, the
+/// doorbells of the queues that got one rung once per batch, the interrupts waited for.
+struct VirtqueueTarget<'a> {
     /// The disk's virtqueues.
     vqs: &'a [Arc<Virtqueue>],
     /// The queue the next request goes on.
     next_queue: usize,
-    /// Per queue, the requests of the current `issue` (kept to reuse their memory).
+    /// Per queue, the requests of the batch not made available yet.
     pending: Vec<Vec<GuestRequest>>,
     /// The guest RAM; this guest's slots are those of disk `disk`.
     ram: &'a GuestRam,
     disk: usize,
-    offsets: OffsetStream,
-    /// With verify: the disk's ledger, held for the whole run.
-    ledger: Option<&'a mut Ledger>,
-    slots: Vec<SlotInfo>,
-    /// Slots with no request in flight.
-    free: Vec<u32>,
-    outstanding: usize,
-    window: Window,
-    stats: GuestStats,
+    /// Waits for an interrupt.
+    waits: u64,
 }
 
-impl<'a> Guest<'a> {
-    /// Every slot free, the window starting after the ramp.
-    fn set_up(
-        vqs: &'a [Arc<Virtqueue>],
-        ram: &'a GuestRam,
-        spec: CellSpec,
-        disk: usize,
-        blocks: u64,
-        ledger: Option<&'a mut Ledger>,
-    ) -> Self {
-        let offsets = OffsetStream::new(
-            spec.pattern,
-            50,
-            blocks,
-            spec.bs as u64,
-            0x9e37 + disk as u64,
-        );
-        let start = Instant::now();
-        let window = Window::new(start, spec.ramp, spec.runtime);
-        let idle = SlotInfo {
-            issued_at: start,
-            block: 0,
-            write: false,
-            generation: 0,
-        };
-        Guest {
-            vqs,
-            next_queue: 0,
-            pending: vec![Vec::new(); vqs.len()],
-            ram,
-            disk,
-            offsets,
-            ledger,
-            slots: vec![idle; spec.iodepth],
-            free: (0..spec.iodepth as u32).collect(),
-            outstanding: 0,
-            window,
-            stats: GuestStats {
-                tally: Tally::default(),
-                verified_reads: 0,
-                verify_errors: 0,
-                verify_reports: Vec::new(),
-                cpu_s: 0.0,
-                waits: 0,
-            },
-        }
+impl Target for VirtqueueTarget<'_> {
+    fn submit(&mut self, request: Issued) -> Result<(), i32> {
+        self.pending[self.next_queue].push(GuestRequest {
+            slot: request.slot as u32,
+            offset: request.offset,
+            write: request.direction != Direction::Read,
+        });
+        self.next_queue = (self.next_queue + 1) % self.vqs.len();
+        Ok(())
     }
 
-    /// Keeps the slots busy until the deadline, then reaps what is still in flight.
-    fn drive(&mut self) {
-        loop {
-            let now = Instant::now();
-            if self.window.running(now) && !self.free.is_empty() {
-                self.issue(now);
-            }
-            if self.outstanding == 0 {
-                break;
-            }
-            self.wait_for_interrupt();
-            self.stats.waits += 1;
-            let now = Instant::now();
-            for q in 0..self.vqs.len() {
-                for entry in self.vqs[q].take_used() {
-                    self.complete(entry, now);
-                }
-            }
-            if now >= self.window.deadline + GIVE_UP_AFTER {
-                self.abandon();
-                break;
-            }
-        }
-    }
-
-    /// Fills the free slots with requests issued at `now`, each on the next queue in turn,
-    /// and kicks the ioeventfd of every queue that got one.
-    fn issue(&mut self, now: Instant) {
-        while let Some(&slot) = self.free.last() {
-            let Some(block) = self.pick_block() else {
-                break;
-            };
-            self.free.pop();
-            let request = self.start(slot, block, now);
-            self.pending[self.next_queue].push(request);
-            self.next_queue = (self.next_queue + 1) % self.vqs.len();
-            self.outstanding += 1;
-        }
+    /// Makes the batch available and kicks the ioeventfd of every queue that got a request.
+    fn flush(&mut self) -> Result<(), BenchError> {
         for (vq, pending) in self.vqs.iter().zip(&mut self.pending) {
             if pending.is_empty() {
                 continue;
@@ -254,130 +202,51 @@ impl<'a> Guest<'a> {
                 let _ = vq.doorbell.notify();
             }
         }
+        Ok(())
     }
 
-    /// The next block to request. With verify, one with no request in flight: `None` when the
-    /// blocks tried are all busy (try again after the next completions).
-    fn pick_block(&mut self) -> Option<u64> {
-        let mut block = self.offsets.next_block();
-        if let Some(l) = &self.ledger {
-            let mut tries = 0;
-            while l.busy[block as usize] && tries < BUSY_TRIES {
-                block = self.offsets.next_block();
-                tries += 1;
-            }
-            if l.busy[block as usize] {
-                return None;
-            }
+    fn reap(&mut self, done: &mut Vec<(usize, Result<u64, i32>)>) -> Result<(), BenchError> {
+        for vq in self.vqs {
+            done.extend(vq.take_used().into_iter().map(|e| {
+                let result = if e.result < 0 {
+                    Err(-e.result as i32)
+                } else {
+                    Ok(e.result as u64)
+                };
+                (e.slot as usize, result)
+            }));
         }
-        Some(block)
-    }
-
-    /// The request for `slot` on `block`: read or write as the pattern says; with verify, the
-    /// block marked busy and a write given the next generation, its stamp written into the
-    /// slot's guest RAM.
-    fn start(&mut self, slot: u32, block: u64, now: Instant) -> GuestRequest {
-        let write = self.offsets.next_is_write();
-        let mut generation = 0;
-        if let Some(l) = &mut self.ledger {
-            l.busy[block as usize] = true;
-            if write {
-                generation = l.next_generation;
-                l.next_generation += 1;
-                // SAFETY: the slot is free (no request in flight on it): this guest's alone.
-                let mem = unsafe { self.ram.slot_mut(self.disk, slot) };
-                verify::stamp(mem, self.offsets.offset(block), generation);
-            }
-        }
-        self.slots[slot as usize] = SlotInfo {
-            issued_at: now,
-            block,
-            write,
-            generation,
-        };
-        GuestRequest {
-            slot,
-            offset: self.offsets.offset(block),
-            write,
-        }
+        Ok(())
     }
 
     /// Waits for an interrupt of any of the disk's queues (at most 100 ms, so a lost one
     /// costs no more).
-    fn wait_for_interrupt(&self) {
+    fn wait(&mut self, limit: Duration) -> Result<(), BenchError> {
+        self.waits += 1;
+        let ms = limit.as_millis().clamp(1, 100) as u16;
         if let [vq] = self.vqs {
             let mut pfd = [PollFd::new(vq.interrupt.as_fd(), PollFlags::POLLIN)];
-            let _ = poll(&mut pfd, 100u16);
+            let _ = poll(&mut pfd, ms);
             vq.interrupt.test_and_clear();
-            return;
+            return Ok(());
         }
         let mut pfds: Vec<PollFd<'_>> = self
             .vqs
             .iter()
             .map(|vq| PollFd::new(vq.interrupt.as_fd(), PollFlags::POLLIN))
             .collect();
-        let _ = poll(&mut pfds, 100u16);
+        let _ = poll(&mut pfds, ms);
         for (vq, pfd) in self.vqs.iter().zip(&pfds) {
             if pfd.any().unwrap_or(true) {
                 vq.interrupt.test_and_clear();
             }
         }
+        Ok(())
     }
 
-    /// A finished request: its slot free again, the ledger settled, counted if it finished
-    /// inside the measured window.
-    fn complete(&mut self, entry: UsedEntry, now: Instant) {
-        self.outstanding -= 1;
-        self.free.push(entry.slot);
-        let info = self.slots[entry.slot as usize];
-        let result = entry.result;
-        self.settle(entry.slot, info, result);
-        if self.window.measures(now) {
-            if result < 0 {
-                self.stats.tally.errors += 1;
-            } else {
-                self.stats.tally.done(result as u64, info.issued_at, now);
-            }
-        }
-    }
-
-    /// With verify: the block free again; a write acknowledged (or its contents unknown if it
-    /// failed); a read's stamp checked in the slot's guest RAM and judged against the
-    /// generation last acknowledged.
-    fn settle(&mut self, slot: u32, info: SlotInfo, result: i64) {
-        let Some(l) = &mut self.ledger else {
-            return;
-        };
-        let b = info.block as usize;
-        l.busy[b] = false;
-        if info.write {
-            l.acked[b] = (result >= 0).then_some(info.generation);
-        } else if result >= 0 {
-            self.stats.verified_reads += 1;
-            let offset = self.offsets.offset(info.block);
-            // SAFETY: the request is on the used ring: the slot is this guest's again.
-            let stamp = verify::check(unsafe { self.ram.slot(self.disk, slot) }, offset);
-            if let Err(e) = l.judge(info.block, offset, stamp) {
-                self.stats.verify_errors += 1;
-                if self.stats.verify_reports.len() < MAX_REPORTS {
-                    let disk = self.disk;
-                    self.stats.verify_reports.push(format!("disk {disk}: {e}"));
-                }
-            }
-        }
-    }
-
-    /// The iothread stopped answering: the requests in flight count as failed. Their blocks
-    /// are free again but their contents unknown.
-    fn abandon(&mut self) {
-        self.stats.tally.errors += self.outstanding as u64;
-        if let Some(l) = &mut self.ledger {
-            for (slot, info) in self.slots.iter().enumerate() {
-                if !self.free.contains(&(slot as u32)) {
-                    l.busy[info.block as usize] = false;
-                    l.acked[info.block as usize] = None;
-                }
-            }
-        }
+    unsafe fn slot_memory(&mut self, slot: usize) -> Option<&mut [u8]> {
+        // SAFETY: no request is in flight on the slot (the caller's promise), so this guest
+        // thread is its only user.
+        Some(unsafe { self.ram.slot_mut(self.disk, slot as u32) })
     }
 }

@@ -13,7 +13,8 @@
 //! With verify, every write carries [`crate::load::verify`]'s stamp (its offset, a generation and a
 //! crc32c) and every read is checked: a block written in this run must hold its last
 //! acknowledged generation; a block not yet written in this run may be unstamped, or hold any
-//! valid stamp for its offset (an earlier run's).
+//! valid stamp for its offset (an earlier run's). The requests, their checks and the counts are
+//! the bench's load generator's ([`crate::load::generator`]), driving one target per queue.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,7 +26,7 @@ use hdrhistogram::Histogram;
 use crate::error::BenchError;
 use crate::load::{Pattern, Window};
 
-use super::queue::{QueueDriver, QueueStats};
+use super::queue::{run_queue, QueueStats};
 use super::ProcCpu;
 
 /// The longest wait for the daemon to answer libblkio's connection.
@@ -193,8 +194,7 @@ pub fn run_client(
                 let base = region.addr + q * spec.iodepth * spec.bs;
                 let failed = &failed;
                 s.spawn(move || {
-                    let mut driver = QueueDriver::new(queue, q, spec, blocks_per_queue, base)?;
-                    let r = driver.run(window, failed);
+                    let r = run_queue(queue, q, spec, blocks_per_queue, base, window, failed);
                     if r.is_err() {
                         failed.store(true, Ordering::Relaxed);
                     }
@@ -218,7 +218,7 @@ pub fn run_client(
     b.free_mem_region(&region);
     drop(b);
 
-    let mut total = QueueStats::new();
+    let mut total = QueueStats::default();
     let mut errors = Vec::new();
     for r in results {
         match r {
@@ -229,31 +229,33 @@ pub fn run_client(
     if !errors.is_empty() {
         return Err(BenchError::failed(errors.join("; ")));
     }
-    if total.tally.errors > 0 {
+    let f = total.figures;
+    let t = f.total();
+    if t.errors > 0 {
         return Err(BenchError::failed(format!(
             "{} request(s) failed on {sock}; first: {}",
-            total.tally.errors,
-            total.first_error.unwrap_or_default()
+            t.errors,
+            f.first_failure.map(|e| e.to_string()).unwrap_or_default()
         )));
     }
-    if total.mismatches > 0 {
+    if f.verify.mismatches > 0 {
         return Err(BenchError::failed(format!(
             "--verify: {} mismatch(es) on {sock}: {}",
-            total.mismatches,
-            total.reports.join("; ")
+            f.verify.mismatches,
+            f.verify.reports.join("; ")
         )));
     }
     Ok(ClientResult {
         capacity,
-        requests: total.tally.ios,
-        reads: total.reads,
-        bytes: total.tally.bytes,
+        requests: t.ios,
+        reads: f.read.ios,
+        bytes: t.bytes,
         window: spec.runtime,
-        latency_ns: total.tally.latency_ns,
+        latency_ns: t.latency_ns,
         daemon_cpu: total.daemon_cpu,
-        stamped_writes: total.stamped,
-        verified_reads: total.verified,
-        unstamped_reads: total.unstamped,
+        stamped_writes: f.verify.stamped,
+        verified_reads: f.verify.verified,
+        unstamped_reads: f.verify.unstamped,
     })
 }
 

@@ -1,0 +1,614 @@
+//! The load generator every path of the bench shares: per request slot, the request it sends
+//! next and the one in flight; what finished in the measured window; with verify, each write's
+//! stamp and each read's check against the disk's [`Ledger`].
+//!
+//! This module owns the slots, the offsets, the window and the figures ([`Generator`]), and
+//! the loop that keeps a [`Target`] busy ([`drive`]). It never touches a queue, an engine or a
+//! socket. The ways requests reach a disk:
+//! - a virtqueue of the in-process matrix (the guest in [`crate::scsi`]) and a vhost-user
+//!   socket through libblkio (`crate::vhost`) are [`Target`]s: queue, kick, wait, reap, all on
+//!   the client's thread, so [`drive`] runs them;
+//! - an engine attached to an `AioContext` ([`crate::fio::job`]) delivers each completion to
+//!   the request's own callback inside the loop's `poll`, and the slot's next request goes out
+//!   from there, as an application's would: the job calls [`Generator::complete`] and
+//!   [`Generator::issue`] from its callbacks;
+//! - the Rust peers (`aio-bench peers`) run a generator of one slot per worker task and call
+//!   the same two from the task: a runtime's futures drive those, not a blocking loop.
+
+use std::fmt;
+use std::io;
+use std::time::{Duration, Instant};
+
+use super::verify::{self, Ledger, ReadVerdict};
+use super::{Direction, OffsetStream, Pattern, Tally, Window};
+use crate::error::BenchError;
+
+/// Mismatch reports a generator keeps in full (the count is always exact).
+const MAX_REPORTS: usize = 10;
+
+/// Where block `b` of a generator's stream lies on the disk: byte
+/// `base + (b * stride + phase) * bs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// The first byte of the region.
+    pub base: u64,
+    /// Disk blocks from one of the stream's blocks to the next.
+    pub stride: u64,
+    /// The stream's first disk block after `base`.
+    pub phase: u64,
+}
+
+impl Layout {
+    /// Consecutive blocks from byte `base` on.
+    pub fn contiguous(base: u64) -> Layout {
+        Layout {
+            base,
+            stride: 1,
+            phase: 0,
+        }
+    }
+
+    /// Every `of`-th block, starting at block `index` (stream `index` of `of` sharing a disk,
+    /// so that each block has one writer).
+    pub fn interleaved(index: u64, of: u64) -> Layout {
+        Layout {
+            base: 0,
+            stride: of.max(1),
+            phase: index,
+        }
+    }
+
+    /// The byte offset of the stream's block `block` of `bs` bytes.
+    pub fn offset(&self, block: u64, bs: u64) -> u64 {
+        self.base + (block * self.stride + self.phase) * bs
+    }
+}
+
+/// What a generator runs.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadSpec {
+    /// The pattern.
+    pub pattern: Pattern,
+    /// The percentage of reads of a mixed pattern (fio's `rwmixread`).
+    pub rwmixread: u8,
+    /// Bytes per request.
+    pub bs: usize,
+    /// Blocks of `bs` bytes the stream picks from.
+    pub blocks: u64,
+    /// Where those blocks lie.
+    pub layout: Layout,
+    /// Request slots: at most this many requests in flight.
+    pub slots: usize,
+    /// The offset stream's seed.
+    pub seed: u64,
+    /// The ramp and the measured window.
+    pub window: Window,
+    /// No request issued once this many bytes were (fio without `time_based`).
+    pub io_limit: Option<u64>,
+}
+
+/// A request a generator issued for a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Issued {
+    /// The slot (a target's token for it).
+    pub slot: usize,
+    /// The byte offset on the disk.
+    pub offset: u64,
+    /// Bytes.
+    pub len: usize,
+    /// Read, write or trim.
+    pub direction: Direction,
+}
+
+/// Why a request failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureCause {
+    /// The target reported this errno (or refused the request with it).
+    Errno(i32),
+    /// It moved fewer bytes than asked for.
+    Short(u64),
+}
+
+/// A request that failed: which one, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestFailure {
+    /// Which way it went.
+    pub direction: Direction,
+    /// Its offset.
+    pub offset: u64,
+    /// Its length.
+    pub len: usize,
+    /// Why.
+    pub cause: FailureCause,
+}
+
+impl RequestFailure {
+    /// The errno to report it with (`EIO` for a short transfer).
+    pub fn errno(&self) -> i32 {
+        match self.cause {
+            FailureCause::Errno(e) => e,
+            FailureCause::Short(_) => libc::EIO,
+        }
+    }
+}
+
+impl fmt::Display for RequestFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.direction {
+            Direction::Read => "read",
+            Direction::Write => "write",
+            Direction::Trim => "trim",
+        };
+        write!(f, "{what} of {} bytes at {}: ", self.len, self.offset)?;
+        match self.cause {
+            FailureCause::Errno(e) => write!(f, "{}", io::Error::from_raw_os_error(e)),
+            FailureCause::Short(n) => write!(f, "short transfer ({n} bytes)"),
+        }
+    }
+}
+
+/// What the checks of a verifying generator found (the ramp's requests included).
+#[derive(Debug, Clone, Default)]
+pub struct VerifyFigures {
+    /// Stamped writes acknowledged.
+    pub stamped: u64,
+    /// Reads whose stamp matched what the ledger expects.
+    pub verified: u64,
+    /// Reads of blocks whose contents the ledger does not know that held no stamp (accepted).
+    pub unstamped: u64,
+    /// Reads that did not hold what the ledger expects.
+    pub mismatches: u64,
+    /// The first mismatches, in words.
+    pub reports: Vec<String>,
+}
+
+/// What a generator counted.
+#[derive(Debug, Clone, Default)]
+pub struct LoadFigures {
+    /// Reads completed in the measured window; reads that failed, whenever.
+    pub read: Tally,
+    /// Writes, the same way.
+    pub write: Tally,
+    /// Trims, the same way.
+    pub trim: Tally,
+    /// Every request completed, failed or not, the ramp's included.
+    pub completed: u64,
+    /// The first request that failed.
+    pub first_failure: Option<RequestFailure>,
+    /// When the last measured request completed.
+    pub last_measured: Option<Instant>,
+    /// With verify: what the checks found.
+    pub verify: VerifyFigures,
+}
+
+impl LoadFigures {
+    /// Reads, writes and trims together.
+    pub fn total(&self) -> Tally {
+        let mut t = self.read.clone();
+        t.merge(&self.write);
+        t.merge(&self.trim);
+        t
+    }
+
+    /// Adds another generator's counts (the first failure and the first reports kept, the
+    /// later completion kept).
+    pub fn merge(&mut self, other: &LoadFigures) {
+        self.read.merge(&other.read);
+        self.write.merge(&other.write);
+        self.trim.merge(&other.trim);
+        self.completed += other.completed;
+        self.first_failure = self.first_failure.or(other.first_failure);
+        self.last_measured = self.last_measured.max(other.last_measured);
+        let (v, o) = (&mut self.verify, &other.verify);
+        v.stamped += o.stamped;
+        v.verified += o.verified;
+        v.unstamped += o.unstamped;
+        v.mismatches += o.mismatches;
+        for r in &o.reports {
+            if v.reports.len() < MAX_REPORTS && !v.reports.contains(r) {
+                v.reports.push(r.clone());
+            }
+        }
+    }
+
+    fn tally(&mut self, direction: Direction) -> &mut Tally {
+        match direction {
+            Direction::Read => &mut self.read,
+            Direction::Write => &mut self.write,
+            Direction::Trim => &mut self.trim,
+        }
+    }
+}
+
+/// A slot's request in flight.
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    /// The stream's block (the ledger's index).
+    block: u64,
+    direction: Direction,
+    /// A stamped write's generation.
+    generation: u64,
+    issued_at: Instant,
+}
+
+/// One load generator while it runs: its slots, its offsets, its window and its figures; with
+/// verify, the ledger of its blocks, held for the run.
+///
+/// Contract:
+/// - [`issue`](Self::issue) is called for a slot with no request in flight, and gives the
+///   slot's next request (`None` from the deadline on, once the I/O limit is reached, or when
+///   every block of a verifying generator is busy);
+/// - [`complete`](Self::complete) (or [`refused`](Self::refused)) is called once for each
+///   request issued; [`abandon`](Self::abandon) gives up every request still in flight;
+/// - a verifying generator is given the slot's memory at both: it stamps a write's buffer or
+///   clears a read's before the request goes, and checks what a read brought back.
+#[derive(Debug)]
+pub struct Generator<'l> {
+    offsets: OffsetStream,
+    layout: Layout,
+    bs: usize,
+    window: Window,
+    io_limit: Option<u64>,
+    issued_bytes: u64,
+    slots: Vec<Option<InFlight>>,
+    in_flight: usize,
+    ledger: Option<&'l mut Ledger>,
+    figures: LoadFigures,
+}
+
+impl Generator<'static> {
+    /// A generator for `spec` that does not verify.
+    pub fn new(spec: &LoadSpec) -> Generator<'static> {
+        Generator {
+            offsets: OffsetStream::new(
+                spec.pattern,
+                spec.rwmixread,
+                spec.blocks,
+                spec.bs as u64,
+                spec.seed,
+            ),
+            layout: spec.layout,
+            bs: spec.bs,
+            window: spec.window,
+            io_limit: spec.io_limit,
+            issued_bytes: 0,
+            slots: vec![None; spec.slots],
+            in_flight: 0,
+            ledger: None,
+            figures: LoadFigures::default(),
+        }
+    }
+}
+
+impl<'l> Generator<'l> {
+    /// A generator for `spec` that stamps its writes and checks its reads against `ledger`
+    /// (one entry per block of the stream), or an error when the ledger does not fit:
+    /// another block size or block count, or fewer blocks than slots (each request needs a
+    /// block of its own).
+    pub fn verifying(spec: &LoadSpec, ledger: &'l mut Ledger) -> Result<Generator<'l>, String> {
+        if ledger.bs != spec.bs || ledger.acked.len() as u64 != spec.blocks {
+            return Err(format!(
+                "the ledger has {} blocks of {} bytes, the load {} of {}",
+                ledger.acked.len(),
+                ledger.bs,
+                spec.blocks,
+                spec.bs
+            ));
+        }
+        if spec.blocks < spec.slots as u64 || spec.bs < verify::HEADER || spec.bs % 8 != 0 {
+            return Err(format!(
+                "verify needs a block per request in flight and blocks of at least {} bytes: \
+                 {} blocks of {} bytes for {} requests",
+                verify::HEADER,
+                spec.blocks,
+                spec.bs,
+                spec.slots
+            ));
+        }
+        Ok(Generator {
+            ledger: Some(ledger),
+            ..Generator::new(spec)
+        })
+    }
+
+    /// Request slots.
+    pub fn slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Requests in flight.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// The ramp and the measured window.
+    pub fn window(&self) -> Window {
+        self.window
+    }
+
+    /// Whether it stamps and checks (and so wants each slot's memory).
+    pub fn verifies(&self) -> bool {
+        self.ledger.is_some()
+    }
+
+    /// What it counted so far.
+    pub fn figures(&self) -> &LoadFigures {
+        &self.figures
+    }
+
+    /// What it counted.
+    pub fn into_figures(self) -> LoadFigures {
+        self.figures
+    }
+
+    /// The next request of free `slot`, issued at `now`; `mem` is the slot's buffer when the
+    /// generator verifies (a write's stamp goes there). `None`: nothing to issue (see the
+    /// type's contract).
+    ///
+    /// # Panics
+    ///
+    /// If `slot` has a request in flight, or a verifying generator is given no memory: both
+    /// are bugs of the target.
+    pub fn issue(&mut self, slot: usize, now: Instant, mem: Option<&mut [u8]>) -> Option<Issued> {
+        assert!(self.slots[slot].is_none(), "slot {slot} is in flight");
+        let limited = self.io_limit.is_some_and(|l| self.issued_bytes >= l);
+        if limited || !self.window.running(now) {
+            return None;
+        }
+        let mut block = self.offsets.next_block();
+        let direction = self.offsets.next_direction();
+        let mut generation = 0;
+        if let Some(ledger) = self.ledger.as_deref_mut() {
+            block = ledger.free_block_from(block)?;
+            let offset = self.layout.offset(block, self.bs as u64);
+            let mem = mem.expect("a verifying generator is given the slot's memory");
+            generation = ledger.begin(block, direction, offset, mem);
+        }
+        self.issued_bytes += self.bs as u64;
+        self.in_flight += 1;
+        self.slots[slot] = Some(InFlight {
+            block,
+            direction,
+            generation,
+            issued_at: now,
+        });
+        Some(Issued {
+            slot,
+            offset: self.layout.offset(block, self.bs as u64),
+            len: self.bs,
+            direction,
+        })
+    }
+
+    /// `slot`'s request finished at `now` with `result` (bytes moved, or an errno); `mem` is
+    /// the slot's buffer when the generator verifies (a read's stamp is checked there).
+    /// Counted when it finished inside the measured window; a failure (an errno, or fewer
+    /// bytes than asked) is counted whenever it comes, the ramp included, as fio does.
+    ///
+    /// # Panics
+    ///
+    /// If `slot` has no request in flight (a completion delivered twice).
+    pub fn complete(
+        &mut self,
+        slot: usize,
+        result: Result<u64, i32>,
+        now: Instant,
+        mem: Option<&[u8]>,
+    ) {
+        let r = self.slots[slot]
+            .take()
+            .expect("a completion for a slot with a request in flight");
+        self.in_flight -= 1;
+        self.figures.completed += 1;
+        let offset = self.layout.offset(r.block, self.bs as u64);
+        let cause = match result {
+            Ok(n) if n == self.bs as u64 => None,
+            Ok(n) => Some(FailureCause::Short(n)),
+            Err(e) => Some(FailureCause::Errno(e)),
+        };
+        if let Some(ledger) = self.ledger.as_deref_mut() {
+            let ok = cause.is_none();
+            let checked = (ok && r.direction == Direction::Read)
+                .then(|| mem.expect("a verifying generator is given the slot's memory"));
+            let v = &mut self.figures.verify;
+            match ledger.finish(r.block, r.direction, r.generation, ok, offset, checked) {
+                Some(ReadVerdict::Verified) => v.verified += 1,
+                Some(ReadVerdict::Unstamped) => v.unstamped += 1,
+                Some(ReadVerdict::Mismatch(e)) => {
+                    v.mismatches += 1;
+                    if v.reports.len() < MAX_REPORTS {
+                        v.reports.push(e.to_string());
+                    }
+                }
+                None => v.stamped += u64::from(ok && r.direction == Direction::Write),
+            }
+        }
+        match cause {
+            Some(cause) => {
+                self.figures.tally(r.direction).errors += 1;
+                self.figures.first_failure.get_or_insert(RequestFailure {
+                    direction: r.direction,
+                    offset,
+                    len: self.bs,
+                    cause,
+                });
+            }
+            None if self.window.measures(now) => {
+                self.figures.last_measured = Some(now);
+                let bs = self.bs as u64;
+                self.figures.tally(r.direction).done(bs, r.issued_at, now);
+            }
+            None => {}
+        }
+    }
+
+    /// `slot`'s request was refused by the target with `errno`: it counts as failed and the
+    /// slot is free again.
+    pub fn refused(&mut self, slot: usize, errno: i32) {
+        self.complete(slot, Err(errno), Instant::now(), None);
+    }
+
+    /// The target stopped answering: every request in flight counts as failed, and the
+    /// contents of the blocks they were writing are unknown.
+    pub fn abandon(&mut self) {
+        for slot in 0..self.slots.len() {
+            if self.slots[slot].is_some() {
+                self.complete(slot, Err(libc::ETIMEDOUT), Instant::now(), None);
+            }
+        }
+    }
+}
+
+/// How a [`Generator`]'s requests reach a disk: queue one, send what was queued, take what
+/// completed, wait for more.
+///
+/// Contract:
+/// - `submit` queues a request on slot `request.slot` (or refuses it with an errno: it is then
+///   counted as failed); it goes out at the latest with the next `flush`;
+/// - `reap` moves the completions there are into `done`, as `(slot, bytes or errno)`, never
+///   waiting, each request's once;
+/// - `wait` returns once something may have completed, or after about `limit`;
+/// - a target whose slots have memory returns it from `slot_memory` (a verifying generator
+///   stamps and checks there).
+pub trait Target {
+    /// Queues `request`, or refuses it with an errno.
+    fn submit(&mut self, request: Issued) -> Result<(), i32>;
+
+    /// Sends what `submit` queued (rings doorbells, ends a plugged batch). The default does
+    /// nothing: `submit` sent it.
+    fn flush(&mut self) -> Result<(), BenchError> {
+        Ok(())
+    }
+
+    /// Moves the completions there are into `done`, without waiting.
+    fn reap(&mut self, done: &mut Vec<(usize, Result<u64, i32>)>) -> Result<(), BenchError>;
+
+    /// Waits until something may have completed, or for about `limit`.
+    fn wait(&mut self, limit: Duration) -> Result<(), BenchError>;
+
+    /// Whether to stop issuing before the deadline (another part of the run failed). The
+    /// default never stops.
+    fn stopped(&self) -> bool {
+        false
+    }
+
+    /// Slot `slot`'s buffer (`None`: this target's slots have no memory the generator may
+    /// use, and it cannot verify).
+    ///
+    /// # Safety
+    ///
+    /// `slot` has no request in flight (its last one completed and was reaped, its next one is
+    /// not submitted), and the slice is not kept past the next call on this target.
+    unsafe fn slot_memory(&mut self, slot: usize) -> Option<&mut [u8]>;
+}
+
+/// Why [`drive`] ended before the load did.
+#[derive(Debug, thiserror::Error)]
+pub enum DriveError {
+    /// No completion came for `after` with requests in flight; they were given up
+    /// ([`Generator::abandon`]).
+    #[error(
+        "no completion for {} s with {in_flight} request(s) in flight (the target stopped \
+         answering)",
+        after.as_secs()
+    )]
+    Stalled {
+        /// The requests given up.
+        in_flight: usize,
+        /// How long nothing came.
+        after: Duration,
+    },
+    /// The target failed.
+    #[error(transparent)]
+    Target(#[from] BenchError),
+}
+
+/// Runs `generator` against `target`: every slot filled, then each completion counted and its
+/// slot refilled at once, until the deadline (or the I/O limit, or the target stops), and then
+/// until nothing is in flight. With requests in flight and no completion for `stall`, they
+/// are given up and the drive fails.
+pub fn drive<T: Target>(
+    generator: &mut Generator<'_>,
+    target: &mut T,
+    stall: Duration,
+) -> Result<(), DriveError> {
+    let mut done = Vec::with_capacity(generator.slots());
+    let start = Instant::now();
+    for slot in 0..generator.slots() {
+        issue_on(generator, target, slot, start);
+    }
+    let mut last_progress = start;
+    loop {
+        target.flush()?;
+        done.clear();
+        target.reap(&mut done)?;
+        let now = Instant::now();
+        if done.is_empty() {
+            if generator.in_flight() == 0 {
+                return Ok(());
+            }
+            let quiet = now.saturating_duration_since(last_progress);
+            if quiet >= stall {
+                let in_flight = generator.in_flight();
+                generator.abandon();
+                return Err(DriveError::Stalled {
+                    in_flight,
+                    after: stall,
+                });
+            }
+            let deadline = generator.window().deadline;
+            let limit = if now < deadline && !target.stopped() {
+                deadline - now
+            } else {
+                stall - quiet
+            };
+            target.wait(limit)?;
+            continue;
+        }
+        last_progress = now;
+        let refill = !target.stopped();
+        for &(slot, result) in &done {
+            // SAFETY: the slot's request was reaped: nothing is in flight on it, and the slice
+            // is let go before the next call on the target.
+            let mem = unsafe { memory_for(generator, target, slot) };
+            generator.complete(slot, result, now, mem.as_deref());
+            if refill {
+                issue_on(generator, target, slot, now);
+            }
+        }
+    }
+}
+
+/// Issues free `slot`'s next request at `now` (if the generator has one) to `target`.
+fn issue_on<T: Target>(generator: &mut Generator<'_>, target: &mut T, slot: usize, now: Instant) {
+    // SAFETY: the slot is free (first fill, or its request was just completed), and the
+    // slice is let go before `submit`.
+    let mem = unsafe { memory_for(generator, target, slot) };
+    let Some(request) = generator.issue(slot, now, mem) else {
+        return;
+    };
+    if let Err(errno) = target.submit(request) {
+        generator.refused(slot, errno);
+    }
+}
+
+/// `slot`'s memory when `generator` verifies (it wants none otherwise).
+///
+/// # Safety
+///
+/// As for [`Target::slot_memory`].
+unsafe fn memory_for<'t, T: Target>(
+    generator: &Generator<'_>,
+    target: &'t mut T,
+    slot: usize,
+) -> Option<&'t mut [u8]> {
+    if !generator.verifies() {
+        return None;
+    }
+    // SAFETY: the caller's promise, passed on.
+    unsafe { target.slot_memory(slot) }
+}
+
+#[cfg(test)]
+#[path = "generator_tests.rs"]
+mod tests;
