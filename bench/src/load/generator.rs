@@ -158,7 +158,7 @@ pub struct VerifyFigures {
     pub unstamped: u64,
     /// Reads that did not hold what the ledger expects.
     pub mismatches: u64,
-    /// The first mismatches, in words.
+    /// The first mismatches, in words, each once.
     pub reports: Vec<String>,
 }
 
@@ -408,16 +408,15 @@ impl<'l> Generator<'l> {
         };
         if let Some(ledger) = self.ledger.as_deref_mut() {
             let ok = cause.is_none();
-            let checked = (ok && r.direction == Direction::Read)
-                .then(|| mem.expect("a verifying generator is given the slot's memory"));
             let v = &mut self.figures.verify;
-            match ledger.finish(r.block, r.direction, r.generation, ok, offset, checked) {
+            match ledger.finish(r.block, r.direction, r.generation, ok, offset, mem) {
                 Some(ReadVerdict::Verified) => v.verified += 1,
                 Some(ReadVerdict::Unstamped) => v.unstamped += 1,
                 Some(ReadVerdict::Mismatch(e)) => {
                     v.mismatches += 1;
-                    if v.reports.len() < MAX_REPORTS {
-                        v.reports.push(e.to_string());
+                    let e = e.to_string();
+                    if v.reports.len() < MAX_REPORTS && !v.reports.contains(&e) {
+                        v.reports.push(e);
                     }
                 }
                 None => v.stamped += u64::from(ok && r.direction == Direction::Write),

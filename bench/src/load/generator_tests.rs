@@ -30,6 +30,10 @@ struct MemoryDisk {
     exclusive: bool,
     /// Refuse every request with this errno.
     refuse: Option<i32>,
+    /// Calls of `slot_memory`.
+    memory_calls: u64,
+    /// Each `wait`: when, and the limit it was given.
+    waits: Vec<(Instant, Duration)>,
 }
 
 impl MemoryDisk {
@@ -48,6 +52,8 @@ impl MemoryDisk {
             deaf: false,
             exclusive: false,
             refuse: None,
+            memory_calls: 0,
+            waits: Vec::new(),
         }
     }
 
@@ -112,11 +118,13 @@ impl Target for MemoryDisk {
     }
 
     fn wait(&mut self, limit: Duration) -> Result<(), BenchError> {
+        self.waits.push((Instant::now(), limit));
         std::thread::sleep(limit.min(Duration::from_millis(2)));
         Ok(())
     }
 
     unsafe fn slot_memory(&mut self, slot: usize) -> Option<&mut [u8]> {
+        self.memory_calls += 1;
         Some(&mut self.slots[slot])
     }
 }
@@ -163,6 +171,10 @@ fn every_slot_stays_busy_until_the_deadline_and_only_the_window_is_measured() {
     assert_eq!(t.bytes, t.ios * BS as u64);
     assert!(f.read.ios > 0 && f.write.ios > 0, "a 50/50 mix");
     assert_eq!((t.errors, f.first_failure), (0, None));
+    assert_eq!(
+        disk.memory_calls, 0,
+        "a generator that does not verify wants no memory"
+    );
     // Nothing is issued from the deadline on.
     let mut g = Generator::new(&s);
     assert_eq!(g.issue(0, s.window.deadline, None), None);
@@ -238,6 +250,68 @@ fn a_ledger_that_does_not_fit_the_load_is_refused() {
     let many = spec(Pattern::RandRead, 8, 9, 20);
     let e = Generator::verifying(&many, &mut Ledger::new(8, BS)).unwrap_err();
     assert!(e.contains("a block per request in flight"), "{e}");
+    // As many blocks as slots is enough.
+    assert!(
+        Generator::verifying(&spec(Pattern::RandRead, 8, 8, 20), &mut Ledger::new(8, BS)).is_ok()
+    );
+    // Blocks must hold a stamp's header and whole 8-byte words.
+    let sized = |bs: usize| {
+        let s = LoadSpec {
+            bs,
+            ..spec(Pattern::RandRead, 8, 2, 20)
+        };
+        Generator::verifying(&s, &mut Ledger::new(8, bs)).is_ok()
+    };
+    assert!(sized(verify::HEADER) && sized(verify::HEADER + 8));
+    assert!(!sized(verify::HEADER - 8) && !sized(verify::HEADER + 4));
+}
+
+#[test]
+fn a_verifying_generator_counts_only_acknowledged_writes_and_survives_refusals() {
+    // Every write fails: none is stamped, and the blocks' contents become unknown.
+    let s = spec(Pattern::RandWrite, 16, 4, 20);
+    let mut ledger = Ledger::new(16, BS);
+    let mut disk = MemoryDisk::new(16, 4).stamped();
+    disk.fail = (0..100_000).collect();
+    let mut g = Generator::verifying(&s, &mut ledger).unwrap();
+    drive(&mut g, &mut disk, Duration::from_secs(5)).unwrap();
+    let f = g.into_figures();
+    assert!(f.write.errors > 0);
+    assert_eq!(f.verify.stamped, 0, "failed writes are not stamped blocks");
+    assert!(ledger.acked.iter().any(Option::is_none));
+    // Every write lands: each is stamped, and no write counts as a read checked.
+    let s = spec(Pattern::RandWrite, 16, 4, 20);
+    let mut ledger = Ledger::new(16, BS);
+    let mut disk = MemoryDisk::new(16, 4).stamped();
+    let mut g = Generator::verifying(&s, &mut ledger).unwrap();
+    drive(&mut g, &mut disk, Duration::from_secs(5)).unwrap();
+    let f = g.into_figures();
+    assert_eq!(f.verify.stamped, f.completed);
+    assert_eq!((f.verify.verified, f.verify.unstamped), (0, 0));
+    // A target that refuses every request: reads and writes fail, nothing is checked.
+    let s = spec(Pattern::RandReadWrite, 16, 4, 20);
+    let mut ledger = Ledger::new(16, BS);
+    let mut disk = MemoryDisk::new(16, 4).stamped();
+    disk.refuse = Some(libc::EAGAIN);
+    let mut g = Generator::verifying(&s, &mut ledger).unwrap();
+    drive(&mut g, &mut disk, Duration::from_secs(5)).unwrap();
+    let f = g.into_figures();
+    assert_eq!(f.total().errors, 4);
+    assert_eq!((f.verify.verified, f.verify.mismatches), (0, 0));
+    assert!(ledger.busy.iter().all(|b| !b));
+}
+
+#[test]
+fn mismatches_are_all_counted_and_the_first_reported() {
+    let s = spec(Pattern::RandReadWrite, 64, 8, 40);
+    let mut ledger = Ledger::new(64, BS);
+    let mut disk = MemoryDisk::new(64, 8).stamped();
+    disk.lose_writes = true;
+    let mut g = Generator::verifying(&s, &mut ledger).unwrap();
+    drive(&mut g, &mut disk, Duration::from_secs(5)).unwrap();
+    let v = g.into_figures().verify;
+    assert!(v.mismatches > MAX_REPORTS as u64, "{v:?}");
+    assert_eq!(v.reports.len(), MAX_REPORTS);
 }
 
 #[test]
@@ -281,9 +355,22 @@ fn a_target_that_stops_answering_is_given_up() {
     let mut disk = MemoryDisk::new(64, 3);
     disk.deaf = true;
     let mut g = Generator::new(&s);
-    let e = drive(&mut g, &mut disk, Duration::from_millis(40)).unwrap_err();
+    let stall = Duration::from_millis(40);
+    let e = drive(&mut g, &mut disk, stall).unwrap_err();
     assert!(matches!(e, DriveError::Stalled { in_flight: 3, .. }), "{e}");
     assert_eq!((g.in_flight(), g.figures().read.errors), (0, 3));
+    // Each wait ends by the deadline while the run lasts, and by the stall after it.
+    let deadline = s.window.deadline;
+    let (before, after): (Vec<_>, Vec<_>) = disk.waits.iter().partition(|(at, _)| *at < deadline);
+    assert!(!before.is_empty() && !after.is_empty());
+    let late = Duration::from_millis(1);
+    assert!(before
+        .iter()
+        .all(|(at, limit)| *at + *limit <= deadline + late));
+    assert!(after.iter().all(|(_, limit)| *limit <= stall));
+    assert!(after
+        .iter()
+        .any(|(_, limit)| *limit > deadline - s.window.measure_from));
 }
 
 #[test]
@@ -329,4 +416,36 @@ fn figures_of_two_loads_add_up_and_keep_the_first_failure() {
     assert_eq!(sum.total().errors, 2);
     assert_eq!(sum.first_failure, b.first_failure);
     assert_eq!(sum.last_measured, a.last_measured.max(b.last_measured));
+
+    // Verify's counts add up; the reports are kept once each, at most MAX_REPORTS.
+    let verified = |lose_writes: bool| {
+        let s = spec(Pattern::RandReadWrite, 16, 4, 20);
+        let mut ledger = Ledger::new(16, BS);
+        let mut disk = MemoryDisk::new(16, 4).stamped();
+        disk.lose_writes = lose_writes;
+        let mut g = Generator::verifying(&s, &mut ledger).unwrap();
+        drive(&mut g, &mut disk, Duration::from_secs(5)).unwrap();
+        g.into_figures()
+    };
+    let (good, bad) = (verified(false), verified(true));
+    let mut sum = good.clone();
+    sum.merge(&bad);
+    let (v, g, b) = (&sum.verify, &good.verify, &bad.verify);
+    assert!(g.stamped > 0 && b.mismatches > 0, "{g:?} {b:?}");
+    assert_eq!(v.stamped, g.stamped + b.stamped);
+    assert_eq!(v.verified, g.verified + b.verified);
+    assert_eq!(v.unstamped, g.unstamped + b.unstamped);
+    assert_eq!(v.mismatches, g.mismatches + b.mismatches);
+    assert_eq!(v.reports, b.reports);
+    let mut twice = bad.clone();
+    twice.merge(&bad);
+    assert_eq!(twice.verify.reports, bad.verify.reports, "each report once");
+    let mut many = LoadFigures::default();
+    for i in 0..2 * MAX_REPORTS {
+        let mut one = LoadFigures::default();
+        one.verify.reports.push(format!("report {i}"));
+        many.merge(&one);
+    }
+    assert_eq!(many.verify.reports.len(), MAX_REPORTS);
+    assert_eq!(many.verify.reports[0], "report 0");
 }

@@ -150,6 +150,10 @@ impl Ledger {
     /// again; an acknowledged write's `generation` is what the block holds now, a failed
     /// write or any trim leaves it unknown; a successful read's buffer `read` is judged.
     /// Returns the read's verdict (`None` for anything else).
+    ///
+    /// # Panics
+    ///
+    /// If a successful read comes without its buffer (a bug of the caller).
     pub fn finish(
         &mut self,
         block: u64,
@@ -166,7 +170,10 @@ impl Ledger {
             Direction::Trim => self.acked[b] = None,
             Direction::Read => {}
         }
-        let read = read.filter(|_| ok && direction == Direction::Read)?;
+        if !ok || direction != Direction::Read {
+            return None;
+        }
+        let read = read.expect("a successful read's buffer, to check it");
         let stamp = check(read, offset);
         Some(match (self.acked[b], stamp) {
             (None, Err(VerifyError::NotStamped { .. })) => ReadVerdict::Unstamped,
@@ -234,6 +241,57 @@ pub fn check(block: &[u8], offset: u64) -> Result<u64, VerifyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_free_block_is_the_one_asked_for_or_the_next_free_one() {
+        let mut l = Ledger::new(8, 4096);
+        assert_eq!(l.free_block_from(5), Some(5));
+        l.busy[5] = true;
+        assert_eq!(l.free_block_from(5), Some(6));
+        l.busy[6] = true;
+        l.busy[7] = true;
+        assert_eq!(l.free_block_from(6), Some(0), "wraps around");
+        l.busy.fill(true);
+        assert_eq!(l.free_block_from(3), None);
+    }
+
+    #[test]
+    fn each_write_gets_a_new_generation_and_a_read_judges_the_last_one_acknowledged() {
+        let mut l = Ledger::new(4, 64);
+        let (mut a, mut b) = (vec![0u8; 64], vec![0u8; 64]);
+        let g1 = l.begin(2, Direction::Write, 128, &mut a);
+        assert!(l.finish(2, Direction::Write, g1, true, 128, None).is_none());
+        let g2 = l.begin(2, Direction::Write, 128, &mut b);
+        assert!(g2 > g1, "generations {g1}, {g2}");
+        l.finish(2, Direction::Write, g2, true, 128, None);
+        // The second write was lost: the block still holds the first.
+        l.begin(2, Direction::Read, 128, &mut [0u8; 64]);
+        let verdict = l.finish(2, Direction::Read, 0, true, 128, Some(&a));
+        assert!(matches!(
+            verdict,
+            Some(ReadVerdict::Mismatch(VerifyError::Stale { .. }))
+        ));
+        l.begin(2, Direction::Read, 128, &mut [0u8; 64]);
+        assert_eq!(
+            l.finish(2, Direction::Read, 0, true, 128, Some(&b)),
+            Some(ReadVerdict::Verified)
+        );
+        // A failed read is not judged, and wants no buffer.
+        l.begin(2, Direction::Read, 128, &mut [0u8; 64]);
+        assert_eq!(l.finish(2, Direction::Read, 0, false, 128, None), None);
+        assert!(l.busy.iter().all(|b| !b));
+    }
+
+    #[test]
+    fn a_block_of_just_the_header_is_stamped_and_a_shorter_one_is_not() {
+        let mut b = vec![0u8; HEADER];
+        stamp(&mut b, 4096, 3);
+        assert_eq!(check(&b, 4096), Ok(3));
+        assert_eq!(
+            check(&b[..HEADER - 8], 4096),
+            Err(VerifyError::NotStamped { offset: 4096 })
+        );
+    }
 
     #[test]
     fn a_stamp_checks_and_every_kind_of_damage_is_named() {
