@@ -291,6 +291,12 @@ struct MatrixArgs {
     /// that name it).
     #[arg(long)]
     batch_interrupts: bool,
+    /// How the guest threads are scheduled: `normal` (SCHED_OTHER, as QEMU's vCPUs run: a
+    /// guest woken by its interrupt may preempt the iothread on its CPU) or `batch`
+    /// (SCHED_BATCH: it waits until that iothread sleeps or its slice ends). Matters only where
+    /// guests and iothreads share CPUs (`--cpus 0,1 --iothreads 2`).
+    #[arg(long, default_value = "normal")]
+    guest_sched: aio_bench::scsi::GuestSched,
 }
 
 impl Command {

@@ -94,6 +94,7 @@ fn spec(args: &MatrixArgs) -> MatrixSpec {
             },
             queues: args.queues as usize,
             batch_interrupts: !args.interrupt_per_request,
+            guest_sched: args.guest_sched,
             ..base.cell
         },
         disk_size: args.disk_size,
@@ -172,7 +173,7 @@ impl Disks {
 /// The line on stderr that says what the matrix runs, and where.
 fn header(args: &MatrixArgs, spec: &MatrixSpec, place: &str) -> String {
     format!(
-        "matrix: fdmon {:?} x engine {:?} x disks {:?} x workloads {:?} x iothreads {:?}; {} queue(s) per disk, interrupts {}; bs {} iodepth {} active {} runtime {:?}; {} memory{}{}; {}",
+        "matrix: fdmon {:?} x engine {:?} x disks {:?} x workloads {:?} x iothreads {:?}; {} queue(s) per disk, interrupts {}, guests scheduled {}; bs {} iodepth {} active {} runtime {:?}; {} memory{}{}; {}",
         spec.fdmons.iter().map(|k| k.name()).collect::<Vec<_>>(),
         spec.engines.iter().map(|k| k.name()).collect::<Vec<_>>(),
         spec.disks,
@@ -184,6 +185,7 @@ fn header(args: &MatrixArgs, spec: &MatrixSpec, place: &str) -> String {
         } else {
             "per request"
         },
+        spec.cell.guest_sched.name(),
         args.bs,
         args.iodepth,
         args.active,
@@ -279,6 +281,7 @@ mod tests {
 
     use super::*;
     use crate::{Cli, Command};
+    use aio_bench::scsi::GuestSched;
 
     fn spec_of(argv: &[&str]) -> MatrixSpec {
         let cli = Cli::try_parse_from(argv).unwrap();
@@ -333,5 +336,12 @@ mod tests {
         assert!(s.cell.batch_interrupts);
         let s = spec_of(&["aio-bench", "matrix", "--interrupt-per-request"]);
         assert!(!s.cell.batch_interrupts);
+        assert_eq!(
+            s.cell.guest_sched,
+            GuestSched::Normal,
+            "as QEMU's threads run"
+        );
+        let s = spec_of(&["aio-bench", "matrix", "--guest-sched", "batch"]);
+        assert_eq!(s.cell.guest_sched, GuestSched::Batch);
     }
 }

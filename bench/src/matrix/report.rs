@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 use serde_json::json;
 
 use super::{Cell, MatrixSpec};
+use crate::scsi::GuestSched;
 
 /// The scsi-disk scaling table, shaped as in the QEMU epoll discussion: one per engine, a row
 /// per disk count and iothread count, a column group per fd monitor with a column per
@@ -19,13 +20,17 @@ pub fn table(spec: &MatrixSpec, cells: &[Cell]) -> String {
     for &engine in &spec.engines {
         let _ = writeln!(
             out,
-            "engine {engine} (MB/s), {} memory, {queues} queue{} per disk{}",
+            "engine {engine} (MB/s), {} memory, {queues} queue{} per disk{}{}",
             spec.cell.memory.name(),
             if queues == 1 { "" } else { "s" },
             if spec.cell.batch_interrupts {
                 ", interrupts per batch"
             } else {
                 ""
+            },
+            match spec.cell.guest_sched {
+                GuestSched::Normal => "",
+                GuestSched::Batch => ", guests SCHED_BATCH",
             }
         );
         let _ = write!(out, "{:>10} {:>9} ", "disks", "iothreads");
@@ -266,6 +271,7 @@ pub fn to_json(spec: &MatrixSpec, cells: &[Cell]) -> serde_json::Value {
                 "iothreads": c.iothreads,
                 "queues": c.queues,
                 "batch_interrupts": spec.cell.batch_interrupts,
+                "guest_sched": spec.cell.guest_sched.name(),
                 "mb_s": c.mb_s(),
                 "mb_s_rounds": c.rounds_mb_s,
                 "iops": c.iops(),

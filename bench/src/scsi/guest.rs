@@ -105,6 +105,13 @@ pub(super) fn spawn(
                 // leaves the guest where its parent runs.
                 let _ = crate::cpus::pin_to(&place.cpus);
             }
+            if let Err(e) = spec.guest_sched.apply_to_this_thread() {
+                // Not fatal: the guest runs, as SCHED_OTHER, and the run says so.
+                eprintln!(
+                    "guest-{disk}: SCHED_{} refused ({e}): running as SCHED_OTHER",
+                    spec.guest_sched.name().to_uppercase()
+                );
+            }
             let load = LoadSpec {
                 pattern: spec.pattern,
                 rwmixread: 50,
