@@ -444,8 +444,10 @@ fn figures_of_two_loads_add_up_and_keep_the_first_failure() {
     for i in 0..2 * MAX_REPORTS {
         let mut one = LoadFigures::default();
         one.verify.reports.push(format!("report {i}"));
+        one.verify.unstamped = 1;
         many.merge(&one);
     }
     assert_eq!(many.verify.reports.len(), MAX_REPORTS);
+    assert_eq!(many.verify.unstamped, 2 * MAX_REPORTS as u64);
     assert_eq!(many.verify.reports[0], "report 0");
 }
