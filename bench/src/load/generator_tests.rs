@@ -129,6 +129,25 @@ impl Target for MemoryDisk {
     }
 }
 
+/// Runs a verifying load of `pattern` for `runtime_ms` on `disk` against `ledger` (a block
+/// each of the ledger's, a slot each of the disk's).
+fn verified_run(
+    pattern: Pattern,
+    disk: &mut MemoryDisk,
+    ledger: &mut Ledger,
+    runtime_ms: u64,
+) -> LoadFigures {
+    let s = spec(
+        pattern,
+        ledger.acked.len() as u64,
+        disk.slots.len(),
+        runtime_ms,
+    );
+    let mut g = Generator::verifying(&s, ledger).unwrap();
+    drive(&mut g, disk, Duration::from_secs(5)).unwrap();
+    g.into_figures()
+}
+
 fn spec(pattern: Pattern, blocks: u64, slots: usize, runtime_ms: u64) -> LoadSpec {
     LoadSpec {
         pattern,
@@ -183,12 +202,9 @@ fn every_slot_stays_busy_until_the_deadline_and_only_the_window_is_measured() {
 
 #[test]
 fn verify_passes_on_a_faithful_disk_and_names_a_lost_write() {
-    let s = spec(Pattern::RandReadWrite, 16, 4, 40);
     let mut ledger = Ledger::new(16, BS);
     let mut disk = MemoryDisk::new(16, 4).stamped();
-    let mut g = Generator::verifying(&s, &mut ledger).unwrap();
-    drive(&mut g, &mut disk, Duration::from_secs(5)).unwrap();
-    let f = g.into_figures();
+    let f = verified_run(Pattern::RandReadWrite, &mut disk, &mut ledger, 40);
     let v = f.verify;
     assert!(v.stamped > 0 && v.verified > 0, "{v:?}");
     assert_eq!(v.mismatches, 0, "{:?}", v.reports);
@@ -196,13 +212,10 @@ fn verify_passes_on_a_faithful_disk_and_names_a_lost_write() {
     assert!(ledger.acked.iter().any(|a| a.is_some_and(|g| g > 0)));
 
     // The same disk, but writes are acknowledged and never land.
-    let s = spec(Pattern::RandReadWrite, 16, 4, 40);
     let mut ledger = Ledger::new(16, BS);
     let mut disk = MemoryDisk::new(16, 4).stamped();
     disk.lose_writes = true;
-    let mut g = Generator::verifying(&s, &mut ledger).unwrap();
-    drive(&mut g, &mut disk, Duration::from_secs(5)).unwrap();
-    let v = g.into_figures().verify;
+    let v = verified_run(Pattern::RandReadWrite, &mut disk, &mut ledger, 40).verify;
     assert!(v.mismatches > 0, "{v:?}");
     assert!(
         v.reports[0].contains("stale or lost write"),
@@ -213,13 +226,10 @@ fn verify_passes_on_a_faithful_disk_and_names_a_lost_write() {
 
 #[test]
 fn a_disk_of_unknown_contents_may_be_unstamped_but_not_misplaced() {
-    let s = spec(Pattern::RandRead, 8, 2, 20);
     let mut ledger = Ledger::unknown(8, BS);
     let mut disk = MemoryDisk::new(8, 2);
     disk.exclusive = true;
-    let mut g = Generator::verifying(&s, &mut ledger).unwrap();
-    drive(&mut g, &mut disk, Duration::from_secs(5)).unwrap();
-    let v = g.into_figures().verify;
+    let v = verified_run(Pattern::RandRead, &mut disk, &mut ledger, 20).verify;
     assert!(
         v.unstamped > 0 && v.verified == 0 && v.mismatches == 0,
         "{v:?}"
@@ -233,11 +243,8 @@ fn a_disk_of_unknown_contents_may_be_unstamped_but_not_misplaced() {
     for block in disk.disk.chunks_exact_mut(BS) {
         block.copy_from_slice(&block0);
     }
-    let s = spec(Pattern::RandRead, 8, 2, 20);
     let mut ledger = Ledger::unknown(8, BS);
-    let mut g = Generator::verifying(&s, &mut ledger).unwrap();
-    drive(&mut g, &mut disk, Duration::from_secs(5)).unwrap();
-    let v = g.into_figures().verify;
+    let v = verified_run(Pattern::RandRead, &mut disk, &mut ledger, 20).verify;
     assert!(v.mismatches > 0 && v.unstamped == 0, "{v:?}");
     assert!(v.reports[0].contains("holds the block stamped for offset 0"));
 }
@@ -269,33 +276,24 @@ fn a_ledger_that_does_not_fit_the_load_is_refused() {
 #[test]
 fn a_verifying_generator_counts_only_acknowledged_writes_and_survives_refusals() {
     // Every write fails: none is stamped, and the blocks' contents become unknown.
-    let s = spec(Pattern::RandWrite, 16, 4, 20);
     let mut ledger = Ledger::new(16, BS);
     let mut disk = MemoryDisk::new(16, 4).stamped();
     disk.fail = (0..100_000).collect();
-    let mut g = Generator::verifying(&s, &mut ledger).unwrap();
-    drive(&mut g, &mut disk, Duration::from_secs(5)).unwrap();
-    let f = g.into_figures();
+    let f = verified_run(Pattern::RandWrite, &mut disk, &mut ledger, 20);
     assert!(f.write.errors > 0);
     assert_eq!(f.verify.stamped, 0, "failed writes are not stamped blocks");
     assert!(ledger.acked.iter().any(Option::is_none));
     // Every write lands: each is stamped, and no write counts as a read checked.
-    let s = spec(Pattern::RandWrite, 16, 4, 20);
     let mut ledger = Ledger::new(16, BS);
     let mut disk = MemoryDisk::new(16, 4).stamped();
-    let mut g = Generator::verifying(&s, &mut ledger).unwrap();
-    drive(&mut g, &mut disk, Duration::from_secs(5)).unwrap();
-    let f = g.into_figures();
+    let f = verified_run(Pattern::RandWrite, &mut disk, &mut ledger, 20);
     assert_eq!(f.verify.stamped, f.completed);
     assert_eq!((f.verify.verified, f.verify.unstamped), (0, 0));
     // A target that refuses every request: reads and writes fail, nothing is checked.
-    let s = spec(Pattern::RandReadWrite, 16, 4, 20);
     let mut ledger = Ledger::new(16, BS);
     let mut disk = MemoryDisk::new(16, 4).stamped();
     disk.refuse = Some(libc::EAGAIN);
-    let mut g = Generator::verifying(&s, &mut ledger).unwrap();
-    drive(&mut g, &mut disk, Duration::from_secs(5)).unwrap();
-    let f = g.into_figures();
+    let f = verified_run(Pattern::RandReadWrite, &mut disk, &mut ledger, 20);
     assert_eq!(f.total().errors, 4);
     assert_eq!((f.verify.verified, f.verify.mismatches), (0, 0));
     assert!(ledger.busy.iter().all(|b| !b));
@@ -303,13 +301,10 @@ fn a_verifying_generator_counts_only_acknowledged_writes_and_survives_refusals()
 
 #[test]
 fn mismatches_are_all_counted_and_the_first_reported() {
-    let s = spec(Pattern::RandReadWrite, 64, 8, 40);
     let mut ledger = Ledger::new(64, BS);
     let mut disk = MemoryDisk::new(64, 8).stamped();
     disk.lose_writes = true;
-    let mut g = Generator::verifying(&s, &mut ledger).unwrap();
-    drive(&mut g, &mut disk, Duration::from_secs(5)).unwrap();
-    let v = g.into_figures().verify;
+    let v = verified_run(Pattern::RandReadWrite, &mut disk, &mut ledger, 40).verify;
     assert!(v.mismatches > MAX_REPORTS as u64, "{v:?}");
     assert_eq!(v.reports.len(), MAX_REPORTS);
 }
@@ -419,13 +414,10 @@ fn figures_of_two_loads_add_up_and_keep_the_first_failure() {
 
     // Verify's counts add up; the reports are kept once each, at most MAX_REPORTS.
     let verified = |lose_writes: bool| {
-        let s = spec(Pattern::RandReadWrite, 16, 4, 20);
         let mut ledger = Ledger::new(16, BS);
         let mut disk = MemoryDisk::new(16, 4).stamped();
         disk.lose_writes = lose_writes;
-        let mut g = Generator::verifying(&s, &mut ledger).unwrap();
-        drive(&mut g, &mut disk, Duration::from_secs(5)).unwrap();
-        g.into_figures()
+        verified_run(Pattern::RandReadWrite, &mut disk, &mut ledger, 20)
     };
     let (good, bad) = (verified(false), verified(true));
     let mut sum = good.clone();
