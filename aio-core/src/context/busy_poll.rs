@@ -399,3 +399,24 @@ impl<L: EventLoop> AioContext<L> {
         (hit, spent)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_member_leaves_at_the_exact_end_of_its_idle_interval() {
+        let busy = BusyPoll::new();
+        busy.params.set(PollParams::iothread());
+        busy.idle_ns.set(1_000);
+        busy.join(Token(7), 100);
+        assert_eq!(busy.drop_idle(1_099), 0, "still inside the interval");
+        assert!(busy.contains(Token(7)) && !busy.contains(Token(8)));
+        assert_eq!(busy.drop_idle(1_100), 1, "idle for the whole interval");
+        assert!(!busy.contains(Token(7)));
+        // With polling off nothing is dropped (the set is not used).
+        busy.join(Token(7), 100);
+        busy.params.set(PollParams::default());
+        assert_eq!(busy.drop_idle(u64::MAX), 0);
+    }
+}

@@ -255,4 +255,6 @@ impl<L: EventLoop> Drop for AioContext<L> {
 }
 
 #[cfg(test)]
+mod iteration_tests;
+#[cfg(test)]
 mod tests;

@@ -12,12 +12,15 @@ use crate::clock::FakeClock;
 use crate::event_loop::Event;
 use crate::polling::{PollParams, PollRule, DEFAULT_POLL_MAX_NS, POLL_START_NS};
 
-/// A monitor whose waits advance a fake clock by scripted amounts and report injected fds.
+/// A monitor whose waits advance a fake clock by scripted amounts and report injected fds
+/// (readable; writable too when in `inject_writable`), or fail with scripted errors first.
 #[derive(Default, Clone)]
-struct Script {
-    clock: FakeClock,
-    blocks: Rc<RefCell<VecDeque<u64>>>,
-    inject: Rc<RefCell<Vec<RawFd>>>,
+pub(super) struct Script {
+    pub(super) clock: FakeClock,
+    pub(super) blocks: Rc<RefCell<VecDeque<u64>>>,
+    pub(super) inject: Rc<RefCell<Vec<RawFd>>>,
+    pub(super) inject_writable: Rc<RefCell<Vec<RawFd>>>,
+    pub(super) errors: Rc<RefCell<VecDeque<io::ErrorKind>>>,
     tokens: Rc<RefCell<HashMap<RawFd, Token>>>,
 }
 
@@ -41,16 +44,20 @@ impl EventLoop for Script {
         Ok(())
     }
     fn wait(&mut self, timeout: Option<Duration>, events: &mut Vec<Event>) -> io::Result<()> {
+        if let Some(kind) = self.errors.borrow_mut().pop_front() {
+            return Err(io::Error::from(kind));
+        }
         if timeout != Some(Duration::ZERO) {
             let ns = self.blocks.borrow_mut().pop_front().unwrap_or(0);
             self.clock.advance(ns);
         }
+        let writable: Vec<RawFd> = self.inject_writable.borrow_mut().drain(..).collect();
         for fd in self.inject.borrow_mut().drain(..) {
             if let Some(&token) = self.tokens.borrow().get(&fd) {
                 events.push(Event {
                     token,
                     readable: true,
-                    writable: false,
+                    writable: writable.contains(&fd),
                     invalid: false,
                 });
             }
@@ -62,7 +69,7 @@ impl EventLoop for Script {
     }
 }
 
-fn scripted() -> (AioContext<Script>, Script) {
+pub(super) fn scripted() -> (AioContext<Script>, Script) {
     let script = Script {
         clock: FakeClock::new(1_000_000),
         ..Script::default()
@@ -74,7 +81,7 @@ fn scripted() -> (AioContext<Script>, Script) {
 
 /// An `io_poll` handler that says "ready" on the n-th check after its countdown is set to n
 /// (0: never); returns its notifier (keep it alive) and the countdown.
-fn countdown_handler(ctx: &AioContext<Script>) -> (Notifier, Rc<Cell<u32>>) {
+pub(super) fn countdown_handler(ctx: &AioContext<Script>) -> (Notifier, Rc<Cell<u32>>) {
     let doorbell = Notifier::new().unwrap();
     let countdown = Rc::new(Cell::new(0u32));
     let c = countdown.clone();

@@ -1,0 +1,255 @@
+//! Unit tests of one iteration's steps and of the poll set, on the scripted monitor and fake
+//! clock of `tests.rs`: the wait's retries and errors, the nesting depth, a wait skipped when
+//! polling found the work, dispatch's deduplication and directions, the poll set's membership
+//! and idle interval, polling mode for a handler that leaves the set, which iterations teach
+//! the polling window, and when the automatic window's model is kept.
+
+use std::cell::Cell;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::rc::Rc;
+use std::time::Duration;
+
+use super::tests::{countdown_handler, scripted};
+use super::*;
+use crate::polling::{PollParams, PollRule};
+
+#[test]
+fn an_interrupted_wait_is_retried_and_counted_and_another_error_fails_the_poll() {
+    let (ctx, script) = scripted();
+    let doorbell = Notifier::new().unwrap();
+    ctx.set_fd_handler(&doorbell, FdHandler::new().on_read(|_| {}))
+        .unwrap();
+    script.errors.borrow_mut().extend([
+        io::ErrorKind::Interrupted,
+        io::ErrorKind::Interrupted,
+    ]);
+    script.inject.borrow_mut().push(doorbell.as_raw_fd());
+    assert!(ctx.try_poll(true).unwrap(), "the retried wait delivered the event");
+    let c = ctx.counters();
+    assert_eq!((c.wait_retries, c.wait_errors), (2, 0));
+    assert_eq!(c.blocking_waits, 3, "three attempts");
+    assert_eq!(c.handler_calls, 1);
+
+    script.errors.borrow_mut().push_back(io::ErrorKind::PermissionDenied);
+    let e = ctx.try_poll(true).unwrap_err();
+    assert!(matches!(e, AioError::Wait { monitor: "script", .. }), "{e}");
+    assert_eq!(ctx.counters().wait_errors, 1);
+    assert_eq!(ctx.counters().wait_retries, 2, "not retried");
+}
+
+#[test]
+fn sequential_polls_do_not_nest_and_a_poll_inside_a_callback_does() {
+    let (ctx, script) = scripted();
+    ctx.poll(false);
+    ctx.poll(false);
+    assert_eq!(ctx.counters().max_nesting, 1);
+    let bh = ctx.bh_new(|ctx| {
+        ctx.poll(false);
+    });
+    bh.schedule();
+    script.blocks.borrow_mut().push_back(0);
+    ctx.poll(true);
+    ctx.poll(false);
+    assert_eq!(ctx.counters().max_nesting, 2);
+}
+
+/// Two pollable handlers; the first says "ready" on its third check.
+fn two_pollers(ctx: &AioContext<super::tests::Script>) -> (Notifier, Notifier, Rc<Cell<u32>>) {
+    let (first, countdown) = countdown_handler(ctx);
+    let second = Notifier::new().unwrap();
+    ctx.set_fd_handler(&second, FdHandler::new().on_read(|_| {}).on_poll(|| false))
+        .unwrap();
+    (first, second, countdown)
+}
+
+#[test]
+fn work_found_by_polling_skips_the_wait_only_when_polling_covers_every_handler() {
+    let (ctx, _script) = scripted();
+    ctx.set_poll_params(PollParams::iothread().with_rule(PollRule::Qemu));
+    let (_first, second, countdown) = two_pollers(&ctx);
+    countdown.set(3);
+    assert!(ctx.poll(true), "the handler polling found ran");
+    let c = ctx.counters();
+    assert_eq!((c.poll_hits, c.poll_attempts, c.waits_skipped), (1, 1, 1));
+    assert_eq!((c.blocking_waits, c.nonblocking_waits), (0, 0));
+    assert_eq!(c.handler_calls, 1);
+
+    // A handler that waits for writability is the monitor's: the wait happens (not blocking).
+    ctx.update_fd_handler(
+        &second,
+        FdHandler::new()
+            .on_read(|_| {})
+            .on_write(|_| {})
+            .on_poll(|| false),
+    )
+    .unwrap();
+    countdown.set(3);
+    assert!(ctx.poll(true));
+    let c = ctx.counters();
+    assert_eq!((c.waits_skipped, c.nonblocking_waits), (1, 1));
+}
+
+#[test]
+fn a_report_runs_its_handler_once_per_wait_and_only_in_its_direction() {
+    let (ctx, script) = scripted();
+    ctx.set_poll_params(PollParams::iothread().with_rule(PollRule::Qemu));
+    let reads = Rc::new(Cell::new(0));
+    let writes = Rc::new(Cell::new(0));
+    let (r, w) = (reads.clone(), writes.clone());
+    let ready = Rc::new(Cell::new(false));
+    let is_ready = ready.clone();
+    let fd = Notifier::new().unwrap();
+    ctx.set_fd_handler(
+        &fd,
+        FdHandler::new()
+            .on_read(move |_| r.set(r.get() + 1))
+            .on_write(move |_| w.set(w.get() + 1))
+            .on_poll(move || is_ready.get()),
+    )
+    .unwrap();
+    // Polling finds it and the monitor reports it in the same iteration: one read call.
+    ready.set(true);
+    script.inject.borrow_mut().push(fd.as_raw_fd());
+    assert!(ctx.poll(true));
+    assert_eq!((reads.get(), writes.get()), (1, 0), "readable only: no write call");
+    ready.set(false);
+    // Readable and writable: each direction once.
+    script.inject.borrow_mut().push(fd.as_raw_fd());
+    script.inject_writable.borrow_mut().push(fd.as_raw_fd());
+    assert!(ctx.poll(true));
+    assert_eq!((reads.get(), writes.get()), (2, 1));
+    assert_eq!(ctx.counters().handler_calls, 3);
+}
+
+#[test]
+fn only_handlers_with_a_poll_check_join_the_poll_set_and_removal_leaves_it() {
+    let (ctx, script) = scripted();
+    ctx.set_poll_params(PollParams::iothread());
+    let plain = Notifier::new().unwrap();
+    ctx.set_fd_handler(&plain, FdHandler::new().on_read(|_| {}))
+        .unwrap();
+    script.inject.borrow_mut().push(plain.as_raw_fd());
+    assert!(ctx.poll(true));
+    assert_eq!(ctx.counters().poll_set, 0, "no io_poll: never in the set");
+    let (pollable, _countdown) = countdown_handler(&ctx);
+    assert_eq!(ctx.counters().poll_set, 1);
+    ctx.remove_fd_handler(&pollable).unwrap();
+    assert_eq!(ctx.counters().poll_set, 0, "removed: out of the set");
+}
+
+#[test]
+fn the_idle_interval_is_the_one_set() {
+    let (ctx, script) = scripted();
+    ctx.set_poll_params(PollParams::iothread().with_rule(PollRule::Qemu));
+    ctx.set_poll_idle_interval(Duration::from_millis(1));
+    let (_fd, _countdown) = countdown_handler(&ctx);
+    // Half the interval: still in the set.
+    script.blocks.borrow_mut().push_back(500_000);
+    ctx.poll(true);
+    assert_eq!(ctx.counters().poll_set, 1);
+    // Past it (far short of the default 7 s): out at the next polling iteration.
+    script.blocks.borrow_mut().push_back(600_000);
+    ctx.poll(true);
+    script.blocks.borrow_mut().push_back(2_000);
+    ctx.poll(true);
+    let c = ctx.counters();
+    assert_eq!((c.poll_set, c.poll_idle_removals), (0, 1));
+}
+
+#[test]
+fn a_hooked_handler_that_goes_idle_while_polling_ends_its_polling_mode() {
+    let (ctx, script) = scripted();
+    ctx.set_poll_params(PollParams::iothread().with_rule(PollRule::Qemu));
+    ctx.set_poll_idle_interval(Duration::from_millis(1));
+    let begins = Rc::new(Cell::new(0));
+    let ends = Rc::new(Cell::new(0));
+    let (b, e) = (begins.clone(), ends.clone());
+    let quiet = Notifier::new().unwrap();
+    ctx.set_fd_handler(
+        &quiet,
+        FdHandler::new()
+            .on_read(|_| {})
+            .on_poll(|| false)
+            .on_poll_begin(move || b.set(b.get() + 1))
+            .on_poll_end(move || e.set(e.get() + 1)),
+    )
+    .unwrap();
+    // A second handler keeps polling on (its activity keeps it in the set).
+    let (busy, countdown) = countdown_handler(&ctx);
+    countdown.set(2);
+    assert!(ctx.poll(true));
+    assert_eq!(begins.get(), 1, "polling mode began");
+    // 2 ms later the quiet one is idle; the busy one was just active again.
+    script.clock.advance(2_000_000);
+    script.inject.borrow_mut().push(busy.as_raw_fd());
+    countdown.set(2);
+    ctx.poll(true);
+    assert_eq!(ctx.counters().poll_set, 1);
+    countdown.set(2);
+    ctx.poll(true);
+    assert_eq!(ends.get(), 1, "left the set: polling mode ended");
+}
+
+/// `n` iterations that block 2 µs each (the automatic window chooses every 16 waits).
+fn blocking_polls(ctx: &AioContext<super::tests::Script>, script: &super::tests::Script, n: usize) {
+    for _ in 0..n {
+        script.blocks.borrow_mut().push_back(2_000);
+        ctx.poll(true);
+    }
+}
+
+#[test]
+fn only_an_iteration_that_could_block_teaches_the_polling_window() {
+    let (ctx, script) = scripted();
+    ctx.set_poll_params(PollParams::iothread().with_rule(PollRule::Qemu));
+    let (_fd, _countdown) = countdown_handler(&ctx);
+    let start = ctx.counters().poll_ns;
+    for _ in 0..5 {
+        ctx.poll(false);
+    }
+    let bh = ctx.bh_new(|_| {});
+    bh.schedule();
+    ctx.poll(true);
+    let c = ctx.counters();
+    assert_eq!(c.poll_ns, start, "non-blocking iterations leave the window");
+    assert_eq!(c.poll_attempts, 0, "and do not poll");
+    // A blocking one that found nothing grows it.
+    blocking_polls(&ctx, &script, 1);
+    assert_eq!(ctx.counters().poll_ns, 2 * start);
+
+    // The automatic window: non-blocking iterations are no waits to learn from.
+    ctx.set_poll_params(PollParams::auto().with_wake_ns(30_000));
+    for _ in 0..40 {
+        ctx.poll(false);
+    }
+    assert_eq!(ctx.counters().poll_auto_choices, 0);
+    blocking_polls(&ctx, &script, 16);
+    assert_eq!(ctx.counters().poll_auto_choices, 1);
+}
+
+#[test]
+fn the_automatic_window_needs_a_limit_and_keeps_what_it_learned_for_the_same_wake_up_cost() {
+    let (ctx, script) = scripted();
+    let (_fd, _countdown) = countdown_handler(&ctx);
+    // Auto with a limit of 0 is polling off: no model, no choices.
+    ctx.set_poll_params(PollParams::auto().with_wake_ns(30_000).with_max_ns(0));
+    blocking_polls(&ctx, &script, 16);
+    assert_eq!(ctx.counters().poll_auto_choices, 0);
+    // A limit of 1 ns is a limit.
+    ctx.set_poll_params(PollParams::auto().with_wake_ns(30_000).with_max_ns(1));
+    blocking_polls(&ctx, &script, 16);
+    assert_eq!(ctx.counters().poll_auto_choices, 1);
+    // The same wake-up cost again: the model (its count of choices) goes on.
+    let auto = PollParams::auto().with_wake_ns(30_000);
+    ctx.set_poll_params(auto);
+    // (After an off choice only every 4th wait is a probe: 64 waits make 16 of them.)
+    blocking_polls(&ctx, &script, 64);
+    let learned = ctx.counters().poll_auto_choices;
+    assert!(learned >= 2, "{learned}");
+    ctx.set_poll_params(auto);
+    assert_eq!(ctx.counters().poll_auto_choices, learned, "kept");
+    // Another wake-up cost starts it afresh.
+    ctx.set_poll_params(auto.with_wake_ns(40_000));
+    assert_eq!(ctx.counters().poll_auto_choices, 0, "a new model");
+}
