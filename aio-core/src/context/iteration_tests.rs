@@ -20,20 +20,35 @@ fn an_interrupted_wait_is_retried_and_counted_and_another_error_fails_the_poll()
     let doorbell = Notifier::new().unwrap();
     ctx.set_fd_handler(&doorbell, FdHandler::new().on_read(|_| {}))
         .unwrap();
-    script.errors.borrow_mut().extend([
-        io::ErrorKind::Interrupted,
-        io::ErrorKind::Interrupted,
-    ]);
+    script
+        .errors
+        .borrow_mut()
+        .extend([io::ErrorKind::Interrupted, io::ErrorKind::Interrupted]);
     script.inject.borrow_mut().push(doorbell.as_raw_fd());
-    assert!(ctx.try_poll(true).unwrap(), "the retried wait delivered the event");
+    assert!(
+        ctx.try_poll(true).unwrap(),
+        "the retried wait delivered the event"
+    );
     let c = ctx.counters();
     assert_eq!((c.wait_retries, c.wait_errors), (2, 0));
     assert_eq!(c.blocking_waits, 3, "three attempts");
     assert_eq!(c.handler_calls, 1);
 
-    script.errors.borrow_mut().push_back(io::ErrorKind::PermissionDenied);
+    script
+        .errors
+        .borrow_mut()
+        .push_back(io::ErrorKind::PermissionDenied);
     let e = ctx.try_poll(true).unwrap_err();
-    assert!(matches!(e, AioError::Wait { monitor: "script", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            AioError::Wait {
+                monitor: "script",
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert_eq!(ctx.counters().wait_errors, 1);
     assert_eq!(ctx.counters().wait_retries, 2, "not retried");
 }
@@ -112,7 +127,11 @@ fn a_report_runs_its_handler_once_per_wait_and_only_in_its_direction() {
     ready.set(true);
     script.inject.borrow_mut().push(fd.as_raw_fd());
     assert!(ctx.poll(true));
-    assert_eq!((reads.get(), writes.get()), (1, 0), "readable only: no write call");
+    assert_eq!(
+        (reads.get(), writes.get()),
+        (1, 0),
+        "readable only: no write call"
+    );
     ready.set(false);
     // Readable and writable: each direction once.
     script.inject.borrow_mut().push(fd.as_raw_fd());

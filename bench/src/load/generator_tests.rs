@@ -3,7 +3,11 @@
 //! failures, refusals, a target that stops answering, the I/O limit.
 
 use super::*;
+use std::time::Duration;
+
+use crate::error::BenchError;
 use crate::load::verify::{self, Ledger};
+use crate::load::{drive, DriveError, Target};
 
 const BS: usize = 4096;
 

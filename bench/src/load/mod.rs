@@ -4,12 +4,13 @@
 //! in it, and the verify stamps.
 //!
 //! This module owns those pieces and the one load generator built of them
-//! ([`generator::Generator`], with [`generator::drive`] to keep a [`generator::Target`] busy).
+//! ([`Generator`], with [`drive()`] to keep a [`Target`] busy).
 //! The matrix's virtqueues (`scsi::guest`) and the libblkio client's queues (`vhost`) are its
 //! targets; the job on an attached engine (`fio::job`) calls it from its completion callbacks
 //! and the Rust peers (`aio-bench peers`) from each worker task. It never submits a request
 //! itself.
 
+mod drive;
 pub mod generator;
 mod pattern;
 pub mod verify;
@@ -18,7 +19,8 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
-pub use generator::{drive, Generator, Issued, Layout, LoadFigures, LoadSpec, Target};
+pub use drive::{drive, DriveError, Target};
+pub use generator::{Generator, Issued, Layout, LoadFigures, LoadSpec};
 pub use pattern::{Direction, OffsetStream, Pattern, Rng};
 
 /// A latency histogram in ns (1 ns to 60 s, 3 significant digits), as every report uses.

@@ -21,8 +21,8 @@ use blkio::{Blkioq, Completion, ReqFlags};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use crate::error::BenchError;
-use crate::load::generator::DriveError;
 use crate::load::verify::Ledger;
+use crate::load::DriveError;
 use crate::load::{
     drive, Direction, Generator, Issued, Layout, LoadFigures, LoadSpec, Target, Window,
 };
