@@ -72,14 +72,16 @@ group() {
             run uring aio-backend-uring backend-uring/src/engine/mod.rs backend-uring/src/engine/entry.rs
         ;;
     loop)
-        # The loop's iteration and its busy polling.
+        # The loop's iteration and its busy polling, with aio-core's own tests and the event
+        # loop conformance suite (aio_core::testing, run by a monitor's crate: epoll's).
         MUTANTS_ARGS="${MUTANTS_ARGS:-} -- --lib --tests" \
-            run loop aio-core aio-core/src/context/iteration.rs aio-core/src/context/busy_poll.rs
+            run loop aio-core,aio-backend-epoll aio-core/src/context/iteration.rs \
+            aio-core/src/context/busy_poll.rs
         ;;
     context)
         # The rest of the loop (defer.rs is the core group's).
         MUTANTS_ARGS="${MUTANTS_ARGS:-} -- --lib --tests" \
-            run context aio-core aio-core/src/context/bottom_half.rs aio-core/src/context/handlers.rs \
+            run context aio-core,aio-backend-epoll aio-core/src/context/bottom_half.rs aio-core/src/context/handlers.rs \
             aio-core/src/context/timers.rs aio-core/src/context/mod.rs aio-core/src/context/wakeup.rs \
             aio-core/src/context/notify.rs aio-core/src/context/counters.rs
         ;;

@@ -518,3 +518,61 @@ fn auto_polling_keeps_a_window_that_catches_short_waits() {
     ctx.set_poll_params(PollParams::iothread());
     assert_eq!(ctx.counters().poll_auto_choices, 0);
 }
+
+#[test]
+fn the_context_names_its_monitor_and_knows_when_it_is_polling() {
+    let (ctx, _script) = scripted();
+    assert_eq!(ctx.monitor_name(), "script");
+    assert!(ctx.describe_monitor().contains("script"));
+    let debug = format!("{ctx:?}");
+    assert!(debug.contains("AioContext") && debug.contains("script"), "{debug}");
+    assert!(!ctx.is_polling());
+    let inside = Rc::new(Cell::new(false));
+    let seen = inside.clone();
+    let bh = ctx.bh_new(move |ctx| seen.set(ctx.is_polling()));
+    bh.schedule();
+    ctx.poll(false);
+    assert!(inside.get(), "a callback runs inside poll()");
+    assert!(!ctx.is_polling());
+}
+
+#[test]
+fn an_idle_bottom_half_scheduled_twice_stays_idle() {
+    let (ctx, _script) = scripted();
+    let bh = ctx.bh_new(|_| {});
+    assert!(bh.schedule_idle());
+    assert!(bh.schedule_idle());
+    let timeout = ctx.compute_timeout().unwrap();
+    assert!(timeout > 0, "still idle: the wait is capped, not skipped");
+}
+
+#[test]
+fn spawned_tasks_run_in_plain_polls_and_are_dropped_with_the_context() {
+    struct Guard(Rc<Cell<bool>>);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            self.0.set(true);
+        }
+    }
+    let (ctx, _script) = scripted();
+    let ran = Rc::new(Cell::new(false));
+    let r = ran.clone();
+    let _done = ctx.spawn(async move { r.set(true) });
+    for _ in 0..3 {
+        ctx.poll(false);
+    }
+    assert!(ran.get(), "a spawned task runs in the loop's own iterations");
+    // A task that never finishes is dropped with the context, and bottom halves held
+    // elsewhere stop scheduling.
+    let dropped = Rc::new(Cell::new(false));
+    let guard = Guard(dropped.clone());
+    let _pending = ctx.spawn(async move {
+        let _guard = guard;
+        std::future::pending::<()>().await
+    });
+    ctx.poll(false);
+    let bh = ctx.bh_new(|_| {});
+    drop(ctx);
+    assert!(dropped.get(), "the unfinished task's future was dropped");
+    assert!(!bh.schedule(), "a deleted bottom half refuses schedules");
+}
