@@ -2,9 +2,11 @@
 //! clock of `tests.rs`: the wait's retries and errors, the nesting depth, a wait skipped when
 //! polling found the work, dispatch's deduplication and directions, the poll set's membership
 //! and idle interval, polling mode for a handler that leaves the set, which iterations teach
-//! the polling window, and when the automatic window's model is kept.
+//! the polling window, and when the automatic window's model is kept; and the context's own
+//! items (its monitor's name, `is_polling`, an idle bottom half scheduled twice, the tasks it
+//! runs and drops).
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::rc::Rc;
@@ -271,4 +273,107 @@ fn the_automatic_window_needs_a_limit_and_keeps_what_it_learned_for_the_same_wak
     // Another wake-up cost starts it afresh.
     ctx.set_poll_params(auto.with_wake_ns(40_000));
     assert_eq!(ctx.counters().poll_auto_choices, 0, "a new model");
+}
+
+#[test]
+fn the_context_names_its_monitor_and_knows_when_it_is_polling() {
+    let (ctx, _script) = scripted();
+    assert_eq!(ctx.monitor_name(), "script");
+    assert!(ctx.describe_monitor().contains("script"));
+    let debug = format!("{ctx:?}");
+    assert!(
+        debug.contains("AioContext") && debug.contains("script"),
+        "{debug}"
+    );
+    assert!(!ctx.is_polling());
+    let inside = Rc::new(Cell::new(false));
+    let seen = inside.clone();
+    let bh = ctx.bh_new(move |ctx| seen.set(ctx.is_polling()));
+    bh.schedule();
+    ctx.poll(false);
+    assert!(inside.get(), "a callback runs inside poll()");
+    assert!(!ctx.is_polling());
+}
+
+#[test]
+fn an_idle_bottom_half_scheduled_twice_stays_idle() {
+    let (ctx, _script) = scripted();
+    let bh = ctx.bh_new(|_| {});
+    assert!(bh.schedule_idle());
+    assert!(bh.schedule_idle());
+    let timeout = ctx.compute_timeout().unwrap();
+    assert!(timeout > 0, "still idle: the wait is capped, not skipped");
+}
+
+#[test]
+fn spawned_tasks_run_in_plain_polls_and_are_dropped_with_the_context() {
+    struct Guard(Rc<Cell<bool>>);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            self.0.set(true);
+        }
+    }
+    let (ctx, _script) = scripted();
+    let ran = Rc::new(Cell::new(false));
+    let r = ran.clone();
+    let _done = ctx.spawn(async move { r.set(true) });
+    for _ in 0..3 {
+        ctx.poll(false);
+    }
+    assert!(
+        ran.get(),
+        "a spawned task runs in the loop's own iterations"
+    );
+    // A task that never finishes is dropped with the context, and bottom halves held
+    // elsewhere stop scheduling.
+    let dropped = Rc::new(Cell::new(false));
+    let guard = Guard(dropped.clone());
+    let _pending = ctx.spawn(async move {
+        let _guard = guard;
+        std::future::pending::<()>().await
+    });
+    ctx.poll(false);
+    let bh = ctx.bh_new(|_| {});
+    drop(ctx);
+    assert!(dropped.get(), "the unfinished task's future was dropped");
+    assert!(!bh.schedule(), "a deleted bottom half refuses schedules");
+}
+
+#[test]
+fn a_task_woken_by_a_handler_runs_before_its_poll_returns() {
+    use std::future::poll_fn;
+    use std::task::{Poll, Waker};
+    let (ctx, script) = scripted();
+    let waker: Rc<RefCell<Option<Waker>>> = Rc::default();
+    let done = Rc::new(Cell::new(false));
+    let (w, d) = (waker.clone(), done.clone());
+    let _task = ctx.spawn(poll_fn(move |cx| {
+        if w.borrow_mut().replace(cx.waker().clone()).is_some() {
+            d.set(true);
+            return Poll::Ready(());
+        }
+        Poll::Pending
+    }));
+    ctx.poll(false);
+    assert!(
+        waker.borrow().is_some() && !done.get(),
+        "first poll: pending"
+    );
+    let doorbell = Notifier::new().unwrap();
+    let to_wake = waker.clone();
+    ctx.set_fd_handler(
+        &doorbell,
+        FdHandler::new().on_read(move |_| {
+            if let Some(w) = to_wake.borrow().as_ref() {
+                w.wake_by_ref();
+            }
+        }),
+    )
+    .unwrap();
+    script.inject.borrow_mut().push(doorbell.as_raw_fd());
+    assert!(ctx.poll(true));
+    assert!(
+        done.get(),
+        "the woken task ran at the end of the same iteration"
+    );
 }
