@@ -377,3 +377,16 @@ fn a_task_woken_by_a_handler_runs_before_its_poll_returns() {
         "the woken task ran at the end of the same iteration"
     );
 }
+
+#[test]
+fn a_bottom_half_says_whether_it_is_scheduled() {
+    let (ctx, _script) = scripted();
+    let bh = ctx.bh_new(|_| {});
+    assert!(!bh.is_scheduled());
+    bh.schedule();
+    assert!(bh.is_scheduled());
+    ctx.poll(false);
+    assert!(!bh.is_scheduled(), "it ran");
+    bh.schedule_idle();
+    assert!(bh.cancel() && !bh.is_scheduled(), "cancelled");
+}
