@@ -390,3 +390,13 @@ fn a_bottom_half_says_whether_it_is_scheduled() {
     bh.schedule_idle();
     assert!(bh.cancel() && !bh.is_scheduled(), "cancelled");
 }
+
+#[test]
+fn a_cancelled_bottom_half_does_not_keep_the_loop_from_waiting() {
+    let (ctx, _script) = scripted();
+    let bh = ctx.bh_new(|_| {});
+    bh.schedule();
+    assert_eq!(ctx.compute_timeout(), Some(0));
+    bh.cancel();
+    assert_ne!(ctx.compute_timeout(), Some(0), "its queue entry is stale");
+}
