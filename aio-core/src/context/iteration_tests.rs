@@ -400,3 +400,15 @@ fn a_cancelled_bottom_half_does_not_keep_the_loop_from_waiting() {
     bh.cancel();
     assert_ne!(ctx.compute_timeout(), Some(0), "its queue entry is stale");
 }
+
+#[test]
+fn bottom_halves_have_their_own_ids_and_say_so_in_debug() {
+    let (ctx, _script) = scripted();
+    let (a, b) = (ctx.bh_new(|_| {}), ctx.bh_new(|_| {}));
+    assert_ne!(a.id(), b.id());
+    let debug = format!("{a:?}");
+    assert!(
+        debug.contains("BottomHalf") && debug.contains(&a.id().to_string()),
+        "{debug}"
+    );
+}
