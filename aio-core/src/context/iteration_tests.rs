@@ -412,3 +412,16 @@ fn bottom_halves_have_their_own_ids_and_say_so_in_debug() {
         "{debug}"
     );
 }
+
+#[test]
+fn a_bottom_half_is_deleted_once() {
+    let (ctx, _script) = scripted();
+    let bh = ctx.bh_new(|_| {});
+    ctx.bh_delete(&bh).unwrap();
+    let again = ctx.bh_delete(&bh);
+    assert!(
+        matches!(again, Err(AioError::UnknownBottomHalf { .. })),
+        "{again:?}"
+    );
+    assert!(!bh.schedule());
+}
