@@ -20,6 +20,7 @@ use aio_core::{
     AioContext, EventLoop, FdHandler, LoopCounters, Notifier, PollMaxNs, PollParams, PollRule,
 };
 
+use crate::load::generator::transferred;
 use crate::load::{Direction, Generator, Layout, LoadSpec, Pattern, Tally, Window};
 
 /// What a job does.
@@ -212,10 +213,7 @@ fn on_complete<L, E>(
     L: EventLoop + 'static,
     E: IoEngine + 'static,
 {
-    let result = match &c.result {
-        Ok(n) => Ok(*n as u64),
-        Err(e) => Err(e.raw_os_error().unwrap_or(libc::EIO)),
-    };
+    let result = transferred(&c.result);
     let now = Instant::now();
     state
         .borrow_mut()

@@ -108,6 +108,15 @@ pub enum FailureCause {
     Short(u64),
 }
 
+/// A completion's `io::Result` of bytes moved, as [`Generator::complete`] takes it: the bytes,
+/// or the errno (`EIO` for an error that carries none).
+pub fn transferred(result: &io::Result<usize>) -> Result<u64, i32> {
+    match result {
+        Ok(n) => Ok(*n as u64),
+        Err(e) => Err(e.raw_os_error().unwrap_or(libc::EIO)),
+    }
+}
+
 /// A request that failed: which one, and why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestFailure {
@@ -161,6 +170,15 @@ pub struct VerifyFigures {
     pub reports: Vec<String>,
 }
 
+impl VerifyFigures {
+    /// Keeps `report` unless it is kept already or [`MAX_REPORTS`] are.
+    fn report(&mut self, report: &str) {
+        if self.reports.len() < MAX_REPORTS && !self.reports.iter().any(|r| r == report) {
+            self.reports.push(report.to_string());
+        }
+    }
+}
+
 /// What a generator counted.
 #[derive(Debug, Clone, Default)]
 pub struct LoadFigures {
@@ -204,9 +222,7 @@ impl LoadFigures {
         v.unstamped += o.unstamped;
         v.mismatches += o.mismatches;
         for r in &o.reports {
-            if v.reports.len() < MAX_REPORTS && !v.reports.contains(r) {
-                v.reports.push(r.clone());
-            }
+            v.report(r);
         }
     }
 
@@ -356,10 +372,12 @@ impl<'l> Generator<'l> {
         }
         let mut block = self.offsets.next_block();
         let direction = self.offsets.next_direction();
+        if let Some(ledger) = self.ledger.as_deref() {
+            block = ledger.free_block_from(block)?;
+        }
+        let offset = self.layout.offset(block, self.bs as u64);
         let mut generation = 0;
         if let Some(ledger) = self.ledger.as_deref_mut() {
-            block = ledger.free_block_from(block)?;
-            let offset = self.layout.offset(block, self.bs as u64);
             let mem = mem.expect("a verifying generator is given the slot's memory");
             generation = ledger.begin(block, direction, offset, mem);
         }
@@ -373,7 +391,7 @@ impl<'l> Generator<'l> {
         });
         Some(Issued {
             slot,
-            offset: self.layout.offset(block, self.bs as u64),
+            offset,
             len: self.bs,
             direction,
         })
@@ -413,10 +431,7 @@ impl<'l> Generator<'l> {
                 Some(ReadVerdict::Unstamped) => v.unstamped += 1,
                 Some(ReadVerdict::Mismatch(e)) => {
                     v.mismatches += 1;
-                    let e = e.to_string();
-                    if v.reports.len() < MAX_REPORTS && !v.reports.contains(&e) {
-                        v.reports.push(e);
-                    }
+                    v.report(&e.to_string());
                 }
                 None => v.stamped += u64::from(ok && r.direction == Direction::Write),
             }

@@ -27,6 +27,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::backends::monitors::MonitorKind;
+use crate::load::generator::transferred;
 use crate::load::{latency_histogram, Generator, Layout, LoadFigures, LoadSpec, Pattern, Window};
 use hdrhistogram::Histogram;
 
@@ -177,11 +178,7 @@ impl Worker {
     /// short read is a failure), and returns the time now (the next read's start).
     pub fn finish(&mut self, result: &io::Result<usize>) -> Instant {
         let now = Instant::now();
-        let result = match result {
-            Ok(n) => Ok(*n as u64),
-            Err(e) => Err(e.raw_os_error().unwrap_or(libc::EIO)),
-        };
-        self.load.complete(0, result, now, None);
+        self.load.complete(0, transferred(result), now, None);
         now
     }
 
