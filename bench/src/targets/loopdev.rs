@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::fio::jobfile::JobDef;
 use crate::targets::cleanup::{self, OnSignal};
@@ -175,7 +176,8 @@ pub enum LoopError {
 }
 
 /// A loop device with direct I/O over a private file in `/dev/shm`. Dropping it detaches the
-/// device and removes the file; a signal does the same ([`crate::targets::cleanup`]).
+/// device (the drop returns once the kernel has, or after 5 s with a warning) and removes the
+/// file; a signal does the same ([`crate::targets::cleanup`]).
 #[derive(Debug)]
 pub struct LoopDevice {
     /// `/dev/loopN`, once attached.
@@ -358,8 +360,44 @@ impl Drop for LoopDevice {
             }
         }
         self.holder = None;
+        if let Some(dev) = &self.device {
+            wait_detached(dev, &self.backing_path, DETACH_WAIT);
+        }
         // Then `backing` drops (the file, if it still has its name, is removed) and
         // `_on_signal` unregisters.
+    }
+}
+
+/// How long a drop waits for the kernel to detach the device.
+const DETACH_WAIT: Duration = Duration::from_secs(5);
+
+/// Waits until `device` no longer serves `backing` (its `/sys/block/loopN/loop` directory is
+/// gone, or names another file), at most `limit`; says so on stderr if it still does.
+///
+/// The kernel detaches an autoclear device at the release of its last opener, which need not
+/// be this process's last `close`: a child that another thread is spawning holds a copy of
+/// every fd until its `exec` closes them (close-on-exec), and a kernel thread's last `fput`
+/// (a Linux AIO completion's, an io_uring ring's teardown) is deferred to a workqueue. So the
+/// device may stay bound for a moment after every fd here is closed, and a caller that lists
+/// loop devices right after the drop would still see it.
+fn wait_detached(device: &Path, backing: &Path, limit: Duration) {
+    let name = device.to_string_lossy();
+    let name = name.trim_start_matches("/dev/");
+    let status = format!("/sys/block/{name}/loop/backing_file");
+    let ours = backing.to_string_lossy();
+    let bound =
+        || std::fs::read_to_string(&status).is_ok_and(|file| file.trim_end().starts_with(&*ours));
+    let deadline = Instant::now() + limit;
+    while bound() {
+        if Instant::now() >= deadline {
+            eprintln!(
+                "aio-bench: {} still serves {} {limit:?} after its last fd closed",
+                device.display(),
+                backing.display()
+            );
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -498,6 +536,60 @@ mod tests {
         assert!(LoopSpec { size: 4 << 20 }.per_disk(1, 8 << 20).is_err());
     }
 
+    /// A drop returns with the device detached even while another thread spawns children,
+    /// each of which holds a copy of the device's fds until its `exec` (a `pre_exec` step, as
+    /// the vhost daemons' CPU pinning has, forks, and this one waits 5 ms before the `exec`).
+    #[test]
+    fn a_drop_detaches_while_children_are_spawned() {
+        use std::os::unix::process::CommandExt;
+        use std::sync::atomic::AtomicBool;
+        use std::sync::Arc;
+
+        let spec = LoopSpec { size: 4 << 20 };
+        let Some(first) = aio_core::testing::available(
+            "the fast device (root, losetup, O_DIRECT in /dev/shm)",
+            LoopDevice::attach(spec),
+        ) else {
+            return;
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let spawner = {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let mut spawned = 0u32;
+                while !stop.load(Ordering::Relaxed) {
+                    let mut child = Command::new("true");
+                    // SAFETY: the closure only calls `nanosleep`, which is async-signal-safe
+                    // and touches no state of the parent's threads (no allocation, no lock).
+                    unsafe {
+                        child.pre_exec(|| {
+                            let pause = libc::timespec {
+                                tv_sec: 0,
+                                tv_nsec: 5_000_000,
+                            };
+                            libc::nanosleep(&pause, std::ptr::null_mut());
+                            Ok(())
+                        })
+                    };
+                    child.status().unwrap();
+                    spawned += 1;
+                }
+                spawned
+            })
+        };
+        let mut dev = first;
+        for round in 0..20 {
+            let backing = dev.backing_file().display().to_string();
+            drop(dev);
+            let listed = losetup(&["-a"]).unwrap();
+            assert!(!listed.contains(&backing), "round {round}: {listed}");
+            dev = LoopDevice::attach(spec).unwrap();
+        }
+        drop(dev);
+        stop.store(true, Ordering::Relaxed);
+        assert!(spawner.join().unwrap() > 0);
+    }
+
     /// The matrix with `--verify` on four disks of one device, all driven with writes: every
     /// read holds what its own disk last wrote (the regions do not overlap), and afterwards
     /// nothing is left attached or in /dev/shm.
@@ -505,7 +597,6 @@ mod tests {
     #[cfg(all(feature = "epoll", feature = "linux-aio"))]
     fn matrix_disks_share_the_device_and_verify() {
         use std::os::unix::fs::FileExt;
-        use std::time::Duration;
 
         use crate::backends::engines::EngineKind;
         use crate::backends::monitors::MonitorKind;
