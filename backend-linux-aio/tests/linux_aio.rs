@@ -4,6 +4,7 @@
 use aio_backend_linux_aio::{probe, BufferedPolicy, LinuxAio, LinuxAioConfig, LinuxAioError};
 use aio_core::engine::{AlignedBuf, IoEngine, Request, RequestError, RwFlags};
 use aio_core::testing::engine::{read_block, wait_for, TempFile};
+use aio_core::testing::seccomp::fail_on_this_thread;
 
 use aio_core::testing::engine::BLOCK;
 
@@ -180,6 +181,123 @@ fn an_io_submit_error_fails_only_the_head_request() {
     // 4 calls for the first four; then the batch of 4 (1 accepted: partial), the retry that
     // fails the head, and one for the last two.
     assert_eq!(stats.submit_calls, 7, "{stats:?}");
+}
+
+/// `EAGAIN` from `io_submit` (the kernel short of resources for the batch) holds the batch
+/// back, whole and in order, until the kernel has room: no request fails, nothing more is sent
+/// while blocked, and a reaped completion lets the next poll send it all. The fault comes from
+/// a seccomp filter on the test's own thread, for calls of exactly three iocbs.
+#[test]
+fn an_io_submit_eagain_holds_the_batch_back_until_a_completion_frees_room() {
+    if !available() {
+        return;
+    }
+    std::thread::spawn(|| {
+        fail_on_this_thread(libc::SYS_io_submit, 1, 3, libc::EAGAIN).unwrap();
+        let mut engine = LinuxAio::new(LinuxAioConfig::default()).unwrap();
+        let tmp = TempFile::with_len(8 * BLOCK, 7);
+        let file = tmp.open(libc::O_DIRECT).unwrap();
+        // Three reads one by one (one iocb each): in the kernel until reaped, so that the batch
+        // rule lets the next three go as one call.
+        for t in 0..3 {
+            engine.submit(read_block(&file, t, t)).unwrap();
+        }
+        assert_eq!(engine.in_kernel(), 3);
+        engine.plug();
+        for t in 3..6 {
+            engine.submit(read_block(&file, t, t)).unwrap();
+        }
+        engine.unplug();
+        let blocked = engine.stats();
+        assert_eq!(
+            (blocked.submit_eagain, blocked.interrupted_calls),
+            (1, 0),
+            "{blocked:?}"
+        );
+        assert_eq!(blocked.submit_errors, 0, "no request failed for it");
+        assert_eq!((engine.in_kernel(), engine.in_flight()), (3, 6));
+        // Blocked: a request submitted now waits behind the three without an io_submit.
+        engine.submit(read_block(&file, 6, 6)).unwrap();
+        assert_eq!(
+            engine.stats().submit_calls,
+            blocked.submit_calls,
+            "no io_submit while blocked with requests in the kernel"
+        );
+        // The first reads' completions free room: the polls send the rest.
+        let mut done = wait_for(&mut engine, 7);
+        done.sort_by_key(|c| c.token);
+        let tokens: Vec<u64> = done.iter().map(|c| c.token).collect();
+        assert_eq!(tokens, [0, 1, 2, 3, 4, 5, 6]);
+        for c in &done {
+            assert_eq!(c.result.as_ref().ok(), Some(&BLOCK), "token {}", c.token);
+        }
+        let after = engine.stats();
+        assert_eq!(after.submit_eagain, 1, "{after:?}");
+        assert_eq!(
+            after.iocbs_submitted, 7,
+            "each request sent once: {after:?}"
+        );
+    })
+    .join()
+    .unwrap();
+}
+
+/// `EAGAIN` or `EINTR` from `io_submit` with nothing in the kernel (no completion will come to
+/// retry on): the engine wakes its own notifier so that the loop polls again, that poll tries
+/// again, and each refusal is counted as what it was. The faults are seccomp filters on two
+/// threads of the test's (calls of one iocb get `EAGAIN` on the first, `EINTR` on the second);
+/// the engine moves between them and then to a thread without a filter, where the read goes.
+#[test]
+fn an_io_submit_refused_with_nothing_in_the_kernel_wakes_the_loop_to_retry() {
+    if !available() {
+        return;
+    }
+    let tmp = TempFile::with_len(4 * BLOCK, 7);
+    let file = tmp.open(libc::O_DIRECT).unwrap();
+    let mut engine = LinuxAio::new(LinuxAioConfig::default()).unwrap();
+    engine.submit(read_block(&file, 0, 0)).unwrap();
+    assert_eq!(wait_for(&mut engine, 1).len(), 1);
+    let counts = |engine: &LinuxAio| {
+        let s = engine.stats();
+        (s.submit_eagain, s.interrupted_calls, s.submit_errors)
+    };
+    let mut engine = std::thread::spawn(move || {
+        fail_on_this_thread(libc::SYS_io_submit, 1, 1, libc::EAGAIN).unwrap();
+        engine.notifier().test_and_clear();
+        engine.submit(read_block(&file, 1, 1)).unwrap();
+        assert_eq!(counts(&engine), (1, 0, 0), "{:?}", engine.stats());
+        assert!(
+            engine.notifier().test_and_clear(),
+            "EAGAIN with nothing in the kernel wakes the loop"
+        );
+        // The poll that wakes up tries again (and is refused again).
+        let mut out = std::collections::VecDeque::new();
+        assert_eq!(engine.poll_completions(&mut out), 0);
+        assert_eq!(counts(&engine), (2, 0, 0), "the poll retried");
+        assert!(engine.notifier().test_and_clear());
+        engine
+    })
+    .join()
+    .unwrap();
+    engine = std::thread::spawn(move || {
+        fail_on_this_thread(libc::SYS_io_submit, 1, 1, libc::EINTR).unwrap();
+        let mut out = std::collections::VecDeque::new();
+        assert_eq!(engine.poll_completions(&mut out), 0);
+        assert_eq!(counts(&engine), (2, 1, 0), "{:?}", engine.stats());
+        assert!(
+            engine.notifier().test_and_clear(),
+            "EINTR with nothing in the kernel wakes the loop"
+        );
+        engine
+    })
+    .join()
+    .unwrap();
+    let done = wait_for(&mut engine, 1);
+    assert_eq!(
+        (done[0].token, done[0].result.as_ref().ok()),
+        (1, Some(&BLOCK))
+    );
+    assert_eq!(engine.stats().iocbs_submitted, 2, "{:?}", engine.stats());
 }
 
 #[test]

@@ -1,8 +1,10 @@
 //! Running a child process whose kernel refuses some syscalls, as a container runtime's
-//! default seccomp profile or a hardened host does.
+//! default seccomp profile or a hardened host does, and a test thread whose kernel fails one
+//! call on demand.
 //!
-//! This module owns the seccomp filter a test installs in a child between `fork` and `exec`.
-//! It never filters the calling process itself.
+//! This module owns the seccomp filters a test installs: in a child between `fork` and `exec`
+//! ([`refuse_syscalls`]), or on one thread of its own ([`fail_on_this_thread`]). It never
+//! filters the process's other threads.
 
 use std::os::unix::process::CommandExt;
 use std::process::Command;
@@ -80,4 +82,68 @@ pub fn suite_passes_refusing(syscalls: &[libc::c_long], skip: &str, min_skipped:
         "every test skipped, saying why: {text}"
     );
     text
+}
+
+/// Makes the calling thread's `syscall` fail with `errno` whenever its argument number `arg`
+/// (0 to 5) equals `value` in its low 32 bits, for the rest of the thread's life: a fault a
+/// test cannot get from the kernel on demand (`EAGAIN` from `io_submit`, `EINTR` from a
+/// submitting `io_uring_enter`), chosen by an argument the engine under test sets (the count
+/// of requests in one call).
+///
+/// A seccomp filter of this thread alone (installed without `SECCOMP_FILTER_FLAG_TSYNC`, so
+/// the process's other threads, the test harness's included, are not filtered); it also sets
+/// the thread's `no_new_privs`. Neither can be undone: call it on a thread the test spawns for
+/// the purpose. Filters stack, so a thread may call it once per fault.
+pub fn fail_on_this_thread(
+    syscall: libc::c_long,
+    arg: usize,
+    value: u32,
+    errno: i32,
+) -> std::io::Result<()> {
+    assert!(arg < 6, "a syscall has six arguments");
+    // `struct seccomp_data`: nr (4 bytes), arch (4), instruction pointer (8), args (6 x 8).
+    let low_word = if cfg!(target_endian = "big") { 4 } else { 0 };
+    let arg_offset = 16 + 8 * arg as u32 + low_word;
+    let stmt = |code: u32, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let jump_eq = |k: u32, jf: u8| libc::sock_filter {
+        code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+        jt: 0,
+        jf,
+        k,
+    };
+    let prog = [
+        stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0),
+        jump_eq(syscall as u32, 3), // another syscall: allow
+        stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, arg_offset),
+        jump_eq(value, 1), // another value: allow
+        stmt(
+            libc::BPF_RET | libc::BPF_K,
+            libc::SECCOMP_RET_ERRNO | errno as u32,
+        ),
+        stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW),
+    ];
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: prctl with these options reads nothing but `fprog`, which points at `prog`; both
+    // live across the calls. The filter applies to this thread only (no TSYNC flag).
+    let installed = unsafe {
+        libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+            && libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER,
+                &fprog as *const libc::sock_fprog,
+            ) == 0
+    };
+    if installed {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
