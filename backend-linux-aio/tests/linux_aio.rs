@@ -300,6 +300,33 @@ fn an_io_submit_refused_with_nothing_in_the_kernel_wakes_the_loop_to_retry() {
     assert_eq!(engine.stats().iocbs_submitted, 2, "{:?}", engine.stats());
 }
 
+/// A drop whose wait for the kernel fails (`io_getevents` refused: a seccomp filter on the
+/// test's thread for calls that wait for one event) cannot learn when the kernel is done with
+/// the request it holds: the drop returns without retrying forever and leaks the request (its
+/// file stays open) rather than free what the kernel may still write.
+#[test]
+fn a_drop_whose_wait_fails_returns_and_leaks_the_request() {
+    if !available() {
+        return;
+    }
+    let tmp = TempFile::with_len(BLOCK, 7);
+    let file = tmp.open(libc::O_DIRECT).unwrap();
+    let fd = file.raw_fd();
+    std::thread::spawn(move || {
+        fail_on_this_thread(libc::SYS_io_getevents, 1, 1, libc::EINVAL).unwrap();
+        let mut engine = LinuxAio::new(LinuxAioConfig::default()).unwrap();
+        engine.submit(read_block(&file, 0, 0)).unwrap();
+        drop(file);
+        assert_eq!(engine.in_kernel(), 1, "not reaped: the drop waits for it");
+        drop(engine);
+    })
+    .join()
+    .unwrap();
+    // SAFETY: F_GETFD only reads the fd's flags; `fd` may be closed, which it reports.
+    let open = unsafe { libc::fcntl(fd, libc::F_GETFD) } != -1;
+    assert!(open, "the abandoned request keeps its file open");
+}
+
 #[test]
 fn a_read_across_eof_is_resubmitted_for_the_remainder() {
     if !available() {
