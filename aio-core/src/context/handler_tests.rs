@@ -1,0 +1,133 @@
+//! Unit tests of what an fd handler's callbacks promise, on the scripted monitor and fake clock
+//! of `tests.rs`: a re-entrant read callback runs again in a nested `poll()`, an exclusive
+//! callback that is running is neither polled by a nested `poll()` nor loses a bottom half's
+//! schedule, one polling-mode hook is enough to get it, and a failed wait keeps its error.
+
+use std::cell::{Cell, RefCell};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::rc::Rc;
+
+use super::tests::scripted;
+use super::*;
+use crate::polling::{PollParams, PollRule};
+
+#[test]
+fn a_reentrant_read_callback_runs_again_in_a_nested_poll() {
+    let (ctx, script) = scripted();
+    let fd = Notifier::new().unwrap();
+    let raw = fd.as_raw_fd();
+    let depths = Rc::new(RefCell::new(Vec::new()));
+    let seen = depths.clone();
+    let inject = script.inject.clone();
+    ctx.set_fd_handler(
+        &fd,
+        FdHandler::new().on_read_reentrant(move |ctx| {
+            let depth = seen.borrow().len();
+            seen.borrow_mut().push(depth);
+            if depth == 0 {
+                // Readable again while this call runs: the nested poll runs it inside.
+                inject.borrow_mut().push(raw);
+                ctx.poll(false);
+            }
+        }),
+    )
+    .unwrap();
+    script.inject.borrow_mut().push(raw);
+    assert!(ctx.poll(true));
+    assert_eq!(*depths.borrow(), [0, 1], "ran once outside, once nested");
+}
+
+#[test]
+fn a_nested_poll_does_not_poll_a_handler_whose_callback_is_running() {
+    let (ctx, _script) = scripted();
+    ctx.set_poll_params(PollParams::iothread().with_rule(PollRule::Qemu));
+    let checks = Rc::new(Cell::new(0u32));
+    let nested = Rc::new(Cell::new(None));
+    let fd = Notifier::new().unwrap();
+    let (counted, inside, during) = (checks.clone(), checks.clone(), nested.clone());
+    ctx.set_fd_handler(
+        &fd,
+        FdHandler::new()
+            .on_poll(move || {
+                counted.set(counted.get() + 1);
+                counted.get() == 1
+            })
+            .on_poll_ready(move |ctx| {
+                let before = inside.get();
+                // A blocking nested poll busy-polls; this handler cannot run there, so it is
+                // not checked (it would spin on a handler it cannot dispatch).
+                ctx.poll(true);
+                during.set(Some(inside.get() - before));
+            }),
+    )
+    .unwrap();
+    assert!(ctx.poll(true), "the first check found work");
+    assert_eq!(nested.get(), Some(0), "no check inside its own callback");
+}
+
+#[test]
+fn a_bottom_half_rescheduled_by_its_own_run_keeps_the_schedule_across_a_nested_poll() {
+    let (ctx, _script) = scripted();
+    let runs = Rc::new(Cell::new(0u32));
+    let me: Rc<RefCell<Option<BottomHalf>>> = Rc::new(RefCell::new(None));
+    let (count, handle) = (runs.clone(), me.clone());
+    let bh = ctx.bh_new(move |ctx| {
+        count.set(count.get() + 1);
+        if count.get() == 1 {
+            // Scheduled again while it runs, then a nested poll: it cannot run there, and
+            // the schedule must wait for this run to return instead of being used up.
+            handle.borrow().as_ref().unwrap().schedule();
+            ctx.poll(false);
+        }
+    });
+    *me.borrow_mut() = Some(bh.clone());
+    bh.schedule();
+    ctx.poll(false);
+    ctx.poll(false);
+    assert_eq!(runs.get(), 2, "the second schedule ran after the first run");
+}
+
+#[test]
+fn one_polling_mode_hook_is_enough_to_get_it() {
+    let (ctx, _script) = scripted();
+    ctx.set_poll_params(PollParams::iothread().with_rule(PollRule::Qemu));
+    let begins = Rc::new(Cell::new(0u32));
+    let ends = Rc::new(Cell::new(0u32));
+    let (b, e) = (begins.clone(), ends.clone());
+    let (begin_only, end_only) = (Notifier::new().unwrap(), Notifier::new().unwrap());
+    ctx.set_fd_handler(
+        &begin_only,
+        FdHandler::new()
+            .on_read(|_| {})
+            .on_poll(|| false)
+            .on_poll_begin(move || b.set(b.get() + 1)),
+    )
+    .unwrap();
+    ctx.set_fd_handler(
+        &end_only,
+        FdHandler::new()
+            .on_read(|_| {})
+            .on_poll(|| false)
+            .on_poll_end(move || e.set(e.get() + 1)),
+    )
+    .unwrap();
+    // An iteration that polls and finds nothing begins polling mode and ends it before it
+    // blocks.
+    ctx.poll(true);
+    assert_eq!((begins.get(), ends.get()), (1, 1));
+}
+
+#[test]
+fn a_failed_wait_keeps_its_error_for_the_caller_once() {
+    let (ctx, script) = scripted();
+    assert!(ctx.take_last_wait_error().is_none());
+    script
+        .errors
+        .borrow_mut()
+        .push_back(io::ErrorKind::PermissionDenied);
+    assert!(!ctx.poll(true), "no progress");
+    let e = ctx.take_last_wait_error().expect("the wait's error kept");
+    assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+    assert!(ctx.take_last_wait_error().is_none(), "taken");
+}
