@@ -193,7 +193,7 @@ fn an_io_submit_eagain_holds_the_batch_back_until_a_completion_frees_room() {
         return;
     }
     std::thread::spawn(|| {
-        fail_on_this_thread(libc::SYS_io_submit, 1, 3, libc::EAGAIN).unwrap();
+        fail_on_this_thread(libc::SYS_io_submit, &[(1, 3)], libc::EAGAIN).unwrap();
         let mut engine = LinuxAio::new(LinuxAioConfig::default()).unwrap();
         let tmp = TempFile::with_len(8 * BLOCK, 7);
         let file = tmp.open(libc::O_DIRECT).unwrap();
@@ -262,7 +262,7 @@ fn an_io_submit_refused_with_nothing_in_the_kernel_wakes_the_loop_to_retry() {
         (s.submit_eagain, s.interrupted_calls, s.submit_errors)
     };
     let mut engine = std::thread::spawn(move || {
-        fail_on_this_thread(libc::SYS_io_submit, 1, 1, libc::EAGAIN).unwrap();
+        fail_on_this_thread(libc::SYS_io_submit, &[(1, 1)], libc::EAGAIN).unwrap();
         engine.notifier().test_and_clear();
         engine.submit(read_block(&file, 1, 1)).unwrap();
         assert_eq!(counts(&engine), (1, 0, 0), "{:?}", engine.stats());
@@ -280,7 +280,7 @@ fn an_io_submit_refused_with_nothing_in_the_kernel_wakes_the_loop_to_retry() {
     .join()
     .unwrap();
     engine = std::thread::spawn(move || {
-        fail_on_this_thread(libc::SYS_io_submit, 1, 1, libc::EINTR).unwrap();
+        fail_on_this_thread(libc::SYS_io_submit, &[(1, 1)], libc::EINTR).unwrap();
         let mut out = std::collections::VecDeque::new();
         assert_eq!(engine.poll_completions(&mut out), 0);
         assert_eq!(counts(&engine), (2, 1, 0), "{:?}", engine.stats());
@@ -313,7 +313,7 @@ fn a_drop_whose_wait_fails_returns_and_leaks_the_request() {
     let file = tmp.open(libc::O_DIRECT).unwrap();
     let fd = file.raw_fd();
     std::thread::spawn(move || {
-        fail_on_this_thread(libc::SYS_io_getevents, 1, 1, libc::EINVAL).unwrap();
+        fail_on_this_thread(libc::SYS_io_getevents, &[(1, 1)], libc::EINVAL).unwrap();
         let mut engine = LinuxAio::new(LinuxAioConfig::default()).unwrap();
         engine.submit(read_block(&file, 0, 0)).unwrap();
         drop(file);

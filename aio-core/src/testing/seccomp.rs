@@ -84,49 +84,56 @@ pub fn suite_passes_refusing(syscalls: &[libc::c_long], skip: &str, min_skipped:
     text
 }
 
-/// Makes the calling thread's `syscall` fail with `errno` whenever its argument number `arg`
-/// (0 to 5) equals `value` in its low 32 bits, for the rest of the thread's life: a fault a
-/// test cannot get from the kernel on demand (`EAGAIN` from `io_submit`, `EINTR` from a
-/// submitting `io_uring_enter`), chosen by an argument the engine under test sets (the count
-/// of requests in one call).
+/// Makes the calling thread's `syscall` fail with `errno` whenever each `(argument number,
+/// value)` of `when` holds (the argument's low 32 bits equal the value), for the rest of the
+/// thread's life: a fault a test cannot get from the kernel on demand (`EAGAIN` from
+/// `io_submit`, `EINTR` from a submitting `io_uring_enter`), chosen by arguments the engine
+/// under test sets (the count of requests in one call, the enter's flags).
 ///
 /// A seccomp filter of this thread alone (installed without `SECCOMP_FILTER_FLAG_TSYNC`, so
 /// the process's other threads, the test harness's included, are not filtered); it also sets
 /// the thread's `no_new_privs`. Neither can be undone: call it on a thread the test spawns for
-/// the purpose. Filters stack, so a thread may call it once per fault.
+/// the purpose, and keep the engine's drop (which runs there too if an assertion fails) clear
+/// of the fault. Filters stack, so a thread may call it once per fault.
 pub fn fail_on_this_thread(
     syscall: libc::c_long,
-    arg: usize,
-    value: u32,
+    when: &[(usize, u32)],
     errno: i32,
 ) -> std::io::Result<()> {
-    assert!(arg < 6, "a syscall has six arguments");
     // `struct seccomp_data`: nr (4 bytes), arch (4), instruction pointer (8), args (6 x 8).
     let low_word = if cfg!(target_endian = "big") { 4 } else { 0 };
-    let arg_offset = 16 + 8 * arg as u32 + low_word;
-    let stmt = |code: u32, k: u32| libc::sock_filter {
-        code: code as u16,
+    let load = |offset: u32| libc::sock_filter {
+        code: (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16,
+        jt: 0,
+        jf: 0,
+        k: offset,
+    };
+    let ret = |k: u32| libc::sock_filter {
+        code: (libc::BPF_RET | libc::BPF_K) as u16,
         jt: 0,
         jf: 0,
         k,
     };
-    let jump_eq = |k: u32, jf: u8| libc::sock_filter {
-        code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
-        jt: 0,
-        jf,
-        k,
+    // Each check jumps to the last instruction (allow) when its value differs.
+    let checks = 1 + when.len();
+    let mut prog = Vec::with_capacity(2 * checks + 2);
+    let mut check = |prog: &mut Vec<libc::sock_filter>, offset: u32, value: u32| {
+        prog.push(load(offset));
+        let left = checks - (prog.len() + 1) / 2; // checks after this one
+        prog.push(libc::sock_filter {
+            code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+            jt: 0,
+            jf: (2 * left + 1) as u8, // past the later checks and the errno return
+            k: value,
+        });
     };
-    let prog = [
-        stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0),
-        jump_eq(syscall as u32, 3), // another syscall: allow
-        stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, arg_offset),
-        jump_eq(value, 1), // another value: allow
-        stmt(
-            libc::BPF_RET | libc::BPF_K,
-            libc::SECCOMP_RET_ERRNO | errno as u32,
-        ),
-        stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW),
-    ];
+    check(&mut prog, 0, syscall as u32);
+    for &(arg, value) in when {
+        assert!(arg < 6, "a syscall has six arguments");
+        check(&mut prog, 16 + 8 * arg as u32 + low_word, value);
+    }
+    prog.push(ret(libc::SECCOMP_RET_ERRNO | errno as u32));
+    prog.push(ret(libc::SECCOMP_RET_ALLOW));
     let fprog = libc::sock_fprog {
         len: prog.len() as u16,
         filter: prog.as_ptr() as *mut libc::sock_filter,
