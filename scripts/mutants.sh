@@ -6,7 +6,7 @@
 # docs/mutants.md.
 #
 #   scripts/mutants.sh            every group below
-#   scripts/mutants.sh GROUP      one group: chain, core, engines, pool, linux-aio, uring, loop, context, load
+#   scripts/mutants.sh GROUP      one group: chain, core, engines, pool, linux-aio, uring, loop, context, types, load
 #   MUTANTS_ARGS=--iterate scripts/mutants.sh GROUP
 #                                 only the mutants the last run of GROUP did not catch
 #
@@ -85,6 +85,15 @@ group() {
             aio-core/src/context/timers.rs aio-core/src/context/mod.rs aio-core/src/context/wakeup.rs \
             aio-core/src/context/notify.rs aio-core/src/context/counters.rs
         ;;
+    types)
+        # The request, buffer, file and completion types every engine shares, and the transfer
+        # arithmetic of the in-flight table, with aio-core's tests and the Linux AIO engine's
+        # (an engine that reads them on every request).
+        MUTANTS_ARGS="${MUTANTS_ARGS:-} -- --lib --tests" \
+            run types aio-core,aio-backend-linux-aio aio-core/src/engine/buf.rs aio-core/src/engine/completion.rs \
+            aio-core/src/engine/file.rs aio-core/src/engine/guest.rs aio-core/src/engine/mod.rs \
+            aio-core/src/engine/request.rs aio-core/src/backend/transfer.rs
+        ;;
     load)
         # The bench's load generator and verify's ledger: their unit tests are the bench
         # library's (a disk in memory), the end-to-end runs cost more and add nothing here.
@@ -92,14 +101,14 @@ group() {
             run load aio-bench bench/src/load/generator.rs bench/src/load/verify.rs
         ;;
     *)
-        echo "usage: scripts/mutants.sh [chain|core|engines|pool|linux-aio|uring|loop|context|load]" >&2
+        echo "usage: scripts/mutants.sh [chain|core|engines|pool|linux-aio|uring|loop|context|types|load]" >&2
         exit 2
         ;;
     esac
 }
 
 if [ $# -eq 0 ]; then
-    for g in chain core engines pool linux-aio uring loop context load; do group "$g"; done
+    for g in chain core engines pool linux-aio uring loop context types load; do group "$g"; done
 else
     group "$1"
 fi

@@ -1,14 +1,16 @@
-//! Unit tests of what an fd handler's callbacks promise, on the scripted monitor and fake clock
-//! of `tests.rs`: a re-entrant read callback runs again in a nested `poll()`, an exclusive
+//! Unit tests of what fd handlers promise, on the scripted monitor and fake clock of
+//! `tests.rs`: a re-entrant read callback runs again in a nested `poll()`, an exclusive
 //! callback that is running is neither polled by a nested `poll()` nor loses a bottom half's
-//! schedule, one polling-mode hook is enough to get it, and a failed wait keeps its error.
+//! schedule, one polling-mode hook is enough to get it, and a failed wait keeps its error; the
+//! table's count of writers through updates and removals, an update's poll set and interest,
+//! the refusals of `set_fd_handler`, deregistration errors, and forgetting a closed fd.
 
 use std::cell::{Cell, RefCell};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::rc::Rc;
 
-use super::tests::scripted;
+use super::tests::{countdown_handler, scripted};
 use super::*;
 use crate::polling::{PollParams, PollRule};
 
@@ -130,4 +132,116 @@ fn a_failed_wait_keeps_its_error_for_the_caller_once() {
     let e = ctx.take_last_wait_error().expect("the wait's error kept");
     assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
     assert!(ctx.take_last_wait_error().is_none(), "taken");
+}
+
+#[test]
+fn replacing_or_removing_the_only_writer_lets_polling_skip_the_wait_again() {
+    let (ctx, _script) = scripted();
+    ctx.set_poll_params(PollParams::iothread().with_rule(PollRule::Qemu));
+    let (_first, countdown) = countdown_handler(&ctx);
+    let writer = Notifier::new().unwrap();
+    let writing = || {
+        FdHandler::new()
+            .on_read(|_| {})
+            .on_write(|_| {})
+            .on_poll(|| false)
+    };
+    let skipped_after_a_hit = || {
+        countdown.set(3);
+        assert!(ctx.poll(true));
+        ctx.counters().waits_skipped
+    };
+    ctx.set_fd_handler(&writer, writing()).unwrap();
+    assert_eq!(skipped_after_a_hit(), 0, "a writer: the monitor must look");
+    ctx.update_fd_handler(&writer, writing()).unwrap();
+    assert_eq!(skipped_after_a_hit(), 0, "a writer replaced by a writer");
+    ctx.update_fd_handler(&writer, FdHandler::new().on_read(|_| {}).on_poll(|| false))
+        .unwrap();
+    assert_eq!(skipped_after_a_hit(), 1, "no writer left");
+    ctx.update_fd_handler(&writer, writing()).unwrap();
+    assert_eq!(skipped_after_a_hit(), 1, "a writer again");
+    ctx.remove_fd_handler(&writer).unwrap();
+    assert_eq!(skipped_after_a_hit(), 2, "the writer removed");
+}
+
+#[test]
+fn an_update_without_a_poll_check_leaves_the_poll_set_and_changes_the_interest() {
+    let (ctx, script) = scripted();
+    ctx.set_poll_params(PollParams::iothread());
+    let (fd, _countdown) = countdown_handler(&ctx);
+    assert_eq!(ctx.counters().poll_set, 1);
+    ctx.update_fd_handler(&fd, FdHandler::new().on_write(|_| {}))
+        .unwrap();
+    assert_eq!(ctx.counters().poll_set, 0, "no io_poll: out of the set");
+    let interest = script.interests.borrow()[&fd.as_raw_fd()];
+    assert_eq!(
+        interest,
+        Interest::WRITABLE,
+        "the monitor watches what the new one needs"
+    );
+}
+
+#[test]
+fn the_contexts_own_notifier_cannot_get_a_handler() {
+    let (ctx, _script) = scripted();
+    let e = ctx
+        .set_fd_handler(&ctx.shared.notifier, FdHandler::new().on_read(|_| {}))
+        .unwrap_err();
+    assert!(matches!(e, AioError::InvalidFd { .. }), "{e}");
+}
+
+#[test]
+fn a_deregistration_the_kernel_already_forgot_is_no_error_and_another_one_is() {
+    let (ctx, script) = scripted();
+    let fds: Vec<Notifier> = (0..3).map(|_| Notifier::new().unwrap()).collect();
+    for fd in &fds {
+        ctx.set_fd_handler(fd, FdHandler::new().on_read(|_| {}))
+            .unwrap();
+    }
+    script
+        .deregister_errors
+        .borrow_mut()
+        .extend([libc::EBADF, libc::ENOENT, libc::EPERM]);
+    ctx.remove_fd_handler(&fds[0]).unwrap();
+    ctx.remove_fd_handler(&fds[1]).unwrap();
+    let e = ctx.remove_fd_handler(&fds[2]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            AioError::Monitor {
+                op: "deregister",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    for fd in &fds {
+        assert!(!ctx.has_fd_handler(fd), "removed either way");
+    }
+}
+
+#[test]
+fn forgetting_a_closed_fd_makes_the_monitor_forget_it() {
+    let (ctx, script) = scripted();
+    let before = script.registered();
+    let fd = Notifier::new().unwrap();
+    ctx.set_fd_handler(&fd, FdHandler::new().on_read(|_| {}))
+        .unwrap();
+    assert_eq!(script.registered(), before + 1);
+    ctx.forget_closed_fd(fd.as_raw_fd()).unwrap();
+    assert_eq!(script.registered(), before, "the monitor forgot the number");
+    assert!(!ctx.has_fd_handler(fd));
+}
+
+#[test]
+fn a_handler_says_which_callbacks_it_has() {
+    let handler: FdHandler<super::tests::Script> =
+        FdHandler::new().on_read(|_| {}).on_poll(|| false);
+    let text = format!("{handler:?}");
+    assert!(text.starts_with("FdHandler"), "{text}");
+    assert!(
+        text.contains("io_read: true") && text.contains("io_write: false"),
+        "{text}"
+    );
+    assert!(text.contains("io_poll: true"), "{text}");
 }

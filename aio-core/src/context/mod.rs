@@ -260,3 +260,5 @@ mod handler_tests;
 mod iteration_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod wakeup_tests;

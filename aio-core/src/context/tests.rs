@@ -14,6 +14,8 @@ use crate::polling::{PollParams, PollRule, DEFAULT_POLL_MAX_NS, POLL_START_NS};
 
 /// A monitor whose waits advance a fake clock by scripted amounts and report injected fds
 /// (readable; writable too when in `inject_writable`), or fail with scripted errors first.
+/// It records each wait's timeout and each fd's interest, runs a scripted action inside a
+/// wait (where the loop is blocked), and fails deregistrations with scripted errnos.
 #[derive(Default, Clone)]
 pub(super) struct Script {
     pub(super) clock: FakeClock,
@@ -21,6 +23,14 @@ pub(super) struct Script {
     pub(super) inject: Rc<RefCell<Vec<RawFd>>>,
     pub(super) inject_writable: Rc<RefCell<Vec<RawFd>>>,
     pub(super) errors: Rc<RefCell<VecDeque<io::ErrorKind>>>,
+    /// Run at the start of the next wait, one per wait.
+    pub(super) during_wait: Rc<RefCell<VecDeque<Box<dyn FnOnce()>>>>,
+    /// Every wait's timeout, in order.
+    pub(super) timeouts: Rc<RefCell<Vec<Option<Duration>>>>,
+    /// The interest each fd was last registered or modified with.
+    pub(super) interests: Rc<RefCell<HashMap<RawFd, Interest>>>,
+    /// Errnos the next deregistrations fail with.
+    pub(super) deregister_errors: Rc<RefCell<VecDeque<i32>>>,
     tokens: Rc<RefCell<HashMap<RawFd, Token>>>,
 }
 
@@ -28,15 +38,18 @@ impl EventLoop for Script {
     fn name(&self) -> &'static str {
         "script"
     }
-    fn register(&mut self, fd: BorrowedFd<'_>, token: Token, _: Interest) -> io::Result<()> {
-        self.tokens.borrow_mut().insert(fd.as_raw_fd(), token);
-        Ok(())
+    fn register(&mut self, fd: BorrowedFd<'_>, token: Token, interest: Interest) -> io::Result<()> {
+        self.modify(fd, token, interest)
     }
-    fn modify(&mut self, fd: BorrowedFd<'_>, token: Token, _: Interest) -> io::Result<()> {
+    fn modify(&mut self, fd: BorrowedFd<'_>, token: Token, interest: Interest) -> io::Result<()> {
         self.tokens.borrow_mut().insert(fd.as_raw_fd(), token);
+        self.interests.borrow_mut().insert(fd.as_raw_fd(), interest);
         Ok(())
     }
     fn deregister(&mut self, fd: BorrowedFd<'_>) -> io::Result<()> {
+        if let Some(errno) = self.deregister_errors.borrow_mut().pop_front() {
+            return Err(io::Error::from_raw_os_error(errno));
+        }
         self.forget_closed(fd.as_raw_fd())
     }
     fn forget_closed(&mut self, fd: RawFd) -> io::Result<()> {
@@ -44,6 +57,11 @@ impl EventLoop for Script {
         Ok(())
     }
     fn wait(&mut self, timeout: Option<Duration>, events: &mut Vec<Event>) -> io::Result<()> {
+        self.timeouts.borrow_mut().push(timeout);
+        let action = self.during_wait.borrow_mut().pop_front();
+        if let Some(action) = action {
+            action();
+        }
         if let Some(kind) = self.errors.borrow_mut().pop_front() {
             return Err(io::Error::from(kind));
         }
