@@ -99,6 +99,26 @@ fn the_kernel_holds_what_the_ring_takes_and_a_vector_goes_as_one_iocb() {
     assert_eq!(after.resubmits, before.resubmits, "no remainder went back");
 }
 
+/// The engine never has more in the kernel than the ring it asked for, even where the
+/// kernel's ring is larger (`io_setup` rounds up) and a round by the batch rule would overshoot:
+/// with a ring of 5, rounds of 1, 1, 2 and then only the 1 that fits.
+#[test]
+fn a_round_takes_only_the_room_left_in_the_ring() {
+    if !available() {
+        return;
+    }
+    let mut engine = LinuxAio::new(LinuxAioConfig::default().with_ring_size(5)).unwrap();
+    let tmp = TempFile::with_len(16 * BLOCK, 7);
+    let file = tmp.open(libc::O_DIRECT).unwrap();
+    engine.plug();
+    for t in 0..16u64 {
+        engine.submit(read_block(&file, t, t)).unwrap();
+    }
+    engine.unplug();
+    assert_eq!(engine.in_kernel(), 5, "{:?}", engine.stats());
+    assert_eq!(wait_for(&mut engine, 16).len(), 16);
+}
+
 #[test]
 fn buffered_files_are_refused_or_accepted_by_policy() {
     if !available() {

@@ -1,6 +1,7 @@
 //! How the engine sends what is queued: in batches by the batch rule (each as large as what
-//! the kernel already holds), a vector as one entry, and, on a ring shared with the fd
-//! monitor, a partial round left in the submission queue for the monitor's next wait.
+//! the kernel already holds), a vector as one entry, a short read's remainder sent back, and,
+//! on a ring shared with the fd monitor, a partial round left in the submission queue for the
+//! monitor's next wait.
 //!
 //! The requests are reads of an empty pipe: they stay in the kernel until the write end
 //! closes, so what the engine sent can be counted before anything completes.
@@ -120,95 +121,21 @@ fn a_vector_goes_out_as_one_entry() {
     assert_eq!(stats.resubmits, 0, "no remainder went back: {stats:?}");
 }
 
-/// An enter that fails to submit (`EINTR` here; `EAGAIN` and `EBUSY` alike) leaves its entries
-/// in the submission queue, counted as the kernel's: the engine counts the interruption, wakes
-/// its loop (with its own ring nothing else would come), and the next enter sends them with
-/// whatever joined them. The fault is a seccomp filter on the test's own thread for enters
-/// that submit exactly one entry and do not wait.
 #[test]
-fn an_interrupted_submit_leaves_its_entries_for_the_next_enter_and_wakes_the_loop() {
+fn a_short_read_at_the_end_of_a_file_goes_back_for_the_rest() {
     if !available() {
         return;
     }
-    std::thread::spawn(|| {
-        // Enters that submit one entry without waiting (flags 0): the drop's wait, should an
-        // assertion fail, is not one of them.
-        aio_core::testing::seccomp::fail_on_this_thread(
-            libc::SYS_io_uring_enter,
-            &[(1, 1), (3, 0)],
-            libc::EINTR,
-        )
+    // Five blocks asked for where two exist: the kernel's short read is resubmitted once for
+    // the remainder, which finds the end of the file.
+    let mut engine = common::engine(UringConfig::default());
+    let tmp = aio_core::testing::engine::TempFile::with_len(3 * BLOCK, 9);
+    let file = tmp.open(libc::O_DIRECT).unwrap();
+    let bufs = vec![AlignedBuf::new(BLOCK), AlignedBuf::new(4 * BLOCK)];
+    engine
+        .submit(Request::readv(&file, BLOCK as u64, bufs, 1))
         .unwrap();
-        let mut engine = common::engine(UringConfig::default());
-        let (read_end, write_end) = common::pipe();
-        let read_end = IoFile::from(read_end);
-        engine.notifier().test_and_clear();
-        engine.submit(common::pipe_read(&read_end, 0)).unwrap();
-        let stats = engine.stats();
-        assert_eq!(
-            (
-                stats.submit_calls,
-                stats.entries_submitted,
-                stats.interrupted_calls
-            ),
-            (1, 0, 1),
-            "{stats:?}"
-        );
-        assert_eq!(
-            engine.in_kernel(),
-            1,
-            "the entry waits in the submission queue"
-        );
-        assert!(
-            engine.notifier().test_and_clear(),
-            "an engine with its own ring wakes its loop to send it"
-        );
-        // The next request joins it: one enter of two entries, which goes.
-        engine.submit(common::pipe_read(&read_end, 1)).unwrap();
-        let stats = engine.stats();
-        assert_eq!(
-            (
-                stats.submit_calls,
-                stats.entries_submitted,
-                stats.interrupted_calls
-            ),
-            (2, 2, 1),
-            "{stats:?}"
-        );
-        finish(engine, write_end, 2);
-    })
-    .join()
-    .unwrap();
-}
-
-/// A drop whose wait for the kernel fails (an enter that waits for one completion refused: a
-/// seccomp filter on the test's thread) cannot learn when the kernel is done with the read it
-/// holds: the drop returns without retrying forever and leaks the request, whose file (the
-/// pipe's read end) stays open, rather than free a buffer the kernel may still write.
-#[test]
-fn a_drop_whose_wait_fails_returns_and_leaks_the_request() {
-    if !available() {
-        return;
-    }
-    let (read_end, mut write_end) = common::pipe();
-    std::thread::spawn(move || {
-        aio_core::testing::seccomp::fail_on_this_thread(
-            libc::SYS_io_uring_enter,
-            &[(2, 1)],
-            libc::EINVAL,
-        )
-        .unwrap();
-        let mut engine = common::engine(UringConfig::default());
-        let read_end = IoFile::from(read_end);
-        engine.submit(common::pipe_read(&read_end, 0)).unwrap();
-        drop(read_end);
-        drop(engine);
-    })
-    .join()
-    .unwrap();
-    // A pipe without a reader refuses writes (EPIPE): this one still has the leaked request's.
-    use std::io::Write;
-    write_end
-        .write_all(b"x")
-        .expect("the abandoned request keeps the read end open");
+    let done = wait_for(&mut engine, 1);
+    assert_eq!(done[0].result.as_ref().ok(), Some(&(2 * BLOCK)));
+    assert_eq!(engine.stats().resubmits, 1, "{:?}", engine.stats());
 }

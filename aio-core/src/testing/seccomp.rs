@@ -117,7 +117,7 @@ pub fn fail_on_this_thread(
     // Each check jumps to the last instruction (allow) when its value differs.
     let checks = 1 + when.len();
     let mut prog = Vec::with_capacity(2 * checks + 2);
-    let mut check = |prog: &mut Vec<libc::sock_filter>, offset: u32, value: u32| {
+    let check = |prog: &mut Vec<libc::sock_filter>, offset: u32, value: u32| {
         prog.push(load(offset));
         let left = checks - (prog.len() + 1) / 2; // checks after this one
         prog.push(libc::sock_filter {
