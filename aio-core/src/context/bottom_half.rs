@@ -353,6 +353,12 @@ impl<L: EventLoop> BhTable<L> {
         }
     }
 
+    /// How many `poll()` levels hold a slice now (0 outside `poll()`).
+    #[cfg(test)]
+    pub(super) fn slice_levels(&self) -> usize {
+        self.slices.borrow().len()
+    }
+
     /// At context drop: every handle stops scheduling.
     pub(super) fn mark_all_deleted(&mut self) {
         for slot in self.slots.get_mut().values_mut() {

@@ -255,6 +255,8 @@ impl<L: EventLoop> Drop for AioContext<L> {
 }
 
 #[cfg(test)]
+mod bottom_half_tests;
+#[cfg(test)]
 mod handler_tests;
 #[cfg(test)]
 mod iteration_tests;
