@@ -162,6 +162,8 @@ impl<A: IoEngine, B: IoEngine> IoEngine for WithFallback<A, B> {
 
 #[cfg(test)]
 mod tests {
+    use std::os::fd::AsRawFd;
+
     use super::*;
     use crate::engine::{AlignedBuf, IoFile};
 
@@ -324,5 +326,48 @@ mod tests {
         let drained: Vec<u64> = r.drain().iter().map(|c| c.token).collect();
         assert_eq!(drained, vec![3]);
         assert_eq!(r.in_flight(), 0);
+    }
+
+    /// `Box<E>` forwards every call to `E` (the bench and the daemon hold engines boxed).
+    #[test]
+    fn a_boxed_engine_forwards_every_call() {
+        type Boxed = Box<Counting>;
+        let mut b: Boxed = Box::new(Counting::new(false));
+        let f = null();
+        assert_eq!(<Boxed as IoEngine>::name(&b), "counting");
+        <Boxed as IoEngine>::submit(&mut b, Request::read(&f, 0, AlignedBuf::new(512), 1)).unwrap();
+        <Boxed as IoEngine>::submit(&mut b, Request::discard(&f, 0, 4096, 2)).unwrap();
+        assert_eq!(b.ops, vec![(1, "read"), (2, "discard")]);
+        <Boxed as IoEngine>::plug(&mut b);
+        assert_eq!(b.plugged, 1);
+        <Boxed as IoEngine>::unplug(&mut b);
+        assert_eq!(b.plugged, 0);
+        <Boxed as IoEngine>::set_max_batch(&mut b, 5);
+        assert_eq!(b.max_batch, 5);
+        assert!(<Boxed as IoEngine>::cancel(&mut b, 2));
+        assert!(!<Boxed as IoEngine>::cancel(&mut b, 7));
+        assert_eq!(b.cancels, vec![2]);
+        assert_eq!(<Boxed as IoEngine>::in_flight(&b), 2);
+        assert!(!<Boxed as IoEngine>::has_completions(&b));
+        let fd = b.notifier.as_raw_fd();
+        assert_eq!(<Boxed as IoEngine>::notifier(&b).as_raw_fd(), fd);
+        let notifiers = <Boxed as IoEngine>::notifiers(&b);
+        assert_eq!(
+            notifiers.iter().map(|n| n.as_raw_fd()).collect::<Vec<_>>(),
+            [fd]
+        );
+        b.notifier.notify().unwrap();
+        <Boxed as IoEngine>::clear_notifier(&b);
+        assert!(!b.notifier.test_and_clear(), "the box cleared it");
+        b.finish();
+        assert!(<Boxed as IoEngine>::has_completions(&b));
+        let mut out = VecDeque::new();
+        assert_eq!(<Boxed as IoEngine>::poll_completions(&mut b, &mut out), 2);
+        <Boxed as IoEngine>::submit(&mut b, Request::read(&f, 0, AlignedBuf::new(512), 3)).unwrap();
+        let drained: Vec<u64> = <Boxed as IoEngine>::drain(&mut b)
+            .iter()
+            .map(|c| c.token)
+            .collect();
+        assert_eq!(drained, vec![3]);
     }
 }
