@@ -245,3 +245,26 @@ fn a_handler_says_which_callbacks_it_has() {
     );
     assert!(text.contains("io_poll: true"), "{text}");
 }
+
+#[test]
+fn an_fd_reported_twice_in_one_wait_runs_each_direction_once() {
+    let (ctx, script) = scripted();
+    let (reads, writes) = (Rc::new(Cell::new(0)), Rc::new(Cell::new(0)));
+    let (r, w) = (reads.clone(), writes.clone());
+    let fd = Notifier::new().unwrap();
+    ctx.set_fd_handler(
+        &fd,
+        FdHandler::new()
+            .on_read(move |_| r.set(r.get() + 1))
+            .on_write(move |_| w.set(w.get() + 1)),
+    )
+    .unwrap();
+    // A monitor may report one fd twice in a wait (two ring entries for it, say).
+    script
+        .inject
+        .borrow_mut()
+        .extend([fd.as_raw_fd(), fd.as_raw_fd()]);
+    script.inject_writable.borrow_mut().push(fd.as_raw_fd());
+    assert!(ctx.poll(true));
+    assert_eq!((reads.get(), writes.get()), (1, 1));
+}
