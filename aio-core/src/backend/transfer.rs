@@ -114,5 +114,7 @@ mod tests {
             Some(libc::ENOSPC)
         );
         assert_eq!(t.advance(&op, 5).unwrap(), Step::Done(8));
+        // A finished write advanced by nothing is still done, not out of space.
+        assert_eq!(t.advance(&op, 0).unwrap(), Step::Done(8));
     }
 }

@@ -193,4 +193,75 @@ mod tests {
         let null = IoFile::from(std::fs::File::open("/dev/null").unwrap());
         assert_eq!(null.kind(), FileKind::Other);
     }
+
+    /// What `statx` says of `fd`: its type bits and, where reported, the direct-I/O alignment.
+    fn statx_of(fd: BorrowedFd<'_>) -> (libc::mode_t, Option<(usize, usize)>) {
+        // SAFETY: an all-zero statx is a valid value of this plain C struct.
+        let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+        // SAFETY: as in `describe`: an empty path with AT_EMPTY_PATH describes `fd` itself, and
+        // `stx` is writable and outlives the call.
+        let ret = unsafe {
+            libc::statx(
+                fd.as_raw_fd(),
+                c"".as_ptr(),
+                libc::AT_EMPTY_PATH,
+                libc::STATX_TYPE | libc::STATX_DIOALIGN,
+                &mut stx,
+            )
+        };
+        assert_eq!(ret, 0, "{}", std::io::Error::last_os_error());
+        let align = (stx.stx_mask & libc::STATX_DIOALIGN != 0).then_some((
+            stx.stx_dio_mem_align as usize,
+            stx.stx_dio_offset_align as usize,
+        ));
+        (stx.stx_mode as libc::mode_t & libc::S_IFMT, align)
+    }
+
+    /// The kind and alignment are the kernel's: a regular file in the temp dir (whose file
+    /// system reports `STATX_DIOALIGN` on this project's kernels) and a loop device.
+    #[test]
+    fn the_kind_and_the_alignment_are_what_the_kernel_reports() {
+        let path = std::env::temp_dir().join(format!("aio-core-statx-{}", std::process::id()));
+        std::fs::write(&path, vec![0u8; 4096]).unwrap();
+        let direct = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+            .expect("O_DIRECT in the system temp dir");
+        std::fs::remove_file(&path).unwrap();
+        let (mode, reported) = statx_of(direct.as_fd());
+        assert_eq!(mode, libc::S_IFREG);
+        let file = IoFile::from(direct);
+        match reported {
+            Some((memory, offset)) if memory > 0 && offset > 0 => {
+                assert_eq!(
+                    file.direct_io_alignment(),
+                    Some(DirectIoAlignment { memory, offset })
+                );
+            }
+            other => crate::testing::skip(&format!(
+                "the temp dir's file system reports no direct-I/O alignment ({other:?})"
+            )),
+        }
+        let Some(dev) = crate::testing::available(
+            "a loop device",
+            crate::testing::engine::TempFile::on_a_loop_device(4096, 0),
+        ) else {
+            return;
+        };
+        let device = IoFile::from(
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(dev.path())
+                .unwrap(),
+        );
+        assert_eq!(device.kind(), FileKind::BlockDevice);
+        if let (_, Some((memory, offset))) = statx_of(device.as_fd()) {
+            assert_eq!(
+                device.direct_io_alignment(),
+                Some(DirectIoAlignment { memory, offset })
+            );
+        }
+    }
 }

@@ -63,6 +63,8 @@ mod fallback;
 mod file;
 mod guest;
 mod request;
+#[cfg(test)]
+mod types_tests;
 
 use std::collections::VecDeque;
 

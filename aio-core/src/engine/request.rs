@@ -385,8 +385,9 @@ impl Request {
             return Err(RequestError::ZeroLength { op: name });
         }
         let offset = op.offset();
+        // `len` is at least 1, so an offset past `i64::MAX` has its end past it too.
         let end = offset.checked_add(len);
-        if offset > i64::MAX as u64 || end.is_none_or(|e| e > i64::MAX as u64) {
+        if end.is_none_or(|e| e > i64::MAX as u64) {
             return Err(RequestError::OffsetOutOfRange { offset, len });
         }
         if let (Some(align), true) = (self.file.direct_io_alignment(), op.is_data()) {

@@ -1,0 +1,126 @@
+//! Unit tests of the small contracts of the types every engine shares: a buffer's alignment,
+//! equality and the live-buffer count; what a completion's buffers hand back; guest iovecs'
+//! segments; an op's emptiness and flag sets; and the vectored and guest requests' checks
+//! (segment counts, buffers that break `O_DIRECT`'s alignment).
+
+use std::os::unix::fs::OpenOptionsExt;
+
+use super::*;
+
+#[test]
+fn a_buffer_has_its_alignment_equality_by_content_and_counts_while_it_lives() {
+    let b = AlignedBuf::with_alignment(512, 65536).unwrap();
+    assert_eq!(b.alignment(), 65536);
+    assert_eq!(AlignedBuf::from_slice(b"ab"), AlignedBuf::from_slice(b"ab"));
+    assert_ne!(AlignedBuf::from_slice(b"ab"), AlignedBuf::from_slice(b"ac"));
+    let before = crate::testing::live_buffers();
+    let c = AlignedBuf::new(1);
+    assert_eq!(crate::testing::live_buffers(), before + 1);
+    drop(c);
+    assert_eq!(crate::testing::live_buffers(), before);
+}
+
+/// Two segments of `mem` (100 bytes at 0, 300 at 200).
+fn two_segments(mem: &mut [u8]) -> GuestIovecs {
+    assert!(mem.len() >= 500);
+    let base = mem.as_mut_ptr();
+    // SAFETY: both segments lie inside `mem`, which each test keeps alive and untouched while
+    // the iovecs exist.
+    unsafe { GuestIovecs::new([(base, 100), (base.wrapping_add(200), 300)]) }
+}
+
+#[test]
+fn a_completions_buffers_hand_back_what_the_request_owned() {
+    let one = IoBuffers::One(AlignedBuf::from_slice(b"x"));
+    assert_eq!(one.first().map(|b| &b[..]), Some(&b"x"[..]));
+    assert_eq!(one.into_vec().len(), 1);
+    let many = IoBuffers::Many(vec![AlignedBuf::new(1), AlignedBuf::new(2)]);
+    assert_eq!(many.first().map(|b| b.len()), Some(1));
+    assert_eq!(many.into_vec().len(), 2);
+    let mut mem = vec![0u8; 512];
+    let guest = IoBuffers::Guest(two_segments(&mut mem));
+    assert!(guest.first().is_none(), "caller memory is no owned buffer");
+    let g = guest.into_guest().expect("the iovecs handed back");
+    assert_eq!(g.len(), 400);
+    assert!(IoBuffers::None.into_guest().is_none());
+}
+
+#[test]
+fn guest_iovecs_are_their_segments() {
+    let mut mem = vec![0u8; 512];
+    let base = mem.as_mut_ptr() as usize;
+    let g = two_segments(&mut mem);
+    let segments: Vec<(usize, usize)> = g
+        .as_iovecs()
+        .iter()
+        .map(|v| (v.iov_base as usize - base, v.iov_len))
+        .collect();
+    assert_eq!(segments, [(0, 100), (200, 300)]);
+    assert!(!g.is_empty());
+    // SAFETY: no segment, no memory.
+    let empty = unsafe { GuestIovecs::new([]) };
+    assert!(empty.is_empty());
+    let text = format!("{g:?}");
+    assert!(
+        text.contains("GuestIovecs") && text.contains("400"),
+        "{text}"
+    );
+}
+
+#[test]
+fn ops_know_their_emptiness_and_flags_combine() {
+    let null = IoFile::from(std::fs::File::open("/dev/null").unwrap());
+    assert!(Request::fsync(&null, 1).op.is_empty());
+    assert!(!Request::read(&null, 0, AlignedBuf::new(512), 1)
+        .op
+        .is_empty());
+    assert_eq!(RwFlags::FUA | RwFlags::FUA, RwFlags::FUA);
+    let both = RwFlags::FUA | RwFlags::NOWAIT;
+    assert!(both.contains(RwFlags::FUA) && both.contains(RwFlags::NOWAIT));
+}
+
+#[test]
+fn guest_requests_count_their_segments_and_iov_max_is_allowed() {
+    let null = IoFile::from(std::fs::File::open("/dev/null").unwrap());
+    let mut mem = vec![0u8; IOV_MAX + 1];
+    let base = mem.as_mut_ptr();
+    let segments = |n: usize| {
+        // SAFETY: `n` one-byte segments inside `mem`, alive and untouched while the request
+        // exists (it is only validated).
+        unsafe { GuestIovecs::new((0..n).map(|i| (base.wrapping_add(i), 1))) }
+    };
+    assert!(Request::read_guest(&null, 0, segments(IOV_MAX), 1)
+        .validate()
+        .is_ok());
+    assert!(matches!(
+        Request::read_guest(&null, 0, segments(IOV_MAX + 1), 1).validate(),
+        Err(RequestError::TooManyBuffers { count }) if count == IOV_MAX + 1
+    ));
+    let bufs = (0..IOV_MAX).map(|_| AlignedBuf::new(1)).collect();
+    assert!(Request::readv(&null, 0, bufs, 1).validate().is_ok());
+}
+
+#[test]
+fn a_vectored_request_on_an_o_direct_file_checks_every_buffer() {
+    let path = std::env::temp_dir().join(format!("aio-core-types-{}", std::process::id()));
+    std::fs::write(&path, vec![0u8; 8192]).unwrap();
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&path)
+        .expect("O_DIRECT in the system temp dir");
+    std::fs::remove_file(&path).unwrap();
+    let file = IoFile::from(file);
+    let align = file.direct_io_alignment().expect("direct");
+    // The second buffer's length breaks the offset alignment.
+    let bufs = vec![
+        AlignedBuf::new(align.offset),
+        AlignedBuf::new(align.offset + 1),
+    ];
+    let e = Request::readv(&file, 0, bufs, 1).validate().unwrap_err();
+    let want = (align.offset + 1) as u64;
+    assert!(
+        matches!(e, RequestError::Misaligned { what: "segment length", value, .. } if value == want),
+        "{e}"
+    );
+}
