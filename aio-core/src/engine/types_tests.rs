@@ -101,6 +101,19 @@ fn guest_requests_count_their_segments_and_iov_max_is_allowed() {
 }
 
 #[test]
+fn a_request_may_end_at_the_largest_file_offset() {
+    let null = IoFile::from(std::fs::File::open("/dev/null").unwrap());
+    let last = i64::MAX as u64 - 1;
+    assert!(Request::write(&null, last, AlignedBuf::new(1), 1)
+        .validate()
+        .is_ok());
+    assert!(matches!(
+        Request::write(&null, last, AlignedBuf::new(2), 1).validate(),
+        Err(RequestError::OffsetOutOfRange { .. })
+    ));
+}
+
+#[test]
 fn a_vectored_request_on_an_o_direct_file_checks_every_buffer() {
     let path = std::env::temp_dir().join(format!("aio-core-types-{}", std::process::id()));
     std::fs::write(&path, vec![0u8; 8192]).unwrap();
