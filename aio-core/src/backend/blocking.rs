@@ -194,6 +194,34 @@ mod tests {
         (IoFile::from(f), path)
     }
 
+    /// The request's flags are the ones `preadv2` / `pwritev2` get: on a thread whose kernel
+    /// fails those calls with `EXDEV` when their flags argument is exactly the request's, a
+    /// FUA write and a NOWAIT read fail, and a write without flags goes.
+    #[test]
+    fn flags_reach_the_kernel_call() {
+        let (file, path) = temp_file(8192);
+        let results = std::thread::spawn(move || {
+            let dsync = RwFlags::FUA.to_rwf() as u32;
+            let nowait = RwFlags::NOWAIT.to_rwf() as u32;
+            let fail = crate::testing::seccomp::fail_on_this_thread;
+            fail(libc::SYS_pwritev2, &[(5, dsync)], libc::EXDEV).unwrap();
+            fail(libc::SYS_preadv2, &[(5, nowait)], libc::EXDEV).unwrap();
+            let mut fua =
+                Request::write(&file, 0, AlignedBuf::new(4096), 1).with_flags(RwFlags::FUA);
+            let mut plain = Request::write(&file, 0, AlignedBuf::new(4096), 2);
+            let mut read =
+                Request::read(&file, 0, AlignedBuf::new(4096), 3).with_flags(RwFlags::NOWAIT);
+            [&mut fua, &mut plain, &mut read].map(|r| run_blocking(r).map_err(|e| e.raw_os_error()))
+        })
+        .join()
+        .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(
+            results,
+            [Err(Some(libc::EXDEV)), Ok(4096), Err(Some(libc::EXDEV))]
+        );
+    }
+
     #[test]
     fn eagain_is_retried_unless_nowait_asked_for_it() {
         let again = || Err(io::Error::from_raw_os_error(libc::EAGAIN));
