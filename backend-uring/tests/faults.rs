@@ -110,18 +110,15 @@ fn a_drop_whose_wait_fails_returns_and_leaks_the_request() {
 /// `io_uring_register`'s buffer-table update (`IORING_REGISTER_BUFFERS_UPDATE`).
 const REGISTER_BUFFERS_UPDATE: u32 = 16;
 
-/// A registration refused for lack of lockable memory (`ENOMEM`) turns registered buffers off
-/// for good and says why; the request goes without one, and no later request tries again.
-#[test]
-fn a_registration_refused_for_memory_turns_registered_buffers_off() {
-    if !available() {
-        return;
-    }
-    std::thread::spawn(|| {
+/// Two reads of new buffers by an engine with registered buffers, on a thread whose kernel
+/// refuses buffer registrations with `errno`; both reads must succeed. Returns the refusal the
+/// engine kept and its `(registrations, refused, requests with a registered buffer)`.
+fn two_reads_with_registrations_refused(errno: i32) -> (Option<i32>, (u64, u64, u64)) {
+    std::thread::spawn(move || {
         fail_on_this_thread(
             libc::SYS_io_uring_register,
             &[(1, REGISTER_BUFFERS_UPDATE)],
-            libc::ENOMEM,
+            errno,
         )
         .unwrap();
         let mut engine = common::engine(UringConfig::default().with_fixed_buffers(2));
@@ -136,21 +133,29 @@ fn a_registration_refused_for_memory_turns_registered_buffers_off() {
             let done = wait_for(&mut engine, 1);
             assert_eq!(done[0].result.as_ref().ok(), Some(&BLOCK));
         }
-        let error = engine.fixed_buffers_error().expect("the refusal kept");
-        assert_eq!(error.raw_os_error(), Some(libc::ENOMEM));
-        let stats = engine.stats();
-        assert_eq!(
-            (
-                stats.buffer_registrations,
-                stats.buffer_registrations_refused
-            ),
-            (0, 0),
-            "off after the first refusal: {stats:?}"
+        let kept = engine.fixed_buffers_error().and_then(|e| e.raw_os_error());
+        let s = engine.stats();
+        let counts = (
+            s.buffer_registrations,
+            s.buffer_registrations_refused,
+            s.fixed_buffer_requests,
         );
-        assert_eq!(stats.fixed_buffer_requests, 0);
+        (kept, counts)
     })
     .join()
-    .unwrap();
+    .unwrap()
+}
+
+/// A registration refused for lack of lockable memory (`ENOMEM`) turns registered buffers off
+/// for good and says why; the request goes without one, and no later request tries again.
+#[test]
+fn a_registration_refused_for_memory_turns_registered_buffers_off() {
+    if !available() {
+        return;
+    }
+    let (kept, counts) = two_reads_with_registrations_refused(libc::ENOMEM);
+    assert_eq!(kept, Some(libc::ENOMEM), "the refusal kept");
+    assert_eq!(counts, (0, 0, 0), "off after the first refusal");
 }
 
 /// A registration refused for that buffer alone (`EFAULT` here) is counted; the request goes
@@ -160,32 +165,7 @@ fn a_registration_refused_for_one_buffer_leaves_registered_buffers_on() {
     if !available() {
         return;
     }
-    std::thread::spawn(|| {
-        fail_on_this_thread(
-            libc::SYS_io_uring_register,
-            &[(1, REGISTER_BUFFERS_UPDATE)],
-            libc::EFAULT,
-        )
-        .unwrap();
-        let mut engine = common::engine(UringConfig::default().with_fixed_buffers(2));
-        let tmp = TempFile::with_len(2 * BLOCK, 3);
-        let file = tmp.open(libc::O_DIRECT).unwrap();
-        for block in 0..2 {
-            engine.submit(read_block(&file, block, block)).unwrap();
-            let done = wait_for(&mut engine, 1);
-            assert_eq!(done[0].result.as_ref().ok(), Some(&BLOCK));
-        }
-        assert!(engine.fixed_buffers_error().is_none(), "still on");
-        let stats = engine.stats();
-        assert_eq!(
-            (
-                stats.buffer_registrations,
-                stats.buffer_registrations_refused
-            ),
-            (0, 2),
-            "each new buffer tried and refused: {stats:?}"
-        );
-    })
-    .join()
-    .unwrap();
+    let (kept, counts) = two_reads_with_registrations_refused(libc::EFAULT);
+    assert_eq!(kept, None, "still on");
+    assert_eq!(counts, (0, 2, 0), "each new buffer tried and refused");
 }

@@ -6,7 +6,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::Duration;
 
-use super::tests::scripted;
+use super::tests::{scripted, DropFlag};
 
 #[test]
 fn a_nested_poll_sees_the_outer_polls_pending_bottom_half_and_does_not_block() {
@@ -58,15 +58,9 @@ fn each_poll_gives_back_its_slice() {
 
 #[test]
 fn a_deleted_bottom_half_drops_its_callback() {
-    struct Guard(Rc<Cell<bool>>);
-    impl Drop for Guard {
-        fn drop(&mut self) {
-            self.0.set(true);
-        }
-    }
     let (ctx, _script) = scripted();
     let dropped = Rc::new(Cell::new(false));
-    let guard = Guard(dropped.clone());
+    let guard = DropFlag(dropped.clone());
     let bh = ctx.bh_new(move |_| {
         let _ = &guard;
     });

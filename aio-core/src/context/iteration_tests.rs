@@ -12,7 +12,7 @@ use std::os::fd::AsRawFd;
 use std::rc::Rc;
 use std::time::Duration;
 
-use super::tests::{countdown_handler, scripted};
+use super::tests::{countdown_handler, scripted, DropFlag};
 use super::*;
 use crate::polling::{PollParams, PollRule};
 
@@ -307,12 +307,6 @@ fn an_idle_bottom_half_scheduled_twice_stays_idle() {
 
 #[test]
 fn spawned_tasks_run_in_plain_polls_and_are_dropped_with_the_context() {
-    struct Guard(Rc<Cell<bool>>);
-    impl Drop for Guard {
-        fn drop(&mut self) {
-            self.0.set(true);
-        }
-    }
     let (ctx, _script) = scripted();
     let ran = Rc::new(Cell::new(false));
     let r = ran.clone();
@@ -327,7 +321,7 @@ fn spawned_tasks_run_in_plain_polls_and_are_dropped_with_the_context() {
     // A task that never finishes is dropped with the context, and bottom halves held
     // elsewhere stop scheduling.
     let dropped = Rc::new(Cell::new(false));
-    let guard = Guard(dropped.clone());
+    let guard = DropFlag(dropped.clone());
     let _pending = ctx.spawn(async move {
         let _guard = guard;
         std::future::pending::<()>().await

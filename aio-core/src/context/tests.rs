@@ -87,6 +87,15 @@ impl EventLoop for Script {
     }
 }
 
+/// Sets its flag when dropped: whether what captured it is gone.
+pub(super) struct DropFlag(pub(super) Rc<Cell<bool>>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.set(true);
+    }
+}
+
 pub(super) fn scripted() -> (AioContext<Script>, Script) {
     let script = Script {
         clock: FakeClock::new(1_000_000),

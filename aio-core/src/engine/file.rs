@@ -118,22 +118,9 @@ fn describe(fd: BorrowedFd<'_>) -> (FileKind, DirectIoAlignment) {
     if cfg!(miri) {
         return (FileKind::Other, fallback);
     }
-    // SAFETY: an all-zero statx is a valid value of this plain C struct.
-    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    // SAFETY: the path is an empty C string with AT_EMPTY_PATH, so statx describes `fd`
-    // itself; `stx` is a valid, writable statx that outlives the call.
-    let ret = unsafe {
-        libc::statx(
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH,
-            libc::STATX_TYPE | libc::STATX_DIOALIGN,
-            &mut stx,
-        )
-    };
-    if ret != 0 {
+    let Some(stx) = statx_of(fd) else {
         return (FileKind::Other, fallback);
-    }
+    };
     let kind = match stx.stx_mode as libc::mode_t & libc::S_IFMT {
         libc::S_IFREG => FileKind::Regular,
         libc::S_IFBLK => FileKind::BlockDevice,
@@ -151,6 +138,25 @@ fn describe(fd: BorrowedFd<'_>) -> (FileKind, DirectIoAlignment) {
         fallback
     };
     (kind, align)
+}
+
+/// `statx` of `fd` itself, asking for its type and direct-I/O alignment; `None` if it fails.
+/// Fields the kernel does not report stay 0.
+fn statx_of(fd: BorrowedFd<'_>) -> Option<libc::statx> {
+    // SAFETY: an all-zero statx is a valid value of this plain C struct.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: the path is an empty C string with AT_EMPTY_PATH, so statx describes `fd`
+    // itself; `stx` is a valid, writable statx that outlives the call.
+    let ret = unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_TYPE | libc::STATX_DIOALIGN,
+            &mut stx,
+        )
+    };
+    (ret == 0).then_some(stx)
 }
 
 impl AsFd for IoFile {
@@ -195,21 +201,8 @@ mod tests {
     }
 
     /// What `statx` says of `fd`: its type bits and, where reported, the direct-I/O alignment.
-    fn statx_of(fd: BorrowedFd<'_>) -> (libc::mode_t, Option<(usize, usize)>) {
-        // SAFETY: an all-zero statx is a valid value of this plain C struct.
-        let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-        // SAFETY: as in `describe`: an empty path with AT_EMPTY_PATH describes `fd` itself, and
-        // `stx` is writable and outlives the call.
-        let ret = unsafe {
-            libc::statx(
-                fd.as_raw_fd(),
-                c"".as_ptr(),
-                libc::AT_EMPTY_PATH,
-                libc::STATX_TYPE | libc::STATX_DIOALIGN,
-                &mut stx,
-            )
-        };
-        assert_eq!(ret, 0, "{}", std::io::Error::last_os_error());
+    fn reported(fd: BorrowedFd<'_>) -> (libc::mode_t, Option<(usize, usize)>) {
+        let stx = statx_of(fd).expect("statx");
         let align = (stx.stx_mask & libc::STATX_DIOALIGN != 0).then_some((
             stx.stx_dio_mem_align as usize,
             stx.stx_dio_offset_align as usize,
@@ -229,10 +222,10 @@ mod tests {
             .open(&path)
             .expect("O_DIRECT in the system temp dir");
         std::fs::remove_file(&path).unwrap();
-        let (mode, reported) = statx_of(direct.as_fd());
+        let (mode, kernel) = reported(direct.as_fd());
         assert_eq!(mode, libc::S_IFREG);
         let file = IoFile::from(direct);
-        match reported {
+        match kernel {
             Some((memory, offset)) if memory > 0 && offset > 0 => {
                 assert_eq!(
                     file.direct_io_alignment(),
@@ -276,8 +269,8 @@ mod tests {
                 .open(&big.device)
                 .unwrap(),
         );
-        let (_, reported) = statx_of(big_sectors.as_fd());
-        let (memory, offset) = reported.expect("a block device reports its alignment");
+        let (_, kernel) = reported(big_sectors.as_fd());
+        let (memory, offset) = kernel.expect("a block device reports its alignment");
         assert_eq!(offset, 4096, "the sector size");
         assert_eq!(
             big_sectors.direct_io_alignment(),
