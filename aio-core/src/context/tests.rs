@@ -12,6 +12,9 @@ use crate::clock::FakeClock;
 use crate::event_loop::Event;
 use crate::polling::{PollParams, PollRule, DEFAULT_POLL_MAX_NS, POLL_START_NS};
 
+/// Something the scripted monitor runs inside a wait.
+pub(super) type WaitAction = Box<dyn FnOnce()>;
+
 /// A monitor whose waits advance a fake clock by scripted amounts and report injected fds
 /// (readable; writable too when in `inject_writable`), or fail with scripted errors first.
 /// It records each wait's timeout and each fd's interest, runs a scripted action inside a
@@ -24,7 +27,7 @@ pub(super) struct Script {
     pub(super) inject_writable: Rc<RefCell<Vec<RawFd>>>,
     pub(super) errors: Rc<RefCell<VecDeque<io::ErrorKind>>>,
     /// Run at the start of the next wait, one per wait.
-    pub(super) during_wait: Rc<RefCell<VecDeque<Box<dyn FnOnce()>>>>,
+    pub(super) during_wait: Rc<RefCell<VecDeque<WaitAction>>>,
     /// Every wait's timeout, in order.
     pub(super) timeouts: Rc<RefCell<Vec<Option<Duration>>>>,
     /// The interest each fd was last registered or modified with.

@@ -119,7 +119,8 @@ pub fn fail_on_this_thread(
     let mut prog = Vec::with_capacity(2 * checks + 2);
     let check = |prog: &mut Vec<libc::sock_filter>, offset: u32, value: u32| {
         prog.push(load(offset));
-        let left = checks - (prog.len() + 1) / 2; // checks after this one
+        let index = prog.len() / 2; // this check's (its load was just pushed)
+        let left = checks - index - 1; // checks after this one
         prog.push(libc::sock_filter {
             code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
             jt: 0,
