@@ -9,53 +9,70 @@
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
+/// One BPF statement (a load or a return).
+fn stmt(code: u32, k: u32) -> libc::sock_filter {
+    libc::sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    }
+}
+
+/// A jump: `jt` instructions ahead when the accumulator equals `k`, else `jf`.
+fn jump_eq(k: u32, jt: u8, jf: u8) -> libc::sock_filter {
+    libc::sock_filter {
+        code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+        jt,
+        jf,
+        k,
+    }
+}
+
+/// Installs `prog` on the calling thread (after `PR_SET_NO_NEW_PRIVS`, so no privilege is
+/// needed). Two `prctl` calls and nothing else: async-signal-safe, no allocation, so a forked
+/// child may call it before `exec`.
+fn install(prog: &[libc::sock_filter]) -> std::io::Result<()> {
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: prctl with these options reads nothing but `fprog`, which points at `prog`; both
+    // live across the calls. The filter applies to the calling thread only (no TSYNC flag).
+    let installed = unsafe {
+        libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+            && libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER,
+                &fprog as *const libc::sock_fprog,
+            ) == 0
+    };
+    if installed {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// Makes `cmd`'s child fail each of `syscalls` with `EPERM` (a seccomp filter installed
 /// between fork and exec, with `PR_SET_NO_NEW_PRIVS`, so no privilege is needed).
 pub fn refuse_syscalls(cmd: &mut Command, syscalls: &[libc::c_long]) {
     // The program is built here, in the parent: the child between fork and exec must not
     // allocate.
-    let stmt = |code: u32, k: u32| libc::sock_filter {
-        code: code as u16,
-        jt: 0,
-        jf: 0,
-        k,
-    };
+    let load = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
+    let ret = libc::BPF_RET | libc::BPF_K;
     // Load the syscall number.
-    let mut prog = vec![stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0)];
+    let mut prog = vec![stmt(load, 0)];
     let n = syscalls.len() as u8;
     for (i, &nr) in syscalls.iter().enumerate() {
-        prog.push(libc::sock_filter {
-            code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
-            jt: n - i as u8, // to the EPERM return
-            jf: 0,
-            k: nr as u32,
-        });
+        prog.push(jump_eq(nr as u32, n - i as u8, 0)); // to the EPERM return
     }
-    prog.push(stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW));
-    prog.push(stmt(
-        libc::BPF_RET | libc::BPF_K,
-        libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
-    ));
-    // SAFETY: the closure runs in the forked child before exec. It allocates nothing: `prog`
-    // was built above and moved in, and `fprog` lives on the child's stack while the two prctl
-    // calls (async-signal-safe syscalls) read it.
+    prog.push(stmt(ret, libc::SECCOMP_RET_ALLOW));
+    prog.push(stmt(ret, libc::SECCOMP_RET_ERRNO | libc::EPERM as u32));
+    // SAFETY: the closure runs in the forked child before exec and calls only `install`
+    // (two prctl calls, no allocation); `prog` was built above and moved in.
     unsafe {
-        cmd.pre_exec(move || {
-            let fprog = libc::sock_fprog {
-                len: prog.len() as u16,
-                filter: prog.as_ptr() as *mut libc::sock_filter,
-            };
-            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
-                || libc::prctl(
-                    libc::PR_SET_SECCOMP,
-                    libc::SECCOMP_MODE_FILTER,
-                    &fprog as *const libc::sock_fprog,
-                ) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
+        cmd.pre_exec(move || install(&prog));
     }
 }
 
@@ -102,56 +119,22 @@ pub fn fail_on_this_thread(
 ) -> std::io::Result<()> {
     // `struct seccomp_data`: nr (4 bytes), arch (4), instruction pointer (8), args (6 x 8).
     let low_word = if cfg!(target_endian = "big") { 4 } else { 0 };
-    let load = |offset: u32| libc::sock_filter {
-        code: (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16,
-        jt: 0,
-        jf: 0,
-        k: offset,
-    };
-    let ret = |k: u32| libc::sock_filter {
-        code: (libc::BPF_RET | libc::BPF_K) as u16,
-        jt: 0,
-        jf: 0,
-        k,
-    };
-    // Each check jumps to the last instruction (allow) when its value differs.
+    let load = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
+    let ret = libc::BPF_RET | libc::BPF_K;
+    // Each check loads a word and jumps to the last instruction (allow) when it differs.
+    let offsets = std::iter::once((0, syscall as u32)).chain(when.iter().map(|&(arg, value)| {
+        assert!(arg < 6, "a syscall has six arguments");
+        (16 + 8 * arg as u32 + low_word, value)
+    }));
     let checks = 1 + when.len();
     let mut prog = Vec::with_capacity(2 * checks + 2);
-    let check = |prog: &mut Vec<libc::sock_filter>, offset: u32, value: u32| {
-        prog.push(load(offset));
-        let index = prog.len() / 2; // this check's (its load was just pushed)
-        let left = checks - index - 1; // checks after this one
-        prog.push(libc::sock_filter {
-            code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
-            jt: 0,
-            jf: (2 * left + 1) as u8, // past the later checks and the errno return
-            k: value,
-        });
-    };
-    check(&mut prog, 0, syscall as u32);
-    for &(arg, value) in when {
-        assert!(arg < 6, "a syscall has six arguments");
-        check(&mut prog, 16 + 8 * arg as u32 + low_word, value);
+    for (index, (offset, value)) in offsets.enumerate() {
+        let later = checks - index - 1;
+        prog.push(stmt(load, offset));
+        // Past the later checks and the errno return.
+        prog.push(jump_eq(value, 0, (2 * later + 1) as u8));
     }
-    prog.push(ret(libc::SECCOMP_RET_ERRNO | errno as u32));
-    prog.push(ret(libc::SECCOMP_RET_ALLOW));
-    let fprog = libc::sock_fprog {
-        len: prog.len() as u16,
-        filter: prog.as_ptr() as *mut libc::sock_filter,
-    };
-    // SAFETY: prctl with these options reads nothing but `fprog`, which points at `prog`; both
-    // live across the calls. The filter applies to this thread only (no TSYNC flag).
-    let installed = unsafe {
-        libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
-            && libc::prctl(
-                libc::PR_SET_SECCOMP,
-                libc::SECCOMP_MODE_FILTER,
-                &fprog as *const libc::sock_fprog,
-            ) == 0
-    };
-    if installed {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    prog.push(stmt(ret, libc::SECCOMP_RET_ERRNO | errno as u32));
+    prog.push(stmt(ret, libc::SECCOMP_RET_ALLOW));
+    install(&prog)
 }
