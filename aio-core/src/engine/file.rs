@@ -242,13 +242,7 @@ mod tests {
         ) else {
             return;
         };
-        let device = IoFile::from(
-            std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_DIRECT)
-                .open(dev.path())
-                .unwrap(),
-        );
+        let device = dev.open(libc::O_DIRECT).unwrap();
         assert_eq!(device.kind(), FileKind::BlockDevice);
         assert!(
             format!("{device:?}").starts_with("IoFile(fd "),
@@ -258,17 +252,11 @@ mod tests {
         // only a device with larger sectors tells them apart.
         let Some(big) = crate::testing::available(
             "a loop device with 4 KiB sectors",
-            FourKibSectors::attach(dev.backing()),
+            crate::testing::engine::TempFile::on_a_loop_device_with_sectors(4096, 0, 4096),
         ) else {
             return;
         };
-        let big_sectors = IoFile::from(
-            std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_DIRECT)
-                .open(&big.device)
-                .unwrap(),
-        );
+        let big_sectors = big.open(libc::O_DIRECT).unwrap();
         let (_, kernel) = reported(big_sectors.as_fd());
         let (memory, offset) = kernel.expect("a block device reports its alignment");
         assert_eq!(offset, 4096, "the sector size");
@@ -276,42 +264,5 @@ mod tests {
             big_sectors.direct_io_alignment(),
             Some(DirectIoAlignment { memory, offset })
         );
-    }
-
-    /// A second loop device over the same file with 4 KiB logical sectors, detached on drop.
-    struct FourKibSectors {
-        device: std::path::PathBuf,
-    }
-
-    impl FourKibSectors {
-        fn attach(file: &std::path::Path) -> Result<Self, String> {
-            let out = std::process::Command::new("losetup")
-                .args([
-                    "--find",
-                    "--show",
-                    "--direct-io=on",
-                    "--sector-size",
-                    "4096",
-                ])
-                .arg(file)
-                .output()
-                .map_err(|e| format!("losetup: {e}"))?;
-            if !out.status.success() {
-                return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
-            }
-            let device = String::from_utf8_lossy(&out.stdout).trim().to_string();
-            Ok(FourKibSectors {
-                device: device.into(),
-            })
-        }
-    }
-
-    impl Drop for FourKibSectors {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("losetup")
-                .arg("-d")
-                .arg(&self.device)
-                .status();
-        }
     }
 }

@@ -57,14 +57,29 @@ impl TempFile {
     /// filled with `fill`; `Err` says why there is none (not root, no `losetup`, no free
     /// device). The device is detached and the file removed on drop, a failed test included.
     pub fn on_a_loop_device(len: usize, fill: u8) -> Result<TempFile, String> {
-        assert_eq!(len % 512, 0, "a loop device's size is a multiple of 512");
+        Self::on_a_loop_device_with_sectors(len, fill, 512)
+    }
+
+    /// [`TempFile::on_a_loop_device`] with logical sectors of `sector` bytes (`losetup
+    /// --sector-size`): the device's direct-I/O alignment.
+    pub fn on_a_loop_device_with_sectors(
+        len: usize,
+        fill: u8,
+        sector: usize,
+    ) -> Result<TempFile, String> {
+        assert_eq!(
+            len % sector,
+            0,
+            "a loop device's size is a multiple of its sector"
+        );
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             return Err("loop devices need root".into());
         }
         let mut tmp = Self::file(len, fill);
         let out = Command::new("losetup")
-            .args(["--find", "--show", "--direct-io=on"])
+            .args(["--find", "--show", "--direct-io=on", "--sector-size"])
+            .arg(sector.to_string())
             .arg(&tmp.path)
             .output()
             .map_err(|e| format!("losetup: {e}"))?;
