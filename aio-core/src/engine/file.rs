@@ -214,17 +214,12 @@ mod tests {
     /// system reports `STATX_DIOALIGN` on this project's kernels) and a loop device.
     #[test]
     fn the_kind_and_the_alignment_are_what_the_kernel_reports() {
-        let path = std::env::temp_dir().join(format!("aio-core-statx-{}", std::process::id()));
-        std::fs::write(&path, vec![0u8; 4096]).unwrap();
-        let direct = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(&path)
+        let tmp = crate::testing::engine::TempFile::with_len(4096, 0);
+        let file = tmp
+            .open(libc::O_DIRECT)
             .expect("O_DIRECT in the system temp dir");
-        std::fs::remove_file(&path).unwrap();
-        let (mode, kernel) = reported(direct.as_fd());
+        let (mode, kernel) = reported(file.as_fd());
         assert_eq!(mode, libc::S_IFREG);
-        let file = IoFile::from(direct);
         match kernel {
             Some((memory, offset)) if memory > 0 && offset > 0 => {
                 assert_eq!(

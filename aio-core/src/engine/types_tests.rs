@@ -3,8 +3,6 @@
 //! segments; an op's emptiness and flag sets; and the vectored and guest requests' checks
 //! (segment counts, buffers that break `O_DIRECT`'s alignment).
 
-use std::os::unix::fs::OpenOptionsExt;
-
 use super::*;
 
 #[test]
@@ -115,15 +113,10 @@ fn a_request_may_end_at_the_largest_file_offset() {
 
 #[test]
 fn a_vectored_request_on_an_o_direct_file_checks_every_buffer() {
-    let path = std::env::temp_dir().join(format!("aio-core-types-{}", std::process::id()));
-    std::fs::write(&path, vec![0u8; 8192]).unwrap();
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(&path)
+    let tmp = crate::testing::engine::TempFile::with_len(8192, 0);
+    let file = tmp
+        .open(libc::O_DIRECT)
         .expect("O_DIRECT in the system temp dir");
-    std::fs::remove_file(&path).unwrap();
-    let file = IoFile::from(file);
     let align = file.direct_io_alignment().expect("direct");
     // The second buffer's length breaks the offset alignment.
     let bufs = vec![
