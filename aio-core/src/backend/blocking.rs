@@ -285,6 +285,8 @@ mod tests {
     #[test]
     fn a_nowait_read_of_uncached_pages_reports_eagain() {
         let (file, path) = temp_file(4 << 20);
+        // The fd keeps the file; nothing below needs its name.
+        std::fs::remove_file(&path).unwrap();
         // The pages leave the page cache: a buffered read of them would block on the disk.
         // The kernel may keep a page a moment longer (writeback just finished), so the drop
         // is repeated until `mincore` says the page read next is gone. Even then a NOWAIT
@@ -314,13 +316,9 @@ mod tests {
             let mut r = Request::read(&file, offset as u64, AlignedBuf::new(4096), 1)
                 .with_flags(RwFlags::NOWAIT);
             match run_blocking(&mut r) {
-                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
-                    std::fs::remove_file(&path).unwrap();
-                    return;
-                }
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return,
                 // A file system without RWF_NOWAIT says so.
                 Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
-                    std::fs::remove_file(&path).unwrap();
                     crate::testing::skip(&format!("NOWAIT reads on {}: {e}", path.display()));
                     return;
                 }
@@ -328,7 +326,6 @@ mod tests {
                 Ok(n) => outcomes.push(format!("read {n} bytes")),
             }
         }
-        std::fs::remove_file(&path).unwrap();
         panic!("no NOWAIT read of an uncached page reported EAGAIN in six tries: {outcomes:?}");
     }
 
