@@ -26,6 +26,10 @@ pub(super) struct BusyPoll {
     window: Cell<PollWindow>,
     /// [`PollRule::Auto`]'s model, while that rule is set.
     auto: RefCell<Option<AutoWindow>>,
+    /// The last wait, until the model learns it: after the iteration's callbacks, so that the
+    /// model's arithmetic does not delay the next request (a thread pool's worker that waits
+    /// longer for it goes to sleep, and the next wait is a wake-up longer).
+    auto_pending: Cell<Option<AutoWait>>,
     /// How long a handler may stay inactive before it leaves the poll set.
     idle_ns: Cell<u64>,
     /// The handlers busy polling checks: they have `io_poll`, are not idle and not closed.
@@ -66,6 +70,7 @@ impl BusyPoll {
             params: Cell::new(PollParams::default()),
             window: Cell::new(PollWindow::default()),
             auto: RefCell::new(None),
+            auto_pending: Cell::new(None),
             idle_ns: Cell::new(DEFAULT_POLL_IDLE_NS),
             set: RefCell::new(Vec::new()),
             mode_started: Cell::new(false),
@@ -174,6 +179,7 @@ impl<L: EventLoop> AioContext<L> {
         window.reset(&params);
         busy.window.set(window);
         let mut auto = busy.auto.borrow_mut();
+        busy.auto_pending.set(None);
         match params.rule {
             PollRule::Auto if params.max_ns > 0 => {
                 let wake_ns = match params.wake_ns {
@@ -227,6 +233,7 @@ impl<L: EventLoop> AioContext<L> {
         // cannot wait (a bottom half is pending) must not teach the window.
         let would_block = blocking && timeout != Some(0);
         let params = busy.params.get();
+        self.learn_deferred();
         let (poll_ns, probe) = match &mut *busy.auto.borrow_mut() {
             Some(auto) if would_block => (auto.next_window(now, params.max_ns), false),
             Some(_) => (0, false),
@@ -265,20 +272,17 @@ impl<L: EventLoop> AioContext<L> {
     }
 
     /// The window learns from the iteration's block time, which ended at `end` (QEMU's rule,
-    /// the recovering one, or the automatic one).
+    /// the recovering one, or the automatic one, which learns it in [`Self::learn_deferred`]).
     pub(super) fn learn_window(&self, polled: &Polled, block_ns: u64, end: u64) {
         let busy = &self.busy_poll;
-        if let Some(auto) = &mut *busy.auto.borrow_mut() {
+        if busy.auto.borrow().is_some() {
             if polled.would_block {
-                auto.observe(
-                    AutoWait {
-                        block_ns,
-                        polled_ns: polled.spun_ns,
-                        hit: polled.polled_hit,
-                        now_ns: end,
-                    },
-                    busy.params.get().max_ns,
-                );
+                busy.auto_pending.set(Some(AutoWait {
+                    block_ns,
+                    polled_ns: polled.spun_ns,
+                    hit: polled.polled_hit,
+                    now_ns: end,
+                }));
             }
             return;
         }
@@ -297,6 +301,17 @@ impl<L: EventLoop> AioContext<L> {
             WindowChange::Shrank => self.count(|c| c.poll_shrinks += 1),
             WindowChange::ProbeHit => self.count(|c| c.poll_probe_hits += 1),
             _ => {}
+        }
+    }
+
+    /// [`PollRule::Auto`]'s model learns the last wait, if it has not yet: at the end of the
+    /// iteration (after its callbacks), or at the next one's busy polling (a nested one's).
+    pub(super) fn learn_deferred(&self) {
+        let busy = &self.busy_poll;
+        if let Some(wait) = busy.auto_pending.take() {
+            if let Some(auto) = &mut *busy.auto.borrow_mut() {
+                auto.observe(wait, busy.params.get().max_ns);
+            }
         }
     }
 

@@ -107,9 +107,9 @@ loop_counters! {
     /// [`PollRule::Auto`](crate::PollRule::Auto): the wake-up cost it weighs polling
     /// against, in ns (the wake-up's latency and the sleep's own CPU, priced).
     gauge poll_wake_ns,
-    /// [`PollRule::Auto`](crate::PollRule::Auto): how much longer a wait is after one the loop
-    /// slept through than after a hit, in ns, added to what a miss costs (a thread pool whose
-    /// worker fell asleep too; 0 where the device does not care).
+    /// [`PollRule::Auto`](crate::PollRule::Auto): how much longer the median wait is after one
+    /// the loop slept through than after a hit, in ns, added to what a miss costs (a thread
+    /// pool whose worker fell asleep too; 0 where the device does not care).
     gauge poll_followup_ns,
 }
 

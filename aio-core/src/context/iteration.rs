@@ -120,6 +120,8 @@ impl<L: EventLoop> AioContext<L> {
         }
         // 4.-6. Bottom halves, handlers, timers (and the tasks they woke).
         let progress = self.dispatch_iteration(&mut poll_ready, &mut events, seq, end);
+        // 7. The automatic window learns the wait, now that the next requests are out.
+        self.learn_deferred();
         self.iteration.event_buffers.borrow_mut().push(events);
         self.iteration_result(wait_result, progress)
     }

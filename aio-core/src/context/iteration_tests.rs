@@ -264,8 +264,9 @@ fn the_automatic_window_needs_a_limit_and_keeps_what_it_learned_for_the_same_wak
     // The same wake-up cost again: the model (its count of choices) goes on.
     let auto = PollParams::auto().with_wake_ns(30_000);
     ctx.set_poll_params(auto);
-    // (After an off choice only every 4th wait is a probe: 64 waits make 16 of them.)
-    blocking_polls(&ctx, &script, 64);
+    // (After an off choice the probes that miss come ever further apart, at last one in 64
+    // waits: 1000 waits make 18 of them, and 16 learned waits make a choice.)
+    blocking_polls(&ctx, &script, 1_000);
     let learned = ctx.counters().poll_auto_choices;
     assert!(learned >= 2, "{learned}");
     ctx.set_poll_params(auto);
@@ -418,4 +419,35 @@ fn a_bottom_half_is_deleted_once() {
         "{again:?}"
     );
     assert!(!bh.schedule());
+}
+
+#[test]
+fn the_automatic_window_learns_a_wait_after_the_callbacks_it_woke() {
+    // The model's arithmetic must not delay the next request: the callbacks of the wait run
+    // first, and the wait is learned before poll() returns.
+    let (ctx, script) = scripted();
+    let doorbell = Notifier::new().unwrap();
+    let countdown = Rc::new(Cell::new(0u32));
+    let choices_seen = Rc::new(RefCell::new(Vec::new()));
+    let (c, seen) = (countdown.clone(), choices_seen.clone());
+    ctx.set_fd_handler(
+        &doorbell,
+        FdHandler::new()
+            .on_poll(move || {
+                c.set(c.get().saturating_sub(1));
+                c.get() == 0
+            })
+            .on_poll_ready(move |ctx| seen.borrow_mut().push(ctx.counters().poll_auto_choices)),
+    )
+    .unwrap();
+    ctx.set_poll_params(PollParams::auto().with_wake_ns(30_000));
+    for _ in 0..u64::from(crate::polling::auto::UPDATE_EVERY) {
+        countdown.set(100);
+        script.blocks.borrow_mut().push_back(0);
+        ctx.poll(true);
+    }
+    // The 16th wait makes the first choice: after its callback, before poll() returned.
+    assert_eq!(choices_seen.borrow().len(), 16, "every wait was caught");
+    assert_eq!(choices_seen.borrow().last(), Some(&0));
+    assert_eq!(ctx.counters().poll_auto_choices, 1);
 }

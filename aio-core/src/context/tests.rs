@@ -508,22 +508,23 @@ fn auto_polling_turns_off_for_long_waits_and_says_why() {
     let (_doorbell, _countdown) = countdown_handler(&ctx);
     ctx.set_poll_params(PollParams::auto().with_wake_ns(30_000));
     // Nothing for the checks to find; each wait blocks 500 µs. After the first 16 waits polling
-    // is off, and only every 4th wait polls, as a probe.
-    for _ in 0..80 {
+    // is off, and only probes poll: the 4th wait after, then each missing probe doubles the
+    // gap to the next (4, 8, 16, 32, then 64 waits).
+    for _ in 0..16 + 4 + 8 + 16 + 32 + 64 + 64 {
         script.blocks.borrow_mut().push_back(500_000);
         ctx.poll(true);
     }
     let c = ctx.counters();
     assert_eq!(c.poll_wake_ns, 30_000, "the wake-up cost given");
     assert_eq!(
-        c.poll_auto_choices, 2,
-        "the first after 16 waits, the next after 16 probes"
+        c.poll_auto_choices, 1,
+        "the first after 16 waits; 6 probes make no other"
     );
-    assert_eq!(c.poll_auto_off, 2, "both off: {c:?}");
+    assert_eq!(c.poll_auto_off, 1, "off: {c:?}");
     assert_eq!(c.poll_ns, 0);
-    // 16 waits at the start window (4 µs), then 16 probes of twice the wake-up (60 µs).
-    assert_eq!(c.poll_attempts, 32, "{c:?}");
-    assert!(c.busy_poll_missed_ns <= 16 * 4_100 + 16 * 60_100, "{c:?}");
+    // 16 waits at the start window (4 µs), then 6 probes of twice the wake-up (60 µs).
+    assert_eq!(c.poll_attempts, 22, "{c:?}");
+    assert!(c.busy_poll_missed_ns <= 16 * 4_100 + 6 * 60_100, "{c:?}");
     assert_eq!(c.poll_hits, 0);
 }
 

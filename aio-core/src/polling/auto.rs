@@ -9,7 +9,8 @@
 //!   cost when the loop slept. The lengths go into a histogram of 48 buckets, four per
 //!   doubling from 1 µs to 4 ms (longer waits share the last). Every [`DECAY_EVERY`] waits the
 //!   counts halve, so old waits fade and a device that changes is followed within
-//!   [`ADAPTS_WITHIN`] waits.
+//!   [`ADAPTS_WITHIN`] waits. The counts are fractions, so a wait rarer than one per halving
+//!   still weighs what it should.
 //! * **What it chooses.** Every [`UPDATE_EVERY`] waits, the window `W` (0, or a bucket edge up
 //!   to `max_ns`) that minimises the expected cost of a wait beyond the device's own time:
 //!   `(wake + followup) · P(t > W) + price · E[min(t, W)]`. A wait longer than the window
@@ -23,23 +24,34 @@
 //!   while polling is off such waits are not learned from: every [`PROBE_EVERY`]-th wait polls
 //!   for twice the wake-up cost instead (a wait longer than that is never worth polling for,
 //!   at [`CPU_PRICE`]) and that probe's wait is. A probe that caught its event is followed by
-//!   another, so that a wait after a hit is measured too (below). Turning polling back on for
-//!   a device that sped up takes at most [`ADAPTS_BACK_WITHIN`] waits.
+//!   another, so that a wait after a hit is measured too (below); one that missed doubles the
+//!   gap to the next, up to [`MAX_PROBE_EVERY`] waits, so that on a device far slower than a
+//!   wake-up the probes cost next to nothing. Turning polling back on for a device that sped
+//!   up takes at most [`ADAPTS_BACK_WITHIN`] waits.
 //! * **What a sleep costs the next wait.** Sleeping through a wait can make the next one
 //!   longer: a thread pool's worker that finished while the loop slept has often gone to sleep
-//!   too when the next request comes, and then must be woken as well. The model keeps the mean
-//!   event time of waits that follow a sleep and of those that follow a hit, and adds the
-//!   difference, at most one more wake-up, to what a missed wait costs. The mean after a hit
-//!   fades with the histogram; the one after a sleep, once known, stays until new sleeps move
-//!   it (while polling catches every wait there is nothing to measure it by again).
-//!   On a device whose waits do not depend on the loop's (a disk, an NVMe queue) the two means
-//!   agree and nothing is added.
+//!   too when the next request comes, and then must be woken as well. The model keeps
+//!   histograms of the waits that follow a sleep and of those that follow a hit, and adds the
+//!   difference of their medians, at most two more wake-ups, to what a missed wait costs
+//!   (medians, since a few scheduling stalls of milliseconds would make a mean of the waits
+//!   after a sleep say nothing about the typical one). The waits after a hit fade with the
+//!   histogram; those after a sleep, once known, stay until new sleeps move them (while
+//!   polling catches every wait there is nothing to measure them by again). On a device whose
+//!   waits do not depend on the loop's (a disk, an NVMe queue) the two medians agree and
+//!   nothing is added.
 //! * **The CPU bound.** Polling that finds nothing (the window ran out) may take at most
-//!   [`MISS_BUDGET_PERCENT`]% of the loop thread's time: a budget grows with the clock and each
-//!   missed poll spends its length; a window the budget cannot pay for is cut to what it can,
-//!   or, where that is shorter than the median wait, not polled at all: a window cut that short
-//!   would mostly miss, spend the budget again, and keep it empty (a loop whose every poll is
-//!   cut to a few µs catches nothing and sleeps as if polling were off).
+//!   [`MISS_BUDGET_PERCENT`]% of the loop thread's time, and a burst of at most 100 ms more:
+//!   a budget grows with the clock, up to that burst, and each missed poll spends its length.
+//!   The burst is what lets the loop poll through a stretch of waits that end just after the
+//!   window (a pool's worker woken late), which a budget of a few ms ran dry on: the windows
+//!   it then cut missed more waits still, each making the next longer. A window the budget
+//!   cannot pay for is cut to what it can, or, where that is shorter than the median wait
+//!   (after a wait the loop slept through: than the median wait after a sleep, if longer),
+//!   not polled at all: a window cut that short would mostly miss, spend the budget again,
+//!   and keep it empty.
+//! * **Off the request's path.** The loop feeds the model a wait after the callbacks that wait
+//!   woke (the next request is out by then): its arithmetic, a pass over the histogram every
+//!   [`UPDATE_EVERY`] waits, delays no request.
 
 use super::POLL_START_NS;
 
@@ -53,49 +65,74 @@ pub const UPDATE_EVERY: u32 = 16;
 /// waits from before the change weigh 1/16 of what they did.
 #[cfg_attr(not(test), allow(dead_code))] // The promise the tests hold the model to.
 pub const ADAPTS_WITHIN: u32 = 4 * DECAY_EVERY + UPDATE_EVERY;
-/// While polling is off, every this many waits polls as a probe.
+/// While polling is off, every this many waits polls as a probe, at first.
 pub const PROBE_EVERY: u32 = 4;
+/// Each probe that misses doubles the gap to the next, up to this many waits; a probe that
+/// hits brings it back to [`PROBE_EVERY`].
+pub const MAX_PROBE_EVERY: u32 = 64;
 /// Waits after which a device that sped up while polling was off has polling on again: the
-/// probes are a quarter of the waits.
+/// next probe comes within [`MAX_PROBE_EVERY`] waits, and from its hit on the probes are at
+/// least a quarter of the waits.
 #[cfg_attr(not(test), allow(dead_code))] // The promise the tests hold the model to.
-pub const ADAPTS_BACK_WITHIN: u32 = PROBE_EVERY * ADAPTS_WITHIN;
+pub const ADAPTS_BACK_WITHIN: u32 = MAX_PROBE_EVERY + PROBE_EVERY * ADAPTS_WITHIN;
 /// The price of a ns of polling, in ns of latency: polling that saves a wake-up pays for itself
 /// when it costs less than twice the wake-up.
 pub const CPU_PRICE: f64 = 0.5;
 /// The share of the loop thread's time that polling without a hit may take.
 pub const MISS_BUDGET_PERCENT: u64 = 10;
-/// The most the miss budget can hold, in ns: a burst of missed polls after a long idle time
-/// costs at most this.
-const BUDGET_CAP_NS: u64 = 2_000_000;
+/// The most the miss budget can hold, in ns: polling without a hit takes at most
+/// [`MISS_BUDGET_PERCENT`]% of any stretch of time plus this.
+const BUDGET_CAP_NS: u64 = 100_000_000;
 /// Waits (decayed) each side of the follow-up comparison needs before it counts.
 const FOLLOWUP_MIN_WAITS: f64 = 8.0;
 
-/// A mean of event times that fades with the histogram.
-#[derive(Debug, Clone, Copy, Default)]
-struct FadingMean {
-    sum_ns: f64,
-    weight: f64,
+/// Event times in buckets whose counts fade. The counts are fractions: a wait rarer than one
+/// per halving still weighs what it should (a whole count halved to nothing would drop it, and
+/// the window would shrink below the rare waits it pays to catch).
+#[derive(Debug, Clone)]
+struct Histogram {
+    counts: [f64; BUCKETS],
 }
 
-impl FadingMean {
+impl Histogram {
+    const EMPTY: Histogram = Histogram {
+        counts: [0.0; BUCKETS],
+    };
+
     fn add(&mut self, t: u64) {
-        self.sum_ns += t as f64;
-        self.weight += 1.0;
+        self.counts[bucket(t)] += 1.0;
+    }
+
+    /// The waits in it, faded.
+    fn total(&self) -> f64 {
+        self.counts.iter().sum()
     }
 
     /// Halves the weight of the waits so far, but not below `floor` waits (nor above what
-    /// there is): a mean kept at the floor stays until new waits move it.
+    /// there is): a histogram kept at the floor stays until new waits move it.
     fn fade(&mut self, floor: f64) {
-        if self.weight > 0.0 {
-            let weight = (self.weight / 2.0).max(floor.min(self.weight));
-            self.sum_ns *= weight / self.weight;
-            self.weight = weight;
+        let total = self.total();
+        if total > 0.0 {
+            let scale = (total / 2.0).max(floor.min(total)) / total;
+            for c in &mut self.counts {
+                *c *= scale;
+            }
         }
     }
 
-    /// The mean, once it rests on enough waits.
-    fn mean(&self) -> Option<f64> {
-        (self.weight >= FOLLOWUP_MIN_WAITS).then(|| self.sum_ns / self.weight)
+    /// The middle of the bucket that holds the median wait, once `min_waits` are in.
+    fn median_ns(&self, min_waits: f64) -> Option<u64> {
+        let total = self.total();
+        // (A histogram faded to `min_waits` may sum to a hair below it.)
+        if total == 0.0 || total < min_waits * (1.0 - 1e-9) {
+            return None;
+        }
+        let mut below = 0.0;
+        let b = self.counts.iter().position(|&c| {
+            below += c;
+            2.0 * below >= total
+        })?;
+        Some((edge(b) + edge(b + 1)) / 2)
     }
 }
 
@@ -140,7 +177,8 @@ pub(crate) struct AutoWait {
 /// What the model remembers.
 #[derive(Debug, Clone)]
 pub(crate) struct AutoWindow {
-    counts: [u32; BUCKETS],
+    /// Every wait's event time.
+    waits: Histogram,
     /// Waits since the last halving, and since the last choice.
     since_decay: u32,
     since_update: u32,
@@ -151,13 +189,15 @@ pub(crate) struct AutoWindow {
     /// The miss budget, in ns, and the clock when it last grew.
     budget_ns: u64,
     budget_at: Option<u64>,
-    /// While off: waits left before the next probe, and whether the current wait is one.
+    /// While off: waits left before the next probe, the gap after it, and whether the
+    /// current wait is one.
     probe_in: u32,
+    probe_gap: u32,
     probing: bool,
     /// Event times of the waits after one the loop slept through, and after a hit; whether the
     /// last wait was slept through.
-    after_sleep: FadingMean,
-    after_hit: FadingMean,
+    after_sleep: Histogram,
+    after_hit: Histogram,
     last_slept: Option<bool>,
     /// The middle of the histogram's median bucket at the last choice, in ns: a window the
     /// budget cuts below it is not polled.
@@ -174,7 +214,7 @@ impl AutoWindow {
     /// A model for a machine whose wake-up costs `wake_ns`, starting at [`POLL_START_NS`].
     pub(crate) fn new(wake_ns: u64) -> AutoWindow {
         AutoWindow {
-            counts: [0; BUCKETS],
+            waits: Histogram::EMPTY,
             since_decay: 0,
             since_update: 0,
             window_ns: POLL_START_NS,
@@ -183,9 +223,10 @@ impl AutoWindow {
             budget_ns: BUDGET_CAP_NS / 4,
             budget_at: None,
             probe_in: PROBE_EVERY,
+            probe_gap: PROBE_EVERY,
             probing: false,
-            after_sleep: FadingMean::default(),
-            after_hit: FadingMean::default(),
+            after_sleep: Histogram::EMPTY,
+            after_hit: Histogram::EMPTY,
             last_slept: None,
             median_ns: 0,
             updates: 0,
@@ -211,11 +252,15 @@ impl AutoWindow {
         self.wake_ns
     }
 
-    /// How much longer a wait is after one the loop slept through than after a hit, in ns:
-    /// what a miss costs beyond the wake-up (0 until both are known; at most a wake-up).
+    /// How much longer the median wait is after one the loop slept through than after a hit,
+    /// in ns: what a miss costs beyond the wake-up (0 until both are known; at most two
+    /// wake-ups).
     pub(crate) fn followup_ns(&self) -> u64 {
-        match (self.after_sleep.mean(), self.after_hit.mean()) {
-            (Some(slept), Some(hit)) if slept > hit => ((slept - hit) as u64).min(self.wake_ns),
+        match (
+            self.after_sleep.median_ns(FOLLOWUP_MIN_WAITS),
+            self.after_hit.median_ns(FOLLOWUP_MIN_WAITS),
+        ) {
+            (Some(slept), Some(hit)) => slept.saturating_sub(hit).min(2 * self.wake_ns),
             _ => 0,
         }
     }
@@ -231,18 +276,29 @@ impl AutoWindow {
             if self.probe_in > 0 {
                 return 0;
             }
-            self.probe_in = PROBE_EVERY;
+            self.probe_in = self.probe_gap;
             self.probing = true;
             want = self.probe_window(max_ns);
         }
         if want > self.budget_ns {
             self.budget_cuts += 1;
-            if self.budget_ns < self.median_ns {
+            if self.budget_ns < self.shortest_cut_ns() {
                 return 0;
             }
             return self.budget_ns;
         }
         want
+    }
+
+    /// The shortest window a budget cut may leave: the median wait, or after a wait the loop
+    /// slept through the median wait after a sleep if that is longer (a pool's worker asleep
+    /// too makes the next wait long, and a cut that misses it sleeps again).
+    fn shortest_cut_ns(&self) -> u64 {
+        let after_sleep = match self.last_slept {
+            Some(true) => self.after_sleep.median_ns(FOLLOWUP_MIN_WAITS).unwrap_or(0),
+            _ => 0,
+        };
+        self.median_ns.max(after_sleep)
     }
 
     /// A probe's window: twice the wake-up cost (no longer wait is worth polling for).
@@ -280,22 +336,26 @@ impl AutoWindow {
                 .saturating_sub(self.wake_ns)
                 .max(wait.polled_ns)
         };
-        self.counts[bucket(t)] += 1;
+        self.waits.add(t);
         match slept_before {
             Some(true) => self.after_sleep.add(t),
             Some(false) => self.after_hit.add(t),
             None => {}
         }
-        if self.probing && wait.hit {
-            // The next wait follows a hit: probe it as well.
-            self.probe_in = 1;
+        if self.probing {
+            if wait.hit {
+                // The next wait follows a hit: probe it as well.
+                self.probe_in = 1;
+                self.probe_gap = PROBE_EVERY;
+            } else {
+                // On a device this slow the probes only burn the budget: fewer of them.
+                self.probe_gap = (self.probe_gap * 2).min(MAX_PROBE_EVERY);
+            }
         }
         self.since_decay += 1;
         if self.since_decay >= DECAY_EVERY {
             self.since_decay = 0;
-            for c in &mut self.counts {
-                *c /= 2;
-            }
+            self.waits.fade(0.0);
             // What a sleep costs stays known while polling catches everything (nothing is
             // slept through to measure it again); what a wait after a hit takes fades, so a
             // device whose every wait is slept through adds nothing.
@@ -309,62 +369,53 @@ impl AutoWindow {
         }
     }
 
-    /// The window of least expected cost: `(wake + followup) * P(t > W) + price *
-    /// E[min(t, W)]`, over 0 and the bucket edges up to `max_ns`. A bucket's waits count at
-    /// its middle.
+    /// Chooses the window again from the histogram (see [`cheapest_window`]).
     fn choose(&mut self, max_ns: u64) {
         let miss_ns = (self.wake_ns + self.followup_ns()) as f64;
-        let total: u64 = self.counts.iter().map(|&c| u64::from(c)).sum();
-        if total == 0 {
+        let total = self.waits.total();
+        let Some(median_ns) = self.waits.median_ns(0.0) else {
             return;
-        }
-        let mid = |b: usize| (edge(b) + edge(b + 1)) as f64 / 2.0;
-        let mut below = 0u64;
-        let median = self.counts.iter().position(|&c| {
-            below += u64::from(c);
-            2 * below >= total
-        });
-        self.median_ns = median.map_or(0, |b| mid(b) as u64);
-        let cost = |w: u64| -> f64 {
-            let mut cost = 0.0;
-            for (b, &c) in self.counts.iter().enumerate() {
-                if c == 0 {
-                    continue;
-                }
-                let t = if b + 1 == BUCKETS {
-                    // The last bucket: waits of 4 ms and more.
-                    f64::MAX
-                } else {
-                    mid(b)
-                };
-                let p = f64::from(c) / total as f64;
-                let caught = t <= w as f64;
-                let polled = if caught { t } else { w as f64 };
-                let woken = if caught { 0.0 } else { miss_ns };
-                cost += p * (woken + CPU_PRICE * polled);
-            }
-            cost
         };
-        let mut best = (0u64, cost(0));
-        for b in 0..BUCKETS {
-            let w = edge(b + 1);
-            if w > max_ns {
-                break;
-            }
-            let c = cost(w);
-            if c < best.1 {
-                best = (w, c);
-            }
-        }
+        self.median_ns = median_ns;
+        let best = cheapest_window(&self.waits.counts, total, miss_ns, max_ns);
         self.updates += 1;
         self.window_ns = best.0;
         self.choice = if best.0 == 0 {
             self.offs += 1;
             Choice::Off
         } else {
+            self.probe_gap = PROBE_EVERY;
             Choice::Polling
         };
     }
+}
+
+/// The window of least expected cost, and that cost: `miss * P(t > W) + price * E[min(t, W)]`
+/// over 0 and the bucket edges up to `max_ns`, a bucket's waits counted at its middle (the last
+/// bucket's, 4 ms and more, never caught). One pass: a window at the upper edge of bucket `k`
+/// catches buckets `0..=k`, whose polling is their own time, and polls the whole window for
+/// the rest, which also pay the miss. This runs on the loop's thread between a completion and
+/// the next request, so it must stay cheap.
+fn cheapest_window(counts: &[f64; BUCKETS], total: f64, miss_ns: f64, max_ns: u64) -> (u64, f64) {
+    let mut caught_cost = 0.0;
+    let mut beyond = 1.0;
+    let mut best = (0u64, miss_ns);
+    for (k, &c) in counts.iter().enumerate() {
+        let w = edge(k + 1);
+        if w > max_ns {
+            break;
+        }
+        if k + 1 < BUCKETS {
+            let p = c / total;
+            caught_cost += p * CPU_PRICE * (edge(k) + edge(k + 1)) as f64 / 2.0;
+            beyond -= p;
+        }
+        let cost = caught_cost + beyond.max(0.0) * (miss_ns + CPU_PRICE * w as f64);
+        if cost < best.1 {
+            best = (w, cost);
+        }
+    }
+    best
 }
 
 #[cfg(test)]

@@ -59,16 +59,19 @@ pub enum PollRule {
     ///   minimises the expected wake-up cost plus a price for the CPU polling burns (half a ns
     ///   of latency per ns polled).
     /// * It polls not at all when waits are far longer than a wake-up; every 4th wait then
-    ///   still polls, as a probe, for twice the wake-up.
+    ///   still polls, as a probe, for twice the wake-up, and each probe that misses doubles
+    ///   the gap to the next, up to 64 waits.
     /// * It follows a device that slows down within 528 waits (the histogram halves every
-    ///   128), and one that speeds up again within 2112 (the probes are a quarter of the
-    ///   waits).
+    ///   128), and one that speeds up again within 2176 (the next probe within 64 waits, and
+    ///   from its hit on the probes are at least a quarter of the waits).
     /// * A miss costs the wake-up plus what sleeping made the next wait longer, measured
-    ///   (`LoopCounters::poll_followup_ns`: a thread pool's worker that fell asleep too; 0 on
-    ///   a device that does not care), at most one more wake-up.
-    /// * Polling that finds nothing takes at most 10% of the loop thread's time
-    ///   (`LoopCounters::busy_poll_missed_ns`, `poll_auto_budget_cuts`); a window the budget
-    ///   would cut below the median wait is not polled at all.
+    ///   (`LoopCounters::poll_followup_ns`, the difference of the median waits after a sleep
+    ///   and after a hit: a thread pool's worker that fell asleep too; 0 on a device that does
+    ///   not care), at most two more wake-ups.
+    /// * Polling that finds nothing takes at most 10% of the loop thread's time, plus a burst
+    ///   of at most 100 ms (`LoopCounters::busy_poll_missed_ns`, `poll_auto_budget_cuts`); a
+    ///   window the budget would cut below the median wait is not polled at all.
+    /// * The model learns each wait after the callbacks it woke, off the next request's path.
     /// * The wake-up cost is measured once per process (`LoopCounters::poll_wake_ns`): the
     ///   latency of waking a sleeping thread, plus the CPU that thread spends on the sleep
     ///   and the wake-up at the price of polling's CPU (sleeping is not free either); or it
