@@ -29,12 +29,12 @@ use std::rc::Rc;
 
 use aio_backend_epoll::EpollLoop;
 use aio_backend_poll::PollLoop;
-use aio_bench::backends::engines::EngineKind;
 use aio_bench::targets::image::DiskImage;
 use aio_bench::targets::loopdev::{LoopDevice, LoopSpec};
 use aio_core::engine::{AlignedBuf, IoEngine, Request};
 use aio_core::testing::{drain_fd, raise_fd_limit, write_byte, Pipe};
 use aio_core::{AioContext, EventLoop, FdHandler, Hybrid, Notifier, PollParams};
+use aio_vhost_user_blk::backends::engines::EngineKind;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 
 const FD_COUNTS: [usize; 4] = [1, 64, 256, 1024];

@@ -20,13 +20,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use aio_bench::backends::engines::EngineKind;
-use aio_bench::backends::monitors::MonitorKind;
 use aio_bench::cpus::CpuList;
 use aio_bench::load::Pattern;
 use aio_bench::matrix::Workload;
 use aio_bench::targets::loopdev::LoopSpec;
 use aio_core::PollMaxNs;
+use aio_vhost_user_blk::backends::engines::EngineKind;
+use aio_vhost_user_blk::backends::monitors::MonitorKind;
 use clap::{Parser, Subcommand};
 
 use crate::cmd::values::{

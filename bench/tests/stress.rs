@@ -18,10 +18,10 @@ use std::task::Waker;
 use std::time::{Duration, Instant};
 
 use aio_backend_epoll::EpollLoop;
-use aio_bench::backends::engines::EngineKind;
 use aio_core::engine::{AlignedBuf, AttachedEngine, IoEngine, IoFile};
 use aio_core::task::join_all;
 use aio_core::{AioContext, IoThread};
+use aio_vhost_user_blk::backends::engines::EngineKind;
 
 const BLOCK: usize = 4096;
 const BLOCKS: u64 = 256;

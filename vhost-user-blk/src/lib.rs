@@ -57,6 +57,7 @@
 
 #![warn(missing_docs)]
 
+pub mod backends;
 pub mod chain;
 pub mod daemon;
 pub mod dataplane;

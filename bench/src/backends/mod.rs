@@ -1,9 +1,5 @@
-//! The backends by name: the fd monitors and engines this build has, and the probe's report
-//! of which ones this kernel allows.
-//!
-//! This module owns the names the command line and job files use (`--fdmon`, `--engine`,
-//! `auto`); the backends themselves are the workspace's crates.
+//! The probe of the backends: which fd monitors and engines this build and kernel allow, and
+//! what `auto` picks. The names and their construction are
+//! [`aio_vhost_user_blk::backends`], shared with the vhost-user-blk daemon.
 
-pub mod engines;
-pub mod monitors;
 pub mod probe;

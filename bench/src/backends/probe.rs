@@ -1,14 +1,14 @@
 //! `aio-bench probe`: which fd monitors and engines this build and kernel offer, why any is
 //! unusable, what `auto` picks and why, and which fio is installed.
 //!
-//! This module owns the report's text; the probing itself is [`crate::backends::monitors`],
-//! [`crate::backends::engines`] and [`crate::fio`].
+//! This module owns the report's text; the probing itself is [`aio_vhost_user_blk::backends::monitors`],
+//! [`aio_vhost_user_blk::backends::engines`] and [`crate::fio`].
 
 use std::fmt::Write as _;
 
-use crate::backends::engines::EngineKind;
-use crate::backends::monitors::MonitorKind;
 use crate::fio;
+use aio_vhost_user_blk::backends::engines::EngineKind;
+use aio_vhost_user_blk::backends::monitors::MonitorKind;
 
 /// The probe's report, as `aio-bench probe` prints it.
 pub fn report() -> String {
@@ -34,11 +34,11 @@ pub fn report() -> String {
     for (what, picked) in [
         (
             "fd monitor",
-            crate::backends::monitors::auto().map(|(k, why)| (k.name(), why)),
+            aio_vhost_user_blk::backends::monitors::auto().map(|(k, why)| (k.name(), why)),
         ),
         (
             "engine",
-            crate::backends::engines::auto().map(|(k, why)| (k.name(), why)),
+            aio_vhost_user_blk::backends::engines::auto().map(|(k, why)| (k.name(), why)),
         ),
     ] {
         match picked {

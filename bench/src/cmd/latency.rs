@@ -8,11 +8,11 @@
 
 use std::time::Duration;
 
-use aio_bench::backends::engines::{EngineKind, UringOptions};
 use aio_bench::error::BenchError;
 use aio_bench::fio::job::{run_job, JobSpec};
 use aio_core::engine::IoFile;
 use aio_core::PollMaxNs;
+use aio_vhost_user_blk::backends::engines::{EngineKind, UringOptions};
 
 use super::{check_target, test_image};
 use crate::LatencyArgs;

@@ -10,8 +10,6 @@
 
 use std::path::Path;
 
-use aio_bench::backends::engines::EngineKind;
-use aio_bench::backends::monitors::MonitorKind;
 use aio_bench::cpus::CpuList;
 use aio_bench::error::BenchError;
 use aio_bench::matrix::{self, Cell, MatrixSpec};
@@ -19,6 +17,8 @@ use aio_bench::progress::Progress;
 use aio_bench::scsi::{CellSpec, MemoryPath};
 use aio_bench::targets::image::{free_bytes, DiskImage};
 use aio_bench::targets::loopdev::{LoopDevice, LoopSpec};
+use aio_vhost_user_blk::backends::engines::EngineKind;
+use aio_vhost_user_blk::backends::monitors::MonitorKind;
 
 use super::check_target;
 use crate::MatrixArgs;

@@ -66,7 +66,7 @@ pub struct PeersArgs {
     /// `epoll` (`vs-fio`'s default), `shared-ring` (one io_uring for the monitor and the
     /// io_uring engine), or `poll`, `hybrid`.
     #[arg(long, default_value = "uring", value_parser = super::values::parse_monitor)]
-    fdmon: aio_bench::backends::monitors::MonitorKind,
+    fdmon: aio_vhost_user_blk::backends::monitors::MonitorKind,
     /// aio-rs's io_uring engine registers the file and the workers' buffers with its ring
     /// (`IORING_OP_READ_FIXED`, as glommio does; off by default, as the engine's own default).
     #[arg(long)]

@@ -8,12 +8,12 @@
 
 use std::time::Duration;
 
-use aio_bench::backends::engines::EngineKind;
-use aio_bench::backends::monitors::MonitorKind;
 use aio_bench::load::Pattern;
 use aio_bench::matrix::Workload;
 use aio_bench::targets::loopdev::LoopSpec;
 use aio_bench::units::{parse_duration, parse_size};
+use aio_vhost_user_blk::backends::engines::EngineKind;
+use aio_vhost_user_blk::backends::monitors::MonitorKind;
 
 /// A matrix workload: `rd`, `wr` or `randrw`.
 pub fn parse_workload(s: &str) -> Result<Workload, String> {
@@ -23,13 +23,13 @@ pub fn parse_workload(s: &str) -> Result<Workload, String> {
 /// An engine name.
 pub fn parse_engine(s: &str) -> Result<EngineKind, String> {
     s.parse()
-        .map_err(|e: aio_bench::backends::engines::UnknownEngine| e.to_string())
+        .map_err(|e: aio_vhost_user_blk::backends::engines::UnknownEngine| e.to_string())
 }
 
 /// An fd monitor name.
 pub fn parse_monitor(s: &str) -> Result<MonitorKind, String> {
     s.parse()
-        .map_err(|e: aio_bench::backends::monitors::UnknownMonitor| e.to_string())
+        .map_err(|e: aio_vhost_user_blk::backends::monitors::UnknownMonitor| e.to_string())
 }
 
 /// A monitor that runs on its own (not `shared-ring`, which only `vs-fio` and `peers` pair
@@ -48,7 +48,7 @@ pub fn parse_monitor_alone(s: &str) -> Result<MonitorKind, String> {
 /// hybrid -> poll).
 pub fn parse_monitor_or_auto(s: &str) -> Result<MonitorKind, String> {
     if s == "auto" {
-        return aio_bench::backends::monitors::auto()
+        return aio_vhost_user_blk::backends::monitors::auto()
             .map(|(k, _)| k)
             .map_err(|e| e.to_string());
     }
@@ -58,7 +58,7 @@ pub fn parse_monitor_or_auto(s: &str) -> Result<MonitorKind, String> {
 /// An engine name or `auto` (resolved now, by the probe order uring -> linux-aio -> pool).
 pub fn parse_engine_or_auto(s: &str) -> Result<EngineKind, String> {
     if s == "auto" {
-        return aio_bench::backends::engines::auto()
+        return aio_vhost_user_blk::backends::engines::auto()
             .map(|(k, _)| k)
             .map_err(|e| e.to_string());
     }

@@ -6,14 +6,14 @@
 //! and the table. It never builds fio's command line or reads fio's output
 //! ([`aio_bench::fio`]), and never measures our side itself ([`aio_bench::fio::job::run_job`]).
 
-use aio_bench::backends::engines::{EngineKind, UringOptions};
-use aio_bench::backends::monitors::MonitorKind;
 use aio_bench::error::BenchError;
 use aio_bench::fio::job::{run_job, JobResult, JobSpec};
 use aio_bench::fio::{self, FioResult};
 use aio_bench::targets::image::DiskImage;
 use aio_core::engine::IoFile;
 use aio_core::PollMaxNs;
+use aio_vhost_user_blk::backends::engines::{EngineKind, UringOptions};
+use aio_vhost_user_blk::backends::monitors::MonitorKind;
 
 use super::{check_target, test_image};
 use crate::VsFioArgs;

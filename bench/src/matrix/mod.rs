@@ -12,11 +12,11 @@ use std::path::Path;
 
 pub use self::report::{table, to_csv, to_json, to_svg};
 
-use crate::backends::engines::EngineKind;
-use crate::backends::monitors::MonitorKind;
 use crate::load::Pattern;
 use crate::scsi::{run_cell_on_iothreads, CellResult, CellSpec};
 use crate::targets::image::DiskImage;
+use aio_vhost_user_blk::backends::engines::EngineKind;
+use aio_vhost_user_blk::backends::monitors::MonitorKind;
 
 /// A workload of the matrix (the columns of the QEMU epoll discussion's scsi-disk table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

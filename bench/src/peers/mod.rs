@@ -26,9 +26,9 @@ use std::io;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::backends::monitors::MonitorKind;
 use crate::load::generator::transferred;
 use crate::load::{latency_histogram, Generator, Layout, LoadFigures, LoadSpec, Pattern, Window};
+use aio_vhost_user_blk::backends::monitors::MonitorKind;
 use hdrhistogram::Histogram;
 
 /// One way of running the job (tables list them in this order).

@@ -17,8 +17,8 @@ use aio_core::task::join_all;
 use aio_core::{AioContext, EventLoop};
 use aio_pool::{PoolConfig, PoolContext, ThreadPool};
 
-use crate::backends::engines::{EngineKind, UringOptions};
-use crate::backends::monitors::MonitorKind;
+use aio_vhost_user_blk::backends::engines::{EngineKind, UringOptions};
+use aio_vhost_user_blk::backends::monitors::MonitorKind;
 
 use super::{open_direct, Job, Outcome, Variant, Worker};
 

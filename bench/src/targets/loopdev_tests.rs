@@ -110,9 +110,9 @@ fn a_drop_detaches_while_children_are_spawned() {
 fn matrix_disks_share_the_device_and_verify() {
     use std::os::unix::fs::FileExt;
 
-    use crate::backends::engines::EngineKind;
-    use crate::backends::monitors::MonitorKind;
     use crate::matrix::{self, MatrixSpec, Workload};
+    use aio_vhost_user_blk::backends::engines::EngineKind;
+    use aio_vhost_user_blk::backends::monitors::MonitorKind;
 
     let loop_spec = LoopSpec { size: 16 << 20 };
     let Some(dev) = aio_core::testing::available(

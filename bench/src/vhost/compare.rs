@@ -13,9 +13,9 @@
 
 use std::path::PathBuf;
 
-use crate::backends::engines::EngineKind;
-use crate::backends::monitors::MonitorKind;
 use crate::error::BenchError;
+use aio_vhost_user_blk::backends::engines::EngineKind;
+use aio_vhost_user_blk::backends::monitors::MonitorKind;
 
 use super::client::{run_client, ClientResult, ClientSpec};
 use super::daemons::{qemu_aio, Daemon, DaemonKind, DaemonSpec, RunDir};

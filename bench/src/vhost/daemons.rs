@@ -32,10 +32,10 @@ use nix::sched::{sched_setaffinity, CpuSet};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use crate::backends::engines::EngineKind;
-use crate::backends::monitors::MonitorKind;
 use crate::error::BenchError;
 use crate::targets::cleanup::{self, OnSignal};
+use aio_vhost_user_blk::backends::engines::EngineKind;
+use aio_vhost_user_blk::backends::monitors::MonitorKind;
 
 /// The longest wait for a daemon's sockets to appear.
 pub const SOCKET_WAIT: Duration = Duration::from_secs(10);

@@ -55,7 +55,7 @@ pub fn expect_bad_input(cases: &[(Vec<&str>, &str)]) {
 /// The fio engine names among `wanted` that this build and kernel run; each one refused says
 /// `skipped:` why (a failure under `AIO_REQUIRE_ALL_BACKENDS=1`).
 pub fn usable(wanted: &[&'static str]) -> Vec<&'static str> {
-    use aio_bench::backends::engines::EngineKind;
+    use aio_vhost_user_blk::backends::engines::EngineKind;
     let mut out = Vec::new();
     for &w in wanted {
         let kind = EngineKind::ALL

@@ -1,103 +1,68 @@
-//! Building the engine and the fd monitor the daemon runs, by the names `aio-bench` uses.
+//! The engine and the fd monitor the daemon runs, by the names [`crate::backends`] gives them.
 //!
-//! This module owns which backends this build has (Cargo features `poll`, `epoll`, `pool`,
-//! `linux-aio`, `uring`) and the `auto` choice through [`aio_core::Ladder`]; it constructs
-//! backends only.
+//! This module owns the daemon's choices only: which names `--engine` and `--fdmon` offer
+//! (every backend this build has, and `auto`), and that an engine comes with a thread pool
+//! behind it for the discards and write-zeroes it refuses, as QEMU sends them to its thread
+//! pool with `aio=native`.
 
 use std::io;
 
 use aio_core::engine::IoEngine;
 use aio_core::EventLoop;
 
+use crate::backends::engines::{self, EngineKind, UringOptions};
+use crate::backends::monitors::{self, MonitorKind};
+
 /// The engine names `--engine` takes.
 pub const ENGINES: [&str; 4] = ["uring", "linux-aio", "pool", "auto"];
-/// The fd monitor names `--fdmon` takes.
+/// The fd monitor names `--fdmon` takes (not the shared ring: the daemon's engines and monitor
+/// are built apart).
 pub const MONITORS: [&str; 5] = ["poll", "epoll", "hybrid", "uring", "auto"];
 
-fn not_built(kind: &str, name: &str) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::Unsupported,
-        format!("{kind} '{name}' is not in this build (enable its Cargo feature)"),
-    )
+fn invalid(e: impl std::fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, e.to_string())
 }
 
-/// The engine `name` (one of [`ENGINES`]), with a thread pool behind it for the discards and
-/// write-zeroes it refuses (Linux AIO has no `fallocate`; io_uring refuses a block device's),
-/// as QEMU sends them to its thread pool with `aio=native`. Returns the name built.
+/// The engine `name` (one of [`ENGINES`]; `auto` takes the first of uring, linux-aio, pool
+/// this build and kernel can build), with a thread pool behind it for the ops it refuses.
+/// Returns the name built.
 pub fn build_engine(name: &str) -> io::Result<(Box<dyn IoEngine>, &'static str)> {
-    if name == "auto" {
-        let mut ladder = aio_core::Ladder::new();
-        for candidate in ["uring", "linux-aio", "pool"] {
-            ladder = ladder.rung(candidate, move || build_engine(candidate));
-        }
-        return Ok(ladder.climb()?.value);
-    }
-    match name {
-        #[cfg(feature = "uring")]
-        "uring" => Ok((
-            with_fallback(Box::new(aio_backend_uring::UringEngine::new(
-                aio_backend_uring::UringConfig::default(),
-            )?))?,
-            "uring",
-        )),
-        #[cfg(feature = "linux-aio")]
-        "linux-aio" => Ok((
-            with_fallback(Box::new(aio_backend_linux_aio::LinuxAio::new(
-                aio_backend_linux_aio::LinuxAioConfig::default(),
-            )?))?,
-            "linux-aio",
-        )),
-        #[cfg(feature = "pool")]
-        "pool" => Ok((
-            Box::new(aio_pool::ThreadPool::new(aio_pool::PoolConfig::default())?),
-            "pool",
-        )),
-        other if ENGINES.contains(&other) => Err(not_built("engine", other)),
-        other => Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("unknown engine '{other}'"),
-        )),
-    }
+    let kind = match name {
+        "auto" => engines::auto()?.0,
+        other => other.parse::<EngineKind>().map_err(invalid)?,
+    };
+    Ok((kind.build_for(UringOptions::default(), true)?, kind.name()))
 }
 
-/// `engine` with a thread pool behind it for the ops it refuses (without the `pool` feature,
-/// alone).
-#[allow(dead_code)] // unused in builds without an in-kernel engine
-fn with_fallback(engine: Box<dyn IoEngine>) -> io::Result<Box<dyn IoEngine>> {
-    #[cfg(feature = "pool")]
-    {
-        let pool = aio_pool::ThreadPool::new(aio_pool::PoolConfig::default())?;
-        Ok(Box::new(aio_core::engine::WithFallback::new(engine, pool)))
-    }
-    #[cfg(not(feature = "pool"))]
-    Ok(engine)
-}
-
-/// The fd monitor `name` (one of [`MONITORS`]); `auto` walks uring, hybrid, poll.
+/// The fd monitor `name` (one of [`MONITORS`]; `auto` takes the first of uring, hybrid, poll).
 pub fn build_monitor(name: &str) -> io::Result<Box<dyn EventLoop>> {
-    match name {
-        "auto" => {
-            let mut ladder = aio_core::Ladder::new();
-            for candidate in ["uring", "hybrid", "poll"] {
-                ladder = ladder.rung(candidate, move || build_monitor(candidate));
+    let kind = match name {
+        "auto" => monitors::auto()?.0,
+        other => other.parse::<MonitorKind>().map_err(invalid)?,
+    };
+    kind.build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_offered_is_known_and_others_are_refused() {
+        for name in ENGINES {
+            if let Err(e) = build_engine(name) {
+                // Known, and refused for a reason this build or kernel gives.
+                assert_eq!(e.kind(), io::ErrorKind::Unsupported, "{name}: {e}");
             }
-            Ok(ladder.climb()?.value)
         }
-        #[cfg(feature = "poll")]
-        "poll" => Ok(Box::new(aio_backend_poll::PollLoop::new())),
-        #[cfg(feature = "epoll")]
-        "epoll" => Ok(Box::new(aio_backend_epoll::EpollLoop::new()?)),
-        #[cfg(all(feature = "poll", feature = "epoll"))]
-        "hybrid" => Ok(Box::new(aio_core::Hybrid::new(
-            aio_backend_poll::PollLoop::new(),
-            aio_backend_epoll::EpollLoop::new()?,
-        ))),
-        #[cfg(feature = "uring")]
-        "uring" => Ok(Box::new(aio_backend_uring::UringLoop::new()?)),
-        other if MONITORS.contains(&other) => Err(not_built("fd monitor", other)),
-        other => Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("unknown fd monitor '{other}'"),
-        )),
+        for name in MONITORS {
+            if let Err(e) = build_monitor(name) {
+                assert_eq!(e.kind(), io::ErrorKind::Unsupported, "{name}: {e}");
+            }
+        }
+        let e = build_engine("spdk").err().expect("unknown");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(e.to_string().contains("spdk"), "{e}");
+        assert!(build_monitor("kqueue").is_err());
     }
 }

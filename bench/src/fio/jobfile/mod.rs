@@ -31,16 +31,16 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::backends::engines::{EngineKind, URING_TASK_RUN_MODES};
-use crate::backends::monitors::MonitorKind;
 use crate::load::Pattern;
 use crate::units::{parse_duration, parse_size};
 use aio_core::{PollMaxNs, PollRule};
+use aio_vhost_user_blk::backends::engines::{EngineKind, URING_TASK_RUN_MODES};
+use aio_vhost_user_blk::backends::monitors::MonitorKind;
 
 /// The fd monitor a job asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MonitorChoice {
-    /// What [`crate::backends::monitors::auto`] picks on this kernel.
+    /// What [`aio_vhost_user_blk::backends::monitors::auto`] picks on this kernel.
     Auto,
     /// This one.
     Kind(MonitorKind),
@@ -102,7 +102,7 @@ pub struct JobDef {
     /// `poll_rule=` (`recovering`, the default, or `qemu`).
     pub poll_rule: PollRule,
     /// `uring_taskrun=`: io_uring's task-work mode, one of
-    /// [`crate::backends::engines::URING_TASK_RUN_MODES`] (default `auto`).
+    /// [`aio_vhost_user_blk::backends::engines::URING_TASK_RUN_MODES`] (default `auto`).
     pub uring_task_run: &'static str,
     /// `iodepth_batch_submit=` (alias `iodepth_batch`): the engine's largest batch per
     /// submission call; 0 means `iodepth`, as in fio. Unset, the engine's own default (32)

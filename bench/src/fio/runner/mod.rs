@@ -16,11 +16,11 @@ use std::path::PathBuf;
 
 use aio_core::engine::IoFile;
 
-use crate::backends::engines::{EngineKind, UringOptions};
-use crate::backends::monitors::{self, MonitorKind};
 use crate::fio::job::{run_job_in, JobResult, JobSpec};
 use crate::fio::jobfile::{JobDef, JobFile, MonitorChoice};
 use crate::targets::image::DiskImage;
+use aio_vhost_user_blk::backends::engines::{EngineKind, UringOptions};
+use aio_vhost_user_blk::backends::monitors::{self, MonitorKind};
 
 /// A job that could not run.
 #[derive(Debug, thiserror::Error)]

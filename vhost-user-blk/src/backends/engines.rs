@@ -1,4 +1,4 @@
-//! Building an I/O engine by name, as the bench's `--engine` flag will.
+//! Building an I/O engine by name, as `--engine` takes it (the daemon's, `aio-bench`'s).
 //!
 //! This module owns the mapping from names to engines and which ones this build has (Cargo
 //! features `pool`, `linux-aio`, `uring`), and the pairing of an engine with the thread pool

@@ -1,4 +1,4 @@
-//! Building an fd monitor by name, as the bench's `--fdmon` flag will.
+//! Building an fd monitor by name, as `--fdmon` takes it (the daemon's, `aio-bench`'s).
 //!
 //! This module owns the mapping from names to monitors and which ones this build has (Cargo
 //! features `poll`, `epoll`, `uring`). It constructs monitors only; it never runs a loop.
@@ -63,8 +63,8 @@ impl MonitorKind {
         match self {
             MonitorKind::SharedRing => Err(io::Error::new(
                 io::ErrorKind::Unsupported,
-                "fd monitor 'shared-ring' shares the io_uring engine's ring: only vs-fio and \
-                 peers build the pair (aio_backend_uring::shared_ring)",
+                "fd monitor 'shared-ring' shares the io_uring engine's ring and is built with \
+                 that engine (aio_backend_uring::shared_ring: aio-bench's vs-fio and peers)",
             )),
             #[cfg(feature = "poll")]
             MonitorKind::Poll => Ok(Box::new(aio_backend_poll::PollLoop::new())),
