@@ -84,6 +84,44 @@ pub fn qd1_through_the_loop_without_polling<E: IoEngine + 'static, L: EventLoop 
     assert_eq!(ctx.counters().poll_hits, 0, "polling is off");
 }
 
+/// Thousands of sequential requests through an attached engine with the automatic window
+/// ([`PollRule::Auto`](crate::PollRule::Auto)) and a wake-up priced far above any wait: the
+/// model keeps choosing, never turns polling off, and polling catches the completions.
+pub fn qd1_with_the_automatic_window_polls_for_the_completions<
+    E: IoEngine + 'static,
+    L: EventLoop + 'static,
+>(
+    engine: impl Fn() -> E,
+    monitor: impl Fn() -> L,
+) {
+    let ctx = AioContext::new(monitor()).unwrap();
+    // A wake-up priced at 1 ms: every wait up to the cap is worth polling for.
+    ctx.set_poll_params(crate::PollParams::auto().with_wake_ns(1_000_000));
+    let tmp = TempFile::with_len(16 * BLOCK, 1);
+    let file = tmp.open(0).unwrap();
+    let back: Rc<RefCell<Option<Completion>>> = Rc::default();
+    let b = back.clone();
+    let attached = ctx
+        .attach_engine(engine(), move |_, c| *b.borrow_mut() = Some(c))
+        .unwrap();
+    for i in 0..2000u64 {
+        attached.submit(read_block(&file, i % 16, i)).unwrap();
+        super::poll_until(&ctx, "the next completion", || back.borrow().is_some());
+        let c = back.borrow_mut().take().unwrap();
+        assert_eq!(c.token, i);
+        assert_eq!(ok(&c), BLOCK);
+    }
+    let c = ctx.counters();
+    // 2000 waits at least, a choice every 16.
+    assert!(c.poll_auto_choices >= 100, "{c:?}");
+    assert_eq!(c.poll_auto_off, 0, "{c:?}");
+    assert_eq!(c.poll_wake_ns, 1_000_000);
+    assert!(
+        c.poll_hits >= 1000,
+        "polling caught most completions: {c:?}"
+    );
+}
+
 /// Refusals are typed and hand the request (and its buffer) back.
 pub fn bad_input_is_refused_with_the_request_handed_back<E: IoEngine, L: EventLoop>(
     engine: impl Fn() -> E,

@@ -76,7 +76,8 @@ pub fn monitor_runs_inside_an_iothread<L: EventLoop + 'static>(
 }
 
 /// An engine built and attached inside an iothread, driven from 4 threads: each writes and
-/// reads its own blocks at QD 32 through `call` + `block_on`, and the data checks out.
+/// reads its own blocks at QD 32 through `call` + `block_on`, and the data checks out. The
+/// iothread polls with the automatic window, which its counters show choosing.
 pub fn engine_runs_inside_an_iothread<E: IoEngine + 'static, L: EventLoop + 'static>(
     engine: impl Fn() -> E + Send + 'static,
     monitor: impl Fn() -> L + Send + 'static,
@@ -87,6 +88,9 @@ pub fn engine_runs_inside_an_iothread<E: IoEngine + 'static, L: EventLoop + 'sta
         Ok::<_, AioError>((ctx, attached))
     })
     .unwrap();
+    // A wake-up priced at 1 ms: the window polls for every wait up to its cap.
+    let auto = crate::PollParams::auto().with_wake_ns(1_000_000);
+    iothread.handle().set_poll_params(auto).unwrap();
     let tmp = Arc::new(TempFile::with_len(4 * 32 * BLOCK, 0));
     let threads: Vec<_> = (0..4u64)
         .map(|t| {
@@ -125,5 +129,9 @@ pub fn engine_runs_inside_an_iothread<E: IoEngine + 'static, L: EventLoop + 'sta
     for t in threads {
         assert!(t.join().unwrap(), "a thread's blocks read back wrong");
     }
+    let c = iothread.handle().counters().unwrap();
+    assert_eq!(c.poll_wake_ns, 1_000_000, "the iothread's own model: {c:?}");
+    assert!(c.poll_attempts > 0, "the iothread polled: {c:?}");
+    assert_eq!(c.poll_auto_off, 0, "{c:?}");
     iothread.stop().unwrap();
 }

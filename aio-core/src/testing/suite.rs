@@ -102,6 +102,7 @@ macro_rules! engine_conformance {
         );
         $crate::engine_conformance!(@tests $how; engine_loop:
             qd1_through_the_loop_without_polling,
+            qd1_with_the_automatic_window_polls_for_the_completions,
             bad_input_is_refused_with_the_request_handed_back,
             attached_engine_delivers_in_the_loop,
             nested_poll_in_a_completion_callback_loses_and_duplicates_nothing,
