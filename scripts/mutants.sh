@@ -94,6 +94,12 @@ group() {
             aio-core/src/engine/file.rs aio-core/src/engine/guest.rs aio-core/src/engine/mod.rs \
             aio-core/src/engine/request.rs aio-core/src/backend/transfer.rs
         ;;
+    polling)
+        # The polling window's arithmetic and the automatic window's model: pure functions of
+        # the waits, tested on a fake clock by aio-core's lib tests alone.
+        MUTANTS_ARGS="${MUTANTS_ARGS:-} -- --lib" \
+            run polling aio-core aio-core/src/polling/auto.rs aio-core/src/polling/mod.rs
+        ;;
     load)
         # The bench's load generator and verify's ledger: their unit tests are the bench
         # library's (a disk in memory), the end-to-end runs cost more and add nothing here.
@@ -101,14 +107,14 @@ group() {
             run load aio-bench bench/src/load/generator.rs bench/src/load/verify.rs
         ;;
     *)
-        echo "usage: scripts/mutants.sh [chain|core|engines|pool|linux-aio|uring|loop|context|types|load]" >&2
+        echo "usage: scripts/mutants.sh [chain|core|engines|pool|linux-aio|uring|loop|context|types|polling|load]" >&2
         exit 2
         ;;
     esac
 }
 
 if [ $# -eq 0 ]; then
-    for g in chain core engines pool linux-aio uring loop context types load; do group "$g"; done
+    for g in chain core engines pool linux-aio uring loop context types polling load; do group "$g"; done
 else
     group "$1"
 fi

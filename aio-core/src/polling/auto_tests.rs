@@ -408,6 +408,13 @@ fn the_one_pass_choice_is_the_cheapest_window_by_hand() {
         // (Equal costs may pick either window: the costs are what must agree.)
         let _ = (w, w_hand);
     }
+    // Waits of 4 ms and more (the last bucket) are never caught, whatever the cap.
+    let mut counts = [0.0; BUCKETS];
+    counts[BUCKETS - 1] = 10.0;
+    assert_eq!(
+        cheapest_window(&counts, 10.0, 5_000_000.0, 10_000_000),
+        (0, 5_000_000.0)
+    );
 }
 
 #[test]
@@ -487,4 +494,63 @@ fn a_burst_of_near_misses_spends_the_budget_without_cutting_the_window() {
         "{} of 200 caught after the burst",
         sim.hits - hits
     );
+}
+
+#[test]
+fn a_budget_run_dry_holds_polling_without_hits_to_its_share_of_the_time() {
+    // Priced at 10 ms a wake-up, every wait up to the cap is worth polling for; every event
+    // comes 300 µs out, past the longest window, a µs before the loop would have woken. Left
+    // alone, the loop would poll 87% of its time for nothing; the budget holds it to 10% and
+    // the burst, however long it runs.
+    let mut m = AutoWindow::new(10_000_000);
+    let mut now = 0u64;
+    for _ in 0..20_000 {
+        let w = m.next_window(now, MAX);
+        now += 301_000;
+        m.observe(
+            AutoWait {
+                block_ns: 301_000,
+                polled_ns: w,
+                hit: false,
+                now_ns: now,
+            },
+            MAX,
+        );
+    }
+    assert_eq!(m.choice(), Choice::Polling, "it still wants to poll");
+    assert!(m.budget_cuts > 0);
+    assert!(
+        m.missed_ns <= now * MISS_BUDGET_PERCENT / 100 + BUDGET_CAP_NS,
+        "{} ns missed in {} ns",
+        m.missed_ns,
+        now
+    );
+    // And it polled what the budget allowed, not nothing.
+    assert!(
+        m.missed_ns >= now * MISS_BUDGET_PERCENT / 200,
+        "{}",
+        m.missed_ns
+    );
+}
+
+#[test]
+fn a_histogram_fades_to_its_floor_and_gives_the_middle_of_its_median_bucket() {
+    let mut h = Histogram::EMPTY;
+    // Faded while empty, it still learns (no 0 / 0).
+    h.fade(FOLLOWUP_MIN_WAITS);
+    for _ in 0..7 {
+        h.add(10_000);
+    }
+    assert_eq!(h.median_ns(8.0), None, "7 waits are not enough");
+    h.add(10_000);
+    let b = bucket(10_000);
+    assert_eq!(h.median_ns(8.0), Some((edge(b) + edge(b + 1)) / 2));
+    // Halved, but not below the floor; whatever the floor, never above what there is.
+    h.fade(4.0);
+    assert!((h.total() - 4.0).abs() < 1e-9);
+    h.fade(6.0);
+    assert!((h.total() - 4.0).abs() < 1e-9, "{}", h.total());
+    h.fade(0.0);
+    assert!((h.total() - 2.0).abs() < 1e-9);
+    assert_eq!(h.median_ns(0.0), Some((edge(b) + edge(b + 1)) / 2));
 }
