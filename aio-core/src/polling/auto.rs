@@ -260,7 +260,9 @@ impl AutoWindow {
             self.after_sleep.median_ns(FOLLOWUP_MIN_WAITS),
             self.after_hit.median_ns(FOLLOWUP_MIN_WAITS),
         ) {
-            (Some(slept), Some(hit)) => slept.saturating_sub(hit).min(2 * self.wake_ns),
+            (Some(slept), Some(hit)) => slept
+                .saturating_sub(hit)
+                .min(self.wake_ns.saturating_mul(2)),
             _ => 0,
         }
     }
@@ -371,7 +373,7 @@ impl AutoWindow {
 
     /// Chooses the window again from the histogram (see [`cheapest_window`]).
     fn choose(&mut self, max_ns: u64) {
-        let miss_ns = (self.wake_ns + self.followup_ns()) as f64;
+        let miss_ns = self.wake_ns.saturating_add(self.followup_ns()) as f64;
         let total = self.waits.total();
         let Some(median_ns) = self.waits.median_ns(0.0) else {
             return;

@@ -554,3 +554,28 @@ fn a_histogram_fades_to_its_floor_and_gives_the_middle_of_its_median_bucket() {
     assert!((h.total() - 2.0).abs() < 1e-9);
     assert_eq!(h.median_ns(0.0), Some((edge(b) + edge(b + 1)) / 2));
 }
+
+#[test]
+fn a_wake_up_given_as_large_as_it_goes_overflows_nothing() {
+    // `PollParams::with_wake_ns` takes any u64: the model's arithmetic saturates.
+    // Every third wait missed, and the wait after it longer (a follow-up cost to add).
+    let mut m = AutoWindow::new(u64::MAX);
+    let mut now = 0u64;
+    for i in 0..1_000u64 {
+        let w = m.next_window(now, MAX);
+        let hit = i % 3 != 0;
+        let t = if i % 3 == 1 { 40_000 } else { 10_000 };
+        now += 50_000;
+        m.observe(
+            AutoWait {
+                block_ns: if hit { t } else { 50_000 },
+                polled_ns: if hit { t } else { w },
+                hit,
+                now_ns: now,
+            },
+            MAX,
+        );
+    }
+    assert_eq!(m.choice(), Choice::Polling);
+    assert!(m.followup_ns() > 0, "a follow-up priced in");
+}
