@@ -51,19 +51,21 @@ pub fn notifier_signals_every_completion_batch<E: IoEngine, L: EventLoop>(
     }
 }
 
-/// Thousands of sequential requests through an attached engine with polling off: every one
-/// must be woken by the notifier alone.
-pub fn qd1_through_the_loop_without_polling<E: IoEngine + 'static, L: EventLoop + 'static>(
-    engine: impl Fn() -> E,
-    monitor: impl Fn() -> L,
-) {
-    let ctx = AioContext::new(monitor()).unwrap();
+/// 2000 sequential reads through an attached engine on a context with `params`, each one's
+/// completion waited for in the loop before the next goes out; the loop's counters after.
+fn qd1_reads<E: IoEngine + 'static, L: EventLoop + 'static>(
+    engine: E,
+    monitor: L,
+    params: crate::PollParams,
+) -> crate::LoopCounters {
+    let ctx = AioContext::new(monitor).unwrap();
+    ctx.set_poll_params(params);
     let tmp = TempFile::with_len(16 * BLOCK, 1);
     let file = tmp.open(0).unwrap();
     let back: Rc<RefCell<Option<Completion>>> = Rc::default();
     let b = back.clone();
     let attached = ctx
-        .attach_engine(engine(), move |_, c| *b.borrow_mut() = Some(c))
+        .attach_engine(engine, move |_, c| *b.borrow_mut() = Some(c))
         .unwrap();
     let mut buf = Some(AlignedBuf::new(BLOCK));
     for i in 0..2000u64 {
@@ -81,7 +83,17 @@ pub fn qd1_through_the_loop_without_polling<E: IoEngine + 'static, L: EventLoop 
         assert_eq!(ok(&c), BLOCK);
         buf = c.buf.into_one();
     }
-    assert_eq!(ctx.counters().poll_hits, 0, "polling is off");
+    ctx.counters()
+}
+
+/// Thousands of sequential requests through an attached engine with polling off: every one
+/// must be woken by the notifier alone.
+pub fn qd1_through_the_loop_without_polling<E: IoEngine + 'static, L: EventLoop + 'static>(
+    engine: impl Fn() -> E,
+    monitor: impl Fn() -> L,
+) {
+    let c = qd1_reads(engine(), monitor(), crate::PollParams::default());
+    assert_eq!(c.poll_hits, 0, "polling is off");
 }
 
 /// Thousands of sequential requests through an attached engine with the automatic window
@@ -94,24 +106,9 @@ pub fn qd1_with_the_automatic_window_polls_for_the_completions<
     engine: impl Fn() -> E,
     monitor: impl Fn() -> L,
 ) {
-    let ctx = AioContext::new(monitor()).unwrap();
     // A wake-up priced at 1 ms: every wait up to the cap is worth polling for.
-    ctx.set_poll_params(crate::PollParams::auto().with_wake_ns(1_000_000));
-    let tmp = TempFile::with_len(16 * BLOCK, 1);
-    let file = tmp.open(0).unwrap();
-    let back: Rc<RefCell<Option<Completion>>> = Rc::default();
-    let b = back.clone();
-    let attached = ctx
-        .attach_engine(engine(), move |_, c| *b.borrow_mut() = Some(c))
-        .unwrap();
-    for i in 0..2000u64 {
-        attached.submit(read_block(&file, i % 16, i)).unwrap();
-        super::poll_until(&ctx, "the next completion", || back.borrow().is_some());
-        let c = back.borrow_mut().take().unwrap();
-        assert_eq!(c.token, i);
-        assert_eq!(ok(&c), BLOCK);
-    }
-    let c = ctx.counters();
+    let auto = crate::PollParams::auto().with_wake_ns(1_000_000);
+    let c = qd1_reads(engine(), monitor(), auto);
     // 2000 waits at least, a choice every 16.
     assert!(c.poll_auto_choices >= 100, "{c:?}");
     assert_eq!(c.poll_auto_off, 0, "{c:?}");
