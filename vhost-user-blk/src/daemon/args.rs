@@ -7,7 +7,7 @@ use std::str::FromStr;
 
 use clap::Parser;
 
-use super::backends::{ENGINES, MONITORS};
+use super::backends::{engine_names, monitor_names};
 
 /// `aio-vhost-user-blk`: serves disk images as vhost-user-blk devices on aio-rs iothreads.
 #[derive(Debug, Parser)]
@@ -16,11 +16,11 @@ pub struct Args {
     /// A disk: `socket=PATH,image=PATH[,readonly=on][,serial=ID][,queues=Q]` (repeatable).
     #[arg(long = "disk", required = true, value_name = "SPEC")]
     pub disks: Vec<DiskSpec>,
-    /// The I/O engine: uring, linux-aio, pool or auto.
-    #[arg(long, default_value = "auto", value_parser = clap::builder::PossibleValuesParser::new(ENGINES))]
+    /// The I/O engine: pool, linux-aio, uring or auto.
+    #[arg(long, default_value = "auto", value_parser = clap::builder::PossibleValuesParser::new(engine_names()))]
     pub engine: String,
     /// The fd monitor: poll, epoll, hybrid, uring or auto.
-    #[arg(long, default_value = "auto", value_parser = clap::builder::PossibleValuesParser::new(MONITORS))]
+    #[arg(long, default_value = "auto", value_parser = clap::builder::PossibleValuesParser::new(monitor_names()))]
     pub fdmon: String,
     /// How many iothreads; queue i of each disk runs on iothread i mod K.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]

@@ -13,17 +13,31 @@ use aio_core::EventLoop;
 use crate::backends::engines::{self, EngineKind, UringOptions};
 use crate::backends::monitors::{self, MonitorKind};
 
-/// The engine names `--engine` takes.
-pub const ENGINES: [&str; 4] = ["uring", "linux-aio", "pool", "auto"];
-/// The fd monitor names `--fdmon` takes (not the shared ring: the daemon's engines and monitor
-/// are built apart).
-pub const MONITORS: [&str; 5] = ["poll", "epoll", "hybrid", "uring", "auto"];
+/// The engine names `--engine` takes: every [`EngineKind`], and `auto`.
+pub fn engine_names() -> Vec<&'static str> {
+    EngineKind::ALL
+        .into_iter()
+        .map(EngineKind::name)
+        .chain(["auto"])
+        .collect()
+}
+
+/// The fd monitor names `--fdmon` takes: every [`MonitorKind`] but the shared ring (the
+/// daemon's engines and monitor are built apart), and `auto`.
+pub fn monitor_names() -> Vec<&'static str> {
+    MonitorKind::ALL
+        .into_iter()
+        .filter(|&k| k != MonitorKind::SharedRing)
+        .map(MonitorKind::name)
+        .chain(["auto"])
+        .collect()
+}
 
 fn invalid(e: impl std::fmt::Display) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, e.to_string())
 }
 
-/// The engine `name` (one of [`ENGINES`]; `auto` takes the first of uring, linux-aio, pool
+/// The engine `name` (one of [`engine_names`]; `auto` takes the first of uring, linux-aio, pool
 /// this build and kernel can build), with a thread pool behind it for the ops it refuses.
 /// Returns the name built.
 pub fn build_engine(name: &str) -> io::Result<(Box<dyn IoEngine>, &'static str)> {
@@ -34,7 +48,8 @@ pub fn build_engine(name: &str) -> io::Result<(Box<dyn IoEngine>, &'static str)>
     Ok((kind.build_for(UringOptions::default(), true)?, kind.name()))
 }
 
-/// The fd monitor `name` (one of [`MONITORS`]; `auto` takes the first of uring, hybrid, poll).
+/// The fd monitor `name` (one of [`monitor_names`]; `auto` takes the first of uring, hybrid,
+/// poll).
 pub fn build_monitor(name: &str) -> io::Result<Box<dyn EventLoop>> {
     let kind = match name {
         "auto" => monitors::auto()?.0,
@@ -49,13 +64,13 @@ mod tests {
 
     #[test]
     fn every_name_offered_is_known_and_others_are_refused() {
-        for name in ENGINES {
+        for name in engine_names() {
             if let Err(e) = build_engine(name) {
                 // Known, and refused for a reason this build or kernel gives.
                 assert_eq!(e.kind(), io::ErrorKind::Unsupported, "{name}: {e}");
             }
         }
-        for name in MONITORS {
+        for name in monitor_names() {
             if let Err(e) = build_monitor(name) {
                 assert_eq!(e.kind(), io::ErrorKind::Unsupported, "{name}: {e}");
             }
