@@ -109,7 +109,7 @@ mod tests {
     /// an overflow (never wrapped).
     #[test]
     fn random_input_never_panics_and_units_multiply_exactly() {
-        let mut rng = crate::load::Rng::new(11);
+        let mut rng = aio_core::testing::engine::Rng::new(11);
         let alphabet: Vec<char> = "0123456789kKmMgGtTbBiIsSuUhHdD .-+x\u{e9}"
             .chars()
             .collect();

@@ -21,7 +21,7 @@ use hdrhistogram::Histogram;
 
 pub use drive::{drive, DriveError, Target};
 pub use generator::{Generator, Issued, Layout, LoadFigures, LoadSpec};
-pub use pattern::{Direction, OffsetStream, Pattern, Rng};
+pub use pattern::{Direction, OffsetStream, Pattern};
 
 /// A latency histogram in ns (1 ns to 60 s, 3 significant digits), as every report uses.
 pub fn latency_histogram() -> Histogram<u64> {

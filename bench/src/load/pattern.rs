@@ -141,7 +141,7 @@ pub struct OffsetStream {
     blocks: u64,
     bs: u64,
     next_seq: u64,
-    rng: Rng,
+    rng: fastrand::Rng,
 }
 
 impl OffsetStream {
@@ -154,14 +154,14 @@ impl OffsetStream {
             blocks: blocks.max(1),
             bs,
             next_seq: 0,
-            rng: Rng::new(seed),
+            rng: fastrand::Rng::with_seed(seed),
         }
     }
 
     /// The next block index.
     pub fn next_block(&mut self) -> u64 {
         if self.random {
-            self.rng.next_u64() % self.blocks
+            self.rng.u64(..self.blocks)
         } else {
             let b = self.next_seq % self.blocks;
             self.next_seq += 1;
@@ -177,7 +177,7 @@ impl OffsetStream {
         match self.read_percent {
             100 => Direction::Read,
             0 => Direction::Write,
-            p if self.rng.next_u64() % 100 >= u64::from(p) => Direction::Write,
+            p if self.rng.u8(..100) >= p => Direction::Write,
             _ => Direction::Read,
         }
     }
@@ -190,25 +190,6 @@ impl OffsetStream {
     /// The byte offset of `block`.
     pub fn offset(&self, block: u64) -> u64 {
         block * self.bs
-    }
-}
-
-/// A small deterministic PRNG (xorshift64*) for offsets.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator seeded with `seed` (never the all-zero state).
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed | 1)
-    }
-
-    /// The next value.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
 }
 

@@ -2,7 +2,7 @@
 //! their lines, and mutated files that must never panic.
 
 use super::*;
-use crate::load::Rng;
+use aio_core::testing::engine::Rng;
 
 fn p(text: &str) -> Result<JobFile, JobFileError> {
     parse(text, Path::new("t.fio"))
