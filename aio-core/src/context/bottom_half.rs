@@ -61,22 +61,26 @@ pub(crate) struct BhEntry {
 pub(crate) struct BhQueue(Mutex<Vec<BhEntry>>);
 
 impl BhQueue {
+    #[inline]
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<BhEntry>> {
         // A panic while the lock was held cannot leave a half-pushed entry behind.
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Any thread: queues an entry for the loop.
+    #[inline]
     pub(crate) fn push(&self, entry: BhEntry) {
         self.lock().push(entry);
     }
 
     /// Loop side: takes every queued entry, oldest first.
+    #[inline]
     fn take(&self) -> Vec<BhEntry> {
         std::mem::take(&mut *self.lock())
     }
 
     /// Whether `f` holds for a queued entry (it stops at the first).
+    #[inline]
     fn any(&self, f: impl FnMut(&BhEntry) -> bool) -> bool {
         self.lock().iter().any(f)
     }
