@@ -1,6 +1,8 @@
-//! `--cpus`: a CPU list, and pinning the bench's threads to it as `taskset` would.
+//! `--cpus`: a CPU list, and pinning the bench's threads to it as `taskset` would; and the CPU
+//! time a thread or the process has used.
 //!
-//! This module owns the list's syntax, the placement rule and the affinity call only.
+//! This module owns the list's syntax, the placement rule, the affinity call and the
+//! `getrusage` readings only.
 //!
 //! The placement rule (`aio-bench matrix --cpus LIST --iothreads K`), as one would place a
 //! VMM's threads: the iothreads get dedicated CPUs, the guests (the vCPUs) the rest.
@@ -19,7 +21,31 @@
 //! main thread) stays on the whole list.
 
 use nix::sched::{sched_setaffinity, CpuSet};
+use nix::sys::resource::{getrusage, UsageWho};
 use nix::unistd::Pid;
+
+/// CPU time (user + system) the calling thread has used, in seconds
+/// (`getrusage(RUSAGE_THREAD)`).
+pub fn thread_cpu_seconds() -> f64 {
+    cpu_seconds(UsageWho::RUSAGE_THREAD)
+}
+
+/// CPU time (user + system) every thread of the process has used, in seconds
+/// (`getrusage(RUSAGE_SELF)`: the pool's workers and io_uring's kernel workers, which are
+/// threads of the process, included).
+pub fn process_cpu_seconds() -> f64 {
+    cpu_seconds(UsageWho::RUSAGE_SELF)
+}
+
+/// `who`'s user + system CPU time, in seconds (0 if `getrusage` failed, which it cannot for
+/// the calling thread or process).
+fn cpu_seconds(who: UsageWho) -> f64 {
+    let Ok(ru) = getrusage(who) else {
+        return 0.0;
+    };
+    let tv = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+    tv(ru.user_time()) + tv(ru.system_time())
+}
 
 /// CPU numbers given with `--cpus`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -42,6 +42,10 @@ pub fn run(args: MatrixArgs) -> Result<(), BenchError> {
     eprintln!("{}", header(&args, &spec, &disks.place));
     let cells = run_cells(&spec, &disks.images)?;
     print!("{}", matrix::table(&spec, &cells));
+    print!(
+        "{}",
+        matrix::scaling_table(&spec, &matrix::scaling(&spec, &cells))
+    );
     write_reports(&args, &spec, &cells)?;
     if args.verify {
         verdict(&cells)?;

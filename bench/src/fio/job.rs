@@ -20,6 +20,7 @@ use aio_core::{
     AioContext, EventLoop, FdHandler, LoopCounters, Notifier, PollMaxNs, PollParams, PollRule,
 };
 
+use crate::cpus::thread_cpu_seconds;
 use crate::load::generator::transferred;
 use crate::load::{Direction, Generator, Layout, LoadSpec, Pattern, Tally, Window};
 
@@ -96,17 +97,6 @@ pub struct JobResult {
     pub iothread_cpu_s: f64,
     /// Wall time of the whole job (ramp included), in seconds.
     pub wall_s: f64,
-}
-
-/// CPU time (user + system) the calling thread has used, in seconds.
-pub fn thread_cpu_seconds() -> f64 {
-    use nix::sys::resource::{getrusage, UsageWho};
-    // RUSAGE_THREAD (Linux's per-thread usage) cannot fail for the calling thread.
-    let Ok(ru) = getrusage(UsageWho::RUSAGE_THREAD) else {
-        return 0.0;
-    };
-    let tv = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
-    tv(ru.user_time()) + tv(ru.system_time())
 }
 
 impl JobResult {

@@ -6,11 +6,13 @@
 //! building its own fd monitor and engine on itself, the disks' queues spread over them.
 
 mod report;
+mod scaling;
 
 use std::io;
 use std::path::Path;
 
 pub use self::report::{table, to_csv, to_json, to_svg};
+pub use self::scaling::{ceiling, scaling, scaling_table, Scaling};
 
 use crate::load::Pattern;
 use crate::scsi::{run_cell_on_iothreads, CellResult, CellSpec};

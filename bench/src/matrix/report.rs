@@ -89,7 +89,7 @@ fn per_iothread_cpu(c: &Cell) -> String {
 /// in one column, `;`-separated).
 pub fn to_csv(spec: &MatrixSpec, cells: &[Cell]) -> String {
     let mut out = String::from(
-        "fdmon,engine,disks,active,workload,bs,iodepth,memory,iothreads,queues,batch_interrupts,mb_s,iops,lat_us_mean,lat_us_p50,lat_us_p99,lat_us_p999,iothread_cpu_s,iothread_cpu_s_each,guest_cpu_s,interrupts,guest_waits,iterations,blocking_waits,notifier_writes,poll_hits,busy_poll_ns,errors\n",
+        "fdmon,engine,disks,active,workload,bs,iodepth,memory,iothreads,queues,batch_interrupts,mb_s,iops,lat_us_mean,lat_us_p50,lat_us_p99,lat_us_p999,iothread_cpu_s,iothread_cpu_s_each,guest_cpu_s,process_cpu_s,interrupts,guest_waits,iterations,blocking_waits,notifier_writes,poll_hits,busy_poll_ns,errors\n",
     );
     for c in cells {
         let h = &c.result.latency_ns;
@@ -97,7 +97,7 @@ pub fn to_csv(spec: &MatrixSpec, cells: &[Cell]) -> String {
         let k = &c.result.counters;
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{},{},{:.3},{:.1},{:.2},{:.2},{:.2},{:.2},{:.4},{},{:.4},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{:.3},{:.1},{:.2},{:.2},{:.2},{:.2},{:.4},{},{:.4},{:.4},{},{},{},{},{},{},{},{}",
             c.fdmon.name(),
             c.engine.name(),
             c.disks,
@@ -118,6 +118,7 @@ pub fn to_csv(spec: &MatrixSpec, cells: &[Cell]) -> String {
             c.result.iothread_cpu_s,
             per_iothread_cpu(c),
             c.result.guest_cpu_s,
+            c.result.process_cpu_s,
             c.result.interrupts,
             c.result.guest_waits,
             k.iterations,
@@ -247,8 +248,10 @@ pub fn to_svg(spec: &MatrixSpec, cells: &[Cell]) -> Result<String, String> {
     Ok(svg)
 }
 
-/// The JSON report (`{"machine": {...}, "cells": [...]}` with the field names).
+/// The JSON report (`{"machine": {...}, "cells": [...], "scaling": [...]}`: the cells with the
+/// issue's field names, and with `--iothreads 1,K` each K cell against its one-iothread cell).
 pub fn to_json(spec: &MatrixSpec, cells: &[Cell]) -> serde_json::Value {
+    let scaling_rows = super::scaling(spec, cells);
     let machine = json!({
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_default(),
@@ -278,6 +281,7 @@ pub fn to_json(spec: &MatrixSpec, cells: &[Cell]) -> serde_json::Value {
                 "lat_us": {"mean": h.mean() / 1000.0, "p50": us(0.5), "p99": us(0.99), "p999": us(0.999)},
                 "iothread_cpu_s": c.result.iothread_cpu_s,
                 "guest_cpu_s": c.result.guest_cpu_s,
+                "process_cpu_s": c.result.process_cpu_s,
                 "interrupts": c.result.interrupts,
                 "guest_waits": c.result.guest_waits,
                 "per_iothread": c.result.per_iothread.iter().map(|t| json!({
@@ -300,5 +304,23 @@ pub fn to_json(spec: &MatrixSpec, cells: &[Cell]) -> serde_json::Value {
             })
         })
         .collect();
-    json!({ "machine": machine, "cells": cells })
+    let scaling: Vec<_> = scaling_rows
+        .iter()
+        .map(|r| {
+            json!({
+                "cell": r.label,
+                "iothreads": r.iothreads,
+                "speedup": r.speedup,
+                "round_speedups": [r.round_speedups.0, r.round_speedups.1],
+                "guest_over_iothread": r.guest_over_iothread,
+                "one_iothread_busy": r.iothread_busy,
+                "ceiling": r.ceiling,
+                "of_ceiling": r.of_ceiling(),
+                "one_cpus": r.one_cpus,
+                "ceiling_all_threads": r.ceiling_all_threads,
+                "of_ceiling_all_threads": r.of_ceiling_all_threads(),
+            })
+        })
+        .collect();
+    json!({ "machine": machine, "cells": cells, "scaling": scaling })
 }

@@ -281,4 +281,30 @@ fn queues_and_iothread_lists_run_verified_and_are_reported() {
     assert_eq!(json["cells"][0]["batch_interrupts"], true);
     let svg = to_svg(&spec, &cells).unwrap();
     assert!(svg.contains("MB/s vs iothreads") && svg.contains("MB/s vs disks"));
+    // The K = 3 cell against the K = 1 cell: one scaling row, from the two cells' figures.
+    let rows = scaling(&spec, &cells);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let r = &rows[0];
+    assert_eq!(r.iothreads, 3);
+    assert!((r.speedup - cells[1].mb_s() / cells[0].mb_s()).abs() < 1e-9);
+    let g_over_i = cells[0].result.guest_cpu_s / cells[0].result.iothread_cpu_s;
+    assert!((r.guest_over_iothread - g_over_i).abs() < 1e-12);
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    assert_eq!(r.ceiling, ceiling(3, cpus, g_over_i));
+    assert!(r.iothread_busy > 0.0 && r.round_speedups.0 > 0.0);
+    // Every thread's CPU includes the iothread's and the guests'.
+    let c1 = &cells[0].result;
+    assert!(
+        c1.process_cpu_s >= c1.iothread_cpu_s + c1.guest_cpu_s - 0.01,
+        "{c1:?}"
+    );
+    assert!(r.ceiling_all_threads > 0.0 && r.ceiling_all_threads <= 3.0);
+    assert_eq!(json["scaling"][0]["iothreads"], 3);
+    assert_eq!(json["scaling"][0]["of_ceiling"], r.of_ceiling());
+    let text = scaling_table(&spec, &rows);
+    assert!(
+        text.contains("of ceiling") && text.contains(&r.label),
+        "{text}"
+    );
+    assert_eq!(scaling_table(&spec, &[]), "");
 }

@@ -26,6 +26,7 @@ use std::io;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use crate::cpus::process_cpu_seconds;
 use crate::load::generator::transferred;
 use crate::load::{latency_histogram, Generator, Layout, LoadFigures, LoadSpec, Pattern, Window};
 use aio_vhost_user_blk::backends::monitors::MonitorKind;
@@ -256,17 +257,6 @@ impl Sample {
 
 /// What a variant's run hands back: its workers, and the loop's counters for aio-rs.
 pub type Outcome = (Vec<Worker>, Vec<(&'static str, u64)>);
-
-/// User + system CPU time of the whole process so far, in seconds.
-fn process_cpu_seconds() -> f64 {
-    use nix::sys::resource::{getrusage, UsageWho};
-    // RUSAGE_SELF cannot fail.
-    let Ok(ru) = getrusage(UsageWho::RUSAGE_SELF) else {
-        return 0.0;
-    };
-    let tv = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
-    tv(ru.user_time()) + tv(ru.system_time())
-}
 
 /// Runs `variant` once on `job`.
 pub fn run(variant: Variant, job: &Job) -> io::Result<Sample> {

@@ -18,8 +18,8 @@ use nix::poll::{poll, PollFd, PollFlags};
 
 use super::memory::GuestRam;
 use super::{CellSpec, GuestRequest, Virtqueue};
+use crate::cpus::thread_cpu_seconds;
 use crate::error::BenchError;
-use crate::fio::job::thread_cpu_seconds;
 use crate::load::verify::Ledger;
 use crate::load::{drive, Direction, Generator, Issued, Layout, LoadSpec, Tally, Target, Window};
 

@@ -291,6 +291,9 @@ pub struct CellResult {
     pub per_iothread: Vec<IothreadFigures>,
     /// The guest threads' CPU time, added up, s.
     pub guest_cpu_s: f64,
+    /// Every thread of the process over the guests' run, s: the iothreads, the guests, and
+    /// the threads doing I/O for the engines (the pool's workers, io_uring's kernel workers).
+    pub process_cpu_s: f64,
     /// Interrupts the iothreads raised (each an eventfd write): one per completed request, or
     /// with `batch_interrupts` one per queue and batch of completions.
     pub interrupts: u64,
@@ -323,6 +326,7 @@ impl CellResult {
             iothread_cpu_s: per_iothread.iter().map(|t| t.cpu_s).sum(),
             per_iothread,
             guest_cpu_s: 0.0,
+            process_cpu_s: 0.0,
             interrupts: 0,
             guest_waits: 0,
             errors: 0,

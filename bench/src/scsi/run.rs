@@ -18,7 +18,7 @@ use super::guest::{self, GuestDone, GuestPlace, GuestStats};
 use super::host::{QueuePlace, Station};
 use super::memory::GuestRam;
 use super::{check, iothread_of, CellResult, CellSpec, IothreadFigures, Virtqueue};
-use crate::fio::job::thread_cpu_seconds;
+use crate::cpus::{process_cpu_seconds, thread_cpu_seconds};
 use crate::targets::image::DiskImage;
 
 /// A cell's shared parts: the guest RAM and every disk's virtqueues. Whoever runs the cell
@@ -118,8 +118,14 @@ impl<'a> Rig<'a> {
     }
 
     /// The cell's result from the iothreads' and the guests' figures.
-    fn result(&self, per_iothread: Vec<IothreadFigures>, guests: Vec<GuestStats>) -> CellResult {
+    fn result(
+        &self,
+        per_iothread: Vec<IothreadFigures>,
+        guests: Vec<GuestStats>,
+        process_cpu_s: f64,
+    ) -> CellResult {
         let mut result = CellResult::new(self.spec.runtime, per_iothread);
+        result.process_cpu_s = process_cpu_s;
         for g in guests {
             result.add(g);
         }
@@ -163,7 +169,7 @@ where
     let station = Station::set_up(&ctx, engine, &spec, &rig.ram, rig.places(0))?;
     let guests = rig.spawn_guests(&[], Some(ctx.notify_handle()))?;
     // Drive: the loop, until every guest is done (each wakes it as it finishes).
-    let cpu0 = thread_cpu_seconds();
+    let (cpu0, process0) = (thread_cpu_seconds(), process_cpu_seconds());
     while rig.finished.load(Ordering::Acquire) < spec.active {
         ctx.poll(true);
     }
@@ -173,8 +179,9 @@ where
         counters: ctx.counters(),
     };
     let stats = Rig::join(guests)?;
+    let process_cpu_s = process_cpu_seconds() - process0;
     station.tear_down(&ctx);
-    Ok(rig.result(vec![figures], stats))
+    Ok(rig.result(vec![figures], stats, process_cpu_s))
 }
 
 /// Runs one cell on `images` (at least `spec.disks`; the first `spec.active` are driven) with
@@ -220,9 +227,11 @@ where
         .map(|t| t.call(|_, _| thread_cpu_seconds()))
         .collect::<Result<Vec<f64>, _>>()
         .map_err(io::Error::from)?;
+    let process0 = process_cpu_seconds();
     // Drive: the iothreads run their loops; the guests run until their deadline.
     let guest_cpus = crate::cpus::guest_cpus(cpus, spec.iothreads);
     let stats = Rig::join(rig.spawn_guests(&guest_cpus, None)?)?;
+    let process_cpu_s = process_cpu_seconds() - process0;
     let mut per_iothread = Vec::with_capacity(iothreads.len());
     for (t, c0) in iothreads.iter().zip(cpu0) {
         let figures = t
@@ -241,5 +250,5 @@ where
     for t in iothreads {
         t.stop().map_err(io::Error::from)?;
     }
-    Ok(rig.result(per_iothread, stats))
+    Ok(rig.result(per_iothread, stats, process_cpu_s))
 }
