@@ -8,7 +8,7 @@
 
 use super::disk::{blocks_of, run_range_op};
 use super::fixtures::{wait_for, Rng, TempFile, BLOCK};
-use crate::engine::{AlignedBuf, IoEngine, Request};
+use crate::engine::{AlignedBuf, IoEngine, IoFile, Request};
 use crate::EventLoop;
 
 /// A loop device takes discard and write-zeroes (`BLKDISCARD`, the kernel's zero-out): the
@@ -131,13 +131,25 @@ pub fn block_device_reads_and_writes_at_random_offsets<E: IoEngine, L: EventLoop
         expect.insert(at, 64 + 2 * k);
         expect.insert(at + 1, 64 + 2 * k + 1);
     }
+    read_back_and_compare(&mut engine, &file, &dev, &data, &expect);
+}
+
+/// Reads every block of `expect` back through `engine` (64 at a time) and from `dev`'s backing
+/// file, each against `data[expect[block]]`.
+fn read_back_and_compare<E: IoEngine>(
+    engine: &mut E,
+    file: &IoFile,
+    dev: &TempFile,
+    data: &[AlignedBuf],
+    expect: &std::collections::HashMap<u64, usize>,
+) {
     let reads: Vec<u64> = expect.keys().copied().collect();
     for chunk in reads.chunks(64) {
         for &b in chunk {
-            let r = Request::read(&file, b * BLOCK as u64, AlignedBuf::new(BLOCK), b);
+            let r = Request::read(file, b * BLOCK as u64, AlignedBuf::new(BLOCK), b);
             engine.submit(r).unwrap();
         }
-        for c in wait_for(&mut engine, chunk.len()) {
+        for c in wait_for(engine, chunk.len()) {
             let want = &data[expect[&c.token]];
             assert_eq!(c.result.as_ref().ok(), Some(&BLOCK));
             assert!(
@@ -148,7 +160,7 @@ pub fn block_device_reads_and_writes_at_random_offsets<E: IoEngine, L: EventLoop
         }
     }
     let backing = std::fs::read(dev.backing()).unwrap();
-    for (&b, &i) in &expect {
+    for (&b, &i) in expect {
         let at = b as usize * BLOCK;
         assert!(
             backing[at..at + BLOCK] == data[i][..],

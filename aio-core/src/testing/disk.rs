@@ -452,27 +452,7 @@ pub fn per_request_callbacks_submit_from_inside<E: IoEngine + 'static, L: EventL
         .unwrap();
     // A chain of 64 writes, each submitted by the previous one's callback.
     let seen = Rc::new(RefCell::new(Vec::new()));
-    fn chain<L: EventLoop + 'static, E: IoEngine + 'static>(
-        engine: &AttachedEngine<L, E>,
-        file: IoFile,
-        block: u64,
-        seen: Rc<RefCell<Vec<u64>>>,
-    ) {
-        let buf = AlignedBuf::from_slice(&[block as u8 + 1; BLOCK]);
-        let request = Request::write(&file, block * BLOCK as u64, buf, block);
-        let f = file.clone();
-        engine
-            .submit_with(request, move |_, engine, c| {
-                assert_eq!(c.token, block, "the caller's token comes back");
-                assert_eq!(c.result.as_ref().ok(), Some(&BLOCK));
-                seen.borrow_mut().push(block);
-                if block + 1 < 64 {
-                    chain(engine, f, block + 1, seen);
-                }
-            })
-            .expect("submit_with");
-    }
-    chain(&attached, file.clone(), 0, seen.clone());
+    write_chain(&attached, file.clone(), 0, seen.clone());
     // A plain request, with a token that would clash if the driver did not keep them apart.
     attached
         .submit(Request::read(&file, 0, AlignedBuf::new(BLOCK), 999))
@@ -486,13 +466,62 @@ pub fn per_request_callbacks_submit_from_inside<E: IoEngine + 'static, L: EventL
     let e = attached.submit(reserved).expect_err("reserved bit");
     assert!(matches!(e.error, RequestError::ReservedToken { .. }));
     // One callback waits, in a nested loop, for another request's callback.
+    let (inner_done, outer_done) = submit_one_that_waits_nested(&attached, &file);
+    super::poll_until(&ctx, "the chain and the nested wait", || {
+        seen.borrow().len() == 64 && outer_done.get() && engine_wide.get() == 1
+    });
+    assert_eq!(
+        *seen.borrow(),
+        (0..64).collect::<Vec<_>>(),
+        "each once, in order"
+    );
+    assert!(inner_done.get());
+    assert_eq!(attached.in_flight(), 0);
+    let data = tmp.contents();
+    for b in 0..64 {
+        assert!(data[b * BLOCK..(b + 1) * BLOCK]
+            .iter()
+            .all(|&x| x == b as u8 + 1));
+    }
+    drop(attached.detach(&ctx).map_err(|(e, _)| e).unwrap());
+}
+
+/// Submits the write of `block` (filled with `block + 1`) whose callback records it in `seen`
+/// and submits the next block's, up to block 63.
+fn write_chain<L: EventLoop + 'static, E: IoEngine + 'static>(
+    engine: &AttachedEngine<L, E>,
+    file: IoFile,
+    block: u64,
+    seen: Rc<RefCell<Vec<u64>>>,
+) {
+    let buf = AlignedBuf::from_slice(&[block as u8 + 1; BLOCK]);
+    let request = Request::write(&file, block * BLOCK as u64, buf, block);
+    let f = file.clone();
+    engine
+        .submit_with(request, move |_, engine, c| {
+            assert_eq!(c.token, block, "the caller's token comes back");
+            assert_eq!(c.result.as_ref().ok(), Some(&BLOCK));
+            seen.borrow_mut().push(block);
+            if block + 1 < 64 {
+                write_chain(engine, f, block + 1, seen);
+            }
+        })
+        .expect("submit_with");
+}
+
+/// Submits a read whose callback submits another read and waits for its callback in a nested
+/// `poll()`; returns the flags the inner and the outer callback set when they are done.
+fn submit_one_that_waits_nested<L: EventLoop + 'static, E: IoEngine + 'static>(
+    attached: &AttachedEngine<L, E>,
+    file: &IoFile,
+) -> (Rc<Cell<bool>>, Rc<Cell<bool>>) {
     let inner_done = Rc::new(Cell::new(false));
     let outer_done = Rc::new(Cell::new(false));
     let (inner, outer) = (inner_done.clone(), outer_done.clone());
     let f = file.clone();
     attached
         .submit_with(
-            Request::read(&file, 0, AlignedBuf::new(BLOCK), 5000),
+            Request::read(file, 0, AlignedBuf::new(BLOCK), 5000),
             move |ctx, engine, c| {
                 assert!(c.result.is_ok());
                 let i = inner.clone();
@@ -514,21 +543,5 @@ pub fn per_request_callbacks_submit_from_inside<E: IoEngine + 'static, L: EventL
             },
         )
         .unwrap();
-    super::poll_until(&ctx, "the chain and the nested wait", || {
-        seen.borrow().len() == 64 && outer_done.get() && engine_wide.get() == 1
-    });
-    assert_eq!(
-        *seen.borrow(),
-        (0..64).collect::<Vec<_>>(),
-        "each once, in order"
-    );
-    assert!(inner_done.get());
-    assert_eq!(attached.in_flight(), 0);
-    let data = tmp.contents();
-    for b in 0..64 {
-        assert!(data[b * BLOCK..(b + 1) * BLOCK]
-            .iter()
-            .all(|&x| x == b as u8 + 1));
-    }
-    drop(attached.detach(&ctx).map_err(|(e, _)| e).unwrap());
+    (inner_done, outer_done)
 }

@@ -375,8 +375,18 @@ pub fn injected_faults_are_reported_against_their_own_requests<
     assert_eq!(stats.failed, expected_failures);
     assert_eq!(stats.forwarded, N - expected_failures);
     assert!(stats.delayed >= N, "every completion was held");
-    let content = tmp.contents();
-    for (t, got) in results.borrow().iter().enumerate() {
+    assert_each_error_on_its_request(&results.borrow(), &tmp.contents(), refused);
+}
+
+/// What [`injected_faults_are_reported_against_their_own_requests`] checks of each request:
+/// token 3 failed with ENOSPC, every 7th with EIO, those `refused` with EBADF, and the block of
+/// each of those is untouched (zero) while every other block holds its write's fill.
+fn assert_each_error_on_its_request(
+    results: &[Option<Option<i32>>],
+    content: &[u8],
+    refused: impl Fn(u64) -> bool,
+) {
+    for (t, got) in results.iter().enumerate() {
         let t64 = t as u64;
         let want = if t64 == 3 {
             Some(libc::ENOSPC)

@@ -410,26 +410,7 @@ pub fn bad_input_gets_typed_errors_and_loop_keeps_running<L: EventLoop>(make: im
 /// not to notify (here by `io_poll_end` itself) runs without a notification and without
 /// blocking; a handler removed in polling mode gets `io_poll_end` at once.
 pub fn io_poll_begin_and_end_bracket_polling_mode<L: EventLoop>(make: impl Fn() -> L) {
-    type Log = Rc<std::cell::RefCell<Vec<&'static str>>>;
-    let handler = |pending: &Rc<Cell<bool>>, late: &Rc<Cell<bool>>, log: &Log| {
-        let (p1, p2, p3) = (pending.clone(), pending.clone(), pending.clone());
-        let (l1, l2, l3, l4) = (log.clone(), log.clone(), log.clone(), log.clone());
-        let late = late.clone();
-        FdHandler::new()
-            .on_read(move |_| l1.borrow_mut().push("read"))
-            .on_poll(move || p1.get())
-            .on_poll_ready(move |_| {
-                p2.set(false);
-                l2.borrow_mut().push("ready");
-            })
-            .on_poll_begin(move || l3.borrow_mut().push("begin"))
-            .on_poll_end(move || {
-                l4.borrow_mut().push("end");
-                if late.replace(false) {
-                    p3.set(true);
-                }
-            })
-    };
+    let handler = logging_poll_handler::<L>;
     let ctx = ctx_of(&make);
     ctx.set_poll_params(PollParams::iothread());
     let dog = watchdog(&ctx, Duration::from_secs(20));
@@ -490,4 +471,34 @@ pub fn io_poll_begin_and_end_bracket_polling_mode<L: EventLoop>(make: impl Fn() 
     assert!(ctx.poll(true));
     assert_eq!(*other_log.borrow(), ["begin", "ready"]);
     ctx.remove_fd_handler(doorbell.as_fd()).unwrap();
+}
+
+/// What the polling-mode handler of [`io_poll_begin_and_end_bracket_polling_mode`] logged.
+type Log = Rc<std::cell::RefCell<Vec<&'static str>>>;
+
+/// A handler whose `io_poll` finds work while `pending` is set (its `poll_ready` clears it),
+/// logging each callback to `log`; its `io_poll_end` sets `pending` again if `late` was set
+/// (work queued while the guest was told not to notify).
+fn logging_poll_handler<L: EventLoop>(
+    pending: &Rc<Cell<bool>>,
+    late: &Rc<Cell<bool>>,
+    log: &Log,
+) -> FdHandler<L> {
+    let (p1, p2, p3) = (pending.clone(), pending.clone(), pending.clone());
+    let (l1, l2, l3, l4) = (log.clone(), log.clone(), log.clone(), log.clone());
+    let late = late.clone();
+    FdHandler::new()
+        .on_read(move |_| l1.borrow_mut().push("read"))
+        .on_poll(move || p1.get())
+        .on_poll_ready(move |_| {
+            p2.set(false);
+            l2.borrow_mut().push("ready");
+        })
+        .on_poll_begin(move || l3.borrow_mut().push("begin"))
+        .on_poll_end(move || {
+            l4.borrow_mut().push("end");
+            if late.replace(false) {
+                p3.set(true);
+            }
+        })
 }
