@@ -61,7 +61,14 @@ impl Scaling {
 /// can reach on `cpus` CPUs shared with guests that cost `guest_over_iothread` of an
 /// iothread's CPU time per request.
 pub fn ceiling(k: usize, cpus: usize, guest_over_iothread: f64) -> f64 {
-    (k as f64).min(cpus as f64 / (1.0 + guest_over_iothread.max(0.0)))
+    // The one iothread's own CPU plus the guests' share of one.
+    bound(k, cpus, 1.0 + guest_over_iothread.max(0.0))
+}
+
+/// `min(k, cpus / used)`: K iothreads over one, on `cpus` CPUs, where one iothread's cell keeps
+/// `used` CPUs busy and each request costs what it did there.
+fn bound(k: usize, cpus: usize, used: f64) -> f64 {
+    (k as f64).min(cpus as f64 / used)
 }
 
 /// The CPUs the cells ran on: `--cpus`, or every CPU this process may use.
@@ -79,6 +86,9 @@ pub fn scaling(spec: &MatrixSpec, cells: &[Cell]) -> Vec<Scaling> {
     let cpus = cpus(spec);
     let span = (spec.cell.ramp + spec.cell.runtime).as_secs_f64();
     let mut rows = Vec::new();
+    if span <= 0.0 {
+        return rows;
+    }
     for c in cells.iter().filter(|c| c.iothreads > 1) {
         let Some(one) = cells.iter().find(|o| {
             o.iothreads == 1
@@ -88,11 +98,7 @@ pub fn scaling(spec: &MatrixSpec, cells: &[Cell]) -> Vec<Scaling> {
             continue;
         };
         let (g, i) = (one.result.guest_cpu_s, one.result.iothread_cpu_s);
-        let one_cpus = if span > 0.0 {
-            one.result.process_cpu_s / span
-        } else {
-            0.0
-        };
+        let one_cpus = one.result.process_cpu_s / span;
         if i <= 0.0 || one_cpus <= 0.0 || one.mb_s() <= 0.0 {
             continue;
         }
@@ -121,10 +127,10 @@ pub fn scaling(spec: &MatrixSpec, cells: &[Cell]) -> Vec<Scaling> {
                 (low, high)
             },
             guest_over_iothread: g / i,
-            iothread_busy: if span > 0.0 { i / span } else { 0.0 },
+            iothread_busy: i / span,
             ceiling: ceiling(c.iothreads, cpus, g / i),
             one_cpus,
-            ceiling_all_threads: (c.iothreads as f64).min(cpus as f64 / one_cpus),
+            ceiling_all_threads: bound(c.iothreads, cpus, one_cpus),
         });
     }
     rows

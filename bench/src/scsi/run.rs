@@ -167,9 +167,11 @@ where
     let rig = Rig::new(images, spec)?;
     let ctx = AioContext::new(monitor)?;
     let station = Station::set_up(&ctx, engine, &spec, &rig.ram, rig.places(0))?;
+    // Before the guests start, as `run_cell_on_iothreads` reads it: their CPU all counts.
+    let process0 = process_cpu_seconds();
     let guests = rig.spawn_guests(&[], Some(ctx.notify_handle()))?;
     // Drive: the loop, until every guest is done (each wakes it as it finishes).
-    let (cpu0, process0) = (thread_cpu_seconds(), process_cpu_seconds());
+    let cpu0 = thread_cpu_seconds();
     while rig.finished.load(Ordering::Acquire) < spec.active {
         ctx.poll(true);
     }
