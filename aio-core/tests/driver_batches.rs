@@ -264,10 +264,10 @@ fn the_handle_plugs_counts_and_lets_busy_polling_find_completions() {
             .unwrap();
     }
     assert_eq!(attached.in_flight(), 3);
-    // Nothing completed: busy polling the engine's check finds nothing (a 1 ms timer ends
-    // the wait).
+    // Nothing completed: busy polling the engine's check finds nothing (a 200 ms timer ends
+    // the wait; one that had expired before the wait began would leave nothing to poll for).
     let timer = ctx.timer_new(|_| {});
-    ctx.timer_mod_in(timer, std::time::Duration::from_millis(1))
+    ctx.timer_mod_in(timer, std::time::Duration::from_millis(200))
         .unwrap();
     ctx.poll(true);
     let c = ctx.counters();

@@ -415,3 +415,52 @@ impl Drop for LinuxAio {
         let _ = abi::io_destroy(self.id);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aio_core::engine::AlignedBuf;
+    use aio_core::testing::engine::{wait_for, TempFile, BLOCK};
+
+    /// A request's flags are the iocb's `aio_rw_flags` that `io_submit` gets: a FUA write
+    /// carries `RWF_DSYNC`, a NOWAIT read `RWF_NOWAIT`, a request without flags none, and a
+    /// sync never any. The iocbs are the engine's last batch, read after the submission. (The
+    /// kernel's behaviour cannot show it: a FUA write completes like any other, and whether a
+    /// NOWAIT read would block depends on the page cache.)
+    #[test]
+    fn request_flags_reach_the_iocb() {
+        if aio_core::testing::available("Linux AIO unavailable", crate::probe()).is_none() {
+            return;
+        }
+        let mut engine = LinuxAio::new(LinuxAioConfig::default()).unwrap();
+        let tmp = TempFile::with_len(4 * BLOCK, 1);
+        let file = tmp.open_direct_or_say();
+        let buf = || AlignedBuf::new(BLOCK);
+        let cases = [
+            (
+                Request::write(&file, 0, buf(), 1).with_flags(RwFlags::FUA),
+                libc::RWF_DSYNC,
+            ),
+            (
+                Request::read(&file, 0, buf(), 2).with_flags(RwFlags::NOWAIT),
+                libc::RWF_NOWAIT,
+            ),
+            (Request::write(&file, 0, buf(), 3), 0),
+            (
+                Request::readv(&file, 0, vec![buf(), buf()], 4).with_flags(RwFlags::NOWAIT),
+                libc::RWF_NOWAIT,
+            ),
+            (Request::fdatasync(&file, 5), 0),
+        ];
+        for (request, rwf) in cases {
+            let token = request.token;
+            engine.submit(request).unwrap();
+            assert_eq!(engine.iocbs.len(), 1, "request {token} went out alone");
+            assert_eq!(
+                engine.iocbs[0].aio_rw_flags as libc::c_int, rwf,
+                "request {token}"
+            );
+            wait_for(&mut engine, 1);
+        }
+    }
+}

@@ -380,16 +380,25 @@ fn a_signal_that_interrupts_the_engines_wait_is_counted_and_retried() {
         return;
     }
     let mut engine = common::engine(UringConfig::default());
-    // An empty pipe: `drain` blocks in io_uring_enter until the writer fills it, 20 ms in,
-    // while the storm interrupts that wait every 20 µs.
+    // An empty pipe: `drain` blocks in io_uring_enter until the writer fills it, after a
+    // signal of its own has interrupted the wait, while the storm interrupts it every 20 µs.
     let (read_end, mut write_end) = common::pipe();
     let file = IoFile::from(read_end);
     engine
         .submit(Request::read(&file, 0, AlignedBuf::new(512), 9))
         .unwrap();
     let storm = aio_core::testing::SignalStorm::start(Duration::from_micros(20));
+    // SAFETY: gettid has no preconditions.
+    let (reader, pid) = unsafe { (libc::gettid(), libc::getpid()) };
     let writer = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(20));
+        // The reader's one sleep from here on is the engine's wait in io_uring_enter. Once it
+        // is there, a signal of the writer's own interrupts it whatever the storm's thread got
+        // to do; once it sleeps again, the interruption has been retried.
+        let sleeping = || aio_core::testing::wait_until_sleeping(reader, Duration::from_secs(30));
+        assert!(sleeping(), "the engine never waited");
+        // SAFETY: tgkill to a thread of this process, which has a SIGURG handler (the storm's).
+        unsafe { libc::syscall(libc::SYS_tgkill, pid, reader, libc::SIGURG) };
+        assert!(sleeping(), "the engine did not wait again after the signal");
         write_end.write_all(&[3; 512]).unwrap();
         write_end
     });

@@ -84,6 +84,7 @@ impl BenchError {
             | BenchError::JobFile(_)
             | BenchError::Device(_)
             | BenchError::Job(RunError::InUse { .. })
+            | BenchError::Job(RunError::NoSpace { .. })
             | BenchError::Fio(FioError::Missing) => EXIT_BAD_INPUT,
             BenchError::Fio(_)
             | BenchError::Job(_)

@@ -117,8 +117,10 @@ fn threads_above_the_minimum_exit_after_the_idle_timeout() {
             .unwrap();
     }
     wait_for(&mut pool, 8);
-    assert_eq!(pool.stats().threads, 8);
-    let deadline = Instant::now() + Duration::from_secs(5);
+    // The peak, not the count now: a worker idle for 100 ms may already have left if this
+    // thread was slow to look.
+    assert_eq!(pool.stats().peak_threads, 8);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while pool.stats().threads > 2 {
         assert!(
             Instant::now() < deadline,

@@ -8,9 +8,10 @@ use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use aio_core::engine::IoFile;
+use aio_core::engine::{AlignedBuf, IoFile};
 
 use crate::chain::ChainLimits;
+use crate::format::{self, ImageFormat, KnownFormat};
 use crate::spec::{self, bit, feature, BlkConfig, SECTOR_SIZE};
 
 /// The largest queue a driver may set up (`SET_VRING_NUM`), as QEMU's virtio-blk.
@@ -32,6 +33,9 @@ pub struct DiskOptions {
     pub serial: String,
     /// How many queues (`VIRTIO_BLK_F_MQ` when more than one).
     pub queues: u16,
+    /// The image's format: [`ImageFormat::Auto`] refuses an image whose header is a known
+    /// format's, [`ImageFormat::Raw`] serves any image as raw.
+    pub format: ImageFormat,
 }
 
 impl Default for DiskOptions {
@@ -40,6 +44,7 @@ impl Default for DiskOptions {
             read_only: false,
             serial: String::new(),
             queues: 1,
+            format: ImageFormat::Auto,
         }
     }
 }
@@ -71,6 +76,18 @@ pub enum DeviceError {
     /// Zero queues, or more than 256.
     #[error("{0} queues (1 to 256)")]
     BadQueueCount(u16),
+    /// The image's header is a known format's, and the disk did not say `format=raw`: served
+    /// as raw, the guest would see and could overwrite the format's metadata.
+    #[error(
+        "image {path}: is a {format} image, which is not served; \
+         give format=raw to serve the file as it is (the guest then sees the {format} metadata)"
+    )]
+    FormatFound {
+        /// The image.
+        path: PathBuf,
+        /// What its header says.
+        format: KnownFormat,
+    },
 }
 
 impl From<DeviceError> for io::Error {
@@ -81,6 +98,16 @@ impl From<DeviceError> for io::Error {
         };
         io::Error::new(kind, e)
     }
+}
+
+/// The known format the first bytes of `file` (opened `O_DIRECT`) belong to, if any.
+fn probe_header(file: &std::fs::File) -> io::Result<Option<KnownFormat>> {
+    use std::os::unix::fs::FileExt;
+    // One aligned 4 KiB read: a whole logical block for every device (`O_DIRECT`), of which
+    // the probe looks at the first bytes; an image smaller than that reads short.
+    let mut buf = AlignedBuf::new(4096);
+    let n = file.read_at(&mut buf[..], 0)?;
+    Ok(format::probe(&buf[..n.min(format::PROBE_BYTES)]))
 }
 
 /// One virtio-blk disk: the image (opened `O_DIRECT`), its capacity and what the driver is
@@ -123,6 +150,14 @@ impl BlockDevice {
                 path: image.to_path_buf(),
                 bytes,
             });
+        }
+        if options.format == ImageFormat::Auto {
+            if let Some(format) = probe_header(&file).map_err(open_error)? {
+                return Err(DeviceError::FormatFound {
+                    path: image.to_path_buf(),
+                    format,
+                });
+            }
         }
         Ok(BlockDevice {
             file: IoFile::new(file),

@@ -8,6 +8,9 @@
 //!
 //! * [`device::BlockDevice`]: an image (a file or a block device, `O_DIRECT`), its
 //!   capacity, serial, read-only flag, the feature bits and config space it offers.
+//! * [`format::probe`]: an image's format from its first bytes (QEMU's probe): an image
+//!   whose header is qcow2's, QED's, VMDK's, VDI's, VHDX's, VHD's, Parallels' or LUKS's is
+//!   refused unless the disk says `format=raw`, so no such file is served as raw by mistake.
 //! * [`chain::parse_chain`]: a descriptor chain checked against the memory table, the queue,
 //!   the directions and the capacity before anything is touched; a bad one is
 //!   `VIRTIO_BLK_S_IOERR` (an unknown type `VIRTIO_BLK_S_UNSUPP`), never a panic.
@@ -62,6 +65,7 @@ pub mod chain;
 pub mod daemon;
 pub mod dataplane;
 pub mod device;
+pub mod format;
 pub mod memory;
 pub mod queue;
 pub mod spec;

@@ -49,6 +49,107 @@ fn bad_arguments_exit_2_naming_them() {
     assert!(!sock.exists());
 }
 
+/// Two disks on one socket, and one image served twice with a writer, exit 2 naming both
+/// `--disk` arguments, before any socket is made.
+#[test]
+fn colliding_disks_exit_2_naming_both() {
+    let (dir, img) = image(1 << 20);
+    let other = dir.path().join("other.img");
+    std::fs::write(&other, vec![0u8; 1 << 20]).unwrap();
+    let (s1, s2) = (dir.path().join("1.sock"), dir.path().join("2.sock"));
+    let spec = |sock: &std::path::Path, img: &std::path::Path, extra: &str| {
+        format!("socket={},image={}{extra}", sock.display(), img.display())
+    };
+    for (first, second, named) in [
+        (spec(&s1, &img, ""), spec(&s1, &other, ""), "socket"),
+        (spec(&s1, &img, ""), spec(&s2, &img, ""), "read-only"),
+        (
+            spec(&s1, &img, ",readonly=on"),
+            spec(&s2, &img, ""),
+            "read-only",
+        ),
+    ] {
+        let (code, err) = daemon(&["--disk", &first, "--disk", &second]);
+        assert_eq!(code, 2, "{err}");
+        for text in [&first, &second] {
+            assert!(
+                err.contains(&format!("--disk {text}")),
+                "names {text}: {err}"
+            );
+        }
+        assert!(err.contains(named), "{err}");
+        assert!(!s1.exists() && !s2.exists(), "no socket made");
+    }
+}
+
+/// An image whose header is another format's is refused at start, naming the format, unless
+/// the disk says `format=raw`: a qcow2 image made by `qemu-img` (with its metadata
+/// preallocated, so the file's size is a whole number of sectors), or, without `qemu-img`,
+/// the magic of each format written by hand.
+#[test]
+fn an_image_of_another_format_is_refused_unless_format_raw() {
+    let (dir, _) = image(1 << 20);
+    let mut images = Vec::new();
+    let qcow2 = dir.path().join("x.qcow2");
+    let made = Command::new("qemu-img")
+        .args([
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-o",
+            "preallocation=metadata",
+        ])
+        .arg(&qcow2)
+        .arg("64M")
+        .status();
+    match made {
+        Ok(s) if s.success() => images.push((qcow2, "qcow2")),
+        other => println!("qemu-img create: {other:?}; the qcow2 header is written by hand"),
+    }
+    for (name, magic, format) in [
+        ("hand.qcow2", &b"QFI\xfb\0\0\0\x03"[..], "qcow2"),
+        ("hand.vmdk", b"KDMV", "vmdk"),
+        ("hand.luks", b"LUKS\xba\xbe\0\x02", "luks"),
+        ("hand.vhdx", b"vhdxfile", "vhdx"),
+    ] {
+        let path = dir.path().join(name);
+        let mut bytes = vec![0u8; 1 << 20];
+        bytes[..magic.len()].copy_from_slice(magic);
+        std::fs::write(&path, bytes).unwrap();
+        images.push((path, format));
+    }
+    let sock = dir.path().join("s.sock");
+    for (path, format) in &images {
+        let disk = format!("socket={},image={}", sock.display(), path.display());
+        let (code, err) = daemon(&["--disk", &disk]);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains(&format!("is a {format} image")), "{err}");
+        assert!(
+            err.contains("format=raw"),
+            "says how to serve it anyway: {err}"
+        );
+        assert!(!sock.exists());
+    }
+    // format=raw serves the file as it is: the guest sees the qcow2 header.
+    let (path, _) = &images[0];
+    let args = vec![
+        "--disk".to_string(),
+        format!(
+            "socket={},image={},format=raw",
+            sock.display(),
+            path.display()
+        ),
+    ];
+    let d = Daemon::start(&args, vec![sock.clone()]);
+    let mut c = Client::connect(&sock, 1, 4096).unwrap();
+    c.read(0, 0, 0, 4096, 1);
+    assert_eq!(c.wait(0, 1), [(1, 0)]);
+    assert_eq!(&c.buf(0, 4), b"QFI\xfb");
+    drop(c);
+    assert!(d.terminate().success());
+}
+
 #[test]
 fn several_disks_share_the_iothreads_and_queues_spread_over_them() {
     let (dir, img_a) = image(8 << 20);

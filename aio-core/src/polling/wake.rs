@@ -46,7 +46,7 @@ impl WakeCost {
 /// The wake-up cost of this machine, measured on the first call.
 pub(crate) fn wake_cost() -> WakeCost {
     static MEASURED: OnceLock<WakeCost> = OnceLock::new();
-    *MEASURED.get_or_init(|| measure().unwrap_or(FALLBACK))
+    *MEASURED.get_or_init(|| measure(Duration::from_secs(1)).unwrap_or(FALLBACK))
 }
 
 /// The calling thread's CPU time so far.
@@ -56,7 +56,9 @@ fn thread_cpu() -> Duration {
         .unwrap_or_default()
 }
 
-fn measure() -> Option<WakeCost> {
+/// Measures the wake-up; None if a round's wake-up took longer than `give_up` (the machine is
+/// too busy to say: the caller takes a fallback) or the helper could not run.
+fn measure(give_up: Duration) -> Option<WakeCost> {
     let (mut ours, mut theirs) = UnixStream::pair().ok()?;
     let (woken_tx, woken_rx) = mpsc::channel::<Instant>();
     let helper = std::thread::Builder::new()
@@ -78,7 +80,7 @@ fn measure() -> Option<WakeCost> {
         std::thread::sleep(Duration::from_micros(200));
         let sent = Instant::now();
         ours.write_all(&[1]).ok()?;
-        let woke = woken_rx.recv_timeout(Duration::from_secs(1)).ok()?;
+        let woke = woken_rx.recv_timeout(give_up).ok()?;
         samples.push(woke.saturating_duration_since(sent).as_nanos() as u64);
     }
     // Closing our end ends the helper's read.
@@ -93,6 +95,12 @@ fn measure() -> Option<WakeCost> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    /// How long the tests let one round's wake-up take: only a helper that never answers
+    /// takes this long, however loaded the machine.
+    const PATIENT: Duration = Duration::from_secs(60);
+
     #[test]
     fn a_wake_up_costs_something_and_is_measured_once() {
         let first = super::wake_cost();
@@ -106,7 +114,7 @@ mod tests {
     #[test]
     fn the_sleeping_thread_spends_cpu_on_each_wake_up() {
         // Two syscalls and two context switches a round at the least: never nothing.
-        let cost = super::measure().expect("the helper answers");
+        let cost = super::measure(PATIENT).expect("the helper answers");
         assert!(cost.cpu_ns > 0, "{cost:?}");
     }
 
@@ -114,7 +122,7 @@ mod tests {
     fn the_measurement_ends_every_time() {
         // The helper is blocked in a read, not parked: nothing else can take its wake-up.
         for _ in 0..20 {
-            assert!(super::measure().is_some());
+            assert!(super::measure(PATIENT).is_some());
         }
     }
 }

@@ -11,27 +11,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{bump, counter, ctx_of, poll_until, raise_fd_limit, watchdog, write_byte, Pipe};
+use super::{
+    bump, counter, ctx_of, poll_until, raise_fd_limit, wait_until_sleeping, watchdog, write_byte,
+    Pipe,
+};
 use crate::{AioError, EventLoop, FdHandler, Notifier, PollParams};
-
-/// Waits (at most `within`) until thread `tid` of this process sleeps in the kernel: state `S`
-/// in `/proc/self/task/TID/stat`, which a loop thread is only in once its wait has blocked.
-fn wait_until_sleeping(tid: libc::pid_t, within: Duration) -> bool {
-    let path = format!("/proc/self/task/{tid}/stat");
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        let state = std::fs::read_to_string(&path).ok().and_then(|stat| {
-            // The command name (field 2) is in parentheses and may hold spaces.
-            let (_, rest) = stat.rsplit_once(')')?;
-            rest.trim_start().chars().next()
-        });
-        if state == Some('S') {
-            return true;
-        }
-        std::thread::yield_now();
-    }
-    false
-}
 
 /// `notify()` from another thread wakes a `poll(true)` that has nothing else to wait for.
 /// The other thread notifies once the loop's thread sleeps in its wait (a handshake on the
@@ -46,7 +30,7 @@ pub fn notify_from_another_thread_wakes_blocked_poll<L: EventLoop>(make: impl Fn
     // SAFETY: gettid has no preconditions.
     let loop_tid = unsafe { libc::gettid() };
     let t = std::thread::spawn(move || {
-        let blocked = wait_until_sleeping(loop_tid, Duration::from_secs(5));
+        let blocked = wait_until_sleeping(loop_tid, Duration::from_secs(30));
         handle.notify();
         // If the loop missed that one it would hang: after 5 s, nudge it so the test fails
         // instead, and count the nudges.

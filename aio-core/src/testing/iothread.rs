@@ -88,8 +88,11 @@ pub fn engine_runs_inside_an_iothread<E: IoEngine + 'static, L: EventLoop + 'sta
         Ok::<_, AioError>((ctx, attached))
     })
     .unwrap();
-    // A wake-up priced at 1 ms: the window polls for every wait up to its cap.
-    let auto = crate::PollParams::auto().with_wake_ns(1_000_000);
+    // A wake-up priced far above any wait: the window polls for every wait up to its cap,
+    // whatever this machine's wake-ups cost.
+    let auto = crate::PollParams::auto()
+        .with_max_ns(super::engine_loop::AUTO_TEST_MAX_NS)
+        .with_wake_ns(super::engine_loop::AUTO_TEST_WAKE_NS);
     iothread.handle().set_poll_params(auto).unwrap();
     let tmp = Arc::new(TempFile::with_len(4 * 32 * BLOCK, 0));
     let threads: Vec<_> = (0..4u64)
@@ -130,7 +133,11 @@ pub fn engine_runs_inside_an_iothread<E: IoEngine + 'static, L: EventLoop + 'sta
         assert!(t.join().unwrap(), "a thread's blocks read back wrong");
     }
     let c = iothread.handle().counters().unwrap();
-    assert_eq!(c.poll_wake_ns, 1_000_000, "the iothread's own model: {c:?}");
+    assert_eq!(
+        c.poll_wake_ns,
+        super::engine_loop::AUTO_TEST_WAKE_NS,
+        "the iothread's own model: {c:?}"
+    );
     assert!(c.poll_attempts > 0, "the iothread polled: {c:?}");
     assert_eq!(c.poll_auto_off, 0, "{c:?}");
     iothread.stop().unwrap();

@@ -63,6 +63,25 @@ pub fn available<T, E: std::fmt::Display>(what: &str, probe: Result<T, E>) -> Op
     }
 }
 
+/// Waits (at most `within`) until thread `tid` of this process sleeps in the kernel: state `S`
+/// in `/proc/self/task/TID/stat`, which a loop thread is only in once its wait has blocked.
+pub fn wait_until_sleeping(tid: libc::pid_t, within: std::time::Duration) -> bool {
+    let path = format!("/proc/self/task/{tid}/stat");
+    let deadline = std::time::Instant::now() + within;
+    while std::time::Instant::now() < deadline {
+        let state = std::fs::read_to_string(&path).ok().and_then(|stat| {
+            // The command name (field 2) is in parentheses and may hold spaces.
+            let (_, rest) = stat.rsplit_once(')')?;
+            rest.trim_start().chars().next()
+        });
+        if state == Some('S') {
+            return true;
+        }
+        std::thread::yield_now();
+    }
+    false
+}
+
 /// Reports a skipped test: prints `skipped: <reason>`, or panics when
 /// `AIO_REQUIRE_ALL_BACKENDS=1` says nothing may be skipped.
 pub fn skip(reason: &str) {
@@ -98,7 +117,8 @@ pub struct SignalStorm {
 }
 
 impl SignalStorm {
-    /// Starts sending (installing the handler first, see [`interrupt_with_sigurg`]).
+    /// Starts sending (installing the handler first, see [`interrupt_with_sigurg`]), and
+    /// returns once the first signal is sent.
     pub fn start(every: Duration) -> SignalStorm {
         use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
         use std::sync::Arc;
@@ -108,15 +128,21 @@ impl SignalStorm {
         let stop = Arc::new(AtomicBool::new(false));
         let sent = Arc::new(AtomicU64::new(0));
         let (s, n) = (stop.clone(), sent.clone());
+        let (first_sent, started) = std::sync::mpsc::sync_channel(1);
         let thread = std::thread::spawn(move || {
             while !s.load(Ordering::Acquire) {
                 // SAFETY: `target` is alive: the storm is dropped (and this thread joined) on
                 // the target thread, before it can exit.
                 unsafe { libc::pthread_kill(target, libc::SIGURG) };
-                n.fetch_add(1, Ordering::Relaxed);
+                if n.fetch_add(1, Ordering::Relaxed) == 0 {
+                    let _ = first_sent.send(());
+                }
                 std::thread::sleep(every);
             }
         });
+        // The storm has begun when this returns, however late the new thread got a CPU: a
+        // test never runs its calls before the first signal by the machine's load alone.
+        let _ = started.recv();
         SignalStorm {
             stop,
             sent,

@@ -65,10 +65,20 @@ pub fn async_waker_from_another_thread_wakes_a_blocked_loop<L: EventLoop + 'stat
     for (i, h) in handoffs.iter().enumerate() {
         h.lock().expect("handoff").value = Some(i as u64);
     }
+    // SAFETY: gettid has no preconditions.
+    let loop_tid = unsafe { libc::gettid() };
     let threads: Vec<_> = (0..8)
         .map(|t| {
             let mine: Vec<_> = handoffs.iter().skip(t).step_by(8).cloned().collect();
             std::thread::spawn(move || {
+                // One wake at least finds the loop blocked in its wait, however the threads
+                // are scheduled: the first thread's first wake waits until it sleeps there.
+                if t == 0 {
+                    assert!(
+                        super::wait_until_sleeping(loop_tid, Duration::from_secs(30)),
+                        "the loop never blocked"
+                    );
+                }
                 for h in mine {
                     std::thread::sleep(Duration::from_micros(200));
                     // The value is set before the threads start; the task waits for it.

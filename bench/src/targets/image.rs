@@ -279,10 +279,16 @@ fn create_anonymous(path: &Path) -> io::Result<File> {
 }
 
 /// Bytes available to an unprivileged user in the file system holding `dir` (0 if unknown).
+pub fn free_bytes(dir: &Path) -> u64 {
+    free_bytes_of(dir).unwrap_or(0)
+}
+
+/// Bytes available to an unprivileged user in the file system holding `dir` (`statvfs`), or
+/// None when it cannot be asked.
 // fsblkcnt_t and c_ulong are u64 here but 32-bit on some targets.
 #[allow(clippy::useless_conversion)]
-pub fn free_bytes(dir: &Path) -> u64 {
+pub fn free_bytes_of(dir: &Path) -> Option<u64> {
     nix::sys::statvfs::statvfs(dir)
-        .map(|st| u64::from(st.blocks_available()) * u64::from(st.fragment_size()))
-        .unwrap_or(0)
+        .ok()
+        .map(|st| u64::from(st.blocks_available()).saturating_mul(u64::from(st.fragment_size())))
 }

@@ -160,13 +160,13 @@ impl EngineKind {
     }
 }
 
+/// The order `auto` tries engines in: io_uring, Linux AIO, the thread pool.
+pub const AUTO_ORDER: [EngineKind; 3] = [EngineKind::Uring, EngineKind::LinuxAio, EngineKind::Pool];
+
 /// The engine `auto` picks: the first of uring, linux-aio, pool that this build and kernel can
 /// build, with one line per candidate saying why it was taken or passed over.
 pub fn auto() -> io::Result<(EngineKind, Vec<String>)> {
-    crate::backends::monitors::pick(
-        [EngineKind::Uring, EngineKind::LinuxAio, EngineKind::Pool].map(|k| (k, k.name())),
-        |k| k.build().map(drop),
-    )
+    crate::backends::monitors::pick(AUTO_ORDER.map(|k| (k, k.name())), |k| k.build().map(drop))
 }
 
 impl fmt::Display for EngineKind {

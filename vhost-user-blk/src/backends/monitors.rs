@@ -86,13 +86,15 @@ impl MonitorKind {
     }
 }
 
+/// The order `auto` tries fd monitors in: io_uring, hybrid (ppoll, then epoll from 64 fds),
+/// ppoll.
+pub const AUTO_ORDER: [MonitorKind; 3] =
+    [MonitorKind::Uring, MonitorKind::Hybrid, MonitorKind::Poll];
+
 /// The fd monitor `auto` picks: the first of uring, hybrid, poll that this build and kernel can
 /// build, with one line per candidate saying why it was taken or passed over.
 pub fn auto() -> io::Result<(MonitorKind, Vec<String>)> {
-    pick(
-        [MonitorKind::Uring, MonitorKind::Hybrid, MonitorKind::Poll].map(|k| (k, k.name())),
-        |k| k.build().map(drop),
-    )
+    pick(AUTO_ORDER.map(|k| (k, k.name())), |k| k.build().map(drop))
 }
 
 /// The first of `order` that `try_build` accepts, and the reasons for each candidate tried:

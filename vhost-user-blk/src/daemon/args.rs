@@ -8,12 +8,14 @@ use std::str::FromStr;
 use clap::Parser;
 
 use super::backends::{engine_names, monitor_names};
+use crate::format::ImageFormat;
 
 /// `aio-vhost-user-blk`: serves disk images as vhost-user-blk devices on aio-rs iothreads.
 #[derive(Debug, Parser)]
 #[command(name = "aio-vhost-user-blk", version)]
 pub struct Args {
-    /// A disk: `socket=PATH,image=PATH[,readonly=on][,serial=ID][,queues=Q]` (repeatable).
+    /// A disk: `socket=PATH,image=PATH[,readonly=on][,serial=ID][,queues=Q][,format=auto|raw]`
+    /// (repeatable; each its own socket, and an image given twice only read-only).
     #[arg(long = "disk", required = true, value_name = "SPEC")]
     pub disks: Vec<DiskSpec>,
     /// The I/O engine: pool, linux-aio, uring or auto.
@@ -70,6 +72,33 @@ pub struct DiskSpec {
     pub serial: String,
     /// `queues=Q` (default 1).
     pub queues: u16,
+    /// `format=auto|raw` (default auto: an image with a known format's header is refused).
+    pub format: ImageFormat,
+}
+
+impl std::fmt::Display for DiskSpec {
+    /// The spec as a `--disk` value (every key given, in the documented order).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "socket={},image={}",
+            self.socket.display(),
+            self.image.display()
+        )?;
+        if self.read_only {
+            f.write_str(",readonly=on")?;
+        }
+        if !self.serial.is_empty() {
+            write!(f, ",serial={}", self.serial)?;
+        }
+        if self.queues != 1 {
+            write!(f, ",queues={}", self.queues)?;
+        }
+        if self.format != ImageFormat::Auto {
+            write!(f, ",format={}", self.format.name())?;
+        }
+        Ok(())
+    }
 }
 
 impl FromStr for DiskSpec {
@@ -83,6 +112,7 @@ impl FromStr for DiskSpec {
             read_only: false,
             serial: String::new(),
             queues: 1,
+            format: ImageFormat::Auto,
         };
         for item in s.split(',') {
             let (key, value) = item
@@ -107,9 +137,10 @@ impl FromStr for DiskSpec {
                         .filter(|q| (1..=256).contains(q))
                         .ok_or_else(|| format!("queues={value}: expected 1 to 256"))?
                 }
+                "format" => spec.format = value.parse().map_err(|e| format!("{e}"))?,
                 other => {
                     return Err(format!(
-                        "unknown key '{other}' (socket, image, readonly, serial, queues)"
+                        "unknown key '{other}' (socket, image, readonly, serial, queues, format)"
                     ))
                 }
             }
@@ -149,6 +180,17 @@ mod tests {
             .contains("colour"));
         let long = "socket=/s,image=/i,serial=123456789012345678901";
         assert!(long.parse::<DiskSpec>().unwrap_err().contains("20 bytes"));
+        let raw: DiskSpec = "socket=/s,image=/i,format=raw".parse().unwrap();
+        assert_eq!(raw.format, ImageFormat::Raw);
+        assert_eq!(raw.to_string(), "socket=/s,image=/i,format=raw");
+        assert_eq!(
+            d.to_string(),
+            "socket=/tmp/s,image=/tmp/i,readonly=on,serial=abc,queues=4"
+        );
+        let e = "socket=/s,image=/i,format=qcow2"
+            .parse::<DiskSpec>()
+            .unwrap_err();
+        assert!(e.contains("format=qcow2"), "{e}");
         assert_eq!(parse_cpus("0-2,5").unwrap(), CpuList(vec![0, 1, 2, 5]));
         assert!(parse_cpus("2-1").is_err());
     }

@@ -37,25 +37,37 @@ fn invalid(e: impl std::fmt::Display) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, e.to_string())
 }
 
-/// The engine `name` (one of [`engine_names`]; `auto` takes the first of uring, linux-aio, pool
-/// this build and kernel can build), with a thread pool behind it for the ops it refuses.
-/// Returns the name built.
+/// The engine `name` (one of [`engine_names`]), with a thread pool behind it for the ops it
+/// refuses. Returns the name built.
+///
+/// `auto` builds the first of uring, linux-aio, pool that builds here, and keeps it: the
+/// engine it probes is the engine it returns, so a limit shared with other processes (the
+/// locked memory io_uring's rings count against) taken between a probe and a second build
+/// cannot fail a daemon that asked for any engine.
 pub fn build_engine(name: &str) -> io::Result<(Box<dyn IoEngine>, &'static str)> {
-    let kind = match name {
-        "auto" => engines::auto()?.0,
-        other => other.parse::<EngineKind>().map_err(invalid)?,
-    };
-    Ok((kind.build_for(UringOptions::default(), true)?, kind.name()))
+    let build = |kind: EngineKind| kind.build_for(UringOptions::default(), true);
+    if name != "auto" {
+        let kind = name.parse::<EngineKind>().map_err(invalid)?;
+        return Ok((build(kind)?, kind.name()));
+    }
+    let mut ladder = aio_core::Ladder::new();
+    for kind in engines::AUTO_ORDER {
+        ladder = ladder.rung(kind.name(), move || build(kind).map(|e| (e, kind.name())));
+    }
+    Ok(ladder.climb()?.value)
 }
 
-/// The fd monitor `name` (one of [`monitor_names`]; `auto` takes the first of uring, hybrid,
-/// poll).
+/// The fd monitor `name` (one of [`monitor_names`]); `auto` builds the first of uring,
+/// hybrid, poll that builds here, and keeps it (as [`build_engine`] does).
 pub fn build_monitor(name: &str) -> io::Result<Box<dyn EventLoop>> {
-    let kind = match name {
-        "auto" => monitors::auto()?.0,
-        other => other.parse::<MonitorKind>().map_err(invalid)?,
-    };
-    kind.build()
+    if name != "auto" {
+        return name.parse::<MonitorKind>().map_err(invalid)?.build();
+    }
+    let mut ladder = aio_core::Ladder::new();
+    for kind in monitors::AUTO_ORDER {
+        ladder = ladder.rung(kind.name(), move || kind.build());
+    }
+    Ok(ladder.climb()?.value)
 }
 
 #[cfg(test)]
@@ -64,15 +76,21 @@ mod tests {
 
     #[test]
     fn every_name_offered_is_known_and_others_are_refused() {
+        // A name offered is known: it builds, or this build or kernel refuses it (io_uring
+        // switched off by `kernel.io_uring_disabled` is EPERM, a small memlock limit ENOMEM),
+        // which is a skip, never the unknown name's InvalidInput.
+        let refused = |what: &str, name: &str, e: io::Error| {
+            assert_ne!(e.kind(), io::ErrorKind::InvalidInput, "{name}: {e}");
+            aio_core::testing::skip(&format!("{what} {name}: {e}"));
+        };
         for name in engine_names() {
             if let Err(e) = build_engine(name) {
-                // Known, and refused for a reason this build or kernel gives.
-                assert_eq!(e.kind(), io::ErrorKind::Unsupported, "{name}: {e}");
+                refused("engine", name, e);
             }
         }
         for name in monitor_names() {
             if let Err(e) = build_monitor(name) {
-                assert_eq!(e.kind(), io::ErrorKind::Unsupported, "{name}: {e}");
+                refused("fd monitor", name, e);
             }
         }
         let e = build_engine("spdk").err().expect("unknown");

@@ -11,6 +11,7 @@
 
 mod args;
 pub mod backends;
+mod distinct;
 mod socket;
 
 use std::io;
@@ -39,6 +40,17 @@ pub enum DaemonError {
         /// Why.
         reason: String,
     },
+    /// Two `--disk` arguments collide: one socket, or one image with a writer (exit code 2:
+    /// it names both).
+    #[error("--disk {first} and --disk {second}: {reason}")]
+    Conflict {
+        /// The earlier `--disk`.
+        first: String,
+        /// The later one.
+        second: String,
+        /// How they collide.
+        reason: String,
+    },
     /// The backends or the iothreads could not start.
     #[error("{0}")]
     Start(String),
@@ -64,7 +76,7 @@ pub fn main_from_args(args: Vec<String>) -> i32 {
         Err(e) => {
             eprintln!("aio-vhost-user-blk: {e}");
             match e {
-                DaemonError::Disk { .. } => 2,
+                DaemonError::Disk { .. } | DaemonError::Conflict { .. } => 2,
                 _ => 1,
             }
         }
@@ -82,12 +94,14 @@ type Plane = DataPlane<Box<dyn EventLoop>, Box<dyn IoEngine>>;
 
 /// Serves the disks until SIGINT or SIGTERM.
 pub fn run(args: &Args) -> Result<(), DaemonError> {
+    distinct::check(&args.disks)?;
     let mut devices = Vec::new();
     for d in &args.disks {
         let options = DiskOptions {
             read_only: d.read_only,
             serial: d.serial.clone(),
             queues: d.queues,
+            format: d.format,
         };
         let device = BlockDevice::open(&d.image, options).map_err(|e| DaemonError::Disk {
             spec: d.socket.display().to_string(),

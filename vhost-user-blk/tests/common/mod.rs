@@ -14,21 +14,61 @@ use blkio::{Blkio, Blkioq, MemoryRegion, ReqFlags};
 pub struct Daemon {
     pub child: Child,
     pub sockets: Vec<PathBuf>,
+    /// Its stderr, shown (in the test's captured output) when it is dropped.
+    log: std::fs::File,
+}
+
+/// What `log` holds from its start.
+fn read_log(log: &mut std::fs::File) -> String {
+    use std::io::{Read, Seek};
+    let mut text = String::new();
+    let _ = log.seek(std::io::SeekFrom::Start(0));
+    let _ = log.read_to_string(&mut text);
+    text
 }
 
 impl Daemon {
     /// Starts the daemon and waits until every socket accepts connections.
+    ///
+    /// A daemon that could not build its io_uring ring within the locked-memory limit (a
+    /// budget of the user, shared with the tests running beside this one, which give it back
+    /// when they end) is started again, for up to 20 s; any other early exit fails the test
+    /// with the daemon's message.
     pub fn start(args: &[String], sockets: Vec<PathBuf>) -> Daemon {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match Daemon::try_start(args, sockets.clone(), deadline) {
+                Ok(d) => return d,
+                Err(message) if message.contains("RLIMIT_MEMLOCK") && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(message) => panic!("the daemon exited before listening: {message}"),
+            }
+        }
+    }
+
+    fn try_start(
+        args: &[String],
+        sockets: Vec<PathBuf>,
+        deadline: Instant,
+    ) -> Result<Daemon, String> {
+        // Its messages go to a file, read if it exits early, and shown as they were after.
+        let log = tempfile::tempfile().expect("a file for the daemon's stderr");
         let child = Command::new(env!("CARGO_BIN_EXE_aio-vhost-user-blk"))
             .args(args)
             .stdin(Stdio::null())
+            .stderr(log.try_clone().expect("dup"))
             .spawn()
             .expect("start the daemon");
-        let mut d = Daemon { child, sockets };
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut d = Daemon {
+            child,
+            sockets,
+            log,
+        };
         while !d.sockets.iter().all(|s| s.exists()) {
             if let Some(status) = d.child.try_wait().unwrap() {
-                panic!("the daemon exited before listening: {status}");
+                let text = read_log(&mut d.log);
+                return Err(format!("{status}: {text}"));
             }
             assert!(
                 Instant::now() < deadline,
@@ -36,7 +76,7 @@ impl Daemon {
             );
             std::thread::sleep(Duration::from_millis(10));
         }
-        d
+        Ok(d)
     }
 
     /// One disk on `image` with `engine` and extra disk keys (`,readonly=on`...).
@@ -75,6 +115,7 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        eprint!("{}", read_log(&mut self.log));
     }
 }
 

@@ -48,6 +48,25 @@ pub enum RunError {
         /// The device and why it is in use, naming the option.
         reason: String,
     },
+    /// The files the job would create need more space than their file system has free
+    /// (fio would write until the file system is full): bad input, exit 2, refused before
+    /// anything is written.
+    #[error(
+        "job '{job}' (line {line}): {path}: size={size} bytes to create, but the file system \
+         has {free} bytes free"
+    )]
+    NoSpace {
+        /// The job.
+        job: String,
+        /// Its section's line.
+        line: usize,
+        /// The first file it would create.
+        path: String,
+        /// The bytes the job would create (size= for each file to make).
+        size: u64,
+        /// The bytes free for an unprivileged user there.
+        free: u64,
+    },
     /// A backend could not be built, or the run failed.
     #[error("job '{job}' (line {line}): {reason}")]
     Run {
@@ -89,14 +108,54 @@ struct Target {
     _created: Option<DiskImage>,
 }
 
-fn target(def: &JobDef, clone: u64) -> Result<Target, RunError> {
+/// The file job clone `clone` works on (fio's `directory=` and `filename=`).
+fn target_path(def: &JobDef, clone: u64) -> PathBuf {
     let dir = def.directory.clone().unwrap_or_else(|| PathBuf::from("."));
-    let path = match &def.filename {
+    match &def.filename {
         Some(f) if f.is_absolute() => f.clone(),
         Some(f) => dir.join(f),
         // fio's default name: jobname.jobnumber.filenumber.
         None => dir.join(format!("{}.{clone}.0", def.name)),
+    }
+}
+
+/// Refuses, before any file is made, a job whose new files need more than their file system
+/// has free. Existing files and block devices are used as they are (the size is capped to
+/// them), so only files that do not exist yet count, `size=` bytes each.
+fn check_space(def: &JobDef, clones: u64) -> Result<(), RunError> {
+    let Some(size) = def.size else {
+        return Ok(());
     };
+    let new: Vec<PathBuf> = (0..clones)
+        .map(|n| target_path(def, n))
+        .filter(|p| !p.exists())
+        .collect();
+    let Some(first) = new.first() else {
+        return Ok(());
+    };
+    let dir = match first.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    // A directory that cannot be looked at fails when the file is made, with its reason.
+    let Some(free) = crate::targets::image::free_bytes_of(dir) else {
+        return Ok(());
+    };
+    let needed = size.saturating_mul(new.len() as u64);
+    if needed > free {
+        return Err(RunError::NoSpace {
+            job: def.name.clone(),
+            line: def.line,
+            path: first.display().to_string(),
+            size: needed,
+            free,
+        });
+    }
+    Ok(())
+}
+
+fn target(def: &JobDef, clone: u64) -> Result<Target, RunError> {
+    let path = target_path(def, clone);
     let fail = |reason: String| RunError::Target {
         job: def.name.clone(),
         line: def.line,
@@ -127,7 +186,15 @@ fn target(def: &JobDef, clone: u64) -> Result<Target, RunError> {
         let len = f
             .seek(SeekFrom::End(0))
             .map_err(|e| fail(format!("size: {e}")))?;
-        let size = def.size.unwrap_or(len);
+        let mut size = def.size.unwrap_or(len);
+        let is_device = {
+            use std::os::unix::fs::FileTypeExt;
+            f.metadata().is_ok_and(|m| m.file_type().is_block_device())
+        };
+        if is_device {
+            // fio's meaning: a device's size caps size=.
+            size = size.min(len);
+        }
         if size > len {
             return Err(fail(format!(
                 "is {len} bytes, less than size={size}; aio-bench does not extend existing files"
@@ -254,6 +321,14 @@ pub fn run_one(def: &JobDef) -> Result<JobReport, RunError> {
         task_run: def.uring_task_run,
     };
     uring.check_for(engine).map_err(failed)?;
+    check_space(
+        def,
+        if def.filename.is_some() {
+            1
+        } else {
+            def.numjobs
+        },
+    )?;
     let targets: Vec<Target> = if def.filename.is_some() {
         vec![target(def, 0)?]
     } else {

@@ -132,3 +132,40 @@ fn io_uring_options_on_another_engine_are_an_error_naming_the_job() {
         "{e}"
     );
 }
+
+/// A job whose new files would need more than the file system has free is refused before
+/// anything is written (fio would write until the disk is full): exit 2, the message naming
+/// the job, the size and the free space. The numjobs clones' files count together.
+#[test]
+fn a_job_that_would_fill_the_file_system_is_refused_before_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let free = crate::targets::image::free_bytes_of(dir.path()).expect("statvfs");
+    // Each clone's file fits alone, the three together need more than half again what is free.
+    let half = free / 2 + (1 << 20);
+    for (text, needed) in [
+        (
+            "[fill]\nrw=write\nsize=1p\nfdmon=poll\n".to_string(),
+            1u64 << 50,
+        ),
+        (
+            format!("[fill]\nrw=write\nsize={half}\nnumjobs=3\nfdmon=poll\n"),
+            3 * half,
+        ),
+    ] {
+        let text = format!("{text}directory={}\n", dir.path().display());
+        let f = jobfile::parse(&text, Path::new("x.fio")).unwrap();
+        let e = run_one(&f.jobs[0]).unwrap_err();
+        assert!(matches!(e, RunError::NoSpace { .. }), "{e}");
+        let code = crate::error::BenchError::Job(e).exit_code();
+        assert_eq!(code, crate::error::EXIT_BAD_INPUT);
+        let text = run_one(&f.jobs[0]).unwrap_err().to_string();
+        assert!(text.contains("job 'fill' (line 1)"), "{text}");
+        assert!(text.contains(&format!("size={needed} bytes")), "{text}");
+        assert!(text.contains("bytes free"), "{text}");
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "nothing written"
+        );
+    }
+}
