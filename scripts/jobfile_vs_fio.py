@@ -4,7 +4,9 @@ prints each side's IOPS and CPU per request, and ours over fio's.
 
 Usage: scripts/jobfile_vs_fio.py JOBFILE [--rounds N] [--dir DIR] [--bench PATH]
 
-Both run in DIR (default /var/tmp, a directory on the machine's disk), so a relative
+fio gets a copy of the job file without aio-bench's own options (poll_max_ns, poll_rule, fdmon,
+pool_spin, uring_taskrun, disks, iothreads), which fio does not know. Both run in DIR (default
+/var/tmp, a directory on the machine's disk), so a relative
 `filename=` is the same file for both; a file named by the job that does not exist yet is made
 once, before the first round, and removed at the end. The CPU is the child process's user +
 system time (getrusage), ramp and setup included, over the requests fio's JSON counts
@@ -22,6 +24,17 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# aio-bench's own job options: fio refuses them.
+OURS = {"poll_max_ns", "poll_rule", "fdmon", "pool_spin", "uring_taskrun", "disks", "iothreads"}
+
+
+def fio_copy(jobfile, out):
+    """Writes `jobfile` without aio-bench's own options to `out`."""
+    with open(jobfile) as f, open(out, "w") as w:
+        for line in f:
+            key = line.split("=", 1)[0].strip()
+            if key not in OURS:
+                w.write(line)
 
 
 def job_files(jobfile):
@@ -95,8 +108,11 @@ def main():
         if not os.path.exists(path):
             make_file(path, size)
             made.append(path)
+    fio_jobfile = os.path.join(args.dir, ".fio-" + os.path.basename(jobfile))
+    fio_copy(jobfile, fio_jobfile)
+    made.append(fio_jobfile)
     sides = {
-        "fio": ["fio", "--output-format=json", jobfile],
+        "fio": ["fio", "--output-format=json", fio_jobfile],
         "ours": [args.bench, "run", "--output-format", "json", jobfile],
     }
     results = {"fio": [], "ours": []}

@@ -19,7 +19,10 @@ pub struct PoolConfig {
     pub idle_timeout: Duration,
     /// How long a thread that finished its work busy-waits for more before it sleeps (0, the
     /// default, as QEMU). At queue depth 1 the next request usually arrives within a few µs;
-    /// spinning saves the cross-thread wake-up (about 20 µs on a VM) at the cost of CPU.
+    /// spinning saves the cross-thread wake-up (about 20 µs on a VM) at the cost of CPU. The
+    /// wait yields the CPU on every turn (`sched_yield`), so a submitter that shares the CPU
+    /// runs meanwhile: a loop pinned with its pool's threads hands work over without a
+    /// wake-up either way.
     pub spin: Duration,
 }
 

@@ -229,11 +229,7 @@ impl ThreadPool {
             self.shared.work.notify_all();
             let mut st = self.shared.lock();
             while st.threads > 0 {
-                st = self
-                    .shared
-                    .progress
-                    .wait(st)
-                    .unwrap_or_else(PoisonError::into_inner);
+                st = self.shared.wait_progress(st, None);
             }
             std::mem::take(&mut st.handles)
         };
@@ -325,11 +321,10 @@ impl IoEngine for ThreadPool {
             }
             let st = self.shared.lock();
             if self.shared.done_len.load(Ordering::Acquire) == 0 {
-                let _ = self
-                    .shared
-                    .progress
-                    .wait_timeout(st, Duration::from_millis(50))
-                    .unwrap_or_else(PoisonError::into_inner);
+                drop(
+                    self.shared
+                        .wait_progress(st, Some(Duration::from_millis(50))),
+                );
             }
         }
     }

@@ -62,6 +62,9 @@ pub(crate) struct State {
     /// Threads busy-waiting for work (`PoolConfig::spin`): each will take a job.
     pub(crate) spinning: usize,
     pub(crate) running: usize,
+    /// Threads waiting on `Shared::progress` (`drain`, shutdown): a worker notifies it only
+    /// when one does, so a request does not pay a futex wake that nobody waits for.
+    pub(crate) progress_waiters: usize,
     pub(crate) peak: usize,
     pub(crate) spawned: u64,
     pub(crate) finished: u64,
@@ -82,6 +85,7 @@ impl State {
             arriving: 0,
             spinning: 0,
             running: 0,
+            progress_waiters: 0,
             peak: 0,
             spawned: 0,
             finished: 0,
@@ -180,6 +184,37 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// Wakes the threads waiting for progress, if any (called with the state locked, so a
+    /// waiter counted in `st` is in its wait or about to release the lock into it).
+    pub(crate) fn notify_progress(&self, st: &State) {
+        if st.progress_waiters > 0 {
+            self.progress.notify_all();
+        }
+    }
+
+    /// Waits on `progress` (at most `timeout`), counted in `progress_waiters` meanwhile.
+    pub(crate) fn wait_progress<'a>(
+        &self,
+        mut st: MutexGuard<'a, State>,
+        timeout: Option<std::time::Duration>,
+    ) -> MutexGuard<'a, State> {
+        st.progress_waiters += 1;
+        let mut st = match timeout {
+            Some(t) => {
+                self.progress
+                    .wait_timeout(st, t)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0
+            }
+            None => self
+                .progress
+                .wait(st)
+                .unwrap_or_else(PoisonError::into_inner),
+        };
+        st.progress_waiters -= 1;
+        st
+    }
+
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }

@@ -57,7 +57,7 @@ fn run(shared: &Shared) {
             shared.finish(completion);
             st = shared.lock();
             st.job_done();
-            shared.progress.notify_all();
+            shared.notify_progress(&st);
             continue;
         }
         if st.must_exit() {
@@ -71,8 +71,11 @@ fn run(shared: &Shared) {
             st.spinning += 1;
             drop(st);
             let deadline = Instant::now() + spin;
+            // Yielding, not pausing: the thread that submits the next job may share this
+            // CPU (a loop and the pool it started, pinned together), and must get to run.
+            // With nothing else runnable here, `sched_yield` returns at once.
             while shared.jobs_len.load(Ordering::Acquire) == 0 && Instant::now() < deadline {
-                std::hint::spin_loop();
+                std::thread::yield_now();
             }
             st = shared.lock();
             st.spinning -= 1;
@@ -94,7 +97,7 @@ fn run(shared: &Shared) {
         }
     }
     st.retire();
-    shared.progress.notify_all();
+    shared.notify_progress(&st);
 }
 
 fn execute(job: Job) -> aio_core::engine::Completion {

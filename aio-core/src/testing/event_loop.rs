@@ -349,11 +349,12 @@ pub fn wait_timeout_follows_bottom_halves_and_timers<L: EventLoop>(make: impl Fn
         after.blocking_waits, before.blocking_waits,
         "BH pending: timeout 0"
     );
-    // A timer 20 ms out: a blocking poll sleeps until it and runs it.
+    // A timer 200 ms out: a blocking poll sleeps until it and runs it (far enough out that a
+    // thread preempted before its poll still finds time left to wait).
     let hit = Rc::new(Cell::new(false));
     let h = hit.clone();
     let t = ctx.timer_new(move |_| h.set(true));
-    ctx.timer_mod_in(t, Duration::from_millis(20)).unwrap();
+    ctx.timer_mod_in(t, Duration::from_millis(200)).unwrap();
     let deadline = ctx.timer_deadline(t).unwrap().unwrap();
     poll_until(&ctx, "the timer", || hit.get());
     assert!(ctx.now_ns() >= deadline);

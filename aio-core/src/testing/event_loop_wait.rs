@@ -319,14 +319,19 @@ pub fn eintr_during_wait_is_retried<L: EventLoop>(make: impl Fn() -> L) {
         }),
     )
     .unwrap();
-    // SAFETY: pthread_self has no preconditions.
-    let me = unsafe { libc::pthread_self() };
+    // SAFETY: pthread_self and gettid have no preconditions.
+    let (me, tid) = unsafe { (libc::pthread_self(), libc::gettid()) };
     let write_fd = pipe.write.try_clone().unwrap();
     let signals = Arc::new(AtomicUsize::new(0));
     let s = signals.clone();
     let t = std::thread::spawn(move || {
         for _ in 0..10 {
-            std::thread::sleep(Duration::from_millis(10));
+            // Each signal finds the loop in its wait (its only sleep), however the two
+            // threads are scheduled.
+            assert!(
+                wait_until_sleeping(tid, Duration::from_secs(30)),
+                "the loop never waited"
+            );
             // SAFETY: `me` is the test thread, alive until it joins this thread.
             unsafe { libc::pthread_kill(me, libc::SIGURG) };
             s.fetch_add(1, Ordering::Relaxed);

@@ -112,6 +112,18 @@ pub struct JobDef {
     pub register_files: bool,
     /// `fixedbufs` (fio's io_uring option): registered buffers, one slot per `iodepth`.
     pub fixed_bufs: bool,
+    /// `pool_spin=` (ours; default 0): how long a thread-pool worker that finished its job
+    /// waits, yielding the CPU, for the next before it sleeps (`aio_pool::PoolConfig::spin`).
+    /// psync-family engines only.
+    pub pool_spin: Duration,
+    /// `cpus_allowed=` (fio's CPU list, `0-1,3`): the CPUs the job's threads run on (its
+    /// engine's threads too: a thread pool's workers are started by the job's thread and
+    /// inherit its CPUs). None: wherever the scheduler puts them.
+    pub cpus_allowed: Option<Vec<usize>>,
+    /// `cpus_allowed_policy=split` (fio's): clone `n` of the job runs on the `n`-th CPU of
+    /// `cpus_allowed` alone (modulo their count); `shared` (the default): every clone on all
+    /// of them.
+    pub cpus_split: bool,
     /// `allow_mounted_write=1` (fio's): write to a block device even while it is in use
     /// (mounted, holding a mounted partition, device-mapper, swap). Off, such a job is refused
     /// ([`crate::targets::mounted`]).
@@ -146,6 +158,9 @@ impl JobDef {
             batch_submit: None,
             register_files: false,
             fixed_bufs: false,
+            pool_spin: Duration::ZERO,
+            cpus_allowed: None,
+            cpus_split: false,
             allow_mounted_write: false,
         }
     }
@@ -272,7 +287,6 @@ const BOOKKEEPING: &[&str] = &[
     "log_avg_msec",
     "significant_figures",
     "lockmem",
-    "cpus_allowed_policy",
     "ioscheduler",
     "create_on_open",
     "fadvise_hint",
@@ -529,6 +543,18 @@ fn apply(
                     Err(e) => return Err(bad(format!("{e}, or auto"))),
                 }
             };
+        }
+        "pool_spin" => job.pool_spin = duration()?,
+        "cpus_allowed" => {
+            let list: crate::cpus::CpuList = needs_value()?.parse().map_err(bad)?;
+            job.cpus_allowed = Some(list.0);
+        }
+        "cpus_allowed_policy" => {
+            job.cpus_split = match needs_value()? {
+                "split" => true,
+                "shared" => false,
+                _ => return Err(bad("expected shared or split".into())),
+            }
         }
         "disks" => job.disks = count(1, 256)?,
         "iothreads" => job.iothreads = count(1, 64)?,

@@ -261,3 +261,20 @@ fn control_characters_in_errors_are_shown_escaped() {
     let e = parse("[j]\nbo\u{1b}gus=1\n", "t.fio".as_ref()).unwrap_err();
     assert!(e.to_string().contains("bo\\u{1b}gus"), "{e}");
 }
+
+#[test]
+fn cpus_allowed_and_its_policy_parse_as_fio_spells_them() {
+    let f = p("[global]\ncpus_allowed=0-1,3\n[a]\n[b]\ncpus_allowed_policy=split\n").unwrap();
+    assert_eq!(f.jobs[0].cpus_allowed, Some(vec![0, 1, 3]));
+    assert!(!f.jobs[0].cpus_split, "shared is fio's default");
+    assert!(f.jobs[1].cpus_split);
+    assert_eq!(p("[a]\n").unwrap().jobs[0].cpus_allowed, None);
+    for bad in [
+        "cpus_allowed=2-1",
+        "cpus_allowed=x",
+        "cpus_allowed_policy=spread",
+    ] {
+        let e = p(&format!("[a]\n{bad}\n")).unwrap_err().to_string();
+        assert!(e.contains(bad.split('=').next().unwrap()), "{bad}: {e}");
+    }
+}

@@ -225,6 +225,31 @@ fn target(def: &JobDef, clone: u64) -> Result<Target, RunError> {
     })
 }
 
+/// The engine one iothread of `def` runs: `engine` as [`EngineKind::build_for`] builds it, or
+/// the thread pool with the job's `pool_spin`.
+fn build_engine(
+    def: &JobDef,
+    engine: EngineKind,
+    uring: UringOptions,
+) -> io::Result<Box<dyn aio_core::engine::IoEngine>> {
+    #[cfg(feature = "pool")]
+    if engine == EngineKind::Pool && !def.pool_spin.is_zero() {
+        let config = aio_pool::PoolConfig::default().with_spin(def.pool_spin);
+        return Ok(Box::new(aio_pool::ThreadPool::new(config)?));
+    }
+    engine.build_for(uring, def.rw.is_trim())
+}
+
+/// The CPUs clone `n` of `def` runs on (fio's `cpus_allowed` and `cpus_allowed_policy`).
+fn clone_cpus(def: &JobDef, n: usize) -> Option<Vec<usize>> {
+    let cpus = def.cpus_allowed.as_ref().filter(|c| !c.is_empty())?;
+    Some(if def.cpus_split {
+        vec![cpus[n % cpus.len()]]
+    } else {
+        cpus.clone()
+    })
+}
+
 /// The engine and monitor a job runs on.
 fn backends(def: &JobDef) -> Result<(EngineKind, MonitorKind), RunError> {
     let fdmon = match def.fdmon {
@@ -321,6 +346,12 @@ pub fn run_one(def: &JobDef) -> Result<JobReport, RunError> {
         task_run: def.uring_task_run,
     };
     uring.check_for(engine).map_err(failed)?;
+    if !def.pool_spin.is_zero() && engine != EngineKind::Pool {
+        return Err(failed(format!(
+            "pool_spin is a thread-pool option (ioengine=psync and its kin); this engine is {}",
+            engine.fio_ioengine()
+        )));
+    }
     check_space(
         def,
         if def.filename.is_some() {
@@ -371,8 +402,12 @@ pub fn run_one(def: &JobDef) -> Result<JobReport, RunError> {
                 let thread = std::thread::Builder::new()
                     .name(format!("{}.{n}.iothread{}", def.name, share.index))
                     .spawn_scoped(s, move || {
+                        // Before the engine: its threads start from this one and keep its CPUs.
+                        if let Some(cpus) = clone_cpus(def, n) {
+                            crate::cpus::pin_to(&cpus).map_err(io::Error::other)?;
+                        }
                         let monitor = fdmon.build()?;
-                        let engine = engine.build_for(uring, def.rw.is_trim())?;
+                        let engine = build_engine(def, engine, uring)?;
                         run_job_in(monitor, engine, &file, share.region, spec)
                     });
                 handles.push(thread.map_err(|e| failed(format!("starting a thread: {e}")))?);

@@ -169,3 +169,68 @@ fn a_job_that_would_fill_the_file_system_is_refused_before_writing() {
         );
     }
 }
+
+/// fio's `cpus_allowed` with `cpus_allowed_policy`: shared gives every clone the whole list,
+/// split one CPU each, in turn; and a job pinned to CPU 0 runs there (its pool's threads too,
+/// which it starts).
+#[test]
+fn clones_run_on_the_cpus_the_job_allows() {
+    let f = jobfile::parse(
+        "[s]\ncpus_allowed=0,1\n[p]\ncpus_allowed=0,1\ncpus_allowed_policy=split\n[n]\n",
+        Path::new("x.fio"),
+    )
+    .unwrap();
+    let (shared, split, none) = (&f.jobs[0], &f.jobs[1], &f.jobs[2]);
+    assert_eq!(clone_cpus(shared, 3), Some(vec![0, 1]));
+    assert_eq!(
+        (0..3).map(|n| clone_cpus(split, n)).collect::<Vec<_>>(),
+        [Some(vec![0]), Some(vec![1]), Some(vec![0])]
+    );
+    assert_eq!(clone_cpus(none, 0), None);
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "[pinned]\nrw=randread\nsize=1m\nnumjobs=2\ncpus_allowed=0\ncpus_allowed_policy=split\n\
+         fdmon=poll\ndirectory={}\n",
+        dir.path().display()
+    );
+    let f = jobfile::parse(&text, Path::new("x.fio")).unwrap();
+    let r = run_one(&f.jobs[0]).unwrap();
+    assert_eq!(
+        (r.result.read.bytes, r.result.errors),
+        (2 << 20, 0),
+        "{:?}",
+        r.result
+    );
+    let bad = jobfile::parse(
+        &format!(
+            "[far]\nrw=read\nsize=1m\ncpus_allowed=1023\ndirectory={}\n",
+            dir.path().display()
+        ),
+        Path::new("x.fio"),
+    )
+    .unwrap();
+    let e = run_one(&bad.jobs[0]).unwrap_err().to_string();
+    assert!(e.contains("job 'far'") && e.contains("1023"), "{e}");
+}
+
+/// `pool_spin=` runs the job's thread pool with its workers waiting that long for the next job
+/// before they sleep; on another engine it is an error naming the job.
+#[test]
+#[cfg(all(feature = "pool", feature = "poll"))]
+fn pool_spin_applies_to_the_thread_pool_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = |engine: &str| {
+        format!(
+            "[spin]\nioengine={engine}\npool_spin=50us\nrw=randread\nsize=1m\ndirect=1\n\
+             fdmon=poll\ndirectory={}\n",
+            dir.path().display()
+        )
+    };
+    let f = jobfile::parse(&text("psync"), Path::new("x.fio")).unwrap();
+    assert_eq!(f.jobs[0].pool_spin, std::time::Duration::from_micros(50));
+    let r = run_one(&f.jobs[0]).unwrap();
+    assert_eq!((r.result.read.bytes, r.result.errors), (1 << 20, 0));
+    let f = jobfile::parse(&text("libaio"), Path::new("x.fio")).unwrap();
+    let e = run_one(&f.jobs[0]).unwrap_err().to_string();
+    assert!(e.contains("job 'spin'") && e.contains("pool_spin"), "{e}");
+}
