@@ -11,8 +11,8 @@
 #                                         CAP_DAC_OVERRIDE dropped (no loop devices, no locked
 #                                         memory beyond the limit, no raising it)
 #
-# Extra arguments go to `cargo test` (for example `-p aio-core`). Needs root (to set the
-# sysctl and to drop capabilities) and setpriv (util-linux). Run it before resolving any
+# Extra arguments go to `cargo test` in place of `--workspace` (for example `-p aio-core`).
+# Needs root (to set the sysctl and to drop capabilities) and setpriv (util-linux). Run it before resolving any
 # issue that touches an engine or the daemon.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +26,13 @@ fi
 ensure_installed setpriv util-linux
 unset AIO_REQUIRE_ALL_BACKENDS
 
+mode=all
+case "${1:-}" in
+uring-off | unprivileged | all) mode=$1 && shift ;;
+esac
+# The README's test command; extra arguments (a package, a filter) replace `--workspace`.
 TEST_CMD=(cargo test --workspace)
+[ $# -gt 0 ] && TEST_CMD=(cargo test)
 # Build first, with every capability: a build under the restrictions would only measure cargo.
 "${TEST_CMD[@]}" --no-run "$@" >/dev/null 2>&1 || "${TEST_CMD[@]}" --no-run "$@"
 
@@ -58,10 +64,6 @@ unprivileged() {
     )
 }
 
-mode=all
-case "${1:-}" in
-uring-off | unprivileged | all) mode=$1 && shift ;;
-esac
 case $mode in
 uring-off) uring_off "$@" ;;
 unprivileged) unprivileged "$@" ;;

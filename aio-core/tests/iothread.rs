@@ -153,7 +153,7 @@ fn bottom_halves_poll_params_and_counters_through_the_handle() {
     });
     scheduler.join().unwrap();
     iothread.set_poll_params(PollParams::iothread()).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while ran.load(Ordering::Relaxed) == 0 {
         assert!(std::time::Instant::now() < deadline);
         std::thread::sleep(Duration::from_millis(1));

@@ -419,7 +419,6 @@ impl Drop for LinuxAio {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use aio_core::engine::AlignedBuf;
     use aio_core::testing::engine::{wait_for, TempFile, BLOCK};
 
     /// A request's flags are the iocb's `aio_rw_flags` that `io_submit` gets: a FUA write
@@ -435,23 +434,8 @@ mod tests {
         let mut engine = LinuxAio::new(LinuxAioConfig::default()).unwrap();
         let tmp = TempFile::with_len(4 * BLOCK, 1);
         let file = tmp.open_direct_or_say();
-        let buf = || AlignedBuf::new(BLOCK);
-        let cases = [
-            (
-                Request::write(&file, 0, buf(), 1).with_flags(RwFlags::FUA),
-                libc::RWF_DSYNC,
-            ),
-            (
-                Request::read(&file, 0, buf(), 2).with_flags(RwFlags::NOWAIT),
-                libc::RWF_NOWAIT,
-            ),
-            (Request::write(&file, 0, buf(), 3), 0),
-            (
-                Request::readv(&file, 0, vec![buf(), buf()], 4).with_flags(RwFlags::NOWAIT),
-                libc::RWF_NOWAIT,
-            ),
-            (Request::fdatasync(&file, 5), 0),
-        ];
+        let mut cases = aio_core::testing::engine::requests_with_rw_flags(&file);
+        cases.push((Request::fdatasync(&file, 7), 0));
         for (request, rwf) in cases {
             let token = request.token;
             engine.submit(request).unwrap();

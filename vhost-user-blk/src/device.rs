@@ -237,3 +237,44 @@ impl BlockDevice {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A qcow2 header is refused by default, naming the format, and served with
+    /// `format=raw`; a raw image opens either way. (A VMM that opens images through
+    /// `BlockDevice` gets the same rule as the daemon.)
+    #[test]
+    fn an_image_with_another_formats_header_opens_only_as_raw_when_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let (qcow2, raw) = (dir.path().join("x.qcow2"), dir.path().join("x.img"));
+        let mut bytes = vec![0u8; 64 << 10];
+        bytes[..8].copy_from_slice(b"QFI\xfb\0\0\0\x03");
+        std::fs::write(&qcow2, &bytes).unwrap();
+        std::fs::write(&raw, vec![0u8; 64 << 10]).unwrap();
+        let e = BlockDevice::open(&qcow2, DiskOptions::default()).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                DeviceError::FormatFound {
+                    format: KnownFormat::Qcow2,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(
+            e.to_string().contains("qcow2") && e.to_string().contains("format=raw"),
+            "{e}"
+        );
+        assert_eq!(io::Error::from(e).kind(), io::ErrorKind::InvalidInput);
+        let as_raw = DiskOptions {
+            format: ImageFormat::Raw,
+            ..DiskOptions::default()
+        };
+        let d = BlockDevice::open(&qcow2, as_raw).unwrap();
+        assert_eq!(d.capacity_sectors, 128);
+        BlockDevice::open(&raw, DiskOptions::default()).unwrap();
+    }
+}

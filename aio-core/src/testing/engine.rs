@@ -23,7 +23,9 @@ use std::fs::File;
 use std::time::{Duration, Instant};
 
 use super::fixtures::{ok, submit_all};
-pub use super::fixtures::{read_block, wait_for, wait_readable, Rng, TempFile, BLOCK};
+pub use super::fixtures::{
+    read_block, requests_with_rw_flags, wait_for, wait_readable, Rng, TempFile, BLOCK,
+};
 use crate::engine::{AlignedBuf, IoEngine, IoFile, Request};
 use crate::EventLoop;
 
@@ -334,7 +336,7 @@ pub fn plug_releases_a_full_batch<E: IoEngine, L: EventLoop>(
         engine.submit(read_block(&file, t, t)).unwrap();
     }
     let mut out = VecDeque::new();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while out.len() < 64 {
         assert!(
             Instant::now() < deadline,

@@ -32,9 +32,9 @@ pub fn notify_from_another_thread_wakes_blocked_poll<L: EventLoop>(make: impl Fn
     let t = std::thread::spawn(move || {
         let blocked = wait_until_sleeping(loop_tid, Duration::from_secs(30));
         handle.notify();
-        // If the loop missed that one it would hang: after 5 s, nudge it so the test fails
+        // If the loop missed that one it would hang: after 30 s, nudge it so the test fails
         // instead, and count the nudges.
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = Instant::now() + Duration::from_secs(30);
         let mut nudges = 0;
         while !s.load(Ordering::Acquire) {
             std::thread::sleep(Duration::from_millis(1));
@@ -424,9 +424,13 @@ pub fn io_poll_begin_and_end_bracket_polling_mode<L: EventLoop>(make: impl Fn() 
     assert_eq!(*log.borrow(), ["end", "ready"]);
 
     // A fresh context: an iteration that does not poll ends the mode too, and a handler
-    // removed in polling mode gets io_poll_end at once.
+    // removed in polling mode gets io_poll_end at once. Its window may grow but never falls
+    // to nothing (a thread preempted in a hit iteration measures a wait longer than QEMU's
+    // 32 µs, which would reset it, and the next poll(true) would not poll); a watchdog of its
+    // own turns a hang into a failure.
     let ctx = ctx_of(&make);
-    ctx.set_poll_params(PollParams::iothread());
+    ctx.set_poll_params(PollParams::iothread().with_max_ns(1_000_000_000));
+    let _dog = watchdog(&ctx, Duration::from_secs(20));
     log.borrow_mut().clear();
     ctx.set_fd_handler(doorbell.as_fd(), handler(&pending, &late, &log))
         .unwrap();

@@ -298,6 +298,35 @@ pub(crate) fn ok(c: &Completion) -> usize {
 /// The block size of the engine tests.
 pub const BLOCK: usize = 4096;
 
+/// Reads and writes of `file`'s first blocks, with and without [`RwFlags`](crate::engine::RwFlags),
+/// each with the `RWF_*` bits an engine must hand the kernel for it (`aio_rw_flags`, an SQE's
+/// `rw_flags`): tokens 1 to 4 move one buffer (a FUA write, a NOWAIT read, a plain write, a
+/// plain read), 5 and 6 two (a NOWAIT readv, a FUA writev).
+pub fn requests_with_rw_flags(file: &IoFile) -> Vec<(Request, libc::c_int)> {
+    use crate::engine::RwFlags;
+    let buf = || AlignedBuf::new(BLOCK);
+    vec![
+        (
+            Request::write(file, 0, buf(), 1).with_flags(RwFlags::FUA),
+            libc::RWF_DSYNC,
+        ),
+        (
+            Request::read(file, 0, buf(), 2).with_flags(RwFlags::NOWAIT),
+            libc::RWF_NOWAIT,
+        ),
+        (Request::write(file, 0, buf(), 3), 0),
+        (Request::read(file, 0, buf(), 4), 0),
+        (
+            Request::readv(file, 0, vec![buf(), buf()], 5).with_flags(RwFlags::NOWAIT),
+            libc::RWF_NOWAIT,
+        ),
+        (
+            Request::writev(file, 0, vec![buf(), buf()], 6).with_flags(RwFlags::FUA),
+            libc::RWF_DSYNC,
+        ),
+    ]
+}
+
 /// A read of block `block` (of [`BLOCK`] bytes) of `file` into a fresh buffer.
 pub fn read_block(file: &IoFile, block: u64, token: u64) -> Request {
     Request::read(file, block * BLOCK as u64, AlignedBuf::new(BLOCK), token)

@@ -59,7 +59,7 @@ pub fn monitor_runs_inside_an_iothread<L: EventLoop + 'static>(
     for t in threads {
         t.join().unwrap();
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while reads.load(Ordering::Relaxed) < 100 || bh_runs.load(Ordering::Relaxed) == 0 {
         assert!(
             Instant::now() < deadline,

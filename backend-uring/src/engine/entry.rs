@@ -228,7 +228,6 @@ impl UringEngine {
 
 #[cfg(test)]
 mod tests {
-    use aio_core::engine::{AlignedBuf, Request, RwFlags};
     use aio_core::testing::engine::{TempFile, BLOCK};
     use io_uring::squeue;
 
@@ -256,30 +255,10 @@ mod tests {
         }
         let tmp = TempFile::with_len(4 * BLOCK, 1);
         let file = tmp.open_direct_or_say();
-        let buf = || AlignedBuf::new(BLOCK);
         for fixed_buffers in [0, 8] {
             let config = UringConfig::default().with_fixed_buffers(fixed_buffers);
             let mut engine = UringEngine::new(config).unwrap();
-            let cases = [
-                (
-                    Request::write(&file, 0, buf(), 1).with_flags(RwFlags::FUA),
-                    libc::RWF_DSYNC,
-                ),
-                (
-                    Request::read(&file, 0, buf(), 2).with_flags(RwFlags::NOWAIT),
-                    libc::RWF_NOWAIT,
-                ),
-                (Request::write(&file, 0, buf(), 3), 0),
-                (Request::read(&file, 0, buf(), 4), 0),
-                (
-                    Request::readv(&file, 0, vec![buf(), buf()], 5).with_flags(RwFlags::NOWAIT),
-                    libc::RWF_NOWAIT,
-                ),
-                (
-                    Request::writev(&file, 0, vec![buf(), buf()], 6).with_flags(RwFlags::FUA),
-                    libc::RWF_DSYNC,
-                ),
-            ];
+            let cases = aio_core::testing::engine::requests_with_rw_flags(&file);
             for (request, rwf) in cases {
                 let token = request.token;
                 // Built, never submitted: the table keeps the request until the engine drops.

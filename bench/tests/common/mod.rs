@@ -98,7 +98,7 @@ pub fn attached_to(file: &std::path::Path) -> Vec<String> {
 /// Asserts that no loop device is left over `file` (the kernel may finish a detach of a device
 /// that was busy when its last fd closes: allowed a few seconds) and that `file` is gone.
 pub fn assert_cleaned_up(file: &std::path::Path) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while !attached_to(file).is_empty() && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
