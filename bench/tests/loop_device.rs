@@ -98,7 +98,8 @@ fn latency_run_on_the_loop_device() -> (std::process::Child, PathBuf) {
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    // The run has started once the device has served reads (its own count in sysfs).
+    // The run has started once the device has served reads (its own count in sysfs) and the
+    // setup is over.
     let device = attached_to(&backing)[0]
         .split(':')
         .next()
@@ -111,10 +112,13 @@ fn latency_run_on_the_loop_device() -> (std::process::Child, PathBuf) {
             .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
             .unwrap_or(0)
     };
-    while reads() == 0 {
+    // Reads alone do not say the setup is over (udev probes a new device as soon as it is
+    // attached); the backing file losing its name does: it is the setup's last step, after
+    // autoclear is set (attaching at all needs CAP_SYS_ADMIN, which autoclear needs too).
+    while reads() == 0 || backing.exists() {
         assert!(
             std::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(),
-            "the run never read from {device}"
+            "the run never read from {device}, or its backing file kept its name"
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
