@@ -82,6 +82,18 @@ fn run_on_the_loop_device_detaches_it_afterwards() {
 
 /// `aio-bench latency --device loop:64m` in a child, once its device is attached and the run
 /// has started (the device has served reads); with the backing file's path.
+/// Whether this process may set autoclear on a loop device: `LOOP_SET_STATUS64` needs
+/// `CAP_SYS_ADMIN` (bit 21 of the effective set), which attaching one does not.
+fn may_set_autoclear() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let cap_eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    cap_eff & (1 << 21) != 0
+}
+
 fn latency_run_on_the_loop_device() -> (std::process::Child, PathBuf) {
     let mut child = bench()
         .args(["latency", "--device", "loop:64m", "--runtime", "60s"])
@@ -114,8 +126,10 @@ fn latency_run_on_the_loop_device() -> (std::process::Child, PathBuf) {
     };
     // Reads alone do not say the setup is over (udev probes a new device as soon as it is
     // attached); the backing file losing its name does: it is the setup's last step, after
-    // autoclear is set (attaching at all needs CAP_SYS_ADMIN, which autoclear needs too).
-    while reads() == 0 || backing.exists() {
+    // autoclear is set (where the kernel lets this process set it; elsewhere the file keeps
+    // its name until the run ends).
+    let autoclear = may_set_autoclear();
+    while reads() == 0 || (autoclear && backing.exists()) {
         assert!(
             std::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(),
             "the run never read from {device}, or its backing file kept its name"
@@ -151,14 +165,7 @@ fn kill_9_detaches_the_loop_device() {
         aio_core::testing::skip(&reason);
         return;
     }
-    // Autoclear is set with LOOP_SET_STATUS64, which needs CAP_SYS_ADMIN (bit 21).
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let cap_eff = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .unwrap_or(0);
-    if cap_eff & (1 << 21) == 0 {
+    if !may_set_autoclear() {
         aio_core::testing::skip("autoclear on a loop device needs CAP_SYS_ADMIN");
         return;
     }
