@@ -249,10 +249,7 @@ impl Drop for DiskImage {
 /// where the file system lacks it (`EOPNOTSUPP`, `EISDIR` on old kernels) a file at `path`
 /// unlinked at once. Either way only the fd keeps it.
 fn create_anonymous(path: &Path) -> io::Result<File> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
+    let dir = dir_of(path);
     let tmp = OpenOptions::new()
         .read(true)
         .write(true)
@@ -275,6 +272,14 @@ fn create_anonymous(path: &Path) -> io::Result<File> {
             e.kind(),
             format!("{}: creating an image file: {e}", dir.display()),
         )),
+    }
+}
+
+/// The directory a file at `path` is made in (`.` for a bare name).
+pub fn dir_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
     }
 }
 

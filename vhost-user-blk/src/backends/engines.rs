@@ -167,6 +167,7 @@ pub const AUTO_ORDER: [EngineKind; 3] = [EngineKind::Uring, EngineKind::LinuxAio
 /// build, with one line per candidate saying why it was taken or passed over.
 pub fn auto() -> io::Result<(EngineKind, Vec<String>)> {
     crate::backends::monitors::pick(AUTO_ORDER.map(|k| (k, k.name())), |k| k.build().map(drop))
+        .map(|(kind, (), why)| (kind, why))
 }
 
 impl fmt::Display for EngineKind {

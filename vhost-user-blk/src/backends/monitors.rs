@@ -95,22 +95,26 @@ pub const AUTO_ORDER: [MonitorKind; 3] =
 /// build, with one line per candidate saying why it was taken or passed over.
 pub fn auto() -> io::Result<(MonitorKind, Vec<String>)> {
     pick(AUTO_ORDER.map(|k| (k, k.name())), |k| k.build().map(drop))
+        .map(|(kind, (), why)| (kind, why))
 }
 
-/// The first of `order` that `try_build` accepts, and the reasons for each candidate tried:
-/// [`aio_core::Ladder`] over this build's backends.
-pub(crate) fn pick<K: Copy>(
+/// The first of `order` that `try_build` builds, what it built, and the reasons for each
+/// candidate tried: [`aio_core::Ladder`] over this build's backends. A caller that keeps what
+/// was built (the daemon's `auto`) never builds twice, so a limit shared with other processes
+/// cannot be taken between a probe and the real build.
+pub(crate) fn pick<K: Copy, T>(
     order: impl IntoIterator<Item = (K, &'static str)>,
-    try_build: impl Fn(K) -> io::Result<()>,
-) -> io::Result<(K, Vec<String>)> {
+    try_build: impl Fn(K) -> io::Result<T>,
+) -> io::Result<(K, T, Vec<String>)> {
     let try_build = &try_build;
     let mut ladder = aio_core::Ladder::new();
     for (k, name) in order {
-        ladder = ladder.rung(name, move || try_build(k).map(|()| k));
+        ladder = ladder.rung(name, move || try_build(k).map(|built| (k, built)));
     }
     let choice = ladder.climb()?;
     let why = choice.reports.iter().map(ToString::to_string).collect();
-    Ok((choice.value, why))
+    let (kind, built) = choice.value;
+    Ok((kind, built, why))
 }
 
 impl fmt::Display for MonitorKind {

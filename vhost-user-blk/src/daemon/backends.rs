@@ -50,11 +50,9 @@ pub fn build_engine(name: &str) -> io::Result<(Box<dyn IoEngine>, &'static str)>
         let kind = name.parse::<EngineKind>().map_err(invalid)?;
         return Ok((build(kind)?, kind.name()));
     }
-    let mut ladder = aio_core::Ladder::new();
-    for kind in engines::AUTO_ORDER {
-        ladder = ladder.rung(kind.name(), move || build(kind).map(|e| (e, kind.name())));
-    }
-    Ok(ladder.climb()?.value)
+    let order = engines::AUTO_ORDER.map(|k| (k, k.name()));
+    let (kind, engine, _why) = monitors::pick(order, build)?;
+    Ok((engine, kind.name()))
 }
 
 /// The fd monitor `name` (one of [`monitor_names`]); `auto` builds the first of uring,
@@ -63,11 +61,9 @@ pub fn build_monitor(name: &str) -> io::Result<Box<dyn EventLoop>> {
     if name != "auto" {
         return name.parse::<MonitorKind>().map_err(invalid)?.build();
     }
-    let mut ladder = aio_core::Ladder::new();
-    for kind in monitors::AUTO_ORDER {
-        ladder = ladder.rung(kind.name(), move || kind.build());
-    }
-    Ok(ladder.climb()?.value)
+    let order = monitors::AUTO_ORDER.map(|k| (k, k.name()));
+    let (_kind, monitor, _why) = monitors::pick(order, MonitorKind::build)?;
+    Ok(monitor)
 }
 
 #[cfg(test)]

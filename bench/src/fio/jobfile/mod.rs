@@ -251,46 +251,11 @@ impl From<JobFileError> for std::io::Error {
     }
 }
 
+mod bookkeeping;
+use bookkeeping::BOOKKEEPING;
+
 /// The most buffer memory one job may ask for (`bs x iodepth x numjobs`).
 const MAX_BUFFER_BYTES: u64 = 1 << 30;
-
-/// fio options that only change fio's own bookkeeping or reporting: accepted, noted, ignored.
-const BOOKKEEPING: &[&str] = &[
-    "gtod_reduce",
-    "clocksource",
-    "group_reporting",
-    "thread",
-    "norandommap",
-    "randrepeat",
-    "invalidate",
-    "description",
-    "disable_lat",
-    "disable_clat",
-    "disable_slat",
-    "disable_bw_measurement",
-    "clat_percentiles",
-    "lat_percentiles",
-    "slat_percentiles",
-    "percentile_list",
-    "unified_rw_reporting",
-    "new_group",
-    "stonewall",
-    "wait_for_previous",
-    "exitall",
-    "refill_buffers",
-    "scramble_buffers",
-    "fallocate",
-    "allrandrepeat",
-    "randseed",
-    "use_os_rand",
-    "per_job_logs",
-    "log_avg_msec",
-    "significant_figures",
-    "lockmem",
-    "ioscheduler",
-    "create_on_open",
-    "fadvise_hint",
-];
 
 /// Reads and parses `path`.
 pub fn load(path: &Path) -> Result<JobFile, JobFileError> {

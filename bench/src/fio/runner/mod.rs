@@ -133,11 +133,8 @@ fn check_space(def: &JobDef, clones: u64) -> Result<(), RunError> {
     let Some(first) = new.first() else {
         return Ok(());
     };
-    let dir = match first.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => std::path::Path::new("."),
-    };
     // A directory that cannot be looked at fails when the file is made, with its reason.
+    let dir = crate::targets::image::dir_of(first);
     let Some(free) = crate::targets::image::free_bytes_of(dir) else {
         return Ok(());
     };

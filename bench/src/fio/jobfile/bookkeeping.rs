@@ -1,0 +1,41 @@
+//! The fio options a job file may carry that change only fio's own bookkeeping or reporting.
+//!
+//! This module owns that list; the parser (`super`) accepts each, notes it and ignores it.
+
+/// fio options that only change fio's own bookkeeping or reporting: accepted, noted, ignored.
+pub(super) const BOOKKEEPING: &[&str] = &[
+    "gtod_reduce",
+    "clocksource",
+    "group_reporting",
+    "thread",
+    "norandommap",
+    "randrepeat",
+    "invalidate",
+    "description",
+    "disable_lat",
+    "disable_clat",
+    "disable_slat",
+    "disable_bw_measurement",
+    "clat_percentiles",
+    "lat_percentiles",
+    "slat_percentiles",
+    "percentile_list",
+    "unified_rw_reporting",
+    "new_group",
+    "stonewall",
+    "wait_for_previous",
+    "exitall",
+    "refill_buffers",
+    "scramble_buffers",
+    "fallocate",
+    "allrandrepeat",
+    "randseed",
+    "use_os_rand",
+    "per_job_logs",
+    "log_avg_msec",
+    "significant_figures",
+    "lockmem",
+    "ioscheduler",
+    "create_on_open",
+    "fadvise_hint",
+];
