@@ -44,7 +44,7 @@ run() { # group name, the packages whose tests run (comma-separated), then the f
 group() {
     case "$1" in
     chain)
-        MUTANTS_ARGS="${MUTANTS_ARGS:-} -- --lib" run chain aio-vhost-user-blk vhost-user-blk/src/chain.rs
+        MUTANTS_ARGS="${MUTANTS_ARGS:-} -- --lib" run chain aio-virtio-blk virtio-blk/src/chain.rs
         ;;
     core)
         run core aio-core,aio-backend-linux-aio,aio-pool aio-core/src/engine/attached.rs aio-core/src/engine/fallback.rs \

@@ -1,11 +1,11 @@
 //! The loop's nanosecond clock.
 //!
 //! This module owns time reading only. [`AioContext`](crate::AioContext) reads time through
-//! [`Clock`] so that tests can drive timers and the adaptive-polling rule with a [`FakeClock`]
-//! instead of sleeping.
+//! [`Clock`] so that tests can drive timers and the adaptive-polling rule with a fake clock
+//! (`testing::FakeClock`, feature `testing`) instead of sleeping.
 
-use std::cell::Cell;
-use std::rc::Rc;
+#[cfg(any(test, feature = "testing"))]
+use std::{cell::Cell, rc::Rc};
 
 /// A monotonic nanosecond clock.
 pub trait Clock {
@@ -31,13 +31,16 @@ impl Clock for MonotonicClock {
     }
 }
 
-/// A clock that moves only when told to; clones share the same time.
+/// A clock that moves only when told to; clones share the same time (feature `testing`:
+/// [`crate::testing::FakeClock`]).
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Default, Clone)]
 pub struct FakeClock {
     now: Rc<Cell<u64>>,
     step: Rc<Cell<u64>>,
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl FakeClock {
     /// A fake clock at `start_ns`.
     pub fn new(start_ns: u64) -> Self {
@@ -66,6 +69,7 @@ impl FakeClock {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl Clock for FakeClock {
     fn now_ns(&self) -> u64 {
         let now = self.now.get();

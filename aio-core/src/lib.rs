@@ -11,8 +11,8 @@
 //!   idle poll set, nested `poll()`, and [`LoopCounters`].
 //! * [`Hybrid`]: QEMU's monitor choice as an adapter over two monitors: the small one (ppoll)
 //!   below a threshold of registered fds (64), the large one (epoll) from there up.
-//! * [`engine`]: the block I/O contract, [`IoEngine`](engine::IoEngine) and
-//!   [`Completion`](engine::Completion) (read, write, readv, writev, fsync, fdatasync,
+//! * [`engine`]: the block I/O contract, [`IoEngine`] and
+//!   [`Completion`] (read, write, readv, writev, fsync, fdatasync,
 //!   discard, write-zeroes on an [`IoFile`](engine::IoFile), FUA and NOWAIT as
 //!   [`RwFlags`](engine::RwFlags); buffers owned by the engine while in flight, or guest
 //!   memory the caller lends with [`GuestIovecs`](engine::GuestIovecs)), written out in the
@@ -87,11 +87,12 @@ pub mod task;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use clock::{Clock, FakeClock, MonotonicClock};
+pub use clock::{Clock, MonotonicClock};
 pub use context::{
     AioContext, BottomHalf, DeferSection, DeferredCall, FdHandler, LoopCounters, NotifyHandle,
     TimerId, IDLE_BH_DELAY_NS,
 };
+pub use engine::{Completion, IoEngine};
 pub use error::AioError;
 pub use event_loop::{Event, EventLoop, Interest, Token};
 pub use hybrid::{Hybrid, HybridSide, DEFAULT_HYBRID_THRESHOLD};

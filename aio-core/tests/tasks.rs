@@ -12,8 +12,9 @@ use std::time::Duration;
 use aio_backend_poll::PollLoop;
 
 use aio_core::task::{readable, sleep, timeout, JoinError};
+use aio_core::testing::FakeClock;
 use aio_core::testing::{write_byte, Pipe};
-use aio_core::{AioContext, FakeClock, FdHandler};
+use aio_core::{AioContext, FdHandler};
 
 fn ctx() -> AioContext<PollLoop> {
     AioContext::new(PollLoop::new()).unwrap()

@@ -27,6 +27,7 @@ use std::hint::black_box;
 use std::os::fd::AsRawFd;
 use std::rc::Rc;
 
+use aio::EngineKind;
 use aio_backend_epoll::EpollLoop;
 use aio_backend_poll::PollLoop;
 use aio_bench::targets::image::DiskImage;
@@ -34,7 +35,6 @@ use aio_bench::targets::loopdev::{LoopDevice, LoopSpec};
 use aio_core::engine::{AlignedBuf, IoEngine, Request};
 use aio_core::testing::{drain_fd, raise_fd_limit, write_byte, Pipe};
 use aio_core::{AioContext, EventLoop, FdHandler, Hybrid, Notifier, PollParams};
-use aio_vhost_user_blk::backends::engines::EngineKind;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 
 const FD_COUNTS: [usize; 4] = [1, 64, 256, 1024];
@@ -254,7 +254,7 @@ fn round_trips(g: &mut Group<'_>, prefix: &str, image: &DiskImage, poll_max_ns: 
         let suffix = if poll == 0 { "" } else { "/poll" };
         for kind in EngineKind::ALL {
             let name = format!("{prefix}{kind}{suffix}");
-            match kind.build() {
+            match kind.build(&aio::EngineOptions::default()) {
                 Ok(engine) => {
                     bench_engine(g, &name, EpollLoop::new().unwrap(), engine, image, poll)
                 }

@@ -20,9 +20,7 @@
 //! iothreads on CPUs 0 to 7, the guests on 8 to 63. Anything else the process runs (the
 //! main thread) stays on the whole list.
 
-use nix::sched::{sched_setaffinity, CpuSet};
 use nix::sys::resource::{getrusage, UsageWho};
-use nix::unistd::Pid;
 
 /// CPU time (user + system) the calling thread has used, in seconds
 /// (`getrusage(RUSAGE_THREAD)`).
@@ -47,54 +45,13 @@ fn cpu_seconds(who: UsageWho) -> f64 {
     tv(ru.user_time()) + tv(ru.system_time())
 }
 
-/// CPU numbers given with `--cpus`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CpuList(pub Vec<usize>);
+/// CPU numbers given with `--cpus`: aio-core's list, shared with the daemon.
+pub use aio_core::process::CpuList;
 
-impl std::str::FromStr for CpuList {
-    type Err = String;
-
-    /// A CPU list: `0`, `0,2`, `0-3`, `0-1,4`.
-    fn from_str(s: &str) -> Result<CpuList, String> {
-        let mut cpus = Vec::new();
-        for part in s.split(',') {
-            let bad =
-                || format!("'{part}' is not a CPU or a range of CPUs (examples: 0, 0,1, 0-3)");
-            let (lo, hi) = match part.split_once('-') {
-                Some((a, b)) => (
-                    a.trim().parse().map_err(|_| bad())?,
-                    b.trim().parse().map_err(|_| bad())?,
-                ),
-                None => {
-                    let n: usize = part.trim().parse().map_err(|_| bad())?;
-                    (n, n)
-                }
-            };
-            if lo > hi || hi >= libc::CPU_SETSIZE as usize {
-                return Err(bad());
-            }
-            cpus.extend(lo..=hi);
-        }
-        Ok(CpuList(cpus))
-    }
-}
-
-/// Pins the calling thread (and so every thread it starts later) to `cpus` (each below
-/// `CPU_SETSIZE`, as [`CpuList`]'s parser ensures).
+/// Pins the calling thread (and so every thread it starts later) to `cpus`
+/// ([`aio_core::process::pin_current_thread`]), with the error as `--cpus`'s message.
 pub fn pin_to(cpus: &[usize]) -> Result<(), String> {
-    let mut set = CpuSet::new();
-    for &c in cpus {
-        // Refused for CPUs at or above CPU_SETSIZE.
-        set.set(c)
-            .map_err(|_| format!("--cpus: CPU {c} is out of range"))?;
-    }
-    sched_setaffinity(Pid::from_raw(0), &set).map_err(|e| {
-        format!(
-            "--cpus {cpus:?}: {} (does this machine have those CPUs?)",
-            std::io::Error::from(e)
-        )
-    })?;
-    Ok(())
+    aio_core::process::pin_current_thread(cpus).map_err(|e| format!("--cpus: {e}"))
 }
 
 /// The CPU iothread `t` is pinned to under the placement rule: `cpus[t % cpus.len()]`, or
@@ -128,9 +85,13 @@ mod tests {
 
     #[test]
     fn parses_cpu_lists() {
-        assert_eq!("0".parse::<CpuList>().unwrap().0, vec![0]);
-        assert_eq!("0-1,4".parse::<CpuList>().unwrap().0, vec![0, 1, 4]);
-        assert!("3-1".parse::<CpuList>().unwrap_err().contains("'3-1'"));
+        assert_eq!("0".parse::<CpuList>().unwrap().as_slice(), [0]);
+        assert_eq!("0-1,4".parse::<CpuList>().unwrap().as_slice(), [0, 1, 4]);
+        assert!("3-1"
+            .parse::<CpuList>()
+            .unwrap_err()
+            .to_string()
+            .contains("'3-1'"));
         assert!("x".parse::<CpuList>().is_err());
         assert!("99999".parse::<CpuList>().is_err());
     }

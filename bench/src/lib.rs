@@ -2,7 +2,7 @@
 //!
 //! The project's benchmark crate, behind the `aio-bench` binary:
 //!
-//! * backend selection by name and `auto`, and the `probe` report ([`backends`]);
+//! * backends by name, `auto` and the `probe` report come from the `aio` crate;
 //! * what runs read and write: images, the fast device (a loop device with direct I/O over a
 //!   file in `/dev/shm`), undoing a run's setup on signals, the mount checks ([`targets`]);
 //! * what every workload needs: offsets, the RNG, the read/write mix, the latency histogram,
@@ -19,7 +19,6 @@
 //! * the command line's pieces: `--cpus` ([`cpus`]), progress lines ([`progress`]), and the
 //!   one error type with its exit codes ([`error`]).
 
-pub mod backends;
 pub mod cpus;
 pub mod error;
 pub mod fio;

@@ -20,19 +20,18 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use aio::{EngineKind, MonitorKind, Pairing};
 use aio_bench::cpus::CpuList;
 use aio_bench::load::Pattern;
 use aio_bench::matrix::Workload;
 use aio_bench::targets::loopdev::LoopSpec;
 use aio_core::PollMaxNs;
-use aio_vhost_user_blk::backends::engines::EngineKind;
-use aio_vhost_user_blk::backends::monitors::MonitorKind;
 use clap::{Parser, Subcommand};
 
 use crate::cmd::values::{
     parse_device, parse_duration_arg, parse_engine, parse_engine_or_auto, parse_monitor,
-    parse_monitor_alone, parse_monitor_or_auto, parse_pattern, parse_poll_max_ns,
-    parse_runtime_arg, parse_size_arg, parse_workload,
+    parse_monitor_or_auto, parse_pairing, parse_pattern, parse_poll_max_ns, parse_runtime_arg,
+    parse_size_arg, parse_workload,
 };
 
 #[derive(Parser, Debug)]
@@ -61,7 +60,7 @@ enum Command {
     /// qemu-storage-daemon on one image, alternating (`--vs-qsd`).
     Vhost(Box<cmd::vhost::VhostArgs>),
     /// Our vhost-user-blk daemon (what `vhost --vs-qsd` starts): every argument goes to
-    /// `aio_vhost_user_blk::daemon::main_from_args`, and its exit code is ours.
+    /// `aio_vhost_user_blk::cli::main`, and its exit code is ours.
     #[command(hide = true, disable_help_flag = true)]
     VhostDaemon(VhostDaemonArgs),
     /// aio-rs next to tokio-uring, monoio, glommio and tokio's spawn_blocking: 4 KiB O_DIRECT
@@ -127,8 +126,8 @@ struct VsFioArgs {
     device: Option<LoopSpec>,
     /// Our fd monitor; `shared-ring` (with `--engine uring`): one io_uring for the fd monitor
     /// and the engine, so completions need no eventfd.
-    #[arg(long, default_value = "epoll", value_parser = parse_monitor)]
-    fdmon: MonitorKind,
+    #[arg(long, default_value = "epoll", value_parser = parse_pairing)]
+    fdmon: Pairing,
     /// Our loop's adaptive polling limit in ns (0 = off, as fio's libaio engine waits in the
     /// kernel), or `auto` (the window chosen from the waits the loop sees).
     #[arg(long, default_value = "0", value_parser = parse_poll_max_ns)]
@@ -171,7 +170,7 @@ struct LatencyArgs {
     #[arg(long, value_parser = parse_device, conflicts_with_all = ["dir", "size"])]
     device: Option<LoopSpec>,
     /// Our fd monitor.
-    #[arg(long, default_value = "epoll", value_parser = parse_monitor_alone)]
+    #[arg(long, default_value = "epoll", value_parser = parse_monitor)]
     fdmon: MonitorKind,
     /// Runs of every cell, alternated (each round runs every engine at every setting once);
     /// the table shows the median.
@@ -326,9 +325,7 @@ fn main() -> ExitCode {
         Command::Run(args) => cmd::run::run(args),
         Command::Probe => cmd::probe::run(),
         Command::Vhost(args) => cmd::vhost::run(*args),
-        Command::VhostDaemon(args) => {
-            std::process::exit(aio_vhost_user_blk::daemon::main_from_args(args.args))
-        }
+        Command::VhostDaemon(args) => std::process::exit(aio_vhost_user_blk::cli::main(args.args)),
         #[cfg(feature = "peers")]
         Command::Peers(args) => cmd::peers::run(args),
     };

@@ -17,11 +17,11 @@ use std::sync::{Arc, Mutex};
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
+use aio::EngineKind;
 use aio_backend_epoll::EpollLoop;
 use aio_core::engine::{AlignedBuf, AttachedEngine, IoEngine, IoFile};
 use aio_core::task::join_all;
 use aio_core::{AioContext, IoThread};
-use aio_vhost_user_blk::backends::engines::EngineKind;
 
 const BLOCK: usize = 4096;
 const BLOCKS: u64 = 256;
@@ -134,7 +134,7 @@ fn two_iothreads_eight_threads_every_engine_nothing_lost() {
             let ctx = AioContext::new(EpollLoop::new()?)?;
             let mut engines: Engines = Vec::new();
             for kind in &k {
-                let e: Box<dyn IoEngine> = kind.build()?;
+                let e: Box<dyn IoEngine> = kind.build(&aio::EngineOptions::default())?;
                 engines.push(ctx.attach_engine(e, |_, _| {})?);
             }
             Ok::<_, Box<dyn std::error::Error>>((ctx, engines))

@@ -30,14 +30,24 @@ use vhost::vhost_user::{Error as VuError, GpuBackend, Result as VuResult};
 use vhost::VhostUserMemoryRegionBase;
 use virtio_queue::{Queue, QueueT};
 
-use crate::dataplane::{DataPlane, QueueSetup};
-use crate::device::{BlockDevice, MAX_QUEUE_SIZE};
 use crate::memory::{MemoryTable, MAX_REGIONS};
-use crate::spec::{bit, feature};
+use aio_virtio_blk::dataplane::{iothread_of, DataPlane, QueueSetup};
+use aio_virtio_blk::device::{BlockDevice, MAX_QUEUE_SIZE};
+use aio_virtio_blk::spec::{bit, feature};
 
-/// The iothreads a disk's queues are spread over (queue `i` on iothread `i % K`, QEMU's
-/// iothread-vq-mapping rule).
+/// The iothreads the disks' queues are spread over ([`iothread_of`]).
 pub type IoThreads<L, E> = Arc<Vec<IoThreadHandle<L, DataPlane<L, E>>>>;
+
+/// Which disk of the daemon a connection serves: its number (the key of its queues on the
+/// iothreads) and the number of its queue 0 among every disk's queues, numbered in order
+/// (where [`iothread_of`] starts it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskIndex {
+    /// The disk's number (0 for the first `--disk`).
+    pub number: u32,
+    /// The queues of the disks before it.
+    pub first_queue: usize,
+}
 
 /// One vring as the frontend set it up.
 #[derive(Debug, Default)]
@@ -55,6 +65,7 @@ struct Vring {
 /// One disk's device state for one connection, driven by the `vhost` crate's request handler.
 pub struct BlkBackend<L: EventLoop + 'static, E: IoEngine + 'static> {
     disk: u32,
+    first_queue: usize,
     device: Arc<BlockDevice>,
     iothreads: IoThreads<L, E>,
     acked_features: u64,
@@ -68,11 +79,12 @@ fn handler_error(message: impl Into<String>) -> VuError {
 }
 
 impl<L: EventLoop + 'static, E: IoEngine + 'static> BlkBackend<L, E> {
-    /// The state of a new connection to disk number `disk`.
-    pub fn new(disk: u32, device: Arc<BlockDevice>, iothreads: IoThreads<L, E>) -> Self {
+    /// The state of a new connection to disk `disk`.
+    pub fn new(disk: DiskIndex, device: Arc<BlockDevice>, iothreads: IoThreads<L, E>) -> Self {
         let queues = device.options().queues as usize;
         BlkBackend {
-            disk,
+            disk: disk.number,
+            first_queue: disk.first_queue,
             device,
             iothreads,
             acked_features: 0,
@@ -83,7 +95,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> BlkBackend<L, E> {
     }
 
     fn iothread(&self, index: usize) -> &IoThreadHandle<L, DataPlane<L, E>> {
-        &self.iothreads[index % self.iothreads.len()]
+        &self.iothreads[iothread_of(self.first_queue, index, self.iothreads.len())]
     }
 
     fn vring(&mut self, index: u32) -> VuResult<&mut Vring> {
@@ -125,7 +137,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> BlkBackend<L, E> {
 
     /// Starts the vring if it has everything it needs.
     fn maybe_start(&mut self, index: usize) -> VuResult<()> {
-        let protocol = self.acked_features & bit(feature::PROTOCOL_FEATURES) != 0;
+        let protocol = self.acked_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0;
         let v = &self.vrings[index];
         let ready = !v.running
             && v.size > 0

@@ -131,7 +131,7 @@ impl<L: EventLoop> AioContext<L> {
     }
 
     /// A context over `monitor` reading time from `clock` (tests use a
-    /// [`FakeClock`](crate::FakeClock)).
+    /// `testing::FakeClock`, feature `testing`).
     pub fn with_clock(mut monitor: L, clock: Box<dyn Clock>) -> Result<Self, AioError> {
         let notifier = Notifier::new().map_err(AioError::Notifier)?;
         monitor

@@ -72,17 +72,7 @@ impl<A: IoEngine, B: IoEngine> WithFallback<A, B> {
     pub fn sent_to_fallback(&self) -> u64 {
         self.sent_to_fallback
     }
-
-    /// The old name of [`WithFallback::sent_to_fallback`].
-    #[deprecated(note = "renamed `sent_to_fallback`")]
-    pub fn routed(&self) -> u64 {
-        self.sent_to_fallback
-    }
 }
-
-/// The old name of [`WithFallback`] (it was `Routed` in the examples of earlier versions).
-#[deprecated(note = "renamed `WithFallback`")]
-pub type Routed<A, B> = WithFallback<A, B>;
 
 impl<A: IoEngine, B: IoEngine> IoEngine for WithFallback<A, B> {
     fn name(&self) -> &'static str {

@@ -71,8 +71,6 @@ use std::collections::VecDeque;
 pub use attached::{AttachedEngine, RequestId, PER_REQUEST_TOKEN_BIT};
 pub use buf::{AlignedBuf, BufError, DEFAULT_ALIGN};
 pub use completion::{Completion, IoBuffers, RequestError, SubmitError, IOV_MAX};
-#[allow(deprecated)]
-pub use fallback::Routed;
 pub use fallback::WithFallback;
 pub use file::{DirectIoAlignment, FileKind, IoFile};
 pub use guest::GuestIovecs;

@@ -2,7 +2,7 @@
 //!
 //! This module owns the two futures and their timer's life: armed on first poll, freed when it
 //! fires or when the future is dropped. It never reads a clock of its own: a context with a
-//! [`FakeClock`](crate::FakeClock) makes them fake too.
+//! `testing::FakeClock` (feature `testing`) makes them fake too.
 
 use std::cell::Cell;
 use std::future::Future;

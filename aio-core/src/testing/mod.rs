@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 
 use crate::{AioContext, EventLoop};
 
+pub use crate::clock::FakeClock;
+
 pub mod async_engine;
 pub mod block_device;
 pub mod contract;

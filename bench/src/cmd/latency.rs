@@ -8,11 +8,11 @@
 
 use std::time::Duration;
 
+use aio::{EngineKind, EngineOptions};
 use aio_bench::error::BenchError;
 use aio_bench::fio::job::{run_job, JobSpec};
 use aio_core::engine::IoFile;
 use aio_core::PollMaxNs;
-use aio_vhost_user_blk::backends::engines::{EngineKind, UringOptions};
 
 use super::{check_target, test_image};
 use crate::LatencyArgs;
@@ -164,10 +164,10 @@ fn one_run(
     let monitor = args
         .fdmon
         .build()
-        .map_err(|e| BenchError::io(args.fdmon.to_string(), e))?;
+        .map_err(|e| BenchError::io(args.fdmon.to_string(), e.into()))?;
     let eng = engine
-        .build_for(UringOptions::default(), args.rw.is_trim())
-        .map_err(|e| BenchError::io(engine.to_string(), e))?;
+        .build(&EngineOptions::default().with_fallback_pool(args.rw.is_trim()))
+        .map_err(|e| BenchError::io(engine.to_string(), e.into()))?;
     let r = run_job(monitor, eng, file, args.size, spec)
         .map_err(|e| BenchError::failed(e.to_string()))?;
     let total = r.total();

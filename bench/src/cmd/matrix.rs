@@ -10,15 +10,14 @@
 
 use std::path::Path;
 
-use aio_bench::cpus::CpuList;
+use aio::EngineKind;
+use aio::MonitorKind;
 use aio_bench::error::BenchError;
 use aio_bench::matrix::{self, Cell, MatrixSpec};
 use aio_bench::progress::Progress;
 use aio_bench::scsi::{CellSpec, MemoryPath};
 use aio_bench::targets::image::{free_bytes, DiskImage};
 use aio_bench::targets::loopdev::{LoopDevice, LoopSpec};
-use aio_vhost_user_blk::backends::engines::EngineKind;
-use aio_vhost_user_blk::backends::monitors::MonitorKind;
 
 use super::check_target;
 use crate::MatrixArgs;
@@ -31,8 +30,8 @@ pub fn run(args: MatrixArgs) -> Result<(), BenchError> {
         ("--csv", args.csv.as_deref()),
         ("--svg", args.svg.as_deref()),
     ])?;
-    if let Some(CpuList(cpus)) = &args.cpus {
-        aio_bench::cpus::pin_to(cpus).map_err(BenchError::BadInput)?;
+    if let Some(cpus) = &args.cpus {
+        aio_bench::cpus::pin_to(cpus.as_slice()).map_err(BenchError::BadInput)?;
     }
     let mut spec = spec(&args);
     let disks = match args.device {
@@ -108,7 +107,11 @@ fn spec(args: &MatrixArgs) -> MatrixSpec {
         } else {
             args.iothreads.iter().map(|&k| k as usize).collect()
         },
-        cpus: args.cpus.clone().map(|c| c.0).unwrap_or_default(),
+        cpus: args
+            .cpus
+            .as_ref()
+            .map(|c| c.as_slice().to_vec())
+            .unwrap_or_default(),
         ..base
     }
 }
@@ -204,8 +207,8 @@ fn header(args: &MatrixArgs, spec: &MatrixSpec, place: &str) -> String {
             .as_ref()
             .map(|c| format!(
                 "; on CPUs {:?} (iothread t on the list's CPU t mod {}, guests on those left)",
-                c.0,
-                c.0.len()
+                c.as_slice(),
+                c.as_slice().len()
             ))
             .unwrap_or_default(),
         place

@@ -65,8 +65,8 @@ pub struct PeersArgs {
     /// aio-rs's fd monitor: `uring` (what `auto` picks here, as `run` and `matrix` do),
     /// `epoll` (`vs-fio`'s default), `shared-ring` (one io_uring for the monitor and the
     /// io_uring engine), or `poll`, `hybrid`.
-    #[arg(long, default_value = "uring", value_parser = super::values::parse_monitor)]
-    fdmon: aio_vhost_user_blk::backends::monitors::MonitorKind,
+    #[arg(long, default_value = "uring", value_parser = super::values::parse_pairing)]
+    fdmon: aio::Pairing,
     /// aio-rs's io_uring engine registers the file and the workers' buffers with its ring
     /// (`IORING_OP_READ_FIXED`, as glommio does; off by default, as the engine's own default).
     #[arg(long)]
@@ -111,7 +111,7 @@ pub fn run(args: PeersArgs) -> Result<(), BenchError> {
         args.rounds,
         args.secs,
         args.ramp,
-        fdmon.name(),
+        fdmon,
         args.poll_max_ns,
         if args.uring_registered {
             ", io_uring registered files and buffers"
@@ -186,7 +186,7 @@ pub fn run(args: PeersArgs) -> Result<(), BenchError> {
             "secs": args.secs.as_secs_f64(),
             "ramp_s": args.ramp.as_secs_f64(),
             "poll_max_ns": aio_bench::fio::output::poll_max_ns_json(args.poll_max_ns),
-            "fdmon": fdmon.name(),
+            "fdmon": fdmon.to_string(),
             "uring_registered": args.uring_registered,
             "targets": report.iter().map(TargetRuns::to_json).collect::<Vec<_>>(),
             "failures": failures.iter().map(|(t, qd, v, e)| serde_json::json!({

@@ -8,12 +8,11 @@
 
 use std::time::Duration;
 
+use aio::{Choice, EngineKind, EngineOptions, MonitorKind, Pairing, UnknownBackend};
 use aio_bench::load::Pattern;
 use aio_bench::matrix::Workload;
 use aio_bench::targets::loopdev::LoopSpec;
 use aio_bench::units::{parse_duration, parse_size};
-use aio_vhost_user_blk::backends::engines::EngineKind;
-use aio_vhost_user_blk::backends::monitors::MonitorKind;
 
 /// A matrix workload: `rd`, `wr` or `randrw`.
 pub fn parse_workload(s: &str) -> Result<Workload, String> {
@@ -22,47 +21,47 @@ pub fn parse_workload(s: &str) -> Result<Workload, String> {
 
 /// An engine name.
 pub fn parse_engine(s: &str) -> Result<EngineKind, String> {
-    s.parse()
-        .map_err(|e: aio_vhost_user_blk::backends::engines::UnknownEngine| e.to_string())
+    s.parse().map_err(|e: UnknownBackend| e.to_string())
 }
 
-/// An fd monitor name.
+/// An fd monitor on its own (`poll`, `epoll`, `hybrid`, `uring`); `shared-ring` is refused
+/// with the commands that pair it.
 pub fn parse_monitor(s: &str) -> Result<MonitorKind, String> {
-    s.parse()
-        .map_err(|e: aio_vhost_user_blk::backends::monitors::UnknownMonitor| e.to_string())
-}
-
-/// A monitor that runs on its own (not `shared-ring`, which only `vs-fio` and `peers` pair
-/// with the io_uring engine).
-pub fn parse_monitor_alone(s: &str) -> Result<MonitorKind, String> {
-    match parse_monitor(s)? {
-        MonitorKind::SharedRing => Err(
+    if s.parse::<Pairing>() == Ok(Pairing::SharedRing) {
+        return Err(
             "shared-ring shares the io_uring engine's ring: only vs-fio and peers build the pair"
                 .to_string(),
-        ),
-        kind => Ok(kind),
+        );
     }
+    s.parse().map_err(|e: UnknownBackend| e.to_string())
 }
 
-/// A monitor that runs on its own, or `auto` (resolved now, by the probe order uring ->
-/// hybrid -> poll).
+/// An fd monitor on its own, or `shared-ring`: io_uring's monitor on the io_uring engine's
+/// ring (`vs-fio` and `peers` build the pair).
+pub fn parse_pairing(s: &str) -> Result<Pairing, String> {
+    s.parse().map_err(|e: UnknownBackend| e.to_string())
+}
+
+/// An fd monitor on its own, or `auto` (resolved now, by the probe order uring -> hybrid ->
+/// poll).
 pub fn parse_monitor_or_auto(s: &str) -> Result<MonitorKind, String> {
     if s == "auto" {
-        return aio_vhost_user_blk::backends::monitors::auto()
-            .map(|(k, _)| k)
+        return MonitorKind::auto()
+            .map(|p| p.kind)
             .map_err(|e| e.to_string());
     }
-    parse_monitor_alone(s).map_err(|e| format!("{e}, or auto"))
+    parse_monitor(s).map_err(|e| format!("{e}, or auto"))
 }
 
 /// An engine name or `auto` (resolved now, by the probe order uring -> linux-aio -> pool).
 pub fn parse_engine_or_auto(s: &str) -> Result<EngineKind, String> {
-    if s == "auto" {
-        return aio_vhost_user_blk::backends::engines::auto()
-            .map(|(k, _)| k)
-            .map_err(|e| e.to_string());
+    match s.parse::<Choice<EngineKind>>() {
+        Ok(Choice::Auto) => EngineKind::auto(&EngineOptions::default())
+            .map(|p| p.kind)
+            .map_err(|e| e.to_string()),
+        Ok(Choice::Named(kind)) => Ok(kind),
+        Err(e) => Err(format!("{e}, or auto")),
     }
-    parse_engine(s).map_err(|e| format!("{e}, or auto"))
 }
 
 /// fio's `rw=` names: read, write, randread, randwrite, rw, randrw.

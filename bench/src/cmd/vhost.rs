@@ -10,6 +10,8 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use aio::EngineKind;
+use aio::MonitorKind;
 use aio_bench::error::BenchError;
 use aio_bench::load::Pattern;
 use aio_bench::targets::loopdev::{LoopDevice, LoopSpec};
@@ -17,8 +19,6 @@ use aio_bench::vhost::client::MAX_IODEPTH;
 use aio_bench::vhost::compare::{self, CompareSpec};
 use aio_bench::vhost::daemons::QSD;
 use aio_bench::vhost::{run_client, ClientResult, ClientSpec, ProcCpu};
-use aio_vhost_user_blk::backends::engines::EngineKind;
-use aio_vhost_user_blk::backends::monitors::MonitorKind;
 
 use super::values::{
     parse_device, parse_duration_arg, parse_engine, parse_monitor_or_auto, parse_pattern,
@@ -141,9 +141,9 @@ pub fn run(args: VhostArgs) -> Result<(), BenchError> {
             .collect()
     } else {
         vec![
-            aio_vhost_user_blk::backends::monitors::auto()
+            MonitorKind::auto()
                 .map_err(|e| BenchError::failed(format!("--fdmon auto: {e}")))?
-                .0,
+                .kind,
         ]
     };
     let (_device, image, block_device) = match (image_file, args.device) {

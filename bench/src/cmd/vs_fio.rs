@@ -6,14 +6,13 @@
 //! and the table. It never builds fio's command line or reads fio's output
 //! ([`aio_bench::fio`]), and never measures our side itself ([`aio_bench::fio::job::run_job`]).
 
+use aio::{Backends, Choice, EngineKind, EngineOptions, Pairing};
 use aio_bench::error::BenchError;
 use aio_bench::fio::job::{run_job, JobResult, JobSpec};
 use aio_bench::fio::{self, FioResult};
 use aio_bench::targets::image::DiskImage;
 use aio_core::engine::IoFile;
 use aio_core::PollMaxNs;
-use aio_vhost_user_blk::backends::engines::{EngineKind, UringOptions};
-use aio_vhost_user_blk::backends::monitors::MonitorKind;
 
 use super::{check_target, test_image};
 use crate::VsFioArgs;
@@ -24,9 +23,9 @@ pub fn run(mut args: VsFioArgs) -> Result<(), BenchError> {
     args.size = args.device.map_or(args.size, |d| d.size);
     let dir = check_target(args.dir.as_deref(), args.bs, args.size, "--size")?;
     if args.shared_ring {
-        args.fdmon = MonitorKind::SharedRing;
+        args.fdmon = Pairing::SharedRing;
     }
-    if args.fdmon == MonitorKind::SharedRing && args.engine != EngineKind::Uring {
+    if args.fdmon == Pairing::SharedRing && args.engine != EngineKind::Uring {
         return Err(BenchError::bad_input(format!(
             "--fdmon shared-ring needs --engine uring (got {})",
             args.engine
@@ -64,7 +63,7 @@ pub fn run(mut args: VsFioArgs) -> Result<(), BenchError> {
 
 /// What runs against what, on which file, and the table's header.
 fn print_header(args: &VsFioArgs, version: &str, image: &DiskImage) {
-    let fdmon = if args.fdmon == MonitorKind::SharedRing {
+    let fdmon = if args.fdmon == Pairing::SharedRing {
         "uring, one shared ring".to_string()
     } else {
         args.fdmon.to_string()
@@ -77,7 +76,7 @@ fn print_header(args: &VsFioArgs, version: &str, image: &DiskImage) {
     println!(
         "vs-fio: {} ({fdmon}, {polling}) vs {version} --ioengine={}",
         args.engine,
-        args.engine.fio_ioengine()
+        aio_bench::fio::ioengine(args.engine)
     );
     println!(
         "job: {} bs={} iodepth={} runtime={:?} ramp={:?} file={} ({} MiB, O_DIRECT)",
@@ -102,7 +101,7 @@ fn one_round(
     spec: JobSpec,
 ) -> Result<(FioResult, JobResult), BenchError> {
     let f = fio::run(
-        args.engine.fio_ioengine(),
+        aio_bench::fio::ioengine(args.engine),
         &image.shared_path(),
         args.size,
         &spec,
@@ -117,39 +116,19 @@ fn one_round(
     Ok((f, o))
 }
 
-/// Our side of a round: the chosen fd monitor and engine, or one shared io_uring.
+/// Our side of a round: the chosen fd monitor and engine, or one shared io_uring; a trim's
+/// discards on a block device go to a thread pool behind the engine (io_uring and Linux AIO
+/// refuse them).
 fn ours(args: &VsFioArgs, file: &IoFile, spec: JobSpec) -> Result<JobResult, BenchError> {
-    let failed = |e| BenchError::io("our run failed", e);
-    if args.fdmon == MonitorKind::SharedRing {
-        #[cfg(feature = "uring")]
-        {
-            let (monitor, engine) =
-                aio_backend_uring::shared_ring(aio_backend_uring::UringConfig::default())
-                    .map_err(|e| BenchError::failed(format!("shared ring: {e}")))?;
-            #[cfg(feature = "pool")]
-            if args.rw.is_trim() {
-                // A block device's discard goes to the pool (io_uring refuses it).
-                let pool = aio_pool::ThreadPool::new(aio_pool::PoolConfig::default())
-                    .map_err(|e| BenchError::failed(format!("thread pool: {e}")))?;
-                let engine = aio_core::engine::WithFallback::new(engine, pool);
-                return run_job(monitor, engine, file, args.size, spec).map_err(failed);
-            }
-            return run_job(monitor, engine, file, args.size, spec).map_err(failed);
-        }
-        #[cfg(not(feature = "uring"))]
-        return Err(BenchError::failed(
-            "--fdmon shared-ring needs the uring feature",
-        ));
-    }
-    let monitor = args
-        .fdmon
-        .build()
-        .map_err(|e| BenchError::io(format!("fd monitor {}", args.fdmon), e))?;
-    let engine = args
-        .engine
-        .build_for(UringOptions::default(), args.rw.is_trim())
-        .map_err(|e| BenchError::io(format!("engine {}", args.engine), e))?;
-    run_job(monitor, engine, file, args.size, spec).map_err(failed)
+    let options = EngineOptions::default().with_fallback_pool(args.rw.is_trim());
+    let pair = Backends::build(args.fdmon, Choice::Named(args.engine), &options).map_err(|e| {
+        BenchError::io(
+            format!("fd monitor {} and engine {}", args.fdmon, args.engine),
+            e.into(),
+        )
+    })?;
+    run_job(pair.monitor.built, pair.engine.built, file, args.size, spec)
+        .map_err(|e| BenchError::io("our run failed", e))
 }
 
 /// One round's row.

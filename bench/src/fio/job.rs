@@ -214,7 +214,7 @@ fn on_complete<L, E>(
 
 /// Runs `spec` with `engine` on `file` (of `file_size` bytes) in a fresh context over
 /// `monitor`. A trim job needs an engine that takes discards (for Linux AIO, one behind
-/// [`WithFallback`](aio_core::engine::WithFallback): see [`aio_vhost_user_blk::backends::engines::EngineKind::build_for`]).
+/// [`WithFallback`](aio_core::engine::WithFallback): see [`aio::EngineOptions::with_fallback_pool`]).
 pub fn run_job<L, E>(
     monitor: L,
     engine: E,

@@ -166,7 +166,7 @@ pub fn to_fio_json(reports: &[JobReport]) -> Value {
                     "bs": d.bs.to_string(),
                     "iodepth": d.iodepth.to_string(),
                     "numjobs": d.numjobs.to_string(),
-                    "ioengine": r.engine.fio_ioengine(),
+                    "ioengine": crate::fio::ioengine(r.engine),
                     "sync": if d.fua { "dsync" } else { "none" },
                 },
                 "read": side_json(&r.result.read, r.result.elapsed),

@@ -17,8 +17,8 @@ pub use self::scaling::{ceiling, scaling, scaling_table, Scaling};
 use crate::load::Pattern;
 use crate::scsi::{run_cell_on_iothreads, CellResult, CellSpec};
 use crate::targets::image::DiskImage;
-use aio_vhost_user_blk::backends::engines::EngineKind;
-use aio_vhost_user_blk::backends::monitors::MonitorKind;
+use aio::MonitorKind;
+use aio::{EngineKind, EngineOptions};
 
 /// A workload of the matrix (the columns of the QEMU epoll discussion's scsi-disk table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -284,12 +284,8 @@ fn run_one(
     cell.pattern = workload.pattern();
     cell.iothreads = iothreads;
     let build = move |_| {
-        let monitor = fdmon
-            .build()
-            .map_err(|e| io::Error::new(e.kind(), format!("fd monitor {fdmon}: {e}")))?;
-        let eng = engine
-            .build()
-            .map_err(|e| io::Error::new(e.kind(), format!("engine {engine}: {e}")))?;
+        let monitor = fdmon.build()?;
+        let eng = engine.build(&EngineOptions::default())?;
         Ok((monitor, eng))
     };
     let result = run_cell_on_iothreads(build, &images[..disks], cell, &spec.cpus)?;

@@ -143,7 +143,13 @@ fn threaded(
     let engines: Vec<EngineKind> = engines
         .iter()
         .copied()
-        .filter(|&k| aio_core::testing::available(&format!("engine {k}"), k.build()).is_some())
+        .filter(|&k| {
+            aio_core::testing::available(
+                &format!("engine {k}"),
+                k.build(&aio::EngineOptions::default()),
+            )
+            .is_some()
+        })
         .collect();
     let quick = MatrixSpec::quick();
     let spec = MatrixSpec {

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use crate::cpus::process_cpu_seconds;
 use crate::load::generator::transferred;
 use crate::load::{latency_histogram, Generator, Layout, LoadFigures, LoadSpec, Pattern, Window};
-use aio_vhost_user_blk::backends::monitors::MonitorKind;
+use aio::Pairing;
 use hdrhistogram::Histogram;
 
 /// One way of running the job (tables list them in this order).
@@ -125,8 +125,8 @@ pub struct Job {
     pub secs: Duration,
     /// aio-rs's adaptive polling limit (`PollParams::with_max_ns`); the peers have no such knob.
     pub poll_max_ns: aio_core::PollMaxNs,
-    /// aio-rs's fd monitor.
-    pub fdmon: MonitorKind,
+    /// aio-rs's fd monitor, or the io_uring engine's ring shared with it.
+    pub fdmon: Pairing,
     /// aio-rs's io_uring engine registers the file and each worker's buffer with its ring.
     pub uring_registered: bool,
 }
@@ -328,6 +328,7 @@ pub fn open_direct(path: &std::path::Path) -> io::Result<std::fs::File> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use aio::{Choice, MonitorKind};
 
     fn job(qd: usize) -> Job {
         Job {
@@ -338,7 +339,7 @@ mod tests {
             ramp: Duration::ZERO,
             secs: Duration::from_secs(60),
             poll_max_ns: aio_core::PollMaxNs::Fixed(0),
-            fdmon: MonitorKind::Epoll,
+            fdmon: Pairing::Apart(Choice::Named(MonitorKind::Epoll)),
             uring_registered: false,
         }
     }

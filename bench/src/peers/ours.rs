@@ -11,45 +11,48 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use aio_backend_epoll::EpollLoop;
-use aio_backend_uring::{shared_ring, UringLoop, MAX_REGISTERED_BUFFERS};
+use aio_backend_uring::{shared_ring, UringConfig, UringLoop, MAX_REGISTERED_BUFFERS};
 use aio_core::engine::{AlignedBuf, AttachedEngine, IoEngine, IoFile, Request, SubmitError};
 use aio_core::task::join_all;
 use aio_core::{AioContext, EventLoop};
 use aio_pool::{PoolConfig, PoolContext, ThreadPool};
 
-use aio_vhost_user_blk::backends::engines::{EngineKind, UringOptions};
-use aio_vhost_user_blk::backends::monitors::MonitorKind;
+use aio::{Choice, EngineKind, EngineOptions, MonitorKind, Pairing};
 
 use super::{open_direct, Job, Outcome, Variant, Worker};
 
-/// The io_uring engine's options: the defaults, or with `--uring-registered` each file and
-/// each worker's buffer registered with the ring (`IORING_OP_READ_FIXED`, as glommio reads).
-fn uring_options(job: &Job) -> UringOptions {
-    let mut options = UringOptions::default();
-    if job.uring_registered {
-        options.register_files = true;
-        options.fixed_buffers = (job.qd as u32).min(MAX_REGISTERED_BUFFERS);
+/// The io_uring engine's configuration: the defaults, or with `--uring-registered` each file
+/// and each worker's buffer registered with the ring (`IORING_OP_READ_FIXED`, as glommio
+/// reads).
+fn uring_config(job: &Job) -> UringConfig {
+    let config = UringConfig::default();
+    if !job.uring_registered {
+        return config;
     }
-    options
+    config
+        .with_register_files(true)
+        .with_fixed_buffers((job.qd as u32).min(MAX_REGISTERED_BUFFERS))
 }
 
 /// Runs one of aio-rs's variants (a peer's is refused as invalid input).
 pub fn run(variant: Variant, job: &Job) -> io::Result<Outcome> {
     let uring_variant = matches!(variant, Variant::AioUringAsync | Variant::AioUringCallback);
+    // The loops the peers are compared on are concrete types (no dynamic dispatch).
     match job.fdmon {
-        MonitorKind::Epoll => run_on(variant, job, EpollLoop::new()?, None),
-        MonitorKind::SharedRing if uring_variant => {
-            let (monitor, engine) =
-                shared_ring(uring_options(job).config()).map_err(io::Error::other)?;
+        Pairing::Apart(Choice::Named(MonitorKind::Epoll)) => {
+            run_on(variant, job, EpollLoop::new()?, None)
+        }
+        Pairing::SharedRing if uring_variant => {
+            let (monitor, engine) = shared_ring(uring_config(job)).map_err(io::Error::other)?;
             run_on(variant, job, monitor, Some(Box::new(engine)))
         }
-        MonitorKind::Uring | MonitorKind::SharedRing => run_on(
+        Pairing::Apart(Choice::Named(MonitorKind::Uring)) | Pairing::SharedRing => run_on(
             variant,
             job,
             UringLoop::new().map_err(io::Error::other)?,
             None,
         ),
-        other => run_on(variant, job, other.build()?, None),
+        Pairing::Apart(other) => run_on(variant, job, other.build()?.built, None),
     }
 }
 
@@ -66,14 +69,28 @@ fn run_on<L: EventLoop + 'static>(
     ctx.set_poll_params(job.poll_max_ns.params());
     let uring = || match shared {
         Some(engine) => Ok(engine),
-        None => EngineKind::Uring.build_with(uring_options(job)),
+        None => EngineKind::Uring
+            .build(&EngineOptions::default().with_uring(uring_config(job)))
+            .map_err(io::Error::from),
     };
     match variant {
         Variant::AioUringAsync => futures(&ctx, job, uring()?),
         Variant::AioUringCallback => callbacks(&ctx, job, uring()?),
-        Variant::AioLinuxAioAsync => futures(&ctx, job, EngineKind::LinuxAio.build()?),
-        Variant::AioLinuxAioCallback => callbacks(&ctx, job, EngineKind::LinuxAio.build()?),
-        Variant::AioPoolAsync => futures(&ctx, job, EngineKind::Pool.build()?),
+        Variant::AioLinuxAioAsync => futures(
+            &ctx,
+            job,
+            EngineKind::LinuxAio.build(&EngineOptions::default())?,
+        ),
+        Variant::AioLinuxAioCallback => callbacks(
+            &ctx,
+            job,
+            EngineKind::LinuxAio.build(&EngineOptions::default())?,
+        ),
+        Variant::AioPoolAsync => futures(
+            &ctx,
+            job,
+            EngineKind::Pool.build(&EngineOptions::default())?,
+        ),
         Variant::AioPoolRunAsync => pool_run_async(&ctx, job),
         peer => Err(io::Error::new(
             io::ErrorKind::InvalidInput,

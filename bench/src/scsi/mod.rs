@@ -129,10 +129,11 @@ impl Virtqueue {
 }
 
 /// The iothread (of `iothreads`) that serves queue `queue` of disk `disk` when every disk has
-/// `queues` queues: `(disk * queues + queue) % iothreads`, QEMU's iothread-vq-mapping rule
-/// (with one queue per disk, disk `d` is on iothread `d % iothreads`).
+/// `queues` queues: the daemon's rule ([`aio_virtio_blk::dataplane::iothread_of`]),
+/// `(disk * queues + queue) % iothreads` (with one queue per disk, disk `d` is on iothread
+/// `d % iothreads`).
 pub fn iothread_of(disk: usize, queue: usize, queues: usize, iothreads: usize) -> usize {
-    (disk * queues + queue) % iothreads.max(1)
+    aio_virtio_blk::dataplane::iothread_of(disk * queues, queue, iothreads)
 }
 
 /// What one cell runs.

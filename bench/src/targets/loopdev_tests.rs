@@ -111,8 +111,8 @@ fn matrix_disks_share_the_device_and_verify() {
     use std::os::unix::fs::FileExt;
 
     use crate::matrix::{self, MatrixSpec, Workload};
-    use aio_vhost_user_blk::backends::engines::EngineKind;
-    use aio_vhost_user_blk::backends::monitors::MonitorKind;
+    use aio::EngineKind;
+    use aio::MonitorKind;
 
     let loop_spec = LoopSpec { size: 16 << 20 };
     let Some(dev) = aio_core::testing::available(

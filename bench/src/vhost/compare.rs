@@ -14,8 +14,8 @@
 use std::path::PathBuf;
 
 use crate::error::BenchError;
-use aio_vhost_user_blk::backends::engines::EngineKind;
-use aio_vhost_user_blk::backends::monitors::MonitorKind;
+use aio::EngineKind;
+use aio::MonitorKind;
 
 use super::client::{run_client, ClientResult, ClientSpec};
 use super::daemons::{qemu_aio, Daemon, DaemonKind, DaemonSpec, RunDir};

@@ -1,6 +1,6 @@
 //! Starting and stopping the two vhost-user-blk daemons `aio-bench vhost --vs-qsd` compares:
 //! qemu-storage-daemon and ours (the `aio-bench` binary re-executed as the hidden
-//! `aio-bench vhost-daemon`, which runs `aio_vhost_user_blk::daemon::main_from_args`).
+//! `aio-bench vhost-daemon`, which runs `aio_vhost_user_blk::cli::main`).
 //!
 //! Both serve the same image (opened once per disk; QEMU with `locking=off`, since its disks
 //! share the file) over one socket per disk, all disks on one iothread with the same
@@ -34,8 +34,8 @@ use nix::unistd::Pid;
 
 use crate::error::BenchError;
 use crate::targets::cleanup::{self, OnSignal};
-use aio_vhost_user_blk::backends::engines::EngineKind;
-use aio_vhost_user_blk::backends::monitors::MonitorKind;
+use aio::EngineKind;
+use aio::MonitorKind;
 
 /// The longest wait for a daemon's sockets to appear.
 pub const SOCKET_WAIT: Duration = Duration::from_secs(10);

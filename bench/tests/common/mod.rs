@@ -55,14 +55,14 @@ pub fn expect_bad_input(cases: &[(Vec<&str>, &str)]) {
 /// The fio engine names among `wanted` that this build and kernel run; each one refused says
 /// `skipped:` why (a failure under `AIO_REQUIRE_ALL_BACKENDS=1`).
 pub fn usable(wanted: &[&'static str]) -> Vec<&'static str> {
-    use aio_vhost_user_blk::backends::engines::EngineKind;
+    use aio::EngineKind;
     let mut out = Vec::new();
     for &w in wanted {
         let kind = EngineKind::ALL
             .into_iter()
-            .find(|k| k.fio_ioengine() == w)
+            .find(|k| aio_bench::fio::ioengine(*k) == w)
             .expect("a fio ioengine name");
-        match kind.build() {
+        match kind.build(&aio::EngineOptions::default()) {
             Ok(_) => out.push(w),
             Err(e) => aio_core::testing::skip(&format!("ioengine={w}: {e}")),
         }

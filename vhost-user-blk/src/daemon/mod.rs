@@ -1,102 +1,166 @@
-//! The daemon: `--disk` images served as vhost-user-blk devices on aio-rs iothreads.
+//! The daemon as a library: a [`Config`]'s disks served as vhost-user-blk devices on aio-rs
+//! iothreads until a [`StopHandle`] says stop.
 //!
 //! This module owns the daemon's life: open the images, start the iothreads (each an
-//! [`aio_core::IoThread`] with its own engine and fd monitor, busy polling at
-//! `--poll-max-ns`), serve every socket on a control loop on the main thread, and end cleanly
-//! on SIGINT or SIGTERM (every connection drained, sockets removed, exit 0).
+//! [`aio_core::IoThread`] with its own engine and fd monitor, busy polling at the
+//! configured window), serve every socket on a control loop on the calling thread, and end
+//! cleanly when stopped (every connection drained, sockets removed). It installs no signal
+//! handler and parses no command line: the binary does ([`crate::cli`]), so a program may
+//! run the daemon more than once, or beside its own work.
 //!
-//! Threads: the main thread's `AioContext` holds the listening sockets and the connections
-//! (vhost-user messages); each iothread's `AioContext` holds its queues' kick fds and its
-//! engine's completions. Queue `i` of every disk runs on iothread `i mod K`.
+//! Threads: the calling thread's `AioContext` holds the listening sockets and the
+//! connections (vhost-user messages); each iothread's `AioContext` holds its queues' kick fds
+//! and its engine's completions. The queues of every disk, numbered in order, take the
+//! iothreads in turn ([`aio_virtio_blk::dataplane::iothread_of`]).
 
-mod args;
-pub mod backends;
+mod config;
 mod distinct;
 mod socket;
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
-use aio_core::engine::IoEngine;
-use aio_core::{AioContext, EventLoop, IoThread};
-use clap::Parser;
+use aio_core::{AioContext, EventLoop, IoEngine, IoThread, NotifyHandle};
 
-pub use args::{Args, CpuList, DiskSpec};
+pub use config::{BadDiskSpec, Config, DiskSpec};
 pub use socket::DiskSocket;
 
-use crate::dataplane::DataPlane;
-use crate::device::{BlockDevice, DiskOptions};
+use crate::vhost::DiskIndex;
+use aio_virtio_blk::dataplane::DataPlane;
+use aio_virtio_blk::device::{BlockDevice, DeviceError, DiskOptions};
 
 /// Why the daemon stopped with an error.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DaemonError {
-    /// A disk could not be opened or served (exit code 2: it names the argument).
-    #[error("--disk {spec}: {reason}")]
+    /// A disk's image could not be opened or served as it is.
+    #[error("--disk {spec}: {source}")]
     Disk {
         /// The disk's socket path.
         spec: String,
         /// Why.
-        reason: String,
+        #[source]
+        source: DiskError,
     },
-    /// Two `--disk` arguments collide: one socket, or one image with a writer (exit code 2:
-    /// it names both).
+    /// Two disks collide: one socket, or one image with a writer. It names both.
     #[error("--disk {first} and --disk {second}: {reason}")]
     Conflict {
-        /// The earlier `--disk`.
+        /// The earlier disk.
         first: String,
         /// The later one.
         second: String,
         /// How they collide.
         reason: String,
     },
-    /// The backends or the iothreads could not start.
+    /// An iothread could not start (its backends were refused) or failed.
     #[error("{0}")]
-    Start(String),
-    /// Signal handling could not be set up.
-    #[error("signal handler: {0}")]
-    Signals(String),
+    IoThread(#[from] aio_core::IoThreadError),
+    /// The control loop's backends could not start.
+    #[error("{what}: {source}")]
+    Start {
+        /// What could not start.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
 }
 
-/// Runs the daemon with command-line arguments (without the program name); returns the exit
-/// code: 0 after SIGINT/SIGTERM, 2 for bad arguments, 1 for a failure.
-pub fn main_from_args(args: Vec<String>) -> i32 {
-    let args =
-        match Args::try_parse_from(std::iter::once("aio-vhost-user-blk".to_string()).chain(args)) {
-            Ok(a) => a,
-            Err(e) => {
-                let code = if e.use_stderr() { 2 } else { 0 };
-                let _ = e.print();
-                return code;
-            }
-        };
-    match run(&args) {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("aio-vhost-user-blk: {e}");
-            match e {
-                DaemonError::Disk { .. } | DaemonError::Conflict { .. } => 2,
-                _ => 1,
-            }
+/// Why one disk could not be served.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DiskError {
+    /// The image was refused (it cannot be opened, its size, its format).
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    /// Its socket could not be created or watched.
+    #[error("socket: {0}")]
+    Socket(#[source] io::Error),
+}
+
+/// Tells a running [`run`] to stop: `Send + Sync + Clone`, for a signal handler, another
+/// thread, or a test. Stopping before `run` starts makes it return as soon as it has started.
+#[derive(Debug, Clone, Default)]
+pub struct StopHandle {
+    inner: Arc<StopInner>,
+}
+
+#[derive(Debug, Default)]
+struct StopInner {
+    stopped: AtomicBool,
+    /// The control loop's wake-up, once `run` has one.
+    wake: Mutex<Option<NotifyHandle>>,
+}
+
+impl StopHandle {
+    /// A handle that has not said stop.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Says stop and wakes the control loop (async-signal-safe it is not: call it from a
+    /// signal-handling thread, as `ctrlc` does, not from a signal handler).
+    pub fn stop(&self) {
+        self.inner.stopped.store(true, Ordering::SeqCst);
+        let wake = self
+            .inner
+            .wake
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(wake) = wake.as_ref() {
+            wake.notify();
         }
     }
-}
 
-/// Pins the calling thread to `cpu`.
-fn pin(cpu: usize) -> io::Result<()> {
-    let mut set = nix::sched::CpuSet::new();
-    set.set(cpu).map_err(io::Error::from)?;
-    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).map_err(io::Error::from)
+    /// Whether stop was said.
+    pub fn is_stopped(&self) -> bool {
+        self.inner.stopped.load(Ordering::SeqCst)
+    }
+
+    fn attach(&self, wake: NotifyHandle) {
+        *self
+            .inner
+            .wake
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(wake);
+    }
 }
 
 type Plane = DataPlane<Box<dyn EventLoop>, Box<dyn IoEngine>>;
 
-/// Serves the disks until SIGINT or SIGTERM.
-pub fn run(args: &Args) -> Result<(), DaemonError> {
-    distinct::check(&args.disks)?;
+/// The daemon's engines: each with a thread pool behind it for the discards and write-zeroes
+/// it refuses, as QEMU sends them to its thread pool with `aio=native`.
+pub fn engine_options() -> aio::EngineOptions {
+    aio::EngineOptions::default().with_fallback_pool(true)
+}
+
+/// Each disk's number and the number of its queue 0 among every disk's queues, in order.
+fn disk_indexes(disks: &[DiskSpec]) -> Vec<DiskIndex> {
+    let mut first_queue = 0;
+    (0..)
+        .zip(disks)
+        .map(|(number, d)| {
+            let index = DiskIndex {
+                number,
+                first_queue,
+            };
+            first_queue += usize::from(d.queues);
+            index
+        })
+        .collect()
+}
+
+fn start_error(what: &'static str) -> impl FnOnce(io::Error) -> DaemonError {
+    move |source| DaemonError::Start { what, source }
+}
+
+/// Serves `config`'s disks on the calling thread until `stop` says stop, then drains every
+/// connection, removes the sockets and stops the iothreads.
+pub fn run(config: &Config, stop: &StopHandle) -> Result<(), DaemonError> {
+    distinct::check(&config.disks)?;
     let mut devices = Vec::new();
-    for d in &args.disks {
+    for d in &config.disks {
         let options = DiskOptions {
             read_only: d.read_only,
             serial: d.serial.clone(),
@@ -105,44 +169,40 @@ pub fn run(args: &Args) -> Result<(), DaemonError> {
         };
         let device = BlockDevice::open(&d.image, options).map_err(|e| DaemonError::Disk {
             spec: d.socket.display().to_string(),
-            reason: e.to_string(),
+            source: e.into(),
         })?;
         devices.push(Arc::new(device));
     }
     let mut threads = Vec::new();
-    for k in 0..usize::from(args.iothreads) {
-        let (engine, fdmon) = (args.engine.clone(), args.fdmon.clone());
-        let cpu = args.cpus.as_ref().map(|c| c.0[k % c.0.len()]);
-        let poll = args.poll_max_ns.params();
+    for k in 0..usize::from(config.iothreads.max(1)) {
+        let (engine, fdmon) = (config.engine, config.fdmon);
+        let cpu = config.cpus.as_ref().and_then(|c| c.nth_wrapping(k));
+        let poll = config.poll_max_ns.params();
         let thread = IoThread::spawn(&format!("iothread{k}"), move || -> io::Result<_> {
             if let Some(cpu) = cpu {
-                pin(cpu)?;
+                aio_core::process::pin_current_thread(&[cpu])?;
             }
-            let ctx = AioContext::new(backends::build_monitor(&fdmon)?).map_err(io::Error::from)?;
+            let ctx = AioContext::new(fdmon.build()?.built).map_err(io::Error::from)?;
             ctx.set_poll_params(poll);
-            let (engine, _name) = backends::build_engine(&engine)?;
+            let engine = engine.build(&engine_options())?.built;
             let plane: Plane = DataPlane::new(&ctx, engine).map_err(io::Error::from)?;
             Ok((ctx, plane))
-        })
-        .map_err(|e| DaemonError::Start(e.to_string()))?;
+        })?;
         threads.push(thread);
     }
     let handles = Arc::new(threads.iter().map(IoThread::handle).collect::<Vec<_>>());
-    let monitor =
-        backends::build_monitor(&args.fdmon).map_err(|e| DaemonError::Start(e.to_string()))?;
-    let ctx = AioContext::new(monitor).map_err(|e| DaemonError::Start(e.to_string()))?;
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let (flag, wake) = (stop.clone(), ctx.notify_handle());
-    ctrlc::set_handler(move || {
-        flag.store(true, Ordering::SeqCst);
-        wake.notify();
-    })
-    .map_err(|e| DaemonError::Signals(e.to_string()))?;
+    let monitor = config
+        .fdmon
+        .build()
+        .map_err(|e| start_error("fd monitor")(e.into()))?
+        .built;
+    let ctx = AioContext::new(monitor).map_err(|e| start_error("control loop")(e.into()))?;
+    stop.attach(ctx.notify_handle());
 
     let mut sockets = Vec::new();
-    for (i, (d, device)) in args.disks.iter().zip(&devices).enumerate() {
-        match DiskSocket::serve(&ctx, i as u32, &d.socket, device.clone(), handles.clone()) {
+    let indexes = disk_indexes(&config.disks);
+    for ((d, device), disk) in config.disks.iter().zip(&devices).zip(indexes) {
+        match DiskSocket::serve(&ctx, disk, &d.socket, device.clone(), handles.clone()) {
             Ok(s) => sockets.push(s),
             Err(e) => {
                 sockets
@@ -150,12 +210,12 @@ pub fn run(args: &Args) -> Result<(), DaemonError> {
                     .for_each(|s: &std::rc::Rc<DiskSocket<_, _>>| s.close(&ctx));
                 return Err(DaemonError::Disk {
                     spec: d.socket.display().to_string(),
-                    reason: e.to_string(),
+                    source: DiskError::Socket(e),
                 });
             }
         }
     }
-    while !stop.load(Ordering::SeqCst) {
+    while !stop.is_stopped() {
         ctx.poll(true);
     }
     for s in &sockets {
@@ -163,7 +223,37 @@ pub fn run(args: &Args) -> Result<(), DaemonError> {
     }
     drop(sockets);
     for t in threads {
-        t.stop().map_err(|e| DaemonError::Start(e.to_string()))?;
+        t.stop()?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aio_virtio_blk::dataplane::iothread_of;
+
+    #[test]
+    fn one_queue_disks_spread_over_the_iothreads() {
+        let disk =
+            |q: u16| -> DiskSpec { format!("socket=/s{q},image=/i,queues={q}").parse().unwrap() };
+        // Four one-queue disks on four iothreads: one each (not all on the first).
+        let on: Vec<usize> = disk_indexes(&[disk(1), disk(1), disk(1), disk(1)])
+            .iter()
+            .map(|d| iothread_of(d.first_queue, 0, 4))
+            .collect();
+        assert_eq!(on, [0, 1, 2, 3]);
+        // A two-queue disk, then a one-queue disk, on two iothreads: the queues take them in
+        // turn, so the second disk starts where the first left off.
+        let idx = disk_indexes(&[disk(2), disk(1)]);
+        assert_eq!((idx[1].number, idx[1].first_queue), (1, 2));
+        assert_eq!(
+            [
+                iothread_of(idx[0].first_queue, 0, 2),
+                iothread_of(idx[0].first_queue, 1, 2),
+                iothread_of(idx[1].first_queue, 0, 2)
+            ],
+            [0, 1, 0]
+        );
+    }
 }

@@ -19,8 +19,8 @@ use aio_core::engine::IoEngine;
 use aio_core::{AioContext, EventLoop, FdHandler};
 use vhost::vhost_user::{BackendReqHandler, Error as VuError};
 
-use crate::device::BlockDevice;
-use crate::vhost::{BlkBackend, IoThreads};
+use crate::vhost::{BlkBackend, DiskIndex, IoThreads};
+use aio_virtio_blk::device::BlockDevice;
 
 type Handler<L, E> = BackendReqHandler<Mutex<BlkBackend<L, E>>>;
 
@@ -33,7 +33,7 @@ struct Connection<L: EventLoop + 'static, E: IoEngine + 'static> {
 
 /// One disk's socket and its current frontend.
 pub struct DiskSocket<L: EventLoop + 'static, E: IoEngine + 'static> {
-    disk: u32,
+    disk: DiskIndex,
     path: PathBuf,
     listener: UnixListener,
     device: Arc<BlockDevice>,
@@ -73,10 +73,10 @@ fn ends_connection(e: &VuError) -> bool {
 }
 
 impl<L: EventLoop + 'static, E: IoEngine + 'static> DiskSocket<L, E> {
-    /// Creates the socket of disk number `disk` at `path` and serves it on `ctx`.
+    /// Creates the socket of disk `disk` at `path` and serves it on `ctx`.
     pub fn serve(
         ctx: &AioContext<L>,
-        disk: u32,
+        disk: DiskIndex,
         path: &Path,
         device: Arc<BlockDevice>,
         iothreads: IoThreads<L, E>,

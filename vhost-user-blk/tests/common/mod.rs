@@ -231,14 +231,15 @@ impl Client {
 pub fn engines() -> Vec<&'static str> {
     ["uring", "linux-aio", "pool"]
         .into_iter()
-        .filter(
-            |e| match aio_vhost_user_blk::daemon::backends::build_engine(e) {
+        .filter(|e| {
+            let kind: aio::EngineKind = e.parse().expect("an engine's name");
+            match kind.build(&aio_vhost_user_blk::daemon::engine_options()) {
                 Ok(_) => true,
                 Err(why) => {
                     aio_core::testing::skip(&format!("engine {e}: {why}"));
                     false
                 }
-            },
-        )
+            }
+        })
         .collect()
 }

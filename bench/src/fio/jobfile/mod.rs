@@ -33,18 +33,11 @@ use std::time::Duration;
 
 use crate::load::Pattern;
 use crate::units::{parse_duration, parse_size};
+use aio::{Choice, EngineKind, MonitorKind};
 use aio_core::{PollMaxNs, PollRule};
-use aio_vhost_user_blk::backends::engines::{EngineKind, URING_TASK_RUN_MODES};
-use aio_vhost_user_blk::backends::monitors::MonitorKind;
 
-/// The fd monitor a job asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MonitorChoice {
-    /// What [`aio_vhost_user_blk::backends::monitors::auto`] picks on this kernel.
-    Auto,
-    /// This one.
-    Kind(MonitorKind),
-}
+/// The names `uring_taskrun=` takes (io_uring's task-work modes, `TaskRun`'s names).
+pub const URING_TASK_RUN_MODES: [&str; 4] = ["auto", "signal", "coop", "defer"];
 
 /// One job, with `[global]` applied.
 #[derive(Debug, Clone, PartialEq)]
@@ -85,7 +78,7 @@ pub struct JobDef {
     /// `ioengine=`, mapped to ours (fio's default `psync` is the pool).
     pub engine: EngineKind,
     /// `fdmon=` (default `auto`).
-    pub fdmon: MonitorChoice,
+    pub fdmon: Choice<MonitorKind>,
     /// `disks=` (default 1: the job's file only).
     pub disks: u64,
     /// `iothreads=` (default 1, at most `iodepth`): each clone of the job runs on this many
@@ -101,8 +94,8 @@ pub struct JobDef {
     pub poll_max_ns: PollMaxNs,
     /// `poll_rule=` (`recovering`, the default, or `qemu`).
     pub poll_rule: PollRule,
-    /// `uring_taskrun=`: io_uring's task-work mode, one of
-    /// [`aio_vhost_user_blk::backends::engines::URING_TASK_RUN_MODES`] (default `auto`).
+    /// `uring_taskrun=`: io_uring's task-work mode, one of [`URING_TASK_RUN_MODES`] (default
+    /// `auto`); the io_uring engine takes it as its `TaskRun` of the same name.
     pub uring_task_run: &'static str,
     /// `iodepth_batch_submit=` (alias `iodepth_batch`): the engine's largest batch per
     /// submission call; 0 means `iodepth`, as in fio. Unset, the engine's own default (32)
@@ -149,7 +142,7 @@ impl JobDef {
             direct: false,
             fua: false,
             engine: EngineKind::Pool,
-            fdmon: MonitorChoice::Auto,
+            fdmon: Choice::Auto,
             disks: 1,
             iothreads: 1,
             poll_max_ns: PollMaxNs::Fixed(32_768),
@@ -495,24 +488,21 @@ fn apply(
         }
         "fdmon" => {
             let v = needs_value()?;
-            job.fdmon = if v == "auto" {
-                MonitorChoice::Auto
-            } else {
-                match v.parse::<MonitorKind>() {
-                    Ok(MonitorKind::SharedRing) => {
-                        return Err(bad("shared-ring pairs the monitor with the io_uring \
-                                        engine: vs-fio and peers only"
-                            .into()))
-                    }
-                    Ok(kind) => MonitorChoice::Kind(kind),
-                    Err(e) => return Err(bad(format!("{e}, or auto"))),
+            job.fdmon = match v.parse::<Choice<MonitorKind>>() {
+                Ok(choice) => choice,
+                Err(_) if v == "shared-ring" => {
+                    return Err(bad("shared-ring pairs the monitor with the io_uring \
+                                    engine: vs-fio and peers only"
+                        .into()))
                 }
+                Err(e) => return Err(bad(format!("{e}, or auto"))),
             };
         }
         "pool_spin" => job.pool_spin = duration()?,
         "cpus_allowed" => {
-            let list: crate::cpus::CpuList = needs_value()?.parse().map_err(bad)?;
-            job.cpus_allowed = Some(list.0);
+            let list: crate::cpus::CpuList =
+                needs_value()?.parse().map_err(|e| bad(format!("{e}")))?;
+            job.cpus_allowed = Some(list.as_slice().to_vec());
         }
         "cpus_allowed_policy" => {
             job.cpus_split = match needs_value()? {

@@ -62,7 +62,7 @@ fn globals_apply_to_later_jobs_only_and_jobs_override_them() {
         (c.rw, c.rwmixread, c.time_based),
         (Pattern::RandReadWrite, 70, true)
     );
-    assert_eq!(c.fdmon, MonitorChoice::Kind(MonitorKind::Epoll));
+    assert_eq!(c.fdmon, Choice::Named(MonitorKind::Epoll));
     assert_eq!(
         (c.disks, c.poll_max_ns),
         (64, aio_core::PollMaxNs::Fixed(0))

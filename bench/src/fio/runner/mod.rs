@@ -7,7 +7,7 @@
 //! `group_reporting`) and the `iothreads=` shares of each clone (each its own thread, loop and
 //! engine, in its own region of the file, reported together too). A trim job's engine is
 //! paired with the thread pool for the discards it cannot run
-//! ([`EngineKind::build_for`]). Its reports are formatted by [`super::output`].
+//! ([`EngineKind::build`]). Its reports are formatted by [`super::output`].
 
 use std::fs::OpenOptions;
 use std::io::{self, Seek, SeekFrom};
@@ -17,10 +17,9 @@ use std::path::PathBuf;
 use aio_core::engine::IoFile;
 
 use crate::fio::job::{run_job_in, JobResult, JobSpec};
-use crate::fio::jobfile::{JobDef, JobFile, MonitorChoice};
+use crate::fio::jobfile::{JobDef, JobFile};
 use crate::targets::image::DiskImage;
-use aio_vhost_user_blk::backends::engines::{EngineKind, UringOptions};
-use aio_vhost_user_blk::backends::monitors::{self, MonitorKind};
+use aio::{Choice, EngineKind, EngineOptions, MonitorKind};
 
 /// A job that could not run.
 #[derive(Debug, thiserror::Error)]
@@ -222,19 +221,48 @@ fn target(def: &JobDef, clone: u64) -> Result<Target, RunError> {
     })
 }
 
-/// The engine one iothread of `def` runs: `engine` as [`EngineKind::build_for`] builds it, or
-/// the thread pool with the job's `pool_spin`.
-fn build_engine(
-    def: &JobDef,
-    engine: EngineKind,
-    uring: UringOptions,
-) -> io::Result<Box<dyn aio_core::engine::IoEngine>> {
-    #[cfg(feature = "pool")]
-    if engine == EngineKind::Pool && !def.pool_spin.is_zero() {
-        let config = aio_pool::PoolConfig::default().with_spin(def.pool_spin);
-        return Ok(Box::new(aio_pool::ThreadPool::new(config)?));
+/// The options `def`'s engine is built with: fio's io_uring options (`registerfiles`,
+/// `fixedbufs`, ours `uring_taskrun`), the pool's `pool_spin`, and a thread pool behind the
+/// engine for a trim job's discards. An option for another engine than the job's is refused,
+/// naming it.
+fn engine_options(def: &JobDef, engine: EngineKind) -> Result<EngineOptions, String> {
+    let uring_set = def.register_files || def.fixed_bufs || def.uring_task_run != "auto";
+    if uring_set && engine != EngineKind::Uring {
+        return Err(format!(
+            "registerfiles, fixedbufs and uring_taskrun are io_uring options; this engine is {}",
+            crate::fio::ioengine(engine)
+        ));
     }
-    engine.build_for(uring, def.rw.is_trim())
+    if !def.pool_spin.is_zero() && engine != EngineKind::Pool {
+        return Err(format!(
+            "pool_spin is a thread-pool option (ioengine=psync and its kin); this engine is {}",
+            crate::fio::ioengine(engine)
+        ));
+    }
+    #[allow(unused_mut)]
+    let mut options = EngineOptions::default().with_fallback_pool(def.rw.is_trim());
+    #[cfg(feature = "uring")]
+    {
+        let task_run = aio_backend_uring::TaskRun::from_name(def.uring_task_run)
+            .ok_or_else(|| format!("uring_taskrun={}: unknown", def.uring_task_run))?;
+        let fixed_buffers = if def.fixed_bufs {
+            def.iodepth as u32
+        } else {
+            0
+        };
+        options = options.with_uring(
+            options
+                .uring
+                .with_register_files(def.register_files)
+                .with_fixed_buffers(fixed_buffers)
+                .with_task_run(task_run),
+        );
+    }
+    #[cfg(feature = "pool")]
+    {
+        options = options.with_pool(options.pool.with_spin(def.pool_spin));
+    }
+    Ok(options)
 }
 
 /// The CPUs clone `n` of `def` runs on (fio's `cpus_allowed` and `cpus_allowed_policy`).
@@ -250,15 +278,15 @@ fn clone_cpus(def: &JobDef, n: usize) -> Option<Vec<usize>> {
 /// The engine and monitor a job runs on.
 fn backends(def: &JobDef) -> Result<(EngineKind, MonitorKind), RunError> {
     let fdmon = match def.fdmon {
-        MonitorChoice::Kind(k) => k,
-        MonitorChoice::Auto => {
-            monitors::auto()
+        Choice::Named(k) => k,
+        Choice::Auto => {
+            MonitorKind::auto()
                 .map_err(|e| RunError::Run {
                     job: def.name.clone(),
                     line: def.line,
                     reason: e.to_string(),
                 })?
-                .0
+                .kind
         }
     };
     Ok((def.engine, fdmon))
@@ -333,22 +361,7 @@ pub fn run_one(def: &JobDef) -> Result<JobReport, RunError> {
         line: def.line,
         reason,
     };
-    let uring = UringOptions {
-        register_files: def.register_files,
-        fixed_buffers: if def.fixed_bufs {
-            def.iodepth as u32
-        } else {
-            0
-        },
-        task_run: def.uring_task_run,
-    };
-    uring.check_for(engine).map_err(failed)?;
-    if !def.pool_spin.is_zero() && engine != EngineKind::Pool {
-        return Err(failed(format!(
-            "pool_spin is a thread-pool option (ioengine=psync and its kin); this engine is {}",
-            engine.fio_ioengine()
-        )));
-    }
+    let options = engine_options(def, engine).map_err(failed)?;
     check_space(
         def,
         if def.filename.is_some() {
@@ -404,7 +417,7 @@ pub fn run_one(def: &JobDef) -> Result<JobReport, RunError> {
                             crate::cpus::pin_to(&cpus).map_err(io::Error::other)?;
                         }
                         let monitor = fdmon.build()?;
-                        let engine = build_engine(def, engine, uring)?;
+                        let engine = engine.build(&options)?;
                         run_job_in(monitor, engine, &file, share.region, spec)
                     });
                 handles.push(thread.map_err(|e| failed(format!("starting a thread: {e}")))?);

@@ -37,16 +37,14 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use aio_core::engine::{AlignedBuf, GuestIovecs};
-use aio_core::engine::{AttachedEngine, IoEngine, Request};
-use aio_core::engine::{Completion, IoBuffers, RequestError};
+use aio_core::engine::{AttachedEngine, IoEngine};
 use aio_core::{AioContext, DeferredCall, EventLoop, FdHandler};
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use crate::chain::{parse_chain, BlkOp, BlkRequest, Segment};
+use crate::chain::{parse_chain, BlkRequest, RefusedChain};
 use crate::device::BlockDevice;
-use crate::spec;
+use crate::request::{Completer, RawImage};
 
 /// The guest's memory as one request sees it: the mappings stay while any holder lives.
 pub type GuestMemory = Arc<GuestMemoryMmap>;
@@ -90,11 +88,12 @@ pub struct VirtioBlkQueue<L: EventLoop + 'static, E: IoEngine + 'static> {
     inner: Rc<Inner<L, E>>,
 }
 
+/// The ring side of a queue: what it takes, what it completes, when it interrupts. The
+/// requests themselves run on `store`.
 struct Inner<L: EventLoop + 'static, E: IoEngine + 'static> {
-    device: Arc<BlockDevice>,
+    store: RawImage<L, E>,
     queue: RefCell<Queue>,
     mem: RefCell<GuestMemory>,
-    engine: AttachedEngine<L, E>,
     kick: File,
     call: RefCell<Option<File>>,
     interrupt: RefCell<Option<DeferredCall>>,
@@ -123,10 +122,9 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> VirtioBlkQueue<L, E> {
         }
         set_nonblocking(&kick)?;
         let inner = Rc::new(Inner {
-            device,
+            store: RawImage::new(device, engine),
             queue: RefCell::new(queue),
             mem: RefCell::new(mem),
-            engine,
             kick,
             call: RefCell::new(call),
             interrupt: RefCell::new(None),
@@ -183,6 +181,21 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> VirtioBlkQueue<L, E> {
     /// What it has done.
     pub fn stats(&self) -> QueueStats {
         self.inner.stats.get()
+    }
+}
+
+impl<L: EventLoop + 'static, E: IoEngine + 'static> Completer for Inner<L, E> {
+    fn finish(&self, mem: &GuestMemory, request: &BlkRequest, status: u8) {
+        let len = if status == crate::spec::S_OK {
+            request.written_len()
+        } else {
+            1
+        };
+        self.complete(mem, request.head, request.status, status, len);
+    }
+
+    fn bounced(&self) {
+        self.bump(|s| s.bounced += 1);
     }
 }
 
@@ -257,7 +270,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
     /// off while it drains, unless polling mode already turned them off.
     fn process(self: &Rc<Self>, ctx: &AioContext<L>) {
         let _section = ctx.defer_section();
-        self.engine.plug();
+        self.store.plug();
         while !self.broken.get() {
             let mem = self.mem.borrow().clone();
             let polling = self.polling.get();
@@ -275,7 +288,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
                 Err(_) => self.mark_broken(),
             }
         }
-        self.engine.unplug();
+        self.store.unplug();
     }
 
     /// Pops and checks every available chain.
@@ -283,8 +296,8 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
         &self,
         mem: &GuestMemory,
         polling: bool,
-    ) -> Vec<Result<BlkRequest, crate::chain::RefusedChain>> {
-        let limits = self.device.chain_limits();
+    ) -> Vec<Result<BlkRequest, RefusedChain>> {
+        let limits = self.store.device().chain_limits();
         let mut queue = self.queue.borrow_mut();
         if !polling && queue.disable_notification(&**mem).is_err() {
             drop(queue);
@@ -311,15 +324,17 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
         self.broken.set(true);
     }
 
+    /// Counts `request` in flight and runs it; a chain refused by the parser is answered
+    /// here (its status, or none if even that cannot be written).
     fn start_request(
         self: &Rc<Self>,
         mem: &GuestMemory,
-        request: Result<BlkRequest, crate::chain::RefusedChain>,
+        request: Result<BlkRequest, RefusedChain>,
     ) {
         self.bump(|s| s.requests += 1);
         self.in_flight.set(self.in_flight.get() + 1);
-        let request = match request {
-            Ok(r) => r,
+        match request {
+            Ok(request) => self.store.execute(self, mem, request),
             Err(refused) => {
                 self.bump(|s| s.refused += 1);
                 match refused.status {
@@ -328,117 +343,8 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
                     }
                     None => self.complete_without_status(mem, refused.head),
                 }
-                return;
             }
-        };
-        let file = self.device.file();
-        let token = u64::from(request.head);
-        let io = match &request.op {
-            BlkOp::Read { offset, segments } => match guest_iovecs(mem, segments) {
-                Some(iov) => Request::read_guest(file, *offset, iov, token),
-                None => return self.finish(mem, &request, spec::S_IOERR),
-            },
-            BlkOp::Write { offset, segments } => match guest_iovecs(mem, segments) {
-                Some(iov) => Request::write_guest(file, *offset, iov, token),
-                None => return self.finish(mem, &request, spec::S_IOERR),
-            },
-            BlkOp::Flush => Request::fdatasync(file, token),
-            BlkOp::Discard { offset, len } => Request::discard(file, *offset, *len, token),
-            BlkOp::WriteZeroes { offset, len, unmap } => {
-                Request::write_zeroes(file, *offset, *len, *unmap, token)
-            }
-            BlkOp::GetId { buf } => {
-                let ok = mem.write_slice(&self.device.id_bytes(), buf.addr).is_ok();
-                let status = if ok { spec::S_OK } else { spec::S_IOERR };
-                return self.finish(mem, &request, status);
-            }
-        };
-        self.submit(mem, request, io);
-    }
-
-    /// Submits `io` for `request`; a refusal for alignment goes through a bounce buffer.
-    fn submit(self: &Rc<Self>, mem: &GuestMemory, request: BlkRequest, io: Request) {
-        let q = self.clone();
-        let held = mem.clone();
-        let is_discard = matches!(request.op, BlkOp::Discard { .. });
-        let meta = request.clone();
-        let refused = self
-            .engine
-            .submit_with(io, move |_ctx, _engine, done: Completion| {
-                let status = match &done.result {
-                    Ok(_) => spec::S_OK,
-                    // Discard is advisory: a file system or device without it is not an error.
-                    Err(e) if is_discard && e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
-                        spec::S_OK
-                    }
-                    Err(_) => spec::S_IOERR,
-                };
-                // The request's memory table, held until here (the kernel is done with it).
-                q.finish(&held, &meta, status);
-            });
-        if let Err(refused) = refused {
-            if matches!(refused.error, RequestError::Misaligned { .. }) {
-                return self.bounce(mem, request);
-            }
-            self.finish(mem, &request, spec::S_IOERR);
         }
-    }
-
-    /// A read or write through an aligned buffer (the driver's buffers are not aligned for
-    /// `O_DIRECT`): copied from guest memory before a write, into it after a read.
-    fn bounce(self: &Rc<Self>, mem: &GuestMemory, request: BlkRequest) {
-        self.bump(|s| s.bounced += 1);
-        let file = self.device.file();
-        let token = u64::from(request.head);
-        let io = match &request.op {
-            BlkOp::Read { offset, segments } => {
-                let len = segments.iter().map(|s| s.len as usize).sum();
-                Request::read(file, *offset, AlignedBuf::new(len), token)
-            }
-            BlkOp::Write { offset, segments } => {
-                let mut data = vec![0u8; segments.iter().map(|s| s.len as usize).sum()];
-                let mut at = 0;
-                for s in segments {
-                    let end = at + s.len as usize;
-                    if mem.read_slice(&mut data[at..end], s.addr).is_err() {
-                        return self.finish(mem, &request, spec::S_IOERR);
-                    }
-                    at = end;
-                }
-                Request::write(file, *offset, AlignedBuf::from_slice(&data), token)
-            }
-            _ => return self.finish(mem, &request, spec::S_IOERR),
-        };
-        let q = self.clone();
-        let held = mem.clone();
-        let meta = request.clone();
-        let refused = self
-            .engine
-            .submit_with(io, move |_ctx, _engine, done: Completion| {
-                let mut status = if done.result.is_ok() {
-                    spec::S_OK
-                } else {
-                    spec::S_IOERR
-                };
-                if let (BlkOp::Read { segments, .. }, IoBuffers::One(buf)) = (&meta.op, &done.buf) {
-                    if status == spec::S_OK && !copy_to_guest(&held, segments, buf) {
-                        status = spec::S_IOERR;
-                    }
-                }
-                q.finish(&held, &meta, status);
-            });
-        if refused.is_err() {
-            self.finish(mem, &request, spec::S_IOERR);
-        }
-    }
-
-    fn finish(&self, mem: &GuestMemory, request: &BlkRequest, status: u8) {
-        let len = if status == spec::S_OK {
-            request.written_len()
-        } else {
-            1
-        };
-        self.complete(mem, request.head, request.status, status, len);
     }
 
     /// Writes the status byte, puts the head in the used ring, asks for an interrupt.
@@ -490,41 +396,6 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
     }
 }
 
-/// The host addresses of `segments` in `mem` (each may span regions), or None if one is not
-/// mapped (the chain parser checked it; a new table could not have been swapped in since,
-/// since `mem` is the table the chain was parsed against).
-fn guest_iovecs(mem: &GuestMemory, segments: &[Segment]) -> Option<GuestIovecs> {
-    let mut parts = Vec::with_capacity(segments.len());
-    for s in segments {
-        for slice in mem.get_slices(s.addr, s.len as usize) {
-            let slice = slice.ok()?;
-            parts.push((slice.ptr_guard_mut().as_ptr(), slice.len()));
-        }
-    }
-    // SAFETY: every segment lies in a mapping of `mem`; the request's completion callback
-    // holds a clone of `mem` (an `Arc` of the mappings), and the engine holds the iovecs
-    // until that completion, so the memory stays mapped while the kernel may touch it. This
-    // process never makes Rust references to guest memory (vm-memory's accesses are
-    // volatile), so the driver writing its own buffer meanwhile is a race only for the guest.
-    Some(unsafe { GuestIovecs::new(parts) })
-}
-
-/// Copies a bounce buffer into the read's segments.
-fn copy_to_guest(mem: &GuestMemory, segments: &[Segment], buf: &AlignedBuf) -> bool {
-    let mut at = 0usize;
-    for s in segments {
-        let end = at + s.len as usize;
-        let Some(part) = buf.get(at..end) else {
-            return false;
-        };
-        if mem.write_slice(part, s.addr).is_err() {
-            return false;
-        }
-        at = end;
-    }
-    true
-}
-
-#[cfg(all(test, feature = "poll", feature = "pool"))]
+#[cfg(test)]
 #[path = "queue_tests.rs"]
 mod tests;

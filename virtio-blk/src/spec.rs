@@ -1,68 +1,71 @@
 //! The virtio-blk interface as the driver sees it: request types, status bytes, feature bits
 //! and the config space layout (VIRTIO 1.2, section 5.2).
 //!
-//! This module owns the numbers of the specification and the byte layout of the config
-//! space; it never looks at a queue or a disk.
+//! This module owns the numbers of the specification, named as this crate uses them and taken
+//! from `virtio-bindings` (the kernel's headers), and the byte layout of the config space; it
+//! never looks at a queue or a disk.
+
+use virtio_bindings::virtio_blk as blk;
 
 /// A sector: the unit of `sector` in a request header and of the capacity, whatever the
 /// disk's logical block size.
 pub const SECTOR_SIZE: u64 = 512;
 /// The length of a `GET_ID` answer (the serial, NUL-padded, not NUL-terminated when 20 bytes).
-pub const ID_BYTES: usize = 20;
+pub const ID_BYTES: usize = blk::VIRTIO_BLK_ID_BYTES as usize;
 /// The request header: `type` (u32), `reserved` (u32), `sector` (u64), little endian.
 pub const HEADER_BYTES: u32 = 16;
 /// One discard / write-zeroes segment: `sector` (u64), `num_sectors` (u32), `flags` (u32).
 pub const RANGE_SEGMENT_BYTES: u32 = 16;
 
 /// `VIRTIO_BLK_T_IN`: read from the disk into the driver's buffers.
-pub const T_IN: u32 = 0;
+pub const T_IN: u32 = blk::VIRTIO_BLK_T_IN;
 /// `VIRTIO_BLK_T_OUT`: write the driver's buffers to the disk.
-pub const T_OUT: u32 = 1;
+pub const T_OUT: u32 = blk::VIRTIO_BLK_T_OUT;
 /// `VIRTIO_BLK_T_FLUSH`: make every completed write durable.
-pub const T_FLUSH: u32 = 4;
+pub const T_FLUSH: u32 = blk::VIRTIO_BLK_T_FLUSH;
 /// `VIRTIO_BLK_T_GET_ID`: the device's serial.
-pub const T_GET_ID: u32 = 8;
+pub const T_GET_ID: u32 = blk::VIRTIO_BLK_T_GET_ID;
 /// `VIRTIO_BLK_T_DISCARD`: the ranges may be deallocated.
-pub const T_DISCARD: u32 = 11;
+pub const T_DISCARD: u32 = blk::VIRTIO_BLK_T_DISCARD;
 /// `VIRTIO_BLK_T_WRITE_ZEROES`: the ranges read back as zeroes.
-pub const T_WRITE_ZEROES: u32 = 13;
+pub const T_WRITE_ZEROES: u32 = blk::VIRTIO_BLK_T_WRITE_ZEROES;
 
 /// `VIRTIO_BLK_S_OK`.
-pub const S_OK: u8 = 0;
+pub const S_OK: u8 = blk::VIRTIO_BLK_S_OK as u8;
 /// `VIRTIO_BLK_S_IOERR`.
-pub const S_IOERR: u8 = 1;
+pub const S_IOERR: u8 = blk::VIRTIO_BLK_S_IOERR as u8;
 /// `VIRTIO_BLK_S_UNSUPP`.
-pub const S_UNSUPP: u8 = 2;
+pub const S_UNSUPP: u8 = blk::VIRTIO_BLK_S_UNSUPP as u8;
 
 /// `VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP`: the zeroed range may be deallocated.
-pub const WRITE_ZEROES_FLAG_UNMAP: u32 = 1;
+pub const WRITE_ZEROES_FLAG_UNMAP: u32 = blk::VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP;
 
 /// Device feature bits (bit numbers).
 pub mod feature {
+    use virtio_bindings::{virtio_blk as blk, virtio_config, virtio_ring};
+
     /// `VIRTIO_BLK_F_SIZE_MAX`: `size_max` bounds one segment.
-    pub const SIZE_MAX: u32 = 1;
+    pub const SIZE_MAX: u32 = blk::VIRTIO_BLK_F_SIZE_MAX;
     /// `VIRTIO_BLK_F_SEG_MAX`: `seg_max` bounds the data segments of a request.
-    pub const SEG_MAX: u32 = 2;
+    pub const SEG_MAX: u32 = blk::VIRTIO_BLK_F_SEG_MAX;
     /// `VIRTIO_BLK_F_RO`: the disk is read-only.
-    pub const RO: u32 = 5;
+    pub const RO: u32 = blk::VIRTIO_BLK_F_RO;
     /// `VIRTIO_BLK_F_BLK_SIZE`: `blk_size` is the logical block size.
-    pub const BLK_SIZE: u32 = 6;
+    pub const BLK_SIZE: u32 = blk::VIRTIO_BLK_F_BLK_SIZE;
     /// `VIRTIO_BLK_F_FLUSH`: `T_FLUSH` is supported.
-    pub const FLUSH: u32 = 9;
+    pub const FLUSH: u32 = blk::VIRTIO_BLK_F_FLUSH;
     /// `VIRTIO_BLK_F_MQ`: `num_queues` queues.
-    pub const MQ: u32 = 12;
+    pub const MQ: u32 = blk::VIRTIO_BLK_F_MQ;
     /// `VIRTIO_BLK_F_DISCARD`: `T_DISCARD` is supported.
-    pub const DISCARD: u32 = 13;
+    pub const DISCARD: u32 = blk::VIRTIO_BLK_F_DISCARD;
     /// `VIRTIO_BLK_F_WRITE_ZEROES`: `T_WRITE_ZEROES` is supported.
-    pub const WRITE_ZEROES: u32 = 14;
+    pub const WRITE_ZEROES: u32 = blk::VIRTIO_BLK_F_WRITE_ZEROES;
     /// `VIRTIO_RING_F_INDIRECT_DESC`: indirect descriptor tables.
-    pub const INDIRECT_DESC: u32 = 28;
+    pub const INDIRECT_DESC: u32 = virtio_ring::VIRTIO_RING_F_INDIRECT_DESC;
     /// `VIRTIO_RING_F_EVENT_IDX`: the used/avail event indexes suppress notifications.
-    pub const EVENT_IDX: u32 = 29;
-    /// `VHOST_USER_F_PROTOCOL_FEATURES` (vhost-user only).
-    pub const PROTOCOL_FEATURES: u32 = 30;
+    pub const EVENT_IDX: u32 = virtio_ring::VIRTIO_RING_F_EVENT_IDX;
     /// `VIRTIO_F_VERSION_1`.
-    pub const VERSION_1: u32 = 32;
+    pub const VERSION_1: u32 = virtio_config::VIRTIO_F_VERSION_1;
 }
 
 /// The bit of feature number `n`.
@@ -149,7 +152,7 @@ mod tests {
         assert_eq!(u32::from_le_bytes(b[48..52].try_into().unwrap()), 12);
         assert_eq!(b[56], 1);
         // The bindings' own layout agrees on the offsets we use.
-        use virtio_bindings::virtio_blk::virtio_blk_config as K;
+        use blk::virtio_blk_config as K;
         assert_eq!(std::mem::offset_of!(K, num_queues), 34);
         assert_eq!(std::mem::offset_of!(K, write_zeroes_may_unmap), 56);
         assert_eq!(std::mem::offset_of!(K, max_discard_sectors), 36);

@@ -5,8 +5,8 @@ use std::fs::File;
 use std::io::Write;
 use std::os::fd::FromRawFd;
 
-use aio_backend_poll::PollLoop;
-use aio_pool::{PoolConfig, ThreadPool};
+use aio::poll::PollLoop;
+use aio::pool::{PoolConfig, ThreadPool};
 use virtio_bindings::bindings::virtio_ring::{
     VRING_DESC_F_NEXT, VRING_DESC_F_WRITE, VRING_USED_F_NO_NOTIFY,
 };
@@ -16,6 +16,7 @@ use vm_memory::{Address, GuestAddress};
 
 use super::*;
 use crate::device::DiskOptions;
+use crate::spec;
 
 const W: u16 = VRING_DESC_F_WRITE as u16;
 const N: u16 = VRING_DESC_F_NEXT as u16;

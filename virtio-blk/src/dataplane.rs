@@ -103,3 +103,21 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> DataPlane<L, E> {
         self.engine.in_flight()
     }
 }
+
+/// The iothread (of `iothreads`) that serves queue `queue` of a disk whose queue 0 is number
+/// `first_queue` when the queues of every disk are numbered in order (disk 0's, then disk
+/// 1's, ...): queue number `first_queue + queue` runs on iothread
+/// `(first_queue + queue) % iothreads`. This is QEMU's iothread-vq-mapping round robin
+/// continued across disks, so that one-queue disks spread over the iothreads instead of all
+/// landing on the first; with `Q` queues on every disk, queue `q` of disk `d` is on
+/// `(d * Q + q) % iothreads`.
+///
+/// ```
+/// use aio_virtio_blk::dataplane::iothread_of;
+/// // Four one-queue disks on four iothreads: one each.
+/// let on: Vec<usize> = (0..4).map(|d| iothread_of(d, 0, 4)).collect();
+/// assert_eq!(on, [0, 1, 2, 3]);
+/// ```
+pub fn iothread_of(first_queue: usize, queue: usize, iothreads: usize) -> usize {
+    (first_queue + queue) % iothreads.max(1)
+}

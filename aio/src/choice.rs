@@ -1,0 +1,116 @@
+//! A backend as a user names it: `auto`, or one kind; and what `auto` reports.
+//!
+//! This module owns the parsing of `auto` and the climb down a list of candidates
+//! ([`aio_core::Ladder`]); the kinds themselves are [`EngineKind`] and [`MonitorKind`].
+
+use std::fmt;
+use std::str::FromStr;
+
+use aio_core::{EventLoop, IoEngine, Ladder, RungReport};
+
+use crate::{BuildError, EngineKind, EngineOptions, MonitorKind};
+
+/// A backend named on a command line or in a configuration file: `auto`, or one kind
+/// ([`EngineKind`] or [`MonitorKind`]).
+///
+/// ```
+/// use aio::{Choice, EngineKind};
+///
+/// assert_eq!("auto".parse::<Choice<EngineKind>>()?, Choice::Auto);
+/// assert_eq!("uring".parse::<Choice<EngineKind>>()?, Choice::Named(EngineKind::Uring));
+/// assert!("spdk".parse::<Choice<EngineKind>>().is_err());
+/// # Ok::<(), aio::UnknownBackend>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Choice<K> {
+    /// The first candidate this build and kernel can build, in the kind's `AUTO_ORDER`.
+    #[default]
+    Auto,
+    /// This kind, or an error saying why not.
+    Named(K),
+}
+
+impl<K: FromStr> FromStr for Choice<K> {
+    type Err = K::Err;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "auto" {
+            Ok(Choice::Auto)
+        } else {
+            s.parse().map(Choice::Named)
+        }
+    }
+}
+
+impl<K: fmt::Display> fmt::Display for Choice<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Choice::Auto => f.write_str("auto"),
+            Choice::Named(k) => k.fmt(f),
+        }
+    }
+}
+
+/// A backend built from a [`Choice`]: which kind, the backend, and for `auto` one report per
+/// candidate tried (why each passed over, and the one picked).
+#[derive(Debug)]
+pub struct Picked<K, T> {
+    /// The kind built.
+    pub kind: K,
+    /// The backend.
+    pub built: T,
+    /// For `auto`, one report per candidate tried, the picked one last; empty for a
+    /// [`Choice::Named`].
+    pub reports: Vec<RungReport>,
+}
+
+impl Choice<EngineKind> {
+    /// Builds the engine chosen, with `options`.
+    pub fn build(
+        self,
+        options: &EngineOptions,
+    ) -> Result<Picked<EngineKind, Box<dyn IoEngine>>, BuildError> {
+        match self {
+            Choice::Auto => EngineKind::auto(options),
+            Choice::Named(kind) => Ok(Picked {
+                kind,
+                built: kind.build(options)?,
+                reports: Vec::new(),
+            }),
+        }
+    }
+}
+
+impl Choice<MonitorKind> {
+    /// Builds the fd monitor chosen.
+    pub fn build(self) -> Result<Picked<MonitorKind, Box<dyn EventLoop>>, BuildError> {
+        match self {
+            Choice::Auto => MonitorKind::auto(),
+            Choice::Named(kind) => Ok(Picked {
+                kind,
+                built: kind.build()?,
+                reports: Vec::new(),
+            }),
+        }
+    }
+}
+
+/// The first of `order` that `try_build` builds, kept, with the reports of each candidate
+/// tried.
+pub(crate) fn pick<K: Copy, T>(
+    order: impl IntoIterator<Item = K>,
+    name: fn(K) -> &'static str,
+    try_build: impl Fn(K) -> Result<T, BuildError>,
+) -> Result<Picked<K, T>, BuildError> {
+    let try_build = &try_build;
+    let mut ladder = Ladder::new();
+    for k in order {
+        ladder = ladder.rung(name(k), move || try_build(k).map(|built| (k, built)));
+    }
+    let choice = ladder.climb()?;
+    let (kind, built) = choice.value;
+    Ok(Picked {
+        kind,
+        built,
+        reports: choice.reports,
+    })
+}

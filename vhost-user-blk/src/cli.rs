@@ -1,0 +1,118 @@
+//! The daemon's command line and signals: `aio-vhost-user-blk --disk ... [--engine ...]`
+//! parsed into a [`Config`], SIGINT and SIGTERM turned into a [`StopHandle::stop`], and the
+//! exit code. Feature `cli` (on by default); the binary is this module's [`main`].
+//!
+//! This module owns what is process-wide: the arguments and the signal handlers (installed
+//! once per process). A program that serves disks itself builds a [`Config`] and calls
+//! [`run`](crate::daemon::run()) with its own stop handle.
+
+use clap::Parser;
+
+use aio::{Choice, EngineKind, MonitorKind};
+use aio_core::process::CpuList;
+
+use crate::daemon::{run, Config, DaemonError, DiskSpec, StopHandle};
+
+/// `aio-vhost-user-blk`: serves disk images as vhost-user-blk devices on aio-rs iothreads.
+#[derive(Debug, Parser)]
+#[command(name = "aio-vhost-user-blk", version)]
+pub struct Args {
+    /// A disk: `socket=PATH,image=PATH[,readonly=on][,serial=ID][,queues=Q][,format=auto|raw]`
+    /// (repeatable; each its own socket, and an image given twice only read-only).
+    #[arg(long = "disk", required = true, value_name = "SPEC")]
+    pub disks: Vec<DiskSpec>,
+    /// The I/O engine: pool, linux-aio, uring or auto.
+    #[arg(long, default_value = "auto")]
+    pub engine: Choice<EngineKind>,
+    /// The fd monitor: poll, epoll, hybrid, uring or auto.
+    #[arg(long, default_value = "auto")]
+    pub fdmon: Choice<MonitorKind>,
+    /// How many iothreads; the queues of all disks, numbered in order, take them in turn
+    /// (queue n on iothread n mod K).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub iothreads: u16,
+    /// The iothreads' longest busy-poll window in ns (0: off; default QEMU's IOThread 32768),
+    /// or `auto`: the window chosen from the waits each iothread sees.
+    #[arg(long, default_value = "32768", value_parser = parse_poll_max_ns)]
+    pub poll_max_ns: aio_core::PollMaxNs,
+    /// CPUs to run on, e.g. `0` or `0-1,3`: iothread k on the k-th (mod the count).
+    #[arg(long)]
+    pub cpus: Option<CpuList>,
+}
+
+impl Args {
+    /// The configuration these arguments ask for.
+    pub fn config(&self) -> Config {
+        Config {
+            disks: self.disks.clone(),
+            engine: self.engine,
+            fdmon: self.fdmon,
+            iothreads: self.iothreads,
+            poll_max_ns: self.poll_max_ns,
+            cpus: self.cpus.clone(),
+        }
+    }
+}
+
+/// `--poll-max-ns`: ns or `auto`.
+fn parse_poll_max_ns(s: &str) -> Result<aio_core::PollMaxNs, String> {
+    s.parse().map_err(|e: aio_core::BadPollMaxNs| e.to_string())
+}
+
+/// Runs the daemon with command-line arguments (without the program name) until SIGINT or
+/// SIGTERM; returns the exit code: 0 after a signal, 2 for bad arguments or disks (the
+/// message names them), 1 for a failure.
+pub fn main(args: Vec<String>) -> i32 {
+    let args =
+        match Args::try_parse_from(std::iter::once("aio-vhost-user-blk".to_string()).chain(args)) {
+            Ok(a) => a,
+            Err(e) => {
+                let code = if e.use_stderr() { 2 } else { 0 };
+                let _ = e.print();
+                return code;
+            }
+        };
+    let stop = StopHandle::new();
+    let on_signal = stop.clone();
+    if let Err(e) = ctrlc::set_handler(move || on_signal.stop()) {
+        eprintln!("aio-vhost-user-blk: signal handler: {e}");
+        return 1;
+    }
+    match run(&args.config(), &stop) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("aio-vhost-user-blk: {e}");
+            match e {
+                DaemonError::Disk { .. } | DaemonError::Conflict { .. } => 2,
+                _ => 1,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_arguments_are_refused_with_their_name() {
+        let e = Args::try_parse_from(["x", "--disk", "socket=/s,image=/i", "--engine", "spdk"])
+            .unwrap_err();
+        assert!(e.to_string().contains("spdk"), "{e}");
+        assert!(Args::try_parse_from(["x"]).is_err());
+        let a = Args::try_parse_from(["x", "--disk", "socket=/s,image=/i", "--iothreads", "2"])
+            .unwrap();
+        assert_eq!(
+            (a.iothreads, a.poll_max_ns, a.engine),
+            (2, aio_core::PollMaxNs::Fixed(32768), Choice::Auto)
+        );
+        let a =
+            Args::try_parse_from(["x", "--disk", "socket=/s,image=/i", "--poll-max-ns", "auto"])
+                .unwrap();
+        assert_eq!(a.poll_max_ns, aio_core::PollMaxNs::Auto);
+        let e =
+            Args::try_parse_from(["x", "--disk", "socket=/s,image=/i", "--poll-max-ns", "soon"])
+                .unwrap_err();
+        assert!(e.to_string().contains("auto"), "{e}");
+    }
+}

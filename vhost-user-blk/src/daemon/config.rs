@@ -1,0 +1,191 @@
+//! The daemon's configuration as a library takes it: the disks (one [`DiskSpec`] each, in
+//! the `--disk` syntax), the backends, the iothreads.
+//!
+//! This module owns the configuration's types and the `--disk` syntax; it opens nothing and
+//! parses no command line (the binary's `cli` module does).
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use aio::{Choice, EngineKind, MonitorKind};
+use aio_core::process::CpuList;
+use aio_core::PollMaxNs;
+use aio_virtio_blk::format::ImageFormat;
+
+/// What [`run`](super::run) serves, and on what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// The disks, each on its own socket.
+    pub disks: Vec<DiskSpec>,
+    /// The I/O engine of every iothread (`auto`: the first of uring, linux-aio, pool).
+    pub engine: Choice<EngineKind>,
+    /// The fd monitor of every loop (`auto`: the first of uring, hybrid, poll).
+    pub fdmon: Choice<MonitorKind>,
+    /// How many iothreads (at least 1); the queues are spread over them by
+    /// [`iothread_of`](aio_virtio_blk::dataplane::iothread_of).
+    pub iothreads: u16,
+    /// The iothreads' busy-poll window (QEMU's IOThread default 32768 ns).
+    pub poll_max_ns: PollMaxNs,
+    /// Iothread `k` pinned to the list's CPU `k mod len` (none: not pinned).
+    pub cpus: Option<CpuList>,
+}
+
+impl Config {
+    /// The disks with the defaults: `auto` backends, one iothread, QEMU's polling window.
+    pub fn new(disks: Vec<DiskSpec>) -> Self {
+        Config {
+            disks,
+            engine: Choice::Auto,
+            fdmon: Choice::Auto,
+            iothreads: 1,
+            poll_max_ns: PollMaxNs::Fixed(aio_core::DEFAULT_POLL_MAX_NS),
+            cpus: None,
+        }
+    }
+}
+
+/// One `--disk`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskSpec {
+    /// Where the vhost-user socket goes.
+    pub socket: PathBuf,
+    /// The image (a file or a block device).
+    pub image: PathBuf,
+    /// `readonly=on`.
+    pub read_only: bool,
+    /// `serial=ID` (at most 20 bytes).
+    pub serial: String,
+    /// `queues=Q` (default 1).
+    pub queues: u16,
+    /// `format=auto|raw` (default auto: an image with a known format's header is refused).
+    pub format: ImageFormat,
+}
+
+impl std::fmt::Display for DiskSpec {
+    /// The spec as a `--disk` value (every key given, in the documented order).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "socket={},image={}",
+            self.socket.display(),
+            self.image.display()
+        )?;
+        if self.read_only {
+            f.write_str(",readonly=on")?;
+        }
+        if !self.serial.is_empty() {
+            write!(f, ",serial={}", self.serial)?;
+        }
+        if self.queues != 1 {
+            write!(f, ",queues={}", self.queues)?;
+        }
+        if self.format != ImageFormat::Auto {
+            write!(f, ",format={}", self.format.name())?;
+        }
+        Ok(())
+    }
+}
+
+/// A `--disk` value that does not parse: what is wrong, naming the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadDiskSpec(pub String);
+
+impl FromStr for DiskSpec {
+    type Err = BadDiskSpec;
+
+    fn from_str(s: &str) -> Result<Self, BadDiskSpec> {
+        parse_disk(s).map_err(BadDiskSpec)
+    }
+}
+
+fn parse_disk(s: &str) -> Result<DiskSpec, String> {
+    let (mut socket, mut image) = (None, None);
+    let mut spec = DiskSpec {
+        socket: PathBuf::new(),
+        image: PathBuf::new(),
+        read_only: false,
+        serial: String::new(),
+        queues: 1,
+        format: ImageFormat::Auto,
+    };
+    for item in s.split(',') {
+        let (key, value) = item
+            .split_once('=')
+            .ok_or_else(|| format!("'{item}' is not KEY=VALUE"))?;
+        match key {
+            "socket" => socket = Some(PathBuf::from(value)),
+            "image" => image = Some(PathBuf::from(value)),
+            "readonly" => {
+                spec.read_only = match value {
+                    "on" | "true" | "yes" => true,
+                    "off" | "false" | "no" => false,
+                    _ => return Err(format!("readonly={value}: expected on or off")),
+                }
+            }
+            "serial" if value.len() <= 20 => spec.serial = value.to_string(),
+            "serial" => return Err(format!("serial '{value}' is longer than 20 bytes")),
+            "queues" => {
+                spec.queues = value
+                    .parse()
+                    .ok()
+                    .filter(|q| (1..=256).contains(q))
+                    .ok_or_else(|| format!("queues={value}: expected 1 to 256"))?
+            }
+            "format" => spec.format = value.parse().map_err(|e| format!("{e}"))?,
+            other => {
+                return Err(format!(
+                    "unknown key '{other}' (socket, image, readonly, serial, queues, format)"
+                ))
+            }
+        }
+    }
+    spec.socket = socket.ok_or("socket=PATH is missing")?;
+    spec.image = image.ok_or("image=PATH is missing")?;
+    Ok(spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disk_specs_parse_and_bad_ones_name_the_key() {
+        let d: DiskSpec = "socket=/tmp/s,image=/tmp/i,readonly=on,serial=abc,queues=4"
+            .parse()
+            .unwrap();
+        assert_eq!((d.read_only, d.serial.as_str(), d.queues), (true, "abc", 4));
+        assert!("image=/x"
+            .parse::<DiskSpec>()
+            .unwrap_err()
+            .to_string()
+            .contains("socket"));
+        assert!("socket=/s,image=/i,queues=0"
+            .parse::<DiskSpec>()
+            .unwrap_err()
+            .to_string()
+            .contains("queues"));
+        assert!("socket=/s,image=/i,colour=red"
+            .parse::<DiskSpec>()
+            .unwrap_err()
+            .to_string()
+            .contains("colour"));
+        let long = "socket=/s,image=/i,serial=123456789012345678901";
+        assert!(long
+            .parse::<DiskSpec>()
+            .unwrap_err()
+            .to_string()
+            .contains("20 bytes"));
+        let raw: DiskSpec = "socket=/s,image=/i,format=raw".parse().unwrap();
+        assert_eq!(raw.format, ImageFormat::Raw);
+        assert_eq!(raw.to_string(), "socket=/s,image=/i,format=raw");
+        assert_eq!(
+            d.to_string(),
+            "socket=/tmp/s,image=/tmp/i,readonly=on,serial=abc,queues=4"
+        );
+        let e = "socket=/s,image=/i,format=qcow2"
+            .parse::<DiskSpec>()
+            .unwrap_err();
+        assert!(e.to_string().contains("format=qcow2"), "{e}");
+    }
+}
