@@ -274,21 +274,15 @@ struct MatrixArgs {
     /// and `--svg` adds MB/s against iothreads.
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=64))]
     iothreads: Vec<u64>,
-    /// Virtqueues per disk (1..=64), each with its own doorbell, used ring and interrupt,
-    /// spread over the iothreads as `--iothreads` says; a disk's guest puts each request on
-    /// the next queue in turn.
+    /// Virtqueues per disk (1..=64), each with its own kick, used ring and interrupt, spread
+    /// over the iothreads as `--iothreads` says; a disk's guest puts slot s on queue
+    /// s mod Q.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
     queues: u64,
-    /// Raise each queue's interrupt once per request, one eventfd write each (the model
-    /// before QEMU deferred its irqfd writes), instead of the default: once per batch of
-    /// completions, by a deferred call at the end of the engine's completion delivery, as
-    /// QEMU's `defer_call()` defers `virtio_notify_irqfd()`. Reports say which ran
-    /// (`batch_interrupts`).
-    #[arg(long, conflicts_with = "batch_interrupts")]
-    interrupt_per_request: bool,
-    /// Interrupts once per batch of completions: the default (the flag is kept for scripts
-    /// that name it).
-    #[arg(long)]
+    /// Interrupts once per batch of completions: what the device does, as QEMU's
+    /// `defer_call()` defers `virtio_notify_irqfd()` (the flag is kept for scripts that name
+    /// it).
+    #[arg(long, hide = true)]
     batch_interrupts: bool,
     /// How the guest threads are scheduled: `normal` (SCHED_OTHER, as QEMU's vCPUs run: a
     /// guest woken by its interrupt may preempt the iothread on its CPU) or `batch`

@@ -70,6 +70,14 @@ pub enum DeviceError {
         /// Its size.
         bytes: u64,
     },
+    /// A window that is not whole sectors, or empty.
+    #[error("window of {size} bytes at {offset}: both must be whole 512-byte sectors, the size at least one")]
+    BadWindow {
+        /// Where it starts.
+        offset: u64,
+        /// Its size.
+        size: u64,
+    },
     /// The serial is longer than the 20 bytes `GET_ID` answers.
     #[error("serial '{0}' is longer than 20 bytes")]
     SerialTooLong(String),
@@ -115,6 +123,8 @@ fn probe_header(file: &std::fs::File) -> io::Result<Option<KnownFormat>> {
 #[derive(Debug, Clone)]
 pub struct BlockDevice {
     file: IoFile,
+    /// Where the disk starts in the file (a window: QEMU's raw `offset=`).
+    offset: u64,
     capacity_sectors: u64,
     options: DiskOptions,
 }
@@ -161,9 +171,42 @@ impl BlockDevice {
         }
         Ok(BlockDevice {
             file: IoFile::new(file),
+            offset: 0,
             capacity_sectors: bytes / SECTOR_SIZE,
             options,
         })
+    }
+
+    /// A disk that is a window of an image already open (`O_DIRECT`, with the access the
+    /// options need): `size` bytes from `offset`, as QEMU's raw driver's `offset=` and
+    /// `size=` serve part of a file or device. Both are whole sectors; the image's format is
+    /// not probed (the window is raw by construction).
+    pub fn window(
+        file: IoFile,
+        offset: u64,
+        size: u64,
+        options: DiskOptions,
+    ) -> Result<Self, DeviceError> {
+        if options.serial.len() > spec::ID_BYTES {
+            return Err(DeviceError::SerialTooLong(options.serial));
+        }
+        if options.queues == 0 || options.queues > 256 {
+            return Err(DeviceError::BadQueueCount(options.queues));
+        }
+        if size < SECTOR_SIZE || size % SECTOR_SIZE != 0 || offset % SECTOR_SIZE != 0 {
+            return Err(DeviceError::BadWindow { offset, size });
+        }
+        Ok(BlockDevice {
+            file,
+            offset,
+            capacity_sectors: size / SECTOR_SIZE,
+            options,
+        })
+    }
+
+    /// Where the disk's sector 0 is in the file (0 unless a [`window`](Self::window)).
+    pub fn offset(&self) -> u64 {
+        self.offset
     }
 
     /// The image, for requests.

@@ -13,14 +13,14 @@
 
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, FromRawFd};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd};
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE, VRING_USED_F_NO_NOTIFY};
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 use crate::queue::GuestMemory;
 use crate::spec;
@@ -101,6 +101,10 @@ pub struct SplitRingDriver {
     size: u16,
     slots: u16,
     data_bytes: u32,
+    /// Bytes between one slot's buffer and the next.
+    stride: u64,
+    /// Where a slot's buffer starts past its 4 KiB boundary.
+    data_offset: u32,
     desc: GuestAddress,
     avail: GuestAddress,
     used: GuestAddress,
@@ -128,8 +132,21 @@ fn align(x: u64, to: u64) -> u64 {
 
 impl SplitRingDriver {
     /// A queue of `size` descriptors with `slots` request slots (at most `size / 3`), each
-    /// with a `data_bytes` buffer, in fresh guest memory; and the device's side of it.
+    /// with a `data_bytes` buffer aligned to 4 KiB, in fresh guest memory; and the device's
+    /// side of it.
     pub fn new(size: u16, slots: u16, data_bytes: u32) -> Result<(Self, DeviceSide), DriverError> {
+        Self::with_data_offset(size, slots, data_bytes, 0)
+    }
+
+    /// As [`new`](Self::new), with each slot's buffer starting `data_offset` bytes past its
+    /// 4 KiB boundary: a driver whose buffers are not aligned for `O_DIRECT` (the device then
+    /// copies through its bounce buffers, as QEMU does for such a guest).
+    pub fn with_data_offset(
+        size: u16,
+        slots: u16,
+        data_bytes: u32,
+        data_offset: u32,
+    ) -> Result<(Self, DeviceSide), DriverError> {
         if !size.is_power_of_two()
             || !(4..=32768).contains(&size)
             || slots == 0
@@ -143,8 +160,9 @@ impl SplitRingDriver {
         let used = align(avail + 6 + 2 * n, 4);
         let meta = align(used + 6 + 8 * n, PAGE);
         let data = align(meta + SLOT_META_BYTES * u64::from(slots), PAGE);
-        let slot_bytes = align(u64::from(data_bytes).max(1), PAGE);
-        let total = data + slot_bytes * u64::from(slots);
+        let data_offset = data_offset % PAGE as u32;
+        let stride = align(u64::from(data_bytes).max(1) + u64::from(data_offset), PAGE);
+        let total = data + stride * u64::from(slots);
         let memory = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), total as usize)])
             .map_err(|e| DriverError::Setup(io::Error::other(e)))?;
         let memory = Arc::new(memory);
@@ -172,7 +190,9 @@ impl SplitRingDriver {
             memory,
             size,
             slots,
-            data_bytes: slot_bytes.min(u64::from(u32::MAX)) as u32,
+            data_bytes,
+            stride,
+            data_offset,
             desc: GuestAddress(desc),
             avail: GuestAddress(avail),
             used: GuestAddress(used),
@@ -191,7 +211,7 @@ impl SplitRingDriver {
         self.slots
     }
 
-    /// The bytes each slot's data buffer holds (4 KiB aligned, at least what was asked for).
+    /// The bytes each slot's data buffer holds.
     pub fn data_bytes(&self) -> u32 {
         self.data_bytes
     }
@@ -203,7 +223,7 @@ impl SplitRingDriver {
 
     /// Where slot `slot`'s data buffer starts in guest memory.
     pub fn data_addr(&self, slot: u16) -> GuestAddress {
-        GuestAddress(self.data.0 + u64::from(slot) * u64::from(self.data_bytes))
+        GuestAddress(self.data.0 + u64::from(slot) * self.stride + u64::from(self.data_offset))
     }
 
     /// Copies `bytes` into slot `slot`'s data buffer (a write's data).
@@ -216,6 +236,24 @@ impl SplitRingDriver {
     pub fn read_data(&self, slot: u16, bytes: &mut [u8]) -> Result<(), DriverError> {
         self.check(slot, bytes.len())?;
         Ok(self.memory.read_slice(bytes, self.data_addr(slot))?)
+    }
+
+    /// Slot `slot`'s data buffer as bytes, to fill a write's data or check a read's in place.
+    ///
+    /// # Safety
+    ///
+    /// The slot has no request in flight (its last one was taken from the used ring, its
+    /// next is not posted): the device does not touch the buffer while the slice lives.
+    pub unsafe fn data_mut(&mut self, slot: u16) -> Result<&mut [u8], DriverError> {
+        self.check(slot, 0)?;
+        let len = self.data_bytes as usize;
+        let volatile = self.memory.get_slice(self.data_addr(slot), len)?;
+        let ptr = volatile.ptr_guard_mut().as_ptr();
+        // SAFETY: `ptr` is `len` bytes of this driver's own mapping (one region, so one
+        // slice), which lives as long as `self.memory` and so as long as `&mut self`; no
+        // other slot's buffer overlaps it, and the caller promises the device is not using
+        // it; `&mut self` keeps this driver from handing out a second slice meanwhile.
+        Ok(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
     }
 
     fn check(&self, slot: u16, len: usize) -> Result<(), DriverError> {
@@ -331,6 +369,22 @@ impl SplitRingDriver {
         Ok(n)
     }
 
+    /// The call eventfd (the interrupt), for a caller that waits on several queues at once
+    /// (`poll(2)` for `POLLIN`, then [`clear_interrupt`](Self::clear_interrupt)).
+    pub fn interrupt_fd(&self) -> BorrowedFd<'_> {
+        self.call.as_fd()
+    }
+
+    /// Clears a raised interrupt; returns whether it was raised.
+    pub fn clear_interrupt(&self) -> io::Result<bool> {
+        let mut counter = [0u8; 8];
+        match (&self.call).read(&mut counter) {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Waits until the device raises the interrupt or `timeout` passes (`None`: forever);
     /// returns whether it was raised (and clears it).
     pub fn wait_interrupt(&self, timeout: Option<Duration>) -> io::Result<bool> {
@@ -346,11 +400,6 @@ impl SplitRingDriver {
             Err(nix::errno::Errno::EINTR) => return Ok(false),
             Err(e) => return Err(e.into()),
         }
-        let mut counter = [0u8; 8];
-        match (&self.call).read(&mut counter) {
-            Ok(_) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
-            Err(e) => Err(e),
-        }
+        self.clear_interrupt()
     }
 }

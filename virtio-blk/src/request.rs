@@ -66,19 +66,21 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> RawImage<L, E> {
     ) {
         let file = self.device.file();
         let token = u64::from(request.head);
+        // The chain's offsets are the disk's; the file's are past the window's start.
+        let at = |offset: &u64| offset + self.device.offset();
         let io = match &request.op {
             BlkOp::Read { offset, segments } => match guest_iovecs(mem, segments) {
-                Some(iov) => Request::read_guest(file, *offset, iov, token),
+                Some(iov) => Request::read_guest(file, at(offset), iov, token),
                 None => return ring.finish(mem, &request, spec::S_IOERR),
             },
             BlkOp::Write { offset, segments } => match guest_iovecs(mem, segments) {
-                Some(iov) => Request::write_guest(file, *offset, iov, token),
+                Some(iov) => Request::write_guest(file, at(offset), iov, token),
                 None => return ring.finish(mem, &request, spec::S_IOERR),
             },
             BlkOp::Flush => Request::fdatasync(file, token),
-            BlkOp::Discard { offset, len } => Request::discard(file, *offset, *len, token),
+            BlkOp::Discard { offset, len } => Request::discard(file, at(offset), *len, token),
             BlkOp::WriteZeroes { offset, len, unmap } => {
-                Request::write_zeroes(file, *offset, *len, *unmap, token)
+                Request::write_zeroes(file, at(offset), *len, *unmap, token)
             }
             BlkOp::GetId { buf } => {
                 let ok = mem.write_slice(&self.device.id_bytes(), buf.addr).is_ok();
@@ -132,7 +134,12 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> RawImage<L, E> {
         let io = match &request.op {
             BlkOp::Read { offset, segments } => {
                 let len = segments.iter().map(|s| s.len as usize).sum();
-                Request::read(file, *offset, AlignedBuf::new(len), token)
+                Request::read(
+                    file,
+                    offset + self.device.offset(),
+                    AlignedBuf::new(len),
+                    token,
+                )
             }
             BlkOp::Write { offset, segments } => {
                 let mut data = vec![0u8; segments.iter().map(|s| s.len as usize).sum()];
@@ -144,7 +151,8 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> RawImage<L, E> {
                     }
                     at = end;
                 }
-                Request::write(file, *offset, AlignedBuf::from_slice(&data), token)
+                let at = offset + self.device.offset();
+                Request::write(file, at, AlignedBuf::from_slice(&data), token)
             }
             _ => return ring.finish(mem, &request, spec::S_IOERR),
         };

@@ -28,7 +28,18 @@ fn serve<T: Send + 'static>(
         .unwrap()
         .set_len(4 << 20)
         .unwrap();
-    let device = Arc::new(BlockDevice::open(&path, DiskOptions::default()).unwrap());
+    let device = BlockDevice::open(&path, DiskOptions::default()).unwrap();
+    serve_device(device, size, slots, guest)
+}
+
+/// As [`serve`], on `device`.
+fn serve_device<T: Send + 'static>(
+    device: BlockDevice,
+    size: u16,
+    slots: u16,
+    guest: impl FnOnce(&mut SplitRingDriver) -> T + Send + 'static,
+) -> (T, u16) {
+    let device = Arc::new(device);
     let ctx = AioContext::new(PollLoop::new()).unwrap();
     let engine = ctx
         .attach_engine(ThreadPool::new(PoolConfig::default()).unwrap(), |_, _| {})
@@ -189,4 +200,64 @@ fn bad_sizes_and_slots_are_refused() {
         d.post(2, far),
         Err(DriverError::BadRequest { .. })
     ));
+}
+
+#[test]
+fn a_window_of_an_image_is_a_disk_of_its_own() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let path = dir.path().join("shared.img");
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(4 << 20)
+        .unwrap();
+    let whole = BlockDevice::open(&path, DiskOptions::default()).unwrap();
+    // Bad windows: not whole sectors, or empty.
+    for (offset, size) in [(100, 4096), (0, 1000), (4096, 0)] {
+        let e = BlockDevice::window(whole.file().clone(), offset, size, DiskOptions::default());
+        assert!(e.is_err(), "{offset} {size}");
+    }
+    // The second MiB as a disk: its sector 8 is the image's byte 1 MiB + 4 KiB, and a read
+    // past its 1 MiB is refused although the image goes on.
+    let window = BlockDevice::window(
+        whole.file().clone(),
+        1 << 20,
+        1 << 20,
+        DiskOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(window.capacity_sectors(), 2048);
+    let (statuses, _) = serve_device(window, 8, 2, |d| {
+        let mut statuses = Vec::new();
+        d.write_data(0, &[0xc3; 4096]).unwrap();
+        for request in [
+            DriverRequest {
+                kind: spec::T_OUT,
+                sector: 8,
+                len: 4096,
+            },
+            DriverRequest {
+                kind: spec::T_IN,
+                sector: 2048,
+                len: 4096,
+            },
+        ] {
+            d.post(0, request).unwrap();
+            d.notify().unwrap();
+            let mut done = Vec::new();
+            reap(d, &mut done);
+            statuses.push(done[0].status);
+        }
+        statuses
+    });
+    assert_eq!(statuses, [spec::S_OK, spec::S_IOERR]);
+    let image = std::fs::File::open(&path).unwrap();
+    let mut at = [0u8; 4096];
+    image.read_exact_at(&mut at, (1 << 20) + 4096).unwrap();
+    assert!(at.iter().all(|&b| b == 0xc3));
+    image.read_exact_at(&mut at, 4096).unwrap();
+    assert!(
+        at.iter().all(|&b| b == 0),
+        "the image's own sector 8 is untouched"
+    );
 }

@@ -20,14 +20,9 @@ pub fn table(spec: &MatrixSpec, cells: &[Cell]) -> String {
     for &engine in &spec.engines {
         let _ = writeln!(
             out,
-            "engine {engine} (MB/s), {} memory, {queues} queue{} per disk{}{}",
+            "engine {engine} (MB/s), {} memory, {queues} queue{} per disk{}",
             spec.cell.memory.name(),
             if queues == 1 { "" } else { "s" },
-            if spec.cell.batch_interrupts {
-                ", interrupts per batch"
-            } else {
-                ""
-            },
             match spec.cell.guest_sched {
                 GuestSched::Normal => "",
                 GuestSched::Batch => ", guests SCHED_BATCH",
@@ -89,7 +84,7 @@ fn per_iothread_cpu(c: &Cell) -> String {
 /// in one column, `;`-separated).
 pub fn to_csv(spec: &MatrixSpec, cells: &[Cell]) -> String {
     let mut out = String::from(
-        "fdmon,engine,disks,active,workload,bs,iodepth,memory,iothreads,queues,batch_interrupts,mb_s,iops,lat_us_mean,lat_us_p50,lat_us_p99,lat_us_p999,iothread_cpu_s,iothread_cpu_s_each,guest_cpu_s,process_cpu_s,interrupts,guest_waits,iterations,blocking_waits,notifier_writes,poll_hits,busy_poll_ns,errors\n",
+        "fdmon,engine,disks,active,workload,bs,iodepth,memory,iothreads,queues,mb_s,iops,lat_us_mean,lat_us_p50,lat_us_p99,lat_us_p999,iothread_cpu_s,iothread_cpu_s_each,guest_cpu_s,process_cpu_s,interrupts,guest_waits,iterations,blocking_waits,notifier_writes,poll_hits,busy_poll_ns,errors\n",
     );
     for c in cells {
         let h = &c.result.latency_ns;
@@ -97,7 +92,7 @@ pub fn to_csv(spec: &MatrixSpec, cells: &[Cell]) -> String {
         let k = &c.result.counters;
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{},{},{:.3},{:.1},{:.2},{:.2},{:.2},{:.2},{:.4},{},{:.4},{:.4},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{:.3},{:.1},{:.2},{:.2},{:.2},{:.2},{:.4},{},{:.4},{:.4},{},{},{},{},{},{},{},{}",
             c.fdmon.name(),
             c.engine.name(),
             c.disks,
@@ -108,7 +103,6 @@ pub fn to_csv(spec: &MatrixSpec, cells: &[Cell]) -> String {
             spec.cell.memory.name(),
             c.iothreads,
             c.queues,
-            spec.cell.batch_interrupts,
             c.mb_s(),
             c.iops(),
             h.mean() / 1000.0,
@@ -273,7 +267,6 @@ pub fn to_json(spec: &MatrixSpec, cells: &[Cell]) -> serde_json::Value {
                 "memory": spec.cell.memory.name(),
                 "iothreads": c.iothreads,
                 "queues": c.queues,
-                "batch_interrupts": spec.cell.batch_interrupts,
                 "guest_sched": spec.cell.guest_sched.name(),
                 "mb_s": c.mb_s(),
                 "mb_s_rounds": c.rounds_mb_s,

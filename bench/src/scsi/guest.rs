@@ -2,22 +2,23 @@
 //! on the disk's virtqueues as fio does in the guest.
 //!
 //! This module owns the guest's side of the virtqueues: the target the bench's load generator
-//! drives ([`crate::load::generator`]: each request put on the disk's next queue in turn, the
-//! doorbells of the queues a batch filled rung once, the interrupts waited for, the used rings
-//! reaped; with verify, the slots of guest RAM where the generator stamps and checks) and the
-//! guest's figures ([`GuestStats`]). It never touches the iothread's context or the engine.
+//! drives ([`crate::load::generator`]) over the disk's [`SplitRingDriver`]s (slot `s` of the
+//! guest on queue `s % queues`, the queues a batch filled kicked once each unless the device
+//! polls them, the interrupts waited for, the used rings reaped; with verify, the slots'
+//! buffers in guest memory where the generator stamps and checks) and the guest's figures
+//! ([`GuestStats`]). It never touches the iothread's context or the device.
 
 use std::io;
-use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use nix::poll::{poll, PollFd, PollFlags};
+use aio_virtio_blk::driver::{DriverRequest, Finished, SplitRingDriver};
+use aio_virtio_blk::spec;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
-use super::memory::GuestRam;
-use super::{CellSpec, GuestRequest, Virtqueue};
+use super::CellSpec;
 use crate::cpus::thread_cpu_seconds;
 use crate::error::BenchError;
 use crate::load::verify::Ledger;
@@ -83,12 +84,11 @@ pub(super) struct GuestPlace {
     pub(super) done: GuestDone,
 }
 
-/// Starts the guest of disk `disk` (`blocks` blocks of `spec.bs`) on the disk's virtqueues
-/// `vqs` with its slots in `ram`, checking reads against `ledger` with verify; it runs on
-/// `place.cpus`, and `place.done` counts it finished.
+/// Starts the guest of disk `disk` (`blocks` blocks of `spec.bs`) on the drivers of the
+/// disk's queues, checking reads against `ledger` with verify; it runs on `place.cpus`, and
+/// `place.done` counts it finished.
 pub(super) fn spawn(
-    vqs: Vec<Arc<Virtqueue>>,
-    ram: Arc<GuestRam>,
+    drivers: Vec<SplitRingDriver>,
     spec: CellSpec,
     disk: usize,
     blocks: u64,
@@ -127,12 +127,13 @@ pub(super) fn spawn(
             let mut ledger = ledger
                 .as_ref()
                 .map(|l| l.lock().unwrap_or_else(PoisonError::into_inner));
-            let mut target = VirtqueueTarget {
-                vqs: &vqs,
-                next_queue: 0,
-                pending: vec![Vec::new(); vqs.len()],
-                ram: &ram,
-                disk,
+            let queues = drivers.len();
+            let mut target = DriverTarget {
+                drivers,
+                kick: vec![false; queues],
+                lens: vec![0; spec.iodepth],
+                used: Vec::new(),
+                bs: spec.bs,
                 waits: 0,
             };
             let mut stats = GuestStats::default();
@@ -165,63 +166,77 @@ pub(super) fn spawn(
         })
 }
 
-/// The guest's target: the disk's virtqueues, each request put on the next queue in turn, the
-/// doorbells of the queues that got one rung once per batch, the interrupts waited for.
-struct VirtqueueTarget<'a> {
-    /// The disk's virtqueues.
-    vqs: &'a [Arc<Virtqueue>],
-    /// The queue the next request goes on.
-    next_queue: usize,
-    /// Per queue, the requests of the batch not made available yet.
-    pending: Vec<Vec<GuestRequest>>,
-    /// The guest RAM; this guest's slots are those of disk `disk`.
-    ram: &'a GuestRam,
-    disk: usize,
+/// The guest's target: the disk's queues through their drivers, slot `s` on queue
+/// `s % queues` (its slot `s / queues` there).
+struct DriverTarget {
+    drivers: Vec<SplitRingDriver>,
+    /// The queues that got a request since the last flush.
+    kick: Vec<bool>,
+    /// Each slot's request length, for its completion.
+    lens: Vec<usize>,
+    /// The used entries of one reap.
+    used: Vec<Finished>,
+    bs: usize,
     /// Waits for an interrupt.
     waits: u64,
 }
 
-impl Target for VirtqueueTarget<'_> {
+impl DriverTarget {
+    /// The queue and its slot of the guest's slot `slot`.
+    fn place(&self, slot: usize) -> (usize, u16) {
+        let q = self.drivers.len();
+        (slot % q, (slot / q) as u16)
+    }
+}
+
+impl Target for DriverTarget {
     fn submit(&mut self, request: Issued) -> Result<(), i32> {
-        self.pending[self.next_queue].push(GuestRequest {
-            slot: request.slot as u32,
-            offset: request.offset,
-            write: request.direction != Direction::Read,
-        });
-        self.next_queue = (self.next_queue + 1) % self.vqs.len();
+        let (q, local) = self.place(request.slot);
+        let kind = match request.direction {
+            Direction::Read => spec::T_IN,
+            Direction::Write => spec::T_OUT,
+            Direction::Trim => return Err(libc::EOPNOTSUPP),
+        };
+        let post = DriverRequest {
+            kind,
+            sector: request.offset / spec::SECTOR_SIZE,
+            len: request.len as u32,
+        };
+        self.drivers[q]
+            .post(local, post)
+            .map_err(|_| libc::EINVAL)?;
+        self.lens[request.slot] = request.len;
+        self.kick[q] = true;
         Ok(())
     }
 
-    /// Makes the batch available and kicks the ioeventfd of every queue that got a request.
+    /// Kicks every queue that got a request, unless its device is polling it.
     fn flush(&mut self) -> Result<(), BenchError> {
-        for (vq, pending) in self.vqs.iter().zip(&mut self.pending) {
-            if pending.is_empty() {
-                continue;
-            }
-            let mut avail = vq.avail.lock().unwrap_or_else(PoisonError::into_inner);
-            avail.extend(pending.drain(..));
-            vq.avail_len.store(avail.len(), Ordering::Release);
-            drop(avail);
-            // The iothread is polling this queue: it sees the request without a kick (the
-            // fence pairs with the one after the iothread clears `no_notify`).
-            std::sync::atomic::fence(Ordering::SeqCst);
-            if !vq.no_notify.load(Ordering::Relaxed) {
-                let _ = vq.doorbell.notify();
+        for (driver, kick) in self.drivers.iter().zip(&mut self.kick) {
+            if std::mem::take(kick) {
+                driver
+                    .notify()
+                    .map_err(|e| BenchError::io("kicking a queue", e))?;
             }
         }
         Ok(())
     }
 
     fn reap(&mut self, done: &mut Vec<(usize, Result<u64, i32>)>) -> Result<(), BenchError> {
-        for vq in self.vqs {
-            done.extend(vq.take_used().into_iter().map(|e| {
-                let result = if e.result < 0 {
-                    Err(-e.result as i32)
-                } else {
-                    Ok(e.result as u64)
+        let queues = self.drivers.len();
+        for (q, driver) in self.drivers.iter_mut().enumerate() {
+            self.used.clear();
+            driver
+                .take_used(&mut self.used)
+                .map_err(|e| BenchError::failed(format!("the used ring: {e}")))?;
+            for f in &self.used {
+                let slot = usize::from(f.slot) * queues + q;
+                let result = match f.status {
+                    spec::S_OK => Ok(self.lens[slot] as u64),
+                    _ => Err(libc::EIO),
                 };
-                (e.slot as usize, result)
-            }));
+                done.push((slot, result));
+            }
         }
         Ok(())
     }
@@ -231,29 +246,25 @@ impl Target for VirtqueueTarget<'_> {
     fn wait(&mut self, limit: Duration) -> Result<(), BenchError> {
         self.waits += 1;
         let ms = limit.as_millis().clamp(1, 100) as u16;
-        if let [vq] = self.vqs {
-            let mut pfd = [PollFd::new(vq.interrupt.as_fd(), PollFlags::POLLIN)];
-            let _ = poll(&mut pfd, ms);
-            vq.interrupt.test_and_clear();
-            return Ok(());
-        }
-        let mut pfds: Vec<PollFd<'_>> = self
-            .vqs
-            .iter()
-            .map(|vq| PollFd::new(vq.interrupt.as_fd(), PollFlags::POLLIN))
+        let mut pfds: Vec<PollFd<'_>> = (self.drivers.iter())
+            .map(|d| PollFd::new(d.interrupt_fd(), PollFlags::POLLIN))
             .collect();
-        let _ = poll(&mut pfds, ms);
-        for (vq, pfd) in self.vqs.iter().zip(&pfds) {
-            if pfd.any().unwrap_or(true) {
-                vq.interrupt.test_and_clear();
+        let _ = poll(&mut pfds, PollTimeout::from(ms));
+        let raised: Vec<bool> = pfds.iter().map(|p| p.any().unwrap_or(true)).collect();
+        for (driver, raised) in self.drivers.iter().zip(raised) {
+            if raised {
+                let _ = driver.clear_interrupt();
             }
         }
         Ok(())
     }
 
     unsafe fn slot_memory(&mut self, slot: usize) -> Option<&mut [u8]> {
-        // SAFETY: no request is in flight on the slot (the caller's promise), so this guest
-        // thread is its only user.
-        Some(unsafe { self.ram.slot_mut(self.disk, slot as u32) })
+        let (q, local) = self.place(slot);
+        let bs = self.bs;
+        // SAFETY: no request is in flight on the slot (the caller's promise), so the device
+        // does not touch its buffer, and the slice lives no longer than this borrow.
+        let buf = unsafe { self.drivers[q].data_mut(local) }.ok()?;
+        buf.get_mut(..bs)
     }
 }

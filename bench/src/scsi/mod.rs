@@ -1,130 +1,88 @@
-//! The scsi-disk model of the scaling test from the QEMU epoll discussion (1..256 disks on one
-//! IOThread), in process: disks on one or more iothreads, a guest driving them.
+//! The scsi-disk scaling test from the QEMU epoll discussion (1..256 disks on one IOThread),
+//! in process, on the real device: `aio-virtio-blk`'s queues served on iothreads, guests
+//! driving them through split rings in guest memory.
 //!
-//! This module owns the model and one cell's run:
+//! This module owns one cell's run:
 //!
-//! * a **disk** is a backing image (an O_DIRECT file, or a region of a block device) and
-//!   `queues` virtqueues, each a request queue (the available ring), a doorbell [`Notifier`]
-//!   registered in one iothread's context with `io_read` and `io_poll` handlers (the
-//!   ioeventfd), and a completion path back to the guest (the used ring and an interrupt
-//!   notifier);
+//! * a **disk** is a backing image (an O_DIRECT file, or a region of a block device, served
+//!   as a window of it: [`BlockDevice::window`](aio_virtio_blk::device::BlockDevice::window))
+//!   and `queues` virtqueues, each an `aio-virtio-blk` [`VirtioBlkQueue`] with its kick
+//!   eventfd registered in one iothread's context (idle disks' too: that is what the QEMU
+//!   test measures), its requests straight into guest memory, one interrupt per batch of
+//!   completions, and notifications off while the iothread polls;
 //! * the **guest** is one load-generator thread per active disk, keeping `iodepth` requests in
-//!   flight, as fio does in the guest, each request on the disk's next queue in turn (its own
-//!   file, `scsi/guest.rs`). Its data lives in the cell's one **guest RAM** region
-//!   (`scsi/memory.rs`), a `bs` slot per request: the guest prepares a write's data there and
-//!   finds a read's data there;
+//!   flight, as fio does in the guest, through the disk's
+//!   [`SplitRingDriver`](aio_virtio_blk::driver::SplitRingDriver)s: descriptors and the avail
+//!   ring written in guest memory, kicks, interrupts, the used ring (`scsi/guest.rs`);
 //! * an **iothread** is one [`AioContext`](aio_core::AioContext) over the chosen monitor with
-//!   the chosen engine attached and its share of the virtqueues' doorbells registered (idle
-//!   disks' too: that is what the QEMU test measures), requests pushed into the engine pointing
-//!   into guest RAM (or, with [`MemoryPath::Bounce`], copied through its own buffers), each
-//!   completion pushed back to the guest by the request's own callback (`scsi/host.rs`). With `iothreads` K, queue `q`
-//!   of disk `d` is served by iothread `(d * queues + q) % K` ([`iothread_of`], QEMU's
-//!   iothread-vq-mapping rule), each iothread an [`aio_core::IoThread`] that builds its monitor
-//!   and engine on itself.
+//!   the chosen engine attached through a [`DataPlane`](aio_virtio_blk::dataplane::DataPlane),
+//!   as the daemon runs one. With `iothreads` K, queue `q` of disk `d` is served by iothread
+//!   `(d * queues + q) % K` ([`iothread_of`], the daemon's rule), each iothread an
+//!   [`aio_core::IoThread`] that builds its monitor and engine on itself.
 //!
-//! A cell is three steps (`scsi/run.rs`): set up (the guest RAM and the virtqueues, the
-//! iothreads with their engines attached and their doorbells registered, then the guests),
+//! A cell is three steps (`scsi/run.rs`): set up (the devices and both sides of every queue,
+//! the iothreads with their engines attached and their queues started, then the guests),
 //! drive (until every guest is done) and collect (the guests' figures, and each iothread's
-//! counters and CPU time). It never touches a backend's internals: only the `EventLoop` and
-//! `IoEngine` traits.
+//! counters, interrupts and CPU time). It never touches a backend's internals: only the
+//! `EventLoop` and `IoEngine` traits.
+//!
+//! [`VirtioBlkQueue`]: aio_virtio_blk::queue::VirtioBlkQueue
 
 mod guest;
-mod host;
-mod memory;
 mod run;
 
-use std::collections::VecDeque;
+use std::fmt;
 use std::io;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::str::FromStr;
+use std::sync::PoisonError;
 use std::time::Duration;
 
-use aio_core::{LoopCounters, Notifier};
+use aio_core::LoopCounters;
 use hdrhistogram::Histogram;
 
 use self::guest::GuestStats;
-pub use self::memory::MemoryPath;
 pub use self::run::{run_cell, run_cell_on_iothreads};
 use crate::load::{latency_histogram, Pattern};
 use crate::targets::image::DiskImage;
 
-/// One guest request in a virtqueue.
-#[derive(Debug, Clone, Copy)]
-struct GuestRequest {
-    slot: u32,
-    offset: u64,
-    write: bool,
+/// How a request's data travels between guest memory and the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MemoryPath {
+    /// The guest's buffers are aligned for `O_DIRECT`: the device has the engine read into
+    /// and write from guest memory itself, no copy, as QEMU does for aligned guest buffers.
+    #[default]
+    Guest,
+    /// The guest's buffers are not aligned for `O_DIRECT`: the device copies them through an
+    /// aligned bounce buffer before a write and back after a read, as QEMU does (`--bounce`).
+    Bounce,
 }
 
-/// One entry of the used ring: a finished request.
-#[derive(Debug, Clone)]
-struct UsedEntry {
-    slot: u32,
-    /// Bytes, or a negative errno.
-    result: i64,
+impl MemoryPath {
+    /// Both paths, guest first.
+    pub const ALL: [MemoryPath; 2] = [MemoryPath::Guest, MemoryPath::Bounce];
+
+    /// The name used in reports (`memory` in the JSON and CSV): `guest` or `bounce`.
+    pub fn name(self) -> &'static str {
+        match self {
+            MemoryPath::Guest => "guest",
+            MemoryPath::Bounce => "bounce",
+        }
+    }
 }
 
-/// A virtqueue: the available ring and doorbell (guest -> iothread), the used ring and
-/// interrupt (iothread -> guest).
-struct Virtqueue {
-    avail: Mutex<VecDeque<GuestRequest>>,
-    avail_len: AtomicUsize,
-    doorbell: Notifier,
-    /// Set while the iothread busy-polls this queue (virtio's `VRING_USED_F_NO_NOTIFY`, which
-    /// QEMU's `io_poll_begin` sets and `io_poll_end` clears): the guest skips the doorbell.
-    /// Guest and iothread each fence between their store and their load (the guest's
-    /// `avail_len`, then this flag; the iothread's flag, then `avail_len`), so that after the
-    /// iothread clears it, either the guest kicks or the iothread's last check sees the work.
-    no_notify: std::sync::atomic::AtomicBool,
-    used: Mutex<Vec<UsedEntry>>,
-    interrupt: Notifier,
-    /// Interrupts raised (one per completion, or per batch with `batch_interrupts`).
-    interrupts: AtomicU64,
+impl fmt::Display for MemoryPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
-impl Virtqueue {
-    fn new() -> io::Result<Self> {
-        Ok(Virtqueue {
-            avail: Mutex::new(VecDeque::new()),
-            avail_len: AtomicUsize::new(0),
-            doorbell: Notifier::new()?,
-            no_notify: std::sync::atomic::AtomicBool::new(false),
-            used: Mutex::new(Vec::new()),
-            interrupt: Notifier::new()?,
-            interrupts: AtomicU64::new(0),
-        })
-    }
-
-    /// The iothread takes every request of the available ring.
-    fn take_avail(&self) -> Vec<GuestRequest> {
-        let mut q = self.avail.lock().unwrap_or_else(PoisonError::into_inner);
-        self.avail_len.store(0, Ordering::Release);
-        q.drain(..).collect()
-    }
-
-    /// The iothread puts a finished request on the used ring and raises the interrupt.
-    fn push_used(&self, entry: UsedEntry) {
-        self.push_used_quietly(entry);
-        self.raise_interrupt();
-    }
-
-    /// The iothread puts a finished request on the used ring; the interrupt comes later.
-    fn push_used_quietly(&self, entry: UsedEntry) {
-        self.used
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(entry);
-    }
-
-    /// The iothread raises the interrupt (an eventfd write).
-    fn raise_interrupt(&self) {
-        self.interrupts.fetch_add(1, Ordering::Relaxed);
-        let _ = self.interrupt.notify();
-    }
-
-    /// The guest takes every entry of the used ring.
-    fn take_used(&self) -> Vec<UsedEntry> {
-        std::mem::take(&mut *self.used.lock().unwrap_or_else(PoisonError::into_inner))
+impl FromStr for MemoryPath {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        MemoryPath::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| format!("unknown memory path '{s}' (expected guest or bounce)"))
     }
 }
 
@@ -162,19 +120,15 @@ pub struct CellSpec {
     /// time, so that each read has exactly one right answer. The guests stamp and check
     /// their data in guest RAM, on either memory path.
     pub verify: bool,
-    /// How the data travels between guest RAM and the engine: straight (the engine reads
-    /// and writes guest RAM) or through the iothread's bounce buffers (`--bounce`).
+    /// How the data travels between guest memory and the engine: straight (aligned guest
+    /// buffers) or through the device's bounce buffers (misaligned ones, `--bounce`).
     pub memory: MemoryPath,
     /// Iothreads (at least 1), each with its own context, monitor and engine; the queues are
     /// spread over them by [`iothread_of`].
     pub iothreads: usize,
-    /// Virtqueues per disk (at least 1), each with its own doorbell and interrupt; a disk's
-    /// guest puts each request on the next queue in turn.
+    /// Virtqueues per disk (at least 1), each with its own kick and interrupt; a disk's
+    /// guest puts slot `s` on queue `s % queues`.
     pub queues: usize,
-    /// Raise a queue's interrupt once per batch of completions (a deferred call at the end of
-    /// the engine's completion delivery, as QEMU defers the irqfd write with `defer_call()`),
-    /// not once per request.
-    pub batch_interrupts: bool,
     /// How the guest threads are scheduled next to the iothreads.
     pub guest_sched: GuestSched,
 }
@@ -184,8 +138,7 @@ impl CellSpec {
     /// pattern and iothreads per cell): one disk driven with sequential reads of 4 KiB blocks
     /// at iodepth 8, 200 ms ramp and 1 s measured, QEMU's IOThread polling limit (32768 ns),
     /// idle disks out of the poll set after 100 ms, no verify, requests straight into guest
-    /// RAM, one iothread, one queue per disk, an interrupt per batch of completions (QEMU's
-    /// model).
+    /// memory, one iothread, one queue per disk.
     pub const fn quick() -> CellSpec {
         CellSpec {
             disks: 1,
@@ -201,7 +154,6 @@ impl CellSpec {
             memory: MemoryPath::Guest,
             iothreads: 1,
             queues: 1,
-            batch_interrupts: true,
             guest_sched: GuestSched::Normal,
         }
     }
@@ -271,6 +223,11 @@ pub struct IothreadFigures {
     pub cpu_s: f64,
     /// Its loop's counters.
     pub counters: LoopCounters,
+    /// Interrupts its queues raised (call eventfd writes: one per batch of completions the
+    /// driver asked to hear about).
+    pub interrupts: u64,
+    /// Requests its queues copied through a bounce buffer (the guest's buffers misaligned).
+    pub bounced: u64,
 }
 
 /// What one cell measured.
@@ -295,8 +252,8 @@ pub struct CellResult {
     /// Every thread of the process over the guests' run, s: the iothreads, the guests, and
     /// the threads doing I/O for the engines (the pool's workers, io_uring's kernel workers).
     pub process_cpu_s: f64,
-    /// Interrupts the iothreads raised (each an eventfd write): one per completed request, or
-    /// with `batch_interrupts` one per queue and batch of completions.
+    /// Interrupts the iothreads raised (each a call eventfd write): one per queue and batch of
+    /// completions.
     pub interrupts: u64,
     /// Times a guest waited for an interrupt (a `poll(2)` on its queues' interrupts; each
     /// usually a sleep and a wake-up).
@@ -314,6 +271,7 @@ pub struct CellResult {
 impl CellResult {
     /// The iothreads' figures, before any guest's are added.
     fn new(elapsed: Duration, per_iothread: Vec<IothreadFigures>) -> CellResult {
+        let interrupts = per_iothread.iter().map(|t| t.interrupts).sum();
         let mut counters = LoopCounters::default();
         for t in &per_iothread {
             counters.merge(&t.counters);
@@ -328,7 +286,7 @@ impl CellResult {
             per_iothread,
             guest_cpu_s: 0.0,
             process_cpu_s: 0.0,
-            interrupts: 0,
+            interrupts,
             guest_waits: 0,
             errors: 0,
             verified_reads: 0,

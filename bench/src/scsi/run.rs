@@ -1,75 +1,165 @@
-//! One cell's run: set up, drive, collect; on the calling thread or on K iothreads.
+//! One cell's run on the real device: set up, drive, collect; on the calling thread or on K
+//! iothreads.
 //!
-//! This module owns which thread runs what: the cell's shared parts ([`Rig`]: the guest RAM,
-//! every disk's virtqueues, the guests), the one-iothread run on the calling thread (the
-//! monitor and engine given), and the run on `spec.iothreads` [`IoThread`]s, each pinned (with
-//! `cpus`) and building its monitor, engine and [`Station`] on itself. It never submits I/O
-//! (`scsi/host.rs`) or generates load (`scsi/guest.rs`).
+//! This module owns which thread runs what: the cell's shared parts ([`Rig`]: a
+//! [`BlockDevice`] per disk, the guest and device sides of every virtqueue, the guests), the
+//! one-iothread run on the calling thread (the monitor and engine given), and the run on
+//! `spec.iothreads` [`IoThread`]s, each pinned (with `cpus`) and building its monitor, engine
+//! and [`DataPlane`] on itself. The requests are served by `aio-virtio-blk`'s queue, exactly
+//! as the daemon serves a guest; this module never submits I/O (the device does) or
+//! generates load (`scsi/guest.rs`).
 
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
-use aio_core::engine::IoEngine;
-use aio_core::{AioContext, EventLoop, IoThread, NotifyHandle};
+use aio_core::{AioContext, EventLoop, IoEngine, IoThread, NotifyHandle};
+use aio_virtio_blk::dataplane::{DataPlane, QueueKey, QueueSetup};
+use aio_virtio_blk::device::{BlockDevice, DiskOptions};
+use aio_virtio_blk::driver::{DeviceSide, SplitRingDriver};
 
 use super::guest::{self, GuestDone, GuestPlace, GuestStats};
-use super::host::{QueuePlace, Station};
-use super::memory::GuestRam;
-use super::{check, iothread_of, CellResult, CellSpec, IothreadFigures, Virtqueue};
+use super::{check, iothread_of, CellResult, CellSpec, IothreadFigures, MemoryPath};
 use crate::cpus::{process_cpu_seconds, thread_cpu_seconds};
 use crate::targets::image::DiskImage;
 
-/// A cell's shared parts: the guest RAM and every disk's virtqueues. Whoever runs the cell
-/// keeps the rig until every iothread's context is dropped: the guest RAM must outlive every
-/// engine that could touch it.
+/// The queues one iothread serves: each queue's key and device side.
+type Places = Vec<(QueueKey, QueueSetup)>;
+
+/// The device side of one queue, with its disk, until an iothread takes it.
+type DeviceHalf = Option<(Arc<BlockDevice>, DeviceSide)>;
+
+/// What an iothread keeps for the cell: its data plane and the keys of its queues.
+struct Served<L: EventLoop + 'static, E: IoEngine + 'static> {
+    plane: DataPlane<L, E>,
+    keys: Vec<QueueKey>,
+}
+
+impl<L: EventLoop + 'static, E: IoEngine + 'static> Served<L, E> {
+    /// Sets `ctx` up for the cell (its polling), attaches `engine` and starts every queue of
+    /// `places`.
+    fn set_up(ctx: &AioContext<L>, engine: E, spec: &CellSpec, places: Places) -> io::Result<Self> {
+        ctx.set_poll_params(spec.poll_max_ns.params());
+        ctx.set_poll_idle_interval(spec.poll_idle);
+        let plane = DataPlane::new(ctx, engine)?;
+        let mut keys = Vec::with_capacity(places.len());
+        for (key, setup) in places {
+            plane.start(ctx, key, setup).map_err(io::Error::other)?;
+            keys.push(key);
+        }
+        Ok(Served { plane, keys })
+    }
+
+    /// This iothread's figures since `cpu0`, and its queues stopped (the guests are done:
+    /// every request taken has completed).
+    fn collect(&self, ctx: &AioContext<L>, cpu0: f64) -> IothreadFigures {
+        let stats: Vec<_> = (self.keys.iter())
+            .filter_map(|&k| self.plane.stats(k))
+            .collect();
+        let figures = IothreadFigures {
+            queues: self.keys.len(),
+            cpu_s: thread_cpu_seconds() - cpu0,
+            counters: ctx.counters(),
+            interrupts: stats.iter().map(|s| s.interrupts).sum(),
+            bounced: stats.iter().map(|s| s.bounced).sum(),
+        };
+        for &k in &self.keys {
+            self.plane.stop(ctx, k);
+        }
+        figures
+    }
+}
+
+/// A cell's shared parts: a device per disk and both sides of every virtqueue. The guest
+/// side of a queue ([`SplitRingDriver`], its guest memory) goes to the disk's guest thread,
+/// the device side to the iothread that serves it; each queue holds its guest memory (an
+/// `Arc`) until it stops, so memory the kernel may still write is never unmapped early.
 struct Rig<'a> {
     spec: CellSpec,
     images: &'a [DiskImage],
-    /// `queues[d][q]`: queue `q` of disk `d`.
-    queues: Vec<Vec<Arc<Virtqueue>>>,
-    ram: Arc<GuestRam>,
+    /// `drivers[d][q]`: the guest side of queue `q` of disk `d`, until its guest takes it
+    /// (an idle disk's stay here, with their eventfds, until the cell ends).
+    drivers: Vec<Vec<Option<SplitRingDriver>>>,
+    /// `sides[d][q]`: the device side, until its iothread takes it.
+    sides: Mutex<Vec<Vec<DeviceHalf>>>,
     /// Guests that have finished (or panicked).
     finished: Arc<AtomicUsize>,
 }
 
+/// The ring size and slots of each queue of a disk driven at `iodepth` over `queues` queues:
+/// slot `s` of the guest goes on queue `s % queues`, three descriptors per slot.
+pub(super) fn queue_layout(iodepth: usize, queues: usize) -> (u16, u16) {
+    let slots = iodepth.div_ceil(queues).max(1);
+    let size = (slots * 3).next_power_of_two().max(4);
+    (size.min(32768) as u16, slots.min(10922) as u16)
+}
+
 impl<'a> Rig<'a> {
-    /// Checks `spec` against `images`, maps the guest RAM and makes the virtqueues.
+    /// Checks `spec` against `images`, opens a device on each image (its window of the file
+    /// or block device) and makes both sides of every queue.
     fn new(images: &'a [DiskImage], spec: CellSpec) -> io::Result<Self> {
         check(images, &spec)?;
-        let ram = Arc::new(GuestRam::new(spec.active, spec.iodepth, spec.bs)?);
-        let queues = (0..spec.disks)
-            .map(|_| {
-                (0..spec.queues)
-                    .map(|_| Virtqueue::new().map(Arc::new))
-                    .collect::<io::Result<Vec<_>>>()
-            })
-            .collect::<io::Result<_>>()?;
+        let (size, slots) = queue_layout(spec.iodepth, spec.queues);
+        // Guest buffers misaligned for O_DIRECT make the device copy through its bounce
+        // buffers (`--bounce`).
+        let data_offset = match spec.memory {
+            MemoryPath::Guest => 0,
+            MemoryPath::Bounce => 1,
+        };
+        let options = DiskOptions {
+            queues: spec.queues as u16,
+            ..DiskOptions::default()
+        };
+        let (mut drivers, mut sides) = (Vec::new(), Vec::new());
+        for image in &images[..spec.disks] {
+            let device = BlockDevice::window(
+                image.file().clone(),
+                image.base(),
+                image.size(),
+                options.clone(),
+            )
+            .map_err(io::Error::from)?;
+            let device = Arc::new(device);
+            let (mut d, mut s) = (Vec::new(), Vec::new());
+            for _ in 0..spec.queues {
+                let (driver, side) =
+                    SplitRingDriver::with_data_offset(size, slots, spec.bs as u32, data_offset)
+                        .map_err(io::Error::other)?;
+                d.push(Some(driver));
+                s.push(Some((device.clone(), side)));
+            }
+            drivers.push(d);
+            sides.push(s);
+        }
         Ok(Rig {
             spec,
             images,
-            queues,
-            ram,
+            drivers,
+            sides: Mutex::new(sides),
             finished: Arc::new(AtomicUsize::new(0)),
         })
     }
 
     /// The queues iothread `t` serves ([`iothread_of`]), idle disks' included.
-    fn places(&self, t: usize) -> Vec<QueuePlace> {
+    fn places(&self, t: usize) -> Places {
         let (k, per_disk) = (self.spec.iothreads, self.spec.queues);
+        let mut sides = self.sides.lock().unwrap_or_else(PoisonError::into_inner);
         let mut places = Vec::new();
-        for (disk, queues) in self.queues.iter().enumerate() {
-            for (q, vq) in queues.iter().enumerate() {
-                if iothread_of(disk, q, per_disk, k) == t {
-                    let image = &self.images[disk];
-                    places.push(QueuePlace {
-                        disk,
-                        vq: vq.clone(),
-                        file: image.file().clone(),
-                        base: image.base(),
-                        driven: disk < self.spec.active,
-                    });
+        for (disk, queues) in sides.iter_mut().enumerate() {
+            for (q, side) in queues.iter_mut().enumerate() {
+                if iothread_of(disk, q, per_disk, k) != t {
+                    continue;
+                }
+                if let Some((device, side)) = side.take() {
+                    let setup = QueueSetup {
+                        device,
+                        queue: side.queue,
+                        memory: side.memory,
+                        kick: side.kick,
+                        call: Some(side.call),
+                    };
+                    places.push(((disk as u32, q as u16), setup));
                 }
             }
         }
@@ -79,31 +169,31 @@ impl<'a> Rig<'a> {
     /// A guest thread per active disk, pinned to `cpus` (empty: not pinned); each wakes `wake`
     /// (if any) when it finishes.
     fn spawn_guests(
-        &self,
+        &mut self,
         cpus: &[usize],
         wake: Option<NotifyHandle>,
     ) -> io::Result<Vec<JoinHandle<GuestStats>>> {
         let spec = self.spec;
-        (0..spec.active)
-            .map(|disk| {
-                let image = &self.images[disk];
-                let blocks = image.size() / spec.bs as u64;
-                let ledger = spec.verify.then(|| image.ledger().cloned()).flatten();
-                let place = GuestPlace {
-                    cpus: cpus.to_vec(),
-                    done: GuestDone::new(self.finished.clone(), wake.clone()),
-                };
-                guest::spawn(
-                    self.queues[disk].clone(),
-                    self.ram.clone(),
-                    spec,
-                    disk,
-                    blocks.max(1),
-                    ledger,
-                    place,
-                )
-            })
-            .collect()
+        let mut guests = Vec::with_capacity(spec.active);
+        for disk in 0..spec.active {
+            let image = &self.images[disk];
+            let blocks = image.size() / spec.bs as u64;
+            let ledger = spec.verify.then(|| image.ledger().cloned()).flatten();
+            let place = GuestPlace {
+                cpus: cpus.to_vec(),
+                done: GuestDone::new(self.finished.clone(), wake.clone()),
+            };
+            let drivers = self.drivers[disk].iter_mut().filter_map(Option::take);
+            guests.push(guest::spawn(
+                drivers.collect(),
+                spec,
+                disk,
+                blocks.max(1),
+                ledger,
+                place,
+            )?);
+        }
+        Ok(guests)
     }
 
     /// Every guest's figures.
@@ -129,12 +219,6 @@ impl<'a> Rig<'a> {
         for g in guests {
             result.add(g);
         }
-        result.interrupts = self
-            .queues
-            .iter()
-            .flatten()
-            .map(|vq| vq.interrupts.load(Ordering::Relaxed))
-            .sum();
         result
     }
 }
@@ -162,11 +246,9 @@ where
             ),
         ));
     }
-    // Dropped in reverse order: the station, the context (and with it the engine), then the
-    // rig and its guest RAM.
-    let rig = Rig::new(images, spec)?;
+    let mut rig = Rig::new(images, spec)?;
     let ctx = AioContext::new(monitor)?;
-    let station = Station::set_up(&ctx, engine, &spec, &rig.ram, rig.places(0))?;
+    let served = Served::set_up(&ctx, engine, &spec, rig.places(0))?;
     // Before the guests start, as `run_cell_on_iothreads` reads it: their CPU all counts.
     let process0 = process_cpu_seconds();
     let guests = rig.spawn_guests(&[], Some(ctx.notify_handle()))?;
@@ -175,14 +257,9 @@ where
     while rig.finished.load(Ordering::Acquire) < spec.active {
         ctx.poll(true);
     }
-    let figures = IothreadFigures {
-        queues: station.queue_count(),
-        cpu_s: thread_cpu_seconds() - cpu0,
-        counters: ctx.counters(),
-    };
+    let figures = served.collect(&ctx, cpu0);
     let stats = Rig::join(guests)?;
     let process_cpu_s = process_cpu_seconds() - process0;
-    station.tear_down(&ctx);
     Ok(rig.result(vec![figures], stats, process_cpu_s))
 }
 
@@ -204,13 +281,13 @@ where
     E: IoEngine + 'static,
     B: Fn(usize) -> io::Result<(L, E)> + Send + Sync + 'static,
 {
-    let rig = Rig::new(images, spec)?;
+    let mut rig = Rig::new(images, spec)?;
     let build = Arc::new(build);
-    // Declared after the rig, so dropped (stopped and joined, their contexts and engines
+    // Declared after the rig, so dropped (stopped and joined, their queues and engines
     // dropped) before it, also on an early return.
-    let mut iothreads: Vec<IoThread<L, Station<L, E>>> = Vec::with_capacity(spec.iothreads);
+    let mut iothreads: Vec<IoThread<L, Served<L, E>>> = Vec::with_capacity(spec.iothreads);
     for t in 0..spec.iothreads {
-        let (build, ram, places) = (build.clone(), rig.ram.clone(), rig.places(t));
+        let (build, places) = (build.clone(), rig.places(t));
         let cpu = crate::cpus::iothread_cpu(cpus, t);
         let iothread = IoThread::spawn(&format!("iothread{t}"), move || -> io::Result<_> {
             if let Some(c) = cpu {
@@ -218,8 +295,8 @@ where
             }
             let (monitor, engine) = build(t)?;
             let ctx = AioContext::new(monitor)?;
-            let station = Station::set_up(&ctx, engine, &spec, &ram, places)?;
-            Ok((ctx, station))
+            let served = Served::set_up(&ctx, engine, &spec, places)?;
+            Ok((ctx, served))
         })
         .map_err(io::Error::from)?;
         iothreads.push(iothread);
@@ -237,15 +314,7 @@ where
     let mut per_iothread = Vec::with_capacity(iothreads.len());
     for (t, c0) in iothreads.iter().zip(cpu0) {
         let figures = t
-            .call(move |ctx, station: &Station<L, E>| {
-                let figures = IothreadFigures {
-                    queues: station.queue_count(),
-                    cpu_s: thread_cpu_seconds() - c0,
-                    counters: ctx.counters(),
-                };
-                station.tear_down(ctx);
-                figures
-            })
+            .call(move |ctx, served: &Served<L, E>| served.collect(ctx, c0))
             .map_err(io::Error::from)?;
         per_iothread.push(figures);
     }
