@@ -102,6 +102,7 @@ impl BusyPoll {
     }
 
     /// Whether `token`'s handler is in the poll set.
+    #[cfg(test)]
     fn contains(&self, token: Token) -> bool {
         self.set.borrow().iter().any(|m| m.token == token)
     }
@@ -125,16 +126,21 @@ impl BusyPoll {
         self.set.borrow_mut().retain(|m| m.token != token);
     }
 
-    /// With polling on, handlers inactive for the idle interval leave the set; returns how
-    /// many left.
-    fn drop_idle(&self, now: u64) -> usize {
+    /// With polling on, handlers inactive for the idle interval leave the set; returns
+    /// their tokens (no allocation when none leaves).
+    fn drop_idle(&self, now: u64) -> Vec<Token> {
+        let mut dropped = Vec::new();
         if self.params.get().max_ns == 0 {
-            return 0;
+            return dropped;
         }
-        let mut set = self.set.borrow_mut();
-        let before = set.len();
-        set.retain(|m| m.idle_deadline > now);
-        before - set.len()
+        self.set.borrow_mut().retain(|m| {
+            let stays = m.idle_deadline > now;
+            if !stays {
+                dropped.push(m.token);
+            }
+            stays
+        });
+        dropped
     }
 }
 
@@ -208,12 +214,32 @@ impl<L: EventLoop> AioContext<L> {
             .set(u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX));
     }
 
-    /// Handlers idle for the idle interval leave the poll set (step 1 of an iteration).
+    /// Handlers idle for the idle interval leave the poll set (step 1 of an iteration), and
+    /// polling mode ends for each as it leaves (`io_poll_end`, then a last `io_poll` check),
+    /// as QEMU's `remove_idle_poll_handlers` does: so that beginning polling mode costs the
+    /// poll set's size, not the number of handlers registered. One whose last check finds
+    /// work was not idle after all: it stays, polling mode on again.
     pub(super) fn drop_idle_pollers(&self, now: u64) {
         let dropped = self.busy_poll.drop_idle(now);
-        if dropped > 0 {
-            self.count(|c| c.poll_idle_removals += dropped as u64);
+        if dropped.is_empty() {
+            return;
         }
+        let mut left = 0;
+        for token in dropped {
+            let handler = self
+                .handlers
+                .borrow()
+                .get(token)
+                .map(|s| s.callbacks.clone());
+            match handler {
+                Some(h) if h.end_polling(true) => {
+                    h.begin_polling();
+                    self.busy_poll.join(token, now);
+                }
+                _ => left += 1,
+            }
+        }
+        self.count(|c| c.poll_idle_removals += left);
     }
 
     /// Step 2 of an iteration: busy polling, only worth it when the loop would otherwise
@@ -248,7 +274,7 @@ impl<L: EventLoop> AioContext<L> {
         let mut spun_ns = 0;
         if would_block && poll_ns > 0 {
             let spin_ns = timeout.map_or(poll_ns, |t| t.min(poll_ns));
-            self.begin_poll_mode(poll_ready);
+            self.begin_poll_mode();
             let (hit, spent) = self.run_poll_handlers(spin_ns, poll_ready);
             spun_ns = spent;
             if hit {
@@ -315,16 +341,20 @@ impl<L: EventLoop> AioContext<L> {
         }
     }
 
-    /// Begins polling mode for the poll set's hooked handlers, and ends it for those that
-    /// left the set; a token whose last check after `io_poll_end` found work goes to `ready`.
-    fn begin_poll_mode(&self, ready: &mut Vec<Token>) {
+    /// Begins polling mode for the poll set's hooked handlers (those that left the set ended
+    /// it as they left): a walk of the poll set, not of every handler registered.
+    fn begin_poll_mode(&self) {
         self.busy_poll.mode_started.set(true);
-        let hooked = self.handlers.borrow().hooked_handlers();
-        for (token, handler) in hooked {
-            if self.busy_poll.contains(token) {
-                handler.begin_polling();
-            } else if handler.end_polling(true) {
-                ready.push(token);
+        if self.handlers.borrow().hooked_count() == 0 {
+            return;
+        }
+        let set = self.busy_poll.set.borrow();
+        let table = self.handlers.borrow();
+        for member in set.iter() {
+            if let Some(slot) = table.get(member.token) {
+                if slot.callbacks.has_poll_hooks() {
+                    slot.callbacks.begin_polling();
+                }
             }
         }
     }
@@ -425,13 +455,17 @@ mod tests {
         busy.params.set(PollParams::iothread());
         busy.idle_ns.set(1_000);
         busy.join(Token(7), 100);
-        assert_eq!(busy.drop_idle(1_099), 0, "still inside the interval");
+        assert_eq!(busy.drop_idle(1_099), [], "still inside the interval");
         assert!(busy.contains(Token(7)) && !busy.contains(Token(8)));
-        assert_eq!(busy.drop_idle(1_100), 1, "idle for the whole interval");
+        assert_eq!(
+            busy.drop_idle(1_100),
+            [Token(7)],
+            "idle for the whole interval"
+        );
         assert!(!busy.contains(Token(7)));
         // With polling off nothing is dropped (the set is not used).
         busy.join(Token(7), 100);
         busy.params.set(PollParams::default());
-        assert_eq!(busy.drop_idle(u64::MAX), 0);
+        assert_eq!(busy.drop_idle(u64::MAX), []);
     }
 }

@@ -320,6 +320,11 @@ impl<L: EventLoop> HandlerTable<L> {
         Some(slot)
     }
 
+    /// How many handlers have polling-mode hooks.
+    pub(crate) fn hooked_count(&self) -> usize {
+        self.hooked
+    }
+
     /// The handlers with polling-mode hooks; empty (and no allocation) when none has them.
     pub(crate) fn hooked_handlers(&self) -> Vec<(Token, Rc<FdHandler<L>>)> {
         if self.hooked == 0 {

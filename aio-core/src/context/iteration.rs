@@ -335,6 +335,9 @@ impl<L: EventLoop> AioContext<L> {
         let fd = self.handlers.borrow_mut().mark_closed(token);
         let Some(fd) = fd else { return false };
         self.busy_poll.leave(token);
+        if let Some(slot) = self.handlers.borrow().get(token) {
+            slot.callbacks.end_polling(false);
+        }
         self.count(|c| c.closed_fds += 1);
         let _ = self.monitor.borrow_mut().forget_closed(fd);
         let callbacks = {

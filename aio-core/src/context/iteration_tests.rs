@@ -212,6 +212,59 @@ fn a_hooked_handler_that_goes_idle_while_polling_ends_its_polling_mode() {
     assert_eq!(ends.get(), 1, "left the set: polling mode ended");
 }
 
+#[test]
+fn a_handler_whose_last_check_on_leaving_finds_work_stays_polled_and_is_served() {
+    let (ctx, script) = scripted();
+    ctx.set_poll_params(PollParams::iothread().with_rule(PollRule::Qemu));
+    ctx.set_poll_idle_interval(Duration::from_millis(1));
+    let (begins, ends, served) = (
+        Rc::new(Cell::new(0)),
+        Rc::new(Cell::new(0)),
+        Rc::new(Cell::new(0)),
+    );
+    // Work that arrives with no kick: only an io_poll check sees it.
+    let work = Rc::new(Cell::new(false));
+    let (b, e, s, w1, w2) = (
+        begins.clone(),
+        ends.clone(),
+        served.clone(),
+        work.clone(),
+        work.clone(),
+    );
+    let quiet = Notifier::new().unwrap();
+    ctx.set_fd_handler(
+        &quiet,
+        FdHandler::new()
+            .on_read(|_| {})
+            .on_poll(move || w1.get())
+            .on_poll_ready(move |_| {
+                w2.set(false);
+                s.set(s.get() + 1);
+            })
+            .on_poll_begin(move || b.set(b.get() + 1))
+            .on_poll_end(move || e.set(e.get() + 1)),
+    )
+    .unwrap();
+    let (busy, countdown) = countdown_handler(&ctx);
+    countdown.set(2);
+    assert!(ctx.poll(true));
+    assert_eq!(begins.get(), 1, "polling mode began");
+    // Past the idle interval, with work waiting that only a check can see: the quiet handler
+    // is due to leave, its last check finds the work, and it stays, polling mode on again.
+    script.clock.advance(2_000_000);
+    work.set(true);
+    script.inject.borrow_mut().push(busy.as_raw_fd());
+    countdown.set(2);
+    ctx.poll(true);
+    assert_eq!(
+        (ends.get(), begins.get()),
+        (1, 2),
+        "ended, checked, began again"
+    );
+    assert_eq!(ctx.counters().poll_set, 2, "both in the set");
+    assert_eq!(served.get(), 1, "the work was served by polling");
+}
+
 /// `n` iterations that block 2 µs each (the automatic window chooses every 16 waits).
 fn blocking_polls(ctx: &AioContext<super::tests::Script>, script: &super::tests::Script, n: usize) {
     for _ in 0..n {
