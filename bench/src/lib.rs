@@ -27,6 +27,7 @@ pub mod matrix;
 #[cfg(feature = "peers")]
 pub mod peers;
 pub mod progress;
+pub mod rounds;
 pub mod scsi;
 pub mod targets;
 pub mod units;

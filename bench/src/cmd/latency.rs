@@ -135,18 +135,14 @@ struct Run {
     budget_cuts_per_req: f64,
 }
 
-/// The run with the median mean latency.
+/// The run with the median mean latency (the lower middle one for an even count).
 fn median(runs: &[Run]) -> Run {
-    let mut sorted = runs.to_vec();
-    sorted.sort_by(|a, b| a.mean_us.total_cmp(&b.mean_us));
-    sorted[sorted.len() / 2]
+    aio_bench::rounds::median_round(runs.to_vec(), |r| r.mean_us).expect("at least one run")
 }
 
 /// The largest mean over the smallest.
 fn spread(runs: &[Run]) -> f64 {
-    let max = runs.iter().map(|r| r.mean_us).fold(0.0, f64::max);
-    let min = runs.iter().map(|r| r.mean_us).fold(f64::MAX, f64::min);
-    max / min
+    aio_bench::rounds::spread(runs.iter().map(|r| r.mean_us))
 }
 
 /// One run at QD1.

@@ -304,7 +304,7 @@ fn run_one(
 
 /// The run with the median MB/s (the lower middle one for an even count), with every run's
 /// errors and verify findings added to it so that none is hidden by the choice.
-fn median_run(mut runs: Vec<Cell>) -> Cell {
+fn median_run(runs: Vec<Cell>) -> Cell {
     let (errors, verified, verify_errors): (u64, u64, u64) = runs.iter().fold((0, 0, 0), |a, c| {
         (
             a.0 + c.result.errors,
@@ -318,8 +318,7 @@ fn median_run(mut runs: Vec<Cell>) -> Cell {
         .take(10)
         .collect();
     let rounds_mb_s: Vec<f64> = runs.iter().map(Cell::mb_s).collect();
-    runs.sort_by(|a, b| a.mb_s().total_cmp(&b.mb_s()));
-    let mut m = runs.swap_remove((runs.len() - 1) / 2);
+    let mut m = crate::rounds::median_round(runs, Cell::mb_s).expect("at least one round");
     m.result.errors = errors;
     m.result.verified_reads = verified;
     m.result.verify_errors = verify_errors;

@@ -312,13 +312,7 @@ impl Ratio {
 
     /// The median of the per-round quotients.
     pub fn median(&self) -> f64 {
-        let mut v = self.per_round.clone();
-        v.sort_by(f64::total_cmp);
-        match v.len() {
-            0 => f64::NAN,
-            n if n % 2 == 1 => v[n / 2],
-            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-        }
+        crate::rounds::median(&self.per_round).unwrap_or(f64::NAN)
     }
 
     /// Whether the ratio meets its target (`None` without one).

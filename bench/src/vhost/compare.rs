@@ -19,7 +19,8 @@ use aio::MonitorKind;
 
 use super::client::{run_client, ClientResult, ClientSpec};
 use super::daemons::{qemu_aio, Daemon, DaemonKind, DaemonSpec, RunDir};
-use super::{median, ProcCpu};
+use super::ProcCpu;
+use crate::rounds::median;
 
 /// What `--vs-qsd` runs.
 #[derive(Debug, Clone)]

@@ -78,21 +78,6 @@ pub fn clock_ticks_per_second() -> u64 {
     }
 }
 
-/// The median of `values` (the mean of the middle two for an even count); `None` when empty.
-pub fn median(values: &[f64]) -> Option<f64> {
-    let mut v: Vec<f64> = values.iter().copied().filter(|x| !x.is_nan()).collect();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let m = v.len() / 2;
-    Some(if v.len() % 2 == 0 {
-        (v[m - 1] + v[m]) / 2.0
-    } else {
-        v[m]
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,14 +99,5 @@ mod tests {
         std::hint::black_box(x);
         assert!(me.read().unwrap() >= a);
         assert!(ProcCpu { pid: u32::MAX }.read().is_err());
-    }
-
-    #[test]
-    fn medians() {
-        assert_eq!(median(&[]), None);
-        assert_eq!(median(&[3.0]), Some(3.0));
-        assert_eq!(median(&[5.0, 1.0, 3.0]), Some(3.0));
-        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
-        assert_eq!(median(&[f64::NAN, 2.0]), Some(2.0));
     }
 }
