@@ -7,7 +7,7 @@
 //!
 //! | feature | backend | re-exported as |
 //! | --- | --- | --- |
-//! | `poll` | fd monitor on `ppoll(2)` | [`poll`](crate#reexports) (`aio-backend-poll`) |
+//! | `poll` | fd monitor on `ppoll(2)` | `poll` (`aio-backend-poll`) |
 //! | `epoll` | fd monitor on `epoll(7)` | `epoll` (`aio-backend-epoll`) |
 //! | `linux-aio` | engine on Linux native AIO (QEMU's `aio=native`) | `linux_aio` |
 //! | `pool` | engine on a thread pool (QEMU's `aio=threads`), and work offload | `pool` |

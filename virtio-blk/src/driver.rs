@@ -13,11 +13,12 @@
 
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use nix::sys::eventfd::{EfdFlags, EventFd};
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE, VRING_USED_F_NO_NOTIFY};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
@@ -116,14 +117,11 @@ pub struct SplitRingDriver {
     call: File,
 }
 
-fn eventfd() -> io::Result<File> {
-    // SAFETY: eventfd takes no pointers; a non-negative result is a new fd this process owns.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just created and is owned by nothing else.
-    Ok(unsafe { File::from_raw_fd(fd) })
+/// A new non-blocking eventfd, as a `File` (what a transport hands the queue as its kick and
+/// call fds).
+pub(crate) fn eventfd() -> io::Result<File> {
+    let fd = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
+    Ok(File::from(OwnedFd::from(fd)))
 }
 
 fn align(x: u64, to: u64) -> u64 {

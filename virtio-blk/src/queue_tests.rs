@@ -3,7 +3,6 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::FromRawFd;
 
 use aio::poll::PollLoop;
 use aio::pool::{PoolConfig, ThreadPool};
@@ -25,11 +24,7 @@ const DATA: u64 = 0x11_0000;
 const STATUS: u64 = 0x1f_0000;
 
 fn eventfd() -> File {
-    // SAFETY: eventfd(2) takes no pointers; a valid fd is owned by the File from here on.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-    assert!(fd >= 0);
-    // SAFETY: `fd` is a fresh fd nobody else owns.
-    unsafe { File::from_raw_fd(fd) }
+    crate::driver::eventfd().unwrap()
 }
 
 fn counter(f: &File) -> u64 {

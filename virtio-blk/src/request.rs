@@ -46,6 +46,12 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> RawImage<L, E> {
         &self.device
     }
 
+    /// Where the disk's byte `offset` is in the file: the chain's offsets are the disk's, and a
+    /// window starts past the file's start.
+    fn file_offset(&self, offset: u64) -> u64 {
+        offset + self.device.offset()
+    }
+
     /// Holds the engine's submissions until [`unplug`](Self::unplug): one batch per kick.
     pub(crate) fn plug(&self) {
         self.engine.plug();
@@ -66,8 +72,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> RawImage<L, E> {
     ) {
         let file = self.device.file();
         let token = u64::from(request.head);
-        // The chain's offsets are the disk's; the file's are past the window's start.
-        let at = |offset: &u64| offset + self.device.offset();
+        let at = |offset: &u64| self.file_offset(*offset);
         let io = match &request.op {
             BlkOp::Read { offset, segments } => match guest_iovecs(mem, segments) {
                 Some(iov) => Request::read_guest(file, at(offset), iov, token),
@@ -134,12 +139,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> RawImage<L, E> {
         let io = match &request.op {
             BlkOp::Read { offset, segments } => {
                 let len = segments.iter().map(|s| s.len as usize).sum();
-                Request::read(
-                    file,
-                    offset + self.device.offset(),
-                    AlignedBuf::new(len),
-                    token,
-                )
+                Request::read(file, self.file_offset(*offset), AlignedBuf::new(len), token)
             }
             BlkOp::Write { offset, segments } => {
                 let mut data = vec![0u8; segments.iter().map(|s| s.len as usize).sum()];
@@ -151,8 +151,12 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> RawImage<L, E> {
                     }
                     at = end;
                 }
-                let at = offset + self.device.offset();
-                Request::write(file, at, AlignedBuf::from_slice(&data), token)
+                Request::write(
+                    file,
+                    self.file_offset(*offset),
+                    AlignedBuf::from_slice(&data),
+                    token,
+                )
             }
             _ => return ring.finish(mem, &request, spec::S_IOERR),
         };

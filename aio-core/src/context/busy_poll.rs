@@ -341,21 +341,32 @@ impl<L: EventLoop> AioContext<L> {
         }
     }
 
-    /// Begins polling mode for the poll set's hooked handlers (those that left the set ended
-    /// it as they left): a walk of the poll set, not of every handler registered.
-    fn begin_poll_mode(&self) {
-        self.busy_poll.mode_started.set(true);
-        if self.handlers.borrow().hooked_count() == 0 {
-            return;
+    /// The poll set's handlers with polling-mode hooks, as a snapshot: the hooks run user code,
+    /// so no table is borrowed while they run. Only the poll set is walked: a handler leaves
+    /// polling mode as it leaves the set, so one outside it is never in polling mode. Empty,
+    /// with no allocation, when no handler has hooks.
+    fn hooked_pollers(&self) -> Vec<(Token, Rc<FdHandler<L>>)> {
+        let table = self.handlers.borrow();
+        if table.hooked_count() == 0 {
+            return Vec::new();
         }
         let set = self.busy_poll.set.borrow();
-        let table = self.handlers.borrow();
-        for member in set.iter() {
-            if let Some(slot) = table.get(member.token) {
-                if slot.callbacks.has_poll_hooks() {
-                    slot.callbacks.begin_polling();
-                }
-            }
+        set.iter()
+            .filter_map(|m| {
+                let slot = table.get(m.token)?;
+                slot.callbacks
+                    .has_poll_hooks()
+                    .then(|| (m.token, slot.callbacks.clone()))
+            })
+            .collect()
+    }
+
+    /// Begins polling mode for the poll set's hooked handlers: a walk of the poll set, not of
+    /// every handler registered.
+    fn begin_poll_mode(&self) {
+        self.busy_poll.mode_started.set(true);
+        for (_, handler) in self.hooked_pollers() {
+            handler.begin_polling();
         }
     }
 
@@ -368,8 +379,7 @@ impl<L: EventLoop> AioContext<L> {
             return false;
         }
         let mut found = false;
-        let hooked = self.handlers.borrow().hooked_handlers();
-        for (token, handler) in hooked {
+        for (token, handler) in self.hooked_pollers() {
             if handler.end_polling(true) {
                 ready.push(token);
                 found = true;

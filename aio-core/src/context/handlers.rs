@@ -325,18 +325,6 @@ impl<L: EventLoop> HandlerTable<L> {
         self.hooked
     }
 
-    /// The handlers with polling-mode hooks; empty (and no allocation) when none has them.
-    pub(crate) fn hooked_handlers(&self) -> Vec<(Token, Rc<FdHandler<L>>)> {
-        if self.hooked == 0 {
-            return Vec::new();
-        }
-        self.slots
-            .iter()
-            .filter(|(_, slot)| slot.callbacks.has_poll_hooks())
-            .map(|(id, slot)| (Token(id.to_u64()), slot.callbacks.clone()))
-            .collect()
-    }
-
     /// Whether the handler is live, not closed, and has an `io_poll` check (busy polling may
     /// check it).
     pub(crate) fn is_pollable(&self, token: Token) -> bool {

@@ -11,7 +11,7 @@
 
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use aio_core::{AioContext, EventLoop, IoEngine, IoThread, NotifyHandle};
@@ -82,14 +82,14 @@ struct Rig<'a> {
     /// (an idle disk's stay here, with their eventfds, until the cell ends).
     drivers: Vec<Vec<Option<SplitRingDriver>>>,
     /// `sides[d][q]`: the device side, until its iothread takes it.
-    sides: Mutex<Vec<Vec<DeviceHalf>>>,
+    sides: Vec<Vec<DeviceHalf>>,
     /// Guests that have finished (or panicked).
     finished: Arc<AtomicUsize>,
 }
 
 /// The ring size and slots of each queue of a disk driven at `iodepth` over `queues` queues:
 /// slot `s` of the guest goes on queue `s % queues`, three descriptors per slot.
-pub(super) fn queue_layout(iodepth: usize, queues: usize) -> (u16, u16) {
+fn queue_layout(iodepth: usize, queues: usize) -> (u16, u16) {
     let slots = iodepth.div_ceil(queues).max(1);
     let size = (slots * 3).next_power_of_two().max(4);
     (size.min(32768) as u16, slots.min(10922) as u16)
@@ -136,17 +136,16 @@ impl<'a> Rig<'a> {
             spec,
             images,
             drivers,
-            sides: Mutex::new(sides),
+            sides,
             finished: Arc::new(AtomicUsize::new(0)),
         })
     }
 
     /// The queues iothread `t` serves ([`iothread_of`]), idle disks' included.
-    fn places(&self, t: usize) -> Places {
+    fn places(&mut self, t: usize) -> Places {
         let (k, per_disk) = (self.spec.iothreads, self.spec.queues);
-        let mut sides = self.sides.lock().unwrap_or_else(PoisonError::into_inner);
         let mut places = Vec::new();
-        for (disk, queues) in sides.iter_mut().enumerate() {
+        for (disk, queues) in self.sides.iter_mut().enumerate() {
             for (q, side) in queues.iter_mut().enumerate() {
                 if iothread_of(disk, q, per_disk, k) != t {
                     continue;
