@@ -2,7 +2,8 @@
 //! many fds may want to change once at start, and where its threads run.
 //!
 //! This module owns nothing of a context: [`raise_fd_limit`] changes the process for all its
-//! threads, [`pin_current_thread`] the calling thread (and the threads it starts later).
+//! threads, [`pin_current_thread`] the calling thread (and the threads it starts later), and
+//! [`cpu_time`] reads what a process has used.
 
 use std::fmt;
 use std::io;
@@ -116,9 +117,57 @@ pub fn pin_current_thread(cpus: &[usize]) -> io::Result<()> {
     })
 }
 
+/// A process's CPU time so far (user + system, all its threads), as `/proc/PID/stat` reports
+/// it: fields 14 (`utime`) and 15 (`stime`), in clock ticks (`sysconf(_SC_CLK_TCK)`). An error
+/// if the process is gone or its stat cannot be read.
+pub fn cpu_time(pid: u32) -> io::Result<std::time::Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let ticks = stat_ticks(&stat).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("/proc/{pid}/stat: no utime and stime fields"),
+        )
+    })?;
+    // SAFETY: sysconf only reads the configuration value it is asked for.
+    let per_second = match unsafe { libc::sysconf(libc::_SC_CLK_TCK) } {
+        t if t > 0 => t as u128,
+        _ => 100, // the value on every Linux architecture
+    };
+    let nanos = u128::from(ticks) * 1_000_000_000 / per_second;
+    Ok(std::time::Duration::from_nanos(nanos as u64))
+}
+
+/// `utime + stime` of a `/proc/PID/stat` line. The command name (field 2) is in parentheses
+/// and may hold spaces and parentheses itself, so the fields are counted from the last `)`.
+fn stat_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // Field 3 (the state) is the first after the name: utime is field 14, index 11 here.
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_time_is_fields_14_and_15_counted_after_the_name() {
+        let line = "4242 (qemu (x) d) S 1 4242 4242 0 -1 4194560 1595 0 0 0 37 12 0 0 20 0 3 0";
+        assert_eq!(stat_ticks(line), Some(49));
+        assert_eq!(stat_ticks("1 (x) S 1 2"), None);
+        assert_eq!(stat_ticks("garbage"), None);
+        let me = std::process::id();
+        let before = cpu_time(me).unwrap();
+        let mut x = 0u64;
+        for i in 0..20_000_000u64 {
+            x = x.wrapping_mul(31).wrapping_add(i);
+        }
+        std::hint::black_box(x);
+        assert!(cpu_time(me).unwrap() >= before);
+        assert!(cpu_time(u32::MAX).is_err());
+    }
 
     #[test]
     fn cpu_lists_parse_print_and_refuse_what_is_not_one() {

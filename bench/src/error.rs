@@ -94,6 +94,26 @@ impl BenchError {
     }
 }
 
+impl From<aio_vhost_user_blk::testing::LaunchError> for BenchError {
+    fn from(e: aio_vhost_user_blk::testing::LaunchError) -> BenchError {
+        use aio_vhost_user_blk::testing::LaunchError as L;
+        match e {
+            L::NotInstalled { .. } | L::BadCpu { .. } => BenchError::bad_input(e.to_string()),
+            L::Io { .. } | L::Failed { .. } => BenchError::failed(e.to_string()),
+        }
+    }
+}
+
+impl From<aio_vhost_user_blk::testing::ClientError> for BenchError {
+    fn from(e: aio_vhost_user_blk::testing::ClientError) -> BenchError {
+        use aio_vhost_user_blk::testing::ClientError as C;
+        match e {
+            C::TooManyQueues { .. } => BenchError::bad_input(format!("--queues: {e}")),
+            C::Blkio { .. } | C::NoAnswer { .. } => BenchError::failed(e.to_string()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -111,19 +111,12 @@ struct VsFioArgs {
     /// Warm-up before measuring, per run.
     #[arg(long, default_value = "1s", value_parser = parse_duration_arg)]
     ramp: Duration,
-    /// Size of the test file.
-    #[arg(long, default_value = "256m", value_parser = parse_size_arg)]
-    size: u64,
-    /// Directory for the test file (default: the system temp dir).
-    #[arg(long)]
-    dir: Option<PathBuf>,
-    /// A B pairs to run.
+    /// The test file or the fast device, for fio and ours alike.
+    #[command(flatten)]
+    target: TestTarget,
+    /// A B pairs to run (B A in every second round).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=100))]
     rounds: u64,
-    /// The fast device instead of the test file, for fio and ours alike: `loop` or `loop:SIZE`
-    /// (default 512m), a loop device with direct I/O over a file in /dev/shm (needs root).
-    #[arg(long, value_parser = parse_device, conflicts_with_all = ["dir", "size"])]
-    device: Option<LoopSpec>,
     /// Our fd monitor; `shared-ring` (with `--engine uring`): one io_uring for the fd monitor
     /// and the engine, so completions need no eventfd.
     #[arg(long, default_value = "epoll", value_parser = parse_pairing)]
@@ -142,7 +135,23 @@ struct VsFioArgs {
     max_batch: Option<u64>,
 }
 
+/// One O_DIRECT test target: a file, or the whole fast device (`vs-fio`, `latency`).
 #[derive(clap::Args, Debug)]
+struct TestTarget {
+    /// Directory for the test file (default: the system temp dir).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Size of the test file.
+    #[arg(long, default_value = "256m", value_parser = parse_size_arg)]
+    size: u64,
+    /// The fast device instead of the test file: `loop` or `loop:SIZE` (default 512m), a loop
+    /// device with direct I/O over a file in /dev/shm (needs root).
+    #[arg(long, value_parser = parse_device, conflicts_with_all = ["dir", "size"])]
+    device: Option<LoopSpec>,
+}
+
+#[derive(clap::Args, Debug)]
+#[command(mut_arg("size", |a| a.default_value("64m")))]
 struct LatencyArgs {
     /// Engines, comma-separated. Default: all this build has.
     #[arg(long, value_delimiter = ',', value_parser = parse_engine)]
@@ -159,16 +168,9 @@ struct LatencyArgs {
     /// Measured time per cell.
     #[arg(long, default_value = "3s", value_parser = parse_runtime_arg)]
     runtime: Duration,
-    /// Size of the test file.
-    #[arg(long, default_value = "64m", value_parser = parse_size_arg)]
-    size: u64,
-    /// Directory for the test file (default: the system temp dir).
-    #[arg(long)]
-    dir: Option<PathBuf>,
-    /// The fast device instead of the test file: `loop` or `loop:SIZE` (default 512m), a loop
-    /// device with direct I/O over a file in /dev/shm (needs root).
-    #[arg(long, value_parser = parse_device, conflicts_with_all = ["dir", "size"])]
-    device: Option<LoopSpec>,
+    /// The test file (64 MiB by default) or the fast device.
+    #[command(flatten)]
+    target: TestTarget,
     /// Our fd monitor.
     #[arg(long, default_value = "epoll", value_parser = parse_monitor)]
     fdmon: MonitorKind,
@@ -245,7 +247,8 @@ struct MatrixArgs {
     /// All pairs, all disk counts, all workloads.
     #[arg(long)]
     full: bool,
-    /// Run every cell this many times, round after round, and report each cell's median run:
+    /// Run every cell this many times, round after round (every second one backwards), and
+    /// report each cell's median run:
     /// steadier figures on a noisy machine.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100))]
     repeat: u64,

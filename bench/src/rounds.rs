@@ -2,8 +2,15 @@
 //! runs a measurement more than once (the matrix's `--repeat`, `latency`, the vhost and peer
 //! comparisons).
 //!
-//! This module owns the statistics only; which rounds run, and in what order, is each
-//! command's.
+//! This module owns the statistics and the order of a round ([`order`]: A B, then B A); what
+//! a round runs is each command's.
+
+/// The order of round `round` (from 0) over `n` items: forward in even rounds, backward in
+/// odd ones (A B, B A, ...), so that no item always runs first or always runs after the same
+/// one.
+pub fn order(round: usize, n: usize) -> impl Iterator<Item = usize> {
+    (0..n).map(move |i| if round % 2 == 0 { i } else { n - 1 - i })
+}
 
 /// The median of `values` (the mean of the middle two for an even count), NaNs left out;
 /// `None` when nothing is left.
@@ -66,5 +73,8 @@ mod tests {
         assert_eq!(median_round(Vec::<(f64, u8)>::new(), |r| r.0), None);
         assert_eq!(spread([2.0, 8.0, 4.0]), 4.0);
         assert!(spread([]).is_nan());
+        assert_eq!(order(0, 3).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(order(1, 3).collect::<Vec<_>>(), [2, 1, 0]);
+        assert_eq!(order(2, 0).count(), 0);
     }
 }

@@ -13,6 +13,8 @@
 //!   says stop; no signal handler, no command line.
 //! * [`cli`] (feature `cli`, on by default): the `aio-vhost-user-blk` command line and its
 //!   signals.
+//! * `testing` (feature `testing`): the daemon started as a child process and a libblkio
+//!   client of its socket, for tests and benches.
 //!
 //! Serving a disk from your own program:
 //!
@@ -36,4 +38,6 @@
 pub mod cli;
 pub mod daemon;
 pub mod memory;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod vhost;

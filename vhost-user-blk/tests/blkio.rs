@@ -5,7 +5,7 @@
 mod common;
 
 use blkio::ReqFlags;
-use common::{image, Client, Daemon};
+use common::{connect, image, Daemon};
 
 const MIB: u64 = 1 << 20;
 
@@ -26,14 +26,16 @@ fn verify_rw(engine: &str, queues: usize, depth: usize) {
         &format!(",queues={queues},serial=t1"),
     );
     let bs = 4096usize;
-    let mut c = Client::connect(d.socket(), queues, queues * depth * bs).unwrap();
-    assert_eq!(c.capacity(), 64 * MIB);
+    let mut c = connect(d.socket(), queues, queues * depth * bs).unwrap();
+    assert_eq!(c.capacity().unwrap(), 64 * MIB);
     for generation in [1u8, 2] {
         for q in 0..queues {
             for i in 0..depth {
                 let slot = (q * depth + i) * bs;
                 let offset = ((q * depth + i) * 7 * bs) as u64;
-                stamp(c.buf(slot, bs), offset, generation);
+                let mut data = vec![0u8; bs];
+                stamp(&mut data, offset, generation);
+                c.write_buf(slot, &data);
                 c.write(q, offset, slot, bs, slot);
             }
         }
@@ -45,7 +47,7 @@ fn verify_rw(engine: &str, queues: usize, depth: usize) {
         for q in 0..queues {
             for i in 0..depth {
                 let slot = (q * depth + i) * bs;
-                c.buf(slot, bs).fill(0);
+                c.fill_buf(slot, bs, 0);
                 c.read(q, ((q * depth + i) * 7 * bs) as u64, slot, bs, slot);
             }
         }
@@ -56,7 +58,7 @@ fn verify_rw(engine: &str, queues: usize, depth: usize) {
                 let mut want = vec![0u8; bs];
                 stamp(&mut want, offset, generation);
                 assert!(
-                    c.buf(slot, bs) == want.as_slice(),
+                    c.read_buf(slot, bs) == want,
                     "{engine}: data at {offset} differs"
                 );
             }
@@ -79,8 +81,8 @@ fn flush_discard_and_write_zeroes() {
     for engine in common::engines() {
         let (dir, img) = image(16 * MIB);
         let d = Daemon::one_disk(dir.path(), &img, engine, "");
-        let mut c = Client::connect(d.socket(), 1, 1 << 20).unwrap();
-        c.buf(0, 1 << 20).fill(0xab);
+        let mut c = connect(d.socket(), 1, 1 << 20).unwrap();
+        c.fill_buf(0, 1 << 20, 0xab);
         c.write(0, 0, 0, 1 << 20, 0);
         assert_eq!(c.wait(0, 1)[0].1, 0);
         assert_eq!(
@@ -98,22 +100,22 @@ fn flush_discard_and_write_zeroes() {
             0,
             "{engine}: discard"
         );
-        c.buf(0, 1 << 20).fill(0xff);
+        c.fill_buf(0, 1 << 20, 0xff);
         c.read(0, 0, 0, 131072, 4);
         assert_eq!(c.wait(0, 1)[0].1, 0);
         assert!(
-            c.buf(0, 65536).iter().all(|&b| b == 0),
+            c.read_buf(0, 65536).iter().all(|&b| b == 0),
             "{engine}: write-zeroes reads back zeroes"
         );
         // A discarded range of a file on tmpfs reads back as zeroes (a hole).
         assert!(
-            c.buf(65536, 65536).iter().all(|&b| b == 0),
+            c.read_buf(65536, 65536).iter().all(|&b| b == 0),
             "{engine}: discard reads back zeroes"
         );
         c.read(0, 131072, 0, 4096, 5);
         assert_eq!(c.wait(0, 1)[0].1, 0);
         assert!(
-            c.buf(0, 4096).iter().all(|&b| b == 0xab),
+            c.read_buf(0, 4096).iter().all(|&b| b == 0xab),
             "{engine}: data beyond the ranges stays"
         );
     }
@@ -124,11 +126,12 @@ fn a_read_only_disk_refuses_writes() {
     let (dir, img) = image(4 * MIB);
     let d = Daemon::one_disk(dir.path(), &img, "auto", ",readonly=on");
     // The driver sees VIRTIO_BLK_F_RO: a writable client is refused at start.
-    let e = Client::connect(d.socket(), 1, 8192)
-        .err()
-        .expect("a writable start must fail");
-    assert_eq!(e.errno().raw_os_error(), libc::EROFS, "{e:?}");
-    let mut c = Client::connect_with(d.socket(), 1, 8192, true).unwrap();
+    let e = connect(d.socket(), 1, 8192).expect_err("a writable start must fail");
+    let common::ClientError::Blkio { source, .. } = &e else {
+        panic!("not libblkio's refusal: {e}")
+    };
+    assert_eq!(source.errno().raw_os_error(), libc::EROFS, "{e:?}");
+    let mut c = common::connect_read_only(d.socket(), 8192).unwrap();
     c.read(0, 0, 0, 4096, 1);
     assert_eq!(c.wait(0, 1)[0].1, 0);
     // The chain parser's unit tests show the device refusing a write a driver sends anyway.
@@ -156,7 +159,7 @@ fn client_process_killed_mid_flight() {
     let Ok(socket) = std::env::var("AIO_VUB_CHILD_SOCKET") else {
         return;
     };
-    let mut c = Client::connect(std::path::Path::new(&socket), 1, 64 * 4096).unwrap();
+    let mut c = connect(std::path::Path::new(&socket), 1, 64 * 4096).unwrap();
     for i in 0..32 {
         c.write(0, i * 8192, i as usize * 4096, 4096, i as usize);
         c.read(
@@ -169,7 +172,7 @@ fn client_process_killed_mid_flight() {
     }
     // Submitted without waiting for a completion.
     let mut now = std::time::Duration::ZERO;
-    c.queues[0].do_io(&mut [], 0, Some(&mut now), None).unwrap();
+    c.queue(0).do_io(&mut [], 0, Some(&mut now), None).unwrap();
     println!("IN-FLIGHT");
     std::thread::sleep(std::time::Duration::from_secs(60));
 }
@@ -200,13 +203,13 @@ fn a_client_killed_mid_flight_leaves_the_daemon_serving() {
         child.kill().unwrap();
         child.wait().unwrap();
         // A new client is served once the old one's requests have completed.
-        let mut c = Client::connect(d.socket(), 1, 8192).unwrap();
-        c.buf(0, 4096).fill(7);
+        let mut c = connect(d.socket(), 1, 8192).unwrap();
+        c.fill_buf(0, 4096, 7);
         c.write(0, 0, 0, 4096, 1);
         assert_eq!(c.wait(0, 1)[0].1, 0, "{engine}");
         c.read(0, 0, 4096, 4096, 2);
         assert_eq!(c.wait(0, 1)[0].1, 0, "{engine}");
-        assert!(c.buf(4096, 4096).iter().all(|&b| b == 7), "{engine}");
+        assert!(c.read_buf(4096, 4096).iter().all(|&b| b == 7), "{engine}");
         drop(c);
         assert!(
             d.terminate().success(),
@@ -220,7 +223,7 @@ fn a_hundred_connections_leak_no_fds_nor_memory() {
     let (dir, img) = image(16 * MIB);
     let d = Daemon::one_disk(dir.path(), &img, "auto", ",queues=2");
     let cycle = || {
-        let mut c = Client::connect(d.socket(), 2, 65536).unwrap();
+        let mut c = connect(d.socket(), 2, 65536).unwrap();
         for q in 0..2 {
             c.read(q, 0, q * 4096, 4096, q);
             assert_eq!(c.wait(q, 1)[0].1, 0);

@@ -5,7 +5,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{image, Client, Daemon};
+use common::{connect, image, Daemon};
 
 fn daemon(args: &[&str]) -> (i32, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_aio-vhost-user-blk"))
@@ -142,10 +142,10 @@ fn an_image_of_another_format_is_refused_unless_format_raw() {
         ),
     ];
     let d = Daemon::start(&args, vec![sock.clone()]);
-    let mut c = Client::connect(&sock, 1, 4096).unwrap();
+    let mut c = connect(&sock, 1, 4096).unwrap();
     c.read(0, 0, 0, 4096, 1);
     assert_eq!(c.wait(0, 1), [(1, 0)]);
-    assert_eq!(&c.buf(0, 4), b"QFI\xfb");
+    assert_eq!(c.read_buf(0, 4), b"QFI\xfb");
     drop(c);
     assert!(d.terminate().success());
 }
@@ -175,11 +175,14 @@ fn several_disks_share_the_iothreads_and_queues_spread_over_them() {
     ]
     .into();
     let d = Daemon::start(&args, vec![sa.clone(), sb.clone()]);
-    let mut a = Client::connect(&sa, 4, 4 * 4096).unwrap();
-    let mut b = Client::connect(&sb, 1, 4096).unwrap();
-    assert_eq!((a.capacity(), b.capacity()), (8 << 20, 4 << 20));
+    let mut a = connect(&sa, 4, 4 * 4096).unwrap();
+    let mut b = connect(&sb, 1, 4096).unwrap();
+    assert_eq!(
+        (a.capacity().unwrap(), b.capacity().unwrap()),
+        (8 << 20, 4 << 20)
+    );
     for q in 0..4 {
-        a.buf(q * 4096, 4096).fill(q as u8 + 1);
+        a.fill_buf(q * 4096, 4096, q as u8 + 1);
         a.write(q, q as u64 * 4096, q * 4096, 4096, q);
     }
     for q in 0..4 {
@@ -190,13 +193,10 @@ fn several_disks_share_the_iothreads_and_queues_spread_over_them() {
     for q in 0..4 {
         a.read(q, q as u64 * 4096, q * 4096, 4096, q);
         assert_eq!(a.wait(q, 1)[0].1, 0);
-        assert!(a.buf(q * 4096, 4096).iter().all(|&x| x == q as u8 + 1));
+        assert!(a.read_buf(q * 4096, 4096).iter().all(|&x| x == q as u8 + 1));
     }
     drop((a, b));
     // SIGINT, like SIGTERM, ends the daemon with 0 and removes every socket.
-    // SAFETY: kill(2) on our child's pid.
-    unsafe { libc::kill(d.pid() as i32, libc::SIGINT) };
-    let mut d = d;
-    assert!(d.child.wait().unwrap().success());
+    assert!(d.stop_with(nix::sys::signal::Signal::SIGINT).success());
     assert!(!sa.exists() && !sb.exists());
 }

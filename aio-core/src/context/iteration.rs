@@ -17,8 +17,21 @@ use super::{AioContext, CONTEXT_NOTIFIER};
 use crate::error::AioError;
 use crate::event_loop::{Event, EventLoop, Token};
 
+/// How long, at most, polling that keeps finding work may skip the monitor's wait while some
+/// handlers are outside the poll set (idle ones that left it, or ones without an `io_poll`
+/// check): at most this long after the last wait, those handlers are looked at again. (A
+/// handler waiting for writability, which only the monitor reports, makes every iteration
+/// wait.)
+///
+/// QEMU skips the wait whenever polling made progress (`fdmon_ops->need_wait`), with no bound;
+/// a bound keeps a handler outside the poll set from waiting as long as its neighbours stay
+/// busy. 100 µs is a few iterations at the rates polling serves (QEMU's default polling window
+/// is 32 µs), so the wait's system call is paid about once per 100 µs instead of once per
+/// iteration.
+pub(crate) const WAIT_SKIP_BOUND_NS: u64 = 100_000;
+
 /// What a context's iterations share: how deeply they nest, the wait each dispatch belongs
-/// to, the event buffers they reuse, and the last wait error.
+/// to, the event buffers they reuse, the last wait error, and when the monitor last waited.
 #[derive(Default)]
 pub(super) struct IterationState {
     /// `poll()` calls on the stack.
@@ -29,6 +42,8 @@ pub(super) struct IterationState {
     event_buffers: RefCell<Vec<Vec<Event>>>,
     /// For [`AioContext::take_last_wait_error`].
     pub(super) last_wait_error: RefCell<Option<io::Error>>,
+    /// When the last wait on the monitor began (ns, the context's clock).
+    last_wait_ns: Cell<u64>,
 }
 
 /// Why a handler is dispatched.
@@ -137,7 +152,9 @@ impl<L: EventLoop> AioContext<L> {
     }
 
     /// Step 3: the wait, with the notify_me handshake around one that may block; skipped when
-    /// polling found work and covers every handler.
+    /// polling found work and covers every handler, or, when some handler is outside the poll
+    /// set, for at most [`WAIT_SKIP_BOUND_NS`] after the last wait (QEMU's `need_wait`,
+    /// bounded); never with a handler waiting for writability.
     fn wait_unless_covered(
         &self,
         timeout: Option<u64>,
@@ -145,7 +162,7 @@ impl<L: EventLoop> AioContext<L> {
         events: &mut Vec<Event>,
     ) -> Result<(), AioError> {
         let skip_wait =
-            timeout == Some(0) && !poll_ready.is_empty() && self.all_covered_by_polling();
+            timeout == Some(0) && !poll_ready.is_empty() && self.polling_may_skip_wait();
         if skip_wait {
             self.count(|c| c.waits_skipped += 1);
             return Ok(());
@@ -224,7 +241,9 @@ impl<L: EventLoop> AioContext<L> {
     }
 
     fn wait(&self, timeout_ns: Option<u64>, events: &mut Vec<Event>) -> Result<(), AioError> {
-        let deadline = timeout_ns.map(|t| self.now_ns().saturating_add(t));
+        let now = self.now_ns();
+        self.iteration.last_wait_ns.set(now);
+        let deadline = timeout_ns.map(|t| now.saturating_add(t));
         let mut timeout = timeout_ns;
         let mut monitor = self.monitor.borrow_mut();
         loop {
@@ -313,11 +332,19 @@ impl<L: EventLoop> AioContext<L> {
         progress
     }
 
-    /// Whether busy polling alone serves every handler: all are in the poll set and none
-    /// waits for writability (which only the monitor reports).
-    fn all_covered_by_polling(&self) -> bool {
+    /// Whether work found by polling may skip this iteration's wait: no handler waits for
+    /// writability (which only the monitor reports), and every handler is in the poll set or
+    /// the last wait was less than [`WAIT_SKIP_BOUND_NS`] ago.
+    fn polling_may_skip_wait(&self) -> bool {
         let handlers = self.handlers.borrow();
-        self.busy_poll.set_len() == handlers.len() && !handlers.has_writers()
+        if handlers.has_writers() {
+            return false;
+        }
+        self.busy_poll.set_len() == handlers.len()
+            || self
+                .now_ns()
+                .saturating_sub(self.iteration.last_wait_ns.get())
+                < WAIT_SKIP_BOUND_NS
     }
 
     fn call(&self, callback: Option<&LoopCallback<L>>) -> bool {

@@ -107,6 +107,46 @@ fn work_found_by_polling_skips_the_wait_only_when_polling_covers_every_handler()
     assert_eq!((c.waits_skipped, c.nonblocking_waits), (1, 1));
 }
 
+/// A handler outside the poll set (here one without `io_poll`) is the monitor's: while
+/// polling keeps finding work the wait is skipped, but never for longer than the bound after
+/// the last wait, and then the handler's event is seen.
+#[test]
+fn polling_skips_the_wait_for_a_bounded_time_while_a_handler_is_outside_the_poll_set() {
+    let (ctx, script) = scripted();
+    ctx.set_poll_params(PollParams::iothread().with_rule(PollRule::Qemu));
+    let (_polled, countdown) = countdown_handler(&ctx);
+    let plain = Notifier::new().unwrap();
+    let reads = Rc::new(Cell::new(0));
+    let r = reads.clone();
+    ctx.set_fd_handler(
+        &plain,
+        FdHandler::new().on_read(move |_| r.set(r.get() + 1)),
+    )
+    .unwrap();
+    // The last wait was long ago (never): polling's work does not skip this one.
+    countdown.set(1);
+    assert!(ctx.poll(true));
+    let c = ctx.counters();
+    assert_eq!((c.waits_skipped, c.nonblocking_waits), (0, 1));
+    // The plain fd is ready, but polling found work within the bound: no wait, not seen yet.
+    script.inject.borrow_mut().push(plain.as_raw_fd());
+    countdown.set(1);
+    assert!(ctx.poll(true));
+    assert_eq!(ctx.counters().waits_skipped, 1);
+    assert_eq!(
+        reads.get(),
+        0,
+        "outside the poll set, it waits for the monitor"
+    );
+    // Past the bound the wait happens even though polling found work, and the event runs.
+    script.clock.advance(super::iteration::WAIT_SKIP_BOUND_NS);
+    countdown.set(1);
+    assert!(ctx.poll(true));
+    let c = ctx.counters();
+    assert_eq!((c.waits_skipped, c.nonblocking_waits), (1, 2));
+    assert_eq!(reads.get(), 1);
+}
+
 #[test]
 fn a_report_runs_its_handler_once_per_wait_and_only_in_its_direction() {
     let (ctx, script) = scripted();

@@ -14,7 +14,6 @@ use aio_bench::fio::job::{run_job, JobSpec};
 use aio_core::engine::IoFile;
 use aio_core::PollMaxNs;
 
-use super::{check_target, test_image};
 use crate::LatencyArgs;
 
 /// The warm-up of each cell.
@@ -22,8 +21,6 @@ const RAMP: Duration = Duration::from_millis(300);
 
 /// Runs `latency`.
 pub fn run(mut args: LatencyArgs) -> Result<(), BenchError> {
-    args.size = args.device.map_or(args.size, |d| d.size);
-    let dir = check_target(args.dir.as_deref(), args.bs, args.size, "--size")?;
     let engines: Vec<EngineKind> = if args.engine.is_empty() {
         EngineKind::available()
     } else {
@@ -36,14 +33,14 @@ pub fn run(mut args: LatencyArgs) -> Result<(), BenchError> {
             polls.push(p);
         }
     }
-    let (_device, image) = test_image(&dir, args.size, args.device)?;
+    let (_device, image) = args.target.open(args.bs)?;
     println!(
         "QD1 {} bs={} on {} ({} MiB, O_DIRECT), fd monitor {}, {:?} per cell, {} run(s) each: \
          mean latency in µs (p99), the median run",
         args.rw,
         args.bs,
         image.path().display(),
-        args.size >> 20,
+        args.target.size >> 20,
         args.fdmon,
         args.runtime,
         args.repeat
@@ -164,7 +161,7 @@ fn one_run(
     let eng = engine
         .build(&EngineOptions::default().with_fallback_pool(args.rw.is_trim()))
         .map_err(|e| BenchError::io(engine.to_string(), e.into()))?;
-    let r = run_job(monitor, eng, file, args.size, spec)
+    let r = run_job(monitor, eng, file, args.target.size, spec)
         .map_err(|e| BenchError::failed(e.to_string()))?;
     let total = r.total();
     // The CPU time covers the whole job, ramp included: so does the request count.

@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 
 use aio_bench::error::BenchError;
 use aio_bench::targets::image::DiskImage;
-use aio_bench::targets::loopdev::{LoopDevice, LoopSpec};
+use aio_bench::targets::loopdev::LoopDevice;
 
 /// Checks `--dir` (default: the system temp dir), `--bs` and the image size (`size_flag`
 /// names its flag); bad input names the flag.
@@ -62,24 +62,24 @@ pub fn check_target(
     Ok(dir)
 }
 
-/// The O_DIRECT test target of `vs-fio` and `latency`: the whole fast device with `--device`,
-/// else a file of `size` bytes in `dir` (bad input if it cannot be made). The device, if any,
-/// must outlive the image.
-pub fn test_image(
-    dir: &Path,
-    size: u64,
-    device: Option<LoopSpec>,
-) -> Result<(Option<LoopDevice>, DiskImage), BenchError> {
-    if let Some(spec) = device {
-        let dev = LoopDevice::attach(spec)?;
-        let image = dev.whole()?;
-        return Ok((Some(dev), image));
+impl crate::TestTarget {
+    /// Checks the target for requests of `bs` bytes and sets it up: the whole fast device with
+    /// `--device` (then `size` becomes the device's), else a file of `size` bytes in `--dir`
+    /// (bad input if it cannot be made). The device, if any, must outlive the image.
+    pub fn open(&mut self, bs: u64) -> Result<(Option<LoopDevice>, DiskImage), BenchError> {
+        self.size = self.device.map_or(self.size, |d| d.size);
+        let dir = check_target(self.dir.as_deref(), bs, self.size, "--size")?;
+        if let Some(spec) = self.device {
+            let dev = LoopDevice::attach(spec)?;
+            let image = dev.whole()?;
+            return Ok((Some(dev), image));
+        }
+        let path = dir.join(format!("aio-bench-{}.img", std::process::id()));
+        let image = DiskImage::create(path, self.size, 0).map_err(|e| {
+            BenchError::bad_input(format!("creating the test file in {}: {e}", dir.display()))
+        })?;
+        Ok((None, image))
     }
-    let path = dir.join(format!("aio-bench-{}.img", std::process::id()));
-    let image = DiskImage::create(path, size, 0).map_err(|e| {
-        BenchError::bad_input(format!("creating the test file in {}: {e}", dir.display()))
-    })?;
-    Ok((None, image))
 }
 
 /// Checks, before anything runs, that each output file given (`--json`, `--csv`, `--svg`) can

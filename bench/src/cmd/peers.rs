@@ -145,11 +145,9 @@ pub fn run(args: PeersArgs) -> Result<(), BenchError> {
             };
             let mut live = variants.clone();
             for round in 0..args.rounds {
-                let order: Vec<Variant> = if round % 2 == 0 {
-                    live.clone()
-                } else {
-                    live.iter().rev().copied().collect()
-                };
+                let order: Vec<Variant> = aio_bench::rounds::order(round as usize, live.len())
+                    .map(|i| live[i])
+                    .collect();
                 for v in order {
                     if progress {
                         eprint!(
@@ -179,25 +177,56 @@ pub fn run(args: PeersArgs) -> Result<(), BenchError> {
         println!("failed: {v} on {t} at QD{qd}: {e}");
     }
     if let Some(path) = &args.json {
-        let value = serde_json::json!({
-            "bs": args.bs,
-            "qd": args.qd,
-            "rounds": args.rounds,
-            "secs": args.secs.as_secs_f64(),
-            "ramp_s": args.ramp.as_secs_f64(),
-            "poll_max_ns": aio_bench::fio::output::poll_max_ns_json(args.poll_max_ns),
-            "fdmon": fdmon.to_string(),
-            "uring_registered": args.uring_registered,
-            "targets": report.iter().map(TargetRuns::to_json).collect::<Vec<_>>(),
-            "failures": failures.iter().map(|(t, qd, v, e)| serde_json::json!({
-                "target": t, "qd": qd, "variant": v.name(), "error": e,
-            })).collect::<Vec<_>>(),
-        });
+        let value = PeersReport {
+            bs: args.bs,
+            qd: &args.qd,
+            rounds: args.rounds,
+            secs: args.secs.as_secs_f64(),
+            ramp_s: args.ramp.as_secs_f64(),
+            poll_max_ns: aio_bench::fio::output::poll_max_ns_json(args.poll_max_ns),
+            fdmon: fdmon.to_string(),
+            uring_registered: args.uring_registered,
+            targets: report.iter().map(TargetRuns::to_json).collect(),
+            failures: failures
+                .iter()
+                .map(|(target, qd, v, error)| Failure {
+                    target,
+                    qd: *qd,
+                    variant: v.name(),
+                    error,
+                })
+                .collect(),
+        };
         let text = serde_json::to_string_pretty(&value).expect("JSON values serialize");
         std::fs::write(path, text + "\n")
             .map_err(|e| BenchError::io(format!("writing {}", path.display()), e))?;
     }
     Ok(())
+}
+
+/// The JSON report (`--json`): the run's settings, each target's rows and ratios, and the
+/// variants that failed.
+#[derive(serde::Serialize)]
+struct PeersReport<'a> {
+    bs: u64,
+    qd: &'a [u64],
+    rounds: u64,
+    secs: f64,
+    ramp_s: f64,
+    poll_max_ns: serde_json::Value,
+    fdmon: String,
+    uring_registered: bool,
+    targets: Vec<serde_json::Value>,
+    failures: Vec<Failure<'a>>,
+}
+
+/// A variant that failed on a target, left out from there on.
+#[derive(serde::Serialize)]
+struct Failure<'a> {
+    target: &'a str,
+    qd: u64,
+    variant: &'static str,
+    error: &'a str,
 }
 
 /// Sets up the target called `name`: the fast device (whole) or a file in `dir`.

@@ -18,7 +18,7 @@ use aio_bench::targets::loopdev::{LoopDevice, LoopSpec};
 use aio_bench::vhost::client::MAX_IODEPTH;
 use aio_bench::vhost::compare::{self, CompareSpec};
 use aio_bench::vhost::daemons::QSD;
-use aio_bench::vhost::{run_client, ClientResult, ClientSpec, ProcCpu};
+use aio_bench::vhost::{run_client, ClientResult, ClientSpec};
 
 use super::values::{
     parse_device, parse_duration_arg, parse_engine, parse_monitor_or_auto, parse_pattern,
@@ -241,13 +241,12 @@ fn one_socket(socket: &Path, client: &ClientSpec, args: &VhostArgs) -> Result<()
             socket.display()
         )));
     }
-    let daemon = args.daemon_pid.map(|pid| ProcCpu { pid });
-    if let Some(d) = daemon {
-        d.read().map_err(|e| {
-            BenchError::bad_input(format!("--daemon-pid {}: no such process ({e})", d.pid))
+    if let Some(pid) = args.daemon_pid {
+        aio_core::process::cpu_time(pid).map_err(|e| {
+            BenchError::bad_input(format!("--daemon-pid {pid}: no such process ({e})"))
         })?;
     }
-    let r = run_client(socket, client, daemon)?;
+    let r = run_client(socket, client, args.daemon_pid)?;
     println!(
         "vhost-user-blk {} ({} MiB) via libblkio: {} bs={} iodepth={} queues={}{}, {:?} after a \
          {:?} ramp{}",

@@ -14,14 +14,10 @@ use aio_bench::targets::image::DiskImage;
 use aio_core::engine::IoFile;
 use aio_core::PollMaxNs;
 
-use super::{check_target, test_image};
 use crate::VsFioArgs;
 
 /// Runs `vs-fio`.
 pub fn run(mut args: VsFioArgs) -> Result<(), BenchError> {
-    // On the fast device, both fio and ours use all of it.
-    args.size = args.device.map_or(args.size, |d| d.size);
-    let dir = check_target(args.dir.as_deref(), args.bs, args.size, "--size")?;
     if args.shared_ring {
         args.fdmon = Pairing::SharedRing;
     }
@@ -31,7 +27,7 @@ pub fn run(mut args: VsFioArgs) -> Result<(), BenchError> {
             args.engine
         )));
     }
-    if args.rw.is_trim() && args.device.is_none() {
+    if args.rw.is_trim() && args.target.device.is_none() {
         return Err(BenchError::bad_input(format!(
             "--rw {}: fio trims block devices only (BLKDISCARD; a file fails with ENOTTY): add --device loop",
             args.rw
@@ -49,12 +45,13 @@ pub fn run(mut args: VsFioArgs) -> Result<(), BenchError> {
             args.runtime,
         )
     };
-    let (_device, image) = test_image(&dir, args.size, args.device)?;
+    // On the fast device, both fio and ours use all of it.
+    let (_device, image) = args.target.open(args.bs)?;
     print_header(&args, &version, &image);
     let mut totals = Totals::default();
-    for round in 1..=args.rounds {
-        let (f, o) = one_round(&args, &image, spec)?;
-        print_round(round, &f, &o);
+    for round in 0..args.rounds {
+        let (f, o) = one_round(&args, &image, spec, round as usize)?;
+        print_round(round + 1, &f, &o);
         totals.add(&f, &o);
     }
     totals.print(args.rounds as f64);
@@ -86,7 +83,7 @@ fn print_header(args: &VsFioArgs, version: &str, image: &DiskImage) {
         args.runtime,
         args.ramp,
         image.path().display(),
-        args.size >> 20
+        args.target.size >> 20
     );
     println!(
         "{:<6} {:>12} {:>12} {:>7}   {:>12} {:>12} {:>7}   {:>8}",
@@ -94,19 +91,29 @@ fn print_header(args: &VsFioArgs, version: &str, image: &DiskImage) {
     );
 }
 
-/// One A B pair: fio, then ours; a request that failed in our run fails the comparison.
+/// One pair: fio then ours (ours first in every second round, B A); a request that failed in
+/// our run fails the comparison.
 fn one_round(
     args: &VsFioArgs,
     image: &DiskImage,
     spec: JobSpec,
+    round: usize,
 ) -> Result<(FioResult, JobResult), BenchError> {
-    let f = fio::run(
-        aio_bench::fio::ioengine(args.engine),
-        &image.shared_path(),
-        args.size,
-        &spec,
-    )?;
-    let o = ours(args, image.file(), spec)?;
+    let (mut f, mut o) = (None, None);
+    for side in aio_bench::rounds::order(round, 2) {
+        if side == 0 {
+            let engine = aio_bench::fio::ioengine(args.engine);
+            f = Some(fio::run(
+                engine,
+                &image.shared_path(),
+                args.target.size,
+                &spec,
+            )?);
+        } else {
+            o = Some(ours(args, image.file(), spec)?);
+        }
+    }
+    let (f, o) = (f.expect("fio ran"), o.expect("ours ran"));
     if o.errors > 0 {
         return Err(BenchError::failed(format!(
             "{} requests failed in our run",
@@ -127,8 +134,14 @@ fn ours(args: &VsFioArgs, file: &IoFile, spec: JobSpec) -> Result<JobResult, Ben
             e.into(),
         )
     })?;
-    run_job(pair.monitor.built, pair.engine.built, file, args.size, spec)
-        .map_err(|e| BenchError::io("our run failed", e))
+    run_job(
+        pair.monitor.built,
+        pair.engine.built,
+        file,
+        args.target.size,
+        spec,
+    )
+    .map_err(|e| BenchError::io("our run failed", e))
 }
 
 /// One round's row.

@@ -240,30 +240,28 @@ pub fn run_on(
     }
     let total = spec.run_count();
     let rounds = spec.repeat.max(1);
-    // runs[i] holds every round's run of cell i.
-    let mut runs: Vec<Vec<Cell>> = Vec::with_capacity(spec.cell_count());
-    let mut done = 0;
-    for round in 0..rounds {
-        let mut i = 0;
-        for &engine in &spec.engines {
-            for &fdmon in &spec.fdmons {
-                for &disks in &spec.disks {
-                    for &workload in &spec.workloads {
-                        for &iothreads in &spec.iothreads {
-                            let c =
-                                run_one(spec, images, (engine, fdmon), disks, workload, iothreads)?;
-                            done += 1;
-                            progress(done, total, &c);
-                            if round == 0 {
-                                runs.push(vec![c]);
-                            } else {
-                                runs[i].push(c);
-                            }
-                            i += 1;
-                        }
+    let mut keys = Vec::with_capacity(spec.cell_count());
+    for &engine in &spec.engines {
+        for &fdmon in &spec.fdmons {
+            for &disks in &spec.disks {
+                for &workload in &spec.workloads {
+                    for &iothreads in &spec.iothreads {
+                        keys.push((engine, fdmon, disks, workload, iothreads));
                     }
                 }
             }
+        }
+    }
+    // runs[i] holds every round's run of cell i; every second round runs the cells backwards.
+    let mut runs: Vec<Vec<Cell>> = keys.iter().map(|_| Vec::new()).collect();
+    let mut done = 0;
+    for round in 0..rounds {
+        for i in crate::rounds::order(round, keys.len()) {
+            let (engine, fdmon, disks, workload, iothreads) = keys[i];
+            let c = run_one(spec, images, (engine, fdmon), disks, workload, iothreads)?;
+            done += 1;
+            progress(done, total, &c);
+            runs[i].push(c);
         }
     }
     Ok(runs.into_iter().map(median_run).collect())

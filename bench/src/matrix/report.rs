@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use serde_json::json;
+use serde::Serialize;
 
 use super::{Cell, MatrixSpec};
 use crate::scsi::GuestSched;
@@ -245,75 +245,144 @@ pub fn to_svg(spec: &MatrixSpec, cells: &[Cell]) -> Result<String, String> {
 /// The JSON report (`{"machine": {...}, "cells": [...], "scaling": [...]}`: the cells with the
 /// issue's field names, and with `--iothreads 1,K` each K cell against its one-iothread cell).
 pub fn to_json(spec: &MatrixSpec, cells: &[Cell]) -> serde_json::Value {
-    let scaling_rows = super::scaling(spec, cells);
-    let machine = json!({
-        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_default(),
-    });
-    let cells: Vec<_> = cells
-        .iter()
-        .map(|c| {
-            let h = &c.result.latency_ns;
-            let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
-            let k = &c.result.counters;
-            json!({
-                "fdmon": c.fdmon.name(),
-                "engine": c.engine.name(),
-                "disks": c.disks,
-                "active": if spec.active_all { "all" } else { "one" },
-                "workload": c.workload.name(),
-                "bs": spec.cell.bs,
-                "iodepth": spec.cell.iodepth,
-                "memory": spec.cell.memory.name(),
-                "iothreads": c.iothreads,
-                "queues": c.queues,
-                "guest_sched": spec.cell.guest_sched.name(),
-                "mb_s": c.mb_s(),
-                "mb_s_rounds": c.rounds_mb_s,
-                "iops": c.iops(),
-                "lat_us": {"mean": h.mean() / 1000.0, "p50": us(0.5), "p99": us(0.99), "p999": us(0.999)},
-                "iothread_cpu_s": c.result.iothread_cpu_s,
-                "guest_cpu_s": c.result.guest_cpu_s,
-                "process_cpu_s": c.result.process_cpu_s,
-                "interrupts": c.result.interrupts,
-                "guest_waits": c.result.guest_waits,
-                "per_iothread": c.result.per_iothread.iter().map(|t| json!({
-                    "queues": t.queues,
-                    "cpu_s": t.cpu_s,
-                    "counters": crate::fio::output::counters_json(&t.counters),
-                })).collect::<Vec<_>>(),
-                "counters": {
-                    "iterations": k.iterations,
-                    "blocking_waits": k.blocking_waits,
-                    "nonblocking_waits": k.nonblocking_waits,
-                    "notifier_writes": k.notifier_writes,
-                    "poll_hits": k.poll_hits,
-                    "busy_poll_ns": k.busy_poll_ns,
-                    "handler_calls": k.handler_calls,
-                    "errors": c.result.errors,
-                    "verified_reads": c.result.verified_reads,
-                    "verify_errors": c.result.verify_errors,
-                },
-            })
-        })
-        .collect();
-    let scaling: Vec<_> = scaling_rows
-        .iter()
-        .map(|r| {
-            json!({
-                "cell": r.label,
-                "iothreads": r.iothreads,
-                "speedup": r.speedup,
-                "round_speedups": [r.round_speedups.0, r.round_speedups.1],
-                "guest_over_iothread": r.guest_over_iothread,
-                "one_iothread_busy": r.iothread_busy,
-                "ceiling": r.ceiling,
-                "of_ceiling": r.of_ceiling(),
-                "one_cpus": r.one_cpus,
-                "ceiling_all_threads": r.ceiling_all_threads,
-                "of_ceiling_all_threads": r.of_ceiling_all_threads(),
-            })
-        })
-        .collect();
-    json!({ "machine": machine, "cells": cells, "scaling": scaling })
+    let report = Report {
+        machine: Machine {
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default(),
+        },
+        cells: cells.iter().map(|c| CellRecord::new(spec, c)).collect(),
+        scaling: super::scaling(spec, cells),
+    };
+    serde_json::to_value(report).expect("the report serializes")
+}
+
+/// The JSON report's shape.
+#[derive(Serialize)]
+struct Report<'a> {
+    machine: Machine,
+    cells: Vec<CellRecord<'a>>,
+    scaling: Vec<super::Scaling>,
+}
+
+/// Where the matrix ran.
+#[derive(Serialize)]
+struct Machine {
+    cpus: usize,
+    kernel: String,
+}
+
+/// One cell: its axes, its figures and its loop counters.
+#[derive(Serialize)]
+struct CellRecord<'a> {
+    fdmon: &'static str,
+    engine: &'static str,
+    disks: usize,
+    active: &'static str,
+    workload: &'static str,
+    bs: usize,
+    iodepth: usize,
+    memory: &'static str,
+    iothreads: usize,
+    queues: usize,
+    guest_sched: &'static str,
+    mb_s: f64,
+    mb_s_rounds: &'a [f64],
+    iops: f64,
+    lat_us: Latency,
+    iothread_cpu_s: f64,
+    guest_cpu_s: f64,
+    process_cpu_s: f64,
+    interrupts: u64,
+    guest_waits: u64,
+    per_iothread: Vec<IothreadRecord>,
+    counters: Counters,
+}
+
+/// Latency, µs.
+#[derive(Serialize)]
+struct Latency {
+    mean: f64,
+    p50: f64,
+    p99: f64,
+    p999: f64,
+}
+
+/// One iothread of a cell: its queues, its CPU time and its loop's counters by name.
+#[derive(Serialize)]
+struct IothreadRecord {
+    queues: usize,
+    cpu_s: f64,
+    counters: serde_json::Value,
+}
+
+/// The cell's loop counters and its request outcomes.
+#[derive(Serialize)]
+struct Counters {
+    iterations: u64,
+    blocking_waits: u64,
+    nonblocking_waits: u64,
+    notifier_writes: u64,
+    poll_hits: u64,
+    busy_poll_ns: u64,
+    handler_calls: u64,
+    errors: u64,
+    verified_reads: u64,
+    verify_errors: u64,
+}
+
+impl<'a> CellRecord<'a> {
+    fn new(spec: &MatrixSpec, c: &'a Cell) -> Self {
+        let (r, h, k) = (&c.result, &c.result.latency_ns, &c.result.counters);
+        let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+        CellRecord {
+            fdmon: c.fdmon.name(),
+            engine: c.engine.name(),
+            disks: c.disks,
+            active: if spec.active_all { "all" } else { "one" },
+            workload: c.workload.name(),
+            bs: spec.cell.bs,
+            iodepth: spec.cell.iodepth,
+            memory: spec.cell.memory.name(),
+            iothreads: c.iothreads,
+            queues: c.queues,
+            guest_sched: spec.cell.guest_sched.name(),
+            mb_s: c.mb_s(),
+            mb_s_rounds: &c.rounds_mb_s,
+            iops: c.iops(),
+            lat_us: Latency {
+                mean: h.mean() / 1000.0,
+                p50: us(0.5),
+                p99: us(0.99),
+                p999: us(0.999),
+            },
+            iothread_cpu_s: r.iothread_cpu_s,
+            guest_cpu_s: r.guest_cpu_s,
+            process_cpu_s: r.process_cpu_s,
+            interrupts: r.interrupts,
+            guest_waits: r.guest_waits,
+            per_iothread: r
+                .per_iothread
+                .iter()
+                .map(|t| IothreadRecord {
+                    queues: t.queues,
+                    cpu_s: t.cpu_s,
+                    counters: crate::fio::output::counters_json(&t.counters),
+                })
+                .collect(),
+            counters: Counters {
+                iterations: k.iterations,
+                blocking_waits: k.blocking_waits,
+                nonblocking_waits: k.nonblocking_waits,
+                notifier_writes: k.notifier_writes,
+                poll_hits: k.poll_hits,
+                busy_poll_ns: k.busy_poll_ns,
+                handler_calls: k.handler_calls,
+                errors: r.errors,
+                verified_reads: r.verified_reads,
+                verify_errors: r.verify_errors,
+            },
+        }
+    }
 }

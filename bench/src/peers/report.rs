@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use hdrhistogram::Histogram;
+use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::{Sample, Variant};
@@ -215,40 +216,96 @@ impl TargetRuns {
     /// The target's rows and ratios as JSON.
     pub fn to_json(&self) -> Value {
         let mut rows = Vec::new();
-        for (qd, vs) in &self.by_qd {
+        for (&qd, vs) in &self.by_qd {
             for (v, r) in vs {
-                let rounds: Vec<Value> = r
-                    .rounds
-                    .iter()
-                    .map(|s| {
-                        json!({
-                            "iops": s.iops(),
-                            "mean_lat_us": s.mean_lat_us(),
-                            "p99_us": s.p99_us(),
-                            "cpu_us_per_req": s.cpu_us_per_req(),
-                            "cpu_s": s.cpu_s,
-                            "completed": s.completed,
-                            "errors": s.errors,
-                            "loop_counters": s.counters.iter()
-                                .map(|(k, v)| (k.to_string(), json!(v)))
-                                .collect::<serde_json::Map<_, _>>(),
-                        })
-                    })
-                    .collect();
-                rows.push(json!({
-                    "qd": qd,
-                    "variant": v.name(),
-                    "iops": r.iops(),
-                    "mean_lat_us": r.mean_lat_us(),
-                    "p99_us": r.p99_us(),
-                    "cpu_us_per_req": r.cpu_us_per_req(),
-                    "errors": r.errors(),
-                    "rounds": rounds,
-                }));
+                let rounds = r.rounds.iter().map(RoundRecord::new).collect();
+                rows.push(RowRecord {
+                    qd,
+                    variant: v.name(),
+                    iops: r.iops(),
+                    mean_lat_us: r.mean_lat_us(),
+                    p99_us: r.p99_us(),
+                    cpu_us_per_req: r.cpu_us_per_req(),
+                    errors: r.errors(),
+                    rounds,
+                });
             }
         }
-        let ratios: Vec<Value> = self.ratios().iter().map(Ratio::to_json).collect();
+        let ratios = self.ratios();
+        let ratios: Vec<RatioRecord> = ratios.iter().map(RatioRecord::new).collect();
         json!({ "target": self.name, "label": self.label, "rows": rows, "ratios": ratios })
+    }
+}
+
+/// A variant at a queue depth in the JSON report: the medians and every round.
+#[derive(Serialize)]
+struct RowRecord {
+    qd: usize,
+    variant: &'static str,
+    iops: f64,
+    mean_lat_us: f64,
+    p99_us: f64,
+    cpu_us_per_req: f64,
+    errors: u64,
+    rounds: Vec<RoundRecord>,
+}
+
+/// One round of a variant in the JSON report.
+#[derive(Serialize)]
+struct RoundRecord {
+    iops: f64,
+    mean_lat_us: f64,
+    p99_us: f64,
+    cpu_us_per_req: f64,
+    cpu_s: f64,
+    completed: u64,
+    errors: u64,
+    loop_counters: BTreeMap<&'static str, u64>,
+}
+
+impl RoundRecord {
+    fn new(s: &Sample) -> Self {
+        RoundRecord {
+            iops: s.iops(),
+            mean_lat_us: s.mean_lat_us(),
+            p99_us: s.p99_us(),
+            cpu_us_per_req: s.cpu_us_per_req(),
+            cpu_s: s.cpu_s,
+            completed: s.completed,
+            errors: s.errors,
+            loop_counters: s.counters.iter().copied().collect(),
+        }
+    }
+}
+
+/// A ratio in the JSON report, with its goal (`>=`, `<=` or empty) and verdict.
+#[derive(Serialize)]
+struct RatioRecord<'a> {
+    name: &'a str,
+    value: f64,
+    per_round: &'a [f64],
+    median_of_rounds: f64,
+    goal: &'static str,
+    target: Option<f64>,
+    met: Option<bool>,
+}
+
+impl<'a> RatioRecord<'a> {
+    fn new(r: &'a Ratio) -> Self {
+        let (goal, target) = match r.goal {
+            Goal::AtLeast(t) => (">=", Some(t)),
+            Goal::AtMost(t) => ("<=", Some(t)),
+            Goal::None => ("", None),
+        };
+        RatioRecord {
+            name: &r.name,
+            value: r.value,
+            per_round: &r.per_round,
+            median_of_rounds: r.median(),
+            goal,
+            target,
+            met: r.met(),
+        }
     }
 }
 
@@ -322,23 +379,6 @@ impl Ratio {
             Goal::AtMost(t) => Some(self.value <= t),
             Goal::None => None,
         }
-    }
-
-    fn to_json(&self) -> Value {
-        let (op, target) = match self.goal {
-            Goal::AtLeast(t) => (">=", Some(t)),
-            Goal::AtMost(t) => ("<=", Some(t)),
-            Goal::None => ("", None),
-        };
-        json!({
-            "name": self.name,
-            "value": self.value,
-            "per_round": self.per_round,
-            "median_of_rounds": self.median(),
-            "goal": op,
-            "target": target,
-            "met": self.met(),
-        })
     }
 }
 

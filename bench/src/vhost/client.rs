@@ -20,14 +20,13 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use blkio::Blkio;
+use aio_vhost_user_blk::testing::{Client, ClientConfig};
 use hdrhistogram::Histogram;
 
 use crate::error::BenchError;
 use crate::load::{Pattern, Window};
 
 use super::queue::{run_queue, QueueStats};
-use super::ProcCpu;
 
 /// The longest wait for the daemon to answer libblkio's connection.
 pub const CONNECT_WAIT: Duration = Duration::from_secs(10);
@@ -113,40 +112,26 @@ impl ClientResult {
     }
 }
 
-/// A libblkio failure while doing `what`.
-pub(super) fn blkio_err(what: &str) -> impl Fn(blkio::Error) -> BenchError + '_ {
-    move |e| BenchError::failed(format!("{what}: {e} ({})", e.errno()))
-}
-
 /// Connects to the vhost-user-blk socket at `socket`, runs `spec` on it and returns the
-/// figures; the daemon's CPU time is read around the window when `daemon` is given. A request
-/// that fails, a verify mismatch, a daemon that stops answering ([`STALL`](super::queue::STALL)) or vanishes fails
-/// the run (after the other queues finished theirs).
+/// figures; the daemon's CPU time is read around the window when its PID `daemon` is given. A
+/// request that fails, a verify mismatch, a daemon that stops answering
+/// ([`STALL`](super::queue::STALL)) or vanishes fails the run (after the other queues finished
+/// theirs).
 pub fn run_client(
     socket: &Path,
     spec: &ClientSpec,
-    daemon: Option<ProcCpu>,
+    daemon: Option<u32>,
 ) -> Result<ClientResult, BenchError> {
     let sock = socket.display().to_string();
-    let mut b = connect(&sock)?;
-    let max_queues = b
-        .get_i32("max-queues")
-        .map_err(blkio_err("libblkio: max-queues"))?;
-    if spec.queues as i64 > i64::from(max_queues) {
-        return Err(BenchError::bad_input(format!(
-            "--queues {}: the device at {sock} has {max_queues} queue(s)",
-            spec.queues
-        )));
-    }
-    b.set_i32("num-queues", spec.queues as i32)
-        .map_err(blkio_err("libblkio: num-queues"))?;
-    let capacity = b
-        .get_u64("capacity")
-        .map_err(blkio_err("libblkio: capacity"))?;
-    let req_align = b
-        .get_i32("request-alignment")
-        .map_err(blkio_err("libblkio: request-alignment"))?;
-    if req_align > 0 && spec.bs % req_align as usize != 0 {
+    let mut client = Client::connect(&ClientConfig {
+        queues: spec.queues,
+        region_bytes: spec.queues * spec.iodepth * spec.bs,
+        connect_wait: CONNECT_WAIT,
+        ..ClientConfig::new(socket)
+    })?;
+    let capacity = client.capacity()?;
+    let req_align = client.request_alignment()?;
+    if spec.bs as u64 % req_align != 0 {
         return Err(BenchError::bad_input(format!(
             "--bs {}: the device at {sock} needs multiples of {req_align}",
             spec.bs
@@ -170,28 +155,18 @@ pub fn run_client(
             }
         )));
     }
-    let outcome = b.start().map_err(blkio_err(&format!("starting {sock}")))?;
-    let align = b
-        .get_u64("mem-region-alignment")
-        .map_err(blkio_err("libblkio: mem-region-alignment"))?
-        .max(1) as usize;
-    let len = (spec.queues * spec.iodepth * spec.bs).div_ceil(align) * align;
-    let region = b
-        .alloc_mem_region(len)
-        .map_err(blkio_err("libblkio: allocating the buffers"))?;
-    b.map_mem_region(&region)
-        .map_err(blkio_err(&format!("mapping the buffers into {sock}")))?;
+    let region_addr = client.region_addr();
+    let queues = client.take_queues();
 
     let start = Instant::now();
     let window = Window::new(start, spec.ramp, spec.runtime);
     let failed = AtomicBool::new(false);
     let results: Vec<Result<QueueStats, BenchError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = outcome
-            .queues
+        let handles: Vec<_> = queues
             .into_iter()
             .enumerate()
             .map(|(q, queue)| {
-                let base = region.addr + q * spec.iodepth * spec.bs;
+                let base = region_addr + q * spec.iodepth * spec.bs;
                 let failed = &failed;
                 s.spawn(move || {
                     let r = run_queue(queue, q, spec, blocks_per_queue, base, window, failed);
@@ -214,9 +189,7 @@ pub fn run_client(
         }
         results
     });
-    b.unmap_mem_region(&region);
-    b.free_mem_region(&region);
-    drop(b);
+    drop(client);
 
     let mut total = QueueStats::default();
     let mut errors = Vec::new();
@@ -259,43 +232,16 @@ pub fn run_client(
     })
 }
 
-/// libblkio's driver connected to `sock`, or an error after [`CONNECT_WAIT`] without an answer
-/// (libblkio waits for the daemon's replies without a timeout; its thread is left blocked
-/// then, and ends with the process).
-fn connect(sock: &str) -> Result<Blkio, BenchError> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let path = sock.to_string();
-    std::thread::spawn(move || {
-        let connected = Blkio::new("virtio-blk-vhost-user")
-            .map_err(blkio_err("libblkio"))
-            .and_then(|mut b| {
-                b.set_str("path", &path)
-                    .map_err(blkio_err("libblkio: path"))?;
-                b.connect()
-                    .map_err(blkio_err(&format!("connecting to {path}")))?;
-                Ok(b)
-            });
-        let _ = tx.send(connected);
-    });
-    rx.recv_timeout(CONNECT_WAIT).unwrap_or_else(|_| {
-        Err(BenchError::failed(format!(
-            "connecting to {sock}: no answer within {} s (a vhost-user-blk daemon serves one \
-             client at a time: is another one connected?)",
-            CONNECT_WAIT.as_secs()
-        )))
-    })
-}
-
 /// Sleeps until the window opens, reads the daemon's CPU time, sleeps until it closes and
 /// reads it again (woken early when a queue failed).
 fn measure_cpu(
-    daemon: ProcCpu,
+    daemon: u32,
     from: Instant,
     to: Instant,
     failed: &AtomicBool,
 ) -> Result<Duration, BenchError> {
-    let gone =
-        |e: std::io::Error| BenchError::failed(format!("the daemon (PID {}): {e}", daemon.pid));
+    let gone = |e: std::io::Error| BenchError::failed(format!("the daemon (PID {daemon}): {e}"));
+    let read = || aio_core::process::cpu_time(daemon).map_err(gone);
     let sleep_until = |t: Instant| {
         while !failed.load(Ordering::Relaxed) {
             let now = Instant::now();
@@ -306,8 +252,8 @@ fn measure_cpu(
         }
     };
     sleep_until(from);
-    let before = daemon.read().map_err(gone)?;
+    let before = read()?;
     sleep_until(to);
-    let after = daemon.read().map_err(gone)?;
+    let after = read()?;
     Ok(after.saturating_sub(before))
 }

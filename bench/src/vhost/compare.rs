@@ -19,7 +19,6 @@ use aio::MonitorKind;
 
 use super::client::{run_client, ClientResult, ClientSpec};
 use super::daemons::{qemu_aio, Daemon, DaemonKind, DaemonSpec, RunDir};
-use super::ProcCpu;
 use crate::rounds::median;
 
 /// What `--vs-qsd` runs.
@@ -127,10 +126,11 @@ pub fn run(spec: &CompareSpec) -> Result<(), BenchError> {
             })
         })
         .collect();
-    for round in 1..=spec.rounds {
-        println!("\nround {round}/{}:", spec.rounds);
+    for round in 0..spec.rounds {
+        println!("\nround {}/{}:", round + 1, spec.rounds);
         header();
-        for cell in &mut cells {
+        for i in crate::rounds::order(round, cells.len()) {
+            let cell = &mut cells[i];
             let daemon = DaemonSpec {
                 kind: cell.kind,
                 image: spec.image.clone(),
@@ -158,7 +158,7 @@ fn one_run(
     spec: &CompareSpec,
 ) -> Result<ClientResult, BenchError> {
     let mut d = Daemon::start(daemon, dir, &spec.exe)?;
-    let result = run_client(d.socket(0), &spec.client, Some(ProcCpu { pid: d.pid() }));
+    let result = run_client(d.socket(0), &spec.client, Some(d.pid()));
     // A daemon that died explains a failed run better than the client's error does.
     d.check_running()?;
     let result = result.map_err(|e| BenchError::failed(format!("{}: {e}", d.label())))?;

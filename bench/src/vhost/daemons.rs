@@ -15,20 +15,17 @@
 //! started and stopped from the bench's main thread only (the death signal follows the thread
 //! that started it).
 //!
-//! [`Daemon::start`] waits (at most [`SOCKET_WAIT`]) until every socket exists; a daemon that
-//! exits before is reported with its exit status, command line and stderr. [`Daemon::stop`]
-//! sends SIGTERM and waits (at most [`STOP_WAIT`], then SIGKILL). The sockets and the daemons'
-//! logs live in a private directory ([`RunDir`]) removed afterwards.
+//! Starting, waiting for the sockets, reporting a daemon that exits early with its status,
+//! command line and output, and stopping (SIGTERM, then SIGKILL) are
+//! `aio_vhost_user_blk::testing`'s [`Launch`]; this module adds the two command lines, the
+//! signal cleanup and a private directory for the sockets and logs ([`RunDir`]), removed
+//! afterwards.
 
-use std::fs::File;
-use std::io;
-use std::os::unix::fs::FileTypeExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::process::ExitStatus;
+use std::time::Duration;
 
-use nix::sched::{sched_setaffinity, CpuSet};
+use aio_vhost_user_blk::testing::{self, Launch};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
@@ -40,14 +37,8 @@ use aio::MonitorKind;
 /// The longest wait for a daemon's sockets to appear.
 pub const SOCKET_WAIT: Duration = Duration::from_secs(10);
 
-/// The longest wait for a daemon to exit after SIGTERM (then SIGKILL).
-pub const STOP_WAIT: Duration = Duration::from_secs(5);
-
 /// qemu-storage-daemon's program name.
 pub const QSD: &str = "qemu-storage-daemon";
-
-/// Lines of a failed daemon's stderr quoted in the error.
-const LOG_LINES: usize = 30;
 
 /// Which daemon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,15 +207,11 @@ impl Drop for RunDir {
     }
 }
 
-/// A running daemon; dropped without [`stop`](Daemon::stop), it is killed.
+/// A running daemon (`aio_vhost_user_blk::testing`'s), killed when the bench is interrupted;
+/// dropped without [`stop`](Daemon::stop), it is killed.
 #[derive(Debug)]
 pub struct Daemon {
-    label: String,
-    child: Child,
-    sockets: Vec<PathBuf>,
-    log: PathBuf,
-    command: String,
-    stopped: bool,
+    inner: testing::Daemon,
     _on_signal: OnSignal,
 }
 
@@ -234,209 +221,58 @@ impl Daemon {
     pub fn start(spec: &DaemonSpec, dir: &Path, exe: &Path) -> Result<Daemon, BenchError> {
         let label = spec.kind.label();
         let (program, args) = spec.command_line(dir, exe);
-        let command = format!("{} {}", program.display(), args.join(" "));
-        let sockets: Vec<PathBuf> = (0..spec.disks).map(|i| spec.socket(dir, i)).collect();
-        for s in &sockets {
-            // An earlier daemon's socket file would look like this one's.
-            let _ = std::fs::remove_file(s);
+        let mut launch = Launch::new(program)
+            .args(args)
+            .log_to(dir.join(format!("{}.log", label.replace('/', "-"))))
+            .pin_to(spec.cpu)
+            .socket_wait(SOCKET_WAIT);
+        for i in 0..spec.disks {
+            launch = launch.socket(spec.socket(dir, i));
         }
-        let log = dir.join(format!("{}.log", label.replace('/', "-")));
-        let log_file = File::create(&log)
-            .map_err(|e| BenchError::io(format!("creating {}", log.display()), e))?;
-        let log_err = log_file
-            .try_clone()
-            .map_err(|e| BenchError::io(format!("creating {}", log.display()), e))?;
-        let mut cmd = Command::new(&program);
-        cmd.args(&args)
-            .stdin(Stdio::null())
-            .stdout(log_file)
-            .stderr(log_err);
-        let affinity = match spec.cpu {
-            Some(c) => {
-                let mut set = CpuSet::new();
-                set.set(c).map_err(|_| {
-                    BenchError::bad_input(format!("--daemon-cpu {c}: out of range"))
-                })?;
-                Some(set)
-            }
-            None => None,
-        };
-        // SAFETY: the closure runs in the forked child before exec; it only makes two system
-        // calls (sched_setaffinity and prctl), both async-signal-safe, allocates nothing and
-        // touches no lock, and the CPU set it reads was built before the fork.
-        unsafe {
-            cmd.pre_exec(move || in_child(affinity.as_ref()));
-        }
-        let child = cmd.spawn().map_err(|e| {
-            if e.kind() == io::ErrorKind::NotFound {
-                BenchError::bad_input(format!("{label}: {} is not installed", program.display()))
-            } else {
-                BenchError::io(format!("starting {label} ({command})"), e)
-            }
-        })?;
-        let pid = child.id() as i32;
+        let inner = launch.label(label.clone()).start()?;
+        let pid = inner.pid() as i32;
         let on_signal = cleanup::on_signal(format!("{label} (PID {pid}) killed"), move || {
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
             // SAFETY: waitpid on our own child only reaps it; the Child handle that also names
             // it is never used again, since the process exits after the undos.
             unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
         });
-        let mut daemon = Daemon {
-            label,
-            child,
-            sockets,
-            log,
-            command,
-            stopped: false,
+        Ok(Daemon {
+            inner,
             _on_signal: on_signal,
-        };
-        daemon.wait_for_sockets()?;
-        Ok(daemon)
-    }
-
-    /// Waits until every socket exists, or fails: the daemon exited, or [`SOCKET_WAIT`] passed
-    /// (then it is killed).
-    fn wait_for_sockets(&mut self) -> Result<(), BenchError> {
-        let deadline = Instant::now() + SOCKET_WAIT;
-        loop {
-            let missing = self.sockets.iter().find(|s| !is_socket(s)).cloned();
-            let Some(missing) = missing else {
-                return Ok(());
-            };
-            match self.child.try_wait() {
-                Ok(Some(status)) => {
-                    self.stopped = true;
-                    return Err(self.failure(&format!(
-                        "exited ({status}) before its socket {} appeared",
-                        missing.display()
-                    )));
-                }
-                Ok(None) => {}
-                Err(e) => return Err(BenchError::io(format!("waiting for {}", self.label), e)),
-            }
-            if Instant::now() >= deadline {
-                self.kill();
-                return Err(self.failure(&format!(
-                    "did not create its socket {} within {} s (killed)",
-                    missing.display(),
-                    SOCKET_WAIT.as_secs()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// A failure of this daemon: what happened, its command line and its log.
-    fn failure(&self, what: &str) -> BenchError {
-        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
-        let tail = lines[lines.len().saturating_sub(LOG_LINES)..].join("\n  ");
-        let said = if tail.trim().is_empty() {
-            "it printed nothing".to_string()
-        } else {
-            format!("its output:\n  {tail}")
-        };
-        BenchError::failed(format!(
-            "{} {what}\n  command: {}\n  {said}",
-            self.label, self.command
-        ))
+        })
     }
 
     /// The daemon's PID.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.inner.pid()
     }
 
     /// Its name in reports (`qemu`, `ours/epoll`).
     pub fn label(&self) -> &str {
-        &self.label
+        self.inner.label()
     }
 
     /// Disk `i`'s socket.
     pub fn socket(&self, i: usize) -> &Path {
-        &self.sockets[i]
+        self.inner.socket(i)
     }
 
     /// Whether it is still running (an error says how it ended, with its log).
     pub fn check_running(&mut self) -> Result<(), BenchError> {
-        match self.child.try_wait() {
-            Ok(None) => Ok(()),
-            Ok(Some(status)) => {
-                self.stopped = true;
-                Err(self.failure(&format!("exited ({status}) during the run")))
-            }
-            Err(e) => Err(BenchError::io(format!("waiting for {}", self.label), e)),
-        }
+        Ok(self.inner.check_running()?)
     }
 
-    /// Sends SIGTERM and waits for the exit (SIGKILL after [`STOP_WAIT`]); returns how it
-    /// exited, and warns on stderr when that was not a clean exit.
-    pub fn stop(mut self) -> Result<ExitStatus, BenchError> {
-        let pid = Pid::from_raw(self.child.id() as i32);
-        let _ = kill(pid, Signal::SIGTERM);
-        let deadline = Instant::now() + STOP_WAIT;
-        let status = loop {
-            match self.child.try_wait() {
-                Ok(Some(s)) => break s,
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(5))
-                }
-                Ok(None) => {
-                    eprintln!(
-                        "aio-bench vhost: {} did not exit within {} s of SIGTERM; killed",
-                        self.label,
-                        STOP_WAIT.as_secs()
-                    );
-                    self.kill();
-                    break self
-                        .child
-                        .wait()
-                        .map_err(|e| BenchError::io(format!("waiting for {}", self.label), e))?;
-                }
-                Err(e) => return Err(BenchError::io(format!("waiting for {}", self.label), e)),
-            }
-        };
-        self.stopped = true;
+    /// Sends SIGTERM and waits for the exit (SIGKILL after a while); returns how it exited,
+    /// and warns on stderr when that was not a clean exit.
+    pub fn stop(self) -> Result<ExitStatus, BenchError> {
+        let label = self.label().to_string();
+        let status = self.inner.stop()?;
         if !status.success() && status.code().is_some() {
-            eprintln!(
-                "aio-bench vhost: warning: {} exited ({status}) after SIGTERM",
-                self.label
-            );
+            eprintln!("aio-bench vhost: warning: {label} exited ({status}) after SIGTERM");
         }
         Ok(status)
     }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        self.stopped = true;
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if !self.stopped {
-            self.kill();
-        }
-    }
-}
-
-/// In the forked child, before exec: the CPU affinity (inherited by every thread the daemon
-/// starts), and SIGKILL when the bench's thread that started it dies.
-fn in_child(affinity: Option<&CpuSet>) -> io::Result<()> {
-    if let Some(set) = affinity {
-        sched_setaffinity(Pid::from_raw(0), set).map_err(io::Error::from)?;
-    }
-    // SAFETY: prctl(PR_SET_PDEATHSIG) takes a signal number and touches no memory.
-    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// Whether `path` exists and is a socket.
-fn is_socket(path: &Path) -> bool {
-    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_socket())
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use std::os::fd::{BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use blkio::{Blkioq, Completion, ReqFlags};
+use aio_vhost_user_blk::testing::blkio::{Blkioq, Completion, ReqFlags};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use crate::error::BenchError;
@@ -27,7 +27,7 @@ use crate::load::{
     drive, Direction, Generator, Issued, Layout, LoadFigures, LoadSpec, Target, Window,
 };
 
-use super::client::{blkio_err, ClientSpec};
+use super::client::ClientSpec;
 
 /// How long a queue may go without a completion while requests are in flight before the run
 /// fails (the daemon stopped answering).
@@ -105,7 +105,7 @@ impl Target for QueueTarget<'_> {
         let n = self
             .queue
             .do_io(&mut self.completions, 0, None, None)
-            .map_err(blkio_err("libblkio: do_io"))?;
+            .map_err(|e| BenchError::failed(format!("libblkio: do_io: {e} ({})", e.errno())))?;
         for c in &self.completions[..n] {
             // SAFETY: do_io initialised the first `n` entries; `Completion` is plain data
             // (its error message pointer is only read by Display, never here).

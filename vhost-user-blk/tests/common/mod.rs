@@ -1,31 +1,17 @@
-//! Shared by the integration tests: a daemon started as a child process, and a libblkio
-//! client of its socket.
+//! Shared by the integration tests: the daemon binary started through
+//! `aio_vhost_user_blk::testing`, its image, and the engines this kernel offers.
 
 #![allow(dead_code)]
 
-use std::mem::MaybeUninit;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use blkio::{Blkio, Blkioq, MemoryRegion, ReqFlags};
+pub use aio_vhost_user_blk::testing::{Client, ClientConfig, ClientError};
+use aio_vhost_user_blk::testing::{Launch, LaunchError};
 
-/// The daemon binary, started with `args`; killed (SIGKILL) on drop if still running.
-pub struct Daemon {
-    pub child: Child,
-    pub sockets: Vec<PathBuf>,
-    /// Its stderr, shown (in the test's captured output) when it is dropped.
-    log: std::fs::File,
-}
-
-/// What `log` holds from its start.
-fn read_log(log: &mut std::fs::File) -> String {
-    use std::io::{Read, Seek};
-    let mut text = String::new();
-    let _ = log.seek(std::io::SeekFrom::Start(0));
-    let _ = log.read_to_string(&mut text);
-    text
-}
+/// The daemon binary, started with `args`; killed (SIGKILL) on drop if still running, and its
+/// log shown then (in the test's captured output).
+pub struct Daemon(Option<aio_vhost_user_blk::testing::Daemon>);
 
 impl Daemon {
     /// Starts the daemon and waits until every socket accepts connections.
@@ -35,48 +21,25 @@ impl Daemon {
     /// when they end) is started again, for up to 20 s; any other early exit fails the test
     /// with the daemon's message.
     pub fn start(args: &[String], sockets: Vec<PathBuf>) -> Daemon {
+        let mut launch = Launch::new(env!("CARGO_BIN_EXE_aio-vhost-user-blk"))
+            .args(args.iter().cloned())
+            .label("the daemon")
+            .socket_wait(Duration::from_secs(20));
+        for s in sockets {
+            launch = launch.socket(s);
+        }
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            match Daemon::try_start(args, sockets.clone(), deadline) {
-                Ok(d) => return d,
-                Err(message) if message.contains("RLIMIT_MEMLOCK") && Instant::now() < deadline => {
+            match launch.start() {
+                Ok(d) => return Daemon(Some(d)),
+                Err(e @ LaunchError::Failed { .. })
+                    if e.to_string().contains("RLIMIT_MEMLOCK") && Instant::now() < deadline =>
+                {
                     std::thread::sleep(Duration::from_millis(50));
                 }
-                Err(message) => panic!("the daemon exited before listening: {message}"),
+                Err(e) => panic!("{e}"),
             }
         }
-    }
-
-    fn try_start(
-        args: &[String],
-        sockets: Vec<PathBuf>,
-        deadline: Instant,
-    ) -> Result<Daemon, String> {
-        // Its messages go to a file, read if it exits early, and shown as they were after.
-        let log = tempfile::tempfile().expect("a file for the daemon's stderr");
-        let child = Command::new(env!("CARGO_BIN_EXE_aio-vhost-user-blk"))
-            .args(args)
-            .stdin(Stdio::null())
-            .stderr(log.try_clone().expect("dup"))
-            .spawn()
-            .expect("start the daemon");
-        let mut d = Daemon {
-            child,
-            sockets,
-            log,
-        };
-        while !d.sockets.iter().all(|s| s.exists()) {
-            if let Some(status) = d.child.try_wait().unwrap() {
-                let text = read_log(&mut d.log);
-                return Err(format!("{status}: {text}"));
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the daemon's sockets did not appear"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Ok(d)
     }
 
     /// One disk on `image` with `engine` and extra disk keys (`,readonly=on`...).
@@ -95,28 +58,57 @@ impl Daemon {
         Daemon::start(&args, vec![socket])
     }
 
-    pub fn socket(&self) -> &Path {
-        &self.sockets[0]
+    fn inner(&self) -> &aio_vhost_user_blk::testing::Daemon {
+        self.0.as_ref().expect("running")
     }
 
-    /// SIGTERM, then the exit status.
-    pub fn terminate(mut self) -> std::process::ExitStatus {
-        // SAFETY: kill(2) on our own child's pid; no memory involved.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        self.child.wait().unwrap()
+    pub fn socket(&self) -> &Path {
+        self.inner().socket(0)
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.inner().pid()
+    }
+
+    /// SIGTERM, then the exit status.
+    pub fn terminate(self) -> std::process::ExitStatus {
+        self.stop_with(nix::sys::signal::Signal::SIGTERM)
+    }
+
+    /// `signal`, then the exit status (SIGKILL after 5 s fails the test).
+    pub fn stop_with(mut self, signal: nix::sys::signal::Signal) -> std::process::ExitStatus {
+        let mut d = self.0.take().expect("running");
+        eprint!("{}", d.log());
+        d.stop_with(signal).unwrap_or_else(|e| panic!("{e}"))
     }
 }
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        eprint!("{}", read_log(&mut self.log));
+        if let Some(mut d) = self.0.take() {
+            d.kill();
+            eprint!("{}", d.log());
+        }
     }
+}
+
+/// A client of `socket` with `queues` queues and a region of `region_bytes`.
+pub fn connect(socket: &Path, queues: usize, region_bytes: usize) -> Result<Client, ClientError> {
+    Client::connect(&ClientConfig {
+        queues,
+        region_bytes,
+        ..ClientConfig::new(socket)
+    })
+}
+
+/// As `connect`, read-only (libblkio refuses to start a writable client of a read-only
+/// device).
+pub fn connect_read_only(socket: &Path, region_bytes: usize) -> Result<Client, ClientError> {
+    Client::connect(&ClientConfig {
+        region_bytes,
+        read_only: true,
+        ..ClientConfig::new(socket)
+    })
 }
 
 /// An image file of `bytes` in a fresh temporary directory (in /dev/shm when it exists, so
@@ -135,95 +127,6 @@ pub fn image(bytes: u64) -> (tempfile::TempDir, PathBuf) {
     let f = std::fs::File::create(&path).unwrap();
     f.set_len(bytes).unwrap();
     (dir, path)
-}
-
-/// A libblkio virtio-blk-vhost-user client with `queues` queues and one buffer region.
-pub struct Client {
-    pub blkio: Blkio,
-    pub queues: Vec<Blkioq>,
-    pub region: MemoryRegion,
-}
-
-impl Client {
-    pub fn connect(
-        socket: &Path,
-        queues: usize,
-        region_bytes: usize,
-    ) -> Result<Client, blkio::Error> {
-        Client::connect_with(socket, queues, region_bytes, false)
-    }
-
-    /// As `connect`; `read_only` opens the device read-only (libblkio refuses to start a
-    /// writable client of a read-only device).
-    pub fn connect_with(
-        socket: &Path,
-        queues: usize,
-        region_bytes: usize,
-        read_only: bool,
-    ) -> Result<Client, blkio::Error> {
-        let mut b = Blkio::new("virtio-blk-vhost-user")?;
-        b.set_bool("read-only", read_only)?;
-        b.set_str("path", socket.to_str().unwrap())?;
-        b.connect()?;
-        b.set_i32("num-queues", queues as i32)?;
-        let started = b.start()?;
-        let region = b.alloc_mem_region(region_bytes)?;
-        b.map_mem_region(&region)?;
-        Ok(Client {
-            blkio: b,
-            queues: started.queues,
-            region,
-        })
-    }
-
-    pub fn capacity(&self) -> u64 {
-        self.blkio.get_u64("capacity").unwrap()
-    }
-
-    /// The buffer at `offset` in the region.
-    pub fn buf(&mut self, offset: usize, len: usize) -> &mut [u8] {
-        assert!(offset + len <= self.region.len);
-        // SAFETY: the region is mapped for our process for `region.len` bytes and lives as
-        // long as the client; the tests use disjoint ranges for requests in flight.
-        unsafe { std::slice::from_raw_parts_mut((self.region.addr + offset) as *mut u8, len) }
-    }
-
-    /// Waits for `n` completions on queue `q` and returns their (user_data, ret).
-    pub fn wait(&mut self, q: usize, n: usize) -> Vec<(usize, i32)> {
-        let mut out = Vec::new();
-        let mut done: Vec<MaybeUninit<blkio::Completion>> =
-            (0..n).map(|_| MaybeUninit::uninit()).collect();
-        while out.len() < n {
-            let want = n - out.len();
-            let mut timeout = Duration::from_secs(20);
-            let got = self.queues[q]
-                .do_io(&mut done[..want], want, Some(&mut timeout), None)
-                .expect("do_io");
-            assert!(got > 0, "no completion within 20 s");
-            for c in &done[..got] {
-                // SAFETY: do_io initialised the first `got` completions.
-                let c = unsafe { c.assume_init_ref() };
-                out.push((c.user_data, c.ret));
-            }
-        }
-        out
-    }
-
-    pub fn read(&mut self, q: usize, offset: u64, buf_at: usize, len: usize, tag: usize) {
-        let ptr = (self.region.addr + buf_at) as *mut u8;
-        self.queues[q].read(offset, ptr, len, tag, ReqFlags::empty());
-    }
-
-    pub fn write(&mut self, q: usize, offset: u64, buf_at: usize, len: usize, tag: usize) {
-        let ptr = (self.region.addr + buf_at) as *const u8;
-        self.queues[q].write(offset, ptr, len, tag, ReqFlags::empty());
-    }
-
-    /// One request on queue `q`, waited for: its `ret`.
-    pub fn sync(&mut self, q: usize, submit: impl FnOnce(&mut Blkioq)) -> i32 {
-        submit(&mut self.queues[q]);
-        self.wait(q, 1)[0].1
-    }
 }
 
 /// The engines this kernel offers, by the daemon's names; each one refused says `skipped:`
