@@ -29,9 +29,8 @@ use aio_core::PollMaxNs;
 use clap::{Parser, Subcommand};
 
 use crate::cmd::values::{
-    parse_device, parse_duration_arg, parse_engine, parse_engine_or_auto, parse_monitor,
-    parse_monitor_or_auto, parse_pairing, parse_pattern, parse_poll_max_ns, parse_runtime_arg,
-    parse_size_arg, parse_workload,
+    parse_duration_arg, parse_engine_or_auto, parse_monitor, parse_monitor_or_auto,
+    parse_poll_max_ns, parse_runtime_arg, parse_size_arg,
 };
 
 #[derive(Parser, Debug)]
@@ -87,17 +86,17 @@ struct RunArgs {
     /// Run every job on the fast device, `loop` or `loop:SIZE` (default 512m): a loop device
     /// with direct I/O over a file in /dev/shm (needs root). Replaces the jobs' `filename=` and
     /// `directory=`; their `size=` is limited to the device's.
-    #[arg(long, value_parser = parse_device)]
+    #[arg(long)]
     device: Option<LoopSpec>,
 }
 
 #[derive(clap::Args, Debug)]
 struct VsFioArgs {
     /// Our engine: pool, linux-aio or uring (compared with fio's psync, libaio or io_uring).
-    #[arg(long, default_value = "linux-aio", value_parser = parse_engine)]
+    #[arg(long, default_value = "linux-aio")]
     engine: EngineKind,
     /// read, write, randread, randwrite, rw or randrw (mixed 50/50).
-    #[arg(long, default_value = "randread", value_parser = parse_pattern)]
+    #[arg(long, default_value = "randread")]
     rw: Pattern,
     /// Block size (fio units: 4k, 64k, 1m).
     #[arg(long, default_value = "4k", value_parser = parse_size_arg)]
@@ -119,7 +118,7 @@ struct VsFioArgs {
     rounds: u64,
     /// Our fd monitor; `shared-ring` (with `--engine uring`): one io_uring for the fd monitor
     /// and the engine, so completions need no eventfd.
-    #[arg(long, default_value = "epoll", value_parser = parse_pairing)]
+    #[arg(long, default_value = "epoll")]
     fdmon: Pairing,
     /// Our loop's adaptive polling limit in ns (0 = off, as fio's libaio engine waits in the
     /// kernel), or `auto` (the window chosen from the waits the loop sees).
@@ -146,7 +145,7 @@ struct TestTarget {
     size: u64,
     /// The fast device instead of the test file: `loop` or `loop:SIZE` (default 512m), a loop
     /// device with direct I/O over a file in /dev/shm (needs root).
-    #[arg(long, value_parser = parse_device, conflicts_with_all = ["dir", "size"])]
+    #[arg(long, conflicts_with_all = ["dir", "size"])]
     device: Option<LoopSpec>,
 }
 
@@ -154,13 +153,13 @@ struct TestTarget {
 #[command(mut_arg("size", |a| a.default_value("64m")))]
 struct LatencyArgs {
     /// Engines, comma-separated. Default: all this build has.
-    #[arg(long, value_delimiter = ',', value_parser = parse_engine)]
+    #[arg(long, value_delimiter = ',')]
     engine: Vec<EngineKind>,
     /// poll_max_ns values beyond 0 and 32768, comma-separated (ns, or `auto`).
     #[arg(long, value_delimiter = ',', value_parser = parse_poll_max_ns)]
     poll_max_ns: Vec<PollMaxNs>,
     /// read, write, randread, randwrite, rw or randrw (mixed 50/50).
-    #[arg(long, default_value = "randread", value_parser = parse_pattern)]
+    #[arg(long, default_value = "randread")]
     rw: Pattern,
     /// Block size.
     #[arg(long, default_value = "4k", value_parser = parse_size_arg)]
@@ -199,7 +198,7 @@ struct MatrixArgs {
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=256))]
     disks: Vec<u64>,
     /// Workloads, comma-separated (rd,wr,randrw). Default: rd,randrw (--full: all three).
-    #[arg(long, value_delimiter = ',', value_parser = parse_workload)]
+    #[arg(long, value_delimiter = ',')]
     workloads: Vec<Workload>,
     /// Block size.
     #[arg(long, default_value = "4k", value_parser = parse_size_arg)]
@@ -225,7 +224,7 @@ struct MatrixArgs {
     /// The disks on the fast device instead of image files: `loop` or `loop:SIZE` (default
     /// 512m), a loop device with direct I/O over a file in /dev/shm (needs root); each disk
     /// gets its own fd and SIZE / disks of it.
-    #[arg(long, value_parser = parse_device, conflicts_with_all = ["dir", "disk_size"])]
+    #[arg(long, conflicts_with_all = ["dir", "disk_size"])]
     device: Option<LoopSpec>,
     /// The iothread's adaptive polling limit in ns (QEMU's IOThread default), or `auto`.
     #[arg(long, default_value = "32768", value_parser = parse_poll_max_ns)]

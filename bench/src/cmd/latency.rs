@@ -27,7 +27,10 @@ pub fn run(mut args: LatencyArgs) -> Result<(), BenchError> {
         args.engine.clone()
     };
     // Off and QEMU's IOThread default, then the values given.
-    let mut polls = vec![PollMaxNs::Fixed(0), PollMaxNs::Fixed(32_768)];
+    let mut polls = vec![
+        PollMaxNs::Fixed(0),
+        PollMaxNs::Fixed(aio_core::DEFAULT_POLL_MAX_NS),
+    ];
     for &p in &args.poll_max_ns {
         if !polls.contains(&p) {
             polls.push(p);

@@ -16,7 +16,7 @@ use aio_bench::targets::image::DiskImage;
 use aio_bench::targets::loopdev::{LoopDevice, LoopSpec};
 
 use super::check_target;
-use super::values::{parse_device, parse_duration_arg, parse_size_arg};
+use super::values::{parse_duration_arg, parse_size_arg};
 use aio_bench::peers::report::TargetRuns;
 use aio_bench::peers::{self, Job, Variant};
 
@@ -45,7 +45,7 @@ pub struct PeersArgs {
     targets: Vec<String>,
     /// The fast device: `loop` or `loop:SIZE` (default 512m), a loop device with direct I/O
     /// over a file in /dev/shm.
-    #[arg(long, default_value = "loop", value_parser = parse_device)]
+    #[arg(long, default_value = "loop")]
     device: LoopSpec,
     /// Directory of the `file` target (default: the system temp dir).
     #[arg(long)]
@@ -65,7 +65,7 @@ pub struct PeersArgs {
     /// aio-rs's fd monitor: `uring` (what `auto` picks here, as `run` and `matrix` do),
     /// `epoll` (`vs-fio`'s default), `shared-ring` (one io_uring for the monitor and the
     /// io_uring engine), or `poll`, `hybrid`.
-    #[arg(long, default_value = "uring", value_parser = super::values::parse_pairing)]
+    #[arg(long, default_value = "uring")]
     fdmon: aio::Pairing,
     /// aio-rs's io_uring engine registers the file and the workers' buffers with its ring
     /// (`IORING_OP_READ_FIXED`, as glommio does; off by default, as the engine's own default).

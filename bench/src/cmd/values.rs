@@ -1,6 +1,8 @@
-//! The command line's value parsers: each flag's value turned into the library's type, with the
-//! library's message when it does not parse (clap prints it after the flag's name and exits
-//! with code 2).
+//! The command line's value parsers beyond the library types' own `FromStr` (which clap uses
+//! for `--engine`, `--fdmon` pairs, `--rw`, `--workloads` and `--device` by itself): `auto`
+//! resolved, sizes and durations in fio's units, and the limits a flag adds. A value that does
+//! not parse gets the library's message (clap prints it after the flag's name and exits with
+//! code 2).
 //!
 //! This module owns only the adaptation to clap's `Result<T, String>`; what a valid value is
 //! belongs to the type's `FromStr` in the library. It never runs anything, except that `auto`
@@ -9,20 +11,7 @@
 use std::time::Duration;
 
 use aio::{Choice, EngineKind, EngineOptions, MonitorKind, Pairing, UnknownBackend};
-use aio_bench::load::Pattern;
-use aio_bench::matrix::Workload;
-use aio_bench::targets::loopdev::LoopSpec;
 use aio_bench::units::{parse_duration, parse_size};
-
-/// A matrix workload: `rd`, `wr` or `randrw`.
-pub fn parse_workload(s: &str) -> Result<Workload, String> {
-    s.parse()
-}
-
-/// An engine name.
-pub fn parse_engine(s: &str) -> Result<EngineKind, String> {
-    s.parse().map_err(|e: UnknownBackend| e.to_string())
-}
 
 /// An fd monitor on its own (`poll`, `epoll`, `hybrid`, `uring`); `shared-ring` is refused
 /// with the commands that pair it.
@@ -33,12 +22,6 @@ pub fn parse_monitor(s: &str) -> Result<MonitorKind, String> {
                 .to_string(),
         );
     }
-    s.parse().map_err(|e: UnknownBackend| e.to_string())
-}
-
-/// An fd monitor on its own, or `shared-ring`: io_uring's monitor on the io_uring engine's
-/// ring (`vs-fio` and `peers` build the pair).
-pub fn parse_pairing(s: &str) -> Result<Pairing, String> {
     s.parse().map_err(|e: UnknownBackend| e.to_string())
 }
 
@@ -64,11 +47,6 @@ pub fn parse_engine_or_auto(s: &str) -> Result<EngineKind, String> {
     }
 }
 
-/// fio's `rw=` names: read, write, randread, randwrite, rw, randrw.
-pub fn parse_pattern(s: &str) -> Result<Pattern, String> {
-    s.parse()
-}
-
 /// A size in fio's units (4k, 64m, 1g).
 pub fn parse_size_arg(s: &str) -> Result<u64, String> {
     parse_size(s).map_err(|e| e.to_string())
@@ -87,12 +65,6 @@ pub fn parse_runtime_arg(s: &str) -> Result<Duration, String> {
         return Err(format!("'{s}': the measured time must be more than 0"));
     }
     Ok(d)
-}
-
-/// A `--device`: `loop` or `loop:SIZE`.
-pub fn parse_device(s: &str) -> Result<LoopSpec, String> {
-    s.parse()
-        .map_err(|e: aio_bench::targets::loopdev::LoopError| e.to_string())
 }
 
 /// A `--poll-max-ns`: ns (0 turns polling off, at most 1 s) or `auto`.

@@ -20,10 +20,7 @@ use aio_bench::vhost::compare::{self, CompareSpec};
 use aio_bench::vhost::daemons::QSD;
 use aio_bench::vhost::{run_client, ClientResult, ClientSpec};
 
-use super::values::{
-    parse_device, parse_duration_arg, parse_engine, parse_monitor_or_auto, parse_pattern,
-    parse_runtime_arg, parse_size_arg,
-};
+use super::values::{parse_duration_arg, parse_monitor_or_auto, parse_runtime_arg, parse_size_arg};
 
 /// The environment variable naming another program to run as our daemon (tests).
 pub const DAEMON_ENV: &str = "AIO_BENCH_VHOST_DAEMON";
@@ -51,10 +48,10 @@ pub struct VhostArgs {
     pub image: Option<PathBuf>,
     /// With --vs-qsd: the image on the fast device, `loop` or `loop:SIZE` (default 512m), a
     /// loop device with direct I/O over a file in /dev/shm (needs root).
-    #[arg(long, value_parser = parse_device, conflicts_with = "image")]
+    #[arg(long, conflicts_with = "image")]
     pub device: Option<LoopSpec>,
     /// randread, randwrite, randrw (or read, write, rw).
-    #[arg(long, default_value = "randread", value_parser = parse_pattern)]
+    #[arg(long, default_value = "randread")]
     pub rw: Pattern,
     /// Percentage of reads with randrw and rw.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(0..=100))]
@@ -87,7 +84,7 @@ pub struct VhostArgs {
     pub rounds: Option<u64>,
     /// With --vs-qsd: uring, linux-aio or pool for ours, QEMU's aio=io_uring, native or
     /// threads (default uring).
-    #[arg(long, value_parser = parse_engine)]
+    #[arg(long)]
     pub engine: Option<EngineKind>,
     /// With --vs-qsd: both iothreads' adaptive polling limit (default 32768, QEMU's); `auto`
     /// gives ours the automatic window and qemu-storage-daemon its default.
@@ -165,7 +162,7 @@ pub fn run(args: VhostArgs) -> Result<(), BenchError> {
         engine: args.engine.unwrap_or(EngineKind::Uring),
         poll_max_ns: args
             .poll_max_ns
-            .unwrap_or(aio_core::PollMaxNs::Fixed(32_768)),
+            .unwrap_or(aio_core::PollMaxNs::Fixed(aio_core::DEFAULT_POLL_MAX_NS)),
         rounds: args.rounds.unwrap_or(2) as usize,
         disks: if scaling {
             args.disks.iter().map(|&d| d as usize).collect()

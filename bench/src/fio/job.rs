@@ -66,7 +66,7 @@ impl JobSpec {
             iodepth,
             runtime,
             ramp: Duration::ZERO,
-            poll_max_ns: PollMaxNs::Fixed(32_768),
+            poll_max_ns: PollMaxNs::Fixed(aio_core::DEFAULT_POLL_MAX_NS),
             poll_rule: PollRule::default(),
             io_limit: None,
             idle_fds: 0,

@@ -275,13 +275,7 @@ impl Generator<'static> {
     /// A generator for `spec` that does not verify.
     pub fn new(spec: &LoadSpec) -> Generator<'static> {
         Generator {
-            offsets: OffsetStream::new(
-                spec.pattern,
-                spec.rwmixread,
-                spec.blocks,
-                spec.bs as u64,
-                spec.seed,
-            ),
+            offsets: OffsetStream::new(spec.pattern, spec.rwmixread, spec.blocks, spec.seed),
             layout: spec.layout,
             bs: spec.bs,
             window: spec.window,

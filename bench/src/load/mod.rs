@@ -72,11 +72,6 @@ impl Tally {
             .add(&other.latency_ns)
             .expect("histograms of the same bounds");
     }
-
-    /// Mean latency, µs.
-    pub fn mean_us(&self) -> f64 {
-        self.latency_ns.mean() / 1e3
-    }
 }
 
 /// When a run measures: requests completed before `measure_from` (the ramp) count as work

@@ -139,20 +139,18 @@ pub struct OffsetStream {
     read_percent: u8,
     random: bool,
     blocks: u64,
-    bs: u64,
     next_seq: u64,
     rng: fastrand::Rng,
 }
 
 impl OffsetStream {
-    /// A stream over `blocks` blocks of `bs` bytes (at least one block).
-    pub fn new(pattern: Pattern, rwmixread: u8, blocks: u64, bs: u64, seed: u64) -> Self {
+    /// A stream over `blocks` blocks (at least one).
+    pub fn new(pattern: Pattern, rwmixread: u8, blocks: u64, seed: u64) -> Self {
         OffsetStream {
             trim: pattern.is_trim(),
             read_percent: pattern.read_percent(rwmixread),
             random: pattern.is_random(),
             blocks: blocks.max(1),
-            bs,
             next_seq: 0,
             rng: fastrand::Rng::with_seed(seed),
         }
@@ -181,16 +179,6 @@ impl OffsetStream {
             _ => Direction::Read,
         }
     }
-
-    /// Whether the next request writes (the matrix's guests read and write only).
-    pub fn next_is_write(&mut self) -> bool {
-        self.next_direction() != Direction::Read
-    }
-
-    /// The byte offset of `block`.
-    pub fn offset(&self, block: u64) -> u64 {
-        block * self.bs
-    }
 }
 
 #[cfg(test)]
@@ -203,12 +191,12 @@ mod tests {
             assert_eq!(p.fio_name().parse::<Pattern>(), Ok(p));
         }
         assert!("trimwrite".parse::<Pattern>().is_err());
-        let mut s = OffsetStream::new(Pattern::RandTrim, 50, 16, 4096, 7);
+        let mut s = OffsetStream::new(Pattern::RandTrim, 50, 16, 7);
         assert!((0..100).all(|_| s.next_direction() == Direction::Trim));
         assert_eq!(Pattern::RandTrim.fio_sides(50), ["trim"]);
         assert_eq!(Pattern::RandReadWrite.fio_sides(50), ["read", "write"]);
         assert!(Pattern::Trim.modifies(100) && !Pattern::Read.modifies(0));
-        let mut seq = OffsetStream::new(Pattern::Trim, 50, 3, 4096, 7);
+        let mut seq = OffsetStream::new(Pattern::Trim, 50, 3, 7);
         let blocks: Vec<u64> = (0..4).map(|_| seq.next_block()).collect();
         assert_eq!(blocks, [0, 1, 2, 0], "sequential trims wrap around");
     }

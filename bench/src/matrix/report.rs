@@ -69,17 +69,6 @@ pub fn table(spec: &MatrixSpec, cells: &[Cell]) -> String {
     out
 }
 
-/// Each iothread's CPU time in s, `;`-separated, for the CSV.
-fn per_iothread_cpu(c: &Cell) -> String {
-    let each: Vec<String> = c
-        .result
-        .per_iothread
-        .iter()
-        .map(|t| format!("{:.4}", t.cpu_s))
-        .collect();
-    each.join(";")
-}
-
 /// The CSV report: the JSON's fields as columns, one row per cell (each iothread's CPU time
 /// in one column, `;`-separated).
 pub fn to_csv(spec: &MatrixSpec, cells: &[Cell]) -> String {
@@ -87,40 +76,44 @@ pub fn to_csv(spec: &MatrixSpec, cells: &[Cell]) -> String {
         "fdmon,engine,disks,active,workload,bs,iodepth,memory,iothreads,queues,mb_s,iops,lat_us_mean,lat_us_p50,lat_us_p99,lat_us_p999,iothread_cpu_s,iothread_cpu_s_each,guest_cpu_s,process_cpu_s,interrupts,guest_waits,iterations,blocking_waits,notifier_writes,poll_hits,busy_poll_ns,errors\n",
     );
     for c in cells {
-        let h = &c.result.latency_ns;
-        let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
-        let k = &c.result.counters;
+        let r = CellRecord::new(spec, c);
+        let (l, k) = (&r.lat_us, &r.counters);
+        let each: Vec<String> = r
+            .per_iothread
+            .iter()
+            .map(|t| format!("{:.4}", t.cpu_s))
+            .collect();
         let _ = writeln!(
             out,
             "{},{},{},{},{},{},{},{},{},{},{:.3},{:.1},{:.2},{:.2},{:.2},{:.2},{:.4},{},{:.4},{:.4},{},{},{},{},{},{},{},{}",
-            c.fdmon.name(),
-            c.engine.name(),
-            c.disks,
-            if spec.active_all { "all" } else { "one" },
-            c.workload.name(),
-            spec.cell.bs,
-            spec.cell.iodepth,
-            spec.cell.memory.name(),
-            c.iothreads,
-            c.queues,
-            c.mb_s(),
-            c.iops(),
-            h.mean() / 1000.0,
-            us(0.5),
-            us(0.99),
-            us(0.999),
-            c.result.iothread_cpu_s,
-            per_iothread_cpu(c),
-            c.result.guest_cpu_s,
-            c.result.process_cpu_s,
-            c.result.interrupts,
-            c.result.guest_waits,
+            r.fdmon,
+            r.engine,
+            r.disks,
+            r.active,
+            r.workload,
+            r.bs,
+            r.iodepth,
+            r.memory,
+            r.iothreads,
+            r.queues,
+            r.mb_s,
+            r.iops,
+            l.mean,
+            l.p50,
+            l.p99,
+            l.p999,
+            r.iothread_cpu_s,
+            each.join(";"),
+            r.guest_cpu_s,
+            r.process_cpu_s,
+            r.interrupts,
+            r.guest_waits,
             k.iterations,
             k.blocking_waits,
             k.notifier_writes,
             k.poll_hits,
             k.busy_poll_ns,
-            c.result.errors
+            k.errors
         );
     }
     out

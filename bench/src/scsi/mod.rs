@@ -148,7 +148,7 @@ impl CellSpec {
             iodepth: 8,
             runtime: Duration::from_secs(1),
             ramp: Duration::from_millis(200),
-            poll_max_ns: aio_core::PollMaxNs::Fixed(32_768),
+            poll_max_ns: aio_core::PollMaxNs::Fixed(aio_core::DEFAULT_POLL_MAX_NS),
             poll_idle: Duration::from_millis(100),
             verify: false,
             memory: MemoryPath::Guest,

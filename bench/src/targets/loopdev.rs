@@ -297,11 +297,6 @@ impl LoopDevice {
         self.device.as_deref().expect("set by attach")
     }
 
-    /// The device's size in bytes.
-    pub fn size(&self) -> u64 {
-        self.size
-    }
-
     /// Where the backing file was made in `/dev/shm`. It has no name once the device is
     /// attached: the device holds it open, and the kernel frees it when the device detaches.
     pub fn backing_file(&self) -> &Path {

@@ -28,9 +28,6 @@ use crate::load::{Pattern, Window};
 
 use super::queue::{run_queue, QueueStats};
 
-/// The longest wait for the daemon to answer libblkio's connection.
-pub const CONNECT_WAIT: Duration = Duration::from_secs(10);
-
 /// The largest `--iodepth` per queue: libblkio's default virtqueue size (256 descriptors, one
 /// per request of one buffer).
 pub const MAX_IODEPTH: usize = 256;
@@ -126,7 +123,6 @@ pub fn run_client(
     let mut client = Client::connect(&ClientConfig {
         queues: spec.queues,
         region_bytes: spec.queues * spec.iodepth * spec.bs,
-        connect_wait: CONNECT_WAIT,
         ..ClientConfig::new(socket)
     })?;
     let capacity = client.capacity()?;

@@ -66,17 +66,19 @@ struct Medians {
 }
 
 impl Cell {
+    /// Each figure's median over the runs.
     fn medians(&self) -> Medians {
-        let m = |f: &dyn Fn(&ClientResult) -> f64| {
-            median(&self.runs.iter().map(f).collect::<Vec<_>>()).unwrap_or(f64::NAN)
+        let runs: Vec<Medians> = self.runs.iter().map(medians_of).collect();
+        let m = |f: fn(&Medians) -> f64| {
+            median(&runs.iter().map(f).collect::<Vec<_>>()).unwrap_or(f64::NAN)
         };
         Medians {
-            iops: m(&|r| r.iops()),
-            mb_s: m(&|r| r.mb_s()),
-            mean_us: m(&|r| r.mean_us()),
-            p50_us: m(&|r| r.percentile_us(50.0)),
-            p99_us: m(&|r| r.percentile_us(99.0)),
-            cpu_us: m(&|r| r.cpu_per_request_us().unwrap_or(f64::NAN)),
+            iops: m(|r| r.iops),
+            mb_s: m(|r| r.mb_s),
+            mean_us: m(|r| r.mean_us),
+            p50_us: m(|r| r.p50_us),
+            p99_us: m(|r| r.p99_us),
+            cpu_us: m(|r| r.cpu_us),
         }
     }
 }
@@ -182,18 +184,28 @@ fn cpu_name(cpu: Option<usize>) -> String {
     cpu.map_or("any".into(), |c| c.to_string())
 }
 
-fn header() {
-    println!(
+/// The columns of a run's row (the summary adds the ratios after them).
+fn header_text() -> String {
+    format!(
         "  {:>5}  {:<12} {:>10} {:>9} {:>9} {:>9} {:>9} {:>11}",
         "disks", "daemon", "IOPS", "MB/s", "mean µs", "p50 µs", "p99 µs", "CPU/req µs"
-    );
+    )
+}
+
+fn header() {
+    println!("{}", header_text());
+}
+
+/// A row of figures.
+fn row_text(disks: usize, label: &str, m: &Medians) -> String {
+    format!(
+        "  {:>5}  {:<12} {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>11.2}",
+        disks, label, m.iops, m.mb_s, m.mean_us, m.p50_us, m.p99_us, m.cpu_us
+    )
 }
 
 fn row(disks: usize, label: &str, m: &Medians) {
-    println!(
-        "  {:>5}  {:<12} {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>11.2}",
-        disks, label, m.iops, m.mb_s, m.mean_us, m.p50_us, m.p99_us, m.cpu_us
-    );
+    println!("{}", row_text(disks, label, m));
 }
 
 /// `a / b`, printed as a ratio (`-` when either is missing).
@@ -216,15 +228,8 @@ fn summary(spec: &CompareSpec, cells: &[Cell]) {
     let scaling = spec.disks.len() > 1;
     let base_disks = spec.disks.iter().copied().min().unwrap_or(1);
     print!(
-        "  {:>5}  {:<12} {:>10} {:>9} {:>9} {:>9} {:>9} {:>11} | {:>9} {:>9} {:>9}",
-        "disks",
-        "daemon",
-        "IOPS",
-        "MB/s",
-        "mean µs",
-        "p50 µs",
-        "p99 µs",
-        "CPU/req µs",
+        "{} | {:>9} {:>9} {:>9}",
+        header_text(),
         "lat/qemu",
         "IOPS/qemu",
         "CPU/qemu"
@@ -252,18 +257,8 @@ fn summary(spec: &CompareSpec, cells: &[Cell]) {
             _ => ("".into(), "".into(), "".into()),
         };
         print!(
-            "  {:>5}  {:<12} {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>11.2} | {:>9} {:>9} {:>9}",
-            cell.disks,
-            cell.kind.label(),
-            m.iops,
-            m.mb_s,
-            m.mean_us,
-            m.p50_us,
-            m.p99_us,
-            m.cpu_us,
-            lat_r,
-            iops_r,
-            cpu_r
+            "{} | {lat_r:>9} {iops_r:>9} {cpu_r:>9}",
+            row_text(cell.disks, &cell.kind.label(), &m)
         );
         if scaling {
             let base = cells

@@ -23,7 +23,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
-use std::time::Duration;
 
 use aio_vhost_user_blk::testing::{self, Launch};
 use nix::sys::signal::{kill, Signal};
@@ -33,9 +32,6 @@ use crate::error::BenchError;
 use crate::targets::cleanup::{self, OnSignal};
 use aio::EngineKind;
 use aio::MonitorKind;
-
-/// The longest wait for a daemon's sockets to appear.
-pub const SOCKET_WAIT: Duration = Duration::from_secs(10);
 
 /// qemu-storage-daemon's program name.
 pub const QSD: &str = "qemu-storage-daemon";
@@ -224,8 +220,7 @@ impl Daemon {
         let mut launch = Launch::new(program)
             .args(args)
             .log_to(dir.join(format!("{}.log", label.replace('/', "-"))))
-            .pin_to(spec.cpu)
-            .socket_wait(SOCKET_WAIT);
+            .pin_to(spec.cpu);
         for i in 0..spec.disks {
             launch = launch.socket(spec.socket(dir, i));
         }
@@ -285,7 +280,7 @@ mod tests {
             image: "/dev/shm/x.img".into(),
             block_device: false,
             engine: EngineKind::LinuxAio,
-            poll_max_ns: aio_core::PollMaxNs::Fixed(32768),
+            poll_max_ns: aio_core::PollMaxNs::Fixed(aio_core::DEFAULT_POLL_MAX_NS),
             queues: 2,
             disks: 2,
             cpu: Some(0),

@@ -145,7 +145,7 @@ impl JobDef {
             fdmon: Choice::Auto,
             disks: 1,
             iothreads: 1,
-            poll_max_ns: PollMaxNs::Fixed(32_768),
+            poll_max_ns: PollMaxNs::Fixed(aio_core::DEFAULT_POLL_MAX_NS),
             poll_rule: PollRule::default(),
             uring_task_run: URING_TASK_RUN_MODES[0],
             batch_submit: None,

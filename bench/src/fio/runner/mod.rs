@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use aio_core::engine::IoFile;
 
 use crate::fio::job::{run_job_in, JobResult, JobSpec};
-use crate::fio::jobfile::{JobDef, JobFile};
+use crate::fio::jobfile::JobDef;
 use crate::targets::image::DiskImage;
 use aio::{Choice, EngineKind, EngineOptions, MonitorKind};
 
@@ -448,22 +448,6 @@ pub fn run_one(def: &JobDef) -> Result<JobReport, RunError> {
         file: targets[0].path.clone(),
         result: merged.expect("numjobs >= 1"),
     })
-}
-
-/// Runs every job of `file` in order (fio's default: jobs in one file run in parallel unless
-/// `stonewall`; here they run one after another so that each measures the machine alone),
-/// calling `started` before each.
-pub fn run_file(
-    file: &JobFile,
-    mut started: impl FnMut(&JobDef),
-) -> Result<Vec<JobReport>, RunError> {
-    file.jobs
-        .iter()
-        .map(|def| {
-            started(def);
-            run_one(def)
-        })
-        .collect()
 }
 
 #[cfg(test)]
