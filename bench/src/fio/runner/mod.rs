@@ -1,13 +1,13 @@
 //! Running fio job files (`aio-bench run`) through aio-rs engines.
 //!
-//! This module owns what happens between a parsed [`JobFile`] and its report: the target file
-//! of each job (an existing file or device used as it is, or an image created for the run and
-//! removed afterwards), the choice of backends (`auto` resolved by the probe order), the
-//! `numjobs` clones (each its own thread, loop and engine, reported together like fio's
-//! `group_reporting`) and the `iothreads=` shares of each clone (each its own thread, loop and
-//! engine, in its own region of the file, reported together too). A trim job's engine is
-//! paired with the thread pool for the discards it cannot run
-//! ([`EngineKind::build`]). Its reports are formatted by [`super::output`].
+//! This module owns what happens between a parsed [`JobFile`](crate::fio::jobfile::JobFile) and its
+//! report: the target file of each job (an existing file or device used as it is, or an image
+//! created for the run and removed afterwards), the choice of backends (`auto` resolved by the
+//! probe order), the `numjobs` clones (each its own thread, loop and engine, reported together like
+//! fio's `group_reporting`) and the `iothreads=` shares of each clone (each its own thread, loop
+//! and engine, in its own region of the file, reported together too). A trim job's engine is paired
+//! with the thread pool for the discards it cannot run ([`EngineKind::build`]). Its reports are
+//! formatted by [`super::output`].
 
 use std::fs::OpenOptions;
 use std::io::{self, Seek, SeekFrom};
