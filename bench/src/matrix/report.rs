@@ -238,6 +238,7 @@ pub fn to_svg(spec: &MatrixSpec, cells: &[Cell]) -> Result<String, String> {
 /// The JSON report (`{"machine": {...}, "cells": [...], "scaling": [...]}`: the cells with the
 /// issue's field names, and with `--iothreads 1,K` each K cell against its one-iothread cell).
 pub fn to_json(spec: &MatrixSpec, cells: &[Cell]) -> serde_json::Value {
+    let scaling = super::scaling(spec, cells);
     let report = Report {
         machine: Machine {
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -246,7 +247,14 @@ pub fn to_json(spec: &MatrixSpec, cells: &[Cell]) -> serde_json::Value {
                 .unwrap_or_default(),
         },
         cells: cells.iter().map(|c| CellRecord::new(spec, c)).collect(),
-        scaling: super::scaling(spec, cells),
+        scaling: scaling
+            .iter()
+            .map(|row| ScalingRecord {
+                row,
+                of_ceiling: row.of_ceiling(),
+                of_ceiling_all_threads: row.of_ceiling_all_threads(),
+            })
+            .collect(),
     };
     serde_json::to_value(report).expect("the report serializes")
 }
@@ -256,7 +264,16 @@ pub fn to_json(spec: &MatrixSpec, cells: &[Cell]) -> serde_json::Value {
 struct Report<'a> {
     machine: Machine,
     cells: Vec<CellRecord<'a>>,
-    scaling: Vec<super::Scaling>,
+    scaling: Vec<ScalingRecord<'a>>,
+}
+
+/// A scaling row with its two quotients over the ceilings.
+#[derive(Serialize)]
+struct ScalingRecord<'a> {
+    #[serde(flatten)]
+    row: &'a super::Scaling,
+    of_ceiling: f64,
+    of_ceiling_all_threads: f64,
 }
 
 /// Where the matrix ran.

@@ -23,7 +23,8 @@ use std::fmt::Write as _;
 use super::{Cell, MatrixSpec};
 
 /// A cell at K iothreads against the same cell at one (in the JSON report under these names,
-/// but `cell` for the label and `one_iothread_busy` for the iothread's busy share).
+/// but `cell` for the label and `one_iothread_busy` for the iothread's busy share, with the
+/// two `of_ceiling` quotients beside them).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Scaling {
     /// The cell at K iothreads.
@@ -44,12 +45,20 @@ pub struct Scaling {
     pub ceiling: f64,
     /// The CPUs every thread of the process used at one iothread (its CPU time over the run).
     pub one_cpus: f64,
-    /// The speedup over the ceiling (1: all the CPUs allow).
-    pub of_ceiling: f64,
     /// `min(K, C / one_cpus)`: the ceiling with every thread's CPU counted.
     pub ceiling_all_threads: f64,
+}
+
+impl Scaling {
+    /// The speedup over the ceiling (1: all the CPUs allow).
+    pub fn of_ceiling(&self) -> f64 {
+        self.speedup / self.ceiling
+    }
+
     /// The speedup over the all-threads ceiling.
-    pub of_ceiling_all_threads: f64,
+    pub fn of_ceiling_all_threads(&self) -> f64 {
+        self.speedup / self.ceiling_all_threads
+    }
 }
 
 /// `min(k, cpus / (1 + guest_over_iothread))`: how many times one iothread's rate K iothreads
@@ -106,9 +115,6 @@ pub fn scaling(spec: &MatrixSpec, cells: &[Cell]) -> Vec<Scaling> {
             .collect();
         let low = ratios.iter().copied().fold(f64::INFINITY, f64::min);
         let high = ratios.iter().copied().fold(0.0, f64::max);
-        let speedup = c.mb_s() / one.mb_s();
-        let ceiling = ceiling(c.iothreads, cpus, g / i);
-        let ceiling_all_threads = bound(c.iothreads, cpus, one_cpus);
         rows.push(Scaling {
             label: format!(
                 "{} {} disks={} {}",
@@ -118,7 +124,7 @@ pub fn scaling(spec: &MatrixSpec, cells: &[Cell]) -> Vec<Scaling> {
                 c.workload.name()
             ),
             iothreads: c.iothreads,
-            speedup,
+            speedup: c.mb_s() / one.mb_s(),
             round_speedups: if ratios.is_empty() {
                 (0.0, 0.0)
             } else {
@@ -126,11 +132,9 @@ pub fn scaling(spec: &MatrixSpec, cells: &[Cell]) -> Vec<Scaling> {
             },
             guest_over_iothread: g / i,
             iothread_busy: i / span,
-            ceiling,
-            of_ceiling: speedup / ceiling,
+            ceiling: ceiling(c.iothreads, cpus, g / i),
             one_cpus,
-            ceiling_all_threads,
-            of_ceiling_all_threads: speedup / ceiling_all_threads,
+            ceiling_all_threads: bound(c.iothreads, cpus, one_cpus),
         });
     }
     rows
@@ -176,10 +180,10 @@ pub fn scaling_table(spec: &MatrixSpec, rows: &[Scaling]) -> String {
             r.guest_over_iothread,
             100.0 * r.iothread_busy,
             r.ceiling,
-            r.of_ceiling,
+            r.of_ceiling(),
             r.one_cpus,
             r.ceiling_all_threads,
-            r.of_ceiling_all_threads
+            r.of_ceiling_all_threads()
         );
     }
     out

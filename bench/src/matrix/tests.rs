@@ -304,7 +304,7 @@ fn queues_and_iothread_lists_run_verified_and_are_reported() {
     assert!(c1.process_cpu_s > 0.0, "{c1:?}");
     assert!(r.ceiling_all_threads > 0.0 && r.ceiling_all_threads <= 3.0);
     assert_eq!(json["scaling"][0]["iothreads"], 3);
-    assert_eq!(json["scaling"][0]["of_ceiling"], r.of_ceiling);
+    assert_eq!(json["scaling"][0]["of_ceiling"], r.of_ceiling());
     let text = scaling_table(&spec, &rows);
     assert!(
         text.contains("of ceiling") && text.contains(&r.label),

@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use aio_vhost_user_blk::testing::blkio::{Blkioq, Completion, ReqFlags};
+use aio_vhost_user_blk::testing::ClientError;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use crate::error::BenchError;
@@ -105,7 +106,10 @@ impl Target for QueueTarget<'_> {
         let n = self
             .queue
             .do_io(&mut self.completions, 0, None, None)
-            .map_err(|e| BenchError::failed(format!("libblkio: do_io: {e} ({})", e.errno())))?;
+            .map_err(|source| ClientError::Blkio {
+                what: "libblkio: do_io".into(),
+                source,
+            })?;
         for c in &self.completions[..n] {
             // SAFETY: do_io initialised the first `n` entries; `Completion` is plain data
             // (its error message pointer is only read by Display, never here).
