@@ -25,6 +25,17 @@
 #   aio.queues=N        expected number of blk-mq hardware queues of vda (optional)
 #   aio.readonly=1      read-only disk: checks that writes fail instead of the write checks
 #   aio.fio_size=SIZE   size of the fio verify job (default 16M)
+#   aio.mode=restart    instead of the write checks: the restart workload (the host kills and
+#                       restarts the daemon meanwhile): fio randwrite + crc32c verify, 4k, 2 jobs
+#                       (one per queue) each aio.iodepth deep (default 32) over its own
+#                       aio.fio_size region, aio.loops times (default 4); the check fails if fio
+#                       does not end within aio.fio_timeout seconds (default 300), and then the
+#                       guest prints its pending requests (sysfs inflight, blk-mq debugfs)
+#   aio.idle=S          restart mode: first S seconds without I/O (GUEST-IDLE-START), then fio
+# Restart mode's output lines (besides the checks fio-restart and no-io-errors):
+#   GUEST-IDLE-START                         (the idle seconds begin)
+#   GUEST-FIO-START                          (fio started: the host may begin its kills)
+#   GUEST-INFO max_completion_gap_ms=N completions=M   (from fio's per-request log)
 # Output lines:
 #   GUEST-START <kernel release>
 #   GUEST-INFO key=value ...                 (what the device advertises; not a check)
@@ -382,6 +393,7 @@ done
 echo 3 >/proc/sys/kernel/printk
 
 want_size="" want_serial="" want_queues="" readonly=0 fio_size=16M
+mode=checks iodepth=32 loops=4 fio_timeout=300 idle=0
 for arg in $(cat /proc/cmdline); do
     case "$arg" in
     aio.size=*) want_size="${arg#*=}" ;;
@@ -389,6 +401,11 @@ for arg in $(cat /proc/cmdline); do
     aio.queues=*) want_queues="${arg#*=}" ;;
     aio.readonly=*) readonly="${arg#*=}" ;;
     aio.fio_size=*) fio_size="${arg#*=}" ;;
+    aio.mode=*) mode="${arg#*=}" ;;
+    aio.iodepth=*) iodepth="${arg#*=}" ;;
+    aio.loops=*) loops="${arg#*=}" ;;
+    aio.fio_timeout=*) fio_timeout="${arg#*=}" ;;
+    aio.idle=*) idle="${arg#*=}" ;;
     esac
 done
 
@@ -444,6 +461,64 @@ if [ "$readonly" = 1 ]; then
         check write-refused FAIL "a direct write to /dev/vda succeeded"
     else
         check write-refused PASS "the write failed"
+    fi
+    finish
+fi
+
+# pending: prints what the disk still has in flight (the guest's side of a hang).
+pending() {
+    echo "GUEST-LOG vda inflight (reads writes): $(cat /sys/block/vda/inflight)"
+    mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
+    for h in /sys/kernel/debug/block/vda/hctx*; do
+        [ -d "$h" ] || continue
+        echo "GUEST-LOG $(basename "$h") busy: $(tr '\n' ' ' <"$h/busy" 2>/dev/null)"
+        echo "GUEST-LOG $(basename "$h") dispatch: $(tr '\n' ' ' <"$h/dispatch" 2>/dev/null)"
+        echo "GUEST-LOG $(basename "$h") tags: $(grep -E 'nr_tags|busy' "$h/tags" 2>/dev/null | tr '\n' ' ')"
+    done
+    dmesg | grep -iE 'virtio|vda|blk' | tail -n 20 | sed 's/^/GUEST-LOG dmesg: /'
+}
+
+if [ "$mode" = restart ]; then
+    if [ "$idle" -gt 0 ]; then
+        echo "GUEST-IDLE-START"
+        sleep "$idle"
+    fi
+    # Per-request completion times (ms since the job's start) for the longest gap.
+    "$FIO" --name=restart --filename=/dev/vda --rw=randwrite --bs=4k --size="$fio_size" \
+        --numjobs=2 --offset_increment="$fio_size" --cpus_allowed=0-1 --cpus_allowed_policy=split \
+        --direct=1 --ioengine=libaio --iodepth="$iodepth" --loops="$loops" --verify=crc32c \
+        --do_verify=1 --verify_fatal=1 --thread --group_reporting --output-format=terse \
+        --write_lat_log=/tmp/restart --log_avg_msec=0 >/tmp/out 2>&1 &
+    fio_pid=$!
+    echo "GUEST-FIO-START"
+    waited=0
+    while kill -0 "$fio_pid" 2>/dev/null && [ "$waited" -lt "$fio_timeout" ]; do
+        sleep 1
+        waited=$((waited + 1))
+    done
+    if kill -0 "$fio_pid" 2>/dev/null; then
+        check fio-restart FAIL "fio still running after ${fio_timeout} s"
+        pending
+        log /tmp/out
+        # Time for the host to look at the device's side (QEMU's monitor) before power-off.
+        sleep 15
+    elif wait "$fio_pid"; then
+        check fio-restart PASS "exit=0 after ${waited} s"
+    else
+        rc=$?
+        check fio-restart FAIL "exit=$rc"
+        log /tmp/out
+    fi
+    # Every completion of both jobs (writes and verifying reads), in time order: the longest
+    # time without one is the restart's downtime as the guest saw it.
+    cat /tmp/restart_lat.*.log 2>/dev/null | cut -d, -f1 | sort -n |
+        awk 'NR > 1 && $1 - prev > gap { gap = $1 - prev } { prev = $1; n++ }
+            END { printf "GUEST-INFO max_completion_gap_ms=%d completions=%d\n", gap, n }'
+    if dmesg | grep -iE 'I/O error|blk_update_request|critical (medium|target)' >/tmp/out; then
+        check no-io-errors FAIL "the kernel log has I/O errors"
+        log /tmp/out
+    else
+        check no-io-errors PASS "none in the kernel log"
     fi
     finish
 fi

@@ -9,6 +9,8 @@
 //! * [`vhost::BlkBackend`]: the vhost-user-blk device state of one connection (features,
 //!   memory table, vrings), driven by the `vhost` crate's request handler.
 //! * [`memory::MemoryTable`]: the frontend's memory regions, mapped.
+//! * [`inflight`]: vhost-user's in-flight I/O tracking: the shared region that tells a daemon
+//!   restarted under a running guest which requests to run again, validated before use.
 //! * [`daemon::run`]: a [`daemon::Config`]'s disks served until a [`daemon::StopHandle`]
 //!   says stop; no signal handler, no command line.
 //! * [`cli`] (feature `cli`, on by default): the `aio-vhost-user-blk` command line and its
@@ -37,6 +39,7 @@
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod daemon;
+pub mod inflight;
 pub mod memory;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -13,9 +13,17 @@
 //! * A new memory table reaches running queues; requests in flight keep the old mappings.
 //! * [`BlkBackend::disconnect`] stops every vring (requests complete first) and only then
 //!   drops the memory table.
+//! * With `VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD` the requests in flight are tracked in the
+//!   region the frontend keeps ([`crate::inflight`]): a vring starting on a region a previous
+//!   backend used resumes from it (next used = the used ring's index, next avail = that plus
+//!   the heads still in flight, which run again first), not from the frontend's vring base,
+//!   which after a crash is QEMU's rewind to the used index. A region that contradicts the
+//!   ring refuses the vring with an error naming why.
 
 use std::fs::File;
 use std::sync::Arc;
+
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use aio_core::engine::IoEngine;
 use aio_core::{EventLoop, IoThreadHandle};
@@ -30,9 +38,11 @@ use vhost::vhost_user::{Error as VuError, GpuBackend, Result as VuResult};
 use vhost::VhostUserMemoryRegionBase;
 use virtio_queue::{Queue, QueueT};
 
+use crate::inflight::{InflightError, InflightRegion, RingState};
 use crate::memory::{MemoryTable, MAX_REGIONS};
 use aio_virtio_blk::dataplane::{iothread_of, DataPlane, QueueSetup};
 use aio_virtio_blk::device::{BlockDevice, MAX_QUEUE_SIZE};
+use aio_virtio_blk::inflight::Inflight;
 use aio_virtio_blk::spec::{bit, feature};
 
 /// The iothreads the disks' queues are spread over ([`iothread_of`]).
@@ -72,6 +82,8 @@ pub struct BlkBackend<L: EventLoop + 'static, E: IoEngine + 'static> {
     protocol_features: u64,
     memory: MemoryTable,
     vrings: Vec<Vring>,
+    /// The in-flight region the frontend handed over (`SET_INFLIGHT_FD`), if any.
+    inflight: Option<Arc<InflightRegion>>,
 }
 
 fn handler_error(message: impl Into<String>) -> VuError {
@@ -91,6 +103,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> BlkBackend<L, E> {
             protocol_features: 0,
             memory: MemoryTable::default(),
             vrings: (0..queues).map(|_| Vring::default()).collect(),
+            inflight: None,
         }
     }
 
@@ -168,13 +181,26 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> BlkBackend<L, E> {
         let (Ok(kick), Ok(call)) = (kick, call) else {
             return Err(handler_error("duplicating the vring's fds"));
         };
-        let setup = QueueSetup {
-            device: self.device.clone(),
-            queue,
-            memory,
-            kick,
-            call,
+        let (size, base) = (v.size, v.base);
+        let inflight = match &self.inflight {
+            Some(region) => {
+                let recovered = self
+                    .recover(region, index, &memory, (desc, avail, used), size, base)
+                    .map_err(|e| {
+                        let message = format!("disk {} queue {index}: {e}", self.disk);
+                        eprintln!("aio-vhost-user-blk: {message}; the queue is not started");
+                        handler_error(message)
+                    })?;
+                queue.set_next_avail(recovered.0);
+                queue.set_next_used(recovered.1);
+                Some(recovered.2)
+            }
+            None => None,
         };
+        let mut setup = QueueSetup::new(self.device.clone(), queue, memory, kick, call);
+        if let Some(inflight) = inflight {
+            setup = setup.with_inflight(inflight);
+        }
         let key = (self.disk, index as u16);
         self.iothread(index)
             .call(move |ctx, plane| plane.start(ctx, key, setup).map_err(|e| e.to_string()))
@@ -182,6 +208,55 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> BlkBackend<L, E> {
             .map_err(handler_error)?;
         self.vrings[index].running = true;
         Ok(())
+    }
+
+    /// Recovers vring `index` from its slice of `region` against the ring at `addrs` (desc,
+    /// avail, used) in `memory`: its next avail and next used index and its log, with the
+    /// heads to resubmit.
+    fn recover(
+        &self,
+        region: &Arc<InflightRegion>,
+        index: usize,
+        memory: &GuestMemoryMmap,
+        (_desc, avail, used): (u64, u64, u64),
+        size: u16,
+        base: u16,
+    ) -> Result<(u16, u16, Inflight), InflightError> {
+        let read_u16 = |at: u64| memory.read_obj::<u16>(GuestAddress(at)).map(u16::from_le);
+        let (Ok(avail_idx), Ok(used_idx)) = (read_u16(avail + 2), read_u16(used + 2)) else {
+            return Err(InflightError::RingUnreadable {
+                queue: index as u16,
+            });
+        };
+        let ring = RingState {
+            size,
+            base,
+            avail_idx,
+            used_idx,
+        };
+        // The used ring's element `i`: { id: u32, len: u32 } at used + 4 + 8 * (i % size).
+        let used_head = |i: u16| {
+            let at = used + 4 + 8 * u64::from(i % size);
+            let id = memory.read_obj::<u32>(GuestAddress(at)).ok()?;
+            u16::try_from(u32::from_le(id)).ok()
+        };
+        let got = region.queue(index as u16)?.recover(&ring, used_head)?;
+        if !got.resubmit.is_empty() || got.repaired > 0 || got.ignored > 0 {
+            eprintln!(
+                "aio-vhost-user-blk: disk {} queue {index}: resubmitting {} requests left in \
+                 flight (used index {used_idx}, avail index {avail_idx}; {} used elements \
+                 repaired, {} entries ignored)",
+                self.disk,
+                got.resubmit.len(),
+                got.repaired,
+                got.ignored
+            );
+        }
+        let inflight = Inflight {
+            log: Box::new(got.log),
+            resubmit: got.resubmit,
+        };
+        Ok((got.next_avail, got.next_used, inflight))
     }
 
     /// Hands a new memory table to the running queues.
@@ -223,6 +298,8 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> VhostUserBackendReqHandlerMu
     fn reset_device(&mut self) -> VuResult<()> {
         self.disconnect();
         self.vrings.iter_mut().for_each(|v| *v = Vring::default());
+        // The frontend asks for a new region after a reset.
+        self.inflight = None;
         Ok(())
     }
 
@@ -346,7 +423,8 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> VhostUserBackendReqHandlerMu
         Ok(VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::REPLY_ACK
-            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS)
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+            | VhostUserProtocolFeatures::INFLIGHT_SHMFD)
     }
 
     fn set_protocol_features(&mut self, features: u64) -> VuResult<()> {
@@ -406,12 +484,37 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> VhostUserBackendReqHandlerMu
         unsupported("no shared objects")
     }
 
-    fn get_inflight_fd(&mut self, _: &VhostUserInflight) -> VuResult<(VhostUserInflight, File)> {
-        unsupported("INFLIGHT_SHMFD is not offered")
+    fn get_inflight_fd(
+        &mut self,
+        asked: &VhostUserInflight,
+    ) -> VuResult<(VhostUserInflight, File)> {
+        let (queues, queue_size) = (asked.num_queues, asked.queue_size);
+        let (size, file) = InflightRegion::create(queues, queue_size).map_err(|e| {
+            eprintln!("aio-vhost-user-blk: disk {}: {e}", self.disk);
+            VuError::ReqHandlerError(e.into())
+        })?;
+        Ok((VhostUserInflight::new(size, 0, queues, queue_size), file))
     }
 
-    fn set_inflight_fd(&mut self, _: &VhostUserInflight, _file: File) -> VuResult<()> {
-        unsupported("INFLIGHT_SHMFD is not offered")
+    fn set_inflight_fd(&mut self, given: &VhostUserInflight, file: File) -> VuResult<()> {
+        if given.mmap_size == 0 {
+            // The frontend tracks nothing.
+            self.inflight = None;
+            return Ok(());
+        }
+        let region = InflightRegion::map(
+            &file,
+            given.mmap_offset,
+            given.mmap_size,
+            given.num_queues,
+            given.queue_size,
+        )
+        .map_err(|e| {
+            eprintln!("aio-vhost-user-blk: disk {}: {e}", self.disk);
+            VuError::ReqHandlerError(e.into())
+        })?;
+        self.inflight = Some(Arc::new(region));
+        Ok(())
     }
 
     fn get_max_mem_slots(&mut self) -> VuResult<u64> {

@@ -200,3 +200,28 @@ fn several_disks_share_the_iothreads_and_queues_spread_over_them() {
     assert!(d.stop_with(nix::sys::signal::Signal::SIGINT).success());
     assert!(!sa.exists() && !sb.exists());
 }
+
+/// An upgrade: a second daemon binds the socket's path while the first still serves a client;
+/// SIGTERM lets the first finish (exit 0) without removing the path, which now reaches the
+/// second, with another engine, on the same image.
+#[test]
+fn a_successor_keeps_the_socket_when_the_old_daemon_stops() {
+    let (dir, img) = image(4 << 20);
+    let old = Daemon::one_disk(dir.path(), &img, "pool", ",serial=up");
+    let socket = old.socket().to_path_buf();
+    let mut client = connect(&socket, 1, 4096).unwrap();
+    client.fill_buf(0, 4096, 0x3c);
+    client.write(0, 8192, 0, 4096, 1);
+    assert_eq!(client.wait(0, 1)[0].1, 0);
+    let new = Daemon::one_disk(dir.path(), &img, "linux-aio", ",serial=up");
+    assert!(old.terminate().success());
+    drop(client);
+    assert!(socket.exists(), "the successor's socket is still there");
+    let mut client = connect(&socket, 1, 4096).unwrap();
+    client.read(0, 8192, 0, 4096, 2);
+    assert_eq!(client.wait(0, 1)[0].1, 0);
+    assert!(client.read_buf(0, 4096).iter().all(|&x| x == 0x3c));
+    drop(client);
+    assert!(new.terminate().success());
+    assert!(!socket.exists());
+}

@@ -248,7 +248,77 @@ where
     M::Target: vm_memory::GuestMemory,
 {
     let head = chain.head_index();
-    let descs: Vec<Descriptor> = chain.collect();
+    parse_descriptors(head, chain.collect(), mem, limits)
+}
+
+/// Walks the chain that starts at descriptor `head` of the table at `desc_table` (a ring of
+/// `queue_size` entries), with the ring crate's rules: at most `queue_size` descriptors (an
+/// indirect table: at most its own length), one level of indirection, a table whose length
+/// is a multiple of 16, at most 2^32 bytes in all. The walk stops where a rule is broken or a
+/// descriptor cannot be read, so the caller sees a chain that does not end.
+///
+/// This is how a device reaches a chain that is not in the avail ring any more: a request
+/// resubmitted from vhost-user's in-flight region after a restart.
+pub fn descriptors_at(
+    mem: &GuestMemoryMmap,
+    desc_table: GuestAddress,
+    queue_size: u16,
+    head: u16,
+) -> Vec<Descriptor> {
+    const DESC_BYTES: u32 = std::mem::size_of::<Descriptor>() as u32;
+    let (mut table, mut size, mut ttl, mut next) = (desc_table, queue_size, queue_size, head);
+    let (mut indirect, mut bytes) = (false, 0u32);
+    let mut descs = Vec::new();
+    while ttl > 0 && next < size {
+        let Some(at) = table.checked_add(u64::from(next) * u64::from(DESC_BYTES)) else {
+            break;
+        };
+        let Ok(desc) = mem.read_obj::<Descriptor>(at) else {
+            break;
+        };
+        if desc.refers_to_indirect_table() {
+            let entries = desc.len() / DESC_BYTES;
+            if indirect || desc.len() % DESC_BYTES != 0 || entries > u32::from(u16::MAX) {
+                break;
+            }
+            (table, size, ttl, next) = (desc.addr(), entries as u16, entries as u16, 0);
+            indirect = true;
+            continue;
+        }
+        let Some(total) = bytes.checked_add(desc.len()) else {
+            break;
+        };
+        bytes = total;
+        if desc.has_next() {
+            next = desc.next();
+            ttl -= 1;
+        } else {
+            ttl = 0;
+        }
+        descs.push(desc);
+    }
+    descs
+}
+
+/// [`parse_chain`] for the chain at `head` of the descriptor table (see [`descriptors_at`]).
+pub fn parse_head(
+    mem: &GuestMemoryMmap,
+    desc_table: GuestAddress,
+    queue_size: u16,
+    head: u16,
+    limits: &ChainLimits,
+) -> Result<BlkRequest, RefusedChain> {
+    let descs = descriptors_at(mem, desc_table, queue_size, head);
+    parse_descriptors(head, descs, mem, limits)
+}
+
+/// The checks of [`parse_chain`] on the descriptors of the chain at `head`, as walked.
+fn parse_descriptors(
+    head: u16,
+    descs: Vec<Descriptor>,
+    mem: &GuestMemoryMmap,
+    limits: &ChainLimits,
+) -> Result<BlkRequest, RefusedChain> {
     let refuse = |status, error| RefusedChain {
         head,
         status,

@@ -7,7 +7,7 @@ use virtio_bindings::bindings::virtio_ring::{
 };
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
-use virtio_queue::{Queue, QueueOwnedT};
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::*;
@@ -46,7 +46,8 @@ fn header(mem: &GuestMemoryMmap, request_type: u32, sector: u64) {
 }
 
 /// Parses the first chain of a queue of 16 whose table holds `descs` (their `next` fields as
-/// given, so loops can be built).
+/// given, so loops can be built). Also checks that walking the chain from its head (as a
+/// resubmitted request is reached) gives the ring crate's descriptors and the same answer.
 fn parse_raw(
     mem: &GuestMemoryMmap,
     descs: &[RawDescriptor],
@@ -55,8 +56,36 @@ fn parse_raw(
     let vq = MockSplitQueue::new(mem, 16);
     vq.add_desc_chains(descs, 0).unwrap();
     let mut q: Queue = vq.create_queue().unwrap();
+    let (table, size) = (GuestAddress(q.desc_table()), q.size());
     let chain = q.iter(mem).unwrap().next().expect("a chain");
-    parse_chain(chain, mem, limits)
+    let head = chain.head_index();
+    let popped: Vec<(u64, u32, u16, u16)> = chain.clone().map(fields).collect();
+    let walked: Vec<_> = descriptors_at(mem, table, size, head)
+        .into_iter()
+        .map(fields)
+        .collect();
+    assert_eq!(
+        walked, popped,
+        "the walk from head {head} differs from the ring's"
+    );
+    let parsed = parse_chain(chain, mem, limits);
+    assert_eq!(parse_head(mem, table, size, head, limits), parsed);
+    parsed
+}
+
+fn fields(d: Descriptor) -> (u64, u32, u16, u16) {
+    (d.addr().0, d.len(), d.flags(), d.next())
+}
+
+#[test]
+fn a_head_past_the_ring_walks_no_descriptor() {
+    let mem = memory();
+    let vq = MockSplitQueue::new(&mem, 16);
+    let q: Queue = vq.create_queue().unwrap();
+    let table = GuestAddress(q.desc_table());
+    assert!(descriptors_at(&mem, table, 16, 16).is_empty());
+    let refused = parse_head(&mem, table, 16, 40, &limits()).unwrap_err();
+    assert_eq!((refused.head, refused.error), (40, ChainError::Empty));
 }
 
 /// As `parse_raw`, with `next` fields linking the descriptors in order.

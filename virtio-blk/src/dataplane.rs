@@ -7,32 +7,15 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fs::File;
-use std::sync::Arc;
 
 use aio_core::engine::{AttachedEngine, IoEngine};
 use aio_core::{AioContext, EventLoop};
-use virtio_queue::Queue;
 
-use crate::device::BlockDevice;
+pub use crate::queue::QueueSetup;
 use crate::queue::{GuestMemory, QueueError, QueueStats, VirtioBlkQueue};
 
 /// Which queue: a disk's number in the daemon and the queue's index on it.
 pub type QueueKey = (u32, u16);
-
-/// Everything a queue needs to start on an iothread (`Send`: built on the control thread).
-#[derive(Debug)]
-pub struct QueueSetup {
-    /// The disk.
-    pub device: Arc<BlockDevice>,
-    /// The ring, set up and ready.
-    pub queue: Queue,
-    /// The guest memory table.
-    pub memory: GuestMemory,
-    /// The kick eventfd.
-    pub kick: File,
-    /// The call eventfd.
-    pub call: Option<File>,
-}
 
 /// One iothread's state: an engine (`E`) attached to its context, and the queues it serves.
 pub struct DataPlane<L: EventLoop + 'static, E: IoEngine + 'static> {
@@ -58,15 +41,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> DataPlane<L, E> {
         setup: QueueSetup,
     ) -> Result<(), QueueError> {
         self.stop(ctx, key);
-        let q = VirtioBlkQueue::start(
-            ctx,
-            self.engine.clone(),
-            setup.device,
-            setup.queue,
-            setup.memory,
-            setup.kick,
-            setup.call,
-        )?;
+        let q = VirtioBlkQueue::start_with(ctx, self.engine.clone(), setup)?;
         self.queues.borrow_mut().insert(key, q);
         Ok(())
     }

@@ -21,6 +21,9 @@
 //!   requests themselves run on the disk's backing store (`request.rs`: `IN`/`OUT` straight
 //!   into and out of guest memory, a bounce buffer when misaligned, `FLUSH`, `GET_ID`,
 //!   `DISCARD`, `WRITE_ZEROES`).
+//! * [`inflight::InflightLog`]: the contract of an in-flight log (each head marked before its
+//!   request is submitted, cleared once its used element is published) and the heads a queue
+//!   resubmits at its start, for a transport whose backend restarts under a running guest.
 //! * [`dataplane::DataPlane`]: what one iothread holds (its engine, its queues), and
 //!   [`dataplane::iothread_of`], the rule that spreads queues over iothreads.
 //! * [`driver::SplitRingDriver`]: the guest's side of a queue in this process (descriptors,
@@ -52,6 +55,7 @@ pub mod dataplane;
 pub mod device;
 pub mod driver;
 pub mod format;
+pub mod inflight;
 pub mod queue;
 mod request;
 pub mod spec;

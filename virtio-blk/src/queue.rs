@@ -24,6 +24,10 @@
 //!   calls a deferred call; it raises the call eventfd once at the end of the batch, and only
 //!   when the driver asked for it (`EVENT_IDX`'s used event, or no `NO_INTERRUPT` flag), as
 //!   QEMU defers `virtio_notify_irqfd()` with `defer_call()`.
+//! * **Requests in flight can be recorded.** With an [`InflightLog`] a queue marks each head
+//!   before its request is submitted and clears it after its used element is published, and
+//!   it starts by resubmitting the heads an earlier device left in flight (vhost-user's
+//!   in-flight I/O tracking, for a backend that restarts under a running guest).
 //! * **A bad chain is the driver's error, not ours.** It is answered `IOERR` (or `UNSUPP`) and
 //!   the queue goes on; a ring the device cannot read or write at all marks the queue broken
 //!   (QEMU's `virtio_error()`): it takes no more requests until it is set up again.
@@ -42,8 +46,9 @@ use aio_core::{AioContext, DeferredCall, EventLoop, FdHandler};
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use crate::chain::{parse_chain, BlkRequest, RefusedChain};
+use crate::chain::{parse_chain, parse_head, BlkRequest, RefusedChain};
 use crate::device::BlockDevice;
+use crate::inflight::{Inflight, InflightLog};
 use crate::request::{Completer, RawImage};
 
 /// The guest's memory as one request sees it: the mappings stay while any holder lives.
@@ -65,6 +70,53 @@ pub struct QueueStats {
     pub kicks: u64,
     /// Times busy polling found requests (no kick needed).
     pub poll_hits: u64,
+    /// Requests run again at the start, from the in-flight log of an earlier device.
+    pub resubmitted: u64,
+}
+
+/// Everything a queue needs to start ([`VirtioBlkQueue::start_with`]); `Send`, so a transport
+/// builds it on its control thread and hands it to the queue's iothread.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct QueueSetup {
+    /// The disk.
+    pub device: Arc<BlockDevice>,
+    /// The ring, set up and ready: size, addresses, event idx, next avail and next used index.
+    pub queue: Queue,
+    /// The guest memory table.
+    pub memory: GuestMemory,
+    /// The kick eventfd.
+    pub kick: File,
+    /// The call eventfd (none: the driver polls the used ring).
+    pub call: Option<File>,
+    /// The in-flight log and the heads to resubmit, if the transport keeps one.
+    pub inflight: Option<Inflight>,
+}
+
+impl QueueSetup {
+    /// A setup without an in-flight log.
+    pub fn new(
+        device: Arc<BlockDevice>,
+        queue: Queue,
+        memory: GuestMemory,
+        kick: File,
+        call: Option<File>,
+    ) -> Self {
+        QueueSetup {
+            device,
+            queue,
+            memory,
+            kick,
+            call,
+            inflight: None,
+        }
+    }
+
+    /// Records the queue's requests in `inflight.log` and resubmits `inflight.resubmit` first.
+    pub fn with_inflight(mut self, inflight: Inflight) -> Self {
+        self.inflight = Some(inflight);
+        self
+    }
 }
 
 /// Why a queue could not start.
@@ -98,6 +150,8 @@ struct Inner<L: EventLoop + 'static, E: IoEngine + 'static> {
     call: RefCell<Option<File>>,
     interrupt: RefCell<Option<DeferredCall>>,
     in_flight: Cell<usize>,
+    /// Where taken heads are recorded, if anywhere.
+    log: RefCell<Option<Box<dyn InflightLog>>>,
     /// Polling mode: the driver was told not to kick.
     polling: Cell<bool>,
     broken: Cell<bool>,
@@ -117,10 +171,33 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> VirtioBlkQueue<L, E> {
         kick: File,
         call: Option<File>,
     ) -> Result<Self, QueueError> {
+        let setup = QueueSetup::new(device, queue, mem, kick, call);
+        Self::start_with(ctx, engine, setup)
+    }
+
+    /// [`VirtioBlkQueue::start`] from a [`QueueSetup`]; with an in-flight log, the heads to
+    /// resubmit run before anything is taken from the avail ring.
+    pub fn start_with(
+        ctx: &AioContext<L>,
+        engine: AttachedEngine<L, E>,
+        setup: QueueSetup,
+    ) -> Result<Self, QueueError> {
+        let QueueSetup {
+            device,
+            queue,
+            memory: mem,
+            kick,
+            call,
+            inflight,
+        } = setup;
         if !queue.is_valid(&*mem) {
             return Err(QueueError::InvalidRings);
         }
         set_nonblocking(&kick)?;
+        let (log, resubmit) = match inflight {
+            Some(Inflight { log, resubmit }) => (Some(log), resubmit),
+            None => (None, Vec::new()),
+        };
         let inner = Rc::new(Inner {
             store: RawImage::new(device, engine),
             queue: RefCell::new(queue),
@@ -129,6 +206,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> VirtioBlkQueue<L, E> {
             call: RefCell::new(call),
             interrupt: RefCell::new(None),
             in_flight: Cell::new(0),
+            log: RefCell::new(log),
             polling: Cell::new(false),
             broken: Cell::new(false),
             stats: Cell::new(QueueStats::default()),
@@ -141,6 +219,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> VirtioBlkQueue<L, E> {
         }));
         let handler = kick_handler(&inner);
         ctx.set_fd_handler(inner.kick.as_fd(), handler)?;
+        inner.resubmit(ctx, &resubmit);
         // Requests queued before the kick fd was ours would wait for the next kick.
         inner.process(ctx);
         Ok(VirtioBlkQueue { inner })
@@ -308,6 +387,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
         match queue.iter(mem.clone()) {
             Ok(iter) => {
                 for chain in iter {
+                    self.log_taken(chain.head_index());
                     taken.push(parse_chain(chain, mem, &limits));
                 }
             }
@@ -318,6 +398,35 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
             }
         }
         taken
+    }
+
+    /// Runs the heads an earlier device left in flight, in the order given, as requests
+    /// taken now (the ring's next avail index already counts them).
+    fn resubmit(self: &Rc<Self>, ctx: &AioContext<L>, heads: &[u16]) {
+        if heads.is_empty() {
+            return;
+        }
+        let _section = ctx.defer_section();
+        self.store.plug();
+        let mem = self.mem.borrow().clone();
+        let (table, size) = {
+            let queue = self.queue.borrow();
+            (GuestAddress(queue.desc_table()), queue.size())
+        };
+        let limits = self.store.device().chain_limits();
+        for &head in heads {
+            self.log_taken(head);
+            self.bump(|s| s.resubmitted += 1);
+            let request = parse_head(&mem, table, size, head, &limits);
+            self.start_request(&mem, request);
+        }
+        self.store.unplug();
+    }
+
+    fn log_taken(&self, head: u16) {
+        if let Some(log) = self.log.borrow_mut().as_mut() {
+            log.taken(head);
+        }
     }
 
     fn mark_broken(&self) {
@@ -368,10 +477,20 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
 
     fn add_used(&self, mem: &GuestMemory, head: u16, len: u32) {
         self.in_flight.set(self.in_flight.get().saturating_sub(1));
-        if self.queue.borrow_mut().add_used(&**mem, head, len).is_err() {
+        let mut log = self.log.borrow_mut();
+        if let Some(log) = log.as_mut() {
+            log.completing(head);
+        }
+        let mut queue = self.queue.borrow_mut();
+        if queue.add_used(&**mem, head, len).is_err() {
+            drop(queue);
             self.mark_broken();
             return;
         }
+        if let Some(log) = log.as_mut() {
+            log.completed(head, queue.next_used());
+        }
+        drop((queue, log));
         if let Some(interrupt) = self.interrupt.borrow().as_ref() {
             interrupt.call();
         }

@@ -270,3 +270,150 @@ fn a_buffer_misaligned_for_o_direct_goes_through_a_bounce_buffer() {
     );
     q.stop(&ctx);
 }
+
+/// What a recording in-flight log saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Logged {
+    Taken(u16),
+    Completing(u16),
+    Completed(u16, u16),
+}
+
+#[derive(Clone, Default)]
+struct RecordingLog(Arc<std::sync::Mutex<Vec<Logged>>>);
+
+impl InflightLog for RecordingLog {
+    fn taken(&mut self, head: u16) {
+        self.0.lock().unwrap().push(Logged::Taken(head));
+    }
+    fn completing(&mut self, head: u16) {
+        self.0.lock().unwrap().push(Logged::Completing(head));
+    }
+    fn completed(&mut self, head: u16, used_idx: u16) {
+        self.0
+            .lock()
+            .unwrap()
+            .push(Logged::Completed(head, used_idx));
+    }
+}
+
+/// Serves `queue` (set up by the caller) with `log` and `resubmit`, until `want` used.
+fn serve_logged(
+    fx: &Fixture,
+    mem: &GuestMemory,
+    vq: &MockSplitQueue<GuestMemoryMmap>,
+    queue: Queue,
+    log: RecordingLog,
+    resubmit: Vec<u16>,
+    want: u16,
+) -> (AioContext<PollLoop>, TestQueue) {
+    let ctx = AioContext::new(PollLoop::new()).unwrap();
+    let engine = ctx
+        .attach_engine(ThreadPool::new(PoolConfig::default()).unwrap(), |_, _| {})
+        .unwrap();
+    let inflight = Inflight {
+        log: Box::new(log),
+        resubmit,
+    };
+    let setup = QueueSetup::new(fx.device.clone(), queue, mem.clone(), eventfd(), None)
+        .with_inflight(inflight);
+    let q = VirtioBlkQueue::start_with(&ctx, engine, setup).unwrap();
+    for _ in 0..1000 {
+        if used(mem, vq).1 == want {
+            break;
+        }
+        ctx.poll(true);
+    }
+    (ctx, q)
+}
+
+/// Reads of block 2 (chain at head 0) and block 3 (head 3) into two buffers.
+fn two_reads(mem: &GuestMemory, vq: &MockSplitQueue<GuestMemoryMmap>) {
+    mem.write_obj(spec::T_IN, GuestAddress(HDR)).unwrap();
+    mem.write_obj(16u64, GuestAddress(HDR + 8)).unwrap();
+    mem.write_obj(spec::T_IN, GuestAddress(HDR + 16)).unwrap();
+    mem.write_obj(24u64, GuestAddress(HDR + 24)).unwrap();
+    let descs = [
+        d(HDR, 16, N, 1),
+        d(DATA, 4096, W | N, 2),
+        d(STATUS, 1, W, 0),
+        d(HDR + 16, 16, N, 4),
+        d(DATA + 4096, 4096, W | N, 5),
+        d(STATUS + 1, 1, W, 0),
+    ];
+    vq.add_desc_chains(&descs, 0).unwrap();
+}
+
+fn block_read_into(mem: &GuestMemory, at: u64, block: u8) -> bool {
+    let mut buf = vec![0u8; 4096];
+    mem.read_slice(&mut buf, GuestAddress(at)).unwrap();
+    buf.iter().all(|&b| b == block ^ 0x5a)
+}
+
+#[test]
+fn a_logged_queue_marks_heads_before_submitting_and_clears_them_after_publishing() {
+    let fx = fixture();
+    let mem = Arc::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x20_0000)]).unwrap());
+    let vq = MockSplitQueue::new(&*mem, 16);
+    two_reads(&mem, &vq);
+    let log = RecordingLog::default();
+    let queue = vq.create_queue().unwrap();
+    let (ctx, q) = serve_logged(&fx, &mem, &vq, queue, log.clone(), Vec::new(), 2);
+    assert_eq!(used(&mem, &vq).1, 2);
+    let seen = log.0.lock().unwrap().clone();
+    assert_eq!(&seen[..2], [Logged::Taken(0), Logged::Taken(3)]);
+    // Each completion: its head as the last batch, then cleared with the used index it made.
+    let done: Vec<_> = seen[2..].chunks(2).map(|c| c.to_vec()).collect();
+    assert_eq!(done.len(), 2);
+    for (i, pair) in done.iter().enumerate() {
+        let Logged::Completing(head) = pair[0] else {
+            panic!("{seen:?}")
+        };
+        assert_eq!(pair[1], Logged::Completed(head, i as u16 + 1), "{seen:?}");
+    }
+    q.stop(&ctx);
+}
+
+#[test]
+fn heads_left_in_flight_run_first_and_the_ring_goes_on_after_them() {
+    let fx = fixture();
+    let mem = Arc::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x20_0000)]).unwrap());
+    let vq = MockSplitQueue::new(&*mem, 16);
+    two_reads(&mem, &vq);
+    // An earlier device took both (next avail 2) and completed neither.
+    let mut queue: Queue = vq.create_queue().unwrap();
+    queue.set_next_avail(2);
+    let log = RecordingLog::default();
+    let (ctx, q) = serve_logged(&fx, &mem, &vq, queue, log.clone(), vec![3, 0], 2);
+    let (_, idx, mut entries) = used(&mem, &vq);
+    assert_eq!(idx, 2, "both resubmitted requests completed");
+    entries.sort_unstable();
+    assert_eq!(entries, [(0, 4097), (3, 4097)]);
+    assert!(block_read_into(&mem, DATA, 2) && block_read_into(&mem, DATA + 4096, 3));
+    let seen = log.0.lock().unwrap().clone();
+    assert_eq!(
+        &seen[..2],
+        [Logged::Taken(3), Logged::Taken(0)],
+        "in the order given"
+    );
+    assert_eq!((q.stats().resubmitted, q.stats().requests), (2, 2));
+    // A request the driver adds now is taken from avail index 2 on.
+    mem.write_obj(spec::T_IN, GuestAddress(HDR + 32)).unwrap();
+    mem.write_obj(40u64, GuestAddress(HDR + 40)).unwrap();
+    let third = [
+        d(HDR + 32, 16, N, 7),
+        d(DATA + 8192, 4096, W | N, 8),
+        d(STATUS + 2, 1, W, 0),
+    ];
+    vq.add_desc_chains(&third, 6).unwrap();
+    q.inner.process(&ctx);
+    for _ in 0..1000 {
+        if used(&mem, &vq).1 == 3 {
+            break;
+        }
+        ctx.poll(true);
+    }
+    assert_eq!(used(&mem, &vq).2[2], (6, 4097));
+    assert!(block_read_into(&mem, DATA + 8192, 5));
+    assert_eq!(q.stop(&ctx), 3);
+}

@@ -151,13 +151,13 @@ impl<'a> Rig<'a> {
                     continue;
                 }
                 if let Some((device, side)) = side.take() {
-                    let setup = QueueSetup {
+                    let setup = QueueSetup::new(
                         device,
-                        queue: side.queue,
-                        memory: side.memory,
-                        kick: side.kick,
-                        call: Some(side.call),
-                    };
+                        side.queue,
+                        side.memory,
+                        side.kick,
+                        Some(side.call),
+                    );
                     places.push(((disk as u32, q as u16), setup));
                 }
             }

@@ -36,6 +36,9 @@ pub struct DiskSocket<L: EventLoop + 'static, E: IoEngine + 'static> {
     disk: DiskIndex,
     path: PathBuf,
     listener: UnixListener,
+    /// The socket file's device and inode once bound: the path is removed at the end only
+    /// while it is still this socket (a successor may have bound it since, an upgrade).
+    bound: Option<(u64, u64)>,
     device: Arc<BlockDevice>,
     iothreads: IoThreads<L, E>,
     connection: RefCell<Option<Connection<L, E>>>,
@@ -56,6 +59,12 @@ fn listen_at(path: &Path) -> io::Result<UnixListener> {
         return Err(e);
     }
     Ok(listener)
+}
+
+/// The device and inode of the file at `path`, if any.
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 /// Whether a request handler's error ends the connection (the socket failed or the frontend
@@ -82,10 +91,12 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> DiskSocket<L, E> {
         iothreads: IoThreads<L, E>,
     ) -> io::Result<Rc<Self>> {
         let listener = listen_at(path)?;
+        let bound = file_id(path);
         let socket = Rc::new(DiskSocket {
             disk,
             path: path.to_path_buf(),
             listener,
+            bound,
             device,
             iothreads,
             connection: RefCell::new(None),
@@ -195,10 +206,13 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> DiskSocket<L, E> {
         drop(c);
     }
 
-    /// Ends the connection, stops listening and removes the socket file.
+    /// Stops listening, ends the connection (its requests complete first) and removes the
+    /// socket file, unless another daemon has bound the path since.
     pub fn close(&self, ctx: &AioContext<L>) {
-        self.disconnect(ctx);
         let _ = ctx.remove_fd_handler(self.listener.as_fd());
-        let _ = std::fs::remove_file(&self.path);
+        self.disconnect(ctx);
+        if self.bound.is_some() && file_id(&self.path) == self.bound {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use super::SOCKET_TIMEOUT;
+use super::harness::SOCKET_TIMEOUT;
 
 /// A child process that is killed and reaped when dropped, so a failing test leaves nothing
 /// running; its stdout and stderr go to a log file.

@@ -1,0 +1,514 @@
+//! The daemon killed and restarted under a running Linux guest (QEMU reconnecting with
+//! `reconnect-ms=500`), as an operator's crash or upgrade would: fio `randwrite` with crc32c
+//! verify on both queues keeps running, nothing is lost, nothing hangs.
+//!
+//! Each run boots the guest of `scripts/build-guest.sh` in its restart mode and stops the
+//! daemon at random moments (the seed is printed; `AIO_RESTART_SEED=N` repeats a run):
+//!
+//! * once right after QEMU starts, before the guest's driver has probed the disk;
+//! * once while the guest is idle (the disk set up, no request in flight);
+//! * at least three times while fio runs (SIGKILL: a crash, the requests in flight left in the
+//!   in-flight region; SIGTERM: an upgrade, the requests completed first), each time started
+//!   again on the same socket, with the same or another `--engine`.
+//!
+//! A run passes when fio exits 0 with its verify intact, the guest's kernel logs no I/O error,
+//! and no completion gap is longer than the longest downtime plus a margin (no hang). The
+//! guest's longest gap between two completions (from fio's per-request log) is its view of
+//! the downtime; every run prints it.
+//!
+//! The soak (ignored; at least 50 kills per engine, and the same kills against
+//! qemu-storage-daemon, reported beside ours):
+//! `cargo test --release -p aio-vhost-user-blk --test guest_restart -- --ignored --nocapture`.
+
+mod common;
+#[path = "guest/harness.rs"]
+#[allow(dead_code)]
+mod harness;
+#[path = "guest/reaped.rs"]
+mod reaped;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{mpsc, Mutex};
+use std::time::{Duration, Instant};
+
+use harness::{guest_image, run_guest, runnable, GuestRun, GuestSpec};
+use reaped::Reaped;
+
+/// The guest's disk: 256 MiB.
+const CAPACITY: u64 = 256 << 20;
+/// Request queues, and vCPUs.
+const QUEUES: u32 = 2;
+/// The checks a restart run must pass.
+const RESTART_CHECKS: &[&str] = &[
+    "vda",
+    "size",
+    "serial",
+    "queues",
+    "fio-restart",
+    "no-io-errors",
+];
+/// The serial of our daemon's disk.
+const SERIAL: &str = "aio-restart";
+/// The longest a completion gap may exceed the longest downtime by before the run counts as
+/// hung: far above any pause a slow machine makes, far below the guest's fio timeout.
+const GAP_MARGIN: Duration = Duration::from_secs(30);
+
+/// One guest at a time: each takes both CPUs under TCG.
+static GUESTS: Mutex<()> = Mutex::new(());
+
+/// How the daemon is stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// SIGKILL: a crash.
+    Kill,
+    /// SIGTERM: an upgrade (the daemon completes its requests, exits 0).
+    Term,
+}
+
+/// Which daemon serves the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Server {
+    /// aio-vhost-user-blk with the `--engine` given per start.
+    Ours,
+    /// qemu-storage-daemon's vhost-user-blk export, `aio=threads` or `aio=native`.
+    Qsd { native: bool },
+}
+
+/// One run's plan.
+struct Plan<'a> {
+    server: Server,
+    /// The engine of each start, in turn (ours only).
+    engines: &'a [&'a str],
+    stop: Stop,
+    /// Stops while fio runs.
+    fio_stops: usize,
+    /// fio's passes over each job's region (long enough for the stops).
+    loops: u32,
+}
+
+/// What one run did.
+struct Outcome {
+    /// Stops made (all kinds).
+    stops: usize,
+    /// Stops made while fio ran.
+    fio_stops: usize,
+    /// The longest time between a stop and the new daemon's socket.
+    longest_downtime: Duration,
+    /// The guest's longest gap between two completions, in ms.
+    max_gap_ms: Option<u64>,
+    /// Requests our restarted daemons ran again from the in-flight region (their logs).
+    resubmitted: u64,
+    /// The guest run.
+    run: GuestRun,
+}
+
+/// A small deterministic generator (xorshift64*), so a seed repeats a run's moments.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n.max(1)
+    }
+
+    fn millis(&mut self, from: u64, to: u64) -> Duration {
+        Duration::from_millis(from + self.below(to - from))
+    }
+}
+
+fn seed() -> u64 {
+    std::env::var("AIO_RESTART_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+            t.map_or(1, |d| d.as_nanos() as u64) | 1
+        })
+}
+
+/// Starts the server on `socket` (its stale socket file removed first) and waits for it.
+fn start(
+    server: Server,
+    engine: &str,
+    dir: &Path,
+    socket: &Path,
+    image: &Path,
+    n: usize,
+) -> Reaped {
+    let _ = std::fs::remove_file(socket);
+    let (name, cmd) = match server {
+        Server::Ours => {
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_aio-vhost-user-blk"));
+            cmd.arg("--disk")
+                .arg(format!(
+                    "socket={},image={},serial={SERIAL},queues={QUEUES}",
+                    socket.display(),
+                    image.display()
+                ))
+                .args(["--engine", engine]);
+            ("aio-vhost-user-blk", cmd)
+        }
+        Server::Qsd { native } => {
+            let aio = if native { ",aio=native" } else { "" };
+            let mut cmd = Command::new("qemu-storage-daemon");
+            cmd.arg("--blockdev")
+                .arg(format!(
+                    "driver=file,node-name=file0,filename={},cache.direct=on{aio}",
+                    image.display()
+                ))
+                .args(["--blockdev", "driver=raw,node-name=disk0,file=file0"])
+                .arg("--export")
+                .arg(format!(
+                    "type=vhost-user-blk,id=exp0,node-name=disk0,addr.type=unix,\
+                     addr.path={},writable=on,num-queues={QUEUES}",
+                    socket.display()
+                ));
+            ("qemu-storage-daemon", cmd)
+        }
+    };
+    let mut daemon = Reaped::spawn(name, cmd, dir.join(format!("daemon-{n}.log")));
+    daemon.wait_for_socket(socket);
+    daemon
+}
+
+/// Stops `daemon` as `stop` says; a SIGTERM must end it with status 0.
+fn stop_daemon(mut daemon: Reaped, stop: Stop) {
+    match stop {
+        Stop::Kill => drop(daemon),
+        Stop::Term => {
+            let status = daemon.terminate();
+            assert!(
+                status.is_some_and(|s| s.success()),
+                "{} after SIGTERM: {status:?}; its output:\n{}",
+                daemon.name,
+                daemon.output()
+            );
+        }
+    }
+}
+
+/// What the console tells the stopping thread.
+enum Moment {
+    Boot,
+    Idle,
+    Fio,
+    End,
+}
+
+/// Boots the guest against `plan.server` and stops and restarts the daemon as planned.
+fn restart_run(name: &str, plan: &Plan, seed: u64) -> Option<Outcome> {
+    let image = guest_image()?;
+    let _one = GUESTS.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let disk = dir.path().join("disk.img");
+    std::fs::File::create(&disk)
+        .and_then(|f| f.set_len(CAPACITY))
+        .expect("create the image");
+    let socket = dir.path().join("vhost-user-blk.sock");
+    let engine = |n: usize| plan.engines[n % plan.engines.len()];
+    let first = start(plan.server, engine(0), dir.path(), &socket, &disk, 0);
+    println!(
+        "{name}: seed {seed}, {:?} with {:?}",
+        plan.server, plan.stop
+    );
+
+    let (tx, rx) = mpsc::channel::<Moment>();
+    let stopper = {
+        let (dir, socket, disk) = (dir.path().to_path_buf(), socket.clone(), disk.clone());
+        let (server, stop, fio_stops) = (plan.server, plan.stop, plan.fio_stops);
+        let engines: Vec<String> = plan.engines.iter().map(|e| e.to_string()).collect();
+        std::thread::spawn(move || {
+            stopping(StopperArgs {
+                rx,
+                first,
+                server,
+                stop,
+                fio_stops,
+                engines,
+                dir,
+                socket,
+                disk,
+                seed,
+            })
+        })
+    };
+    let spec = GuestSpec {
+        socket: &socket,
+        capacity: CAPACITY,
+        serial: matches!(plan.server, Server::Ours).then_some(SERIAL),
+        queues: QUEUES,
+        checks: RESTART_CHECKS,
+        append: format!(
+            "aio.mode=restart aio.iodepth=32 aio.fio_size=24M aio.loops={} aio.idle=4 \
+             aio.fio_timeout=300",
+            plan.loops
+        ),
+        reconnect: true,
+    };
+    let mut booted = false;
+    let run = run_guest(image, &spec, name, &mut |line| {
+        let moment = if !booted {
+            booted = true;
+            Some(Moment::Boot)
+        } else if line.contains("GUEST-IDLE-START") {
+            Some(Moment::Idle)
+        } else if line.contains("GUEST-FIO-START") {
+            Some(Moment::Fio)
+        } else if line.contains("GUEST-CHECK fio-restart") {
+            Some(Moment::End)
+        } else {
+            None
+        };
+        if let Some(m) = moment {
+            let _ = tx.send(m);
+        }
+    });
+    drop(tx);
+    let (stops, fio_stops, longest_downtime) = stopper.join().expect("the stopping thread");
+    let max_gap_ms = run
+        .info("max_completion_gap_ms")
+        .and_then(|v| v.parse().ok());
+    let resubmitted = resubmitted_in_logs(dir.path());
+    println!(
+        "{name}: {stops} stops ({fio_stops} during fio), longest downtime {:.2} s, guest's \
+         longest completion gap {max_gap_ms:?} ms, {resubmitted} requests resubmitted, run \
+         {:.1} s",
+        longest_downtime.as_secs_f64(),
+        run.elapsed.as_secs_f64()
+    );
+    Some(Outcome {
+        stops,
+        fio_stops,
+        longest_downtime,
+        max_gap_ms,
+        resubmitted,
+        run,
+    })
+}
+
+/// The requests our daemons' logs in `dir` say they resubmitted (`resubmitting N requests`).
+fn resubmitted_in_logs(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut total = 0;
+    for entry in entries.flatten() {
+        let log = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        for line in log.lines() {
+            let mut words = line.split_whitespace();
+            if words.any(|w| w == "resubmitting") {
+                total += words
+                    .next()
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+    }
+    total
+}
+
+struct StopperArgs {
+    rx: mpsc::Receiver<Moment>,
+    first: Reaped,
+    server: Server,
+    stop: Stop,
+    fio_stops: usize,
+    engines: Vec<String>,
+    dir: PathBuf,
+    socket: PathBuf,
+    disk: PathBuf,
+    seed: u64,
+}
+
+/// The stopping thread: one stop at boot, one while idle, `fio_stops` while fio runs, each
+/// followed by a start after a short random downtime. Gives the stops made, those during fio,
+/// and the longest downtime.
+fn stopping(a: StopperArgs) -> (usize, usize, Duration) {
+    let mut rng = Rng(a.seed);
+    let mut daemon = Some(a.first);
+    let (mut stops, mut during_fio, mut longest) = (0, 0, Duration::ZERO);
+    let restart = |daemon: &mut Option<Reaped>, rng: &mut Rng, stops: &mut usize| {
+        let down = Instant::now();
+        stop_daemon(daemon.take().expect("running"), a.stop);
+        std::thread::sleep(rng.millis(100, 1000));
+        *stops += 1;
+        let engine = &a.engines[*stops % a.engines.len()];
+        *daemon = Some(start(a.server, engine, &a.dir, &a.socket, &a.disk, *stops));
+        down.elapsed()
+    };
+    while let Ok(moment) = a.rx.recv() {
+        match moment {
+            Moment::Boot | Moment::Idle => {
+                std::thread::sleep(rng.millis(0, 1500));
+                longest = longest.max(restart(&mut daemon, &mut rng, &mut stops));
+            }
+            Moment::Fio => {
+                for _ in 0..a.fio_stops {
+                    // Ended (fio done or failed) while waiting: no more stops.
+                    match a.rx.recv_timeout(rng.millis(500, 3000)) {
+                        Err(mpsc::RecvTimeoutError::Timeout) => {}
+                        _ => return (stops, during_fio, longest),
+                    }
+                    longest = longest.max(restart(&mut daemon, &mut rng, &mut stops));
+                    during_fio += 1;
+                }
+            }
+            Moment::End => break,
+        }
+    }
+    if let Some(d) = daemon {
+        // Our daemon ends as documented; QEMU's is only stopped.
+        if a.server == Server::Ours {
+            stop_daemon(d, Stop::Term);
+        }
+    }
+    (stops, during_fio, longest)
+}
+
+impl Outcome {
+    /// Asserts the run passed: every check, every stop made, no gap that is a hang.
+    fn assert_passed(&self, plan: &Plan) {
+        let spec_checks = GuestSpec {
+            socket: Path::new(""),
+            capacity: CAPACITY,
+            serial: Some(SERIAL),
+            queues: QUEUES,
+            checks: RESTART_CHECKS,
+            append: String::new(),
+            reconnect: true,
+        };
+        self.run.assert_passed(&spec_checks);
+        assert_eq!(
+            self.fio_stops, plan.fio_stops,
+            "fio ended before every stop was made ({} of {}): raise its loops",
+            self.fio_stops, plan.fio_stops
+        );
+        let gap = Duration::from_millis(self.max_gap_ms.expect("the guest reports its gap"));
+        assert!(
+            gap <= self.longest_downtime + GAP_MARGIN,
+            "the guest waited {gap:?} for a completion; the longest downtime was {:?}",
+            self.longest_downtime
+        );
+    }
+
+    /// Whether the guest's checks all passed (for the soak's report).
+    fn passed(&self) -> bool {
+        self.run.done
+            && !self.run.timed_out
+            && RESTART_CHECKS.iter().all(|name| {
+                self.run
+                    .checks
+                    .iter()
+                    .any(|c| c.name == *name && (c.passed || *name == "serial"))
+            })
+    }
+}
+
+/// SIGKILL at boot, while idle and three times during fio, restarted with the same engine:
+/// every engine the kernel offers.
+#[test]
+fn the_guest_survives_sigkill_of_the_daemon_with_every_engine() {
+    for engine in common::engines() {
+        let plan = Plan {
+            server: Server::Ours,
+            engines: &[engine],
+            stop: Stop::Kill,
+            fio_stops: 3,
+            loops: 4,
+        };
+        let name = format!("restart-kill-{engine}");
+        let Some(outcome) = restart_run(&name, &plan, seed()) else {
+            return;
+        };
+        outcome.assert_passed(&plan);
+    }
+}
+
+/// SIGTERM (an upgrade) at boot, while idle and three times during fio, each restart with the
+/// next engine.
+#[test]
+fn the_guest_survives_upgrades_to_another_engine() {
+    let engines = common::engines();
+    let plan = Plan {
+        server: Server::Ours,
+        engines: &engines,
+        stop: Stop::Term,
+        fio_stops: 3,
+        loops: 4,
+    };
+    let Some(outcome) = restart_run("restart-term", &plan, seed()) else {
+        return;
+    };
+    outcome.assert_passed(&plan);
+}
+
+/// The soak: runs of ten SIGKILLs during fio until `AIO_SOAK_KILLS` (50) per engine, then the
+/// same against qemu-storage-daemon (threads and native AIO), reported and not asserted.
+#[test]
+#[ignore = "soak: minutes per engine; run with --ignored"]
+fn soak_sigkill_per_engine_and_against_qemu_storage_daemon() {
+    let want: usize = std::env::var("AIO_SOAK_KILLS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(50);
+    let mut servers: Vec<(String, Server, &str)> = common::engines()
+        .into_iter()
+        .map(|e| (format!("aio-vhost-user-blk --engine {e}"), Server::Ours, e))
+        .collect();
+    if runnable("qemu-storage-daemon") {
+        for native in [false, true] {
+            let name = format!(
+                "qemu-storage-daemon aio={}",
+                ["threads", "native"][native as usize]
+            );
+            servers.push((name, Server::Qsd { native }, "-"));
+        }
+    }
+    let mut report = Vec::new();
+    for (label, server, engine) in servers {
+        let (mut made, mut survived, mut runs, mut failed, mut resubmitted) = (0, 0, 0, 0, 0);
+        let mut gaps = Vec::new();
+        while made < want {
+            let plan = Plan {
+                server,
+                engines: &[engine],
+                stop: Stop::Kill,
+                fio_stops: 10,
+                loops: 12,
+            };
+            let name = format!("soak-{}-{runs}", label.replace([' ', '='], "-"));
+            let Some(outcome) = restart_run(&name, &plan, seed()) else {
+                return;
+            };
+            runs += 1;
+            made += outcome.stops;
+            if outcome.passed() {
+                survived += outcome.stops;
+            } else {
+                failed += 1;
+                println!("{name} FAILED: console in {}", outcome.run.log.display());
+            }
+            gaps.extend(outcome.max_gap_ms);
+            resubmitted += outcome.resubmitted;
+        }
+        let max_gap = gaps.iter().max().copied().unwrap_or(0);
+        let line = format!(
+            "{label}: {survived}/{made} kills survived in {runs} runs ({failed} failed); \
+             longest completion gap {max_gap} ms; {resubmitted} requests resubmitted"
+        );
+        println!("{line}");
+        report.push((server, line, survived == made));
+    }
+    println!("\nsoak report:");
+    for (_, line, _) in &report {
+        println!("  {line}");
+    }
+    for (server, line, ok) in report {
+        if server == Server::Ours {
+            assert!(ok, "{line}");
+        }
+    }
+}
