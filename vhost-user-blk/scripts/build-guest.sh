@@ -15,7 +15,7 @@
 # are installed on the host (fio's binary and the shared libraries `ldd` lists are copied into
 # the guest).
 #
-# Idempotent: a second run with the same script and tools only checks them and exits. Delete
+# Idempotent: a second run with the same scripts and tools only checks them and exits. Delete
 # OUTDIR (or OUTDIR/stamp) to force a rebuild.
 #
 # The guest reads its expectations from the kernel command line and prints one line per check on
@@ -34,7 +34,10 @@
 #   aio.idle=S          restart mode: first S seconds without I/O (GUEST-IDLE-START), then fio
 # Restart mode's output lines (besides the checks fio-restart and no-io-errors):
 #   GUEST-IDLE-START                         (the idle seconds begin)
-#   GUEST-FIO-START                          (fio started: the host may begin its kills)
+#   GUEST-FIO-START uptime=S                 (fio started: the host may begin its kills)
+#   GUEST-HUNG                               (fio overran its deadline, pending requests
+#                                             printed: the host may restart the daemon; the
+#                                             guest waits 30 s more, GUEST-INFO after_restart=)
 #   GUEST-INFO max_completion_gap_ms=N completions=M   (from fio's per-request log)
 # Output lines:
 #   GUEST-START <kernel release>
@@ -49,6 +52,7 @@ set -euo pipefail
 
 me="build-guest"
 script_path="$(readlink -f "${BASH_SOURCE[0]}")"
+script_dir="$(dirname "$script_path")"
 
 die() {
     echo "$me: $*" >&2
@@ -156,7 +160,7 @@ ensure_host_tool ldd libc-bin
 ensure_host_tool depmod kmod
 
 # Fast path: the outputs exist and were built by this very script.
-stamp_want="$(sha256sum "$script_path" | cut -d' ' -f1)"
+stamp_want="$(cat "$script_path" "$script_dir/guest-init.sh" | sha256sum | cut -d' ' -f1)"
 if [ -s "$OUT/vmlinuz" ] && [ -s "$OUT/initramfs.cpio.gz" ] && [ -f "$OUT/stamp" ] &&
     [ "$(cat "$OUT/stamp")" = "$stamp_want" ]; then
     echo "$me: $OUT is up to date" >&2
@@ -337,249 +341,8 @@ done
 echo "$me: modules to load: ${order[*]:-(none)}" >&2
 
 # ---- the init ----
-cat >"$ROOT/init" <<'INIT'
-#!/bin/busybox sh
-# The guest's init: loads the modules, checks /dev/vda against the kernel command line,
-# prints GUEST-CHECK lines on the console and powers off.
-/bin/busybox --install -s /bin
-export PATH=/usr/sbin:/usr/bin:/bin
-# This busybox runs its own applets before anything on PATH (it has blockdev and blkdiscard
-# too), so the real tools are named by their full paths.
-FIO=/usr/bin/fio MKFS=/usr/sbin/mkfs.ext4 FSCK=/usr/sbin/fsck.ext4
-BLOCKDEV=/usr/sbin/blockdev BLKDISCARD=/usr/sbin/blkdiscard
-mount -t proc proc /proc
-mount -t sysfs sysfs /sys
-mount -t devtmpfs devtmpfs /dev 2>/dev/null
-mount -t tmpfs tmpfs /tmp
-kver="$(uname -r)"
-echo "GUEST-START $kver"
-
-passed=0
-failed=0
-# check NAME PASS|FAIL DETAIL...: prints one result line and counts it.
-check() {
-    name="$1" res="$2"
-    shift 2
-    echo "GUEST-CHECK $name $res $*"
-    if [ "$res" = PASS ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
-}
-# log FILE: prints a failed command's output, prefixed.
-log() {
-    sed 's/^/GUEST-LOG /' "$1" | tail -n 40
-}
-# run NAME CMD...: runs CMD, and the check NAME passes when it exits 0.
-run() {
-    name="$1"
-    shift
-    if "$@" >/tmp/out 2>&1; then
-        check "$name" PASS "exit=0"
-    else
-        rc=$?
-        check "$name" FAIL "exit=$rc: $*"
-        log /tmp/out
-    fi
-}
-finish() {
-    echo "GUEST-DONE passed=$passed failed=$failed"
-    sync
-    poweroff -f
-    sleep 5
-}
-
-for m in $(cat /etc/modules.order); do
-    insmod "/lib/modules/$kver/$m.ko" 2>/tmp/out || { echo "GUEST-LOG insmod $m failed"; log /tmp/out; }
-done
-# Only errors from here on, so kernel messages do not break our lines.
-echo 3 >/proc/sys/kernel/printk
-
-want_size="" want_serial="" want_queues="" readonly=0 fio_size=16M
-mode=checks iodepth=32 loops=4 fio_timeout=300 idle=0
-for arg in $(cat /proc/cmdline); do
-    case "$arg" in
-    aio.size=*) want_size="${arg#*=}" ;;
-    aio.serial=*) want_serial="${arg#*=}" ;;
-    aio.queues=*) want_queues="${arg#*=}" ;;
-    aio.readonly=*) readonly="${arg#*=}" ;;
-    aio.fio_size=*) fio_size="${arg#*=}" ;;
-    aio.mode=*) mode="${arg#*=}" ;;
-    aio.iodepth=*) iodepth="${arg#*=}" ;;
-    aio.loops=*) loops="${arg#*=}" ;;
-    aio.fio_timeout=*) fio_timeout="${arg#*=}" ;;
-    aio.idle=*) idle="${arg#*=}" ;;
-    esac
-done
-
-i=0
-while [ ! -b /dev/vda ] && [ $i -lt 300 ]; do
-    sleep 0.1
-    i=$((i + 1))
-done
-if [ ! -b /dev/vda ]; then
-    check vda FAIL "no /dev/vda after 30 s; block devices: $(ls /sys/block | tr '\n' ' ')"
-    finish
-fi
-check vda PASS "/dev/vda"
-
-q=/sys/block/vda/queue
-echo "GUEST-INFO ro=$(cat /sys/block/vda/ro) write_cache=$(cat $q/write_cache | tr ' ' '_')" \
-    "discard_max_bytes=$(cat $q/discard_max_bytes) write_zeroes_max_bytes=$(cat $q/write_zeroes_max_bytes)" \
-    "logical_block_size=$(cat $q/logical_block_size) physical_block_size=$(cat $q/physical_block_size)" \
-    "max_sectors_kb=$(cat $q/max_sectors_kb) hw_queues=$(ls /sys/block/vda/mq | wc -l)"
-
-size="$("$BLOCKDEV" --getsize64 /dev/vda 2>&1)"
-if [ -z "$want_size" ]; then
-    check size FAIL "got=$size want=(aio.size not given)"
-elif [ "$size" = "$want_size" ]; then
-    check size PASS "got=$size"
-else
-    check size FAIL "got=$size want=$want_size"
-fi
-
-serial="$(cat /sys/block/vda/serial 2>&1)"
-if [ "$serial" = "$want_serial" ]; then
-    check serial PASS "got=$serial"
-else
-    check serial FAIL "got='$serial' want='$want_serial'"
-fi
-
-if [ -n "$want_queues" ]; then
-    nq="$(ls /sys/block/vda/mq | wc -l)"
-    if [ "$nq" = "$want_queues" ]; then
-        check queues PASS "got=$nq"
-    else
-        check queues FAIL "got=$nq want=$want_queues"
-    fi
-fi
-
-if [ "$readonly" = 1 ]; then
-    ro="$(cat /sys/block/vda/ro)"
-    if [ "$ro" = 1 ]; then check readonly PASS "ro=1"; else check readonly FAIL "ro=$ro want=1"; fi
-    run read dd if=/dev/vda of=/dev/null bs=1M count=4 iflag=direct
-    # The kernel refuses writes to a read-only disk itself; a forced write must fail too.
-    "$BLOCKDEV" --setrw /dev/vda 2>/dev/null
-    if dd if=/dev/zero of=/dev/vda bs=4k count=1 oflag=direct conv=fsync >/tmp/out 2>&1; then
-        check write-refused FAIL "a direct write to /dev/vda succeeded"
-    else
-        check write-refused PASS "the write failed"
-    fi
-    finish
-fi
-
-# pending: prints what the disk still has in flight (the guest's side of a hang).
-pending() {
-    echo "GUEST-LOG vda inflight (reads writes): $(cat /sys/block/vda/inflight)"
-    mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
-    for h in /sys/kernel/debug/block/vda/hctx*; do
-        [ -d "$h" ] || continue
-        echo "GUEST-LOG $(basename "$h") busy: $(tr '\n' ' ' <"$h/busy" 2>/dev/null)"
-        echo "GUEST-LOG $(basename "$h") dispatch: $(tr '\n' ' ' <"$h/dispatch" 2>/dev/null)"
-        echo "GUEST-LOG $(basename "$h") tags: $(grep -E 'nr_tags|busy' "$h/tags" 2>/dev/null | tr '\n' ' ')"
-    done
-    dmesg | grep -iE 'virtio|vda|blk' | tail -n 20 | sed 's/^/GUEST-LOG dmesg: /'
-}
-
-if [ "$mode" = restart ]; then
-    if [ "$idle" -gt 0 ]; then
-        echo "GUEST-IDLE-START"
-        sleep "$idle"
-    fi
-    # Per-request completion times (ms since the job's start) for the longest gap.
-    "$FIO" --name=restart --filename=/dev/vda --rw=randwrite --bs=4k --size="$fio_size" \
-        --numjobs=2 --offset_increment="$fio_size" --cpus_allowed=0-1 --cpus_allowed_policy=split \
-        --direct=1 --ioengine=libaio --iodepth="$iodepth" --loops="$loops" --verify=crc32c \
-        --do_verify=1 --verify_fatal=1 --thread --group_reporting --output-format=terse \
-        --write_lat_log=/tmp/restart --log_avg_msec=0 >/tmp/out 2>&1 &
-    fio_pid=$!
-    echo "GUEST-FIO-START"
-    waited=0
-    while kill -0 "$fio_pid" 2>/dev/null && [ "$waited" -lt "$fio_timeout" ]; do
-        sleep 1
-        waited=$((waited + 1))
-    done
-    if kill -0 "$fio_pid" 2>/dev/null; then
-        check fio-restart FAIL "fio still running after ${fio_timeout} s"
-        pending
-        log /tmp/out
-        # Time for the host to look at the device's side (QEMU's monitor) before power-off.
-        sleep 15
-    elif wait "$fio_pid"; then
-        check fio-restart PASS "exit=0 after ${waited} s"
-    else
-        rc=$?
-        check fio-restart FAIL "exit=$rc"
-        log /tmp/out
-    fi
-    # Every completion of both jobs (writes and verifying reads), in time order: the longest
-    # time without one is the restart's downtime as the guest saw it.
-    cat /tmp/restart_lat.*.log 2>/dev/null | cut -d, -f1 | sort -n |
-        awk 'NR > 1 && $1 - prev > gap { gap = $1 - prev } { prev = $1; n++ }
-            END { printf "GUEST-INFO max_completion_gap_ms=%d completions=%d\n", gap, n }'
-    if dmesg | grep -iE 'I/O error|blk_update_request|critical (medium|target)' >/tmp/out; then
-        check no-io-errors FAIL "the kernel log has I/O errors"
-        log /tmp/out
-    else
-        check no-io-errors PASS "none in the kernel log"
-    fi
-    finish
-fi
-
-run fio-verify "$FIO" --name=verify --filename=/dev/vda --rw=randwrite --bs=4k --size="$fio_size" \
-    --direct=1 --ioengine=psync --verify=crc32c --do_verify=1 --verify_fatal=1 --thread \
-    --output-format=terse
-# Many requests in flight on both queues: one job per vCPU (so per blk-mq queue), each on its
-# own region, mixed sizes, 16 deep.
-run fio-verify-qd16 "$FIO" --name=verify-qd --filename=/dev/vda --rw=randwrite --bsrange=4k-128k \
-    --size="$fio_size" --numjobs=2 --offset_increment="$fio_size" --cpus_allowed=0-1 \
-    --cpus_allowed_policy=split --direct=1 --ioengine=libaio --iodepth=16 --verify=crc32c \
-    --do_verify=1 --verify_fatal=1 --thread --output-format=terse
-if mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null && [ -d /sys/kernel/debug/block/vda ]; then
-    per=""
-    for h in /sys/kernel/debug/block/vda/hctx*; do
-        per="$per $(basename "$h")=$(cat "$h/run" 2>/dev/null)"
-    done
-    echo "GUEST-INFO hw_queue_runs:$per"
-fi
-
-run mkfs "$MKFS" -F -q -E nodiscard /dev/vda
-run mount mount -t ext4 /dev/vda /mnt
-if grep -q " /mnt " /proc/mounts; then
-    dd if=/dev/urandom of=/mnt/data bs=1M count=8 2>/dev/null
-    sum1="$(sha256sum /mnt/data | cut -d' ' -f1)"
-    sync
-    echo 3 >/proc/sys/vm/drop_caches
-    sum2="$(sha256sum /mnt/data | cut -d' ' -f1)"
-    if [ -n "$sum1" ] && [ "$sum1" = "$sum2" ]; then
-        check file-readback PASS "sha256=$sum1"
-    else
-        check file-readback FAIL "wrote=$sum1 read=$sum2"
-    fi
-    run umount umount /mnt
-    run fsck "$FSCK" -n -f /dev/vda
-    # Mounted again, the file is read from the disk itself.
-    if mount -t ext4 -o ro /dev/vda /mnt 2>/tmp/out; then
-        sum3="$(sha256sum /mnt/data | cut -d' ' -f1)"
-        umount /mnt
-        if [ "$sum3" = "$sum1" ]; then
-            check file-remount PASS "sha256=$sum3"
-        else
-            check file-remount FAIL "wrote=$sum1 read=$sum3"
-        fi
-    else
-        check file-remount FAIL "mount failed"
-        log /tmp/out
-    fi
-else
-    check file-readback FAIL "not mounted"
-    check umount FAIL "not mounted"
-    run fsck "$FSCK" -n -f /dev/vda
-    check file-remount FAIL "not mounted"
-fi
-
-# -f: the disk holds the ext4 made above, which blkdiscard would otherwise refuse to wipe.
-run discard "$BLKDISCARD" -f /dev/vda
-finish
-INIT
-chmod 755 "$ROOT/init"
+# The init is scripts/guest-init.sh (its options and output lines are listed above).
+install -m 755 "$script_dir/guest-init.sh" "$ROOT/init"
 
 # ---- pack ----
 echo "$me: packing the initramfs" >&2

@@ -2,11 +2,13 @@
 //! of one queue (descriptor table, avail ring, indirect tables, headers and data, all as the
 //! driver wrote them) and the disk's limits. Every chain the ring yields is parsed; nothing may
 //! panic, and an accepted request may only name memory inside the table and sectors inside the
-//! disk, and may write a read-only disk in no way.
+//! disk, and may write a read-only disk in no way. Each chain walked from its head (as a
+//! request resubmitted after a restart is reached) must be the ring crate's chain, with the
+//! same answer.
 
 #![no_main]
 
-use aio_virtio_blk::chain::{parse_chain, BlkOp, ChainLimits};
+use aio_virtio_blk::chain::{descriptors_at, parse_chain, parse_head, BlkOp, ChainLimits};
 use libfuzzer_sys::fuzz_target;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -48,7 +50,23 @@ fuzz_target!(|input: &[u8]| {
         return;
     };
     for chain in chains.take(usize::from(SIZE)) {
-        let Ok(request) = parse_chain(chain, &mem, &limits) else {
+        // A chain reached from its head (a request resubmitted after a restart) is the same
+        // chain, with the same answer.
+        let head = chain.head_index();
+        let fields =
+            |d: &virtio_queue::desc::split::Descriptor| (d.addr().0, d.len(), d.flags(), d.next());
+        let popped: Vec<_> = chain.clone().map(|d| fields(&d)).collect();
+        let walked: Vec<_> = descriptors_at(&mem, GuestAddress(DESC), SIZE, head)
+            .iter()
+            .map(fields)
+            .collect();
+        assert_eq!(popped, walked, "head {head}");
+        let parsed = parse_chain(chain, &mem, &limits);
+        assert_eq!(
+            parse_head(&mem, GuestAddress(DESC), SIZE, head, &limits),
+            parsed
+        );
+        let Ok(request) = parsed else {
             continue;
         };
         let inside =
