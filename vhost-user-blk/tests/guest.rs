@@ -135,6 +135,7 @@ fn guest_against_our_daemon(readonly: bool, name: &str) {
         checks: checks_of(readonly),
         append: append_of(readonly),
         reconnect: false,
+        monitor: None,
     };
     run_guest(image, &spec, name, &mut |_| {}).assert_passed(&spec);
     stop_daemon(daemon, &disk);
@@ -193,6 +194,7 @@ fn guest_against_qemu_storage_daemon() {
             checks: checks_of(readonly),
             append: append_of(readonly),
             reconnect: false,
+            monitor: None,
         };
         let name = if readonly { "qsd-ro" } else { "qsd-rw" };
         run_guest(image, &spec, name, &mut |_| {}).assert_passed(&spec);

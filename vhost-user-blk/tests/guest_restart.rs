@@ -32,7 +32,7 @@ use std::process::Command;
 use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
-use harness::{guest_image, run_guest, runnable, GuestRun, GuestSpec};
+use harness::{guest_image, ring_state, run_guest, runnable, GuestRun, GuestSpec};
 use reaped::Reaped;
 
 /// The guest's disk: 256 MiB.
@@ -99,6 +99,8 @@ struct Outcome {
     max_gap_ms: Option<u64>,
     /// Requests our restarted daemons ran again from the in-flight region (their logs).
     resubmitted: u64,
+    /// Every daemon's log, for a failed run.
+    logs: String,
     /// The guest run.
     run: GuestRun,
 }
@@ -211,6 +213,7 @@ fn restart_run(name: &str, plan: &Plan, seed: u64) -> Option<Outcome> {
         .and_then(|f| f.set_len(CAPACITY))
         .expect("create the image");
     let socket = dir.path().join("vhost-user-blk.sock");
+    let monitor = dir.path().join("monitor.sock");
     let engine = |n: usize| plan.engines[n % plan.engines.len()];
     let first = start(plan.server, engine(0), dir.path(), &socket, &disk, 0);
     println!(
@@ -224,9 +227,11 @@ fn restart_run(name: &str, plan: &Plan, seed: u64) -> Option<Outcome> {
         let (server, stop, fio_stops) = (plan.server, plan.stop, plan.fio_stops);
         let engines: Vec<String> = plan.engines.iter().map(|e| e.to_string()).collect();
         let label = name.to_string();
+        let monitor = monitor.clone();
         std::thread::spawn(move || {
             stopping(StopperArgs {
                 label,
+                monitor,
                 rx,
                 first,
                 server,
@@ -252,6 +257,7 @@ fn restart_run(name: &str, plan: &Plan, seed: u64) -> Option<Outcome> {
             plan.loops
         ),
         reconnect: true,
+        monitor: Some(monitor.clone()),
     };
     let mut booted = false;
     let run = run_guest(image, &spec, name, &mut |line| {
@@ -278,7 +284,7 @@ fn restart_run(name: &str, plan: &Plan, seed: u64) -> Option<Outcome> {
     let max_gap_ms = run
         .info("max_completion_gap_ms")
         .and_then(|v| v.parse().ok());
-    let resubmitted = resubmitted_in_logs(dir.path());
+    let (logs, resubmitted) = daemon_logs(dir.path());
     println!(
         "{name}: {stops} stops ({fio_stops} during fio), longest downtime {:.2} s, guest's \
          longest completion gap {max_gap_ms:?} ms, {resubmitted} requests resubmitted, run \
@@ -292,33 +298,35 @@ fn restart_run(name: &str, plan: &Plan, seed: u64) -> Option<Outcome> {
         longest_downtime,
         max_gap_ms,
         resubmitted,
+        logs,
         run,
     })
 }
 
-/// The requests our daemons' logs in `dir` say they resubmitted (`resubmitting N requests`).
-fn resubmitted_in_logs(dir: &Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    let mut total = 0;
-    for entry in entries.flatten() {
-        let log = std::fs::read_to_string(entry.path()).unwrap_or_default();
+/// Every daemon's log in `dir`, in the order they started (what a failed run shows), and the
+/// requests they say they resubmitted (`resubmitting N requests`).
+fn daemon_logs(dir: &Path) -> (String, u64) {
+    let (mut all, mut resubmitted) = (String::new(), 0);
+    for n in 0.. {
+        let path = dir.join(format!("daemon-{n}.log"));
+        let Ok(log) = std::fs::read_to_string(&path) else {
+            break;
+        };
         for line in log.lines() {
+            all.push_str(&format!("[daemon {n}] {line}\n"));
             let mut words = line.split_whitespace();
             if words.any(|w| w == "resubmitting") {
-                total += words
-                    .next()
-                    .and_then(|n| n.parse::<u64>().ok())
-                    .unwrap_or(0);
+                let count = words.next().and_then(|c| c.parse::<u64>().ok());
+                resubmitted += count.unwrap_or(0);
             }
         }
     }
-    total
+    (all, resubmitted)
 }
 
 struct StopperArgs {
     label: String,
+    monitor: PathBuf,
     rx: mpsc::Receiver<Moment>,
     first: Reaped,
     server: Server,
@@ -380,6 +388,11 @@ fn stopping(a: StopperArgs) -> (usize, usize, Duration) {
                     a.label,
                     fio_start.elapsed().as_secs_f64()
                 );
+                println!(
+                    "{}: the rings:\n{}",
+                    a.label,
+                    ring_state(&a.monitor, QUEUES)
+                );
                 restart(&mut daemon, &mut rng, &mut stops);
                 std::thread::sleep(Duration::from_secs(5));
                 if let Some(d) = &daemon {
@@ -408,7 +421,11 @@ impl Outcome {
             checks: RESTART_CHECKS,
             append: String::new(),
             reconnect: true,
+            monitor: None,
         };
+        if !self.passed() {
+            println!("the daemons' logs:\n{}", self.logs);
+        }
         self.run.assert_passed(&spec_checks);
         assert_eq!(
             self.fio_stops, plan.fio_stops,
@@ -525,6 +542,7 @@ fn soak_sigkill_per_engine_and_against_qemu_storage_daemon() {
             } else {
                 failed += 1;
                 println!("{name} FAILED: console in {}", outcome.run.log.display());
+                println!("{name}: the daemons' logs:\n{}", outcome.logs);
             }
             gaps.extend(outcome.max_gap_ms);
             resubmitted += outcome.resubmitted;

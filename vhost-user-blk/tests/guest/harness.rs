@@ -111,6 +111,9 @@ pub struct GuestSpec<'a> {
     /// QEMU reconnects to the socket every 500 ms when the daemon goes away
     /// (`reconnect-ms=500`), keeping the guest's requests pending meanwhile.
     pub reconnect: bool,
+    /// QEMU's human monitor on this unix socket (none: no monitor), for a test that reads
+    /// the device's state in guest memory.
+    pub monitor: Option<PathBuf>,
 }
 
 /// One `GUEST-CHECK` line.
@@ -183,7 +186,7 @@ pub fn run_guest(
         ))
         .arg("-device")
         .arg(format!(
-            "vhost-user-blk-pci,chardev=c0,num-queues={}",
+            "vhost-user-blk-pci,id=vblk0,chardev=c0,num-queues={}",
             spec.queues
         ))
         .arg("-kernel")
@@ -191,7 +194,11 @@ pub fn run_guest(
         .arg("-initrd")
         .arg(&image.initrd)
         .args(["-append", &append])
-        .args(["-display", "none", "-serial", "stdio", "-monitor", "none"])
+        .args(["-display", "none", "-serial", "stdio", "-monitor"])
+        .arg(match &spec.monitor {
+            Some(path) => format!("unix:{},server=on,wait=off", path.display()),
+            None => "none".to_string(),
+        })
         .arg("-no-reboot")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -385,4 +392,84 @@ impl GuestRun {
             .flat_map(|l| l.split_whitespace())
             .find_map(|w| w.strip_prefix(wanted.as_str()).map(str::to_string))
     }
+}
+
+/// Asks QEMU's human monitor at `socket` for each queue's ring indices in guest memory (avail
+/// flags and index, used flags and index, the used ring's avail event), as one line per
+/// queue, for a test that wants to know where a hung guest's requests are.
+pub fn ring_state(socket: &Path, queues: u32) -> String {
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+    let Ok(mut stream) = UnixStream::connect(socket) else {
+        return format!("no monitor at {}", socket.display());
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(800)));
+    let mut ask = |command: &str| -> String {
+        let _ = stream.write_all(format!("{command}\n").as_bytes());
+        let mut out = Vec::new();
+        let mut buf = [0u8; 65536];
+        while let Ok(n) = stream.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&buf[..n]);
+        }
+        strip_escapes(&String::from_utf8_lossy(&out))
+    };
+    ask("");
+    let mut report = String::new();
+    for q in 0..queues {
+        let status = ask(&format!(
+            "info virtio-vhost-queue-status /machine/peripheral/vblk0/virtio-backend {q}"
+        ));
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.trim().strip_prefix(name))
+                .and_then(|v| u64::from_str_radix(v.trim().trim_start_matches("0x"), 16).ok())
+        };
+        let (Some(avail), Some(used), Some(num)) =
+            (field("avail_phys:"), field("used_phys:"), field("num:"))
+        else {
+            report.push_str(&format!("queue {q}: no ring state ({status:?})\n"));
+            continue;
+        };
+        let avail_head = ask(&format!("xp /2hx {avail:#x}"));
+        let used_head = ask(&format!("xp /2hx {used:#x}"));
+        let avail_event = ask(&format!("xp /1hx {:#x}", used + 4 + 8 * num));
+        let last = |text: &str| {
+            text.lines()
+                .rfind(|l| l.starts_with('0'))
+                .unwrap_or("")
+                .to_string()
+        };
+        report.push_str(&format!(
+            "queue {q}: avail flags,idx {} | used flags,idx {} | avail_event {}\n",
+            last(&avail_head),
+            last(&used_head),
+            last(&avail_event)
+        ));
+    }
+    report
+}
+
+/// `text` without terminal escape sequences (the monitor echoes with them).
+fn strip_escapes(text: &str) -> String {
+    let mut out = String::new();
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            if chars.peek() == Some(&'[') {
+                chars.next();
+                for c in chars.by_ref() {
+                    if c.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+            }
+            continue;
+        }
+        out.push(c);
+    }
+    out
 }
