@@ -23,7 +23,10 @@
 //! * **One interrupt per batch.** A completion writes the status byte and the used ring and
 //!   calls a deferred call; it raises the call eventfd once at the end of the batch, and only
 //!   when the driver asked for it (`EVENT_IDX`'s used event, or no `NO_INTERRUPT` flag), as
-//!   QEMU defers `virtio_notify_irqfd()` with `defer_call()`.
+//!   QEMU defers `virtio_notify_irqfd()` with `defer_call()`. A queue's start raises it once
+//!   whatever the driver asked (unless starting already did): a device that died between
+//!   publishing used elements and signalling them left the driver waiting for completions
+//!   that are in the used ring already.
 //! * **Requests in flight can be recorded.** With an [`InflightLog`] a queue marks each head
 //!   before its request is submitted and clears it after its used element is published, and
 //!   it starts by resubmitting the heads an earlier device left in flight (vhost-user's
@@ -219,9 +222,17 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> VirtioBlkQueue<L, E> {
         }));
         let handler = kick_handler(&inner);
         ctx.set_fd_handler(inner.kick.as_fd(), handler)?;
+        let interrupts = inner.stats.get().interrupts;
         inner.resubmit(ctx, &resubmit);
         // Requests queued before the kick fd was ours would wait for the next kick.
         inner.process(ctx);
+        // A device that died between publishing used elements and raising their interrupt
+        // (one per batch, at its end) left the driver waiting for completions that are in
+        // the used ring already: make it look, unless starting did so. A spurious interrupt
+        // costs the driver one look at the used ring.
+        if inner.stats.get().interrupts == interrupts {
+            inner.raise_interrupt();
+        }
         Ok(VirtioBlkQueue { inner })
     }
 
@@ -504,9 +515,13 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
             .borrow_mut()
             .needs_notification(&*mem)
             .unwrap_or(true);
-        if !wanted {
-            return;
+        if wanted {
+            self.raise_interrupt();
         }
+    }
+
+    /// Writes the call eventfd.
+    fn raise_interrupt(&self) {
         if let Some(mut call) = self.call.borrow().as_ref() {
             if call.write(&1u64.to_ne_bytes()).ok() == Some(8) {
                 self.bump(|s| s.interrupts += 1);

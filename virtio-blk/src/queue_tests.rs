@@ -202,6 +202,20 @@ fn completions_of_one_batch_raise_one_interrupt() {
     q.stop(&ctx);
 }
 
+/// A device that died after publishing used elements and before their interrupt left the
+/// driver waiting: a new queue with nothing to do still raises the call eventfd once.
+#[test]
+fn a_queue_start_interrupts_the_driver_once_even_with_nothing_to_do() {
+    let fx = fixture();
+    let mem = Arc::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x20_0000)]).unwrap());
+    let vq = MockSplitQueue::new(&*mem, 16);
+    let (ctx, q, call_reader) = serve(&fx, &mem, &vq);
+    assert_eq!(used(&mem, &vq).1, 0, "nothing was taken");
+    assert_eq!(counter(&call_reader), 1, "one interrupt at the start");
+    assert_eq!(q.stats().interrupts, 1);
+    q.stop(&ctx);
+}
+
 #[test]
 fn polling_mode_turns_the_drivers_kicks_off_and_on() {
     let fx = fixture();

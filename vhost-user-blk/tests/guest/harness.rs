@@ -428,8 +428,11 @@ pub fn ring_state(socket: &Path, queues: u32) -> String {
                 .find_map(|l| l.trim().strip_prefix(name))
                 .and_then(|v| u64::from_str_radix(v.trim().trim_start_matches("0x"), 16).ok())
         };
-        let (Some(avail), Some(used), Some(num)) =
-            (field("avail_phys:"), field("used_phys:"), field("num:"))
+        let num = status
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("num:"))
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        let (Some(avail), Some(used), Some(num)) = (field("avail_phys:"), field("used_phys:"), num)
         else {
             report.push_str(&format!("queue {q}: no ring state ({status:?})\n"));
             continue;
