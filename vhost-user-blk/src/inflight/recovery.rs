@@ -68,33 +68,17 @@ impl QueueRegion {
         used_head: impl Fn(u16) -> Option<u16>,
     ) -> Result<Recovered, InflightError> {
         let queue = self.index;
-        let header = self.header();
         let room = self.region.queue_size;
-        let version = header.version.load(Ordering::Acquire);
+        // 1. A fresh queue has nothing to recover; a version not ours is refused.
+        let version = self.header().version.load(Ordering::Acquire);
         if version == 0 {
-            if ring.size > room {
-                return Err(InflightError::DescNum {
-                    queue,
-                    desc_num: room,
-                    ring_size: ring.size,
-                    room,
-                });
-            }
-            for entry in self.entries() {
-                entry.inflight.store(0, Ordering::Relaxed);
-                entry.counter.store(0, Ordering::Relaxed);
-            }
-            header.features.store(0, Ordering::Relaxed);
-            header.desc_num.store(room, Ordering::Relaxed);
-            header.last_batch_head.store(0, Ordering::Relaxed);
-            header.used_idx.store(ring.used_idx, Ordering::Relaxed);
-            header.version.store(VERSION, Ordering::Release);
-            return self.recovered(ring.base, ring.base, Vec::new(), 0, 0, 0);
+            return self.start_fresh(ring);
         }
         if version != VERSION {
             return Err(InflightError::Version { queue, version });
         }
-        let desc_num = header.desc_num.load(Ordering::Acquire);
+        // 2. The entries must cover the ring and fit the stride.
+        let desc_num = self.header().desc_num.load(Ordering::Acquire);
         if desc_num > room || desc_num < ring.size {
             return Err(InflightError::DescNum {
                 queue,
@@ -104,8 +88,66 @@ impl QueueRegion {
             });
         }
         let entries = &self.entries()[..usize::from(desc_num)];
+        // 3. The last batch repaired, 4. the heads still marked found, oldest first.
+        let repaired = self.repair_last_batch(entries, ring, used_head)?;
+        let (mut marked, ignored) = marked_heads(entries, ring.size);
+        let available = ring.avail_idx.wrapping_sub(ring.used_idx);
+        if marked.len() > usize::from(available) {
+            return Err(InflightError::TooManyInFlight {
+                queue,
+                marked: marked.len(),
+                available,
+            });
+        }
+        marked.sort_unstable();
+        // 5. The ring resumes after them; the next head taken is younger than all of them.
+        let next_counter = marked.last().map_or(0, |&(c, _)| c.wrapping_add(1));
+        let resubmit: Vec<u16> = marked.into_iter().map(|(_, head)| head).collect();
+        let next_avail = ring.used_idx.wrapping_add(resubmit.len() as u16);
+        self.recovered(
+            next_avail,
+            ring.used_idx,
+            resubmit,
+            repaired,
+            ignored,
+            next_counter,
+        )
+    }
 
-        // The last batch: published in the used ring, not yet cleared here.
+    /// Sets up a queue never started (entries cleared, `desc_num`, `used_idx`, version 1);
+    /// it starts at the vring base.
+    fn start_fresh(self, ring: &RingState) -> Result<Recovered, InflightError> {
+        let room = self.region.queue_size;
+        if ring.size > room {
+            return Err(InflightError::DescNum {
+                queue: self.index,
+                desc_num: room,
+                ring_size: ring.size,
+                room,
+            });
+        }
+        for entry in self.entries() {
+            entry.inflight.store(0, Ordering::Relaxed);
+            entry.counter.store(0, Ordering::Relaxed);
+        }
+        let header = self.header();
+        header.features.store(0, Ordering::Relaxed);
+        header.desc_num.store(room, Ordering::Relaxed);
+        header.last_batch_head.store(0, Ordering::Relaxed);
+        header.used_idx.store(ring.used_idx, Ordering::Relaxed);
+        header.version.store(VERSION, Ordering::Release);
+        self.recovered(ring.base, ring.base, Vec::new(), 0, 0, 0)
+    }
+
+    /// Clears the entries of the used elements published after the region's `used_idx` (a
+    /// torn last batch) and brings `used_idx` to the ring's; gives how many were cleared.
+    fn repair_last_batch(
+        &self,
+        entries: &[super::Entry],
+        ring: &RingState,
+        used_head: impl Fn(u16) -> Option<u16>,
+    ) -> Result<u16, InflightError> {
+        let header = self.header();
         let region_used = header.used_idx.load(Ordering::Acquire);
         let lag = ring.used_idx.wrapping_sub(region_used);
         let any_marked = || {
@@ -115,7 +157,7 @@ impl QueueRegion {
         };
         if lag > ring.size && any_marked() {
             return Err(InflightError::UsedIndex {
-                queue,
+                queue: self.index,
                 region: region_used,
                 ring: ring.used_idx,
             });
@@ -130,41 +172,7 @@ impl QueueRegion {
             }
         }
         header.used_idx.store(ring.used_idx, Ordering::Release);
-
-        let mut marked = Vec::new();
-        let mut ignored = 0;
-        for (head, entry) in entries.iter().enumerate() {
-            match entry.inflight.load(Ordering::Acquire) {
-                0 => {}
-                1 if head < usize::from(ring.size) => {
-                    marked.push((entry.counter.load(Ordering::Acquire), head as u16));
-                }
-                _ => {
-                    entry.inflight.store(0, Ordering::Release);
-                    ignored += 1;
-                }
-            }
-        }
-        let available = ring.avail_idx.wrapping_sub(ring.used_idx);
-        if marked.len() > usize::from(available) {
-            return Err(InflightError::TooManyInFlight {
-                queue,
-                marked: marked.len(),
-                available,
-            });
-        }
-        marked.sort_unstable();
-        let next_counter = marked.last().map_or(0, |&(c, _)| c.wrapping_add(1));
-        let resubmit: Vec<u16> = marked.into_iter().map(|(_, head)| head).collect();
-        let next_avail = ring.used_idx.wrapping_add(resubmit.len() as u16);
-        self.recovered(
-            next_avail,
-            ring.used_idx,
-            resubmit,
-            repaired,
-            ignored,
-            next_counter,
-        )
+        Ok(repaired)
     }
 
     fn recovered(
@@ -190,4 +198,24 @@ impl QueueRegion {
             },
         })
     }
+}
+
+/// The heads marked in flight below `ring_size`, as (counter, head); an entry not 0 or 1, or
+/// a head beyond the ring, is cleared and counted as ignored.
+fn marked_heads(entries: &[super::Entry], ring_size: u16) -> (Vec<(u64, u16)>, usize) {
+    let mut marked = Vec::new();
+    let mut ignored = 0;
+    for (head, entry) in entries.iter().enumerate() {
+        match entry.inflight.load(Ordering::Acquire) {
+            0 => {}
+            1 if head < usize::from(ring_size) => {
+                marked.push((entry.counter.load(Ordering::Acquire), head as u16));
+            }
+            _ => {
+                entry.inflight.store(0, Ordering::Release);
+                ignored += 1;
+            }
+        }
+    }
+    (marked, ignored)
 }
