@@ -17,7 +17,8 @@ use crate::daemon::{run, Config, DaemonError, DiskSpec, StopHandle};
 #[derive(Debug, Parser)]
 #[command(name = "aio-vhost-user-blk", version)]
 pub struct Args {
-    /// A disk: `socket=PATH,image=PATH[,readonly=on][,serial=ID][,queues=Q][,format=auto|raw]`
+    /// A disk: `socket=PATH,image=PATH[,readonly=on][,serial=ID][,queues=Q][,format=auto|raw|qcow2]`,
+    /// or the null device: `socket=PATH,image=null,size=BYTES[,...]`
     /// (repeatable; each its own socket, and an image given twice only read-only).
     #[arg(long = "disk", required = true, value_name = "SPEC")]
     pub disks: Vec<DiskSpec>,

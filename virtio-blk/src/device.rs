@@ -1,7 +1,9 @@
 //! The disk behind a virtio-blk device: its image, its size and the limits it tells the driver.
 //!
-//! This module owns opening the image (`O_DIRECT`, a file or a block device), the feature
-//! bits and the config space the device offers; it never touches a queue or guest memory.
+//! This module owns opening the image (`O_DIRECT`, a file or a block device, raw or qcow2, or
+//! no image at all: the null device), the format rule of [`crate::format`] applied to it, the
+//! feature bits and the config space the device offers; it never touches a queue or guest
+//! memory.
 
 use std::fs::OpenOptions;
 use std::io;
@@ -11,7 +13,7 @@ use std::path::{Path, PathBuf};
 use aio_core::engine::{AlignedBuf, IoFile};
 
 use crate::chain::ChainLimits;
-use crate::format::{self, ImageFormat, KnownFormat};
+use crate::format::{self, ImageFormat, KnownFormat, Qcow2Refusal};
 use crate::spec::{self, bit, feature, BlkConfig, SECTOR_SIZE};
 
 /// The largest queue a driver may set up (`SET_VRING_NUM`), as QEMU's virtio-blk.
@@ -33,8 +35,9 @@ pub struct DiskOptions {
     pub serial: String,
     /// How many queues (`VIRTIO_BLK_F_MQ` when more than one).
     pub queues: u16,
-    /// The image's format: [`ImageFormat::Auto`] refuses an image whose header is a known
-    /// format's, [`ImageFormat::Raw`] serves any image as raw.
+    /// The image's format: [`ImageFormat::Auto`] serves a qcow2 header as qcow2, refuses any
+    /// other known format's and serves the rest as raw; [`ImageFormat::Raw`] serves any image
+    /// as raw; [`ImageFormat::Qcow2`] only a qcow2 image.
     pub format: ImageFormat,
 }
 
@@ -96,12 +99,73 @@ pub enum DeviceError {
         /// What its header says.
         format: KnownFormat,
     },
+    /// `format=qcow2`, and the image is not a qcow2 image.
+    #[error("image {path}: format=qcow2, but it is {}", found_text(.found))]
+    NotQcow2 {
+        /// The image.
+        path: PathBuf,
+        /// What its header says (None: no known format).
+        found: Option<KnownFormat>,
+    },
+    /// A qcow2 image (or a qcow2 backing file) that is refused before opening: encrypted, a
+    /// version not served, an incompatible feature bit.
+    #[error("image {path}: {reason}")]
+    Qcow2Refused {
+        /// The image or backing file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        reason: Qcow2Refusal,
+    },
+    /// A backing file whose header is a format other than raw or qcow2.
+    #[error("backing file {path}: is a {format} image, which is not served as a backing file")]
+    BackingFormat {
+        /// The backing file.
+        path: PathBuf,
+        /// What its header says.
+        format: KnownFormat,
+    },
+    /// A backing chain that comes back to a file already in it (or is absurdly long).
+    #[error(
+        "backing file {path}: the backing chain loops back to it (or is longer than 64 files)"
+    )]
+    BackingLoop {
+        /// The file met twice.
+        path: PathBuf,
+    },
+    /// The image format library could not open the image (or its chain).
+    #[error("image {path}: {source}")]
+    Image {
+        /// The image.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// This build has no support for the image's format (the crate's `qcow2` feature is off).
+    #[error(
+        "image {path}: is a {format} image, and this build serves no {format} (feature `qcow2`)"
+    )]
+    FormatNotBuilt {
+        /// The image.
+        path: PathBuf,
+        /// What its header says.
+        format: KnownFormat,
+    },
+}
+
+/// What a probe found, for a message.
+fn found_text(found: &Option<KnownFormat>) -> String {
+    match found {
+        Some(f) => format!("a {f} image"),
+        None => "no known format (a raw image?)".to_string(),
+    }
 }
 
 impl From<DeviceError> for io::Error {
     fn from(e: DeviceError) -> Self {
         let kind = match &e {
-            DeviceError::Open { source, .. } => source.kind(),
+            DeviceError::Open { source, .. } | DeviceError::Image { source, .. } => source.kind(),
             _ => io::ErrorKind::InvalidInput,
         };
         io::Error::new(kind, e)
@@ -118,27 +182,59 @@ fn probe_header(file: &std::fs::File) -> io::Result<Option<KnownFormat>> {
     Ok(format::probe(&buf[..n.min(format::PROBE_BYTES)]))
 }
 
+/// What a disk's sectors are stored in.
+#[derive(Debug, Clone)]
+pub(crate) enum Backing {
+    /// A raw file or block device, from `offset`. `probed`: its format was found by probing
+    /// (`format=auto`), so a write must not give sector 0 a known format's magic.
+    Raw {
+        file: IoFile,
+        offset: u64,
+        probed: bool,
+    },
+    /// Nothing: reads return zeros, writes are dropped (QEMU's `null-co`, `read-zeroes=on`).
+    Null,
+    /// A qcow2 image and its backing chain.
+    #[cfg(feature = "qcow2")]
+    Qcow2(std::sync::Arc<crate::image::Qcow2Image>),
+}
+
 /// One virtio-blk disk: the image (opened `O_DIRECT`), its capacity and what the driver is
 /// told. `Send + Sync`: every iothread serving one of its queues shares it.
 #[derive(Debug, Clone)]
 pub struct BlockDevice {
-    file: IoFile,
-    /// Where the disk starts in the file (a window: QEMU's raw `offset=`).
-    offset: u64,
+    backing: Backing,
     capacity_sectors: u64,
     options: DiskOptions,
 }
 
+/// Refuses options no disk can be served with.
+fn check_options(options: &DiskOptions) -> Result<(), DeviceError> {
+    if options.serial.len() > spec::ID_BYTES {
+        return Err(DeviceError::SerialTooLong(options.serial.clone()));
+    }
+    if options.queues == 0 || options.queues > 256 {
+        return Err(DeviceError::BadQueueCount(options.queues));
+    }
+    Ok(())
+}
+
+/// A whole, positive number of sectors, or the error naming `path`.
+fn sectors(path: &Path, bytes: u64) -> Result<u64, DeviceError> {
+    if bytes < SECTOR_SIZE || bytes % SECTOR_SIZE != 0 {
+        return Err(DeviceError::BadSize {
+            path: path.to_path_buf(),
+            bytes,
+        });
+    }
+    Ok(bytes / SECTOR_SIZE)
+}
+
 impl BlockDevice {
     /// Opens `image` (a file or a block device) with `O_DIRECT`, read-only when the options
-    /// say so, and reads its size.
+    /// say so, as the format the options give (see [`ImageFormat`]), and reads its size.
     pub fn open(image: &Path, options: DiskOptions) -> Result<Self, DeviceError> {
-        if options.serial.len() > spec::ID_BYTES {
-            return Err(DeviceError::SerialTooLong(options.serial));
-        }
-        if options.queues == 0 || options.queues > 256 {
-            return Err(DeviceError::BadQueueCount(options.queues));
-        }
+        check_options(&options)?;
         let open_error = |source| DeviceError::Open {
             path: image.to_path_buf(),
             source,
@@ -149,30 +245,80 @@ impl BlockDevice {
             .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
             .open(image)
             .map_err(open_error)?;
+        let found = match options.format {
+            ImageFormat::Raw => None,
+            _ => probe_header(&file).map_err(open_error)?,
+        };
+        match (options.format, found) {
+            (ImageFormat::Qcow2, _) | (ImageFormat::Auto, Some(KnownFormat::Qcow2)) => {
+                drop(file);
+                return Self::open_qcow2(image, options, found);
+            }
+            (ImageFormat::Auto, Some(format)) => {
+                return Err(DeviceError::FormatFound {
+                    path: image.to_path_buf(),
+                    format,
+                })
+            }
+            _ => {}
+        }
         // Seeking to the end works for a block device as for a file.
         let bytes = {
             use std::io::Seek;
             let mut f = &file;
             f.seek(io::SeekFrom::End(0)).map_err(open_error)?
         };
-        if bytes < SECTOR_SIZE || bytes % SECTOR_SIZE != 0 {
-            return Err(DeviceError::BadSize {
-                path: image.to_path_buf(),
-                bytes,
-            });
-        }
-        if options.format == ImageFormat::Auto {
-            if let Some(format) = probe_header(&file).map_err(open_error)? {
-                return Err(DeviceError::FormatFound {
-                    path: image.to_path_buf(),
-                    format,
-                });
-            }
-        }
         Ok(BlockDevice {
-            file: IoFile::new(file),
-            offset: 0,
-            capacity_sectors: bytes / SECTOR_SIZE,
+            capacity_sectors: sectors(image, bytes)?,
+            backing: Backing::Raw {
+                file: IoFile::new(file),
+                offset: 0,
+                probed: options.format == ImageFormat::Auto,
+            },
+            options,
+        })
+    }
+
+    #[cfg(feature = "qcow2")]
+    fn open_qcow2(
+        image: &Path,
+        options: DiskOptions,
+        _found: Option<KnownFormat>,
+    ) -> Result<Self, DeviceError> {
+        let qcow2 = crate::image::Qcow2Image::open(image, !options.read_only)?;
+        Ok(BlockDevice {
+            capacity_sectors: sectors(image, qcow2.size())?,
+            backing: Backing::Qcow2(std::sync::Arc::new(qcow2)),
+            options,
+        })
+    }
+
+    #[cfg(not(feature = "qcow2"))]
+    fn open_qcow2(
+        image: &Path,
+        _options: DiskOptions,
+        found: Option<KnownFormat>,
+    ) -> Result<Self, DeviceError> {
+        Err(match found {
+            Some(KnownFormat::Qcow2) => DeviceError::FormatNotBuilt {
+                path: image.to_path_buf(),
+                format: KnownFormat::Qcow2,
+            },
+            found => DeviceError::NotQcow2 {
+                path: image.to_path_buf(),
+                found,
+            },
+        })
+    }
+
+    /// A disk of `size` bytes with nothing behind it: reads return zeros, writes, flushes,
+    /// discards and write-zeroes succeed and keep nothing (QEMU's `null-co` with
+    /// `read-zeroes=on`). It measures the virtio path's own cost.
+    pub fn null(size: u64, options: DiskOptions) -> Result<Self, DeviceError> {
+        check_options(&options)?;
+        Ok(BlockDevice {
+            capacity_sectors: sectors(Path::new("null"), size)?,
+            backing: Backing::Null,
             options,
         })
     }
@@ -187,33 +333,73 @@ impl BlockDevice {
         size: u64,
         options: DiskOptions,
     ) -> Result<Self, DeviceError> {
-        if options.serial.len() > spec::ID_BYTES {
-            return Err(DeviceError::SerialTooLong(options.serial));
-        }
-        if options.queues == 0 || options.queues > 256 {
-            return Err(DeviceError::BadQueueCount(options.queues));
-        }
+        check_options(&options)?;
         if size < SECTOR_SIZE || size % SECTOR_SIZE != 0 || offset % SECTOR_SIZE != 0 {
             return Err(DeviceError::BadWindow { offset, size });
         }
         Ok(BlockDevice {
-            file,
-            offset,
+            backing: Backing::Raw {
+                file,
+                offset,
+                probed: false,
+            },
             capacity_sectors: size / SECTOR_SIZE,
             options,
         })
     }
 
-    /// Where the disk's sector 0 is in the file (0 unless a [`window`](Self::window)).
+    /// Where the disk's sector 0 is in the file (0 unless a [`window`](Self::window), and for
+    /// a disk that is not a raw file).
     pub fn offset(&self) -> u64 {
-        self.offset
+        match &self.backing {
+            Backing::Raw { offset, .. } => *offset,
+            _ => 0,
+        }
     }
 
-    /// The image, for requests.
-    pub fn file(&self) -> &IoFile {
-        &self.file
+    /// What the disk's sectors are stored in (for the request path).
+    pub(crate) fn backing(&self) -> &Backing {
+        &self.backing
     }
 
+    /// The raw image, for requests of its own: None for a disk that is not a raw file or
+    /// block device (a qcow2 image, the null device).
+    pub fn file(&self) -> Option<&IoFile> {
+        match &self.backing {
+            Backing::Raw { file, .. } => Some(file),
+            _ => None,
+        }
+    }
+
+    /// What is served: `"raw"`, `"qcow2"` or `"null"`.
+    pub fn format_name(&self) -> &'static str {
+        match &self.backing {
+            Backing::Raw { .. } => "raw",
+            Backing::Null => "null",
+            #[cfg(feature = "qcow2")]
+            Backing::Qcow2(_) => "qcow2",
+        }
+    }
+
+    /// The backing files of a qcow2 image, nearest first (empty for any other disk).
+    pub fn backing_chain(&self) -> &[PathBuf] {
+        match &self.backing {
+            #[cfg(feature = "qcow2")]
+            Backing::Qcow2(image) => image.backing_chain(),
+            _ => &[],
+        }
+    }
+
+    /// Writes what the image caches (a qcow2 image's metadata) and syncs its files; a raw
+    /// image and the null device have nothing cached. A stopping server calls it after its
+    /// queues have stopped (dropping the last handle of the disk does it too).
+    pub fn close(&self) -> io::Result<()> {
+        match &self.backing {
+            #[cfg(feature = "qcow2")]
+            Backing::Qcow2(image) => image.close(),
+            _ => Ok(()),
+        }
+    }
     /// The size in 512-byte sectors.
     pub fn capacity_sectors(&self) -> u64 {
         self.capacity_sectors
@@ -285,15 +471,15 @@ impl BlockDevice {
 mod tests {
     use super::*;
 
-    /// A qcow2 header is refused by default, naming the format, and served with
-    /// `format=raw`; a raw image opens either way. (A VMM that opens images through
-    /// `BlockDevice` gets the same rule as the daemon.)
+    /// A QED header is refused by default, naming the format, and served with `format=raw`;
+    /// a raw image opens either way. (A VMM that opens images through `BlockDevice` gets the
+    /// same rule as the daemon.)
     #[test]
     fn an_image_with_another_formats_header_opens_only_as_raw_when_asked() {
         let dir = tempfile::tempdir().unwrap();
-        let (qcow2, raw) = (dir.path().join("x.qcow2"), dir.path().join("x.img"));
+        let (qcow2, raw) = (dir.path().join("x.qed"), dir.path().join("x.img"));
         let mut bytes = vec![0u8; 64 << 10];
-        bytes[..8].copy_from_slice(b"QFI\xfb\0\0\0\x03");
+        bytes[..4].copy_from_slice(b"QED\0");
         std::fs::write(&qcow2, &bytes).unwrap();
         std::fs::write(&raw, vec![0u8; 64 << 10]).unwrap();
         let e = BlockDevice::open(&qcow2, DiskOptions::default()).unwrap_err();
@@ -301,14 +487,14 @@ mod tests {
             matches!(
                 e,
                 DeviceError::FormatFound {
-                    format: KnownFormat::Qcow2,
+                    format: KnownFormat::Qed,
                     ..
                 }
             ),
             "{e}"
         );
         assert!(
-            e.to_string().contains("qcow2") && e.to_string().contains("format=raw"),
+            e.to_string().contains("qed") && e.to_string().contains("format=raw"),
             "{e}"
         );
         assert_eq!(io::Error::from(e).kind(), io::ErrorKind::InvalidInput);

@@ -283,7 +283,8 @@ impl SplitRingDriver {
     }
 
     /// Posts `request` in slot `slot` (free: its previous request finished): the header, the
-    /// data buffer (read by the device for `OUT`, written for `IN` and `GET_ID`) and the
+    /// data buffer (written by the device for `IN` and `GET_ID`, read for `OUT`, `DISCARD` and
+    /// `WRITE_ZEROES`, whose segment the caller wrote into it) and the
     /// status byte, then the head in the avail ring. The device sees it once the avail index
     /// is published, which this does at once; call [`notify`](Self::notify) after a batch.
     pub fn post(&mut self, slot: u16, request: DriverRequest) -> Result<(), DriverError> {
@@ -300,7 +301,7 @@ impl SplitRingDriver {
         let next = VRING_DESC_F_NEXT;
         if request.len > 0 {
             self.write_desc(head, meta, spec::HEADER_BYTES, next, head + 1)?;
-            let device_writes = request.kind != spec::T_OUT;
+            let device_writes = matches!(request.kind, spec::T_IN | spec::T_GET_ID);
             let flags = next | if device_writes { VRING_DESC_F_WRITE } else { 0 };
             self.write_desc(
                 head + 1,

@@ -1,14 +1,23 @@
 //! Telling an image's format from its first bytes, as QEMU's format probe does, so that an
 //! image of another format is never served as a raw disk by mistake.
 //!
-//! This module owns the magic numbers and the rule; it opens nothing (the device reads the
-//! header) and serves no format but raw.
+//! This module owns the magic numbers, the rule and the checks of a qcow2 header that come
+//! before opening it; it opens nothing (the device reads the header).
 //!
 //! Served as raw, a qcow2 (or QED, VMDK, ...) file shows the guest its metadata, and the first
 //! write the guest makes there destroys the image for every other tool. QEMU probes an image
 //! given without a format and refuses to let a probed raw image be written into a known
-//! format's header; here an image whose first bytes are a known format's magic is refused
-//! unless the disk says `format=raw`.
+//! format's header. Here:
+//!
+//! * `format=auto` (the default) serves a qcow2 header as qcow2, refuses any other known
+//!   format's header (naming it), and serves anything else as raw; a guest write that would
+//!   put a known format's magic into sector 0 of such a probed raw image fails, as QEMU's
+//!   raw driver refuses it for a probed image.
+//! * `format=raw` serves the file as it is, whatever its first bytes.
+//! * `format=qcow2` serves a qcow2 image and refuses anything else.
+//! * A qcow2 image is refused before it is opened when it is encrypted (served as it is, the
+//!   guest would read ciphertext and write plaintext into it) or carries an incompatible
+//!   feature bit the device does not serve (named, with what to do about it).
 
 use std::fmt;
 use std::str::FromStr;
@@ -27,6 +36,8 @@ pub enum ImageFormat {
     /// Raw, whatever the first bytes are: the operator says the image is a disk whose first
     /// sector merely looks like a header.
     Raw,
+    /// QEMU's qcow2 (version 2 or 3), with its backing chain; anything else is refused.
+    Qcow2,
 }
 
 impl ImageFormat {
@@ -35,13 +46,14 @@ impl ImageFormat {
         match self {
             ImageFormat::Auto => "auto",
             ImageFormat::Raw => "raw",
+            ImageFormat::Qcow2 => "qcow2",
         }
     }
 }
 
 /// A `format=` value that is not served.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("format={0}: expected auto or raw (image formats other than raw are not served yet)")]
+#[error("format={0}: expected auto, raw or qcow2")]
 pub struct UnknownFormat(pub String);
 
 impl FromStr for ImageFormat {
@@ -51,6 +63,7 @@ impl FromStr for ImageFormat {
         match s {
             "auto" => Ok(ImageFormat::Auto),
             "raw" => Ok(ImageFormat::Raw),
+            "qcow2" => Ok(ImageFormat::Qcow2),
             other => Err(UnknownFormat(other.to_string())),
         }
     }
@@ -137,6 +150,100 @@ pub fn probe(header: &[u8]) -> Option<KnownFormat> {
     vdi.then_some(KnownFormat::Vdi)
 }
 
+/// Why a qcow2 header is refused before the image is opened.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Qcow2Refusal {
+    /// The header is shorter than its version's fixed part.
+    #[error("the qcow2 header is truncated ({0} bytes)")]
+    Truncated(usize),
+    /// A version other than 2 or 3.
+    #[error("qcow2 version {0} (2 and 3 are served)")]
+    Version(u32),
+    /// The image is encrypted (`crypt_method` 1, AES, or 2, LUKS): refused, since the data
+    /// would be served as ciphertext and written as plaintext.
+    #[error("the qcow2 image is encrypted ({}); encrypted images are not served", crypt_name(*.0))]
+    Encrypted(u32),
+    /// Incompatible feature bits the device does not serve (named in the message).
+    #[error("the qcow2 image has incompatible feature bits it cannot be served with: {}",
+        incompatible_names(*.0))]
+    Incompatible(u64),
+}
+
+/// Byte offsets in a qcow2 header (big-endian fields).
+mod qcow2_header {
+    pub const VERSION: usize = 4;
+    pub const CRYPT_METHOD: usize = 32;
+    /// The end of version 2's fixed header.
+    pub const V2_END: usize = 72;
+    pub const INCOMPATIBLE: usize = 72;
+    /// The end of version 3's fixed header (the fields read here).
+    pub const V3_END: usize = 104;
+    /// External data file: served (imago reads it).
+    pub const EXTERNAL_DATA_FILE: u64 = 1 << 2;
+}
+
+/// A qcow2 `crypt_method`'s name.
+fn crypt_name(method: u32) -> &'static str {
+    match method {
+        1 => "AES",
+        2 => "LUKS",
+        _ => "an unknown method",
+    }
+}
+
+/// The incompatible feature bits, by name, with what an operator can do about each.
+fn incompatible_names(bits: u64) -> String {
+    let name = |bit: u32| match bit {
+        0 => "0 (dirty: refcounts are stale after a crash with lazy_refcounts=on; repair with \
+              `qemu-img check -r all`)"
+            .to_string(),
+        1 => "1 (corrupt: `qemu-img check -r all` may repair it)".to_string(),
+        3 => "3 (compression type other than zlib)".to_string(),
+        4 => "4 (extended L2 entries, subclusters)".to_string(),
+        other => format!("{other} (unknown)"),
+    };
+    (0..64)
+        .filter(|b| bits & (1u64 << b) != 0)
+        .map(name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Checks a qcow2 header (the image's first bytes, at least the fixed header) for what is
+/// refused before opening: a version other than 2 or 3, encryption, incompatible feature bits
+/// other than the external data file's.
+pub fn check_qcow2(header: &[u8]) -> Result<(), Qcow2Refusal> {
+    use qcow2_header::*;
+    let be32 = |at: usize| u32::from_be_bytes(header[at..at + 4].try_into().expect("4 bytes"));
+    if header.len() < V2_END {
+        return Err(Qcow2Refusal::Truncated(header.len()));
+    }
+    let version = be32(VERSION);
+    if version != 2 && version != 3 {
+        return Err(Qcow2Refusal::Version(version));
+    }
+    let crypt = be32(CRYPT_METHOD);
+    if crypt != 0 {
+        return Err(Qcow2Refusal::Encrypted(crypt));
+    }
+    if version == 3 {
+        if header.len() < V3_END {
+            return Err(Qcow2Refusal::Truncated(header.len()));
+        }
+        let bits = u64::from_be_bytes(
+            header[INCOMPATIBLE..INCOMPATIBLE + 8]
+                .try_into()
+                .expect("8"),
+        );
+        let refused = bits & !EXTERNAL_DATA_FILE;
+        if refused != 0 {
+            return Err(Qcow2Refusal::Incompatible(refused));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -185,7 +292,48 @@ mod tests {
         assert_eq!("auto".parse(), Ok(ImageFormat::Auto));
         assert_eq!("raw".parse(), Ok(ImageFormat::Raw));
         assert_eq!(ImageFormat::default(), ImageFormat::Auto);
-        let e = "qcow2".parse::<ImageFormat>().unwrap_err();
-        assert!(e.to_string().contains("format=qcow2"), "{e}");
+        assert_eq!("qcow2".parse(), Ok(ImageFormat::Qcow2));
+        let e = "vmdk".parse::<ImageFormat>().unwrap_err();
+        assert!(e.to_string().contains("format=vmdk"), "{e}");
+    }
+
+    fn qcow2_header(version: u32, crypt: u32, incompatible: u64) -> Vec<u8> {
+        let mut h = vec![0u8; 112];
+        h[..4].copy_from_slice(b"QFI\xfb");
+        h[4..8].copy_from_slice(&version.to_be_bytes());
+        h[32..36].copy_from_slice(&crypt.to_be_bytes());
+        h[72..80].copy_from_slice(&incompatible.to_be_bytes());
+        h
+    }
+
+    #[test]
+    fn encrypted_and_unknown_feature_qcow2_headers_are_refused_by_name() {
+        assert_eq!(check_qcow2(&qcow2_header(3, 0, 0)), Ok(()));
+        assert_eq!(check_qcow2(&qcow2_header(2, 0, 0)), Ok(()));
+        // The external data file bit is served.
+        assert_eq!(check_qcow2(&qcow2_header(3, 0, 1 << 2)), Ok(()));
+        let luks = check_qcow2(&qcow2_header(3, 2, 0)).unwrap_err();
+        assert_eq!(luks, Qcow2Refusal::Encrypted(2));
+        assert!(luks.to_string().contains("LUKS"), "{luks}");
+        let aes = check_qcow2(&qcow2_header(2, 1, 0)).unwrap_err();
+        assert!(aes.to_string().contains("AES"), "{aes}");
+        let dirty = check_qcow2(&qcow2_header(3, 0, 1)).unwrap_err();
+        assert!(dirty.to_string().contains("dirty") && dirty.to_string().contains("check -r all"));
+        let unknown = check_qcow2(&qcow2_header(3, 0, (1 << 4) | (1 << 9))).unwrap_err();
+        assert_eq!(unknown, Qcow2Refusal::Incompatible((1 << 4) | (1 << 9)));
+        let text = unknown.to_string();
+        assert!(
+            text.contains("extended L2") && text.contains("9 (unknown)"),
+            "{text}"
+        );
+        assert_eq!(
+            check_qcow2(&qcow2_header(4, 0, 0)),
+            Err(Qcow2Refusal::Version(4))
+        );
+        assert_eq!(
+            check_qcow2(&qcow2_header(3, 0, 0)[..80]),
+            Err(Qcow2Refusal::Truncated(80))
+        );
+        assert_eq!(check_qcow2(b"QFI\xfb"), Err(Qcow2Refusal::Truncated(4)));
     }
 }

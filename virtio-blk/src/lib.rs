@@ -7,11 +7,19 @@
 //! transport, a command line or signals.
 //!
 //! * [`spec`]: the specification's numbers (from `virtio-bindings`) and the config space.
-//! * [`device::BlockDevice`]: an image (a file or a block device, `O_DIRECT`), its capacity,
-//!   serial, read-only flag, the feature bits and config space it offers.
-//! * [`format::probe`]: an image's format from its first bytes (QEMU's probe): an image
-//!   whose header is qcow2's, QED's, VMDK's, VDI's, VHDX's, VHD's, Parallels' or LUKS's is
-//!   refused unless the disk says `format=raw`, so no such file is served as raw by mistake.
+//! * [`device::BlockDevice`]: an image (a raw file or block device, `O_DIRECT`; a qcow2 image
+//!   and its backing chain; or the null device), its capacity, serial, read-only flag, the
+//!   feature bits and config space it offers.
+//! * [`format::probe`]: an image's format from its first bytes (QEMU's probe): with
+//!   `format=auto` a qcow2 header is served as qcow2, and one of QED, VMDK, VDI, VHDX, VHD,
+//!   Parallels or LUKS is refused unless the disk says `format=raw`, so no such file is
+//!   served as raw by mistake; a probed raw image refuses a write that would give it such a
+//!   header. [`format::check_qcow2`] refuses encrypted qcow2 images and unknown incompatible
+//!   features before they are opened.
+//! * qcow2 (feature `qcow2`, on by default): served through the `imago` crate, whose storage
+//!   does its I/O on the engine of the queue serving each request (guest buffers straight to
+//!   the engine, metadata through engine-owned buffers); queues on several iothreads share one
+//!   image. The raw path does not go through it.
 //! * [`chain::parse_chain`]: a descriptor chain checked against the memory table, the queue,
 //!   the directions and the capacity before anything is touched; a bad one is
 //!   `VIRTIO_BLK_S_IOERR` (an unknown type `VIRTIO_BLK_S_UNSUPP`), never a panic.
@@ -55,6 +63,8 @@ pub mod dataplane;
 pub mod device;
 pub mod driver;
 pub mod format;
+#[cfg(feature = "qcow2")]
+mod image;
 pub mod inflight;
 pub mod queue;
 mod request;

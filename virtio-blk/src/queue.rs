@@ -52,7 +52,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use crate::chain::{parse_chain, parse_head, BlkRequest, RefusedChain};
 use crate::device::BlockDevice;
 use crate::inflight::{Inflight, InflightLog};
-use crate::request::{Completer, RawImage};
+use crate::request::{Completer, Store};
 
 /// The guest's memory as one request sees it: the mappings stay while any holder lives.
 pub type GuestMemory = Arc<GuestMemoryMmap>;
@@ -146,7 +146,7 @@ pub struct VirtioBlkQueue<L: EventLoop + 'static, E: IoEngine + 'static> {
 /// The ring side of a queue: what it takes, what it completes, when it interrupts. The
 /// requests themselves run on `store`.
 struct Inner<L: EventLoop + 'static, E: IoEngine + 'static> {
-    store: RawImage<L, E>,
+    store: Store<L, E>,
     queue: RefCell<Queue>,
     mem: RefCell<GuestMemory>,
     kick: File,
@@ -202,7 +202,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> VirtioBlkQueue<L, E> {
             None => (None, Vec::new()),
         };
         let inner = Rc::new(Inner {
-            store: RawImage::new(device, engine),
+            store: Store::new(device, engine),
             queue: RefCell::new(queue),
             mem: RefCell::new(mem),
             kick,
@@ -366,7 +366,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
             let polling = self.polling.get();
             let taken = self.take_requests(&mem, polling);
             for request in taken {
-                self.start_request(&mem, request);
+                self.start_request(ctx, &mem, request);
             }
             if polling {
                 break;
@@ -429,7 +429,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
             self.log_taken(head);
             self.bump(|s| s.resubmitted += 1);
             let request = parse_head(&mem, table, size, head, &limits);
-            self.start_request(&mem, request);
+            self.start_request(ctx, &mem, request);
         }
         self.store.unplug();
     }
@@ -448,13 +448,14 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
     /// here (its status, or none if even that cannot be written).
     fn start_request(
         self: &Rc<Self>,
+        ctx: &AioContext<L>,
         mem: &GuestMemory,
         request: Result<BlkRequest, RefusedChain>,
     ) {
         self.bump(|s| s.requests += 1);
         self.in_flight.set(self.in_flight.get() + 1);
         match request {
-            Ok(request) => self.store.execute(self, mem, request),
+            Ok(request) => self.store.execute(ctx, self, mem, request),
             Err(refused) => {
                 self.bump(|s| s.refused += 1);
                 match refused.status {

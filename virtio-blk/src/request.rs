@@ -6,20 +6,25 @@
 //! the status rules (a discard the image cannot do is not an error), and `GET_ID`. It never
 //! touches the ring: the queue ([`crate::queue`]) takes chains and writes used elements, and is
 //! told each status through [`Completer`]. This is the seam where a request meets its backing
-//! store: today a raw file or block device through an engine.
+//! store ([`Store`]): a raw file or block device through the engine, a qcow2 image through
+//! `imago` on the same engine ([`crate::image`]), or nothing (the null device).
+//!
+//! * A probed raw image (`format=auto`) refuses a write that would put a known format's magic
+//!   into sector 0, as QEMU's raw driver does for a probed image: the next open would take
+//!   the disk for that format.
 
 use std::rc::Rc;
 use std::sync::Arc;
 
 use aio_core::engine::{AlignedBuf, AttachedEngine, Completion, GuestIovecs, IoBuffers, IoEngine};
 use aio_core::engine::{Request, RequestError};
-use aio_core::EventLoop;
-use vm_memory::{Bytes, GuestMemoryBackend};
+use aio_core::{AioContext, EventLoop};
+use vm_memory::{Address, Bytes, GuestMemoryBackend};
 
 use crate::chain::{BlkOp, BlkRequest, Segment};
-use crate::device::BlockDevice;
+use crate::device::{Backing, BlockDevice};
 use crate::queue::GuestMemory;
-use crate::spec;
+use crate::{format, spec};
 
 /// The ring side of a request: told once, with the request's status, when it is done.
 pub(crate) trait Completer: 'static {
@@ -29,27 +34,29 @@ pub(crate) trait Completer: 'static {
     fn bounced(&self);
 }
 
-/// A raw image (a file or a block device, opened by [`BlockDevice`]) served through one
-/// engine attached to the queue's context.
-pub(crate) struct RawImage<L: EventLoop + 'static, E: IoEngine + 'static> {
+/// A disk's requests served on one queue's context: through `engine` for a raw image, through
+/// imago on the same engine for a qcow2 image, at once for the null device.
+pub(crate) struct Store<L: EventLoop + 'static, E: IoEngine + 'static> {
     device: Arc<BlockDevice>,
     engine: AttachedEngine<L, E>,
+    /// The same engine, as a qcow2 image's storage reaches it.
+    #[cfg(feature = "qcow2")]
+    image_engine: Rc<dyn crate::image::ImageEngine>,
 }
 
-impl<L: EventLoop + 'static, E: IoEngine + 'static> RawImage<L, E> {
+impl<L: EventLoop + 'static, E: IoEngine + 'static> Store<L, E> {
     pub(crate) fn new(device: Arc<BlockDevice>, engine: AttachedEngine<L, E>) -> Self {
-        RawImage { device, engine }
+        Store {
+            device,
+            #[cfg(feature = "qcow2")]
+            image_engine: Rc::new(engine.clone()),
+            engine,
+        }
     }
 
     /// The disk.
     pub(crate) fn device(&self) -> &BlockDevice {
         &self.device
-    }
-
-    /// Where the disk's byte `offset` is in the file: the chain's offsets are the disk's, and a
-    /// window starts past the file's start.
-    fn file_offset(&self, offset: u64) -> u64 {
-        offset + self.device.offset()
     }
 
     /// Holds the engine's submissions until [`unplug`](Self::unplug): one batch per kick.
@@ -62,15 +69,112 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> RawImage<L, E> {
         self.engine.unplug();
     }
 
-    /// Runs `request` and tells `ring` its status, now (`GET_ID`, a refusal) or from the
-    /// engine's completion.
+    /// Runs `request` and tells `ring` its status, now (`GET_ID`, a refusal, the null
+    /// device) or when its I/O completes.
     pub(crate) fn execute<C: Completer>(
         &self,
+        ctx: &AioContext<L>,
         ring: &Rc<C>,
         mem: &GuestMemory,
         request: BlkRequest,
     ) {
-        let file = self.device.file();
+        if let BlkOp::GetId { buf } = &request.op {
+            let ok = mem.write_slice(&self.device.id_bytes(), buf.addr).is_ok();
+            let status = if ok { spec::S_OK } else { spec::S_IOERR };
+            return ring.finish(mem, &request, status);
+        }
+        match self.device.backing() {
+            Backing::Raw {
+                file,
+                offset,
+                probed,
+            } => {
+                let raw = RawImage {
+                    file,
+                    offset: *offset,
+                    engine: &self.engine,
+                };
+                if *probed && writes_format_magic(mem, &request.op) {
+                    return ring.finish(mem, &request, spec::S_IOERR);
+                }
+                raw.execute(ring, mem, request);
+            }
+            Backing::Null => {
+                let status = null_status(mem, &request.op);
+                ring.finish(mem, &request, status);
+            }
+            #[cfg(feature = "qcow2")]
+            Backing::Qcow2(image) => {
+                crate::image::execute(ctx, image, &self.image_engine, ring, mem, request)
+            }
+        }
+        #[cfg(not(feature = "qcow2"))]
+        let _ = ctx;
+    }
+}
+
+/// Whether `op` writes sector 0 with data whose first bytes are a known format's magic.
+fn writes_format_magic(mem: &GuestMemory, op: &BlkOp) -> bool {
+    let BlkOp::Write {
+        offset: 0,
+        segments,
+    } = op
+    else {
+        return false;
+    };
+    let mut head = [0u8; format::PROBE_BYTES];
+    let mut at = 0;
+    for s in segments {
+        let n = (s.len as usize).min(head.len() - at);
+        if n == 0 {
+            break;
+        }
+        if mem.read_slice(&mut head[at..at + n], s.addr).is_err() {
+            return true; // Unreadable: refused anyway.
+        }
+        at += n;
+    }
+    format::probe(&head[..at]).is_some()
+}
+
+/// The null device: a read fills its buffers with zeros, everything else succeeds.
+fn null_status(mem: &GuestMemory, op: &BlkOp) -> u8 {
+    static ZEROS: [u8; 4096] = [0; 4096];
+    if let BlkOp::Read { segments, .. } = op {
+        for s in segments {
+            let mut done = 0usize;
+            while done < s.len as usize {
+                let n = (s.len as usize - done).min(ZEROS.len());
+                let addr = s.addr.unchecked_add(done as u64);
+                if mem.write_slice(&ZEROS[..n], addr).is_err() {
+                    return spec::S_IOERR;
+                }
+                done += n;
+            }
+        }
+    }
+    spec::S_OK
+}
+
+/// A raw image (a file or a block device, opened by [`BlockDevice`]), from `offset`, served
+/// through one engine attached to the queue's context.
+struct RawImage<'a, L: EventLoop + 'static, E: IoEngine + 'static> {
+    file: &'a aio_core::engine::IoFile,
+    offset: u64,
+    engine: &'a AttachedEngine<L, E>,
+}
+
+impl<L: EventLoop + 'static, E: IoEngine + 'static> RawImage<'_, L, E> {
+    /// Where the disk's byte `offset` is in the file: the chain's offsets are the disk's, and a
+    /// window starts past the file's start.
+    fn file_offset(&self, offset: u64) -> u64 {
+        offset + self.offset
+    }
+
+    /// Runs `request` (not `GET_ID`) and tells `ring` its status, now (a refusal) or from the
+    /// engine's completion.
+    fn execute<C: Completer>(&self, ring: &Rc<C>, mem: &GuestMemory, request: BlkRequest) {
+        let file = self.file;
         let token = u64::from(request.head);
         let at = |offset: &u64| self.file_offset(*offset);
         let io = match &request.op {
@@ -87,11 +191,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> RawImage<L, E> {
             BlkOp::WriteZeroes { offset, len, unmap } => {
                 Request::write_zeroes(file, at(offset), *len, *unmap, token)
             }
-            BlkOp::GetId { buf } => {
-                let ok = mem.write_slice(&self.device.id_bytes(), buf.addr).is_ok();
-                let status = if ok { spec::S_OK } else { spec::S_IOERR };
-                return ring.finish(mem, &request, status);
-            }
+            BlkOp::GetId { .. } => return ring.finish(mem, &request, spec::S_IOERR),
         };
         self.submit(ring, mem, request, io);
     }
@@ -134,7 +234,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> RawImage<L, E> {
     /// `O_DIRECT`): copied from guest memory before a write, into it after a read.
     fn bounce<C: Completer>(&self, ring: &Rc<C>, mem: &GuestMemory, request: BlkRequest) {
         ring.bounced();
-        let file = self.device.file();
+        let file = self.file;
         let token = u64::from(request.head);
         let io = match &request.op {
             BlkOp::Read { offset, segments } => {

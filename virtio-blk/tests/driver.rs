@@ -214,13 +214,18 @@ fn a_window_of_an_image_is_a_disk_of_its_own() {
     let whole = BlockDevice::open(&path, DiskOptions::default()).unwrap();
     // Bad windows: not whole sectors, or empty.
     for (offset, size) in [(100, 4096), (0, 1000), (4096, 0)] {
-        let e = BlockDevice::window(whole.file().clone(), offset, size, DiskOptions::default());
+        let e = BlockDevice::window(
+            whole.file().unwrap().clone(),
+            offset,
+            size,
+            DiskOptions::default(),
+        );
         assert!(e.is_err(), "{offset} {size}");
     }
     // The second MiB as a disk: its sector 8 is the image's byte 1 MiB + 4 KiB, and a read
     // past its 1 MiB is refused although the image goes on.
     let window = BlockDevice::window(
-        whole.file().clone(),
+        whole.file().unwrap().clone(),
         1 << 20,
         1 << 20,
         DiskOptions::default(),

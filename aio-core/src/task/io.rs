@@ -96,9 +96,20 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> AttachedEngine<L, E> {
     /// [`RequestError`](crate::engine::RequestError)'s conversion) and its memory back. The request's
     /// own token is kept in the completion.
     pub fn run(&self, request: Request) -> RequestFuture<L, E> {
+        self.run_keeping(request, ())
+    }
+
+    /// [`AttachedEngine::run`], holding `keep` until the engine is done with the request's
+    /// memory (its completion, or the discarded late completion of a dropped future): what
+    /// keeps caller-owned memory mapped, such as the guest memory table behind a
+    /// [`GuestIovecs`] request, goes here, so that dropping the future early never unmaps it
+    /// under the kernel.
+    pub fn run_keeping<K: 'static>(&self, request: Request, keep: K) -> RequestFuture<L, E> {
         let shared = Rc::new(RefCell::new(OpShared::default()));
         let s = shared.clone();
         let submitted = self.submit_with(request, move |_, _, completion| {
+            // Released here: the engine has finished with the request's memory.
+            let _keep = keep;
             let waker = {
                 let mut st = s.borrow_mut();
                 if st.abandoned {

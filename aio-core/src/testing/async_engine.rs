@@ -72,10 +72,10 @@ pub fn async_requests_complete_exactly_once_at_qd32<E, L>(
 }
 
 /// Futures dropped with their requests in flight (tasks aborted): the engine keeps the
-/// buffers until the kernel or the worker is done (nothing freed early), then the late
-/// completions are discarded and every buffer is freed (nothing leaked). The engine's
-/// completions are held back 200 ms (the fault engine), so the requests are surely in flight
-/// when the futures go.
+/// buffers, and what `run_keeping` keeps with them, until the kernel or the worker is done
+/// (nothing freed early), then the late completions are discarded and every buffer and kept
+/// value is released (nothing leaked). The engine's completions are held back 200 ms (the
+/// fault engine), so the requests are surely in flight when the futures go.
 pub fn dropped_futures_free_nothing_early_and_leak_nothing<E, L>(
     engine: impl Fn() -> E,
     monitor: impl Fn() -> L,
@@ -93,18 +93,22 @@ pub fn dropped_futures_free_nothing_early_and_leak_nothing<E, L>(
     let tmp = TempFile::with_len(16 * BLOCK, 3);
     let file = tmp.open(0).unwrap();
     let before = live_buffers();
+    // What each request keeps (`run_keeping`): held as long as its buffer.
+    let keep = Rc::new(());
+    let kept = || Rc::strong_count(&keep) as isize - 1;
     let tasks: Vec<_> = (0..16u64)
         .map(|i| {
-            let read = attached.read(&file, i * BLOCK as u64, AlignedBuf::new(BLOCK));
+            let request = Request::read(&file, i * BLOCK as u64, AlignedBuf::new(BLOCK), i);
+            let read = attached.run_keeping(request, keep.clone());
             ctx.spawn(async move {
-                let (result, _buf) = read.await;
-                result.unwrap();
+                read.await.result.unwrap();
                 unreachable!("aborted before the completion");
             })
         })
         .collect();
     assert_eq!(attached.in_flight(), 16);
     assert_eq!(live_buffers(), before + 16);
+    assert_eq!(kept(), 16);
     for t in &tasks {
         t.abort();
     }
@@ -125,8 +129,10 @@ pub fn dropped_futures_free_nothing_early_and_leak_nothing<E, L>(
         held as isize,
         "nothing freed early"
     );
+    assert_eq!(kept(), held as isize, "nothing kept released early");
     super::poll_until(&ctx, "the late completions", || attached.in_flight() == 0);
     assert_eq!(live_buffers(), before, "every buffer freed, none leaked");
+    assert_eq!(kept(), 0, "every kept value released");
     for t in tasks {
         assert!(matches!(
             ctx.block_on(t),

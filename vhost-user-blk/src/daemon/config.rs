@@ -49,7 +49,7 @@ impl Config {
 pub struct DiskSpec {
     /// Where the vhost-user socket goes.
     pub socket: PathBuf,
-    /// The image (a file or a block device).
+    /// The image (a file or a block device), or `null`: the null device (see `size`).
     pub image: PathBuf,
     /// `readonly=on`.
     pub read_only: bool,
@@ -57,8 +57,32 @@ pub struct DiskSpec {
     pub serial: String,
     /// `queues=Q` (default 1).
     pub queues: u16,
-    /// `format=auto|raw` (default auto: an image with a known format's header is refused).
+    /// `format=auto|raw|qcow2` (default auto: a qcow2 header is served as qcow2, another
+    /// known format's header is refused, anything else is raw).
     pub format: ImageFormat,
+    /// `size=BYTES` (suffixes K, M, G, T): the size of the null device (`image=null`), which
+    /// has no file to take it from.
+    pub size: Option<u64>,
+}
+
+impl DiskSpec {
+    /// Whether the disk is the null device (`image=null`; a file named `null` is
+    /// `image=./null`).
+    pub fn is_null(&self) -> bool {
+        self.image.as_os_str() == "null"
+    }
+}
+
+/// `BYTES` with an optional binary suffix (K, M, G, T), as QEMU's sizes.
+fn parse_size(value: &str) -> Option<u64> {
+    let (digits, shift) = match value.char_indices().last()? {
+        (i, 'k' | 'K') => (&value[..i], 10),
+        (i, 'm' | 'M') => (&value[..i], 20),
+        (i, 'g' | 'G') => (&value[..i], 30),
+        (i, 't' | 'T') => (&value[..i], 40),
+        _ => (value, 0),
+    };
+    digits.parse::<u64>().ok()?.checked_mul(1u64 << shift)
 }
 
 impl std::fmt::Display for DiskSpec {
@@ -81,6 +105,9 @@ impl std::fmt::Display for DiskSpec {
         }
         if self.format != ImageFormat::Auto {
             write!(f, ",format={}", self.format.name())?;
+        }
+        if let Some(size) = self.size {
+            write!(f, ",size={size}")?;
         }
         Ok(())
     }
@@ -108,6 +135,7 @@ fn parse_disk(s: &str) -> Result<DiskSpec, String> {
         serial: String::new(),
         queues: 1,
         format: ImageFormat::Auto,
+        size: None,
     };
     for item in s.split(',') {
         let (key, value) = item
@@ -133,15 +161,27 @@ fn parse_disk(s: &str) -> Result<DiskSpec, String> {
                     .ok_or_else(|| format!("queues={value}: expected 1 to 256"))?
             }
             "format" => spec.format = value.parse().map_err(|e| format!("{e}"))?,
+            "size" => {
+                spec.size = Some(parse_size(value).ok_or_else(|| {
+                    format!("size={value}: expected a number of bytes (suffix K, M, G or T)")
+                })?)
+            }
             other => {
                 return Err(format!(
-                    "unknown key '{other}' (socket, image, readonly, serial, queues, format)"
+                    "unknown key '{other}' (socket, image, readonly, serial, queues, format, size)"
                 ))
             }
         }
     }
     spec.socket = socket.ok_or("socket=PATH is missing")?;
     spec.image = image.ok_or("image=PATH is missing")?;
+    match (spec.is_null(), spec.size) {
+        (true, None) => return Err("image=null needs size=BYTES".into()),
+        (false, Some(_)) => {
+            return Err("size= is the null device's (image=null); an image has its own".into())
+        }
+        _ => {}
+    }
     Ok(spec)
 }
 
@@ -183,9 +223,33 @@ mod tests {
             d.to_string(),
             "socket=/tmp/s,image=/tmp/i,readonly=on,serial=abc,queues=4"
         );
-        let e = "socket=/s,image=/i,format=qcow2"
+        let e = "socket=/s,image=/i,format=vmdk"
             .parse::<DiskSpec>()
             .unwrap_err();
-        assert!(e.to_string().contains("format=qcow2"), "{e}");
+        assert!(e.to_string().contains("format=vmdk"), "{e}");
+        let q: DiskSpec = "socket=/s,image=/i.qcow2,format=qcow2".parse().unwrap();
+        assert_eq!(q.format, ImageFormat::Qcow2);
+    }
+
+    #[test]
+    fn the_null_device_takes_a_size_and_only_it_does() {
+        let d: DiskSpec = "socket=/s,image=null,size=1G".parse().unwrap();
+        assert!(d.is_null());
+        assert_eq!(d.size, Some(1 << 30));
+        assert_eq!(d.to_string(), "socket=/s,image=null,size=1073741824");
+        assert_eq!(d.to_string().parse::<DiskSpec>().unwrap(), d);
+        let e = |s: &str| s.parse::<DiskSpec>().unwrap_err().to_string();
+        assert!(e("socket=/s,image=null").contains("size="));
+        assert!(e("socket=/s,image=/i,size=1G").contains("null"));
+        assert!(e("socket=/s,image=null,size=12Q").contains("size=12Q"));
+        assert!(e("socket=/s,image=null,size=99999999999T").contains("size="));
+        assert!(!"socket=/s,image=./null"
+            .parse::<DiskSpec>()
+            .unwrap()
+            .is_null());
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("64k"), Some(64 << 10));
+        assert_eq!(parse_size("2M"), Some(2 << 20));
+        assert_eq!(parse_size("G"), None);
     }
 }

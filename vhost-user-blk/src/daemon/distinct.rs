@@ -47,7 +47,16 @@ fn image_key(path: &Path) -> Option<ImageKey> {
 /// read-only; the error names both `--disk` arguments.
 pub(super) fn check(disks: &[DiskSpec]) -> Result<(), DaemonError> {
     let sockets: Vec<PathBuf> = disks.iter().map(|d| socket_key(&d.socket)).collect();
-    let images: Vec<Option<ImageKey>> = disks.iter().map(|d| image_key(&d.image)).collect();
+    let images: Vec<Option<ImageKey>> = disks
+        .iter()
+        .map(|d| {
+            if d.is_null() {
+                None
+            } else {
+                image_key(&d.image)
+            }
+        })
+        .collect();
     for (j, second) in disks.iter().enumerate() {
         for (i, first) in disks[..j].iter().enumerate() {
             let conflict = |reason: String| DaemonError::Conflict {

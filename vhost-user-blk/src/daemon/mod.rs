@@ -167,10 +167,24 @@ pub fn run(config: &Config, stop: &StopHandle) -> Result<(), DaemonError> {
             queues: d.queues,
             format: d.format,
         };
-        let device = BlockDevice::open(&d.image, options).map_err(|e| DaemonError::Disk {
+        let device = match d.size {
+            Some(size) if d.is_null() => BlockDevice::null(size, options),
+            _ => BlockDevice::open(&d.image, options),
+        }
+        .map_err(|e| DaemonError::Disk {
             spec: d.socket.display().to_string(),
             source: e.into(),
         })?;
+        let chain = device.backing_chain();
+        if !chain.is_empty() {
+            let names: Vec<_> = chain.iter().map(|p| p.display().to_string()).collect();
+            eprintln!(
+                "aio-vhost-user-blk: {}: {} image, backing chain {}",
+                d.image.display(),
+                device.format_name(),
+                names.join(" <- ")
+            );
+        }
         devices.push(Arc::new(device));
     }
     let mut threads = Vec::new();
@@ -224,6 +238,12 @@ pub fn run(config: &Config, stop: &StopHandle) -> Result<(), DaemonError> {
     drop(sockets);
     for t in threads {
         t.stop()?;
+    }
+    // Every queue has stopped: what the images cache (qcow2 metadata) is written now.
+    for (d, device) in config.disks.iter().zip(&devices) {
+        if let Err(e) = device.close() {
+            eprintln!("aio-vhost-user-blk: {}: closing: {e}", d.image.display());
+        }
     }
     Ok(())
 }

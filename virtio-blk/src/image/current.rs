@@ -1,0 +1,149 @@
+//! Which engine an image's I/O runs on: the one of the queue whose request is being served.
+//!
+//! This module owns the per-request I/O context ([`RequestIo`]), the thread-local slot that
+//! holds it while the request's future is polled ([`WithIo`]), and the small executor that
+//! runs an image's futures where no queue serves a request (opening, the final flush). It
+//! never touches the image's format.
+//!
+//! * imago's storage object is shared by every iothread serving the image (`Send + Sync`),
+//!   while an engine belongs to one iothread's context (`!Send`). So the storage does not hold
+//!   an engine: each request's future runs inside a [`WithIo`], which makes that request's
+//!   engine, guest memory and guest ranges the current ones for the duration of every poll.
+//!   imago spawns no tasks, so every storage call a request makes happens inside its polls.
+//! * Outside a request (no current [`RequestIo`]) the storage does blocking syscalls on the
+//!   calling thread: opening an image and flushing it at shutdown are not on a queue's path.
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread::Thread;
+
+use aio_core::engine::{AttachedEngine, Completion, IoEngine, Request};
+use aio_core::EventLoop;
+
+use super::storage::WriteInFlight;
+use crate::queue::GuestMemory;
+
+/// An engine attached to the current thread's context, with its type erased (the storage is
+/// shared by iothreads whose engines may differ in type).
+pub(crate) trait ImageEngine {
+    /// Submits `request`; `keep` is held until the engine is done with the request's memory,
+    /// even if the returned future is dropped first.
+    fn run(&self, request: Request, keep: Keep) -> Pin<Box<dyn Future<Output = Completion>>>;
+}
+
+impl<L: EventLoop + 'static, E: IoEngine + 'static> ImageEngine for AttachedEngine<L, E> {
+    fn run(&self, request: Request, keep: Keep) -> Pin<Box<dyn Future<Output = Completion>>> {
+        Box::pin(self.run_keeping(request, keep))
+    }
+}
+
+/// What a request in flight holds until the engine is done with its memory: held, never
+/// read (dropping it is the point).
+#[derive(Default)]
+#[allow(dead_code)]
+pub(crate) struct Keep {
+    /// The guest memory table its iovecs point into (a direct read or write).
+    pub(crate) memory: Option<GuestMemory>,
+    /// Counts it among the image's modifying requests in flight (imago's `settle_writes`).
+    pub(crate) write: Option<WriteInFlight>,
+}
+
+/// One request's I/O context: its queue's engine, and the guest memory its data lives in.
+pub(crate) struct RequestIo {
+    pub(crate) engine: Rc<dyn ImageEngine>,
+    /// The memory table the request was parsed against.
+    pub(crate) memory: GuestMemory,
+    /// The host address ranges `[start, end)` of the request's data segments: a buffer imago
+    /// hands the storage inside one of them is guest memory (direct I/O, with `memory` held by
+    /// the engine); any other buffer is imago's own and goes through an engine-owned copy.
+    pub(crate) guest: Vec<(usize, usize)>,
+}
+
+impl RequestIo {
+    /// Whether `[base, base + len)` lies inside one of the request's guest segments.
+    pub(crate) fn is_guest(&self, base: usize, len: usize) -> bool {
+        let end = base.saturating_add(len);
+        self.guest.iter().any(|&(s, e)| s <= base && end <= e)
+    }
+}
+
+thread_local! {
+    /// The request whose future is being polled on this thread, if any.
+    static CURRENT: RefCell<Option<Rc<RequestIo>>> = const { RefCell::new(None) };
+}
+
+/// The request being served on this thread, if any.
+pub(crate) fn current() -> Option<Rc<RequestIo>> {
+    CURRENT.with(|c| c.borrow().clone())
+}
+
+/// Runs `f` with `io` as the current request (`None`: none), restoring the previous one after,
+/// a panic included.
+fn with_io<R>(io: Option<Rc<RequestIo>>, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<Rc<RequestIo>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let previous = self.0.take();
+            CURRENT.with(|c| *c.borrow_mut() = previous);
+        }
+    }
+    let previous = CURRENT.with(|c| std::mem::replace(&mut *c.borrow_mut(), io));
+    let _restore = Restore(previous);
+    f()
+}
+
+/// A request's future, polled with its [`RequestIo`] current.
+pub(crate) struct WithIo<F> {
+    io: Rc<RequestIo>,
+    inner: Pin<Box<F>>,
+}
+
+impl<F: Future> WithIo<F> {
+    pub(crate) fn new(io: RequestIo, inner: F) -> Self {
+        WithIo {
+            io: Rc::new(io),
+            inner: Box::pin(inner),
+        }
+    }
+}
+
+impl<F: Future> Future for WithIo<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.get_mut();
+        let io = this.io.clone();
+        with_io(Some(io), || this.inner.as_mut().poll(cx))
+    }
+}
+
+/// Wakes the thread parked in [`block_on`].
+struct Unpark(Thread);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Runs `future` to its end on the calling thread, with no request current (so the storage
+/// does blocking syscalls), parking while it waits for a lock another thread holds.
+pub(crate) fn block_on<F: Future>(future: F) -> F::Output {
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    with_io(None, || loop {
+        if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+            return out;
+        }
+        std::thread::park();
+    })
+}

@@ -1,0 +1,228 @@
+//! Disk images served through `imago`: a qcow2 image and its backing chain, on aio-rs's
+//! engines.
+//!
+//! This module owns opening an image (its header checked first, the chain followed read-only,
+//! loops and refused formats named), the lock that lets a discard change mappings no request
+//! is using, and the final flush. The storage under it is `storage.rs`, the per-request engine
+//! `current.rs`, a request's ops `requests.rs`; the raw path never comes here.
+//!
+//! * **One image, many iothreads.** The image is `Send + Sync`: queues on several iothreads
+//!   serve it at once. Reads, writes, flushes and write-zeroes share it; a discard (and a
+//!   write-zeroes that unmaps) takes it alone, since freeing clusters may change mappings a
+//!   concurrent request holds (imago's rule for `discard_to_*`).
+//! * **Metadata is the image's.** A flush writes imago's cached metadata and syncs every
+//!   file; dropping the image (or [`Qcow2Image::close`]) flushes it, so a stop leaves
+//!   `qemu-img check` clean.
+
+mod blocking;
+mod current;
+mod requests;
+mod storage;
+
+use std::cell::RefCell;
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use imago::format::gate::ImplicitOpenGate;
+use imago::format::Format;
+use imago::qcow2::Qcow2;
+use imago::{FormatAccess, FormatDriverBuilder, StorageOpenOptions};
+use tokio::sync::RwLock;
+
+pub(crate) use current::ImageEngine;
+pub(crate) use requests::execute;
+use storage::EngineStorage;
+
+use crate::device::DeviceError;
+use crate::format::{self, KnownFormat};
+
+/// The longest backing chain followed (QEMU has no fixed limit; a chain this long is a loop
+/// the path check missed, or a mistake).
+const MAX_CHAIN: usize = 64;
+
+/// A qcow2 image open for serving.
+pub(crate) struct Qcow2Image {
+    access: RwLock<FormatAccess<EngineStorage>>,
+    path: PathBuf,
+    /// The backing files opened, nearest first.
+    chain: Vec<PathBuf>,
+    writable: bool,
+}
+
+impl fmt::Debug for Qcow2Image {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Qcow2Image")
+            .field("path", &self.path)
+            .field("chain", &self.chain)
+            .field("writable", &self.writable)
+            .finish()
+    }
+}
+
+/// Reads the first 4 KiB of `path` (or all of it, if smaller).
+fn read_header(path: &Path) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut head = Vec::with_capacity(4096);
+    std::fs::File::open(path)?
+        .take(4096)
+        .read_to_end(&mut head)?;
+    Ok(head)
+}
+
+/// Checks that `path` holds a qcow2 image that may be served.
+fn check_qcow2_header(path: &Path, head: &[u8]) -> Result<(), DeviceError> {
+    match format::probe(head) {
+        Some(KnownFormat::Qcow2) => {
+            format::check_qcow2(head).map_err(|reason| DeviceError::Qcow2Refused {
+                path: path.to_path_buf(),
+                reason,
+            })
+        }
+        found => Err(DeviceError::NotQcow2 {
+            path: path.to_path_buf(),
+            found,
+        }),
+    }
+}
+
+/// The gate every file of the chain is opened through: read-only backing layers, their headers
+/// checked, no loops, no endless chains. A refusal is kept typed for the caller (imago turns
+/// what the gate returns into an `io::Error` with context).
+#[derive(Clone, Default)]
+struct ChainGate {
+    /// Canonical paths opened so far, the image first.
+    seen: Rc<RefCell<Vec<PathBuf>>>,
+    /// Backing layers opened, nearest first.
+    chain: Rc<RefCell<Vec<PathBuf>>>,
+    refusal: Rc<RefCell<Option<DeviceError>>>,
+}
+
+impl ChainGate {
+    fn refuse(&self, e: DeviceError) -> io::Error {
+        let text = e.to_string();
+        self.refusal.borrow_mut().get_or_insert(e);
+        io::Error::new(io::ErrorKind::InvalidData, text)
+    }
+
+    /// Records `path` as opened, refusing a loop or an overlong chain.
+    fn visit(&self, path: &Path) -> io::Result<()> {
+        let canonical = std::fs::canonicalize(path)?;
+        let mut seen = self.seen.borrow_mut();
+        if seen.contains(&canonical) || seen.len() >= MAX_CHAIN {
+            drop(seen);
+            return Err(self.refuse(DeviceError::BackingLoop {
+                path: path.to_path_buf(),
+            }));
+        }
+        seen.push(canonical);
+        Ok(())
+    }
+}
+
+impl ImplicitOpenGate<EngineStorage> for ChainGate {
+    async fn open_format<F: FormatDriverBuilder<EngineStorage>>(
+        &mut self,
+        builder: F,
+    ) -> io::Result<FormatAccess<EngineStorage>> {
+        // A backing layer: its header is checked as the image's was (a raw backing file must
+        // not be another format, a qcow2 one must be servable).
+        if let Some(path) = builder.get_image_path() {
+            let head = read_header(&path)?;
+            let refused = match F::FORMAT {
+                Format::Qcow2 => check_qcow2_header(&path, &head).err(),
+                _ => format::probe(&head).map(|format| DeviceError::BackingFormat {
+                    path: path.clone(),
+                    format,
+                }),
+            };
+            if let Some(e) = refused {
+                return Err(self.refuse(e));
+            }
+            self.chain.borrow_mut().push(path);
+        }
+        let layer = Box::pin(builder.write(false).open(self.clone())).await?;
+        Ok(FormatAccess::new(layer))
+    }
+
+    async fn open_storage(&mut self, opts: StorageOpenOptions) -> io::Result<EngineStorage> {
+        let path = opts
+            .get_filename()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name given"))?
+            .to_path_buf();
+        self.visit(&path)?;
+        EngineStorage::open_path(&path, opts.get_writable())
+    }
+}
+
+impl Qcow2Image {
+    /// Opens the qcow2 image at `path` (for writing when `writable`) and its backing chain
+    /// (read-only), after checking every header.
+    pub(crate) fn open(path: &Path, writable: bool) -> Result<Self, DeviceError> {
+        let failed = |source| DeviceError::Image {
+            path: path.to_path_buf(),
+            source,
+        };
+        let head = read_header(path).map_err(failed)?;
+        check_qcow2_header(path, &head)?;
+        let gate = ChainGate::default();
+        gate.visit(path).map_err(failed)?;
+        let storage = EngineStorage::open_path(path, writable).map_err(failed)?;
+        let opened = current::block_on(
+            Qcow2::<EngineStorage>::builder(storage)
+                .write(writable)
+                .open(gate.clone()),
+        );
+        let qcow2 = match opened {
+            Ok(q) => q,
+            Err(source) => return Err(gate.refusal.take().unwrap_or_else(|| failed(source))),
+        };
+        let chain = gate.chain.take();
+        Ok(Qcow2Image {
+            access: RwLock::new(FormatAccess::new(qcow2)),
+            path: path.to_path_buf(),
+            chain,
+            writable,
+        })
+    }
+
+    /// The disk's size in bytes (the image's virtual size).
+    pub(crate) fn size(&self) -> u64 {
+        current::block_on(self.access.read()).size()
+    }
+
+    /// The backing files, nearest first.
+    pub(crate) fn backing_chain(&self) -> &[PathBuf] {
+        &self.chain
+    }
+
+    /// Writes imago's cached metadata and syncs the image's files (blocking, on the calling
+    /// thread; waits for requests holding the image alone).
+    pub(crate) fn close(&self) -> io::Result<()> {
+        current::block_on(async {
+            let access = self.access.read().await;
+            access.flush().await?;
+            access.sync().await
+        })
+    }
+}
+
+impl Drop for Qcow2Image {
+    fn drop(&mut self) {
+        if !self.writable {
+            return;
+        }
+        // Async imago does not flush on drop: what a stop leaves must pass `qemu-img check`.
+        let access = self.access.get_mut();
+        if let Err(e) = current::block_on(async {
+            access.flush().await?;
+            access.sync().await
+        }) {
+            eprintln!(
+                "image {}: flushing its metadata failed: {e}",
+                self.path.display()
+            );
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! A virtio-blk request on a qcow2 image: one task on the queue's context per request, the
+//! guest's buffers handed to imago as they are, the status back to the ring.
+//!
+//! This module owns the op -> imago call mapping and its status rules; the ring side is the
+//! queue's ([`Completer`]), the format imago's.
+
+use std::rc::Rc;
+use std::sync::Arc;
+
+use aio_core::{AioContext, EventLoop};
+use imago::io_buffers::{IoVector, IoVectorMut};
+use vm_memory::{GuestMemoryBackend, VolatileSlice};
+
+use super::current::{ImageEngine, RequestIo, WithIo};
+use super::Qcow2Image;
+use crate::chain::{BlkOp, BlkRequest, Segment};
+use crate::queue::GuestMemory;
+use crate::request::Completer;
+use crate::spec;
+
+/// Runs `request` (a read, write, flush, discard or write-zeroes) on `image` as a task of
+/// `ctx`, its storage I/O on `engine`, and tells `ring` its status.
+pub(crate) fn execute<L: EventLoop + 'static, C: Completer>(
+    ctx: &AioContext<L>,
+    image: &Arc<Qcow2Image>,
+    engine: &Rc<dyn ImageEngine>,
+    ring: &Rc<C>,
+    mem: &GuestMemory,
+    request: BlkRequest,
+) {
+    let Some(guest) = guest_ranges(mem, &request.op) else {
+        return ring.finish(mem, &request, spec::S_IOERR);
+    };
+    let io = RequestIo {
+        engine: engine.clone(),
+        memory: mem.clone(),
+        guest,
+    };
+    let (image, ring, mem) = (image.clone(), ring.clone(), mem.clone());
+    // Detached: the task runs to its end (the queue counts it in flight until `finish`).
+    drop(ctx.spawn(WithIo::new(io, async move {
+        let status = match image.run(&mem, &request.op).await {
+            Ok(()) => spec::S_OK,
+            Err(_) => spec::S_IOERR,
+        };
+        ring.finish(&mem, &request, status);
+    })));
+}
+
+/// The host address ranges of a read's or write's data segments (none for other ops), or
+/// None if one is not mapped.
+fn guest_ranges(mem: &GuestMemory, op: &BlkOp) -> Option<Vec<(usize, usize)>> {
+    let segments = match op {
+        BlkOp::Read { segments, .. } | BlkOp::Write { segments, .. } => segments,
+        _ => return Some(Vec::new()),
+    };
+    let mut ranges = Vec::with_capacity(segments.len());
+    for slice in slices(mem, segments)? {
+        let start = slice.ptr_guard().as_ptr() as usize;
+        ranges.push((start, start + slice.len()));
+    }
+    Some(ranges)
+}
+
+/// The guest memory of `segments`, as vm-memory's volatile slices (a segment may span
+/// regions); None if one is not mapped.
+fn slices<'m>(mem: &'m GuestMemory, segments: &[Segment]) -> Option<Vec<VolatileSlice<'m, ()>>> {
+    let mut out = Vec::with_capacity(segments.len());
+    for s in segments {
+        for slice in mem.get_slices(s.addr, s.len as usize) {
+            let slice = slice.ok()?;
+            if !slice.is_empty() {
+                out.push(slice);
+            }
+        }
+    }
+    Some(out)
+}
+
+fn unmapped() -> std::io::Error {
+    std::io::Error::other("a request's buffer is not in guest memory")
+}
+
+impl Qcow2Image {
+    /// Runs one op of a request parsed against `mem`.
+    async fn run(&self, mem: &GuestMemory, op: &BlkOp) -> std::io::Result<()> {
+        match op {
+            BlkOp::Read { offset, segments } => {
+                let slices = slices(mem, segments).ok_or_else(unmapped)?;
+                // The guard keeps the mappings' pointers valid while imago uses the vector.
+                let (bufv, _guard) = IoVectorMut::from_volatile_slice(slices.iter());
+                self.access.read().await.readv(bufv, *offset).await
+            }
+            BlkOp::Write { offset, segments } => {
+                let slices = slices(mem, segments).ok_or_else(unmapped)?;
+                let (bufv, _guard) = IoVector::from_volatile_slice(slices.iter());
+                self.access.read().await.writev(bufv, *offset).await
+            }
+            BlkOp::Flush => {
+                let access = self.access.read().await;
+                access.flush().await?;
+                access.sync().await
+            }
+            BlkOp::Discard { offset, len } => {
+                let result = self
+                    .access
+                    .write()
+                    .await
+                    .discard_to_any(*offset, *len)
+                    .await;
+                match result {
+                    // Discard is advisory: a format or file without it is not an error.
+                    Err(e) if e.kind() == std::io::ErrorKind::Unsupported => Ok(()),
+                    other => other,
+                }
+            }
+            BlkOp::WriteZeroes {
+                offset,
+                len,
+                unmap: true,
+            } => {
+                self.access
+                    .write()
+                    .await
+                    .discard_to_zero(*offset, *len)
+                    .await
+            }
+            BlkOp::WriteZeroes { offset, len, .. } => {
+                self.access.read().await.write_zeroes(*offset, *len).await
+            }
+            // Answered by the queue before a request reaches the image.
+            BlkOp::GetId { .. } => Err(std::io::ErrorKind::Unsupported.into()),
+        }
+    }
+}

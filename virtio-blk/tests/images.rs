@@ -1,0 +1,475 @@
+//! Images other than a plain raw file, driven through the in-process split-ring driver: qcow2
+//! images made by QEMU's `qemu-img` (with a backing chain) on every engine, checked afterwards
+//! by `qemu-img check` and `qemu-io`; the images refused before opening; a probed raw image's
+//! sector 0; the null device.
+//!
+//! Needs `qemu-img` and `qemu-io` (Debian's `qemu-utils`; `.ci/run` installs it).
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use aio::poll::PollLoop;
+use aio::{AioContext, EngineKind, EngineOptions, IoEngine};
+use aio_virtio_blk::device::{BlockDevice, DeviceError, DiskOptions};
+use aio_virtio_blk::driver::{DriverRequest, Finished, SplitRingDriver};
+use aio_virtio_blk::format::{ImageFormat, KnownFormat, Qcow2Refusal};
+use aio_virtio_blk::queue::VirtioBlkQueue;
+use aio_virtio_blk::spec;
+
+const MIB: u64 = 1 << 20;
+/// Each slot's data buffer: the largest request the tests post.
+const SLOT_BYTES: u32 = 64 << 10;
+
+/// Runs a QEMU tool in `dir`; panics with its output if it fails.
+fn qemu(dir: &Path, tool: &str, args: &[&str]) -> String {
+    let out = Command::new(tool)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("{tool}: {e} (install qemu-utils)"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{tool} {args:?} failed: {text}");
+    text
+}
+
+/// Checks with `qemu-io` that `len` bytes at `offset` of `image` all hold `byte`.
+fn assert_pattern(dir: &Path, image: &str, format: &str, offset: u64, len: u64, byte: u8) {
+    let cmd = format!("read -P {byte:#x} {offset} {len}");
+    let out = qemu(dir, "qemu-io", &["-f", format, "-r", "-c", &cmd, image]);
+    assert!(
+        !out.contains("Pattern verification failed") && out.contains("read "),
+        "{image} at {offset}: {out}"
+    );
+}
+
+/// What the engines are built with: discard and write-zeroes on a thread pool behind Linux
+/// AIO, as the daemon builds them.
+fn options() -> EngineOptions {
+    EngineOptions::default().with_fallback_pool(true)
+}
+
+/// The engines of this build that this kernel runs (a refused one is a reported skip).
+fn engines() -> Vec<EngineKind> {
+    EngineKind::available()
+        .into_iter()
+        .filter(|kind| match kind.build(&options()) {
+            Ok(_) => true,
+            Err(why) => {
+                aio_core::testing::skip(&format!("engine {kind}: {why}"));
+                false
+            }
+        })
+        .collect()
+}
+
+/// Serves one queue of `device` with `engine` on this thread while `guest` drives it from
+/// another; returns the guest's result. The last handle of the device closes its image.
+fn serve<T: Send + 'static>(
+    engine: Box<dyn IoEngine>,
+    device: Arc<BlockDevice>,
+    guest: impl FnOnce(&mut SplitRingDriver) -> T + Send + 'static,
+) -> T {
+    let ctx = AioContext::new(PollLoop::new()).unwrap();
+    let engine = ctx.attach_engine(engine, |_, _| {}).unwrap();
+    let (mut driver, side) = SplitRingDriver::new(64, 8, SLOT_BYTES).unwrap();
+    let queue = VirtioBlkQueue::start(
+        &ctx,
+        engine,
+        device,
+        side.queue,
+        side.memory,
+        side.kick,
+        Some(side.call),
+    )
+    .unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let (finished, wake) = (done.clone(), ctx.notify_handle());
+    let guest = std::thread::spawn(move || {
+        // Done even if the guest panics (a failed assertion), so the loop below ends.
+        struct Finish(Arc<AtomicBool>, aio::NotifyHandle);
+        impl Drop for Finish {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
+                self.1.notify();
+            }
+        }
+        let _finish = Finish(finished, wake);
+        guest(&mut driver)
+    });
+    while !done.load(Ordering::SeqCst) {
+        ctx.poll(true);
+    }
+    queue.stop(&ctx);
+    guest.join().unwrap()
+}
+
+/// Posts one request in slot 0 and waits for its status.
+fn one(d: &mut SplitRingDriver, kind: u32, sector: u64, len: u32) -> u8 {
+    d.post(0, DriverRequest { kind, sector, len }).unwrap();
+    d.notify().unwrap();
+    let mut out: Vec<Finished> = Vec::new();
+    while out.is_empty() {
+        let raised = d.wait_interrupt(Some(Duration::from_secs(30))).unwrap();
+        d.take_used(&mut out).unwrap();
+        assert!(raised || !out.is_empty(), "no interrupt for 30 s");
+    }
+    out[0].status
+}
+
+fn write(d: &mut SplitRingDriver, offset: u64, data: &[u8]) -> u8 {
+    d.write_data(0, data).unwrap();
+    one(d, spec::T_OUT, offset / 512, data.len() as u32)
+}
+
+fn read(d: &mut SplitRingDriver, offset: u64, len: usize) -> (u8, Vec<u8>) {
+    let status = one(d, spec::T_IN, offset / 512, len as u32);
+    let mut data = vec![0u8; len];
+    d.read_data(0, &mut data).unwrap();
+    (status, data)
+}
+
+/// A discard or write-zeroes of `len` bytes at `offset`.
+fn range_op(d: &mut SplitRingDriver, kind: u32, offset: u64, len: u64, unmap: bool) -> u8 {
+    let mut seg = [0u8; 16];
+    seg[..8].copy_from_slice(&(offset / 512).to_le_bytes());
+    seg[8..12].copy_from_slice(&((len / 512) as u32).to_le_bytes());
+    seg[12..16].copy_from_slice(&u32::from(unmap).to_le_bytes());
+    d.write_data(0, &seg).unwrap();
+    one(d, kind, 0, 16)
+}
+
+#[test]
+fn a_qcow2_overlay_serves_its_backing_file_and_keeps_the_guests_writes_on_every_engine() {
+    for kind in engines() {
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let at = dir.path();
+        qemu(
+            at,
+            "qemu-img",
+            &["create", "-q", "-f", "qcow2", "base.qcow2", "16M"],
+        );
+        qemu(
+            at,
+            "qemu-io",
+            &["-f", "qcow2", "-c", "write -P 0xb1 0 1M", "base.qcow2"],
+        );
+        // A relative backing name: resolved against the overlay's directory.
+        let create = [
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-F",
+            "qcow2",
+            "-b",
+            "base.qcow2",
+        ];
+        qemu(at, "qemu-img", &[&create[..], &["top.qcow2"]].concat());
+        let device = BlockDevice::open(&at.join("top.qcow2"), DiskOptions::default()).unwrap();
+        assert_eq!(device.format_name(), "qcow2");
+        assert_eq!(device.capacity_sectors(), 16 * MIB / 512);
+        assert_eq!(device.backing_chain(), [at.join("base.qcow2")]);
+        assert!(device.file().is_none());
+
+        serve(kind.build(&options()).unwrap(), Arc::new(device), |d| {
+            // The backing file's data, through the overlay.
+            let (status, data) = read(d, 0, 64 << 10);
+            assert_eq!(status, spec::S_OK);
+            assert!(data.iter().all(|&b| b == 0xb1), "backing data");
+            // Allocating writes (a new cluster), then a write over part of a backing cluster.
+            for i in 0..8u64 {
+                let s = write(d, 4 * MIB + i * (64 << 10), &[0x5a; 64 << 10]);
+                assert_eq!(s, spec::S_OK);
+            }
+            assert_eq!(write(d, 4096, &[0x77; 4096]), spec::S_OK);
+            assert_eq!(one(d, spec::T_FLUSH, 0, 0), spec::S_OK);
+            let (status, data) = read(d, 4 * MIB, 64 << 10);
+            assert_eq!(status, spec::S_OK);
+            assert!(data.iter().all(|&b| b == 0x5a));
+            let (_, data) = read(d, 0, 3 * 4096);
+            assert!(data[..4096].iter().all(|&b| b == 0xb1), "around the write");
+            assert!(data[4096..8192].iter().all(|&b| b == 0x77), "the write");
+            assert!(data[8192..].iter().all(|&b| b == 0xb1), "around the write");
+            // Zeroes, unmapped and not, read back as zeros; a discard succeeds.
+            for (offset, unmap) in [(5 * MIB, false), (6 * MIB, true)] {
+                assert_eq!(write(d, offset, &[0x33; 64 << 10]), spec::S_OK);
+                let s = range_op(d, spec::T_WRITE_ZEROES, offset, 64 << 10, unmap);
+                assert_eq!(s, spec::S_OK, "write-zeroes unmap={unmap}");
+                let (_, data) = read(d, offset, 64 << 10);
+                assert!(data.iter().all(|&b| b == 0), "zeroes unmap={unmap}");
+            }
+            assert_eq!(
+                range_op(d, spec::T_DISCARD, 8 * MIB, MIB, false),
+                spec::S_OK
+            );
+            // Past the end: refused by the chain's checks, as for raw.
+            assert_eq!(one(d, spec::T_IN, 16 * MIB / 512, 4096), spec::S_IOERR);
+        });
+
+        // Closed: QEMU's tools find the image consistent and the guest's data where it wrote.
+        let check = qemu(at, "qemu-img", &["check", "top.qcow2"]);
+        assert!(check.contains("No errors were found"), "{kind}: {check}");
+        assert_pattern(at, "top.qcow2", "qcow2", 4 * MIB, 512 << 10, 0x5a);
+        assert_pattern(at, "top.qcow2", "qcow2", 4096, 4096, 0x77);
+        assert_pattern(at, "top.qcow2", "qcow2", 8192, MIB - 8192, 0xb1);
+        assert_pattern(at, "top.qcow2", "qcow2", 5 * MIB, 64 << 10, 0);
+        // The backing file is untouched.
+        assert_pattern(at, "base.qcow2", "qcow2", 0, MIB, 0xb1);
+        assert_pattern(at, "base.qcow2", "qcow2", 4 * MIB, MIB, 0);
+        println!("{kind}: qcow2 overlay served and checked");
+    }
+}
+
+/// Two iothreads (each its own context, engine and queue, each driven by its own guest
+/// thread) allocate interleaved clusters of one qcow2 image at once: imago's locks are taken
+/// and released across threads, and every cluster ends up with its writer's data.
+#[test]
+fn one_qcow2_image_is_served_by_queues_on_two_iothreads_at_once() {
+    const CLUSTER: u64 = 64 << 10;
+    const PER_THREAD: u64 = 48;
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let at = dir.path();
+    qemu(
+        at,
+        "qemu-img",
+        &["create", "-q", "-f", "qcow2", "img.qcow2", "64M"],
+    );
+    let device =
+        Arc::new(BlockDevice::open(&at.join("img.qcow2"), DiskOptions::default()).unwrap());
+    let iothreads: Vec<_> = (0..2u64)
+        .map(|t| {
+            let device = device.clone();
+            std::thread::spawn(move || {
+                let engine = EngineKind::Pool.build(&options()).unwrap();
+                serve(engine, device, move |d| {
+                    let byte = 0x10 + t as u8;
+                    for i in 0..PER_THREAD {
+                        let offset = (2 * i + t) * CLUSTER;
+                        assert_eq!(write(d, offset, &[byte; CLUSTER as usize]), spec::S_OK);
+                    }
+                    for i in 0..PER_THREAD {
+                        let (status, data) = read(d, (2 * i + t) * CLUSTER, CLUSTER as usize);
+                        assert_eq!(status, spec::S_OK);
+                        assert!(data.iter().all(|&b| b == byte), "thread {t} cluster {i}");
+                    }
+                })
+            })
+        })
+        .collect();
+    for t in iothreads {
+        t.join().unwrap();
+    }
+    device.close().unwrap();
+    drop(device);
+    let check = qemu(at, "qemu-img", &["check", "img.qcow2"]);
+    assert!(check.contains("No errors were found"), "{check}");
+    let mut args = vec!["-f".to_string(), "qcow2".into(), "-r".into()];
+    for c in 0..2 * PER_THREAD {
+        let byte = 0x10 + c % 2;
+        args.push("-c".into());
+        args.push(format!("read -P {byte:#x} {} {CLUSTER}", c * CLUSTER));
+    }
+    args.push("img.qcow2".into());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = qemu(at, "qemu-io", &args);
+    assert!(!out.contains("Pattern verification failed"), "{out}");
+}
+
+fn refusal(path: &Path, format: ImageFormat) -> DeviceError {
+    let options = DiskOptions {
+        format,
+        ..DiskOptions::default()
+    };
+    BlockDevice::open(path, options).unwrap_err()
+}
+
+#[test]
+fn encrypted_and_foreign_images_and_backing_loops_are_refused_by_name() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let at = dir.path();
+    let secret = ["--object", "secret,id=s0,data=hunter2"];
+    let luks_qcow2 = ["-o", "encrypt.format=luks,encrypt.key-secret=s0"];
+    let args = [
+        &["create", "-q", "-f", "qcow2"][..],
+        &secret,
+        &luks_qcow2,
+        &["enc.qcow2", "1M"],
+    ];
+    qemu(at, "qemu-img", &args.concat());
+    let luks = [
+        &["create", "-q", "-f", "luks"][..],
+        &secret,
+        &["-o", "key-secret=s0"],
+    ];
+    qemu(
+        at,
+        "qemu-img",
+        &[&luks.concat()[..], &["disk.luks", "1M"]].concat(),
+    );
+    qemu(
+        at,
+        "qemu-img",
+        &["create", "-q", "-f", "vmdk", "disk.vmdk", "1M"],
+    );
+    qemu(
+        at,
+        "qemu-img",
+        &["create", "-q", "-f", "raw", "disk.raw", "1M"],
+    );
+
+    let e = refusal(&at.join("enc.qcow2"), ImageFormat::Auto);
+    assert!(
+        matches!(
+            &e,
+            DeviceError::Qcow2Refused {
+                reason: Qcow2Refusal::Encrypted(2),
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("encrypted"), "{e}");
+    let e = refusal(&at.join("disk.luks"), ImageFormat::Auto);
+    assert!(
+        matches!(
+            e,
+            DeviceError::FormatFound {
+                format: KnownFormat::Luks,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = refusal(&at.join("disk.vmdk"), ImageFormat::Auto);
+    assert!(
+        matches!(
+            e,
+            DeviceError::FormatFound {
+                format: KnownFormat::Vmdk,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = refusal(&at.join("disk.raw"), ImageFormat::Qcow2);
+    assert!(
+        matches!(e, DeviceError::NotQcow2 { found: None, .. }),
+        "{e}"
+    );
+
+    // A chain that comes back to its own top.
+    qemu(
+        at,
+        "qemu-img",
+        &["create", "-q", "-f", "qcow2", "a.qcow2", "1M"],
+    );
+    let b = [
+        "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", "a.qcow2", "b.qcow2",
+    ];
+    qemu(at, "qemu-img", &b);
+    let rebase = ["rebase", "-u", "-F", "qcow2", "-b", "b.qcow2", "a.qcow2"];
+    qemu(at, "qemu-img", &rebase);
+    let e = refusal(&at.join("b.qcow2"), ImageFormat::Auto);
+    assert!(matches!(e, DeviceError::BackingLoop { .. }), "{e}");
+
+    // A backing file that is another format, declared raw.
+    let over_luks = [
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-F",
+        "raw",
+        "-b",
+        "disk.luks",
+        "c.qcow2",
+    ];
+    qemu(at, "qemu-img", &over_luks);
+    let e = refusal(&at.join("c.qcow2"), ImageFormat::Auto);
+    assert!(
+        matches!(
+            e,
+            DeviceError::BackingFormat {
+                format: KnownFormat::Luks,
+                ..
+            }
+        ),
+        "{e}"
+    );
+
+    // An incompatible feature bit the device does not serve (bit 9, unknown to QEMU too).
+    qemu(
+        at,
+        "qemu-img",
+        &["create", "-q", "-f", "qcow2", "odd.qcow2", "1M"],
+    );
+    let mut bytes = std::fs::read(at.join("odd.qcow2")).unwrap();
+    bytes[72..80].copy_from_slice(&(1u64 << 9).to_be_bytes());
+    std::fs::write(at.join("odd.qcow2"), bytes).unwrap();
+    let e = refusal(&at.join("odd.qcow2"), ImageFormat::Auto);
+    assert!(
+        matches!(
+            e,
+            DeviceError::Qcow2Refused {
+                reason: Qcow2Refusal::Incompatible(0x200),
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_probed_raw_image_refuses_a_format_header_in_sector_0_unless_said_raw() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let path = dir.path().join("disk.img");
+    std::fs::File::create(&path).unwrap().set_len(MIB).unwrap();
+    let mut header = [0u8; 4096];
+    header[..8].copy_from_slice(b"QFI\xfb\0\0\0\x03");
+    for (format, want) in [
+        (ImageFormat::Auto, spec::S_IOERR),
+        (ImageFormat::Raw, spec::S_OK),
+    ] {
+        let disk = DiskOptions {
+            format,
+            ..DiskOptions::default()
+        };
+        let device = BlockDevice::open(&path, disk).unwrap();
+        let engine = EngineKind::Pool.build(&options()).unwrap();
+        serve(engine, Arc::new(device), move |d| {
+            assert_eq!(write(d, 0, &header), want, "{format:?}");
+            // Anything else in sector 0, and the magic anywhere else, is written.
+            assert_eq!(write(d, 4096, &header), spec::S_OK);
+        });
+        // Refused: the image still probes as raw.
+        let first = std::fs::read(&path).unwrap();
+        assert_eq!(&first[..4] == b"QFI\xfb", want == spec::S_OK, "{format:?}");
+    }
+}
+
+#[test]
+fn the_null_device_reads_zeros_and_drops_writes() {
+    let device = BlockDevice::null(64 * MIB, DiskOptions::default()).unwrap();
+    assert_eq!(device.capacity_sectors(), 64 * MIB / 512);
+    assert_eq!(device.format_name(), "null");
+    assert!(BlockDevice::null(1000, DiskOptions::default()).is_err());
+    let engine = EngineKind::Pool.build(&options()).unwrap();
+    serve(engine, Arc::new(device), |d| {
+        assert_eq!(write(d, 0, &[0xee; 4096]), spec::S_OK);
+        d.write_data(0, &[0xff; 4096]).unwrap();
+        let (status, data) = read(d, 0, 4096);
+        assert_eq!(status, spec::S_OK);
+        assert!(data.iter().all(|&b| b == 0));
+        assert_eq!(one(d, spec::T_FLUSH, 0, 0), spec::S_OK);
+        assert_eq!(range_op(d, spec::T_DISCARD, 0, MIB, false), spec::S_OK);
+        assert_eq!(range_op(d, spec::T_WRITE_ZEROES, 0, MIB, true), spec::S_OK);
+        assert_eq!(one(d, spec::T_IN, 64 * MIB / 512, 4096), spec::S_IOERR);
+    });
+}
