@@ -3,8 +3,9 @@
 //! A virtio-blk device on aio-rs, apart from any transport: what a VMM embeds with its own
 //! virtio transport (PCI, MMIO), and what `aio-vhost-user-blk` serves over vhost-user. It
 //! depends on the rust-vmm crates for the ring and guest memory (`virtio-queue`,
-//! `vm-memory`, `virtio-bindings`) and on `aio-core` for the loop and the engines, never on a
-//! transport, a command line or signals.
+//! `vm-memory`, `virtio-bindings`), on `aio-core` for the loop and the engines, and for qcow2
+//! images (feature `qcow2`, on by default) on `imago`; never on a transport, a command line or
+//! signals.
 //!
 //! * [`spec`]: the specification's numbers (from `virtio-bindings`) and the config space.
 //! * [`device::BlockDevice`]: an image (a raw file or block device, `O_DIRECT`; a qcow2 image

@@ -1,17 +1,16 @@
 //! The device driven through the in-process split-ring driver, as a guest would: a queue
 //! over a real image and engine, requests from another thread, the ring wrapped many times.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use aio::poll::PollLoop;
 use aio::pool::{PoolConfig, ThreadPool};
-use aio::AioContext;
 use aio_virtio_blk::device::{BlockDevice, DiskOptions};
 use aio_virtio_blk::driver::{DriverError, DriverRequest, Finished, SplitRingDriver};
-use aio_virtio_blk::queue::VirtioBlkQueue;
 use aio_virtio_blk::spec;
+use common::Ring;
 
 const SECTORS_PER_BLOCK: u64 = 8;
 
@@ -39,35 +38,13 @@ fn serve_device<T: Send + 'static>(
     slots: u16,
     guest: impl FnOnce(&mut SplitRingDriver) -> T + Send + 'static,
 ) -> (T, u16) {
-    let device = Arc::new(device);
-    let ctx = AioContext::new(PollLoop::new()).unwrap();
-    let engine = ctx
-        .attach_engine(ThreadPool::new(PoolConfig::default()).unwrap(), |_, _| {})
-        .unwrap();
-    let (mut driver, side) = SplitRingDriver::new(size, slots, 4096).unwrap();
-    let queue = VirtioBlkQueue::start(
-        &ctx,
-        engine,
-        device,
-        side.queue,
-        side.memory,
-        side.kick,
-        Some(side.call),
-    )
-    .unwrap();
-    let done = Arc::new(AtomicBool::new(false));
-    let (finished, wake) = (done.clone(), ctx.notify_handle());
-    let guest = std::thread::spawn(move || {
-        let out = guest(&mut driver);
-        finished.store(true, Ordering::SeqCst);
-        wake.notify();
-        out
-    });
-    while !done.load(Ordering::SeqCst) {
-        ctx.poll(true);
-    }
-    let next = queue.stop(&ctx);
-    (guest.join().unwrap(), next)
+    let engine = ThreadPool::new(PoolConfig::default()).unwrap();
+    let ring = Ring {
+        size,
+        slots,
+        data_bytes: 4096,
+    };
+    common::serve(engine, Arc::new(device), ring, guest)
 }
 
 /// Waits for at least one finished request (a lost interrupt is a failure after 30 s).

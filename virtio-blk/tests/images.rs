@@ -5,19 +5,19 @@
 //!
 //! Needs `qemu-img` and `qemu-io` (Debian's `qemu-utils`; `.ci/run` installs it).
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use aio::poll::PollLoop;
-use aio::{AioContext, EngineKind, EngineOptions, IoEngine};
+use aio::{EngineKind, EngineOptions, IoEngine};
 use aio_virtio_blk::device::{BlockDevice, DeviceError, DiskOptions};
 use aio_virtio_blk::driver::{DriverRequest, Finished, SplitRingDriver};
 use aio_virtio_blk::format::{ImageFormat, KnownFormat, Qcow2Refusal};
-use aio_virtio_blk::queue::VirtioBlkQueue;
 use aio_virtio_blk::spec;
+use common::Ring;
 
 const MIB: u64 = 1 << 20;
 /// Each slot's data buffer: the largest request the tests post.
@@ -76,38 +76,12 @@ fn serve<T: Send + 'static>(
     device: Arc<BlockDevice>,
     guest: impl FnOnce(&mut SplitRingDriver) -> T + Send + 'static,
 ) -> T {
-    let ctx = AioContext::new(PollLoop::new()).unwrap();
-    let engine = ctx.attach_engine(engine, |_, _| {}).unwrap();
-    let (mut driver, side) = SplitRingDriver::new(64, 8, SLOT_BYTES).unwrap();
-    let queue = VirtioBlkQueue::start(
-        &ctx,
-        engine,
-        device,
-        side.queue,
-        side.memory,
-        side.kick,
-        Some(side.call),
-    )
-    .unwrap();
-    let done = Arc::new(AtomicBool::new(false));
-    let (finished, wake) = (done.clone(), ctx.notify_handle());
-    let guest = std::thread::spawn(move || {
-        // Done even if the guest panics (a failed assertion), so the loop below ends.
-        struct Finish(Arc<AtomicBool>, aio::NotifyHandle);
-        impl Drop for Finish {
-            fn drop(&mut self) {
-                self.0.store(true, Ordering::SeqCst);
-                self.1.notify();
-            }
-        }
-        let _finish = Finish(finished, wake);
-        guest(&mut driver)
-    });
-    while !done.load(Ordering::SeqCst) {
-        ctx.poll(true);
-    }
-    queue.stop(&ctx);
-    guest.join().unwrap()
+    let ring = Ring {
+        size: 64,
+        slots: 8,
+        data_bytes: SLOT_BYTES,
+    };
+    common::serve(engine, device, ring, guest).0
 }
 
 /// Posts one request in slot 0 and waits for its status.
@@ -280,6 +254,75 @@ fn one_qcow2_image_is_served_by_queues_on_two_iothreads_at_once() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let out = qemu(at, "qemu-io", &args);
     assert!(!out.contains("Pattern verification failed"), "{out}");
+}
+
+/// Images as QEMU's tools make them: cluster sizes 4 KiB to 2 MiB, version 2 (`compat=0.10`),
+/// `lazy_refcounts`, metadata preallocated, and compressed clusters (`qemu-img convert -c`).
+/// Each reads back what `qemu-io` wrote, takes the guest's writes, and is left clean.
+#[test]
+fn images_made_by_qemu_img_read_back_qemus_data_and_take_the_guests() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let at = dir.path();
+    // A raw file holding QEMU's pattern, to convert (compressed) into qcow2.
+    qemu(
+        at,
+        "qemu-img",
+        &["create", "-q", "-f", "raw", "src.raw", "16M"],
+    );
+    qemu(
+        at,
+        "qemu-io",
+        &["-f", "raw", "-c", "write -P 0x61 1M 256k", "src.raw"],
+    );
+    let cases: [(&str, &[&str]); 7] = [
+        ("c4k", &["-o", "cluster_size=4k"]),
+        ("c64k", &[]),
+        ("c2m", &["-o", "cluster_size=2M"]),
+        ("v2", &["-o", "compat=0.10"]),
+        ("lazy", &["-o", "lazy_refcounts=on"]),
+        ("prealloc", &["-o", "preallocation=metadata"]),
+        ("compressed", &[]),
+    ];
+    for (name, opts) in cases {
+        let image = format!("{name}.qcow2");
+        if name == "compressed" {
+            qemu(
+                at,
+                "qemu-img",
+                &[
+                    "convert", "-c", "-f", "raw", "-O", "qcow2", "src.raw", &image,
+                ],
+            );
+        } else {
+            let create = [&["create", "-q", "-f", "qcow2"][..], opts, &[&image, "16M"]].concat();
+            qemu(at, "qemu-img", &create);
+            qemu(
+                at,
+                "qemu-io",
+                &["-f", "qcow2", "-c", "write -P 0x61 1M 256k", &image],
+            );
+        }
+        let device = BlockDevice::open(&at.join(&image), DiskOptions::default()).unwrap();
+        assert_eq!(device.capacity_sectors(), 16 * MIB / 512, "{name}");
+        let engine = EngineKind::Pool.build(&options()).unwrap();
+        serve(engine, Arc::new(device), move |d| {
+            let (status, data) = read(d, MIB, 64 << 10);
+            assert_eq!(status, spec::S_OK, "{name}");
+            assert!(data.iter().all(|&b| b == 0x61), "{name}: QEMU's data");
+            // Over QEMU's data (a compressed cluster is rewritten), and fresh clusters.
+            for offset in [MIB + 4096, 8 * MIB, 12 * MIB + 512 * 7] {
+                assert_eq!(write(d, offset, &[0x62; 8192]), spec::S_OK, "{name}");
+            }
+            assert_eq!(one(d, spec::T_FLUSH, 0, 0), spec::S_OK);
+        });
+        let check = qemu(at, "qemu-img", &["check", &image]);
+        assert!(check.contains("No errors were found"), "{name}: {check}");
+        assert_pattern(at, &image, "qcow2", MIB, 4096, 0x61);
+        assert_pattern(at, &image, "qcow2", MIB + 4096, 8192, 0x62);
+        assert_pattern(at, &image, "qcow2", MIB + 12288, (256 << 10) - 12288, 0x61);
+        assert_pattern(at, &image, "qcow2", 8 * MIB, 8192, 0x62);
+        assert_pattern(at, &image, "qcow2", 12 * MIB + 512 * 7, 8192, 0x62);
+    }
 }
 
 fn refusal(path: &Path, format: ImageFormat) -> DeviceError {

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::Thread;
 
-use aio_core::engine::{AttachedEngine, Completion, IoEngine, Request};
+use aio_core::engine::{AttachedEngine, Completion, GuestIovecs, IoEngine, Request};
 use aio_core::EventLoop;
 
 use super::storage::WriteInFlight;
@@ -65,9 +65,27 @@ pub(crate) struct RequestIo {
 
 impl RequestIo {
     /// Whether `[base, base + len)` lies inside one of the request's guest segments.
-    pub(crate) fn is_guest(&self, base: usize, len: usize) -> bool {
+    fn is_guest(&self, base: usize, len: usize) -> bool {
         let end = base.saturating_add(len);
         self.guest.iter().any(|&(s, e)| s <= base && end <= e)
+    }
+
+    /// `iov` as guest iovecs for the engine, when every segment lies inside the request's
+    /// guest data (None: a buffer of imago's own, to go through an engine-owned copy).
+    pub(crate) fn guest_iovecs(&self, iov: &[libc::iovec]) -> Option<GuestIovecs> {
+        if !iov
+            .iter()
+            .all(|v| self.is_guest(v.iov_base as usize, v.iov_len))
+        {
+            return None;
+        }
+        let parts = iov.iter().map(|v| (v.iov_base.cast::<u8>(), v.iov_len));
+        // SAFETY: every segment lies in the request's guest data, which is in `memory`'s
+        // mappings; the engine holds that table (`Keep::memory`) until it is done with the
+        // iovecs, so they stay mapped even if the request's future is dropped first. The
+        // guest may race on its own buffers, as on the raw path; nothing in this process
+        // holds a Rust reference to them while the kernel uses them.
+        Some(unsafe { GuestIovecs::new(parts) })
     }
 }
 

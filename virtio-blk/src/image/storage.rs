@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};
 
-use aio_core::engine::{AlignedBuf, Completion, GuestIovecs, IoBuffers, IoFile, Request};
+use aio_core::engine::{AlignedBuf, Completion, IoBuffers, IoFile, Request};
 use imago::io_buffers::{IoVector, IoVectorMut};
 use imago::storage::drivers::CommonStorageHelper;
 use imago::{Storage, StorageOpenOptions};
@@ -125,17 +125,18 @@ impl EngineStorage {
         self.size.fetch_max(end, Ordering::Relaxed);
     }
 
-    /// Runs `request` on the current request's engine, counted as modifying when `write`.
+    /// Runs `request` on the current request's engine: holding the guest memory table when it
+    /// `points_into_guest`, counted among the writes in flight when it `modifies` the file.
     fn run(
         &self,
         io: &RequestIo,
         request: Request,
-        memory: bool,
-        write: bool,
+        points_into_guest: bool,
+        modifies: bool,
     ) -> impl Future<Output = Completion> {
         let keep = Keep {
-            memory: memory.then(|| io.memory.clone()),
-            write: write.then(|| WriteInFlight::new(&self.settle)),
+            memory: points_into_guest.then(|| io.memory.clone()),
+            write: modifies.then(|| WriteInFlight::new(&self.settle)),
         };
         io.engine.run(request, keep)
     }
@@ -148,30 +149,11 @@ impl EngineStorage {
         offset: u64,
     ) -> io::Result<(usize, IoVectorMut<'a>)> {
         // SAFETY: the iovecs are used only while `bufv` is borrowed here, or copied into
-        // `GuestIovecs` for guest memory the engine keeps mapped (see below).
+        // `GuestIovecs` for guest memory the engine keeps mapped (see `RequestIo`).
         let iov = unsafe { bufv.as_iovec() };
-        if iov
-            .iter()
-            .all(|v| io.is_guest(v.iov_base as usize, v.iov_len))
-        {
-            let parts: Vec<_> = iov
-                .iter()
-                .map(|v| (v.iov_base.cast::<u8>(), v.iov_len))
-                .collect();
-            // SAFETY: every segment lies in the current request's guest data, which is in
-            // `io.memory`'s mappings; the engine holds that table (`Keep`) until it is done
-            // with the iovecs, so they stay mapped even if this future is dropped. Guest
-            // memory is the guest's to race on, as for the raw path.
-            let mem = unsafe { GuestIovecs::new(parts) };
-            let done = self
-                .run(
-                    io,
-                    Request::read_guest(&self.file, offset, mem, 0),
-                    true,
-                    false,
-                )
-                .await;
-            let n = done.result?;
+        if let Some(mem) = io.guest_iovecs(iov) {
+            let request = Request::read_guest(&self.file, offset, mem, 0);
+            let n = self.run(io, request, true, false).await.result?;
             return Ok((n, bufv.split_tail_at(n as u64)));
         }
         let len = bufv.len() as usize;
@@ -201,16 +183,7 @@ impl EngineStorage {
     ) -> io::Result<(usize, IoVector<'a>)> {
         // SAFETY: as in `read_once`.
         let iov = unsafe { bufv.as_iovec() };
-        let request = if iov
-            .iter()
-            .all(|v| io.is_guest(v.iov_base as usize, v.iov_len))
-        {
-            let parts: Vec<_> = iov
-                .iter()
-                .map(|v| (v.iov_base.cast::<u8>(), v.iov_len))
-                .collect();
-            // SAFETY: as in `read_once`; the kernel only reads this memory.
-            let mem = unsafe { GuestIovecs::new(parts) };
+        let request = if let Some(mem) = io.guest_iovecs(iov) {
             (Request::write_guest(&self.file, offset, mem, 0), true)
         } else {
             let mut data = AlignedBuf::new(bufv.len() as usize);
