@@ -378,7 +378,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
                 Err(_) => self.mark_broken(),
             }
         }
-        self.store.unplug();
+        self.store.finish_batch(ctx);
     }
 
     /// Pops and checks every available chain.
@@ -431,7 +431,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
             let request = parse_head(&mem, table, size, head, &limits);
             self.start_request(ctx, &mem, request);
         }
-        self.store.unplug();
+        self.store.finish_batch(ctx);
     }
 
     fn log_taken(&self, head: u16) {

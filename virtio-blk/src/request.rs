@@ -64,8 +64,15 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Store<L, E> {
         self.engine.plug();
     }
 
-    /// Sends the batch held since [`plug`](Self::plug).
-    pub(crate) fn unplug(&self) {
+    /// Sends the batch held since [`plug`](Self::plug). A qcow2 image's requests run as tasks:
+    /// they take their first steps now, inside the batch, so that their I/O goes with it.
+    pub(crate) fn finish_batch(&self, ctx: &AioContext<L>) {
+        #[cfg(feature = "qcow2")]
+        if matches!(self.device.backing(), Backing::Qcow2(_)) {
+            ctx.run_woken_tasks();
+        }
+        #[cfg(not(feature = "qcow2"))]
+        let _ = ctx;
         self.engine.unplug();
     }
 

@@ -203,8 +203,14 @@ impl<L: EventLoop> AioContext<L> {
         *self.tasks.woken_runner.borrow_mut() = Some(runner);
     }
 
-    /// Runs the tasks woken in this iteration; whether any ran.
-    pub(crate) fn run_woken_tasks(&self) -> bool {
+    /// Polls the tasks woken so far (a task just spawned is woken) now, instead of at the end
+    /// of the loop's iteration; returns whether any ran. For a caller that holds a batch open
+    /// (an engine's [`plug`](crate::engine::AttachedEngine::plug)) while it spawns work: the
+    /// tasks take their first steps inside the batch, so the requests they submit go with it
+    /// (what the engine's completion delivery does for the tasks its completions wake).
+    /// Callable from a callback or a task; a task being polled up the stack is skipped, and
+    /// polled again later if it was woken.
+    pub fn run_woken_tasks(&self) -> bool {
         let runner = self.tasks.woken_runner.borrow().clone();
         runner.is_some_and(|r| r(self))
     }

@@ -4,6 +4,7 @@
 //! This module owns the op -> imago call mapping and its status rules; the ring side is the
 //! queue's ([`Completer`]), the format imago's.
 
+use std::io;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -28,38 +29,15 @@ pub(crate) fn execute<L: EventLoop + 'static, C: Completer>(
     mem: &GuestMemory,
     request: BlkRequest,
 ) {
-    let Some(guest) = guest_ranges(mem, &request.op) else {
-        return ring.finish(mem, &request, spec::S_IOERR);
-    };
-    let io = RequestIo {
-        engine: engine.clone(),
-        memory: mem.clone(),
-        guest,
-    };
-    let (image, ring, mem) = (image.clone(), ring.clone(), mem.clone());
+    let (image, engine, ring, mem) = (image.clone(), engine.clone(), ring.clone(), mem.clone());
     // Detached: the task runs to its end (the queue counts it in flight until `finish`).
-    drop(ctx.spawn(WithIo::new(io, async move {
-        let status = match image.run(&mem, &request.op).await {
+    drop(ctx.spawn(async move {
+        let status = match image.serve(&engine, &mem, &request.op).await {
             Ok(()) => spec::S_OK,
             Err(_) => spec::S_IOERR,
         };
         ring.finish(&mem, &request, status);
-    })));
-}
-
-/// The host address ranges of a read's or write's data segments (none for other ops), or
-/// None if one is not mapped.
-fn guest_ranges(mem: &GuestMemory, op: &BlkOp) -> Option<Vec<(usize, usize)>> {
-    let segments = match op {
-        BlkOp::Read { segments, .. } | BlkOp::Write { segments, .. } => segments,
-        _ => return Some(Vec::new()),
-    };
-    let mut ranges = Vec::with_capacity(segments.len());
-    for slice in slices(mem, segments)? {
-        let start = slice.ptr_guard().as_ptr() as usize;
-        ranges.push((start, start + slice.len()));
-    }
-    Some(ranges)
+    }));
 }
 
 /// The guest memory of `segments`, as vm-memory's volatile slices (a segment may span
@@ -77,25 +55,57 @@ fn slices<'m>(mem: &'m GuestMemory, segments: &[Segment]) -> Option<Vec<Volatile
     Some(out)
 }
 
-fn unmapped() -> std::io::Error {
-    std::io::Error::other("a request's buffer is not in guest memory")
+/// The host address ranges `[start, end)` of `slices`.
+fn ranges(slices: &[VolatileSlice<'_, ()>]) -> Vec<(usize, usize)> {
+    slices
+        .iter()
+        .map(|s| {
+            let start = s.ptr_guard().as_ptr() as usize;
+            (start, start + s.len())
+        })
+        .collect()
+}
+
+fn unmapped() -> io::Error {
+    io::Error::other("a request's buffer is not in guest memory")
 }
 
 impl Qcow2Image {
-    /// Runs one op of a request parsed against `mem`.
-    async fn run(&self, mem: &GuestMemory, op: &BlkOp) -> std::io::Result<()> {
+    /// Runs one op of a request parsed against `mem`, its storage I/O on `engine`.
+    async fn serve(
+        &self,
+        engine: &Rc<dyn ImageEngine>,
+        mem: &GuestMemory,
+        op: &BlkOp,
+    ) -> io::Result<()> {
+        let context = |guest| RequestIo {
+            engine: engine.clone(),
+            memory: mem.clone(),
+            guest,
+        };
         match op {
             BlkOp::Read { offset, segments } => {
                 let slices = slices(mem, segments).ok_or_else(unmapped)?;
+                let io = context(ranges(&slices));
                 // The guard keeps the mappings' pointers valid while imago uses the vector.
                 let (bufv, _guard) = IoVectorMut::from_volatile_slice(slices.iter());
-                self.access.read().await.readv(bufv, *offset).await
+                let read = async { self.access.read().await.readv(bufv, *offset).await };
+                WithIo::new(io, read).await
             }
             BlkOp::Write { offset, segments } => {
                 let slices = slices(mem, segments).ok_or_else(unmapped)?;
+                let io = context(ranges(&slices));
                 let (bufv, _guard) = IoVector::from_volatile_slice(slices.iter());
-                self.access.read().await.writev(bufv, *offset).await
+                let write = async { self.access.read().await.writev(bufv, *offset).await };
+                WithIo::new(io, write).await
             }
+            other => WithIo::new(context(Vec::new()), self.run_other(other)).await,
+        }
+    }
+
+    /// The ops without data: flush, discard, write-zeroes.
+    async fn run_other(&self, op: &BlkOp) -> io::Result<()> {
+        match op {
             BlkOp::Flush => {
                 let access = self.access.read().await;
                 access.flush().await?;
@@ -110,7 +120,7 @@ impl Qcow2Image {
                     .await;
                 match result {
                     // Discard is advisory: a format or file without it is not an error.
-                    Err(e) if e.kind() == std::io::ErrorKind::Unsupported => Ok(()),
+                    Err(e) if e.kind() == io::ErrorKind::Unsupported => Ok(()),
                     other => other,
                 }
             }
@@ -128,8 +138,10 @@ impl Qcow2Image {
             BlkOp::WriteZeroes { offset, len, .. } => {
                 self.access.read().await.write_zeroes(*offset, *len).await
             }
-            // Answered by the queue before a request reaches the image.
-            BlkOp::GetId { .. } => Err(std::io::ErrorKind::Unsupported.into()),
+            // Reads and writes are `serve`'s; GET_ID is answered by the queue.
+            BlkOp::Read { .. } | BlkOp::Write { .. } | BlkOp::GetId { .. } => {
+                Err(io::ErrorKind::Unsupported.into())
+            }
         }
     }
 }
