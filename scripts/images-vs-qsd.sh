@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Our daemon's image paths beside qemu-storage-daemon's, on one image, alternated:
-#   ours raw, ours qcow2, QEMU qcow2, ours null, QEMU null-co
+#   ours raw, ours qcow2, QEMU qcow2, ours null, QEMU null-co, and allocating writes (a fresh
+#   empty 8 GiB qcow2 image for each run, QD 32: a write to a 64 KiB cluster not written yet
+#   allocates it)
 # each driven by `aio-bench vhost --socket` (libblkio; randread QD 1 and 32, randwrite QD 1 and
 # 32, 4 KiB, 5 s), the daemon pinned to CPU 0 and the client to CPU 1, io_uring on both
 # sides, poll-max-ns 32768. The image is 1 GiB on tmpfs, every cluster allocated (qemu-img
@@ -28,15 +30,15 @@ rm "$dir/src.raw"
 sock="$dir/s.sock"
 export_args="type=vhost-user-blk,id=e0,node-name=d0,addr.type=unix,addr.path=$sock,writable=on,num-queues=1,iothread=io0"
 
-run() { # NAME COMMAND...
+run() { # NAME COMMAND...   (WORKLOADS=randwrite DEPTHS=32 to run fewer)
     local name="$1" pid rw qd out
     shift
     rm -f "$sock"
     taskset -c 0 "$@" >"$dir/$name.log" 2>&1 &
     pid=$!
     for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
-    for rw in randread randwrite; do
-        for qd in 1 32; do
+    for rw in ${WORKLOADS:-randread randwrite}; do
+        for qd in ${DEPTHS:-1 32}; do
             out=$("$bin/aio-bench" vhost --socket "$sock" --rw "$rw" --iodepth "$qd" \
                 --runtime 5s --client-cpu 1 --daemon-pid "$pid" 2>&1 |
                 grep -E "IOPS|latency|per request" | tr '\n' ' ' |
@@ -60,4 +62,14 @@ for _ in $(seq "$rounds"); do
         --blockdev driver=qcow2,node-name=d0,file=f0
     ours ours-null "image=null,size=1G"
     qsd qsd-null --blockdev driver=null-co,node-name=d0,size=1073741824,read-zeroes=on
+    for who in ours qsd; do
+        rm -f "$dir/empty.qcow2"
+        qemu-img create -q -f qcow2 "$dir/empty.qcow2" 8G
+        if [ "$who" = ours ]; then
+            WORKLOADS=randwrite DEPTHS=32 ours ours-alloc "image=$dir/empty.qcow2"
+        else
+            WORKLOADS=randwrite DEPTHS=32 qsd qsd-alloc --blockdev "driver=file,node-name=f0,filename=$dir/empty.qcow2,cache.direct=on,aio=io_uring,locking=off" \
+                --blockdev driver=qcow2,node-name=d0,file=f0
+        fi
+    done
 done

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use aio_core::{AioContext, EventLoop};
 use imago::io_buffers::{IoVector, IoVectorMut};
+use imago::Mapping;
 use vm_memory::{GuestMemoryBackend, VolatileSlice};
 
 use super::current::{ImageEngine, RequestIo, WithIo};
@@ -96,11 +97,40 @@ impl Qcow2Image {
                 let slices = slices(mem, segments).ok_or_else(unmapped)?;
                 let io = context(ranges(&slices));
                 let (bufv, _guard) = IoVector::from_volatile_slice(slices.iter());
-                let write = async { self.access.read().await.writev(bufv, *offset).await };
-                WithIo::new(io, write).await
+                WithIo::new(io, self.write(bufv, *offset)).await
             }
-            other => WithIo::new(context(Vec::new()), self.run_other(other)).await,
+            other => {
+                let done = async {
+                    self.run_other(other).await?;
+                    // Metadata changed: written back before the status (see `write`).
+                    if !matches!(other, BlkOp::Flush) {
+                        self.access.read().await.flush().await?;
+                    }
+                    Ok(())
+                };
+                WithIo::new(context(Vec::new()), done).await
+            }
         }
+    }
+
+    /// A write. One that allocates (a cluster not yet the image's own, or one shared with a
+    /// snapshot or a backing file) completes only once imago's cached metadata has been
+    /// written back to the file (not synced: that is `FLUSH`'s), so that a daemon killed after
+    /// the guest saw the write done leaves the new mapping in the file, and the restarted
+    /// daemon reads back what the guest wrote. A write into clusters already the image's own
+    /// changes no metadata and costs nothing more.
+    async fn write(&self, bufv: IoVector<'_>, offset: u64) -> io::Result<()> {
+        let access = self.access.read().await;
+        let len = bufv.len();
+        let in_place = matches!(
+            access.get_mapping(offset, len).await?,
+            (Mapping::Raw { writable: true, .. }, n) if n >= len
+        );
+        access.writev(bufv, offset).await?;
+        if !in_place {
+            access.flush().await?;
+        }
+        Ok(())
     }
 
     /// The ops without data: flush, discard, write-zeroes.
