@@ -6,14 +6,16 @@
 
 use std::io;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use aio_core::{AioContext, EventLoop};
 use imago::io_buffers::{IoVector, IoVectorMut};
-use imago::Mapping;
+use imago::{FormatAccess, Mapping};
 use vm_memory::{GuestMemoryBackend, VolatileSlice};
 
 use super::current::{ImageEngine, RequestIo, WithIo};
+use super::storage::EngineStorage;
 use super::Qcow2Image;
 use crate::chain::{BlkOp, BlkRequest, Segment};
 use crate::queue::GuestMemory;
@@ -67,6 +69,36 @@ fn ranges(slices: &[VolatileSlice<'_, ()>]) -> Vec<(usize, usize)> {
         .collect()
 }
 
+/// Writes imago's cached metadata back to the file for every request that asked before the
+/// write-back began, one write-back at a time (a group commit): the allocating writes of a
+/// batch wait for one write-back, not one each.
+#[derive(Default)]
+pub(crate) struct WriteBack {
+    /// Write-backs asked for so far: each asker's ticket.
+    asked: AtomicU64,
+    /// Every ticket up to this one is covered by a write-back that has finished.
+    done: AtomicU64,
+    /// One write-back at a time; the askers queue here, and most find themselves covered.
+    running: tokio::sync::Mutex<()>,
+}
+
+impl WriteBack {
+    /// Returns once a write-back that began after this call has finished (or fails with it).
+    async fn run(&self, access: &FormatAccess<EngineStorage>) -> io::Result<()> {
+        // The caller's metadata change is in imago's cache before its ticket is taken, and a
+        // write-back covers every ticket taken before it starts.
+        let ticket = self.asked.fetch_add(1, Ordering::AcqRel) + 1;
+        let _one = self.running.lock().await;
+        if self.done.load(Ordering::Acquire) >= ticket {
+            return Ok(());
+        }
+        let covers = self.asked.load(Ordering::Acquire);
+        access.flush().await?;
+        self.done.fetch_max(covers, Ordering::AcqRel);
+        Ok(())
+    }
+}
+
 fn unmapped() -> io::Error {
     io::Error::other("a request's buffer is not in guest memory")
 }
@@ -104,7 +136,7 @@ impl Qcow2Image {
                     self.run_other(other).await?;
                     // Metadata changed: written back before the status (see `write`).
                     if !matches!(other, BlkOp::Flush) {
-                        self.access.read().await.flush().await?;
+                        self.write_back.run(&*self.access.read().await).await?;
                     }
                     Ok(())
                 };
@@ -115,10 +147,11 @@ impl Qcow2Image {
 
     /// A write. One that allocates (a cluster not yet the image's own, or one shared with a
     /// snapshot or a backing file) completes only once imago's cached metadata has been
-    /// written back to the file (not synced: that is `FLUSH`'s), so that a daemon killed after
-    /// the guest saw the write done leaves the new mapping in the file, and the restarted
-    /// daemon reads back what the guest wrote. A write into clusters already the image's own
-    /// changes no metadata and costs nothing more.
+    /// written back to the file (not synced: that is `FLUSH`'s; one write-back for every
+    /// write waiting, see [`WriteBack`]), so that a daemon killed after the guest saw the
+    /// write done leaves the new mapping in the file, and the restarted daemon reads back what
+    /// the guest wrote. A write into clusters already the image's own changes no metadata and
+    /// costs nothing more.
     async fn write(&self, bufv: IoVector<'_>, offset: u64) -> io::Result<()> {
         let access = self.access.read().await;
         let len = bufv.len();
@@ -128,7 +161,7 @@ impl Qcow2Image {
         );
         access.writev(bufv, offset).await?;
         if !in_place {
-            access.flush().await?;
+            self.write_back.run(&access).await?;
         }
         Ok(())
     }
