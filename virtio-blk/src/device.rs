@@ -172,6 +172,19 @@ impl From<DeviceError> for io::Error {
     }
 }
 
+/// Opens `path` (a file or a block device) with `O_DIRECT`, for writing when `writable`, and
+/// reads its size (seeking to the end works for a block device as for a file).
+pub(crate) fn open_direct(path: &Path, writable: bool) -> io::Result<(std::fs::File, u64)> {
+    use std::io::Seek;
+    let file = OpenOptions::new()
+        .read(true)
+        .write(writable)
+        .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
+        .open(path)?;
+    let bytes = (&file).seek(io::SeekFrom::End(0))?;
+    Ok((file, bytes))
+}
+
 /// The known format the first bytes of `file` (opened `O_DIRECT`) belong to, if any.
 fn probe_header(file: &std::fs::File) -> io::Result<Option<KnownFormat>> {
     use std::os::unix::fs::FileExt;
@@ -239,12 +252,7 @@ impl BlockDevice {
             path: image.to_path_buf(),
             source,
         };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(!options.read_only)
-            .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
-            .open(image)
-            .map_err(open_error)?;
+        let (file, bytes) = open_direct(image, !options.read_only).map_err(open_error)?;
         let found = match options.format {
             ImageFormat::Raw => None,
             _ => probe_header(&file).map_err(open_error)?,
@@ -262,12 +270,6 @@ impl BlockDevice {
             }
             _ => {}
         }
-        // Seeking to the end works for a block device as for a file.
-        let bytes = {
-            use std::io::Seek;
-            let mut f = &file;
-            f.seek(io::SeekFrom::End(0)).map_err(open_error)?
-        };
         Ok(BlockDevice {
             capacity_sectors: sectors(image, bytes)?,
             backing: Backing::Raw {

@@ -159,34 +159,11 @@ fn start_error(what: &'static str) -> impl FnOnce(io::Error) -> DaemonError {
 /// connection, removes the sockets and stops the iothreads.
 pub fn run(config: &Config, stop: &StopHandle) -> Result<(), DaemonError> {
     distinct::check(&config.disks)?;
-    let mut devices = Vec::new();
-    for d in &config.disks {
-        let options = DiskOptions {
-            read_only: d.read_only,
-            serial: d.serial.clone(),
-            queues: d.queues,
-            format: d.format,
-        };
-        let device = match d.size {
-            Some(size) if d.is_null() => BlockDevice::null(size, options),
-            _ => BlockDevice::open(&d.image, options),
-        }
-        .map_err(|e| DaemonError::Disk {
-            spec: d.socket.display().to_string(),
-            source: e.into(),
-        })?;
-        let chain = device.backing_chain();
-        if !chain.is_empty() {
-            let names: Vec<_> = chain.iter().map(|p| p.display().to_string()).collect();
-            eprintln!(
-                "aio-vhost-user-blk: {}: {} image, backing chain {}",
-                d.image.display(),
-                device.format_name(),
-                names.join(" <- ")
-            );
-        }
-        devices.push(Arc::new(device));
-    }
+    let devices = config
+        .disks
+        .iter()
+        .map(|d| open_disk(d).map(Arc::new))
+        .collect::<Result<Vec<_>, _>>()?;
     let mut threads = Vec::new();
     for k in 0..usize::from(config.iothreads.max(1)) {
         let (engine, fdmon) = (config.engine, config.fdmon);
@@ -246,6 +223,36 @@ pub fn run(config: &Config, stop: &StopHandle) -> Result<(), DaemonError> {
         }
     }
     Ok(())
+}
+
+/// Opens one `--disk`'s image (or makes the null device), logging a qcow2 image's backing
+/// chain.
+fn open_disk(d: &DiskSpec) -> Result<BlockDevice, DaemonError> {
+    let options = DiskOptions {
+        read_only: d.read_only,
+        serial: d.serial.clone(),
+        queues: d.queues,
+        format: d.format,
+    };
+    let device = match d.size {
+        Some(size) if d.is_null() => BlockDevice::null(size, options),
+        _ => BlockDevice::open(&d.image, options),
+    }
+    .map_err(|e| DaemonError::Disk {
+        spec: d.socket.display().to_string(),
+        source: e.into(),
+    })?;
+    let chain = device.backing_chain();
+    if !chain.is_empty() {
+        let names: Vec<_> = chain.iter().map(|p| p.display().to_string()).collect();
+        eprintln!(
+            "aio-vhost-user-blk: {}: {} image, backing chain {}",
+            d.image.display(),
+            device.format_name(),
+            names.join(" <- ")
+        );
+    }
+    Ok(device)
 }
 
 #[cfg(test)]

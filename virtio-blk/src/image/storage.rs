@@ -16,10 +16,8 @@
 //!   end of the file; a short write continues; writes past the end grow the file.
 
 use std::fmt;
-use std::fs::OpenOptions;
 use std::future::{poll_fn, Future};
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -94,16 +92,7 @@ impl fmt::Display for EngineStorage {
 impl EngineStorage {
     /// Opens `path` with `O_DIRECT`, for writing when `writable`.
     pub(crate) fn open_path(path: &Path, writable: bool) -> io::Result<Self> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(writable)
-            .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
-            .open(path)?;
-        let size = {
-            use std::io::Seek;
-            let mut f = &file;
-            f.seek(io::SeekFrom::End(0))?
-        };
+        let (file, size) = crate::device::open_direct(path, writable)?;
         let file = IoFile::new(file);
         let (mem_align, req_align) = match file.direct_io_alignment() {
             Some(a) => (a.memory.max(1), a.offset.max(1)),
