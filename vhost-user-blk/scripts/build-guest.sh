@@ -32,6 +32,10 @@
 #                       does not end within aio.fio_timeout seconds (default 300), and then the
 #                       guest prints its pending requests (sysfs inflight, blk-mq debugfs)
 #   aio.idle=S          restart mode: first S seconds without I/O (GUEST-IDLE-START), then fio
+#   aio.mode=replay     instead of the write checks: the same writes on every run (fio randwrite,
+#                       fixed seed, each block a pattern with its offset, verified; fixed discard
+#                       and write-zeroes ranges), then GUEST-INFO disk_sha256= of the whole disk,
+#                       so the images two servers wrote can be compared
 # Restart mode's output lines (besides the checks fio-restart and no-io-errors):
 #   GUEST-IDLE-START                         (the idle seconds begin)
 #   GUEST-FIO-START uptime=S                 (fio started: the host may begin its kills)

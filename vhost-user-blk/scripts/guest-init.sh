@@ -159,6 +159,29 @@ watch_queues() {
     done
 }
 
+# aio.mode=replay: the same writes on every run, whatever serves the disk, so that two servers'
+# images can be compared byte for byte afterwards. fio randwrite on both queues with a fixed
+# seed, mixed sizes, each block holding a pattern and its own offset (no verify header: fio's
+# holds a timestamp), read back and verified; then fixed discard and write-zeroes ranges, some
+# not cluster-aligned; then the sha256 of the whole disk (GUEST-INFO disk_sha256=).
+if [ "$mode" = replay ]; then
+    run replay-fio "$FIO" --name=replay --filename=/dev/vda --rw=randwrite --bsrange=4k-128k \
+        --size="$fio_size" --numjobs=2 --offset_increment="$fio_size" --cpus_allowed=0-1 \
+        --cpus_allowed_policy=split --direct=1 --ioengine=libaio --iodepth=16 --randseed=36 \
+        --verify=pattern --verify_pattern=0x61696f2d%o --do_verify=1 --verify_fatal=1 \
+        --thread --output-format=terse
+    run replay-discard "$BLKDISCARD" -o 1052672 -l 3211264 /dev/vda
+    run replay-zeroes "$BLKDISCARD" -z -o 9441280 -l 2101248 /dev/vda
+    if sum="$(sha256sum /dev/vda 2>/tmp/out)"; then
+        echo "GUEST-INFO disk_sha256=${sum%% *}"
+        check replay-sum PASS "sha256=${sum%% *}"
+    else
+        check replay-sum FAIL "sha256sum /dev/vda"
+        log /tmp/out
+    fi
+    finish
+fi
+
 if [ "$mode" = restart ]; then
     if [ "$idle" -gt 0 ]; then
         echo "GUEST-IDLE-START"
