@@ -20,7 +20,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 
-#[allow(dead_code)] // shared by the tests
 mod common;
 #[path = "guest/harness.rs"]
 #[allow(dead_code)] // shared with guest.rs and guest_restart.rs
