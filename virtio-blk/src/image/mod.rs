@@ -77,6 +77,32 @@ fn read_header(path: &Path) -> io::Result<Vec<u8>> {
     Ok(head)
 }
 
+/// The most memory an image's L2 cache may take: 32 MiB, QEMU's default `l2-cache-size`
+/// limit (the tables of 256 GiB of disk at 64 KiB clusters).
+const L2_CACHE_MAX_BYTES: u64 = 32 << 20;
+
+/// How many L2 tables to cache for the qcow2 image whose header is `head` (already checked):
+/// enough for the whole disk, as QEMU's default cache does, within [`L2_CACHE_MAX_BYTES`], and
+/// never fewer than imago's default. A table not cached is loaded (a cluster read and parsed)
+/// before the request that needs it, so a disk whose tables do not fit serves random requests
+/// at a fraction of the speed (measured at 256 GiB with imago's default of 128 tables, 64
+/// GiB: 0.06 of raw).
+fn l2_cache_entries(head: &[u8]) -> usize {
+    let field = |at: usize, len: usize| {
+        head.get(at..at + len)
+            .map(|b| b.iter().fold(0u64, |v, &byte| (v << 8) | u64::from(byte)))
+    };
+    let (Some(cluster_bits), Some(size)) = (field(20, 4), field(24, 8)) else {
+        return imago::qcow2::DEFAULT_L2_CACHE_ENTRIES;
+    };
+    let cluster = 1u64 << cluster_bits.min(31);
+    let covered_by_one = cluster * (cluster / 8);
+    let needed = size.div_ceil(covered_by_one);
+    let most = (L2_CACHE_MAX_BYTES / cluster).max(1);
+    let entries = needed.min(most) as usize;
+    entries.max(imago::qcow2::DEFAULT_L2_CACHE_ENTRIES)
+}
+
 /// Checks that `path` holds a qcow2 image that may be served.
 fn check_qcow2_header(path: &Path, head: &[u8]) -> Result<(), DeviceError> {
     match format::probe(head) {
@@ -177,6 +203,7 @@ impl Qcow2Image {
         let storage = EngineStorage::open_path(path, writable).map_err(failed)?;
         let opened = current::block_on(
             Qcow2::<EngineStorage>::builder(storage)
+                .l2_cache_entries(l2_cache_entries(&head))
                 .write(writable)
                 .open(gate.clone()),
         );
@@ -231,5 +258,43 @@ impl Drop for Qcow2Image {
                 self.path.display()
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A qcow2 header's first 32 bytes with `cluster_bits` and the virtual `size`.
+    fn head(cluster_bits: u32, size: u64) -> Vec<u8> {
+        let mut head = vec![0u8; 32];
+        head[..4].copy_from_slice(b"QFI\xfb");
+        head[20..24].copy_from_slice(&cluster_bits.to_be_bytes());
+        head[24..32].copy_from_slice(&size.to_be_bytes());
+        head
+    }
+
+    #[test]
+    fn the_l2_cache_covers_the_disk_within_32_mib_and_never_below_imagos_default() {
+        let default = imago::qcow2::DEFAULT_L2_CACHE_ENTRIES;
+        // 64 KiB clusters: one table covers 512 MiB.
+        assert_eq!(l2_cache_entries(&head(16, 1 << 30)), default);
+        assert_eq!(l2_cache_entries(&head(16, 100 << 30)), 200);
+        assert_eq!(l2_cache_entries(&head(16, 256 << 30)), 512);
+        assert_eq!(
+            l2_cache_entries(&head(16, 1 << 40)),
+            512,
+            "32 MiB of tables at most"
+        );
+        // 2 MiB clusters: 16 tables are 32 MiB, below imago's default, which stays.
+        assert_eq!(l2_cache_entries(&head(21, 1 << 50)), default);
+        // 4 KiB clusters: one table covers 2 MiB; 32 MiB is 8192 tables.
+        assert_eq!(l2_cache_entries(&head(12, 1 << 30)), 512);
+        assert_eq!(l2_cache_entries(&head(12, 1 << 40)), 8192);
+        assert_eq!(
+            l2_cache_entries(&head(16, 0)[..20]),
+            default,
+            "a short header"
+        );
     }
 }
