@@ -518,3 +518,49 @@ fn the_null_device_reads_zeros_and_drops_writes() {
         assert_eq!(one(d, spec::T_IN, 64 * MIB / 512, 4096), spec::S_IOERR);
     });
 }
+
+/// A cluster allocated for a small write reads as zeros around it, whether it lies past the
+/// file's end (where the zeroing is skipped: a regular file reads zeros there) or is a freed
+/// cluster inside the file that held the guest's old data (where it must be zeroed).
+#[test]
+fn a_small_write_into_a_new_cluster_reads_zeros_around_it_even_in_a_reused_cluster() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let at = dir.path();
+    qemu(
+        at,
+        "qemu-img",
+        &["create", "-q", "-f", "qcow2", "disk.qcow2", "64M"],
+    );
+    let device = BlockDevice::open(&at.join("disk.qcow2"), DiskOptions::default()).unwrap();
+    let engine = EngineKind::Pool.build(&options()).unwrap();
+    serve(engine, Arc::new(device), |d| {
+        const CLUSTER: u64 = 64 << 10;
+        // Whole clusters of old data, then freed: their host clusters may be handed out again.
+        for i in 0..16u64 {
+            assert_eq!(write(d, i * CLUSTER, &[0xee; 64 << 10]), spec::S_OK);
+        }
+        let s = range_op(d, spec::T_DISCARD, 0, 16 * CLUSTER, false);
+        assert_eq!(s, spec::S_OK);
+        // Small writes into new clusters, in the middle of each.
+        for i in 0..32u64 {
+            let at = 32 * MIB + i * CLUSTER + 8192;
+            assert_eq!(write(d, at, &[0x42; 4096]), spec::S_OK);
+        }
+        for i in 0..32u64 {
+            let (status, data) = read(d, 32 * MIB + i * CLUSTER, 64 << 10);
+            assert_eq!(status, spec::S_OK);
+            assert!(data[..8192].iter().all(|&b| b == 0), "cluster {i}: head");
+            assert!(
+                data[8192..12288].iter().all(|&b| b == 0x42),
+                "cluster {i}: data"
+            );
+            assert!(data[12288..].iter().all(|&b| b == 0), "cluster {i}: tail");
+        }
+        for i in 0..16u64 {
+            let (_, data) = read(d, i * CLUSTER, 64 << 10);
+            assert!(data.iter().all(|&b| b == 0), "discarded cluster {i}");
+        }
+    });
+    let check = qemu(at, "qemu-img", &["check", "disk.qcow2"]);
+    assert!(check.contains("No errors were found"), "{check}");
+}

@@ -65,6 +65,9 @@ pub(crate) struct EngineStorage {
     file: IoFile,
     path: PathBuf,
     size: AtomicU64,
+    /// A regular file (not a block device): it grows as it is written past its end, and what
+    /// lies past `size` reads as zeros.
+    regular: bool,
     /// Buffer address alignment and offset/length alignment for `O_DIRECT`.
     mem_align: usize,
     req_align: usize,
@@ -93,6 +96,7 @@ impl EngineStorage {
     /// Opens `path` with `O_DIRECT`, for writing when `writable`.
     pub(crate) fn open_path(path: &Path, writable: bool) -> io::Result<Self> {
         let (file, size) = crate::device::open_direct(path, writable)?;
+        let regular = file.metadata()?.is_file();
         let file = IoFile::new(file);
         let (mem_align, req_align) = match file.direct_io_alignment() {
             Some(a) => (a.memory.max(1), a.offset.max(1)),
@@ -102,6 +106,7 @@ impl EngineStorage {
             file,
             path: path.to_path_buf(),
             size: AtomicU64::new(size),
+            regular,
             mem_align,
             req_align,
             writable,
@@ -110,8 +115,20 @@ impl EngineStorage {
         })
     }
 
+    /// Counts a write (submitted, not necessarily done) up to `end`.
     fn grew_to(&self, end: u64) {
         self.size.fetch_max(end, Ordering::Relaxed);
+    }
+
+    /// Zeroes `length` bytes at `offset` on the current request's engine (on the calling
+    /// thread outside requests).
+    async fn zero_range(&self, offset: u64, length: u64) -> io::Result<()> {
+        self.grew_to(offset + length);
+        let request = Request::write_zeroes(&self.file, offset, length, false, 0);
+        match self.run_plain(request, true).await {
+            Some(result) => result.map(drop),
+            None => blocking::write_zeroes(&self.file, offset, length, self.req_align),
+        }
     }
 
     /// Runs `request` on the current request's engine: holding the guest memory table when it
@@ -172,6 +189,9 @@ impl EngineStorage {
     ) -> io::Result<(usize, IoVector<'a>)> {
         // SAFETY: as in `read_once`.
         let iov = unsafe { bufv.as_iovec() };
+        // Counted before it is submitted: a write that fails may still have landed in part,
+        // and `pure_write_zeroes` trusts only what lies past every write ever submitted.
+        self.grew_to(offset + bufv.len());
         let request = if let Some(mem) = io.guest_iovecs(iov) {
             (Request::write_guest(&self.file, offset, mem, 0), true)
         } else {
@@ -184,7 +204,6 @@ impl EngineStorage {
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
-        self.grew_to(offset + n as u64);
         Ok((n, bufv.split_tail_at(n as u64)))
     }
 
@@ -259,9 +278,8 @@ impl Storage for EngineStorage {
 
     async unsafe fn pure_writev(&self, mut bufv: IoVector<'_>, mut offset: u64) -> io::Result<()> {
         let Some(io) = current::current() else {
-            let end = offset + bufv.len();
+            self.grew_to(offset + bufv.len());
             blocking::writev(&self.file, bufv, offset)?;
-            self.grew_to(end);
             return Ok(());
         };
         while !bufv.is_empty() {
@@ -273,19 +291,21 @@ impl Storage for EngineStorage {
     }
 
     async unsafe fn pure_write_zeroes(&self, offset: u64, length: u64) -> io::Result<()> {
-        let request = Request::write_zeroes(&self.file, offset, length, false, 0);
-        match self.run_plain(request, true).await {
-            Some(result) => result.map(drop)?,
-            None => blocking::write_zeroes(&self.file, offset, length, self.req_align)?,
+        // Past the end of all the file holds and all that was written to it since it was
+        // opened, a regular file reads as zeros, and stays so when a later write past the range
+        // leaves it a hole: nothing to write. This is where a newly allocated cluster usually
+        // lies, and imago zeroes the parts of it a write does not cover (QEMU's file driver
+        // treats zeroing past the end alike). Elsewhere the range may hold old data.
+        if self.regular && offset >= self.size.load(Ordering::Relaxed) {
+            return Ok(());
         }
-        self.grew_to(offset + length);
-        Ok(())
+        self.zero_range(offset, length).await
     }
 
     async unsafe fn pure_write_allocated_zeroes(&self, offset: u64, length: u64) -> io::Result<()> {
-        // SAFETY: the caller's promise is the one `pure_write_zeroes` asks for; zeroing with
-        // `fallocate(FALLOC_FL_ZERO_RANGE)` (or written zeros) leaves the range allocated.
-        unsafe { self.pure_write_zeroes(offset, length) }.await
+        // Zeroing with `fallocate(FALLOC_FL_ZERO_RANGE)` (or written zeros) leaves the range
+        // allocated, past the end of the file too.
+        self.zero_range(offset, length).await
     }
 
     async unsafe fn pure_discard(&self, offset: u64, length: u64) -> io::Result<()> {
