@@ -15,6 +15,9 @@
 //!   says stop; no signal handler, no command line.
 //! * [`cli`] (feature `cli`, on by default): the `aio-vhost-user-blk` command line and its
 //!   signals.
+//! * [`qsd`] (feature `cli`): qemu-storage-daemon's command line for vhost-user-blk exports,
+//!   read into a [`daemon::Config`], so that an existing qemu-storage-daemon script runs with
+//!   this daemon in its place.
 //! * `testing` (feature `testing`): the daemon started as a child process and a libblkio
 //!   client of its socket, for tests and benches.
 //!
@@ -41,6 +44,8 @@ pub mod cli;
 pub mod daemon;
 pub mod inflight;
 pub mod memory;
+#[cfg(feature = "cli")]
+pub mod qsd;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod vhost;

@@ -57,6 +57,9 @@ pub struct DiskIndex {
     pub number: u32,
     /// The queues of the disks before it.
     pub first_queue: usize,
+    /// The iothread all its queues run on, if it names one (else [`iothread_of`] spreads
+    /// them).
+    pub iothread: Option<usize>,
 }
 
 /// One vring as the frontend set it up.
@@ -76,6 +79,7 @@ struct Vring {
 pub struct BlkBackend<L: EventLoop + 'static, E: IoEngine + 'static> {
     disk: u32,
     first_queue: usize,
+    pinned: Option<usize>,
     device: Arc<BlockDevice>,
     iothreads: IoThreads<L, E>,
     acked_features: u64,
@@ -97,6 +101,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> BlkBackend<L, E> {
         BlkBackend {
             disk: disk.number,
             first_queue: disk.first_queue,
+            pinned: disk.iothread,
             device,
             iothreads,
             acked_features: 0,
@@ -108,7 +113,11 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> BlkBackend<L, E> {
     }
 
     fn iothread(&self, index: usize) -> &IoThreadHandle<L, DataPlane<L, E>> {
-        &self.iothreads[iothread_of(self.first_queue, index, self.iothreads.len())]
+        let k = match self.pinned {
+            Some(k) => k % self.iothreads.len().max(1),
+            None => iothread_of(self.first_queue, index, self.iothreads.len()),
+        };
+        &self.iothreads[k]
     }
 
     fn vring(&mut self, index: u32) -> VuResult<&mut Vring> {

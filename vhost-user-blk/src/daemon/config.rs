@@ -9,7 +9,7 @@ use std::str::FromStr;
 
 use aio::{Choice, EngineKind, MonitorKind};
 use aio_core::process::CpuList;
-use aio_core::PollMaxNs;
+use aio_core::{PollMaxNs, PollParams};
 use aio_virtio_blk::format::ImageFormat;
 
 /// What [`run`](super::run) serves, and on what.
@@ -26,6 +26,10 @@ pub struct Config {
     pub iothreads: u16,
     /// The iothreads' busy-poll window (QEMU's IOThread default 32768 ns).
     pub poll_max_ns: PollMaxNs,
+    /// Each iothread's own polling parameters, in order (QEMU's `--object
+    /// iothread,poll-max-ns=,poll-grow=,poll-shrink=`): iothread `k` takes
+    /// `iothread_poll[k]` when there is one, else `poll_max_ns`'s.
+    pub iothread_poll: Vec<PollParams>,
     /// Iothread `k` pinned to the list's CPU `k mod len` (none: not pinned).
     pub cpus: Option<CpuList>,
 }
@@ -39,6 +43,7 @@ impl Config {
             fdmon: Choice::Auto,
             iothreads: 1,
             poll_max_ns: PollMaxNs::Fixed(aio_core::DEFAULT_POLL_MAX_NS),
+            iothread_poll: Vec::new(),
             cpus: None,
         }
     }
@@ -63,6 +68,9 @@ pub struct DiskSpec {
     /// `size=BYTES` (suffixes K, M, G, T): the size of the null device (`image=null`), which
     /// has no file to take it from.
     pub size: Option<u64>,
+    /// `iothread=K`: every queue of the disk on iothread `K` (counted from 0), as QEMU's
+    /// export `iothread=` does; none: the queues of all disks take the iothreads in turn.
+    pub iothread: Option<u16>,
 }
 
 impl DiskSpec {
@@ -74,7 +82,7 @@ impl DiskSpec {
 }
 
 /// `BYTES` with an optional binary suffix (K, M, G, T), as QEMU's sizes.
-fn parse_size(value: &str) -> Option<u64> {
+pub(crate) fn parse_size(value: &str) -> Option<u64> {
     let (digits, shift) = match value.char_indices().last()? {
         (i, 'k' | 'K') => (&value[..i], 10),
         (i, 'm' | 'M') => (&value[..i], 20),
@@ -109,6 +117,9 @@ impl std::fmt::Display for DiskSpec {
         if let Some(size) = self.size {
             write!(f, ",size={size}")?;
         }
+        if let Some(k) = self.iothread {
+            write!(f, ",iothread={k}")?;
+        }
         Ok(())
     }
 }
@@ -136,6 +147,7 @@ fn parse_disk(s: &str) -> Result<DiskSpec, String> {
         queues: 1,
         format: ImageFormat::Auto,
         size: None,
+        iothread: None,
     };
     for item in s.split(',') {
         let (key, value) = item
@@ -166,9 +178,15 @@ fn parse_disk(s: &str) -> Result<DiskSpec, String> {
                     format!("size={value}: expected a number of bytes (suffix K, M, G or T)")
                 })?)
             }
+            "iothread" => {
+                spec.iothread = Some(value.parse().map_err(|_| {
+                    format!("iothread={value}: expected an iothread's number, from 0")
+                })?)
+            }
             other => {
                 return Err(format!(
-                    "unknown key '{other}' (socket, image, readonly, serial, queues, format, size)"
+                    "unknown key '{other}' (socket, image, readonly, serial, queues, format, \
+                     size, iothread)"
                 ))
             }
         }

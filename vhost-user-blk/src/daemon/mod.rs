@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use aio_core::{AioContext, EventLoop, IoEngine, IoThread, NotifyHandle};
 
+pub(crate) use config::parse_size;
 pub use config::{BadDiskSpec, Config, DiskSpec};
 pub use socket::DiskSocket;
 
@@ -77,6 +78,14 @@ pub enum DiskError {
     /// Its socket could not be created or watched.
     #[error("socket: {0}")]
     Socket(#[source] io::Error),
+    /// It names an iothread the daemon does not have.
+    #[error("iothread={iothread}: the daemon has {iothreads} iothreads (numbered from 0)")]
+    NoSuchIoThread {
+        /// The iothread named.
+        iothread: u16,
+        /// How many there are.
+        iothreads: u16,
+    },
 }
 
 /// Tells a running [`run`] to stop: `Send + Sync + Clone`, for a signal handler, another
@@ -144,6 +153,7 @@ fn disk_indexes(disks: &[DiskSpec]) -> Vec<DiskIndex> {
             let index = DiskIndex {
                 number,
                 first_queue,
+                iothread: d.iothread.map(usize::from),
             };
             first_queue += usize::from(d.queues);
             index
@@ -158,7 +168,30 @@ fn start_error(what: &'static str) -> impl FnOnce(io::Error) -> DaemonError {
 /// Serves `config`'s disks on the calling thread until `stop` says stop, then drains every
 /// connection, removes the sockets and stops the iothreads.
 pub fn run(config: &Config, stop: &StopHandle) -> Result<(), DaemonError> {
+    run_with(config, stop, || {})
+}
+
+/// [`run`], calling `ready` once every socket listens (a daemonized process tells its parent
+/// then, as qemu-storage-daemon's `--daemonize` does).
+pub fn run_with(
+    config: &Config,
+    stop: &StopHandle,
+    ready: impl FnOnce(),
+) -> Result<(), DaemonError> {
     distinct::check(&config.disks)?;
+    if let Some(d) = config
+        .disks
+        .iter()
+        .find(|d| d.iothread.is_some_and(|k| k >= config.iothreads.max(1)))
+    {
+        return Err(DaemonError::Disk {
+            spec: d.socket.display().to_string(),
+            source: DiskError::NoSuchIoThread {
+                iothread: d.iothread.unwrap_or_default(),
+                iothreads: config.iothreads.max(1),
+            },
+        });
+    }
     let devices = config
         .disks
         .iter()
@@ -168,7 +201,11 @@ pub fn run(config: &Config, stop: &StopHandle) -> Result<(), DaemonError> {
     for k in 0..usize::from(config.iothreads.max(1)) {
         let (engine, fdmon) = (config.engine, config.fdmon);
         let cpu = config.cpus.as_ref().and_then(|c| c.nth_wrapping(k));
-        let poll = config.poll_max_ns.params();
+        let poll = config
+            .iothread_poll
+            .get(k)
+            .copied()
+            .unwrap_or_else(|| config.poll_max_ns.params());
         let thread = IoThread::spawn(&format!("iothread{k}"), move || -> io::Result<_> {
             if let Some(cpu) = cpu {
                 aio_core::process::pin_current_thread(&[cpu])?;
@@ -206,6 +243,7 @@ pub fn run(config: &Config, stop: &StopHandle) -> Result<(), DaemonError> {
             }
         }
     }
+    ready();
     while !stop.is_stopped() {
         ctx.poll(true);
     }

@@ -1,23 +1,27 @@
-//! The daemon's command line and signals: `aio-vhost-user-blk --disk ... [--engine ...]`
-//! parsed into a [`Config`], SIGINT and SIGTERM turned into a [`StopHandle::stop`], and the
-//! exit code. Feature `cli` (on by default); the binary is this module's [`main`].
+//! The daemon's command line and signals: `aio-vhost-user-blk --disk ... [--engine ...]`, or
+//! qemu-storage-daemon's own options ([`crate::qsd`]), parsed into a [`Config`], SIGINT and
+//! SIGTERM turned into a [`StopHandle::stop`], `--daemonize` and `--pidfile`, and the exit
+//! code. Feature `cli` (on by default); the binary is this module's [`main`].
 //!
 //! This module owns what is process-wide: the arguments and the signal handlers (installed
 //! once per process). A program that serves disks itself builds a [`Config`] and calls
 //! [`run`](crate::daemon::run()) with its own stop handle.
+
+mod process;
 
 use clap::Parser;
 
 use aio::{Choice, EngineKind, MonitorKind};
 use aio_core::process::CpuList;
 
-use crate::daemon::{run, Config, DaemonError, DiskSpec, StopHandle};
+use crate::daemon::{run_with, Config, DaemonError, DiskSpec, StopHandle};
+use crate::qsd::{self, QsdCommandLine};
 
 /// `aio-vhost-user-blk`: serves disk images as vhost-user-blk devices on aio-rs iothreads.
 #[derive(Debug, Parser)]
 #[command(name = "aio-vhost-user-blk", version)]
 pub struct Args {
-    /// A disk: `socket=PATH,image=PATH[,readonly=on][,serial=ID][,queues=Q][,format=auto|raw|qcow2]`,
+    /// A disk: `socket=PATH,image=PATH[,readonly=on][,serial=ID][,queues=Q][,format=auto|raw|qcow2][,iothread=K]`,
     /// or the null device: `socket=PATH,image=null,size=BYTES[,...]`
     /// (repeatable; each its own socket, and an image given twice only read-only).
     #[arg(long = "disk", required = true, value_name = "SPEC")]
@@ -50,6 +54,7 @@ impl Args {
             fdmon: self.fdmon,
             iothreads: self.iothreads,
             poll_max_ns: self.poll_max_ns,
+            iothread_poll: Vec::new(),
             cpus: self.cpus.clone(),
         }
     }
@@ -62,8 +67,18 @@ fn parse_poll_max_ns(s: &str) -> Result<aio_core::PollMaxNs, String> {
 
 /// Runs the daemon with command-line arguments (without the program name) until SIGINT or
 /// SIGTERM; returns the exit code: 0 after a signal, 2 for bad arguments or disks (the
-/// message names them), 1 for a failure.
+/// message names them), 1 for a failure. Arguments in qemu-storage-daemon's form
+/// ([`qsd::is_qsd_command_line`]) are read as such.
 pub fn main(args: Vec<String>) -> i32 {
+    if qsd::is_qsd_command_line(&args) {
+        return match QsdCommandLine::parse(&args) {
+            Ok(line) => serve(&line.config, &line.process),
+            Err(e) => {
+                eprintln!("aio-vhost-user-blk: {e}");
+                2
+            }
+        };
+    }
     let args =
         match Args::try_parse_from(std::iter::once("aio-vhost-user-blk".to_string()).chain(args)) {
             Ok(a) => a,
@@ -73,13 +88,39 @@ pub fn main(args: Vec<String>) -> i32 {
                 return code;
             }
         };
+    serve(&args.config(), &qsd::Process::default())
+}
+
+/// Serves `config` as `process` says until SIGINT or SIGTERM; returns the exit code.
+fn serve(config: &Config, process: &qsd::Process) -> i32 {
+    // Before any thread starts (the signal handler's included): fork is safe only then.
+    let detached = match process.daemonize.then(process::daemonize).transpose() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("aio-vhost-user-blk: --daemonize: {e}");
+            return 1;
+        }
+    };
+    let _pidfile = match process.pidfile.as_deref().map(process::PidFile::create) {
+        Some(Err(e)) => {
+            eprintln!("aio-vhost-user-blk: --pidfile {e}");
+            return 2;
+        }
+        Some(Ok(p)) => Some(p),
+        None => None,
+    };
     let stop = StopHandle::new();
     let on_signal = stop.clone();
     if let Err(e) = ctrlc::set_handler(move || on_signal.stop()) {
         eprintln!("aio-vhost-user-blk: signal handler: {e}");
         return 1;
     }
-    match run(&args.config(), &stop) {
+    let ready = move || {
+        if let Some(d) = detached {
+            d.serving();
+        }
+    };
+    match run_with(config, &stop, ready) {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("aio-vhost-user-blk: {e}");

@@ -1,0 +1,288 @@
+//! qemu-storage-daemon command lines read into the daemon's configuration, and refused.
+
+use super::*;
+use aio::{Choice, EngineKind};
+use aio_virtio_blk::format::ImageFormat;
+
+fn args(line: &[&str]) -> Vec<String> {
+    line.iter().map(|s| s.to_string()).collect()
+}
+
+fn parse(line: &[&str]) -> Result<QsdCommandLine, QsdError> {
+    QsdCommandLine::parse(&args(line))
+}
+
+fn refusal(line: &[&str]) -> String {
+    parse(line).unwrap_err().to_string()
+}
+
+const EXPORT: &str = "type=vhost-user-blk,id=e0,node-name=disk0,addr.type=unix,addr.path=/s.sock";
+
+#[test]
+fn a_qcow2_export_on_an_iothread_with_its_polling_and_the_process_options() {
+    let line = parse(&[
+        "--blockdev",
+        "driver=file,node-name=file0,filename=/x.qcow2,cache.direct=on,aio=io_uring",
+        "--blockdev",
+        "driver=qcow2,node-name=disk0,file=file0",
+        "--object",
+        "iothread,id=io0,poll-max-ns=16384,poll-grow=4,poll-shrink=2",
+        "--export",
+        &format!("{EXPORT},writable=on,num-queues=2,iothread=io0"),
+        "--pidfile",
+        "/run/d.pid",
+        "--daemonize",
+    ])
+    .unwrap();
+    let c = &line.config;
+    assert_eq!(c.disks.len(), 1);
+    let d = &c.disks[0];
+    assert_eq!(d.socket, PathBuf::from("/s.sock"));
+    assert_eq!(d.image, PathBuf::from("/x.qcow2"));
+    assert_eq!(
+        (d.format, d.queues, d.read_only, d.iothread),
+        (ImageFormat::Qcow2, 2, false, Some(0))
+    );
+    assert_eq!(d.serial, command::QEMU_EXPORT_SERIAL);
+    assert_eq!(c.engine, Choice::Named(EngineKind::Uring));
+    assert_eq!(
+        c.iothreads, 1,
+        "no export on the main loop: no extra iothread"
+    );
+    let p = c.iothread_poll[0];
+    assert_eq!((p.max_ns, p.grow, p.shrink), (16384, 4, 2));
+    assert_eq!(line.process.pidfile, Some(PathBuf::from("/run/d.pid")));
+    assert!(line.process.daemonize);
+}
+
+#[test]
+fn the_json_form_and_inline_children_read_as_the_keyval_form() {
+    let keyval = parse(&[
+        "--blockdev",
+        "driver=file,node-name=f,filename=/x.img,aio=native,cache.direct=on",
+        "--blockdev",
+        "driver=raw,node-name=disk0,file=f",
+        "--export",
+        EXPORT,
+    ])
+    .unwrap();
+    let json = parse(&[
+        "--blockdev",
+        r#"{"driver": "raw", "node-name": "disk0", "file": {"driver": "file",
+            "filename": "/x.img", "aio": "native", "cache": {"direct": true}}}"#,
+        "--export",
+        r#"{"type": "vhost-user-blk", "id": "e0", "node-name": "disk0",
+            "addr": {"type": "unix", "path": "/s.sock"}}"#,
+    ])
+    .unwrap();
+    assert_eq!(keyval, json);
+    let inline = parse(&[
+        "--blockdev=driver=raw,node-name=disk0,file.driver=file,file.filename=/x.img,\
+         file.aio=native,file.cache.direct=on",
+        &format!("--export={EXPORT}"),
+    ])
+    .unwrap();
+    assert_eq!(keyval, inline);
+    assert_eq!(keyval.config.engine, Choice::Named(EngineKind::LinuxAio));
+}
+
+#[test]
+fn qemus_defaults_hold_where_unsaid() {
+    let line = parse(&[
+        "--blockdev",
+        "driver=host_device,node-name=disk0,filename=/dev/loop0",
+        "--export",
+        EXPORT,
+    ])
+    .unwrap();
+    let (c, d) = (&line.config, &line.config.disks[0]);
+    assert!(d.read_only, "an export is read-only unless writable=on");
+    assert_eq!((d.format, d.queues), (ImageFormat::Raw, 1));
+    assert_eq!(c.engine, Choice::Named(EngineKind::Pool), "aio=threads");
+    // The export runs where QEMU's main loop would: an iothread that does not poll.
+    assert_eq!((c.iothreads, d.iothread), (1, Some(0)));
+    assert_eq!(c.iothread_poll[0].max_ns, 0);
+    assert_eq!(line.process, Process::default());
+}
+
+#[test]
+fn null_nodes_and_exports_beside_iothreads_take_their_own_iothread() {
+    let line = parse(&[
+        "--object",
+        "iothread,id=io0",
+        "--blockdev",
+        "driver=null-co,node-name=n0,size=1G,read-zeroes=on",
+        "--blockdev",
+        "driver=null-aio,node-name=n1,size=64M",
+        "--export",
+        "type=vhost-user-blk,id=a,node-name=n0,addr.type=unix,addr.path=/a,iothread=io0",
+        "--export",
+        "type=vhost-user-blk,id=b,node-name=n1,addr.type=unix,addr.path=/b,writable=on",
+    ])
+    .unwrap();
+    let c = &line.config;
+    assert_eq!(c.iothreads, 2);
+    assert_eq!(c.iothread_poll[0].max_ns, aio_core::DEFAULT_POLL_MAX_NS);
+    assert_eq!(c.iothread_poll[1].max_ns, 0);
+    assert!(c.disks[0].is_null() && c.disks[1].is_null());
+    assert_eq!(c.disks[0].size, Some(1 << 30));
+    assert_eq!(
+        (c.disks[0].iothread, c.disks[1].iothread),
+        (Some(0), Some(1))
+    );
+    assert!(!c.disks[1].read_only);
+}
+
+#[test]
+fn what_is_not_served_is_refused_by_name() {
+    let file = "driver=file,node-name=disk0,filename=/x";
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &[
+                "--blockdev",
+                file,
+                "--export",
+                "type=nbd,id=e,node-name=disk0",
+            ],
+            "'nbd' export",
+        ),
+        (&["--nbd-server", "addr.type=inet"], "NBD server"),
+        (
+            &["--blockdev", "driver=vmdk,node-name=d,file=f"],
+            "driver 'vmdk'",
+        ),
+        (
+            &["--blockdev", &format!("{file},cache.direct=off")],
+            "cache.direct=off",
+        ),
+        (
+            &["--blockdev", &format!("{file},detect-zeroes=on")],
+            "detect-zeroes=on",
+        ),
+        (&["--blockdev", &format!("{file},locking=on")], "locking=on"),
+        (&["--object", "secret,id=s,data=x"], "type 'secret'"),
+        (&["--chardev", "socket,id=m,path=/m"], "QMP monitor"),
+        (&["--monitor", "chardev=m"], "QMP monitor"),
+        (&["--fuse"], "'--fuse'"),
+        (
+            &["--blockdev", file, "--disk", "socket=/s,image=/i"],
+            "not both",
+        ),
+        (
+            &[
+                "--blockdev",
+                file,
+                "--export",
+                &format!("{EXPORT},logical-block-size=4096"),
+            ],
+            "4096",
+        ),
+        (
+            &[
+                "--blockdev",
+                file,
+                "--export",
+                &EXPORT.replace("unix", "fd"),
+            ],
+            "addr.type=fd",
+        ),
+    ];
+    for (line, named) in cases {
+        let e = refusal(line);
+        assert!(e.contains(named), "{line:?}: {e}");
+    }
+    assert!(matches!(
+        parse(&["--blockdev", "driver=vmdk,node-name=d"]),
+        Err(QsdError::NotServed { .. })
+    ));
+}
+
+#[test]
+fn inconsistent_command_lines_are_refused_with_what_is_wrong() {
+    let file =
+        |name: &str, aio: &str| format!("driver=file,node-name={name},filename=/{name},aio={aio}");
+    let export = |node: &str, path: &str| {
+        format!("type=vhost-user-blk,id={path},node-name={node},addr.type=unix,addr.path=/{path}")
+    };
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (args(&["--export", EXPORT]), "names no --blockdev"),
+        (
+            args(&[
+                "--blockdev",
+                &file("disk0", "native"),
+                "--export",
+                &format!("{EXPORT},iothread=io9"),
+            ]),
+            "iothread 'io9'",
+        ),
+        (
+            args(&["--blockdev", "driver=qcow2,node-name=q,file=nothing"]),
+            "file=nothing",
+        ),
+        (
+            args(&[
+                "--blockdev",
+                &file("a", "native"),
+                "--blockdev",
+                &file("b", "threads"),
+                "--export",
+                &export("a", "sa"),
+                "--export",
+                &export("b", "sb"),
+            ]),
+            "a second engine",
+        ),
+        (
+            args(&[
+                "--blockdev",
+                &format!("{},read-only=on", file("disk0", "native")),
+                "--export",
+                &format!("{EXPORT},writable=on"),
+            ]),
+            "read-only",
+        ),
+        (
+            args(&[
+                "--blockdev",
+                &file("a", "x"),
+                "--blockdev",
+                &file("a", "native"),
+            ]),
+            "aio=x",
+        ),
+        (
+            args(&[
+                "--blockdev",
+                &file("a", "native"),
+                "--blockdev",
+                &file("a", "native"),
+            ]),
+            "twice",
+        ),
+        (args(&["--blockdev"]), "value is missing"),
+        (args(&["--daemonize"]), "no export"),
+        (
+            args(&[
+                "--blockdev",
+                &file("disk0", "native"),
+                "--export",
+                &format!("{EXPORT},num-queues=0"),
+            ]),
+            "num-queues=0",
+        ),
+    ];
+    for (line, named) in cases {
+        let e = QsdCommandLine::parse(&line).unwrap_err().to_string();
+        assert!(e.contains(named), "{line:?}: {e}");
+    }
+}
+
+#[test]
+fn a_command_line_is_qemu_storage_daemons_when_it_has_one_of_its_options() {
+    assert!(is_qsd_command_line(&args(&["--blockdev", "x"])));
+    assert!(is_qsd_command_line(&args(&["--export=x"])));
+    assert!(!is_qsd_command_line(&args(&[
+        "--disk",
+        "socket=/s,image=/i"
+    ])));
+}
