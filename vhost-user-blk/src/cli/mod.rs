@@ -115,10 +115,11 @@ fn serve(config: &Config, process: &qsd::Process) -> i32 {
         eprintln!("aio-vhost-user-blk: signal handler: {e}");
         return 1;
     }
-    let ready = move || {
+    let ready = move |_: &crate::daemon::Control| {
         if let Some(d) = detached {
             d.serving();
         }
+        Ok(())
     };
     match run_with(config, &stop, ready) {
         Ok(()) => 0,

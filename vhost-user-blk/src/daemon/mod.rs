@@ -15,6 +15,7 @@
 
 mod config;
 mod distinct;
+mod exports;
 mod socket;
 
 use std::io;
@@ -25,9 +26,10 @@ use aio_core::{AioContext, EventLoop, IoEngine, IoThread, NotifyHandle};
 
 pub(crate) use config::parse_size;
 pub use config::{BadDiskSpec, Config, DiskSpec};
+pub use exports::Exports;
 pub use socket::DiskSocket;
 
-use crate::vhost::DiskIndex;
+use crate::vhost::IoThreads;
 use aio_virtio_blk::dataplane::DataPlane;
 use aio_virtio_blk::device::{BlockDevice, DeviceError, DiskOptions};
 
@@ -144,23 +146,6 @@ pub fn engine_options() -> aio::EngineOptions {
     aio::EngineOptions::default().with_fallback_pool(true)
 }
 
-/// Each disk's number and the number of its queue 0 among every disk's queues, in order.
-fn disk_indexes(disks: &[DiskSpec]) -> Vec<DiskIndex> {
-    let mut first_queue = 0;
-    (0..)
-        .zip(disks)
-        .map(|(number, d)| {
-            let index = DiskIndex {
-                number,
-                first_queue,
-                iothread: d.iothread.map(usize::from),
-            };
-            first_queue += usize::from(d.queues);
-            index
-        })
-        .collect()
-}
-
 fn start_error(what: &'static str) -> impl FnOnce(io::Error) -> DaemonError {
     move |source| DaemonError::Start { what, source }
 }
@@ -168,15 +153,27 @@ fn start_error(what: &'static str) -> impl FnOnce(io::Error) -> DaemonError {
 /// Serves `config`'s disks on the calling thread until `stop` says stop, then drains every
 /// connection, removes the sockets and stops the iothreads.
 pub fn run(config: &Config, stop: &StopHandle) -> Result<(), DaemonError> {
-    run_with(config, stop, || {})
+    run_with(config, stop, |_| Ok(()))
 }
 
-/// [`run`], calling `ready` once every socket listens (a daemonized process tells its parent
-/// then, as qemu-storage-daemon's `--daemonize` does).
+/// The running daemon as [`run_with`]'s `ready` sees it: the control loop, where a monitor
+/// puts its handlers, and the disks and iothreads it may look at or change.
+pub struct Control<'a> {
+    /// The control loop (the calling thread's): the vhost-user sockets' handlers are here.
+    pub ctx: &'a AioContext<Box<dyn EventLoop>>,
+    /// The disks being served.
+    pub exports: Exports,
+    /// The iothreads, in order.
+    pub iothreads: IoThreads<Box<dyn EventLoop>, Box<dyn IoEngine>>,
+}
+
+/// [`run`], calling `ready` once every socket listens, on the control loop's thread, before
+/// the loop runs: a monitor sets itself up there, and a daemonized process tells its parent
+/// (as qemu-storage-daemon's `--daemonize` does). An error from `ready` stops the daemon.
 pub fn run_with(
     config: &Config,
     stop: &StopHandle,
-    ready: impl FnOnce(),
+    ready: impl FnOnce(&Control) -> io::Result<()>,
 ) -> Result<(), DaemonError> {
     distinct::check(&config.disks)?;
     if let Some(d) = config
@@ -197,6 +194,51 @@ pub fn run_with(
         .iter()
         .map(|d| open_disk(d).map(Arc::new))
         .collect::<Result<Vec<_>, _>>()?;
+    let threads = spawn_iothreads(config)?;
+    let handles = Arc::new(threads.iter().map(IoThread::handle).collect::<Vec<_>>());
+    let monitor = config
+        .fdmon
+        .build()
+        .map_err(|e| start_error("fd monitor")(e.into()))?
+        .built;
+    let ctx = AioContext::new(monitor).map_err(|e| start_error("control loop")(e.into()))?;
+    stop.attach(ctx.notify_handle());
+
+    let exports = Exports::new(handles.clone());
+    let mut result = Ok(());
+    for (d, device) in config.disks.iter().zip(devices) {
+        if let Err(e) = exports.serve(&ctx, d.clone(), device) {
+            result = Err(e);
+            break;
+        }
+    }
+    if result.is_ok() {
+        let control = Control {
+            ctx: &ctx,
+            exports: exports.clone(),
+            iothreads: handles,
+        };
+        result = ready(&control).map_err(start_error("monitor"));
+    }
+    if result.is_ok() {
+        while !stop.is_stopped() {
+            ctx.poll(true);
+        }
+    }
+    // Every disk ends as one removed at run time does: its queues drain, then what its image
+    // caches (qcow2 metadata) is written.
+    exports.remove_all(&ctx);
+    drop(ctx);
+    for t in threads {
+        t.stop()?;
+    }
+    result
+}
+
+/// Starts the iothreads `config` asks for.
+fn spawn_iothreads(
+    config: &Config,
+) -> Result<Vec<IoThread<Box<dyn EventLoop>, Plane>>, DaemonError> {
     let mut threads = Vec::new();
     for k in 0..usize::from(config.iothreads.max(1)) {
         let (engine, fdmon) = (config.engine, config.fdmon);
@@ -218,49 +260,7 @@ pub fn run_with(
         })?;
         threads.push(thread);
     }
-    let handles = Arc::new(threads.iter().map(IoThread::handle).collect::<Vec<_>>());
-    let monitor = config
-        .fdmon
-        .build()
-        .map_err(|e| start_error("fd monitor")(e.into()))?
-        .built;
-    let ctx = AioContext::new(monitor).map_err(|e| start_error("control loop")(e.into()))?;
-    stop.attach(ctx.notify_handle());
-
-    let mut sockets = Vec::new();
-    let indexes = disk_indexes(&config.disks);
-    for ((d, device), disk) in config.disks.iter().zip(&devices).zip(indexes) {
-        match DiskSocket::serve(&ctx, disk, &d.socket, device.clone(), handles.clone()) {
-            Ok(s) => sockets.push(s),
-            Err(e) => {
-                sockets
-                    .iter()
-                    .for_each(|s: &std::rc::Rc<DiskSocket<_, _>>| s.close(&ctx));
-                return Err(DaemonError::Disk {
-                    spec: d.socket.display().to_string(),
-                    source: DiskError::Socket(e),
-                });
-            }
-        }
-    }
-    ready();
-    while !stop.is_stopped() {
-        ctx.poll(true);
-    }
-    for s in &sockets {
-        s.close(&ctx);
-    }
-    drop(sockets);
-    for t in threads {
-        t.stop()?;
-    }
-    // Every queue has stopped: what the images cache (qcow2 metadata) is written now.
-    for (d, device) in config.disks.iter().zip(&devices) {
-        if let Err(e) = device.close() {
-            eprintln!("aio-vhost-user-blk: {}: closing: {e}", d.image.display());
-        }
-    }
-    Ok(())
+    Ok(threads)
 }
 
 /// Opens one `--disk`'s image (or makes the null device), logging a qcow2 image's backing
@@ -291,34 +291,4 @@ fn open_disk(d: &DiskSpec) -> Result<BlockDevice, DaemonError> {
         );
     }
     Ok(device)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use aio_virtio_blk::dataplane::iothread_of;
-
-    #[test]
-    fn one_queue_disks_spread_over_the_iothreads() {
-        let disk =
-            |q: u16| -> DiskSpec { format!("socket=/s{q},image=/i,queues={q}").parse().unwrap() };
-        // Four one-queue disks on four iothreads: one each (not all on the first).
-        let on: Vec<usize> = disk_indexes(&[disk(1), disk(1), disk(1), disk(1)])
-            .iter()
-            .map(|d| iothread_of(d.first_queue, 0, 4))
-            .collect();
-        assert_eq!(on, [0, 1, 2, 3]);
-        // A two-queue disk, then a one-queue disk, on two iothreads: the queues take them in
-        // turn, so the second disk starts where the first left off.
-        let idx = disk_indexes(&[disk(2), disk(1)]);
-        assert_eq!((idx[1].number, idx[1].first_queue), (1, 2));
-        assert_eq!(
-            [
-                iothread_of(idx[0].first_queue, 0, 2),
-                iothread_of(idx[0].first_queue, 1, 2),
-                iothread_of(idx[1].first_queue, 0, 2)
-            ],
-            [0, 1, 0]
-        );
-    }
 }

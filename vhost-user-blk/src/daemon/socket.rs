@@ -116,6 +116,11 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> DiskSocket<L, E> {
         .map_err(io::Error::from)
     }
 
+    /// Whether a frontend is connected now.
+    pub fn is_connected(&self) -> bool {
+        self.connection.borrow().is_some()
+    }
+
     /// Frontends accepted so far.
     pub fn served(&self) -> u64 {
         self.served.get()
