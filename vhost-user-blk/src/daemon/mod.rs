@@ -139,6 +139,8 @@ impl StopHandle {
 }
 
 type Plane = DataPlane<Box<dyn EventLoop>, Box<dyn IoEngine>>;
+/// One of the daemon's iothreads.
+type Worker = IoThread<Box<dyn EventLoop>, Plane>;
 
 /// The daemon's engines: each with a thread pool behind it for the discards and write-zeroes
 /// it refuses, as QEMU sends them to its thread pool with `aio=native`.
@@ -236,9 +238,7 @@ pub fn run_with(
 }
 
 /// Starts the iothreads `config` asks for.
-fn spawn_iothreads(
-    config: &Config,
-) -> Result<Vec<IoThread<Box<dyn EventLoop>, Plane>>, DaemonError> {
+fn spawn_iothreads(config: &Config) -> Result<Vec<Worker>, DaemonError> {
     let mut threads = Vec::new();
     for k in 0..usize::from(config.iothreads.max(1)) {
         let (engine, fdmon) = (config.engine, config.fdmon);
