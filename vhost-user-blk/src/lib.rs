@@ -18,6 +18,8 @@
 //! * [`qsd`] (feature `cli`): qemu-storage-daemon's command line for vhost-user-blk exports,
 //!   read into a [`daemon::Config`], so that an existing qemu-storage-daemon script runs with
 //!   this daemon in its place.
+//! * [`qmp`] (feature `cli`): QEMU's QMP on the daemon's monitor sockets: queries, block
+//!   nodes and exports added and removed at run time, iothreads' polling set.
 //! * `testing` (feature `testing`): the daemon started as a child process and a libblkio
 //!   client of its socket, for tests and benches.
 //!
@@ -44,6 +46,8 @@ pub mod cli;
 pub mod daemon;
 pub mod inflight;
 pub mod memory;
+#[cfg(feature = "cli")]
+pub mod qmp;
 #[cfg(feature = "cli")]
 pub mod qsd;
 #[cfg(feature = "testing")]

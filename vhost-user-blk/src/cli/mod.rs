@@ -72,7 +72,7 @@ fn parse_poll_max_ns(s: &str) -> Result<aio_core::PollMaxNs, String> {
 pub fn main(args: Vec<String>) -> i32 {
     if qsd::is_qsd_command_line(&args) {
         return match QsdCommandLine::parse(&args) {
-            Ok(line) => serve(&line.config, &line.process),
+            Ok(line) => serve(&line.config, &line.process, Some(&line.graph)),
             Err(e) => {
                 eprintln!("aio-vhost-user-blk: {e}");
                 2
@@ -88,11 +88,12 @@ pub fn main(args: Vec<String>) -> i32 {
                 return code;
             }
         };
-    serve(&args.config(), &qsd::Process::default())
+    serve(&args.config(), &qsd::Process::default(), None)
 }
 
-/// Serves `config` as `process` says until SIGINT or SIGTERM; returns the exit code.
-fn serve(config: &Config, process: &qsd::Process) -> i32 {
+/// Serves `config` as `process` says (QMP over `graph`, the command line's names, on its
+/// monitors) until SIGINT or SIGTERM; returns the exit code.
+fn serve(config: &Config, process: &qsd::Process, graph: Option<&qsd::command::Graph>) -> i32 {
     // Before any thread starts (the signal handler's included): fork is safe only then.
     let detached = match process.daemonize.then(process::daemonize).transpose() {
         Ok(d) => d,
@@ -115,7 +116,15 @@ fn serve(config: &Config, process: &qsd::Process) -> i32 {
         eprintln!("aio-vhost-user-blk: signal handler: {e}");
         return 1;
     }
-    let ready = move |_: &crate::daemon::Control| {
+    let monitors = process.monitors.clone();
+    let graph = graph.cloned().unwrap_or_default();
+    let engine = config.engine;
+    let ready = move |control: &crate::daemon::Control| {
+        if !monitors.is_empty() {
+            crate::qmp::Monitor::serve(control, &monitors, graph, engine).map_err(|e| {
+                std::io::Error::new(e.kind(), format!("the QMP monitor socket: {e}"))
+            })?;
+        }
         if let Some(d) = detached {
             d.serving();
         }

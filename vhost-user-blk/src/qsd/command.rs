@@ -27,13 +27,18 @@ pub struct QsdCommandLine {
     pub config: Config,
     /// How the process runs.
     pub process: Process,
+    /// The nodes, iothread objects and exports by their QEMU names (what a monitor answers
+    /// and changes).
+    pub(crate) graph: Graph,
 }
 
 /// A block node (`--blockdev`, or one given inline as `file.*`).
-#[derive(Debug, Clone)]
-enum Node {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Node {
     /// `file` or `host_device`.
     Protocol {
+        /// `file` or `host_device`.
+        driver: String,
         filename: PathBuf,
         /// `aio=`, as our engine.
         aio: Option<EngineKind>,
@@ -47,20 +52,25 @@ enum Node {
         read_only: bool,
     },
     /// `null-co` or `null-aio`.
-    Null { size: u64, read_only: bool },
+    Null {
+        driver: String,
+        size: u64,
+        read_only: bool,
+    },
 }
 
 /// One `--object iothread`.
-#[derive(Debug, Clone)]
-struct IoThreadObject {
-    id: String,
-    poll: PollParams,
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct IoThreadObject {
+    pub(crate) id: String,
+    pub(crate) poll: PollParams,
 }
 
 /// One `--export`, its node still a name.
-#[derive(Debug, Clone)]
-struct Export {
-    node: String,
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Export {
+    pub(crate) id: String,
+    pub(crate) node: String,
     socket: PathBuf,
     writable: bool,
     queues: u16,
@@ -68,12 +78,15 @@ struct Export {
     shown: String,
 }
 
-/// The options read so far, in order.
-#[derive(Default)]
-struct Reader {
-    nodes: HashMap<String, Node>,
-    objects: Vec<IoThreadObject>,
-    exports: Vec<Export>,
+/// The block nodes, iothread objects and exports read so far, in order (the command line's,
+/// then a monitor's).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Graph {
+    pub(crate) nodes: HashMap<String, Node>,
+    pub(crate) objects: Vec<IoThreadObject>,
+    pub(crate) exports: Vec<Export>,
+    /// `--chardev socket` paths by id.
+    chardevs: HashMap<String, PathBuf>,
     process: Process,
 }
 
@@ -81,7 +94,7 @@ impl QsdCommandLine {
     /// Reads `args` (without the program name): every option qemu-storage-daemon takes for
     /// what we serve; anything else is refused by name.
     pub fn parse(args: &[String]) -> Result<Self, QsdError> {
-        let mut reader = Reader::default();
+        let mut reader = Graph::default();
         let mut args = args.iter();
         while let Some(arg) = args.next() {
             let (name, inline) = match arg.split_once('=') {
@@ -103,9 +116,8 @@ impl QsdCommandLine {
                 "--export" => reader.export(Opts::parse(name, &value()?, None)?)?,
                 "--pidfile" => reader.process.pidfile = Some(PathBuf::from(value()?)),
                 "--daemonize" => reader.process.daemonize = true,
-                "--chardev" | "--monitor" => {
-                    return Err(not_served(arg, "the QMP monitor (--chardev, --monitor)"))
-                }
+                "--chardev" => reader.chardev(Opts::parse(name, &value()?, Some("backend"))?)?,
+                "--monitor" => reader.monitor(Opts::parse(name, &value()?, Some("chardev"))?)?,
                 "--nbd-server" => return Err(not_served(arg, "an NBD server")),
                 "--trace" => return Err(not_served(arg, "QEMU's tracing")),
                 "--disk" | "--engine" | "--fdmon" | "--iothreads" | "--poll-max-ns" | "--cpus" => {
@@ -130,8 +142,9 @@ fn not_served(option: &str, what: &str) -> QsdError {
     }
 }
 
-impl Reader {
-    fn blockdev(&mut self, mut o: Opts) -> Result<(), QsdError> {
+impl Graph {
+    /// Adds a `--blockdev` (or `blockdev-add`) node.
+    pub(crate) fn blockdev(&mut self, mut o: Opts) -> Result<(), QsdError> {
         let name = o.required("node-name")?;
         let node = node(&mut o, &self.nodes)?;
         o.finish()?;
@@ -144,7 +157,53 @@ impl Reader {
         }
     }
 
-    fn object(&mut self, mut o: Opts) -> Result<(), QsdError> {
+    /// Adds a `--chardev socket,id=,path=,server=on,wait=off` (a listening unix socket).
+    fn chardev(&mut self, mut o: Opts) -> Result<(), QsdError> {
+        let backend = o.required("backend")?;
+        if backend != "socket" {
+            return Err(o.not_served(format!("a '{backend}' chardev (socket only)")));
+        }
+        let id = o.required("id")?;
+        let path = PathBuf::from(o.required("path")?);
+        if !o.take_bool("server", false)? {
+            return Err(o.not_served("a client chardev (server=on only)"));
+        }
+        if o.take_bool("wait", true)? {
+            return Err(o.not_served("wait=on (waiting for a client at start; give wait=off)"));
+        }
+        o.finish()?;
+        if self.chardevs.insert(id.clone(), path).is_some() {
+            return Err(QsdError::Invalid {
+                option: "--chardev".into(),
+                reason: format!("id '{id}' is given twice"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Adds a `--monitor chardev=ID[,mode=control]`: QMP on that chardev's socket.
+    fn monitor(&mut self, mut o: Opts) -> Result<(), QsdError> {
+        let id = o.required("chardev")?;
+        match o.take("mode").as_deref() {
+            None | Some("control") => {}
+            Some(m) => return Err(o.not_served(format!("mode={m} (QMP, mode=control, only)"))),
+        }
+        o.take_bool("pretty", false)?;
+        o.finish()?;
+        let path = self
+            .chardevs
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| QsdError::Invalid {
+                option: "--monitor".into(),
+                reason: format!("chardev '{id}' names no --chardev given before it"),
+            })?;
+        self.process.monitors.push(path);
+        Ok(())
+    }
+
+    /// Adds an `--object iothread`.
+    pub(crate) fn object(&mut self, mut o: Opts) -> Result<(), QsdError> {
         let kind = o.required("qom-type")?;
         if kind != "iothread" {
             return Err(o.not_served(format!("an object of type '{kind}'")));
@@ -162,12 +221,13 @@ impl Reader {
         Ok(())
     }
 
-    fn export(&mut self, mut o: Opts) -> Result<(), QsdError> {
+    /// Adds an `--export` (or `block-export-add`), its node not yet looked up.
+    pub(crate) fn export(&mut self, mut o: Opts) -> Result<(), QsdError> {
         let kind = o.required("type")?;
         if kind != "vhost-user-blk" {
             return Err(o.not_served(format!("a '{kind}' export")));
         }
-        let _id = o.required("id")?;
+        let id = o.required("id")?;
         let node = o.required("node-name")?;
         match o.required("addr.type")?.as_str() {
             "unix" => {}
@@ -188,6 +248,7 @@ impl Reader {
         let shown = o.shown().to_string();
         o.finish()?;
         self.exports.push(Export {
+            id,
             node,
             socket,
             writable,
@@ -199,39 +260,21 @@ impl Reader {
     }
 
     /// The exports as disks on our iothreads: the `--object iothread`s in order, then, if an
-    /// export names none, one more that stands for QEMU's main loop (polling off, as there).
+    /// export names none (or a monitor may add one), one more that stands for QEMU's main
+    /// loop (polling off, as there).
     fn resolve(self) -> Result<QsdCommandLine, QsdError> {
         let mut iothread_poll: Vec<PollParams> = self.objects.iter().map(|t| t.poll).collect();
-        let main_loop = iothread_poll.len();
-        if self.objects.is_empty() || self.exports.iter().any(|e| e.iothread.is_none()) {
+        // A monitor may add such an export later.
+        if self.objects.is_empty()
+            || self.exports.iter().any(|e| e.iothread.is_none())
+            || !self.process.monitors.is_empty()
+        {
             iothread_poll.push(PollParams::default());
         }
         let mut engine: Option<(EngineKind, String)> = None;
         let mut disks = Vec::new();
         for e in &self.exports {
-            let invalid = |reason: String| QsdError::Invalid {
-                option: e.shown.clone(),
-                reason,
-            };
-            let node = self
-                .nodes
-                .get(&e.node)
-                .ok_or_else(|| invalid(format!("node-name '{}' names no --blockdev", e.node)))?;
-            let iothread = match &e.iothread {
-                None => main_loop,
-                Some(id) => self
-                    .objects
-                    .iter()
-                    .position(|t| &t.id == id)
-                    .ok_or_else(|| invalid(format!("iothread '{id}' names no --object")))?,
-            };
-            let (image, format, size, read_only, aio) = node.image();
-            if e.writable && read_only {
-                return Err(invalid(format!(
-                    "writable=on, but node '{}' is read-only",
-                    e.node
-                )));
-            }
+            let (disk, aio) = self.disk_spec(e)?;
             if let Some((kind, shown)) = aio {
                 match &engine {
                     Some((first, at)) if *first != kind => {
@@ -247,16 +290,7 @@ impl Reader {
                     None => engine = Some((kind, shown)),
                 }
             }
-            disks.push(DiskSpec {
-                socket: e.socket.clone(),
-                image,
-                read_only: !e.writable,
-                serial: QEMU_EXPORT_SERIAL.to_string(),
-                queues: e.queues,
-                format,
-                size,
-                iothread: Some(u16::try_from(iothread).unwrap_or(u16::MAX)),
-            });
+            disks.push(disk);
         }
         if disks.is_empty() {
             return Err(QsdError::Invalid {
@@ -272,8 +306,52 @@ impl Reader {
         config.iothread_poll = iothread_poll;
         Ok(QsdCommandLine {
             config,
-            process: self.process,
+            process: self.process.clone(),
+            graph: self,
         })
+    }
+
+    /// Export `e` as one of our disks: its node's image and format, its iothread (an export
+    /// without `iothread=` runs on the one after the `--object`s, QEMU's main loop), and the
+    /// engine its node asks for, with the option that asks.
+    pub(crate) fn disk_spec(
+        &self,
+        e: &Export,
+    ) -> Result<(DiskSpec, Option<(EngineKind, String)>), QsdError> {
+        let invalid = |reason: String| QsdError::Invalid {
+            option: e.shown.clone(),
+            reason,
+        };
+        let node = self
+            .nodes
+            .get(&e.node)
+            .ok_or_else(|| invalid(format!("node-name '{}' names no block node", e.node)))?;
+        let iothread = match &e.iothread {
+            None => self.objects.len(),
+            Some(id) => self
+                .objects
+                .iter()
+                .position(|t| &t.id == id)
+                .ok_or_else(|| invalid(format!("iothread '{id}' names no iothread object")))?,
+        };
+        let (image, format, size, read_only, aio) = node.image();
+        if e.writable && read_only {
+            return Err(invalid(format!(
+                "writable=on, but node '{}' is read-only",
+                e.node
+            )));
+        }
+        let disk = DiskSpec {
+            socket: e.socket.clone(),
+            image,
+            read_only: !e.writable,
+            serial: QEMU_EXPORT_SERIAL.to_string(),
+            queues: e.queues,
+            format,
+            size,
+            iothread: Some(u16::try_from(iothread).unwrap_or(u16::MAX)),
+        };
+        Ok((disk, aio))
     }
 }
 
@@ -311,6 +389,7 @@ fn node(o: &mut Opts, nodes: &HashMap<String, Node>) -> Result<Node, QsdError> {
                 Some(v) => return Err(o.not_served(format!("discard={v} (discards are passed)"))),
             }
             Ok(Node::Protocol {
+                driver,
                 filename,
                 aio,
                 read_only,
@@ -350,7 +429,11 @@ fn node(o: &mut Opts, nodes: &HashMap<String, Node>) -> Result<Node, QsdError> {
                 .ok_or_else(|| o.invalid(format!("size={text}: expected a number of bytes")))?;
             // Zeros are what `read-zeroes=on` asks for, and one of the contents `off` allows.
             o.take_bool("read-zeroes", false)?;
-            Ok(Node::Null { size, read_only })
+            Ok(Node::Null {
+                driver,
+                size,
+                read_only,
+            })
         }
         other => Err(o.not_served(format!("the driver '{other}'"))),
     }
@@ -374,6 +457,7 @@ impl Node {
                 aio,
                 read_only,
                 shown,
+                ..
             } => (
                 filename.clone(),
                 ImageFormat::Raw,
@@ -389,7 +473,9 @@ impl Node {
                 let (path, _, _, file_ro, aio) = file.image();
                 (path, *format, None, *read_only || file_ro, aio)
             }
-            Node::Null { size, read_only } => (
+            Node::Null {
+                size, read_only, ..
+            } => (
                 PathBuf::from("null"),
                 ImageFormat::Raw,
                 Some(*size),

@@ -47,6 +47,23 @@ impl Opts {
         Ok(Opts { shown, map })
     }
 
+    /// A QMP command's arguments (`blockdev-add`'s, `block-export-add`'s): the JSON form.
+    pub(crate) fn from_json(
+        command: &str,
+        arguments: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Self, QsdError> {
+        let shown = command.to_string();
+        let mut pairs = Vec::new();
+        flatten("", arguments, &mut pairs).map_err(|reason| QsdError::Invalid {
+            option: shown.clone(),
+            reason,
+        })?;
+        Ok(Opts {
+            shown,
+            map: pairs.into_iter().collect(),
+        })
+    }
+
     /// The option as given, for messages.
     pub(crate) fn shown(&self) -> &str {
         &self.shown

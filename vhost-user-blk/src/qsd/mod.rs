@@ -13,7 +13,8 @@
 //! - `--export type=vhost-user-blk,id=,node-name=,addr.type=unix,addr.path=,writable=,
 //!   num-queues=,iothread=,logical-block-size=512`; an export without `iothread=` runs on an
 //!   iothread of its own (QEMU's main loop, which does not busy-poll);
-//! - `--pidfile PATH` and `--daemonize`.
+//! - `--chardev socket,id=,path=,server=on,wait=off` with `--monitor chardev=` (QMP on that
+//!   socket, [`crate::qmp`]), `--pidfile PATH` and `--daemonize`.
 //!
 //! The rules:
 //!
@@ -31,8 +32,8 @@
 //! process options); it opens nothing. `--disk` is this daemon's own, shorter form; one
 //! command line takes one form or the other.
 
-mod command;
-mod keyval;
+pub(crate) mod command;
+pub(crate) mod keyval;
 
 use std::path::PathBuf;
 
@@ -95,6 +96,9 @@ pub struct Process {
     /// `--daemonize`: the daemon detaches once every socket listens; the command returns
     /// then, with 0, or with the error that stopped it before.
     pub daemonize: bool,
+    /// `--monitor chardev=ID` over `--chardev socket,id=ID,path=PATH,server=on,wait=off`: the
+    /// sockets QMP is served on.
+    pub monitors: Vec<PathBuf>,
 }
 
 #[cfg(test)]

@@ -32,6 +32,10 @@ fn a_qcow2_export_on_an_iothread_with_its_polling_and_the_process_options() {
         "--pidfile",
         "/run/d.pid",
         "--daemonize",
+        "--chardev",
+        "socket,id=qmp0,path=/run/qmp.sock,server=on,wait=off",
+        "--monitor",
+        "chardev=qmp0",
     ])
     .unwrap();
     let c = &line.config;
@@ -52,6 +56,7 @@ fn a_qcow2_export_on_an_iothread_with_its_polling_and_the_process_options() {
     let p = c.iothread_poll[0];
     assert_eq!((p.max_ns, p.grow, p.shrink), (16384, 4, 2));
     assert_eq!(line.process.pidfile, Some(PathBuf::from("/run/d.pid")));
+    assert_eq!(line.process.monitors, [PathBuf::from("/run/qmp.sock")]);
     assert!(line.process.daemonize);
 }
 
@@ -75,14 +80,20 @@ fn the_json_form_and_inline_children_read_as_the_keyval_form() {
             "addr": {"type": "unix", "path": "/s.sock"}}"#,
     ])
     .unwrap();
-    assert_eq!(keyval, json);
+    assert_eq!(
+        (&keyval.config, &keyval.process),
+        (&json.config, &json.process)
+    );
     let inline = parse(&[
         "--blockdev=driver=raw,node-name=disk0,file.driver=file,file.filename=/x.img,\
          file.aio=native,file.cache.direct=on",
         &format!("--export={EXPORT}"),
     ])
     .unwrap();
-    assert_eq!(keyval, inline);
+    assert_eq!(
+        (&keyval.config, &keyval.process),
+        (&inline.config, &inline.process)
+    );
     assert_eq!(keyval.config.engine, Choice::Named(EngineKind::LinuxAio));
 }
 
@@ -161,8 +172,10 @@ fn what_is_not_served_is_refused_by_name() {
         ),
         (&["--blockdev", &format!("{file},locking=on")], "locking=on"),
         (&["--object", "secret,id=s,data=x"], "type 'secret'"),
-        (&["--chardev", "socket,id=m,path=/m"], "QMP monitor"),
-        (&["--monitor", "chardev=m"], "QMP monitor"),
+        (&["--chardev", "socket,id=m,path=/m"], "client chardev"),
+        (&["--chardev", "socket,id=m,path=/m,server=on"], "wait=on"),
+        (&["--chardev", "file,id=m,path=/m"], "'file' chardev"),
+        (&["--monitor", "chardev=m"], "names no --chardev"),
         (&["--fuse"], "'--fuse'"),
         (
             &["--blockdev", file, "--disk", "socket=/s,image=/i"],
@@ -205,7 +218,7 @@ fn inconsistent_command_lines_are_refused_with_what_is_wrong() {
         format!("type=vhost-user-blk,id={path},node-name={node},addr.type=unix,addr.path=/{path}")
     };
     let cases: Vec<(Vec<String>, &str)> = vec![
-        (args(&["--export", EXPORT]), "names no --blockdev"),
+        (args(&["--export", EXPORT]), "names no block node"),
         (
             args(&[
                 "--blockdev",

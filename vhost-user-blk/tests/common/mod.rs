@@ -146,3 +146,13 @@ pub fn engines() -> Vec<&'static str> {
         })
         .collect()
 }
+
+/// Whether `program --version` runs here.
+pub fn runnable(program: &str) -> bool {
+    std::process::Command::new(program)
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}

@@ -1,0 +1,302 @@
+//! QMP, QEMU's machine protocol, on the daemon's monitor sockets (`--chardev
+//! socket,...,server=on,wait=off --monitor chardev=...`), so that QEMU's own client (the
+//! `qemu.qmp` Python library, `qmp-shell`) and tools written for qemu-storage-daemon drive
+//! this daemon.
+//!
+//! - The wire is QEMU's: a greeting on connect, `qmp_capabilities` before anything else,
+//!   `execute` / `arguments` / `id` answered by `return` or `error` (QEMU's error classes and
+//!   texts), the `id` echoed, events (`BLOCK_EXPORT_DELETED`) to every client past
+//!   negotiation.
+//! - Commands (QEMU's names for commands, arguments and results): `query-version`,
+//!   `query-commands`, `query-iothreads`, `qom-get` / `qom-set` of an iothread's polling
+//!   parameters (applied at once), `query-named-block-nodes`, `query-block-exports`,
+//!   `blockdev-add`, `blockdev-del`, `block-export-add` (served at once, beside the others),
+//!   `block-export-del` (refused while a client is connected unless `mode=hard`, which
+//!   disconnects it once its requests completed).
+//! - A bad client cannot stop the daemon or its disks: malformed JSON, a message that is not
+//!   an object, unknown commands and wrong argument types get QEMU's error replies; a message
+//!   over 1 MiB, or a client that leaves more than 1 MiB of replies unread, is disconnected;
+//!   any number of clients may connect, and one leaving mid-command changes nothing.
+//!
+//! This module owns the monitor sockets and their connections on the daemon's control loop
+//! (non-blocking reads and writes: a client that does not read never blocks the loop); the
+//! wire format is `wire`'s, the commands `commands`'.
+
+mod commands;
+mod wire;
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::rc::Rc;
+
+use serde_json::Value;
+
+use aio::{Choice, EngineKind};
+use aio_core::{AioContext, EventLoop, FdHandler};
+
+use crate::daemon::Control;
+use crate::qsd::command::Graph;
+use commands::State;
+use wire::{QmpError, Splitter, MAX_MESSAGE};
+
+type Ctx = AioContext<Box<dyn EventLoop>>;
+
+/// The monitor: its sockets' listeners, its clients and the commands' state.
+pub struct Monitor {
+    listeners: Vec<(UnixListener, PathBuf)>,
+    clients: RefCell<Vec<Rc<Client>>>,
+    state: RefCell<State>,
+}
+
+/// One connected client.
+struct Client {
+    stream: UnixStream,
+    input: RefCell<Splitter>,
+    output: RefCell<Vec<u8>>,
+    negotiated: Cell<bool>,
+    /// Whether its handler is registered on the loop (then updated, not set).
+    watched: Cell<bool>,
+    closed: Cell<bool>,
+}
+
+impl Monitor {
+    /// Serves QMP on each of `paths` (replacing a stale socket file) on `control`'s loop,
+    /// over the command line's `graph` (its exports served, in order, as the disks numbered
+    /// from 0) and the daemon's `engine`.
+    pub(crate) fn serve(
+        control: &Control,
+        paths: &[PathBuf],
+        graph: Graph,
+        engine: Choice<EngineKind>,
+    ) -> io::Result<Rc<Monitor>> {
+        let numbers: HashMap<String, usize> = (0..)
+            .zip(&graph.exports)
+            .map(|(n, e)| (e.id.clone(), n))
+            .collect();
+        let thread_ids = control
+            .iothreads
+            .iter()
+            .map(|t| t.call(|_, _| i64::from(nix_gettid())).unwrap_or(0))
+            .collect();
+        let state = State {
+            graph,
+            numbers,
+            exports: control.exports.clone(),
+            iothreads: control.iothreads.clone(),
+            engine: match engine {
+                Choice::Named(kind) => Some(kind),
+                Choice::Auto => None,
+            },
+            thread_ids,
+        };
+        let mut listeners = Vec::new();
+        for path in paths {
+            let _ = std::fs::remove_file(path);
+            let listener = UnixListener::bind(path)?;
+            listener.set_nonblocking(true)?;
+            listeners.push((listener, path.clone()));
+        }
+        let monitor = Rc::new(Monitor {
+            listeners,
+            clients: RefCell::new(Vec::new()),
+            state: RefCell::new(state),
+        });
+        for (i, (listener, _)) in monitor.listeners.iter().enumerate() {
+            let m = monitor.clone();
+            control
+                .ctx
+                .set_fd_handler(
+                    listener.as_fd(),
+                    FdHandler::new().on_read(move |ctx| m.accept(ctx, i)),
+                )
+                .map_err(io::Error::from)?;
+        }
+        Ok(monitor)
+    }
+
+    fn accept(self: &Rc<Self>, ctx: &Ctx, i: usize) {
+        while let Ok((stream, _)) = self.listeners[i].0.accept() {
+            if stream.set_nonblocking(true).is_err() {
+                continue;
+            }
+            let client = Rc::new(Client {
+                stream,
+                input: RefCell::default(),
+                output: RefCell::default(),
+                negotiated: Cell::new(false),
+                watched: Cell::new(false),
+                closed: Cell::new(false),
+            });
+            self.clients.borrow_mut().push(client.clone());
+            client.send(&wire::greeting());
+            self.watch(ctx, &client);
+        }
+    }
+
+    /// (Re)sets the client's handlers: reading always, writing while replies wait.
+    fn watch(self: &Rc<Self>, ctx: &Ctx, client: &Rc<Client>) {
+        if client.closed.get() {
+            return;
+        }
+        let (m, c) = (self.clone(), client.clone());
+        let mut handler = FdHandler::new().on_read(move |ctx| m.on_readable(ctx, &c));
+        if !client.output.borrow().is_empty() {
+            let (m, c) = (self.clone(), client.clone());
+            handler = handler.on_write(move |ctx| {
+                c.flush();
+                m.watch(ctx, &c);
+            });
+        }
+        let fd = client.stream.as_fd();
+        let done = if client.watched.replace(true) {
+            ctx.update_fd_handler(fd, handler)
+        } else {
+            ctx.set_fd_handler(fd, handler)
+        };
+        if done.is_err() {
+            self.drop_client(ctx, client);
+        }
+    }
+
+    fn on_readable(self: &Rc<Self>, ctx: &Ctx, client: &Rc<Client>) {
+        let mut buf = [0u8; 16 << 10];
+        let mut gone = false;
+        loop {
+            match (&client.stream).read(&mut buf) {
+                Ok(0) => {
+                    gone = true;
+                    break;
+                }
+                Ok(n) => {
+                    client.input.borrow_mut().push(&buf[..n]);
+                    // A client that never stops sending does not hold the loop.
+                    if client.input.borrow().pending() > MAX_MESSAGE {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    gone = true;
+                    break;
+                }
+            }
+        }
+        loop {
+            let next = client.input.borrow_mut().next_value();
+            match next {
+                None => break,
+                Some(Ok(message)) => self.handle(ctx, client, message),
+                Some(Err(desc)) => client.send(&wire::failure(None, &QmpError::generic(desc))),
+            }
+        }
+        if client.input.borrow().pending() > MAX_MESSAGE {
+            let too_big = QmpError::generic(format!(
+                "JSON parse error, message exceeds {MAX_MESSAGE} bytes"
+            ));
+            client.send(&wire::failure(None, &too_big));
+            gone = true;
+        }
+        client.flush();
+        if gone || client.output.borrow().len() > MAX_MESSAGE {
+            self.drop_client(ctx, client);
+        } else {
+            self.watch(ctx, client);
+        }
+    }
+
+    fn handle(self: &Rc<Self>, ctx: &Ctx, client: &Rc<Client>, message: Value) {
+        let request = match wire::request(message) {
+            Ok(r) => r,
+            Err((id, error)) => return client.send(&wire::failure(id, &error)),
+        };
+        let id = request.id.clone();
+        if !client.negotiated.get() {
+            let reply = if request.execute == "qmp_capabilities" {
+                match wire::Args(request.arguments).capabilities() {
+                    Ok(()) => {
+                        client.negotiated.set(true);
+                        wire::success(id, Value::Object(Default::default()))
+                    }
+                    Err(e) => wire::failure(id, &e),
+                }
+            } else {
+                let e = QmpError::command_not_found(
+                    "Expecting capabilities negotiation with 'qmp_capabilities'",
+                );
+                wire::failure(id, &e)
+            };
+            return client.send(&reply);
+        }
+        let (result, events) = self.state.borrow_mut().execute(ctx, request);
+        client.send(&match result {
+            Ok(value) => wire::success(id, value),
+            Err(e) => wire::failure(id, &e),
+        });
+        for event in events {
+            let clients = self.clients.borrow().clone();
+            for c in clients.iter().filter(|c| c.negotiated.get()) {
+                c.send(&event);
+                c.flush();
+            }
+        }
+    }
+
+    fn drop_client(&self, ctx: &Ctx, client: &Rc<Client>) {
+        client.close(ctx);
+        self.clients.borrow_mut().retain(|c| !Rc::ptr_eq(c, client));
+    }
+}
+
+impl Drop for Monitor {
+    /// The control loop ended (its handlers, which hold the monitor, went with it): the
+    /// socket files go too.
+    fn drop(&mut self) {
+        for (_, path) in &self.listeners {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+impl Client {
+    /// Queues `message` (one JSON object and a newline) for the client.
+    fn send(&self, message: &Value) {
+        let mut out = self.output.borrow_mut();
+        let _ = serde_json::to_writer(&mut *out, message);
+        out.extend_from_slice(b"\r\n");
+    }
+
+    /// Writes what the socket takes now.
+    fn flush(&self) {
+        let mut out = self.output.borrow_mut();
+        while !out.is_empty() {
+            match (&self.stream).write(&out) {
+                Ok(0) => break,
+                Ok(n) => {
+                    out.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+    }
+
+    fn close(&self, ctx: &Ctx) {
+        if !self.closed.replace(true) {
+            if self.watched.get() {
+                let _ = ctx.remove_fd_handler(self.stream.as_fd());
+            }
+            let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+/// The calling thread's id (what QEMU reports as an iothread's `thread-id`).
+fn nix_gettid() -> i32 {
+    // SAFETY: gettid takes no argument and cannot fail.
+    unsafe { libc::gettid() }
+}

@@ -1,0 +1,533 @@
+//! QMP on the daemon's monitor socket: QEMU's wire format and error replies, disks added and
+//! removed at run time while others are served, iothreads' polling set, events; bad clients
+//! (bad JSON, huge messages, unknown commands, wrong types, leaving mid-command, many at once)
+//! answered or dropped while the daemon and its disks go on; and the replies compared with
+//! qemu-storage-daemon's for the same command line, field by field.
+//!
+//! Needs `qemu-storage-daemon` for the comparison (Debian's `qemu-utils`; `.ci/run` installs
+//! it).
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use aio_vhost_user_blk::testing::{Daemon as Launched, Launch};
+use common::connect;
+use serde_json::{json, Value};
+
+/// A QMP client speaking the wire format by hand (nothing hides what goes over it).
+struct Qmp {
+    writer: UnixStream,
+    reader: BufReader<UnixStream>,
+    events: Vec<Value>,
+}
+
+impl Qmp {
+    /// Connects and reads the greeting; negotiates unless `raw`.
+    fn connect(path: &Path, raw: bool) -> (Qmp, Value) {
+        let stream = UnixStream::connect(path).expect("connect to the monitor");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let mut q = Qmp {
+            writer: stream.try_clone().unwrap(),
+            reader: BufReader::new(stream),
+            events: Vec::new(),
+        };
+        let greeting = q.line().expect("a greeting");
+        if !raw {
+            assert_eq!(q.call("qmp_capabilities", json!({})), json!({"return": {}}));
+        }
+        (q, greeting)
+    }
+
+    fn line(&mut self) -> Option<Value> {
+        let mut line = String::new();
+        match self.reader.read_line(&mut line) {
+            Ok(0) | Err(_) => None,
+            Ok(_) => Some(serde_json::from_str(&line).expect("the daemon sends JSON")),
+        }
+    }
+
+    /// Sends `bytes` and reads the next reply (events kept aside).
+    fn send(&mut self, bytes: &[u8]) -> Value {
+        self.writer.write_all(bytes).unwrap();
+        self.reply()
+    }
+
+    fn reply(&mut self) -> Value {
+        loop {
+            let v = self.line().expect("a reply");
+            if v.get("event").is_some() {
+                self.events.push(v);
+            } else {
+                return v;
+            }
+        }
+    }
+
+    fn call(&mut self, command: &str, arguments: Value) -> Value {
+        let message = json!({"execute": command, "arguments": arguments});
+        self.send(format!("{message}\n").as_bytes())
+    }
+
+    /// `call`, which must succeed; its `return`.
+    fn ok(&mut self, command: &str, arguments: Value) -> Value {
+        let reply = self.call(command, arguments.clone());
+        match reply.get("return") {
+            Some(r) => r.clone(),
+            None => panic!("{command} {arguments}: {reply}"),
+        }
+    }
+
+    /// `call`, which must fail; its error class and text.
+    fn error(&mut self, command: &str, arguments: Value) -> (String, String) {
+        let reply = self.call(command, arguments.clone());
+        let e = reply
+            .get("error")
+            .unwrap_or_else(|| panic!("{command} {arguments} succeeded: {reply}"));
+        (
+            e["class"].as_str().unwrap().to_string(),
+            e["desc"].as_str().unwrap().to_string(),
+        )
+    }
+}
+
+/// A directory in /dev/shm with a raw image of 64 MiB.
+fn image() -> (tempfile::TempDir, PathBuf) {
+    common::image(64 << 20)
+}
+
+/// Starts `program` with a raw image exported on an iothread, and a monitor.
+fn start(program: &str, dir: &Path, raw: &Path) -> (Launched, PathBuf, PathBuf) {
+    let (disk, monitor) = (dir.join("disk.sock"), dir.join("qmp.sock"));
+    let args = [
+        "--object".to_string(),
+        "iothread,id=io0,poll-max-ns=16384".to_string(),
+        "--blockdev".to_string(),
+        format!(
+            "driver=file,node-name=file0,filename={},cache.direct=on,aio=threads",
+            raw.display()
+        ),
+        "--export".to_string(),
+        format!(
+            "type=vhost-user-blk,id=exp0,node-name=file0,addr.type=unix,addr.path={},\
+             writable=on,iothread=io0",
+            disk.display()
+        ),
+        "--chardev".to_string(),
+        format!("socket,id=m0,path={},server=on,wait=off", monitor.display()),
+        "--monitor".to_string(),
+        "chardev=m0".to_string(),
+    ];
+    let daemon = Launch::new(program)
+        .args(args)
+        .label(program)
+        .log_to(dir.join("log"))
+        .socket(disk.clone())
+        .socket(monitor.clone())
+        .socket_wait(Duration::from_secs(20))
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    (daemon, disk, monitor)
+}
+
+/// Writes a block through the disk at `socket` and reads it back.
+fn disk_works(socket: &Path) {
+    let mut c = connect(socket, 1, 4096).unwrap();
+    c.fill_buf(0, 4096, 0x3c);
+    c.write(0, 8192, 0, 4096, 1);
+    assert_eq!(c.wait(0, 1), [(1, 0)]);
+    c.fill_buf(0, 4096, 0);
+    c.read(0, 8192, 0, 4096, 2);
+    assert_eq!(c.wait(0, 1), [(2, 0)]);
+    assert!(c.read_buf(0, 4096).iter().all(|&b| b == 0x3c));
+}
+
+const OURS: &str = env!("CARGO_BIN_EXE_aio-vhost-user-blk");
+
+/// A daemon with a monitor, and a negotiated client of it.
+fn daemon_and_client() -> (tempfile::TempDir, Launched, PathBuf, PathBuf, Qmp) {
+    let (dir, raw) = image();
+    let (daemon, disk, monitor) = start(OURS, dir.path(), &raw);
+    let (q, _) = Qmp::connect(&monitor, false);
+    (dir, daemon, disk, monitor, q)
+}
+
+/// After a bad client: the monitor still answers a new client, the disk is still served, and
+/// the daemon stops cleanly, removing the monitor's socket.
+fn all_goes_on(daemon: Launched, disk: &Path, monitor: &Path) {
+    let (mut fresh, _) = Qmp::connect(monitor, false);
+    assert!(fresh.ok("query-version", json!({}))["qemu"].is_object());
+    disk_works(disk);
+    assert!(daemon.stop().unwrap().success());
+    assert!(!monitor.exists(), "the monitor socket at exit");
+}
+
+#[test]
+fn the_greeting_negotiation_and_ids_are_qemus() {
+    let (dir, raw) = image();
+    let (daemon, disk, monitor) = start(OURS, dir.path(), &raw);
+    let (mut q, greeting) = Qmp::connect(&monitor, true);
+    assert!(
+        greeting["QMP"]["version"]["qemu"]["major"].is_u64(),
+        "{greeting}"
+    );
+    assert!(greeting["QMP"]["capabilities"].is_array(), "{greeting}");
+    // Before negotiation only qmp_capabilities; ids are echoed, whatever they are.
+    let r = q.send(b"{\"execute\": \"query-version\", \"id\": {\"n\": [1]}}\n");
+    assert_eq!(r["error"]["class"], "CommandNotFound", "{r}");
+    assert_eq!(r["id"], json!({"n": [1]}));
+    let r =
+        q.send(b"{\"execute\": \"qmp_capabilities\", \"arguments\": {\"enable\": [\"oob\"]}}\n");
+    assert_eq!(r["error"]["class"], "GenericError", "{r}");
+    assert_eq!(q.call("qmp_capabilities", json!({})), json!({"return": {}}));
+    let (class, _) = q.error("qmp_capabilities", json!({}));
+    assert_eq!(class, "CommandNotFound");
+    // Two messages in one write, and one split over two writes.
+    q.writer
+        .write_all(b"{\"execute\": \"query-version\", \"id\": 1}{\"execute\": \"query-ver")
+        .unwrap();
+    assert_eq!(q.reply()["id"], 1);
+    let r = q.send(b"sion\", \"id\": 2}\n");
+    assert_eq!(r["id"], 2);
+    assert_eq!(
+        r["return"]["package"]
+            .as_str()
+            .map(|p| p.starts_with("aio")),
+        Some(true)
+    );
+    all_goes_on(daemon, &disk, &monitor);
+}
+
+#[test]
+fn malformed_messages_get_qemus_errors_and_the_connection_stays() {
+    let (_dir, daemon, disk, monitor, mut q) = daemon_and_client();
+    let cases: &[(&[u8], &str)] = &[
+        (b"{\"execute\": }\n", "JSON parse error"),
+        (b"[1, 2]\n", "must be a JSON object"),
+        (b"{\"arguments\": {}}\n", "lacks member 'execute'"),
+        (b"{\"execute\": 7}\n", "'execute' must be a string"),
+        (
+            b"{\"execute\": \"query-version\", \"arguments\": 1}\n",
+            "must be an object",
+        ),
+        (
+            b"{\"execute\": \"query-version\", \"x\": 1}\n",
+            "'x' is unexpected",
+        ),
+    ];
+    for (bytes, said) in cases {
+        let r = q.send(bytes);
+        let desc = r["error"]["desc"].as_str().unwrap_or_default();
+        assert!(
+            desc.contains(said),
+            "{}: {r}",
+            String::from_utf8_lossy(bytes)
+        );
+    }
+    assert!(q.ok("query-version", json!({}))["qemu"].is_object());
+    all_goes_on(daemon, &disk, &monitor);
+}
+
+#[test]
+fn unknown_commands_and_wrong_arguments_get_qemus_errors() {
+    let (_dir, daemon, disk, monitor, mut q) = daemon_and_client();
+    let (class, desc) = q.error("no-such-command", json!({}));
+    assert_eq!(
+        (class.as_str(), desc.contains("no-such-command")),
+        ("CommandNotFound", true)
+    );
+    let (_, desc) = q.error("block-export-del", json!({"id": 5}));
+    assert!(desc.contains("Invalid parameter type for 'id'"), "{desc}");
+    let (_, desc) = q.error("block-export-del", json!({}));
+    assert!(desc.contains("'id' is missing"), "{desc}");
+    let (_, desc) = q.error("query-version", json!({"verbose": true}));
+    assert!(desc.contains("'verbose' is unexpected"), "{desc}");
+    let (_, desc) = q.error(
+        "qom-set",
+        json!({"path": "/objects/io0", "property": "poll-max-ns", "value": "x"}),
+    );
+    assert!(desc.contains("expects"), "{desc}");
+    all_goes_on(daemon, &disk, &monitor);
+}
+
+#[test]
+fn many_clients_at_once_some_leaving_mid_message_change_nothing() {
+    let (_dir, daemon, disk, monitor, mut q) = daemon_and_client();
+    let mut many: Vec<Qmp> = (0..40).map(|_| Qmp::connect(&monitor, false).0).collect();
+    for (i, c) in many.iter_mut().enumerate() {
+        if i % 4 == 0 {
+            c.writer
+                .write_all(format!("{{\"execute\": \"query-ver{i}").as_bytes())
+                .unwrap();
+        } else {
+            assert!(c.ok("query-block-exports", json!({})).is_array());
+        }
+    }
+    drop(many);
+    assert!(q.ok("query-block-exports", json!({})).is_array());
+    all_goes_on(daemon, &disk, &monitor);
+}
+
+#[test]
+fn a_message_past_1_mib_ends_only_its_own_connection() {
+    let (_dir, daemon, disk, monitor, mut q) = daemon_and_client();
+    let (mut huge, _) = Qmp::connect(&monitor, false);
+    let big = format!(
+        "{{\"execute\": \"query-version\", \"x\": \"{}",
+        "a".repeat(2 << 20)
+    );
+    let _ = huge.writer.write_all(big.as_bytes());
+    let last = huge.line();
+    assert!(
+        last.as_ref().is_some_and(|v| v["error"]["desc"]
+            .as_str()
+            .is_some_and(|d| d.contains("exceeds"))),
+        "the huge message's reply: {last:?}"
+    );
+    assert!(huge.line().is_none(), "the connection is closed after it");
+    assert!(q.ok("query-block-exports", json!({})).is_array());
+    all_goes_on(daemon, &disk, &monitor);
+}
+
+#[test]
+fn exports_come_and_go_at_run_time_beside_the_others_and_iothreads_take_their_polling() {
+    let (dir, raw) = image();
+    let (daemon, disk, monitor) = start(OURS, dir.path(), &raw);
+    let (mut q, _) = Qmp::connect(&monitor, false);
+    let (mut watcher, _) = Qmp::connect(&monitor, false);
+    // A second disk added at run time, served while the first is.
+    let second = dir.path().join("second.raw");
+    std::fs::File::create(&second)
+        .unwrap()
+        .set_len(32 << 20)
+        .unwrap();
+    let socket2 = dir.path().join("second.sock");
+    q.ok(
+        "blockdev-add",
+        json!({"driver": "file", "node-name": "file1", "filename": second, "aio": "threads"}),
+    );
+    let (_, desc) = q.error(
+        "blockdev-add",
+        json!({"driver": "file", "node-name": "file1", "filename": "/x"}),
+    );
+    assert!(desc.contains("twice"), "{desc}");
+    let (_, desc) = q.error("blockdev-add", json!({"driver": "vmdk", "node-name": "v"}));
+    assert!(desc.contains("'vmdk'"), "{desc}");
+    let add = json!({"type": "vhost-user-blk", "id": "exp1", "node-name": "file1",
+        "addr": {"type": "unix", "path": socket2}, "writable": true, "iothread": "io0"});
+    q.ok("block-export-add", add.clone());
+    let (_, desc) = q.error("block-export-add", add);
+    assert!(desc.contains("already in use"), "{desc}");
+    let (_, desc) = q.error(
+        "block-export-add",
+        json!({"type": "vhost-user-blk", "id": "exp9", "node-name": "file1",
+            "addr": {"type": "unix", "path": "/x"}, "iothread": "nope"}),
+    );
+    assert!(desc.contains("'nope'"), "{desc}");
+    let exports = q.ok("query-block-exports", json!({}));
+    let ids: Vec<&str> = exports
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["exp0", "exp1"]);
+    let mut c = connect(&socket2, 1, 4096).unwrap();
+    assert_eq!(c.capacity().unwrap(), 32 << 20);
+    disk_works(&disk);
+    // In use: refused, and the node with it; mode=hard disconnects the client.
+    let (_, desc) = q.error("block-export-del", json!({"id": "exp1"}));
+    assert!(desc.contains("still in use"), "{desc}");
+    let (_, desc) = q.error("blockdev-del", json!({"node-name": "file1"}));
+    assert!(desc.contains("busy"), "{desc}");
+    q.ok("block-export-del", json!({"id": "exp1", "mode": "hard"}));
+    c.write(0, 0, 0, 4096, 1);
+    let done = c.wait_for(0, 1, Duration::from_secs(2)).unwrap_or_default();
+    assert!(
+        done.iter().all(|&(_, r)| r != 0),
+        "a request after the hard delete completed: {done:?}"
+    );
+    drop(c);
+    assert!(!socket2.exists(), "the deleted export's socket");
+    q.ok("blockdev-del", json!({"node-name": "file1"}));
+    let (_, desc) = q.error("block-export-del", json!({"id": "exp1"}));
+    assert!(desc.contains("not found"), "{desc}");
+    // The event, to every client past negotiation.
+    let _ = watcher.ok("query-version", json!({}));
+    let event = watcher.events.first().cloned().unwrap_or_default();
+    assert_eq!(
+        event["event"], "BLOCK_EXPORT_DELETED",
+        "{:?}",
+        watcher.events
+    );
+    assert_eq!(event["data"]["id"], "exp1");
+    assert!(event["timestamp"]["seconds"].is_u64());
+    // Iothreads: listed, polling read and set.
+    let threads = q.ok("query-iothreads", json!({}));
+    assert_eq!(threads[0]["id"], "io0");
+    assert_eq!(threads[0]["poll-max-ns"], 16384);
+    assert!(threads[0]["thread-id"].as_i64().unwrap() > 0);
+    let path = json!({"path": "/objects/io0", "property": "poll-max-ns"});
+    assert_eq!(q.ok("qom-get", path.clone()), 16384);
+    q.ok(
+        "qom-set",
+        json!({"path": "/objects/io0", "property": "poll-max-ns", "value": 0}),
+    );
+    assert_eq!(q.ok("qom-get", path), 0);
+    let (class, _) = q.error(
+        "qom-get",
+        json!({"path": "/objects/nope", "property": "poll-max-ns"}),
+    );
+    assert_eq!(class, "DeviceNotFound");
+    disk_works(&disk);
+    assert!(daemon.stop().unwrap().success());
+}
+
+/// The fields of a reply both daemons give, for comparison.
+fn common_fields(ours: &Value, theirs: &Value, fields: &[&str]) -> (Vec<Value>, Vec<Value>) {
+    let pick = |list: &Value| -> Vec<Value> {
+        list.as_array()
+            .unwrap()
+            .iter()
+            .map(|item| {
+                let picked: serde_json::Map<String, Value> = fields
+                    .iter()
+                    .map(|f| {
+                        (
+                            f.to_string(),
+                            item.pointer(f).cloned().unwrap_or(Value::Null),
+                        )
+                    })
+                    .collect();
+                Value::Object(picked)
+            })
+            .collect()
+    };
+    (pick(ours), pick(theirs))
+}
+
+#[test]
+fn the_replies_match_qemu_storage_daemons_field_by_field() {
+    if !common::runnable("qemu-storage-daemon") {
+        aio_core::testing::skip("qemu-storage-daemon is not installed (Debian package qemu-utils)");
+        return;
+    }
+    let mut replies = Vec::new();
+    for program in [OURS, "qemu-storage-daemon"] {
+        let (dir, raw) = image();
+        let (daemon, _, monitor) = start(program, dir.path(), &raw);
+        let (mut q, greeting) = Qmp::connect(&monitor, false);
+        assert!(
+            greeting["QMP"]["version"]["qemu"].is_object(),
+            "{program}: {greeting}"
+        );
+        let nodes = q.ok("query-named-block-nodes", json!({}));
+        let exports = q.ok("query-block-exports", json!({}));
+        // qemu-storage-daemon has no query-iothreads: the polling through qom-get.
+        let threads = Value::Array(
+            ["poll-max-ns", "poll-grow", "poll-shrink"]
+                .iter()
+                .map(|p| q.ok("qom-get", json!({"path": "/objects/io0", "property": p})))
+                .collect(),
+        );
+        let unknown = q.error("no-such-command", json!({}));
+        let missing = q.error("block-export-del", json!({})).0;
+        let absent = q.error("block-export-del", json!({"id": "nope"})).0;
+        replies.push((nodes, exports, threads, unknown.0, missing, absent, raw));
+        assert!(daemon.stop().unwrap().success(), "{program}");
+    }
+    let (ours, theirs) = (&replies[0], &replies[1]);
+    // Each run had its own image path: compare them as "the image".
+    let path = |v: &Value, raw: &Path| {
+        let text = v.to_string().replace(&raw.display().to_string(), "IMAGE");
+        serde_json::from_str::<Value>(&text).unwrap()
+    };
+    let node_fields = [
+        "/node-name",
+        "/drv",
+        "/ro",
+        "/file",
+        "/encrypted",
+        "/image/virtual-size",
+    ];
+    let (a, b) = common_fields(
+        &path(&ours.0, &ours.6),
+        &path(&theirs.0, &theirs.6),
+        &node_fields,
+    );
+    assert_eq!(a, b, "query-named-block-nodes");
+    let export_fields = ["/type", "/id", "/node-name", "/shutting-down"];
+    let (a, b) = common_fields(&ours.1, &theirs.1, &export_fields);
+    assert_eq!(a, b, "query-block-exports");
+    assert_eq!(ours.2, theirs.2, "qom-get of the iothread's polling");
+    assert_eq!(ours.2, json!([16384, 0, 0]));
+    assert_eq!(
+        (&ours.3, &ours.4, &ours.5),
+        (&theirs.3, &theirs.4, &theirs.5),
+        "error classes"
+    );
+}
+
+/// The Python environment with QEMU's QMP library (`scripts/qmp-venv.sh`, made once under
+/// `target/`), or None (said by `skip`) where Python or PyPI cannot be had.
+fn qmp_python() -> Option<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let venv = root.join("../target/qmp-venv");
+    let out = Command::new("bash")
+        .arg(root.join("scripts/qmp-venv.sh"))
+        .arg(&venv)
+        .output()
+        .expect("run scripts/qmp-venv.sh");
+    match out.status.code() {
+        Some(0) => Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())),
+        Some(2) => {
+            aio_core::testing::skip(&String::from_utf8_lossy(&out.stderr));
+            None
+        }
+        _ => panic!("qmp-venv.sh: {}", String::from_utf8_lossy(&out.stderr)),
+    }
+}
+
+#[test]
+fn qemus_own_qmp_client_adds_serves_and_deletes_an_export() {
+    let Some(python) = qmp_python() else { return };
+    let (dir, raw) = image();
+    let (daemon, disk, monitor) = start(OURS, dir.path(), &raw);
+    let socket = dir.path().join("null.sock");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/qmp/session.py");
+    let mut session = Command::new(python)
+        .arg(script)
+        .arg(&monitor)
+        .arg(&socket)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run the QMP session");
+    let mut said = BufReader::new(session.stdout.take().unwrap());
+    let mut line = String::new();
+    said.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "EXPORT-ADDED", "the session ended early");
+    // The export added by QEMU's client serves a libblkio client, beside the first disk.
+    let mut c = connect(&socket, 1, 4096).unwrap();
+    assert_eq!(c.capacity().unwrap(), 16 << 20);
+    c.fill_buf(0, 4096, 0xff);
+    c.read(0, 0, 0, 4096, 1);
+    assert_eq!(c.wait(0, 1), [(1, 0)]);
+    assert!(c.read_buf(0, 4096).iter().all(|&b| b == 0));
+    drop(c);
+    disk_works(&disk);
+    writeln!(session.stdin.take().unwrap(), "CLIENT-DONE").unwrap();
+    line.clear();
+    said.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "SESSION-OK");
+    assert!(session.wait().unwrap().success());
+    assert!(!socket.exists(), "the deleted export's socket");
+    disk_works(&disk);
+    assert!(daemon.stop().unwrap().success());
+}
