@@ -28,7 +28,7 @@
 //! - The guest sees what qemu-storage-daemon's export gives it: its serial (`GET_ID`) is
 //!   `vhost_user_blk`, as QEMU's.
 //!
-//! This module owns the translation of that command line into a [`Config`] (and the
+//! This module owns the translation of that command line into a [`Config`](crate::daemon::Config) (and the
 //! process options); it opens nothing. `--disk` is this daemon's own, shorter form; one
 //! command line takes one form or the other.
 
