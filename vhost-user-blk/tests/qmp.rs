@@ -389,6 +389,47 @@ fn exports_come_and_go_at_run_time_beside_the_others_and_iothreads_take_their_po
     assert!(daemon.stop().unwrap().success());
 }
 
+#[test]
+fn query_blockstats_counts_what_the_client_did() {
+    let (_dir, daemon, disk, _monitor, mut q) = daemon_and_client();
+    let before = q.ok("query-blockstats", json!({}));
+    assert_eq!(before[0]["node-name"], "file0", "{before}");
+    assert_eq!(before[0]["stats"]["rd_operations"], 0);
+    assert!(
+        before[0]["stats"].get("idle_time_ns").is_none(),
+        "no I/O yet: {before}"
+    );
+    let (writes, reads) = (7u64, 5u64);
+    let mut c = connect(&disk, 1, 8192).unwrap();
+    c.fill_buf(0, 8192, 0x11);
+    for i in 0..writes {
+        c.write(0, i * 8192, 0, 8192, 1);
+        assert_eq!(c.wait(0, 1), [(1, 0)]);
+    }
+    for i in 0..reads {
+        c.read(0, i * 4096, 0, 4096, 2);
+        assert_eq!(c.wait(0, 1), [(2, 0)]);
+    }
+    assert_eq!(c.sync(0, |q| q.flush(3, blkio::ReqFlags::empty())), 0);
+    drop(c);
+    let after = q.ok("query-blockstats", json!({}));
+    let s = &after[0]["stats"];
+    assert_eq!(s["wr_operations"], writes, "{after}");
+    assert_eq!(s["wr_bytes"], writes * 8192);
+    assert_eq!(s["rd_operations"], reads);
+    assert_eq!(s["rd_bytes"], reads * 4096);
+    assert!(s["flush_operations"].as_u64().unwrap() >= 1, "{after}");
+    assert_eq!(s["wr_highest_offset"], writes * 8192);
+    assert_eq!(s["failed_wr_operations"], 0);
+    assert!(s["rd_total_time_ns"].as_u64().unwrap() > 0);
+    assert!(s["idle_time_ns"].is_u64(), "{after}");
+    let by_node = q.ok("query-blockstats", json!({"query-nodes": true}));
+    assert_eq!(by_node[0]["stats"]["wr_operations"], writes, "{by_node}");
+    let (_, desc) = q.error("query-blockstats", json!({"query-nodes": "yes"}));
+    assert!(desc.contains("expected: bool"), "{desc}");
+    assert!(daemon.stop().unwrap().success());
+}
+
 /// The fields of a reply both daemons give, for comparison.
 fn common_fields(ours: &Value, theirs: &Value, fields: &[&str]) -> (Vec<Value>, Vec<Value>) {
     let pick = |list: &Value| -> Vec<Value> {

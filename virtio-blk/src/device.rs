@@ -219,6 +219,7 @@ pub struct BlockDevice {
     backing: Backing,
     capacity_sectors: u64,
     options: DiskOptions,
+    stats: std::sync::Arc<crate::stats::BlockStats>,
 }
 
 /// Refuses options no disk can be served with.
@@ -278,6 +279,7 @@ impl BlockDevice {
                 probed: options.format == ImageFormat::Auto,
             },
             options,
+            stats: Default::default(),
         })
     }
 
@@ -292,6 +294,7 @@ impl BlockDevice {
             capacity_sectors: sectors(image, qcow2.size())?,
             backing: Backing::Qcow2(std::sync::Arc::new(qcow2)),
             options,
+            stats: Default::default(),
         })
     }
 
@@ -322,6 +325,7 @@ impl BlockDevice {
             capacity_sectors: sectors(Path::new("null"), size)?,
             backing: Backing::Null,
             options,
+            stats: Default::default(),
         })
     }
 
@@ -347,6 +351,7 @@ impl BlockDevice {
             },
             capacity_sectors: size / SECTOR_SIZE,
             options,
+            stats: Default::default(),
         })
     }
 
@@ -410,6 +415,12 @@ impl BlockDevice {
     /// The options it was opened with.
     pub fn options(&self) -> &DiskOptions {
         &self.options
+    }
+
+    /// The disk's I/O statistics (QEMU's `query-blockstats`), counted by the queues that
+    /// serve it.
+    pub fn stats(&self) -> &crate::stats::BlockStats {
+        &self.stats
     }
 
     /// What `GET_ID` writes: the serial, NUL-padded to 20 bytes.

@@ -70,3 +70,4 @@ pub mod inflight;
 pub mod queue;
 mod request;
 pub mod spec;
+pub mod stats;

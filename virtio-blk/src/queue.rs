@@ -53,6 +53,7 @@ use crate::chain::{parse_chain, parse_head, BlkRequest, RefusedChain};
 use crate::device::BlockDevice;
 use crate::inflight::{Inflight, InflightLog};
 use crate::request::{Completer, Store};
+use crate::stats::{SlotHold, StatsSlot};
 
 /// The guest's memory as one request sees it: the mappings stay while any holder lives.
 pub type GuestMemory = Arc<GuestMemoryMmap>;
@@ -159,6 +160,13 @@ struct Inner<L: EventLoop + 'static, E: IoEngine + 'static> {
     polling: Cell<bool>,
     broken: Cell<bool>,
     stats: Cell<QueueStats>,
+    /// Where this queue counts the disk's I/O statistics.
+    io_stats: SlotHold,
+    /// When each head in flight was taken (monotonic ns), by head index.
+    started: RefCell<Vec<u64>>,
+    /// The clock read for this batch (requests taken, or completions before the batch's
+    /// interrupt), if read yet.
+    batch_ns: Cell<Option<u64>>,
 }
 
 impl<L: EventLoop + 'static, E: IoEngine + 'static> VirtioBlkQueue<L, E> {
@@ -201,7 +209,12 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> VirtioBlkQueue<L, E> {
             Some(Inflight { log, resubmit }) => (Some(log), resubmit),
             None => (None, Vec::new()),
         };
+        let io_stats = device.stats().slot();
+        let started = RefCell::new(vec![0; usize::from(queue.size())]);
         let inner = Rc::new(Inner {
+            io_stats,
+            started,
+            batch_ns: Cell::new(None),
             store: Store::new(device, engine),
             queue: RefCell::new(queue),
             mem: RefCell::new(mem),
@@ -276,6 +289,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> VirtioBlkQueue<L, E> {
 
 impl<L: EventLoop + 'static, E: IoEngine + 'static> Completer for Inner<L, E> {
     fn finish(&self, mem: &GuestMemory, request: &BlkRequest, status: u8) {
+        self.count(request, status);
         let len = if status == crate::spec::S_OK {
             request.written_len()
         } else {
@@ -359,6 +373,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
     /// Takes every request the avail ring holds (QEMU's `virtio_blk_handle_vq`): with kicks
     /// off while it drains, unless polling mode already turned them off.
     fn process(self: &Rc<Self>, ctx: &AioContext<L>) {
+        self.batch_ns.set(None);
         let _section = ctx.defer_section();
         self.store.plug();
         while !self.broken.get() {
@@ -440,6 +455,31 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
         }
     }
 
+    /// Counts `request`, done with `status`, in the disk's I/O statistics.
+    fn count(&self, request: &BlkRequest, status: u8) {
+        let started = self
+            .started
+            .borrow()
+            .get(usize::from(request.head))
+            .copied()
+            .unwrap_or(0);
+        self.io_stats
+            .record_request(&request.op, status, (started, self.batch_now()));
+    }
+
+    /// The clock, read once per batch (cleared when the batch ends: its requests taken, or
+    /// its completions' interrupt raised).
+    fn batch_now(&self) -> u64 {
+        match self.batch_ns.get() {
+            Some(now) => now,
+            None => {
+                let now = StatsSlot::now_ns();
+                self.batch_ns.set(Some(now));
+                now
+            }
+        }
+    }
+
     fn mark_broken(&self) {
         self.broken.set(true);
     }
@@ -455,7 +495,13 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
         self.bump(|s| s.requests += 1);
         self.in_flight.set(self.in_flight.get() + 1);
         match request {
-            Ok(request) => self.store.execute(ctx, self, mem, request),
+            Ok(request) => {
+                let now = self.batch_now();
+                if let Some(at) = self.started.borrow_mut().get_mut(usize::from(request.head)) {
+                    *at = now;
+                }
+                self.store.execute(ctx, self, mem, request)
+            }
             Err(refused) => {
                 self.bump(|s| s.refused += 1);
                 match refused.status {
@@ -510,6 +556,8 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
 
     /// Raises the call eventfd if the driver wants an interrupt now.
     fn notify_driver(&self) {
+        // The batch of completions ends here: the next one reads the clock again.
+        self.batch_ns.set(None);
         let mem = self.mem.borrow().clone();
         let wanted = self
             .queue

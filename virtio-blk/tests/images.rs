@@ -564,3 +564,33 @@ fn a_small_write_into_a_new_cluster_reads_zeros_around_it_even_in_a_reused_clust
     let check = qemu(at, "qemu-img", &["check", "disk.qcow2"]);
     assert!(check.contains("No errors were found"), "{check}");
 }
+
+/// The I/O statistics count each kind as QEMU's virtio-blk does: write-zeroes as writes,
+/// discards as unmaps, `GET_ID` and refused chains not at all.
+#[test]
+fn io_statistics_count_each_kind_as_qemu_does() {
+    let device = Arc::new(BlockDevice::null(64 * MIB, DiskOptions::default()).unwrap());
+    let engine = EngineKind::Pool.build(&options()).unwrap();
+    serve(engine, device.clone(), |d| {
+        assert_eq!(write(d, 0, &[1; 4096]), spec::S_OK);
+        assert_eq!(read(d, 4096, 8192).0, spec::S_OK);
+        assert_eq!(one(d, spec::T_FLUSH, 0, 0), spec::S_OK);
+        assert_eq!(range_op(d, spec::T_DISCARD, 0, MIB, false), spec::S_OK);
+        let s = range_op(d, spec::T_WRITE_ZEROES, MIB, 64 << 10, false);
+        assert_eq!(s, spec::S_OK);
+        assert_eq!(one(d, spec::T_GET_ID, 0, 20), spec::S_OK);
+        assert_eq!(one(d, spec::T_IN, 64 * MIB / 512, 4096), spec::S_IOERR);
+    });
+    let s = device.stats().snapshot();
+    assert_eq!((s.read.operations, s.read.bytes), (1, 8192));
+    assert_eq!((s.write.operations, s.write.bytes), (2, 4096 + (64 << 10)));
+    assert_eq!(
+        (s.flush.operations, s.unmap.operations, s.unmap.bytes),
+        (1, 1, MIB)
+    );
+    assert_eq!(s.wr_highest_offset, MIB + (64 << 10));
+    assert_eq!(s.read.failed + s.write.failed, 0);
+    // The null device completes a request in the batch that took it: times read once per
+    // batch make its time 0 (a file's requests, completed later, take time: tests/qmp.rs).
+    assert!(s.idle_time_ns.is_some());
+}

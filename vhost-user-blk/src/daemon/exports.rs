@@ -117,6 +117,13 @@ impl Exports {
             .collect()
     }
 
+    /// Disk `number`'s I/O statistics so far (None: no such disk being served).
+    pub fn stats(&self, number: usize) -> Option<aio_virtio_blk::stats::StatsSnapshot> {
+        let disks = self.0.disks.borrow();
+        let served = disks.get(number)?.as_ref()?;
+        Some(served.device.stats().snapshot())
+    }
+
     /// Whether disk `number` has a frontend connected (None: no such disk being served).
     pub fn connected(&self, number: usize) -> Option<bool> {
         let disks = self.0.disks.borrow();

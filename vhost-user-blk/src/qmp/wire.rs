@@ -215,6 +215,15 @@ impl Args {
         }
     }
 
+    /// A boolean argument, if given.
+    pub(crate) fn opt_bool(&mut self, key: &str) -> Result<Option<bool>, QmpError> {
+        match self.0.remove(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(b)),
+            Some(_) => Err(Self::wrong_type(key, "bool")),
+        }
+    }
+
     /// A string argument that must be given.
     pub(crate) fn str(&mut self, key: &str) -> Result<String, QmpError> {
         self.opt_str(key)?.ok_or_else(|| Self::missing(key))

@@ -1,0 +1,256 @@
+//! I/O statistics of a disk, as QEMU's `query-blockstats` reports them: per kind of request
+//! (read, write, flush, unmap), the operations, bytes, total time and failures, the highest
+//! offset written and when the disk was last used.
+//!
+//! This module owns the counters and their sum; the queues count (each into a slot of its
+//! own, so that queues on different iothreads never share a cache line), a monitor reads.
+//!
+//! * A write-zeroes counts as a write of its length and a discard as an unmap, as QEMU's
+//!   virtio-blk counts them; `GET_ID` is not counted.
+//! * A request's time runs from when its queue took it to when its status was written; the
+//!   clock is read once per batch of requests taken and once per batch completed (the
+//!   batch's requests share those times), not twice per request.
+//! * The counts survive the queues: a frontend that reconnects adds to them.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use aio_core::{Clock, MonotonicClock};
+
+use crate::chain::{BlkOp, Segment};
+
+/// The kinds of request QEMU counts apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoKind {
+    /// `IN`.
+    Read,
+    /// `OUT` and `WRITE_ZEROES`.
+    Write,
+    /// `FLUSH`.
+    Flush,
+    /// `DISCARD`.
+    Unmap,
+}
+
+impl IoKind {
+    fn index(self) -> usize {
+        match self {
+            IoKind::Read => 0,
+            IoKind::Write => 1,
+            IoKind::Flush => 2,
+            IoKind::Unmap => 3,
+        }
+    }
+}
+
+/// One kind's counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KindStats {
+    /// Requests that completed.
+    pub operations: u64,
+    /// Their bytes (successful requests only).
+    pub bytes: u64,
+    /// Their time, summed, in ns.
+    pub total_time_ns: u64,
+    /// Requests that completed with an error.
+    pub failed: u64,
+}
+
+/// A disk's counts at one moment ([`BlockStats::snapshot`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Reads.
+    pub read: KindStats,
+    /// Writes (write-zeroes included).
+    pub write: KindStats,
+    /// Flushes.
+    pub flush: KindStats,
+    /// Discards.
+    pub unmap: KindStats,
+    /// The end of the highest range written, in bytes.
+    pub wr_highest_offset: u64,
+    /// How long ago the last request completed, in ns (None: no request yet).
+    pub idle_time_ns: Option<u64>,
+}
+
+/// One queue's counters, on a cache line of its own.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub struct StatsSlot {
+    /// Whether a queue counts into it now.
+    taken: AtomicBool,
+    /// Per kind: operations, bytes, time, failed.
+    counts: [[AtomicU64; 4]; 4],
+    wr_highest_offset: AtomicU64,
+    /// When a request last completed (monotonic ns, 0: never).
+    last_ns: AtomicU64,
+}
+
+impl StatsSlot {
+    /// The clock the times are read from (monotonic, ns).
+    pub fn now_ns() -> u64 {
+        MonotonicClock.now_ns()
+    }
+
+    /// Counts a request that ended with `status`, taken and done at `times` (`GET_ID` is
+    /// not counted). Not generic and kept out of line, so that it is compiled once here and
+    /// the queue's hot path (generic, compiled where the queue is used) stays as it was: when
+    /// this was inlined there, the compiler inlined the guest-memory copies around it
+    /// differently (the null device's reads: 0.66 -> 0.87 µs of CPU per request).
+    #[inline(never)]
+    pub fn record_request(&self, op: &BlkOp, status: u8, times: (u64, u64)) {
+        let bytes =
+            |segments: &[Segment]| -> u64 { segments.iter().map(|s| u64::from(s.len)).sum() };
+        let (kind, len, end) = match op {
+            BlkOp::Read { segments, .. } => (IoKind::Read, bytes(segments), None),
+            BlkOp::Write { offset, segments } => {
+                let len = bytes(segments);
+                (IoKind::Write, len, Some(offset + len))
+            }
+            BlkOp::WriteZeroes { offset, len, .. } => (IoKind::Write, *len, Some(offset + len)),
+            BlkOp::Flush => (IoKind::Flush, 0, None),
+            BlkOp::Discard { len, .. } => (IoKind::Unmap, *len, None),
+            BlkOp::GetId { .. } => return,
+        };
+        self.record(kind, len, status == crate::spec::S_OK, times, end);
+    }
+
+    /// Counts one request of `kind`, of `bytes`, `ok` or failed, taken at `started_ns` and
+    /// done at `now_ns`; `end` is where a write ended (for the highest offset).
+    ///
+    /// One writer at a time (the queue holding the slot), so each counter is a plain load
+    /// and store, not a locked read-modify-write: about 40 ns per request less on the null
+    /// device (measured), and a reader sums counters that are each exact.
+    pub fn record(
+        &self,
+        kind: IoKind,
+        bytes: u64,
+        ok: bool,
+        (started_ns, now_ns): (u64, u64),
+        end: Option<u64>,
+    ) {
+        let add = |counter: &AtomicU64, v: u64| {
+            counter.store(counter.load(Relaxed).wrapping_add(v), Relaxed)
+        };
+        let c = &self.counts[kind.index()];
+        if ok {
+            add(&c[0], 1);
+            add(&c[1], bytes);
+        } else {
+            add(&c[3], 1);
+        }
+        add(&c[2], now_ns.saturating_sub(started_ns));
+        if let Some(end) = end.filter(|_| ok) {
+            if end > self.wr_highest_offset.load(Relaxed) {
+                self.wr_highest_offset.store(end, Relaxed);
+            }
+        }
+        self.last_ns.store(now_ns.max(1), Relaxed);
+    }
+}
+
+/// A disk's counters: a slot per queue that serves it.
+#[derive(Debug, Default)]
+pub struct BlockStats {
+    slots: Mutex<Vec<Arc<StatsSlot>>>,
+}
+
+/// A queue's hold on a slot: the slot is free for the next queue once dropped.
+#[derive(Debug)]
+pub struct SlotHold(Arc<StatsSlot>);
+
+impl std::ops::Deref for SlotHold {
+    type Target = StatsSlot;
+    fn deref(&self) -> &StatsSlot {
+        &self.0
+    }
+}
+
+impl Drop for SlotHold {
+    fn drop(&mut self) {
+        self.0.taken.store(false, Relaxed);
+    }
+}
+
+impl BlockStats {
+    /// A slot for a queue that starts: a free one, or a new one.
+    pub fn slot(&self) -> SlotHold {
+        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let free = slots.iter().find(|s| {
+            s.taken
+                .compare_exchange(false, true, Relaxed, Relaxed)
+                .is_ok()
+        });
+        if let Some(slot) = free {
+            return SlotHold(slot.clone());
+        }
+        let slot = Arc::new(StatsSlot::default());
+        slot.taken.store(true, Relaxed);
+        slots.push(slot.clone());
+        SlotHold(slot)
+    }
+
+    /// The counts of every slot, summed.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut s = StatsSnapshot::default();
+        let mut last = 0;
+        for slot in slots.iter() {
+            for (kind, out) in [&mut s.read, &mut s.write, &mut s.flush, &mut s.unmap]
+                .into_iter()
+                .enumerate()
+            {
+                let c = &slot.counts[kind];
+                out.operations += c[0].load(Relaxed);
+                out.bytes += c[1].load(Relaxed);
+                out.total_time_ns += c[2].load(Relaxed);
+                out.failed += c[3].load(Relaxed);
+            }
+            s.wr_highest_offset = s
+                .wr_highest_offset
+                .max(slot.wr_highest_offset.load(Relaxed));
+            last = last.max(slot.last_ns.load(Relaxed));
+        }
+        s.idle_time_ns = (last != 0).then(|| StatsSlot::now_ns().saturating_sub(last));
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_summed_reused_once_free_and_kinds_kept_apart() {
+        let stats = BlockStats::default();
+        assert_eq!(stats.snapshot().idle_time_ns, None);
+        let a = stats.slot();
+        let b = stats.slot();
+        let t = (1000, 2000);
+        a.record(IoKind::Read, 4096, true, t, None);
+        b.record(IoKind::Read, 512, true, t, None);
+        b.record(IoKind::Write, 8192, true, t, Some(1 << 20));
+        b.record(IoKind::Write, 8192, false, t, Some(2 << 20));
+        a.record(IoKind::Unmap, 1 << 20, true, t, None);
+        a.record(IoKind::Flush, 0, true, t, None);
+        let s = stats.snapshot();
+        assert_eq!((s.read.operations, s.read.bytes), (2, 4608));
+        assert_eq!(s.read.total_time_ns, 2000);
+        assert_eq!(
+            (s.write.operations, s.write.bytes, s.write.failed),
+            (1, 8192, 1)
+        );
+        assert_eq!((s.unmap.bytes, s.flush.operations), (1 << 20, 1));
+        assert_eq!(s.wr_highest_offset, 1 << 20, "a failed write moves nothing");
+        assert!(s.idle_time_ns.is_some());
+        drop(a);
+        let c = stats.slot();
+        c.record(IoKind::Read, 1, true, t, None);
+        assert_eq!(
+            stats.snapshot().read.operations,
+            3,
+            "a reused slot keeps its counts"
+        );
+        assert_eq!(stats.slots.lock().unwrap().len(), 2);
+    }
+}
