@@ -27,7 +27,7 @@ use std::process::Command;
 mod harness;
 #[path = "guest/reaped.rs"]
 mod reaped;
-use harness::{guest_image, run_guest, runnable, GuestSpec};
+use harness::{guest_image, run_guest, runnable, GuestSpec, RW_CHECKS};
 use reaped::Reaped;
 
 /// Size of the disk image the guest gets: 256 MiB.
@@ -37,22 +37,6 @@ const SERIAL: &str = "aio-guest-1";
 /// Request queues: the daemon serves this many, QEMU's device asks for as many, and the
 /// guest (with as many vCPUs) uses them all.
 const QUEUES: u32 = 2;
-/// The checks a read-write disk must pass, in the order the guest runs them.
-const RW_CHECKS: &[&str] = &[
-    "vda",
-    "size",
-    "serial",
-    "queues",
-    "fio-verify",
-    "fio-verify-qd16",
-    "mkfs",
-    "mount",
-    "file-readback",
-    "umount",
-    "fsck",
-    "file-remount",
-    "discard",
-];
 /// The checks a read-only disk must pass, in the order the guest runs them.
 const RO_CHECKS: &[&str] = &[
     "vda",

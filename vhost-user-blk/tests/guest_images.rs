@@ -26,7 +26,7 @@ mod common;
 mod harness;
 #[path = "guest/reaped.rs"]
 mod reaped;
-use harness::{guest_image, run_guest, runnable, GuestRun, GuestSpec};
+use harness::{guest_image, run_guest, runnable, GuestRun, GuestSpec, RW_CHECKS};
 use reaped::Reaped;
 
 /// The guest's disk: 256 MiB of virtual size.
@@ -35,22 +35,6 @@ const CAPACITY: u64 = 256 << 20;
 const SERIAL: &str = "aio-qcow2-1";
 /// Request queues served, asked for by QEMU's device, and used by the guest's two vCPUs.
 const QUEUES: u32 = 2;
-/// The checks of the guest's write check list, in its order.
-const RW_CHECKS: &[&str] = &[
-    "vda",
-    "size",
-    "serial",
-    "queues",
-    "fio-verify",
-    "fio-verify-qd16",
-    "mkfs",
-    "mount",
-    "file-readback",
-    "umount",
-    "fsck",
-    "file-remount",
-    "discard",
-];
 /// The checks of the replay workload (`aio.mode=replay`), in its order.
 const REPLAY_CHECKS: &[&str] = &[
     "vda",

@@ -9,22 +9,7 @@ mod common;
 use std::process::Command;
 
 use blkio::ReqFlags;
-use common::{connect, engines, image, Daemon};
-
-/// Runs `qemu-img` with `args`; panics with its output if it fails.
-fn qemu_img(args: &[&str]) -> String {
-    let out = Command::new("qemu-img")
-        .args(args)
-        .output()
-        .expect("qemu-img (install qemu-utils)");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "qemu-img {args:?}: {text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
-}
+use common::{connect, engines, image, qemu_img, Daemon};
 
 /// A qcow2 image made by `qemu-img` (metadata preallocated, and not) is served as qcow2:
 /// its virtual size, the client's writes read back, and after SIGTERM `qemu-img check` finds

@@ -12,22 +12,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use aio_vhost_user_blk::testing::{Daemon as Launched, Launch};
-use common::{connect, connect_read_only};
-
-/// Runs `qemu-img` with `args`; panics with its output if it fails.
-fn qemu_img(args: &[&str]) -> String {
-    let out = Command::new("qemu-img")
-        .args(args)
-        .output()
-        .expect("qemu-img (install qemu-utils)");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "qemu-img {args:?}: {text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
-}
+use common::{connect, connect_read_only, qemu_img};
 
 /// A fresh directory in /dev/shm (O_DIRECT without a disk) holding a raw image and a qcow2
 /// image of 64 MiB.

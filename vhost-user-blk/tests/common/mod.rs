@@ -156,3 +156,18 @@ pub fn runnable(program: &str) -> bool {
         .status()
         .is_ok_and(|s| s.success())
 }
+
+/// Runs `qemu-img` with `args`; panics with its output if it fails, else returns its output.
+pub fn qemu_img(args: &[&str]) -> String {
+    let out = std::process::Command::new("qemu-img")
+        .args(args)
+        .output()
+        .expect("qemu-img (install qemu-utils)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "qemu-img {args:?}: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}

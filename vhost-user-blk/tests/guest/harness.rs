@@ -143,6 +143,23 @@ pub struct GuestRun {
     pub elapsed: Duration,
 }
 
+/// The checks a read-write disk must pass, in the order the guest runs them.
+pub const RW_CHECKS: &[&str] = &[
+    "vda",
+    "size",
+    "serial",
+    "queues",
+    "fio-verify",
+    "fio-verify-qd16",
+    "mkfs",
+    "mount",
+    "file-readback",
+    "umount",
+    "fsck",
+    "file-remount",
+    "discard",
+];
+
 /// Boots the guest under QEMU (TCG) with one vhost-user-blk disk on `spec.socket`, waits for
 /// its power-off (at most [`GUEST_TIMEOUT`], then QEMU is killed) and parses its console.
 /// `name` names the console log in `target/guest/logs/`; `on_line` sees each console line as
