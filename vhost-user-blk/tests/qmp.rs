@@ -430,6 +430,22 @@ fn query_blockstats_counts_what_the_client_did() {
     assert!(daemon.stop().unwrap().success());
 }
 
+#[test]
+fn quit_stops_the_daemon_as_sigterm_does_after_its_reply_and_event() {
+    let (_dir, daemon, disk, monitor, mut q) = daemon_and_client();
+    let (mut watcher, _) = Qmp::connect(&monitor, false);
+    assert_eq!(q.ok("quit", json!({})), json!({}));
+    let event = watcher.line().expect("the SHUTDOWN event");
+    assert_eq!(event["event"], "SHUTDOWN", "{event}");
+    assert_eq!(event["data"]["reason"], "host-qmp-quit");
+    let status = daemon.wait_exit(Duration::from_secs(10)).expect("it exits");
+    assert!(status.success(), "{status}");
+    assert!(
+        !disk.exists() && !monitor.exists(),
+        "sockets removed as at SIGTERM"
+    );
+}
+
 /// The fields of a reply both daemons give, for comparison.
 fn common_fields(ours: &Value, theirs: &Value, fields: &[&str]) -> (Vec<Value>, Vec<Value>) {
     let pick = |list: &Value| -> Vec<Value> {

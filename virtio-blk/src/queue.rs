@@ -394,6 +394,8 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
             }
         }
         self.store.finish_batch(ctx);
+        // The batch taken ends: completions that come later read the clock again.
+        self.batch_ns.set(None);
     }
 
     /// Pops and checks every available chain.

@@ -167,6 +167,8 @@ pub struct Control<'a> {
     pub exports: Exports,
     /// The iothreads, in order.
     pub iothreads: IoThreads<Box<dyn EventLoop>, Box<dyn IoEngine>>,
+    /// What stops the daemon (QMP's `quit`).
+    pub stop: StopHandle,
 }
 
 /// [`run`], calling `ready` once every socket listens, on the control loop's thread, before
@@ -219,6 +221,7 @@ pub fn run_with(
             ctx: &ctx,
             exports: exports.clone(),
             iothreads: handles,
+            stop: stop.clone(),
         };
         result = ready(&control).map_err(start_error("monitor"));
     }

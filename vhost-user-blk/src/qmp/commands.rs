@@ -37,6 +37,7 @@ pub(crate) const COMMANDS: &[&str] = &[
     "blockdev-del",
     "block-export-add",
     "block-export-del",
+    "quit",
 ];
 
 /// What the commands see and change.
@@ -50,6 +51,8 @@ pub(crate) struct State {
     pub(crate) engine: Option<EngineKind>,
     /// Each iothread's thread id (`query-iothreads`), read once.
     pub(crate) thread_ids: Vec<i64>,
+    /// What `quit` says stop to.
+    pub(crate) stop: crate::daemon::StopHandle,
 }
 
 /// A command's result, and the events it raised.
@@ -82,6 +85,13 @@ impl State {
             "blockdev-del" => self.blockdev_del(args),
             "block-export-add" => self.export_add(ctx, args),
             "block-export-del" => self.export_del(ctx, args, &mut events),
+            // As QEMU: the reply, the SHUTDOWN event, then the daemon stops as on SIGTERM.
+            "quit" => args.finish().map(|()| {
+                let data = json!({"guest": false, "reason": "host-qmp-quit"});
+                events.push(wire::event("SHUTDOWN", data));
+                self.stop.stop();
+                json!({})
+            }),
             other => Err(QmpError::command_not_found(format!(
                 "The command {other} has not been found"
             ))),

@@ -12,7 +12,8 @@
 //!   parameters (applied at once), `query-named-block-nodes`, `query-block-exports`,
 //!   `blockdev-add`, `blockdev-del`, `block-export-add` (served at once, beside the others),
 //!   `block-export-del` (refused while a client is connected unless `mode=hard`, which
-//!   disconnects it once its requests completed).
+//!   disconnects it once its requests completed), `quit` (the `SHUTDOWN` event, then the
+//!   daemon stops as on SIGTERM).
 //! - A bad client cannot stop the daemon or its disks: malformed JSON, a message that is not
 //!   an object, unknown commands and wrong argument types get QEMU's error replies; a message
 //!   over 1 MiB, or a client that leaves more than 1 MiB of replies unread, is disconnected;
@@ -92,6 +93,7 @@ impl Monitor {
                 Choice::Auto => None,
             },
             thread_ids,
+            stop: control.stop.clone(),
         };
         let mut listeners = Vec::new();
         for path in paths {

@@ -270,6 +270,21 @@ impl Daemon {
         }
     }
 
+    /// Waits up to `timeout` for the daemon to exit by itself (no signal sent); its status,
+    /// or None if it still runs (it is then killed when dropped).
+    pub fn wait_exit(mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     fn try_wait(&mut self) -> Result<Option<ExitStatus>, LaunchError> {
         let status = self.child.try_wait().map_err(|source| LaunchError::Io {
             label: self.label.clone(),
