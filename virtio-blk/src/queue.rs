@@ -47,13 +47,13 @@ use std::sync::Arc;
 use aio_core::engine::{AttachedEngine, IoEngine};
 use aio_core::{AioContext, DeferredCall, EventLoop, FdHandler};
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 use crate::chain::{parse_chain, parse_head, BlkRequest, RefusedChain};
 use crate::device::BlockDevice;
 use crate::inflight::{Inflight, InflightLog};
 use crate::request::{Completer, Store};
-use crate::stats::{SlotHold, StatsSlot};
+use crate::stats::QueueRecorder;
 
 /// The guest's memory as one request sees it: the mappings stay while any holder lives.
 pub type GuestMemory = Arc<GuestMemoryMmap>;
@@ -161,12 +161,7 @@ struct Inner<L: EventLoop + 'static, E: IoEngine + 'static> {
     broken: Cell<bool>,
     stats: Cell<QueueStats>,
     /// Where this queue counts the disk's I/O statistics.
-    io_stats: SlotHold,
-    /// When each head in flight was taken (monotonic ns), by head index.
-    started: RefCell<Vec<u64>>,
-    /// The clock read for this batch (requests taken, or completions before the batch's
-    /// interrupt), if read yet.
-    batch_ns: Cell<Option<u64>>,
+    recorder: QueueRecorder,
 }
 
 impl<L: EventLoop + 'static, E: IoEngine + 'static> VirtioBlkQueue<L, E> {
@@ -209,12 +204,9 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> VirtioBlkQueue<L, E> {
             Some(Inflight { log, resubmit }) => (Some(log), resubmit),
             None => (None, Vec::new()),
         };
-        let io_stats = device.stats().slot();
-        let started = RefCell::new(vec![0; usize::from(queue.size())]);
+        let recorder = QueueRecorder::new(device.stats(), queue.size());
         let inner = Rc::new(Inner {
-            io_stats,
-            started,
-            batch_ns: Cell::new(None),
+            recorder,
             store: Store::new(device, engine),
             queue: RefCell::new(queue),
             mem: RefCell::new(mem),
@@ -289,7 +281,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> VirtioBlkQueue<L, E> {
 
 impl<L: EventLoop + 'static, E: IoEngine + 'static> Completer for Inner<L, E> {
     fn finish(&self, mem: &GuestMemory, request: &BlkRequest, status: u8) {
-        self.count(request, status);
+        self.recorder.done(request.head, &request.op, status);
         let len = if status == crate::spec::S_OK {
             request.written_len()
         } else {
@@ -373,7 +365,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
     /// Takes every request the avail ring holds (QEMU's `virtio_blk_handle_vq`): with kicks
     /// off while it drains, unless polling mode already turned them off.
     fn process(self: &Rc<Self>, ctx: &AioContext<L>) {
-        self.batch_ns.set(None);
+        self.recorder.batch_end();
         let _section = ctx.defer_section();
         self.store.plug();
         while !self.broken.get() {
@@ -395,7 +387,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
         }
         self.store.finish_batch(ctx);
         // The batch taken ends: completions that come later read the clock again.
-        self.batch_ns.set(None);
+        self.recorder.batch_end();
     }
 
     /// Pops and checks every available chain.
@@ -457,31 +449,6 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
         }
     }
 
-    /// Counts `request`, done with `status`, in the disk's I/O statistics.
-    fn count(&self, request: &BlkRequest, status: u8) {
-        let started = self
-            .started
-            .borrow()
-            .get(usize::from(request.head))
-            .copied()
-            .unwrap_or(0);
-        self.io_stats
-            .record_request(&request.op, status, (started, self.batch_now()));
-    }
-
-    /// The clock, read once per batch (cleared when the batch ends: its requests taken, or
-    /// its completions' interrupt raised).
-    fn batch_now(&self) -> u64 {
-        match self.batch_ns.get() {
-            Some(now) => now,
-            None => {
-                let now = StatsSlot::now_ns();
-                self.batch_ns.set(Some(now));
-                now
-            }
-        }
-    }
-
     fn mark_broken(&self) {
         self.broken.set(true);
     }
@@ -498,10 +465,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
         self.in_flight.set(self.in_flight.get() + 1);
         match request {
             Ok(request) => {
-                let now = self.batch_now();
-                if let Some(at) = self.started.borrow_mut().get_mut(usize::from(request.head)) {
-                    *at = now;
-                }
+                self.recorder.taken(request.head);
                 self.store.execute(ctx, self, mem, request)
             }
             Err(refused) => {
@@ -525,7 +489,12 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
         status: u8,
         len: u32,
     ) {
-        if mem.write_obj(status, status_at).is_err() {
+        // One byte never crosses a region: the region's slice, not vm-memory's iterator over
+        // regions (which the compiler may leave out of line on this hot path).
+        let written = mem
+            .get_slice(status_at, 1)
+            .and_then(|slice| slice.write_obj(status, 0).map_err(Into::into));
+        if written.is_err() {
             return self.complete_without_status(mem, head);
         }
         self.add_used(mem, head, len);
@@ -559,7 +528,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
     /// Raises the call eventfd if the driver wants an interrupt now.
     fn notify_driver(&self) {
         // The batch of completions ends here: the next one reads the clock again.
-        self.batch_ns.set(None);
+        self.recorder.batch_end();
         let mem = self.mem.borrow().clone();
         let wanted = self
             .queue

@@ -149,6 +149,67 @@ impl StatsSlot {
     }
 }
 
+/// What one queue keeps to count its requests: its slot, when each head in flight was taken,
+/// and the clock read for the current batch. Not generic, and its calls kept out of line, so
+/// that the queue's generic hot path (compiled where the queue is used) carries three calls
+/// and nothing else of the counting.
+#[derive(Debug)]
+pub struct QueueRecorder {
+    slot: SlotHold,
+    started: std::cell::RefCell<Vec<u64>>,
+    batch_ns: std::cell::Cell<Option<u64>>,
+}
+
+impl QueueRecorder {
+    /// A recorder counting into a slot of `stats`, for a ring of `size` heads.
+    pub fn new(stats: &BlockStats, size: u16) -> Self {
+        QueueRecorder {
+            slot: stats.slot(),
+            started: std::cell::RefCell::new(vec![0; usize::from(size)]),
+            batch_ns: std::cell::Cell::new(None),
+        }
+    }
+
+    /// The clock, read once per batch.
+    fn batch_now(&self) -> u64 {
+        match self.batch_ns.get() {
+            Some(now) => now,
+            None => {
+                let now = StatsSlot::now_ns();
+                self.batch_ns.set(Some(now));
+                now
+            }
+        }
+    }
+
+    /// Head `head` was taken now.
+    #[inline(never)]
+    pub fn taken(&self, head: u16) {
+        let now = self.batch_now();
+        if let Some(at) = self.started.borrow_mut().get_mut(usize::from(head)) {
+            *at = now;
+        }
+    }
+
+    /// Head `head`, running `op`, is done with `status`.
+    #[inline(never)]
+    pub fn done(&self, head: u16, op: &BlkOp, status: u8) {
+        let started = self
+            .started
+            .borrow()
+            .get(usize::from(head))
+            .copied()
+            .unwrap_or(0);
+        self.slot
+            .record_request(op, status, (started, self.batch_now()));
+    }
+
+    /// A batch (of requests taken, or of completions) ended: the next one reads the clock.
+    pub fn batch_end(&self) {
+        self.batch_ns.set(None);
+    }
+}
+
 /// A disk's counters: a slot per queue that serves it.
 #[derive(Debug, Default)]
 pub struct BlockStats {
