@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Two builds of the daemon, A and B, alternated on the same disks: the null device and a 1 GiB
+# raw file in /dev/shm, random 4 KiB reads and writes at QD 32, 3 s each, the daemon pinned to
+# CPU 0 and the libblkio client (`aio-bench vhost --socket`) to CPU 1, io_uring, poll-max-ns
+# 32768. Prints the means per disk, workload and build: IOPS and the daemon's CPU per request.
+#
+#   scripts/ab-daemons.sh A_BINARY B_BINARY [ROUNDS]     (default 5; builds aio-bench first)
+#
+# Make A from an older commit with `git worktree add /tmp/a <rev> && cargo build --release -p
+# aio-vhost-user-blk --manifest-path /tmp/a/Cargo.toml`. Run nothing else meanwhile.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ $# -ge 2 ] || { echo "usage: $0 A_BINARY B_BINARY [ROUNDS]" >&2; exit 2; }
+a="$(realpath "$1")" b="$(realpath "$2")" rounds="${3:-5}"
+cargo build --release -q -p aio-bench
+bench="$PWD/target/release/aio-bench"
+dir="$(mktemp -d /dev/shm/aio-ab-XXXXXX)"
+trap 'rm -rf "$dir"' EXIT
+truncate -s 1G "$dir/raw.img"
+for _ in $(seq "$rounds"); do
+    for who in A B; do
+        bin="$a"; [ "$who" = B ] && bin="$b"
+        for disk in "image=null,size=1G" "image=$dir/raw.img"; do
+            rm -f "$dir/s.sock"
+            taskset -c 0 "$bin" --disk "socket=$dir/s.sock,$disk" --engine uring --iothreads 1 \
+                --poll-max-ns 32768 >/dev/null 2>&1 &
+            pid=$!
+            for _ in $(seq 50); do [ -S "$dir/s.sock" ] && break; sleep 0.1; done
+            for rw in randread randwrite; do
+                "$bench" vhost --socket "$dir/s.sock" --rw "$rw" --iodepth 32 --runtime 3s \
+                    --client-cpu 1 --daemon-pid "$pid" 2>&1 |
+                    grep -E "IOPS|per request" |
+                    sed -E 's/.*IOPS ([0-9]+).*/\1/; s/.*, ([0-9.]+) µs per request.*/\1/' |
+                    tr '\n' ' ' | sed "s|^|${disk%%,*} $rw $who |"
+                echo
+            done
+            kill "$pid"
+            wait "$pid" 2>/dev/null || true
+        done
+    done
+done | awk 'NF == 5 { k = $1 " " $2 " " $3; n[k]++; iops[k] += $4; cpu[k] += $5 }
+    END { for (k in n) printf "%s IOPS %.0f CPU/req %.3f us\n", k, iops[k] / n[k], cpu[k] / n[k] }' |
+    sed "s|$dir/||" | sort
