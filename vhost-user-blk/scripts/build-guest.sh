@@ -36,6 +36,11 @@
 #                       fixed seed, each block a pattern with its offset, verified; fixed discard
 #                       and write-zeroes ranges), then GUEST-INFO disk_sha256= of the whole disk,
 #                       so the images two servers wrote can be compared
+#   aio.mode=resize     instead of the write checks: prints GUEST-RESIZE-READY (the host then
+#                       resizes the disk to aio.resize_to=BYTES), waits for /sys/block/vda/size to
+#                       follow (checks resize-seen, capacity-logged: virtio_blk's "new size"),
+#                       writes the new last MiB and reads it back (end-write, end-readback),
+#                       GUEST-INFO end_sha256=
 # Restart mode's output lines (besides the checks fio-restart and no-io-errors):
 #   GUEST-IDLE-START                         (the idle seconds begin)
 #   GUEST-FIO-START uptime=S                 (fio started: the host may begin its kills)

@@ -53,7 +53,7 @@ done
 echo 3 >/proc/sys/kernel/printk
 
 want_size="" want_serial="" want_queues="" readonly=0 fio_size=16M
-mode=checks iodepth=32 loops=4 fio_timeout=300 idle=0
+mode=checks iodepth=32 loops=4 fio_timeout=300 idle=0 resize_to=0
 for arg in $(cat /proc/cmdline); do
     case "$arg" in
     aio.size=*) want_size="${arg#*=}" ;;
@@ -66,6 +66,7 @@ for arg in $(cat /proc/cmdline); do
     aio.loops=*) loops="${arg#*=}" ;;
     aio.fio_timeout=*) fio_timeout="${arg#*=}" ;;
     aio.idle=*) idle="${arg#*=}" ;;
+    aio.resize_to=*) resize_to="${arg#*=}" ;;
     esac
 done
 
@@ -122,6 +123,46 @@ if [ "$readonly" = 1 ]; then
     else
         check write-refused PASS "the write failed"
     fi
+    finish
+fi
+
+# aio.mode=resize: the host resizes the disk to aio.resize_to bytes while the guest runs (it
+# does so when it reads GUEST-RESIZE-READY); the kernel must take the new capacity from the
+# device's config interrupt, and the new end must take a write and read it back.
+if [ "$mode" = resize ]; then
+    echo "GUEST-RESIZE-READY"
+    want=$((resize_to / 512))
+    i=0
+    while [ "$(cat /sys/block/vda/size)" != "$want" ] && [ $i -lt 1200 ]; do
+        sleep 0.1
+        i=$((i + 1))
+    done
+    got="$(cat /sys/block/vda/size)"
+    if [ "$got" = "$want" ]; then
+        check resize-seen PASS "sectors=$got"
+    else
+        check resize-seen FAIL "sectors=$got want=$want after 120 s"
+    fi
+    # virtio_blk's own line for a resize ("new size: N 512-byte logical blocks").
+    if dmesg | grep -q "\[vda\] new size: $want "; then
+        check capacity-logged PASS "$(dmesg | grep -o 'new size: [0-9]* [^ ]*' | tail -n 1)"
+    else
+        check capacity-logged FAIL "no 'new size: $want' in the kernel log"
+        dmesg | grep -iE 'vda|virtio' | tail -n 10 | sed 's/^/GUEST-LOG dmesg: /'
+    fi
+    last=$((resize_to / 1048576 - 1))
+    dd if=/dev/urandom of=/tmp/end bs=1M count=1 2>/dev/null
+    run end-write dd if=/tmp/end of=/dev/vda bs=1M seek="$last" count=1 oflag=direct conv=fsync
+    echo 3 >/proc/sys/vm/drop_caches
+    dd if=/dev/vda of=/tmp/back bs=1M skip="$last" count=1 iflag=direct 2>/dev/null
+    sum1="$(sha256sum /tmp/end | cut -d' ' -f1)"
+    sum2="$(sha256sum /tmp/back | cut -d' ' -f1)"
+    if [ "$sum1" = "$sum2" ]; then
+        check end-readback PASS "sha256=$sum1"
+    else
+        check end-readback FAIL "wrote=$sum1 read=$sum2"
+    fi
+    echo "GUEST-INFO end_sha256=$sum1"
     finish
 fi
 

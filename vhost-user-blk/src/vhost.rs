@@ -34,6 +34,7 @@ use vhost::vhost_user::message::{
     VhostUserVringAddrFlags, VhostUserVringState,
 };
 use vhost::vhost_user::VhostUserBackendReqHandlerMut;
+use vhost::vhost_user::{Backend, VhostUserFrontendReqHandler};
 use vhost::vhost_user::{Error as VuError, GpuBackend, Result as VuResult};
 use vhost::VhostUserMemoryRegionBase;
 use virtio_queue::{Queue, QueueT};
@@ -88,6 +89,9 @@ pub struct BlkBackend<L: EventLoop + 'static, E: IoEngine + 'static> {
     vrings: Vec<Vring>,
     /// The in-flight region the frontend handed over (`SET_INFLIGHT_FD`), if any.
     inflight: Option<Arc<InflightRegion>>,
+    /// The backend channel the frontend handed over (`SET_BACKEND_REQ_FD`), if any: where a
+    /// resize is announced.
+    channel: Option<Backend>,
 }
 
 fn handler_error(message: impl Into<String>) -> VuError {
@@ -109,7 +113,24 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> BlkBackend<L, E> {
             memory: MemoryTable::default(),
             vrings: (0..queues).map(|_| Vring::default()).collect(),
             inflight: None,
+            channel: None,
         }
+    }
+
+    /// Tells the frontend the config space changed (the disk was resized) with
+    /// `VHOST_USER_BACKEND_CONFIG_CHANGE_MSG` on the backend channel; it reads the config
+    /// again (`GET_CONFIG`) and raises the driver's config interrupt. False when the frontend
+    /// gave no channel (it did not take `BACKEND_REQ`): it sees the new size when it next
+    /// reads the config (at its next connection).
+    ///
+    /// The message asks for no ack: QEMU reads the config back before it would ack, and that
+    /// `GET_CONFIG` is served by the thread calling this.
+    pub fn announce_config_change(&self) -> std::io::Result<bool> {
+        let Some(channel) = &self.channel else {
+            return Ok(false);
+        };
+        channel.handle_config_change()?;
+        Ok(true)
     }
 
     fn iothread(&self, index: usize) -> &IoThreadHandle<L, DataPlane<L, E>> {
@@ -430,6 +451,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> VhostUserBackendReqHandlerMu
 
     fn get_protocol_features(&mut self) -> VuResult<VhostUserProtocolFeatures> {
         Ok(VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::BACKEND_REQ
             | VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::REPLY_ACK
             | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
@@ -483,6 +505,11 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> VhostUserBackendReqHandlerMu
     ) -> VuResult<()> {
         // The writeback field needs CONFIG_WCE, which is not offered: nothing is writable.
         unsupported("the config space is read-only")
+    }
+
+    fn set_backend_req_fd(&mut self, channel: Backend) {
+        // No REPLY_ACK on it (see `announce_config_change`).
+        self.channel = Some(channel);
     }
 
     fn set_gpu_socket(&mut self, _gpu: GpuBackend) -> VuResult<()> {

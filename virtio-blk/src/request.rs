@@ -95,6 +95,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Store<L, E> {
                 file,
                 offset,
                 probed,
+                ..
             } => {
                 let raw = RawImage {
                     file,

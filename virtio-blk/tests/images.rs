@@ -6,38 +6,19 @@
 //! Needs `qemu-img` and `qemu-io` (Debian's `qemu-utils`; `.ci/run` installs it).
 
 mod common;
+#[path = "common/ops.rs"]
+mod ops;
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
-use std::time::Duration;
 
-use aio::{EngineKind, EngineOptions, IoEngine};
+use aio::{EngineKind, IoEngine};
 use aio_virtio_blk::device::{BlockDevice, DeviceError, DiskOptions};
-use aio_virtio_blk::driver::{DriverRequest, Finished, SplitRingDriver};
 use aio_virtio_blk::format::{ImageFormat, KnownFormat, Qcow2Refusal};
 use aio_virtio_blk::spec;
-use common::Ring;
+use ops::{one, options, qemu, range_op, read, serve, write};
 
 const MIB: u64 = 1 << 20;
-/// Each slot's data buffer: the largest request the tests post.
-const SLOT_BYTES: u32 = 64 << 10;
-
-/// Runs a QEMU tool in `dir`; panics with its output if it fails.
-fn qemu(dir: &Path, tool: &str, args: &[&str]) -> String {
-    let out = Command::new(tool)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap_or_else(|e| panic!("{tool}: {e} (install qemu-utils)"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{tool} {args:?} failed: {text}");
-    text
-}
 
 /// Checks with `qemu-io` that `len` bytes at `offset` of `image` all hold `byte`.
 fn assert_pattern(dir: &Path, image: &str, format: &str, offset: u64, len: u64, byte: u8) {
@@ -47,12 +28,6 @@ fn assert_pattern(dir: &Path, image: &str, format: &str, offset: u64, len: u64, 
         !out.contains("Pattern verification failed") && out.contains("read "),
         "{image} at {offset}: {out}"
     );
-}
-
-/// What the engines are built with: discard and write-zeroes on a thread pool behind Linux
-/// AIO, as the daemon builds them.
-fn options() -> EngineOptions {
-    EngineOptions::default().with_fallback_pool(true)
 }
 
 /// The engines of this build that this kernel runs, each built once here (a refused one is a
@@ -69,56 +44,6 @@ fn engines() -> Vec<(EngineKind, Box<dyn IoEngine>)> {
             }
         })
         .collect()
-}
-
-/// Serves one queue of `device` with `engine` on this thread while `guest` drives it from
-/// another; returns the guest's result. The last handle of the device closes its image.
-fn serve<T: Send + 'static>(
-    engine: Box<dyn IoEngine>,
-    device: Arc<BlockDevice>,
-    guest: impl FnOnce(&mut SplitRingDriver) -> T + Send + 'static,
-) -> T {
-    let ring = Ring {
-        size: 64,
-        slots: 8,
-        data_bytes: SLOT_BYTES,
-    };
-    common::serve(engine, device, ring, guest).0
-}
-
-/// Posts one request in slot 0 and waits for its status.
-fn one(d: &mut SplitRingDriver, kind: u32, sector: u64, len: u32) -> u8 {
-    d.post(0, DriverRequest { kind, sector, len }).unwrap();
-    d.notify().unwrap();
-    let mut out: Vec<Finished> = Vec::new();
-    while out.is_empty() {
-        let raised = d.wait_interrupt(Some(Duration::from_secs(30))).unwrap();
-        d.take_used(&mut out).unwrap();
-        assert!(raised || !out.is_empty(), "no interrupt for 30 s");
-    }
-    out[0].status
-}
-
-fn write(d: &mut SplitRingDriver, offset: u64, data: &[u8]) -> u8 {
-    d.write_data(0, data).unwrap();
-    one(d, spec::T_OUT, offset / 512, data.len() as u32)
-}
-
-fn read(d: &mut SplitRingDriver, offset: u64, len: usize) -> (u8, Vec<u8>) {
-    let status = one(d, spec::T_IN, offset / 512, len as u32);
-    let mut data = vec![0u8; len];
-    d.read_data(0, &mut data).unwrap();
-    (status, data)
-}
-
-/// A discard or write-zeroes of `len` bytes at `offset`.
-fn range_op(d: &mut SplitRingDriver, kind: u32, offset: u64, len: u64, unmap: bool) -> u8 {
-    let mut seg = [0u8; 16];
-    seg[..8].copy_from_slice(&(offset / 512).to_le_bytes());
-    seg[8..12].copy_from_slice(&((len / 512) as u32).to_le_bytes());
-    seg[12..16].copy_from_slice(&u32::from(unmap).to_le_bytes());
-    d.write_data(0, &seg).unwrap();
-    one(d, kind, 0, 16)
 }
 
 #[test]

@@ -11,7 +11,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use aio_core::{AioContext, EventLoop, IoEngine};
-use aio_virtio_blk::device::BlockDevice;
+use aio_virtio_blk::device::{BlockDevice, ResizeError};
 
 use super::{distinct, open_disk, DaemonError, DiskError, DiskSocket, DiskSpec};
 use crate::vhost::{DiskIndex, IoThreads};
@@ -122,6 +122,28 @@ impl Exports {
         let disks = self.0.disks.borrow();
         let served = disks.get(number)?.as_ref()?;
         Some(served.device.stats().snapshot())
+    }
+
+    /// Resizes disk `number` to `bytes` (see [`BlockDevice::resize`]) and tells its
+    /// frontend, if one is connected and gave a backend channel: `Some(Ok(true))` when one
+    /// was told. None: no such disk being served. The disk is resized even when telling the
+    /// frontend fails (printed); the frontend then sees the size at its next connection.
+    pub fn resize(&self, number: usize, bytes: u64) -> Option<Result<bool, ResizeError>> {
+        let disks = self.0.disks.borrow();
+        let served = disks.get(number)?.as_ref()?;
+        if let Err(e) = served.device.resize(bytes) {
+            return Some(Err(e));
+        }
+        Some(Ok(match served.socket.announce_config_change() {
+            Ok(told) => told,
+            Err(e) => {
+                eprintln!(
+                    "aio-vhost-user-blk: {}: telling the frontend of the new size: {e}",
+                    served.spec.socket.display()
+                );
+                false
+            }
+        }))
     }
 
     /// Whether disk `number` has a frontend connected (None: no such disk being served).

@@ -121,6 +121,19 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> DiskSocket<L, E> {
         self.connection.borrow().is_some()
     }
 
+    /// Tells the connected frontend, if any, that the disk's config space changed (see
+    /// [`BlkBackend::announce_config_change`]): true when one was told.
+    pub fn announce_config_change(&self) -> io::Result<bool> {
+        match self.connection.borrow().as_ref() {
+            Some(c) => c
+                .backend
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .announce_config_change(),
+            None => Ok(false),
+        }
+    }
+
     /// Frontends accepted so far.
     pub fn served(&self) -> u64 {
         self.served.get()

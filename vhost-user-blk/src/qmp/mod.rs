@@ -24,6 +24,7 @@
 //! wire format is `wire`'s, the commands `commands`'.
 
 mod commands;
+mod resize;
 mod wire;
 
 use std::cell::{Cell, RefCell};

@@ -224,6 +224,15 @@ impl Args {
         }
     }
 
+    /// An integer argument (QMP's `int`) that must be given.
+    pub(crate) fn int(&mut self, key: &str) -> Result<i64, QmpError> {
+        match self.0.remove(key) {
+            None => Err(Self::missing(key)),
+            Some(Value::Number(n)) => n.as_i64().ok_or_else(|| Self::wrong_type(key, "integer")),
+            Some(_) => Err(Self::wrong_type(key, "integer")),
+        }
+    }
+
     /// A string argument that must be given.
     pub(crate) fn str(&mut self, key: &str) -> Result<String, QmpError> {
         self.opt_str(key)?.ok_or_else(|| Self::missing(key))

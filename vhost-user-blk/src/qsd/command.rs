@@ -292,10 +292,11 @@ impl Graph {
             }
             disks.push(disk);
         }
-        if disks.is_empty() {
+        // With a monitor, exports may all come later (`block-export-add`), as in QEMU.
+        if disks.is_empty() && self.process.monitors.is_empty() {
             return Err(QsdError::Invalid {
                 option: "--export".into(),
-                reason: "no export: nothing to serve".into(),
+                reason: "no export and no monitor: nothing to serve".into(),
             });
         }
         let mut config = Config::new(disks);

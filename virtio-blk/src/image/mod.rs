@@ -226,6 +226,19 @@ impl Qcow2Image {
         current::block_on(self.access.read()).size()
     }
 
+    /// Makes the image's virtual size `bytes` (growing adds unallocated clusters; shrinking
+    /// drops the clusters past the new end) and writes the header. Waits for the requests
+    /// holding the image, then holds it alone.
+    pub(crate) fn resize(&self, bytes: u64) -> io::Result<()> {
+        current::block_on(async {
+            let mut access = self.access.write().await;
+            access
+                .resize(bytes, imago::format::PreallocateMode::None)
+                .await?;
+            access.flush().await
+        })
+    }
+
     /// The backing files, nearest first.
     pub(crate) fn backing_chain(&self) -> &[PathBuf] {
         &self.chain

@@ -16,6 +16,9 @@ use crate::chain::ChainLimits;
 use crate::format::{self, ImageFormat, KnownFormat, Qcow2Refusal};
 use crate::spec::{self, bit, feature, BlkConfig, SECTOR_SIZE};
 
+mod resize;
+pub use resize::ResizeError;
+
 /// The largest queue a driver may set up (`SET_VRING_NUM`), as QEMU's virtio-blk.
 pub const MAX_QUEUE_SIZE: u16 = 1024;
 /// The most data segments in one request: a 128-entry queue less the header and status
@@ -204,6 +207,8 @@ pub(crate) enum Backing {
         file: IoFile,
         offset: u64,
         probed: bool,
+        /// A [window](BlockDevice::window): its size is the one given, never resized.
+        window: bool,
     },
     /// Nothing: reads return zeros, writes are dropped (QEMU's `null-co`, `read-zeroes=on`).
     Null,
@@ -217,7 +222,9 @@ pub(crate) enum Backing {
 #[derive(Debug, Clone)]
 pub struct BlockDevice {
     backing: Backing,
-    capacity_sectors: u64,
+    /// The size in sectors, shared by every clone: [`BlockDevice::resize`] changes it while
+    /// queues serve the disk, and each batch of requests reads it once.
+    capacity_sectors: std::sync::Arc<std::sync::atomic::AtomicU64>,
     options: DiskOptions,
     stats: std::sync::Arc<crate::stats::BlockStats>,
 }
@@ -231,6 +238,11 @@ fn check_options(options: &DiskOptions) -> Result<(), DeviceError> {
         return Err(DeviceError::BadQueueCount(options.queues));
     }
     Ok(())
+}
+
+/// A capacity the clones of one device share.
+fn shared(sectors: u64) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+    std::sync::Arc::new(std::sync::atomic::AtomicU64::new(sectors))
 }
 
 /// A whole, positive number of sectors, or the error naming `path`.
@@ -272,11 +284,12 @@ impl BlockDevice {
             _ => {}
         }
         Ok(BlockDevice {
-            capacity_sectors: sectors(image, bytes)?,
+            capacity_sectors: shared(sectors(image, bytes)?),
             backing: Backing::Raw {
                 file: IoFile::new(file),
                 offset: 0,
                 probed: options.format == ImageFormat::Auto,
+                window: false,
             },
             options,
             stats: Default::default(),
@@ -291,7 +304,7 @@ impl BlockDevice {
     ) -> Result<Self, DeviceError> {
         let qcow2 = crate::image::Qcow2Image::open(image, !options.read_only)?;
         Ok(BlockDevice {
-            capacity_sectors: sectors(image, qcow2.size())?,
+            capacity_sectors: shared(sectors(image, qcow2.size())?),
             backing: Backing::Qcow2(std::sync::Arc::new(qcow2)),
             options,
             stats: Default::default(),
@@ -322,7 +335,7 @@ impl BlockDevice {
     pub fn null(size: u64, options: DiskOptions) -> Result<Self, DeviceError> {
         check_options(&options)?;
         Ok(BlockDevice {
-            capacity_sectors: sectors(Path::new("null"), size)?,
+            capacity_sectors: shared(sectors(Path::new("null"), size)?),
             backing: Backing::Null,
             options,
             stats: Default::default(),
@@ -348,8 +361,9 @@ impl BlockDevice {
                 file,
                 offset,
                 probed: false,
+                window: true,
             },
-            capacity_sectors: size / SECTOR_SIZE,
+            capacity_sectors: shared(size / SECTOR_SIZE),
             options,
             stats: Default::default(),
         })
@@ -407,9 +421,10 @@ impl BlockDevice {
             _ => Ok(()),
         }
     }
-    /// The size in 512-byte sectors.
+    /// The size in 512-byte sectors (now: [`resize`](Self::resize) changes it).
     pub fn capacity_sectors(&self) -> u64 {
         self.capacity_sectors
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The options it was opened with.
@@ -453,7 +468,7 @@ impl BlockDevice {
     /// The config space's values.
     pub fn config(&self) -> BlkConfig {
         BlkConfig {
-            capacity: self.capacity_sectors,
+            capacity: self.capacity_sectors(),
             size_max: SIZE_MAX,
             seg_max: SEG_MAX,
             blk_size: SECTOR_SIZE as u32,
@@ -470,7 +485,7 @@ impl BlockDevice {
     /// The checks every chain of this disk's queues passes.
     pub fn chain_limits(&self) -> ChainLimits {
         ChainLimits {
-            capacity_sectors: self.capacity_sectors,
+            capacity_sectors: self.capacity_sectors(),
             read_only: self.options.read_only,
             seg_max: SEG_MAX,
             size_max: SIZE_MAX,
@@ -516,7 +531,7 @@ mod tests {
             ..DiskOptions::default()
         };
         let d = BlockDevice::open(&qcow2, as_raw).unwrap();
-        assert_eq!(d.capacity_sectors, 128);
+        assert_eq!(d.capacity_sectors(), 128);
         BlockDevice::open(&raw, DiskOptions::default()).unwrap();
     }
 }
