@@ -232,6 +232,9 @@ pub struct RefusedChain {
     pub head: u16,
     /// Where the status byte goes, if the chain has a valid one.
     pub status: Option<GuestAddress>,
+    /// The request type its header gave, if the header could be read (what QEMU counts an
+    /// invalid request of: `invalid_rd_operations`...).
+    pub request_type: Option<u32>,
     /// Why.
     pub error: ChainError,
 }
@@ -322,6 +325,7 @@ fn parse_descriptors(
     let refuse = |status, error| RefusedChain {
         head,
         status,
+        request_type: None,
         error,
     };
     let Some(last) = descs.last() else {
@@ -363,7 +367,10 @@ fn parse_descriptors(
         ));
     };
     let data = &descs[1..descs.len() - 1];
-    let op = parse_op(request_type, sector, data, mem, limits).map_err(|e| refuse(status, e))?;
+    let op = parse_op(request_type, sector, data, mem, limits).map_err(|error| RefusedChain {
+        request_type: Some(request_type),
+        ..refuse(status, error)
+    })?;
     Ok(BlkRequest {
         head,
         op,

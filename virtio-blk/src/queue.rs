@@ -470,6 +470,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
             }
             Err(refused) => {
                 self.bump(|s| s.refused += 1);
+                self.recorder.invalid(refused.request_type);
                 match refused.status {
                     Some(status) => {
                         self.complete(mem, refused.head, status, refused.error.status(), 1)

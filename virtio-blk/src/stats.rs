@@ -54,6 +54,9 @@ pub struct KindStats {
     pub total_time_ns: u64,
     /// Requests that completed with an error.
     pub failed: u64,
+    /// Requests refused before they ran (past the disk's end, misaligned, a bad range):
+    /// QEMU's `invalid_*_operations`. Not in `operations`.
+    pub invalid: u64,
 }
 
 /// A disk's counts at one moment ([`BlockStats::snapshot`]).
@@ -79,8 +82,8 @@ pub struct StatsSnapshot {
 pub struct StatsSlot {
     /// Whether a queue counts into it now.
     taken: AtomicBool,
-    /// Per kind: operations, bytes, time, failed.
-    counts: [[AtomicU64; 4]; 4],
+    /// Per kind: operations, bytes, time, failed, invalid.
+    counts: [[AtomicU64; 5]; 4],
     wr_highest_offset: AtomicU64,
     /// When a request last completed (monotonic ns, 0: never).
     last_ns: AtomicU64,
@@ -204,6 +207,23 @@ impl QueueRecorder {
             .record_request(op, status, (started, self.batch_now()));
     }
 
+    /// A chain whose header gave `request_type` was refused before it ran: counted as an
+    /// invalid request of its kind, as QEMU's virtio-blk counts them (requests of no kind,
+    /// and chains refused before their header was read, are not counted).
+    #[inline(never)]
+    pub fn invalid(&self, request_type: Option<u32>) {
+        use crate::spec;
+        let kind = match request_type {
+            Some(spec::T_IN) => IoKind::Read,
+            Some(spec::T_OUT | spec::T_WRITE_ZEROES) => IoKind::Write,
+            Some(spec::T_FLUSH) => IoKind::Flush,
+            Some(spec::T_DISCARD) => IoKind::Unmap,
+            _ => return,
+        };
+        let counter = &self.slot.counts[kind.index()][4];
+        counter.store(counter.load(Relaxed).wrapping_add(1), Relaxed);
+    }
+
     /// A batch (of requests taken, or of completions) ended: the next one reads the clock.
     pub fn batch_end(&self) {
         self.batch_ns.set(None);
@@ -266,6 +286,7 @@ impl BlockStats {
                 out.bytes += c[1].load(Relaxed);
                 out.total_time_ns += c[2].load(Relaxed);
                 out.failed += c[3].load(Relaxed);
+                out.invalid += c[4].load(Relaxed);
             }
             s.wr_highest_offset = s
                 .wr_highest_offset

@@ -491,7 +491,7 @@ fn a_small_write_into_a_new_cluster_reads_zeros_around_it_even_in_a_reused_clust
 }
 
 /// The I/O statistics count each kind as QEMU's virtio-blk does: write-zeroes as writes,
-/// discards as unmaps, `GET_ID` and refused chains not at all.
+/// discards as unmaps, `GET_ID` not at all, refused chains as invalid requests of their kind.
 #[test]
 fn io_statistics_count_each_kind_as_qemu_does() {
     let device = Arc::new(BlockDevice::null(64 * MIB, DiskOptions::default()).unwrap());
@@ -505,6 +505,10 @@ fn io_statistics_count_each_kind_as_qemu_does() {
         assert_eq!(s, spec::S_OK);
         assert_eq!(one(d, spec::T_GET_ID, 0, 20), spec::S_OK);
         assert_eq!(one(d, spec::T_IN, 64 * MIB / 512, 4096), spec::S_IOERR);
+        assert_eq!(write(d, 64 * MIB, &[1; 4096]), spec::S_IOERR);
+        assert_eq!(write(d, 64 * MIB - 512, &[1; 4096]), spec::S_IOERR);
+        let s = range_op(d, spec::T_DISCARD, 64 * MIB, MIB, false);
+        assert_eq!(s, spec::S_IOERR);
     });
     let s = device.stats().snapshot();
     assert_eq!((s.read.operations, s.read.bytes), (1, 8192));
@@ -515,6 +519,9 @@ fn io_statistics_count_each_kind_as_qemu_does() {
     );
     assert_eq!(s.wr_highest_offset, MIB + (64 << 10));
     assert_eq!(s.read.failed + s.write.failed, 0);
+    // Refused before they ran: QEMU's invalid requests, not operations.
+    let invalid = [s.read, s.write, s.flush, s.unmap].map(|k| k.invalid);
+    assert_eq!(invalid, [1, 2, 0, 1]);
     // The null device completes a request in the batch that took it: times read once per
     // batch make its time 0 (a file's requests, completed later, take time: tests/qmp.rs).
     assert!(s.idle_time_ns.is_some());

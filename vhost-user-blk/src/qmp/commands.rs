@@ -339,7 +339,7 @@ impl State {
 }
 
 /// QEMU's `BlockDeviceStats` from `s` (what is not counted here, merges and zoned appends,
-/// is 0; invalid requests are refused before they are counted).
+/// is 0; invalid requests are counted apart, as QEMU counts them, and leave the idle time).
 fn block_device_stats(s: &StatsSnapshot) -> Value {
     let mut out = json!({
         "rd_bytes": s.read.bytes, "wr_bytes": s.write.bytes, "unmap_bytes": s.unmap.bytes,
@@ -350,8 +350,9 @@ fn block_device_stats(s: &StatsSnapshot) -> Value {
         "unmap_total_time_ns": s.unmap.total_time_ns,
         "failed_rd_operations": s.read.failed, "failed_wr_operations": s.write.failed,
         "failed_flush_operations": s.flush.failed, "failed_unmap_operations": s.unmap.failed,
-        "invalid_rd_operations": 0, "invalid_wr_operations": 0,
-        "invalid_flush_operations": 0, "invalid_unmap_operations": 0,
+        "invalid_rd_operations": s.read.invalid, "invalid_wr_operations": s.write.invalid,
+        "invalid_flush_operations": s.flush.invalid,
+        "invalid_unmap_operations": s.unmap.invalid,
         "rd_merged": 0, "wr_merged": 0, "unmap_merged": 0,
         "zone_append_bytes": 0, "zone_append_operations": 0, "zone_append_merged": 0,
         "zone_append_total_time_ns": 0, "failed_zone_append_operations": 0,
