@@ -299,7 +299,15 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> BlkBackend<L, E> {
             .guest_memory()
             .map_err(|e| handler_error(e.to_string()))?;
         let disk = self.disk;
-        for plane in self.iothreads.iter() {
+        // The iothreads this disk's queues run on (not the others: some may have stopped).
+        let mut planes: Vec<&IoThreadHandle<L, DataPlane<L, E>>> = Vec::new();
+        for index in 0..self.vrings.len() {
+            let plane = self.iothread(index);
+            if !planes.iter().any(|p| std::ptr::eq(*p, plane)) {
+                planes.push(plane);
+            }
+        }
+        for plane in planes {
             let memory = memory.clone();
             plane
                 .call(move |_ctx, plane| plane.set_memory(disk, &memory))

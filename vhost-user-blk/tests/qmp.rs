@@ -355,6 +355,70 @@ fn query_blockstats_counts_what_the_client_did() {
 }
 
 #[test]
+fn latency_histograms_count_from_when_they_are_set() {
+    let (_dir, daemon, disk, _monitor, mut q) = daemon_and_client();
+    let set = |q: &mut Qmp, args: Value| q.ok("block-latency-histogram-set", args);
+    // Everything under 1000 s falls in bin 0.
+    set(
+        &mut q,
+        json!({"id": "exp0", "boundaries": [1_000_000_000_000u64]}),
+    );
+    let mut c = connect(&disk, 1, 4096).unwrap();
+    let mut io = |reads: u64, writes: u64| {
+        for i in 0..reads {
+            c.read(0, i * 4096, 0, 4096, 1);
+            assert_eq!(c.wait(0, 1), [(1, 0)]);
+        }
+        for i in 0..writes {
+            c.write(0, i * 4096, 0, 4096, 2);
+            assert_eq!(c.wait(0, 1), [(2, 0)]);
+        }
+    };
+    io(5, 3);
+    let stats = |q: &mut Qmp| q.ok("query-blockstats", json!({}))[0]["stats"].clone();
+    let s = stats(&mut q);
+    let bins = |s: &Value, field: &str| s[field]["bins"].clone();
+    assert_eq!(bins(&s, "rd_latency_histogram"), json!([5, 0]), "{s}");
+    assert_eq!(bins(&s, "wr_latency_histogram"), json!([3, 0]));
+    assert_eq!(bins(&s, "flush_latency_histogram"), json!([0, 0]));
+    assert_eq!(
+        s["rd_latency_histogram"]["boundaries"],
+        json!([1_000_000_000_000u64])
+    );
+    // One kind reset by its node's name; the others keep counting. A request's time from
+    // taken to done (a file, served on a pool thread) is at least 1 ns.
+    set(
+        &mut q,
+        json!({"id": "file0", "boundaries-read": [1, 1_000_000_000_000u64]}),
+    );
+    io(2, 1);
+    let s = stats(&mut q);
+    assert_eq!(bins(&s, "rd_latency_histogram"), json!([0, 2, 0]), "{s}");
+    assert_eq!(bins(&s, "wr_latency_histogram"), json!([4, 0]));
+    // Refused, nothing changed; then none given removes them all.
+    let e = q.error(
+        "block-latency-histogram-set",
+        json!({"id": "exp0", "boundaries": [5, 5]}),
+    );
+    assert_eq!(e.1, "Device 'exp0' set read boundaries fail");
+    let e = q.error("block-latency-histogram-set", json!({"id": "nope"}));
+    assert_eq!(
+        e,
+        (
+            "DeviceNotFound".to_string(),
+            "Device 'nope' not found".to_string()
+        )
+    );
+    assert_eq!(bins(&stats(&mut q), "wr_latency_histogram"), json!([4, 0]));
+    set(&mut q, json!({"id": "exp0"}));
+    let s = stats(&mut q);
+    assert!(s.get("rd_latency_histogram").is_none(), "{s}");
+    assert!(s.get("wr_latency_histogram").is_none(), "{s}");
+    drop(c);
+    assert!(daemon.stop().unwrap().success());
+}
+
+#[test]
 fn quit_stops_the_daemon_as_sigterm_does_after_its_reply_and_event() {
     let (_dir, daemon, disk, monitor, mut q) = daemon_and_client();
     let (mut watcher, _) = Qmp::connect(&monitor, false);
@@ -476,16 +540,21 @@ fn qmp_python() -> Option<PathBuf> {
 }
 
 #[test]
-fn qemus_own_qmp_client_adds_serves_and_deletes_an_export() {
+fn qemus_own_qmp_client_adds_serves_counts_resizes_and_deletes_an_export() {
     let Some(python) = qmp_python() else { return };
     let (dir, raw) = image();
     let (daemon, disk, monitor) = start(OURS, dir.path(), &raw);
-    let socket = dir.path().join("null.sock");
+    let socket = dir.path().join("new.sock");
+    let new_image = dir.path().join("new.img");
+    std::fs::File::create(&new_image)
+        .and_then(|f| f.set_len(16 << 20))
+        .unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/qmp/session.py");
     let mut session = Command::new(python)
         .arg(script)
         .arg(&monitor)
         .arg(&socket)
+        .arg(&new_image)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -501,14 +570,22 @@ fn qemus_own_qmp_client_adds_serves_and_deletes_an_export() {
     c.read(0, 0, 0, 4096, 1);
     assert_eq!(c.wait(0, 1), [(1, 0)]);
     assert!(c.read_buf(0, 4096).iter().all(|&b| b == 0));
+    c.write(0, 8192, 0, 4096, 2);
+    assert_eq!(c.wait(0, 1), [(2, 0)]);
     drop(c);
     disk_works(&disk);
-    writeln!(session.stdin.take().unwrap(), "CLIENT-DONE").unwrap();
+    // The session checks query-blockstats against these counts, then resizes.
+    writeln!(session.stdin.take().unwrap(), "CLIENT-DONE 1 1").unwrap();
     line.clear();
     said.read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "SESSION-OK");
     assert!(session.wait().unwrap().success());
     assert!(!socket.exists(), "the deleted export's socket");
+    assert_eq!(
+        std::fs::metadata(&new_image).unwrap().len(),
+        32 << 20,
+        "resized"
+    );
     disk_works(&disk);
     assert!(daemon.stop().unwrap().success());
 }

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use aio_core::{AioContext, EventLoop, IoEngine};
 use aio_virtio_blk::device::{BlockDevice, ResizeError};
 
-use super::{distinct, open_disk, DaemonError, DiskError, DiskSocket, DiskSpec};
-use crate::vhost::{DiskIndex, IoThreads};
+use super::{distinct, open_disk, DaemonError, DiskError, DiskSocket, DiskSpec, IoThreadSet};
+use crate::vhost::DiskIndex;
 
 type Loop = Box<dyn EventLoop>;
 type Engine = Box<dyn IoEngine>;
@@ -29,7 +29,7 @@ struct Served {
 struct Inner {
     /// By number (a disk's number is its key on the iothreads: never reused); None once ended.
     disks: RefCell<Vec<Option<Served>>>,
-    iothreads: IoThreads<Loop, Engine>,
+    iothreads: IoThreadSet,
     /// The queues numbered so far (where the next disk's queue 0 takes the iothreads up).
     queues: RefCell<usize>,
 }
@@ -49,7 +49,7 @@ fn disk_index(number: usize, queues_before: usize, spec: &DiskSpec) -> DiskIndex
 pub struct Exports(Rc<Inner>);
 
 impl Exports {
-    pub(super) fn new(iothreads: IoThreads<Loop, Engine>) -> Self {
+    pub(super) fn new(iothreads: IoThreadSet) -> Self {
         Exports(Rc::new(Inner {
             disks: RefCell::new(Vec::new()),
             iothreads,
@@ -64,7 +64,8 @@ impl Exports {
         all.push(spec.clone());
         distinct::check(&all)?;
         let iothreads = self.0.iothreads.len();
-        if let Some(k) = spec.iothread.filter(|&k| usize::from(k) >= iothreads) {
+        let set = &self.0.iothreads;
+        if let Some(k) = spec.iothread.filter(|&k| !set.is_running(usize::from(k))) {
             return Err(DaemonError::Disk {
                 spec: spec.socket.display().to_string(),
                 source: DiskError::NoSuchIoThread {
@@ -91,7 +92,7 @@ impl Exports {
             index,
             &spec.socket,
             device.clone(),
-            self.0.iothreads.clone(),
+            self.0.iothreads.handles(),
         )
         .map_err(|e| DaemonError::Disk {
             spec: spec.socket.display().to_string(),
@@ -115,6 +116,12 @@ impl Exports {
             .flatten()
             .map(|s| s.spec.clone())
             .collect()
+    }
+
+    /// Disk `number`'s device (None: no such disk being served).
+    pub fn device(&self, number: usize) -> Option<Arc<BlockDevice>> {
+        let disks = self.0.disks.borrow();
+        Some(disks.get(number)?.as_ref()?.device.clone())
     }
 
     /// Disk `number`'s I/O statistics so far (None: no such disk being served).

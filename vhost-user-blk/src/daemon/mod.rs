@@ -16,6 +16,7 @@
 mod config;
 mod distinct;
 mod exports;
+mod iothreads;
 mod socket;
 
 use std::io;
@@ -27,9 +28,9 @@ use aio_core::{AioContext, EventLoop, IoEngine, IoThread, NotifyHandle};
 pub(crate) use config::parse_size;
 pub use config::{BadDiskSpec, Config, DiskSpec};
 pub use exports::Exports;
+pub use iothreads::IoThreadSet;
 pub use socket::DiskSocket;
 
-use crate::vhost::IoThreads;
 use aio_virtio_blk::dataplane::DataPlane;
 use aio_virtio_blk::device::{BlockDevice, DeviceError, DiskOptions};
 
@@ -165,8 +166,8 @@ pub struct Control<'a> {
     pub ctx: &'a AioContext<Box<dyn EventLoop>>,
     /// The disks being served.
     pub exports: Exports,
-    /// The iothreads, in order.
-    pub iothreads: IoThreads<Box<dyn EventLoop>, Box<dyn IoEngine>>,
+    /// The iothreads, by number (a monitor may add and remove some).
+    pub iothreads: IoThreadSet,
     /// What stops the daemon (QMP's `quit`).
     pub stop: StopHandle,
 }
@@ -198,8 +199,7 @@ pub fn run_with(
         .iter()
         .map(|d| open_disk(d).map(Arc::new))
         .collect::<Result<Vec<_>, _>>()?;
-    let threads = spawn_iothreads(config)?;
-    let handles = Arc::new(threads.iter().map(IoThread::handle).collect::<Vec<_>>());
+    let threads = IoThreadSet::start(config)?;
     let monitor = config
         .fdmon
         .build()
@@ -208,7 +208,7 @@ pub fn run_with(
     let ctx = AioContext::new(monitor).map_err(|e| start_error("control loop")(e.into()))?;
     stop.attach(ctx.notify_handle());
 
-    let exports = Exports::new(handles.clone());
+    let exports = Exports::new(threads.clone());
     let mut result = Ok(());
     for (d, device) in config.disks.iter().zip(devices) {
         if let Err(e) = exports.serve(&ctx, d.clone(), device) {
@@ -220,7 +220,7 @@ pub fn run_with(
         let control = Control {
             ctx: &ctx,
             exports: exports.clone(),
-            iothreads: handles,
+            iothreads: threads.clone(),
             stop: stop.clone(),
         };
         result = ready(&control).map_err(start_error("monitor"));
@@ -234,36 +234,8 @@ pub fn run_with(
     // caches (qcow2 metadata) is written.
     exports.remove_all(&ctx);
     drop(ctx);
-    for t in threads {
-        t.stop()?;
-    }
+    threads.stop_all()?;
     result
-}
-
-/// Starts the iothreads `config` asks for.
-fn spawn_iothreads(config: &Config) -> Result<Vec<Worker>, DaemonError> {
-    let mut threads = Vec::new();
-    for k in 0..usize::from(config.iothreads.max(1)) {
-        let (engine, fdmon) = (config.engine, config.fdmon);
-        let cpu = config.cpus.as_ref().and_then(|c| c.nth_wrapping(k));
-        let poll = config
-            .iothread_poll
-            .get(k)
-            .copied()
-            .unwrap_or_else(|| config.poll_max_ns.params());
-        let thread = IoThread::spawn(&format!("iothread{k}"), move || -> io::Result<_> {
-            if let Some(cpu) = cpu {
-                aio_core::process::pin_current_thread(&[cpu])?;
-            }
-            let ctx = AioContext::new(fdmon.build()?.built).map_err(io::Error::from)?;
-            ctx.set_poll_params(poll);
-            let engine = engine.build(&engine_options())?.built;
-            let plane: Plane = DataPlane::new(&ctx, engine).map_err(io::Error::from)?;
-            Ok((ctx, plane))
-        })?;
-        threads.push(thread);
-    }
-    Ok(threads)
 }
 
 /// Opens one `--disk`'s image (or makes the null device), logging a qcow2 image's backing

@@ -12,15 +12,14 @@ use std::path::Path;
 use serde_json::{json, Map, Value};
 
 use aio::EngineKind;
-use aio_core::{AioContext, EventLoop, IoEngine};
+use aio_core::{AioContext, EventLoop};
 use aio_virtio_blk::format::ImageFormat;
-use aio_virtio_blk::stats::StatsSnapshot;
 
-use super::wire::{self, Args, ErrorClass, QmpError, Request};
+use super::wire::{self, Args, QmpError, Request};
 use crate::daemon::Exports;
+use crate::daemon::IoThreadSet;
 use crate::qsd::command::{Graph, Node};
 use crate::qsd::keyval::Opts;
-use crate::vhost::IoThreads;
 
 /// The commands served, in `query-commands`' order.
 pub(crate) const COMMANDS: &[&str] = &[
@@ -34,10 +33,13 @@ pub(crate) const COMMANDS: &[&str] = &[
     "query-block-exports",
     "query-blockstats",
     "block_resize",
+    "block-latency-histogram-set",
     "blockdev-add",
     "blockdev-del",
     "block-export-add",
     "block-export-del",
+    "object-add",
+    "object-del",
     "quit",
 ];
 
@@ -47,10 +49,10 @@ pub(crate) struct State {
     /// Each live export's disk number among the daemon's [`Exports`], by export id.
     pub(crate) numbers: HashMap<String, usize>,
     pub(crate) exports: Exports,
-    pub(crate) iothreads: IoThreads<Box<dyn EventLoop>, Box<dyn IoEngine>>,
+    pub(crate) iothreads: IoThreadSet,
     /// The engine every disk runs on (a new node must not ask for another).
     pub(crate) engine: Option<EngineKind>,
-    /// Each iothread's thread id (`query-iothreads`), read once.
+    /// Each iothread's thread id (`query-iothreads`) by number, read once.
     pub(crate) thread_ids: Vec<i64>,
     /// What `quit` says stop to.
     pub(crate) stop: crate::daemon::StopHandle,
@@ -83,11 +85,14 @@ impl State {
             "query-block-exports" => args.finish().map(|()| self.query_exports()),
             "query-blockstats" => self.query_blockstats(args),
             "block_resize" => self.block_resize(args),
+            "block-latency-histogram-set" => self.latency_histogram_set(args),
             "blockdev-add" => self.blockdev_add(args),
             "blockdev-del" => self.blockdev_del(args),
             "block-export-add" => self.export_add(ctx, args),
             "block-export-del" => self.export_del(ctx, args, &mut events),
             // As QEMU: the reply, the SHUTDOWN event, then the daemon stops as on SIGTERM.
+            "object-add" => self.object_add(args),
+            "object-del" => self.object_del(args),
             "quit" => args.finish().map(|()| {
                 let data = json!({"guest": false, "reason": "host-qmp-quit"});
                 events.push(wire::event("SHUTDOWN", data));
@@ -99,77 +104,6 @@ impl State {
             ))),
         };
         (result, events)
-    }
-
-    fn query_iothreads(&self) -> Value {
-        let threads = self.graph.objects.iter().zip(&self.thread_ids);
-        Value::Array(
-            threads
-                .map(|(t, tid)| {
-                    json!({
-                        "id": t.id,
-                        "thread-id": tid,
-                        "poll-max-ns": t.poll.max_ns,
-                        "poll-grow": t.poll.grow,
-                        "poll-shrink": t.poll.shrink,
-                        "aio-max-batch": 0,
-                    })
-                })
-                .collect(),
-        )
-    }
-
-    /// The iothread object at QOM path `/objects/ID`, by index.
-    fn object_at(&self, path: &str) -> Result<usize, QmpError> {
-        path.strip_prefix("/objects/")
-            .and_then(|id| self.graph.objects.iter().position(|t| t.id == id))
-            .ok_or_else(|| QmpError {
-                class: ErrorClass::DeviceNotFound,
-                desc: format!("Device '{path}' not found"),
-            })
-    }
-
-    fn qom_get(&self, mut args: Args) -> Result<Value, QmpError> {
-        let path = args.str("path")?;
-        let property = args.str("property")?;
-        args.finish()?;
-        let poll = self.graph.objects[self.object_at(&path)?].poll;
-        match property.as_str() {
-            "poll-max-ns" => Ok(json!(poll.max_ns)),
-            "poll-grow" => Ok(json!(poll.grow)),
-            "poll-shrink" => Ok(json!(poll.shrink)),
-            "aio-max-batch" => Ok(json!(0)),
-            _ => Err(QmpError::generic(format!(
-                "Property 'iothread.{property}' not found"
-            ))),
-        }
-    }
-
-    fn qom_set(&mut self, mut args: Args) -> Result<Value, QmpError> {
-        let path = args.str("path")?;
-        let property = args.str("property")?;
-        let value = args.value("value")?;
-        args.finish()?;
-        let k = self.object_at(&path)?;
-        let number = value
-            .as_u64()
-            .ok_or_else(|| QmpError::generic(format!("Parameter '{property}' expects uint64")))?;
-        let mut poll = self.graph.objects[k].poll;
-        match property.as_str() {
-            "poll-max-ns" => poll.max_ns = number,
-            "poll-grow" => poll.grow = number,
-            "poll-shrink" => poll.shrink = number,
-            _ => {
-                return Err(QmpError::generic(format!(
-                    "Property 'iothread.{property}' not found"
-                )))
-            }
-        }
-        self.iothreads[k]
-            .set_poll_params(poll)
-            .map_err(|e| QmpError::generic(e.to_string()))?;
-        self.graph.objects[k].poll = poll;
-        Ok(json!({}))
     }
 
     fn query_nodes(&self) -> Value {
@@ -200,37 +134,6 @@ impl State {
             })
             .collect(),
         )
-    }
-
-    /// Each export's disk (or, with `query-nodes`, each named node: the counts of the export
-    /// serving it, zeros for one no export serves), with QEMU's `BlockDeviceStats` fields.
-    fn query_blockstats(&self, mut args: Args) -> Result<Value, QmpError> {
-        let nodes = args.opt_bool("query-nodes")?.unwrap_or(false);
-        args.finish()?;
-        let live = || {
-            self.graph
-                .exports
-                .iter()
-                .filter_map(|e| Some((e, self.numbers.get(&e.id)?)))
-        };
-        let entry = |node: &str, stats: StatsSnapshot| json!({"device": "", "node-name": node, "stats": block_device_stats(&stats)});
-        if !nodes {
-            return Ok(live()
-                .map(|(e, &n)| entry(&e.node, self.exports.stats(n).unwrap_or_default()))
-                .collect());
-        }
-        let mut names: Vec<&String> = self.graph.nodes.keys().collect();
-        names.sort();
-        Ok(names
-            .into_iter()
-            .map(|name| {
-                let stats = live()
-                    .find(|(e, _)| &e.node == name)
-                    .and_then(|(_, &n)| self.exports.stats(n))
-                    .unwrap_or_default();
-                entry(name, stats)
-            })
-            .collect())
     }
 
     fn blockdev_add(&mut self, args: Args) -> Result<Value, QmpError> {
@@ -336,35 +239,6 @@ impl State {
         events.push(wire::event("BLOCK_EXPORT_DELETED", json!({"id": id})));
         Ok(json!({}))
     }
-}
-
-/// QEMU's `BlockDeviceStats` from `s` (what is not counted here, merges and zoned appends,
-/// is 0; invalid requests are counted apart, as QEMU counts them, and leave the idle time).
-fn block_device_stats(s: &StatsSnapshot) -> Value {
-    let mut out = json!({
-        "rd_bytes": s.read.bytes, "wr_bytes": s.write.bytes, "unmap_bytes": s.unmap.bytes,
-        "rd_operations": s.read.operations, "wr_operations": s.write.operations,
-        "flush_operations": s.flush.operations, "unmap_operations": s.unmap.operations,
-        "rd_total_time_ns": s.read.total_time_ns, "wr_total_time_ns": s.write.total_time_ns,
-        "flush_total_time_ns": s.flush.total_time_ns,
-        "unmap_total_time_ns": s.unmap.total_time_ns,
-        "failed_rd_operations": s.read.failed, "failed_wr_operations": s.write.failed,
-        "failed_flush_operations": s.flush.failed, "failed_unmap_operations": s.unmap.failed,
-        "invalid_rd_operations": s.read.invalid, "invalid_wr_operations": s.write.invalid,
-        "invalid_flush_operations": s.flush.invalid,
-        "invalid_unmap_operations": s.unmap.invalid,
-        "rd_merged": 0, "wr_merged": 0, "unmap_merged": 0,
-        "zone_append_bytes": 0, "zone_append_operations": 0, "zone_append_merged": 0,
-        "zone_append_total_time_ns": 0, "failed_zone_append_operations": 0,
-        "invalid_zone_append_operations": 0,
-        "wr_highest_offset": s.wr_highest_offset,
-        "account_invalid": false, "account_failed": true,
-        "timed_stats": [],
-    });
-    if let Some(idle) = s.idle_time_ns {
-        out["idle_time_ns"] = json!(idle);
-    }
-    out
 }
 
 /// `query-named-block-nodes`' entry for `node`: the fields QEMU's `BlockDeviceInfo` has that

@@ -12,8 +12,10 @@
 //!   parameters (applied at once), `query-named-block-nodes`, `query-block-exports`,
 //!   `blockdev-add`, `blockdev-del`, `block-export-add` (served at once, beside the others),
 //!   `block-export-del` (refused while a client is connected unless `mode=hard`, which
-//!   disconnects it once its requests completed), `quit` (the `SHUTDOWN` event, then the
-//!   daemon stops as on SIGTERM).
+//!   disconnects it once its requests completed), `query-blockstats`,
+//!   `block-latency-histogram-set`, `block_resize` (the
+//!   guest told through vhost-user's config-change message), `object-add` / `object-del` of
+//!   iothreads, `quit` (the `SHUTDOWN` event, then the daemon stops as on SIGTERM).
 //! - A bad client cannot stop the daemon or its disks: malformed JSON, a message that is not
 //!   an object, unknown commands and wrong argument types get QEMU's error replies; a message
 //!   over 1 MiB, or a client that leaves more than 1 MiB of replies unread, is disconnected;
@@ -21,10 +23,13 @@
 //!
 //! This module owns the monitor sockets and their connections on the daemon's control loop
 //! (non-blocking reads and writes: a client that does not read never blocks the loop); the
-//! wire format is `wire`'s, the commands `commands`'.
+//! wire format is `wire`'s, the commands `commands`' (resizing `resize`'s, iothread objects
+//! `iothreads`', statistics `stats`').
 
 mod commands;
+mod iothreads;
 mod resize;
+mod stats;
 mod wire;
 
 use std::cell::{Cell, RefCell};
@@ -81,8 +86,9 @@ impl Monitor {
             .collect();
         let thread_ids = control
             .iothreads
+            .handles()
             .iter()
-            .map(|t| t.call(|_, _| i64::from(nix_gettid())).unwrap_or(0))
+            .map(|t| t.call(|_, _| iothreads::gettid()).unwrap_or(0))
             .collect();
         let state = State {
             graph,
@@ -296,10 +302,4 @@ impl Client {
             let _ = self.stream.shutdown(std::net::Shutdown::Both);
         }
     }
-}
-
-/// The calling thread's id (what QEMU reports as an iothread's `thread-id`).
-fn nix_gettid() -> i32 {
-    // SAFETY: gettid takes no argument and cannot fail.
-    unsafe { libc::gettid() }
 }

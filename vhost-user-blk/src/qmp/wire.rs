@@ -233,6 +233,23 @@ impl Args {
         }
     }
 
+    /// A list of unsigned integers (QMP's `['uint64']`), if given.
+    pub(crate) fn opt_u64_list(&mut self, key: &str) -> Result<Option<Vec<u64>>, QmpError> {
+        match self.0.remove(key) {
+            None => Ok(None),
+            Some(Value::Array(items)) => items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    v.as_u64()
+                        .ok_or_else(|| Self::wrong_type(&format!("{key}[{i}]"), "integer"))
+                })
+                .collect::<Result<Vec<u64>, QmpError>>()
+                .map(Some),
+            Some(_) => Err(Self::wrong_type(key, "array")),
+        }
+    }
+
     /// A string argument that must be given.
     pub(crate) fn str(&mut self, key: &str) -> Result<String, QmpError> {
         self.opt_str(key)?.ok_or_else(|| Self::missing(key))

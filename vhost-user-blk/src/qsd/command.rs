@@ -64,6 +64,9 @@ pub(crate) enum Node {
 pub(crate) struct IoThreadObject {
     pub(crate) id: String,
     pub(crate) poll: PollParams,
+    /// The number of the daemon's iothread it is (the command line's in order; one a monitor
+    /// adds gets the next free number).
+    pub(crate) thread: usize,
 }
 
 /// One `--export`, its node still a name.
@@ -74,7 +77,7 @@ pub(crate) struct Export {
     socket: PathBuf,
     writable: bool,
     queues: u16,
-    iothread: Option<String>,
+    pub(crate) iothread: Option<String>,
     shown: String,
 }
 
@@ -85,6 +88,9 @@ pub(crate) struct Graph {
     pub(crate) nodes: HashMap<String, Node>,
     pub(crate) objects: Vec<IoThreadObject>,
     pub(crate) exports: Vec<Export>,
+    /// The iothread standing for QEMU's main loop (an export without `iothread=` runs there):
+    /// the one after the command line's objects.
+    main_thread: usize,
     /// `--chardev socket` paths by id.
     chardevs: HashMap<String, PathBuf>,
     process: Process,
@@ -217,7 +223,8 @@ impl Graph {
             return Err(o.invalid(format!("id '{id}' is given twice")));
         }
         o.finish()?;
-        self.objects.push(IoThreadObject { id, poll });
+        let thread = self.objects.len();
+        self.objects.push(IoThreadObject { id, poll, thread });
         Ok(())
     }
 
@@ -262,7 +269,8 @@ impl Graph {
     /// The exports as disks on our iothreads: the `--object iothread`s in order, then, if an
     /// export names none (or a monitor may add one), one more that stands for QEMU's main
     /// loop (polling off, as there).
-    fn resolve(self) -> Result<QsdCommandLine, QsdError> {
+    fn resolve(mut self) -> Result<QsdCommandLine, QsdError> {
+        self.main_thread = self.objects.len();
         let mut iothread_poll: Vec<PollParams> = self.objects.iter().map(|t| t.poll).collect();
         // A monitor may add such an export later.
         if self.objects.is_empty()
@@ -328,11 +336,12 @@ impl Graph {
             .get(&e.node)
             .ok_or_else(|| invalid(format!("node-name '{}' names no block node", e.node)))?;
         let iothread = match &e.iothread {
-            None => self.objects.len(),
+            None => self.main_thread,
             Some(id) => self
                 .objects
                 .iter()
-                .position(|t| &t.id == id)
+                .find(|t| &t.id == id)
+                .map(|t| t.thread)
                 .ok_or_else(|| invalid(format!("iothread '{id}' names no iothread object")))?,
         };
         let (image, format, size, read_only, aio) = node.image();

@@ -11,6 +11,7 @@
 //!   clock is read once per batch of requests taken and once per batch completed (the
 //!   batch's requests share those times), not twice per request.
 //! * The counts survive the queues: a frontend that reconnects adds to them.
+//! * Latency histograms ([`BlockStats::set_latency_histogram`]) count only while set.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -18,6 +19,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use aio_core::{Clock, MonotonicClock};
 
 use crate::chain::{BlkOp, Segment};
+
+mod histogram;
+pub use histogram::{HistogramError, LatencyHistogram};
 
 /// The kinds of request QEMU counts apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +37,9 @@ pub enum IoKind {
 }
 
 impl IoKind {
+    /// Every kind, in the order read, write, flush, unmap.
+    pub const ALL: [IoKind; 4] = [IoKind::Read, IoKind::Write, IoKind::Flush, IoKind::Unmap];
+
     fn index(self) -> usize {
         match self {
             IoKind::Read => 0,
@@ -87,6 +94,10 @@ pub struct StatsSlot {
     wr_highest_offset: AtomicU64,
     /// When a request last completed (monotonic ns, 0: never).
     last_ns: AtomicU64,
+    /// Whether a latency histogram is set (then `histograms` counts).
+    histograms_on: AtomicBool,
+    /// Per kind, the latency histogram counted into, if set.
+    histograms: Mutex<[Option<LatencyHistogram>; 4]>,
 }
 
 impl StatsSlot {
@@ -143,12 +154,41 @@ impl StatsSlot {
             add(&c[3], 1);
         }
         add(&c[2], now_ns.saturating_sub(started_ns));
+        if self.histograms_on.load(Relaxed) {
+            self.count_latency(kind, now_ns.saturating_sub(started_ns));
+        }
         if let Some(end) = end.filter(|_| ok) {
             if end > self.wr_highest_offset.load(Relaxed) {
                 self.wr_highest_offset.store(end, Relaxed);
             }
         }
         self.last_ns.store(now_ns.max(1), Relaxed);
+    }
+}
+
+impl StatsSlot {
+    /// Counts `ns` in `kind`'s histogram, if set.
+    #[cold]
+    #[inline(never)]
+    fn count_latency(&self, kind: IoKind, ns: u64) {
+        let mut histograms = self
+            .histograms
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(h) = &mut histograms[kind.index()] {
+            h.count(ns);
+        }
+    }
+
+    /// Sets `kind`'s histogram to a fresh one over `boundaries` (checked), or none.
+    fn set_histogram(&self, kind: IoKind, boundaries: Option<&[u64]>) {
+        let mut histograms = self
+            .histograms
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        histograms[kind.index()] = boundaries.and_then(|b| LatencyHistogram::new(b.to_vec()).ok());
+        self.histograms_on
+            .store(histograms.iter().any(Option::is_some), Relaxed);
     }
 }
 
@@ -233,7 +273,14 @@ impl QueueRecorder {
 /// A disk's counters: a slot per queue that serves it.
 #[derive(Debug, Default)]
 pub struct BlockStats {
-    slots: Mutex<Vec<Arc<StatsSlot>>>,
+    slots: Mutex<Slots>,
+}
+
+/// The slots, and the histograms' boundaries a new slot starts with.
+#[derive(Debug, Default)]
+struct Slots {
+    list: Vec<Arc<StatsSlot>>,
+    boundaries: [Option<Vec<u64>>; 4],
 }
 
 /// A queue's hold on a slot: the slot is free for the next queue once dropped.
@@ -257,7 +304,7 @@ impl BlockStats {
     /// A slot for a queue that starts: a free one, or a new one.
     pub fn slot(&self) -> SlotHold {
         let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
-        let free = slots.iter().find(|s| {
+        let free = slots.list.iter().find(|s| {
             s.taken
                 .compare_exchange(false, true, Relaxed, Relaxed)
                 .is_ok()
@@ -267,7 +314,10 @@ impl BlockStats {
         }
         let slot = Arc::new(StatsSlot::default());
         slot.taken.store(true, Relaxed);
-        slots.push(slot.clone());
+        for kind in IoKind::ALL {
+            slot.set_histogram(kind, slots.boundaries[kind.index()].as_deref());
+        }
+        slots.list.push(slot.clone());
         SlotHold(slot)
     }
 
@@ -276,7 +326,7 @@ impl BlockStats {
         let slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
         let mut s = StatsSnapshot::default();
         let mut last = 0;
-        for slot in slots.iter() {
+        for slot in slots.list.iter() {
             for (kind, out) in [&mut s.read, &mut s.write, &mut s.flush, &mut s.unmap]
                 .into_iter()
                 .enumerate()
@@ -295,6 +345,45 @@ impl BlockStats {
         }
         s.idle_time_ns = (last != 0).then(|| StatsSlot::now_ns().saturating_sub(last));
         s
+    }
+
+    /// Sets `kind`'s latency histogram over `boundaries` (ns, positive and ascending), its
+    /// bins from zero, or removes it (`None`). Every queue counts into it from its next
+    /// completion.
+    pub fn set_latency_histogram(
+        &self,
+        kind: IoKind,
+        boundaries: Option<Vec<u64>>,
+    ) -> Result<(), HistogramError> {
+        if let Some(b) = &boundaries {
+            histogram::check(b)?;
+        }
+        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        for slot in &slots.list {
+            slot.set_histogram(kind, boundaries.as_deref());
+        }
+        slots.boundaries[kind.index()] = boundaries;
+        Ok(())
+    }
+
+    /// Each kind's latency histogram, every queue's summed (None: not set), in the order
+    /// read, write, flush, unmap.
+    pub fn latency_histograms(&self) -> [Option<LatencyHistogram>; 4] {
+        let slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        IoKind::ALL.map(|kind| {
+            let boundaries = slots.boundaries[kind.index()].clone()?;
+            let mut sum = LatencyHistogram::new(boundaries).ok()?;
+            for slot in &slots.list {
+                let histograms = slot
+                    .histograms
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                if let Some(h) = &histograms[kind.index()] {
+                    sum.add(h);
+                }
+            }
+            Some(sum)
+        })
     }
 }
 
@@ -333,6 +422,32 @@ mod tests {
             3,
             "a reused slot keeps its counts"
         );
-        assert_eq!(stats.slots.lock().unwrap().len(), 2);
+        assert_eq!(stats.slots.lock().unwrap().list.len(), 2);
+    }
+
+    #[test]
+    fn a_latency_histogram_counts_every_queue_from_when_it_is_set_until_removed() {
+        let stats = BlockStats::default();
+        let a = stats.slot();
+        a.record(IoKind::Read, 512, true, (0, 50), None);
+        assert_eq!(stats.latency_histograms(), [None, None, None, None]);
+        stats
+            .set_latency_histogram(IoKind::Read, Some(vec![100]))
+            .unwrap();
+        let b = stats.slot();
+        a.record(IoKind::Read, 512, true, (0, 50), None);
+        b.record(IoKind::Read, 512, true, (0, 150), None);
+        b.record(IoKind::Read, 512, false, (0, 100), None);
+        a.record(IoKind::Write, 512, true, (0, 50), None);
+        let [read, write, ..] = stats.latency_histograms();
+        let read = read.expect("set");
+        assert_eq!((read.boundaries, read.bins), (vec![100], vec![1, 2]));
+        assert_eq!(write, None);
+        assert!(stats
+            .set_latency_histogram(IoKind::Write, Some(vec![3, 2]))
+            .is_err());
+        stats.set_latency_histogram(IoKind::Read, None).unwrap();
+        assert_eq!(stats.latency_histograms()[0], None);
+        assert!(!a.histograms_on.load(Relaxed) && !b.histograms_on.load(Relaxed));
     }
 }
