@@ -82,6 +82,13 @@ pub(crate) trait AsyncLruCacheBackend: Send + Sync {
     #[allow(async_fn_in_trait)] // No need for Send
     async fn flush(&self, key: Self::Key, value: &Self::Value) -> io::Result<()>;
 
+    /// Whether flushing `value` may have anything to do: it is dirty, or a write-back of it is
+    /// in flight (which a flush must wait for).  [`AsyncLruCache::flush()`] skips the others
+    /// without calling [`Self::flush()`] for them.  The default says every object may.
+    fn needs_flush(&self, _value: &Self::Value) -> bool {
+        true
+    }
+
     /// Drop the given object without flushing.
     ///
     /// The cache owner is invalidating the cache, evicting all objects without flushing them.  If
@@ -343,6 +350,9 @@ impl<
         let mut first_err: Option<io::Error> = None;
         for (key, entry) in map.iter() {
             let key = *key;
+            if !self.backend.needs_flush(entry.value()) {
+                continue;
+            }
             trace!("Flushing {key:?}");
             #[cfg(feature = "async")]
             futs.push({

@@ -48,6 +48,10 @@ impl<S: Storage> AsyncLruCacheBackend for L2CacheBackend<S> {
         .await
     }
 
+    fn needs_flush(&self, l2_table: &L2Table) -> bool {
+        l2_table.needs_flush()
+    }
+
     async fn flush(&self, l2_cluster: HostCluster, l2_table: &L2Table) -> io::Result<()> {
         trace!("Flushing L2 table");
         l2_table
@@ -80,6 +84,10 @@ impl<S: Storage> AsyncLruCacheBackend for RefBlockCacheBackend<S> {
 
     async fn load(&self, rb_cluster: HostCluster) -> io::Result<RefBlock> {
         RefBlock::load(self.file.as_ref(), &self.header, rb_cluster).await
+    }
+
+    fn needs_flush(&self, refblock: &RefBlock) -> bool {
+        refblock.needs_flush()
     }
 
     async fn flush(&self, rb_cluster: HostCluster, refblock: &RefBlock) -> io::Result<()> {

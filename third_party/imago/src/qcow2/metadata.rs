@@ -1745,6 +1745,9 @@ pub(super) struct L2Table {
     /// Whether this table has been modified since it was last written.
     modified: AtomicBool,
 
+    /// Which parts were modified since the last write-back.
+    dirty: DirtyRegions,
+
     /// Lock for creating `L2TableWriteGuard` (write) and `CompressedClusterReadGuard` (read).
     ///
     /// This is an owning (`Arc`-backed) lock, i.e. any access guard will have a strong reference
@@ -1786,6 +1789,7 @@ impl L2Table {
             cluster_bits: header.cluster_bits(),
             external_data_file: header.external_data_file(),
             modified: true.into(),
+            dirty: DirtyRegions::all(),
             writer_lock: Default::default(),
             writeback_lock: Default::default(),
         }
@@ -1823,6 +1827,12 @@ impl L2Table {
         CompressedClusterReadGuard::new(self, cluster, lock.into())
     }
 
+    /// Whether [`Self::write_if_modified()`] may have anything to do or wait for: the table is
+    /// modified, or a write-back of it is in flight.
+    pub fn needs_flush(&self) -> bool {
+        self.is_modified() || is_locked(&self.writeback_lock)
+    }
+
     /// Write this table to disk if it has been modified since it was last written.
     ///
     /// This is the entry point for writing back a table that is part of the L2 cache; it
@@ -1847,7 +1857,56 @@ impl L2Table {
         }
 
         assert!(self.get_cluster().unwrap() == cluster);
-        self.write(image).await
+        self.write_dirty(image).await
+    }
+
+    /// Entry `index` was changed: marks its region, then the table, modified.
+    fn entry_modified(&self, index: usize) {
+        self.dirty
+            .mark(index * size_of::<u64>(), self.byte_size());
+        self.modified.store(true, Ordering::SeqCst);
+    }
+
+    /// Writes the regions modified since the last write-back (see [`DirtyRegions`]), each
+    /// widened to the storage's alignment; on failure, they stay marked.
+    async fn write_dirty<S: Storage>(&self, image: &S) -> io::Result<()> {
+        let offset = self
+            .get_offset()
+            .ok_or_else(|| io::Error::other("Cannot write qcow2 metadata table, no offset set"))?;
+        let total = self.byte_size();
+        check_table(
+            Self::NAME,
+            offset.0,
+            self.entries(),
+            size_of::<u64>(),
+            Self::MAX_ENTRIES,
+            1 << self.cluster_bits(),
+        )?;
+
+        self.modified.store(false, Ordering::SeqCst);
+        let bits = self.dirty.take();
+        let mut failed_guard = DropGuard::new(|| {
+            self.dirty.restore(bits);
+            self.modified.store(true, Ordering::SeqCst);
+        });
+
+        let mem_align = cmp::max(image.mem_align(), size_of::<u64>());
+        for (start, end) in dirty_ranges(bits, total, write_alignment(image)) {
+            let mut buffer = IoBuffer::new(end - start, mem_align)?;
+            // Safe because we have just allocated this, and it fits the alignment
+            let raw = unsafe { buffer.as_mut().into_typed_slice::<u64>() };
+            let first = start / size_of::<u64>();
+            for (k, be_value) in raw.iter_mut().enumerate() {
+                *be_value = self
+                    .get_ref(first + k)
+                    .map(|e| e.to_plain())
+                    .unwrap_or(0)
+                    .to_be();
+            }
+            image.write(&buffer, offset.0 + start as u64).await?;
+        }
+        failed_guard.disarm();
+        Ok(())
     }
 }
 
@@ -1901,7 +1960,7 @@ impl L2TableWriteGuard {
         // Safe: We set a full valid mapping, and there is only one writer (thanks to
         // `L2TableWriteGuard`).
         let l2e = unsafe { self.table.data[index].swap(new) };
-        self.table.modified.store(true, Ordering::Relaxed);
+        self.table.entry_modified(index);
         if let Some(new_allocation) = new_allocation {
             new_allocation.make_persistent();
         }
@@ -1977,7 +2036,7 @@ impl L2TableWriteGuard {
         // Safe: We set a full valid mapping, and there is only one writer (thanks to
         // `L2TableWriteGuard`).
         let old = unsafe { self.table.data[index].swap(new) };
-        self.table.modified.store(true, Ordering::Relaxed);
+        self.table.entry_modified(index);
 
         let leaked = if !retained {
             old.allocation(self.table.cluster_bits, self.table.external_data_file)
@@ -1999,7 +2058,7 @@ impl L2TableWriteGuard {
         // Safe: We set a full valid mapping, and there is only one writer (thanks to
         // `L2TableWriteGuard`).
         let old = unsafe { self.table.data[index].swap(new) };
-        self.table.modified.store(true, Ordering::Relaxed);
+        self.table.entry_modified(index);
 
         old.allocation(self.table.cluster_bits, self.table.external_data_file)
             .map(|(first_cluster, count)| ClustersToFreeEntry::data(first_cluster, count))
@@ -2021,6 +2080,7 @@ impl Table for L2Table {
             cluster_bits: header.cluster_bits(),
             external_data_file: header.external_data_file(),
             modified: true.into(),
+            dirty: DirtyRegions::all(),
             writer_lock: Default::default(),
             writeback_lock: Default::default(),
         }
@@ -2051,7 +2111,7 @@ impl Table for L2Table {
 
     fn set_cluster(&mut self, cluster: HostCluster) {
         self.cluster = Some(cluster);
-        self.modified.store(true, Ordering::Relaxed);
+        self.set_modified();
     }
 
     fn unset_cluster(&mut self) {
@@ -2059,15 +2119,17 @@ impl Table for L2Table {
     }
 
     fn is_modified(&self) -> bool {
-        self.modified.load(Ordering::Relaxed)
+        self.modified.load(Ordering::SeqCst)
     }
 
     fn clear_modified(&self) {
-        self.modified.store(false, Ordering::Relaxed);
+        self.modified.store(false, Ordering::SeqCst);
+        self.dirty.take();
     }
 
     fn set_modified(&self) {
-        self.modified.store(true, Ordering::Relaxed);
+        self.dirty.mark_all();
+        self.modified.store(true, Ordering::SeqCst);
     }
 
     fn cluster_bits(&self) -> u32 {
@@ -2092,6 +2154,7 @@ impl Clone for L2Table {
             cluster_bits: self.cluster_bits,
             external_data_file: self.external_data_file,
             modified,
+            dirty: DirtyRegions::all(),
             writer_lock: Default::default(),
             writeback_lock: Default::default(),
         }
@@ -2104,6 +2167,91 @@ impl Drop for L2Table {
             error!("L2 table dropped while modified; was the image closed before being flushed?");
         }
     }
+}
+
+/// Which parts of a metadata table (an L2 table, a refcount block) changed since it was last
+/// written: the table in 64 equal regions, one bit each, so that a write-back writes only the
+/// parts that changed (aligned for the storage) instead of the whole cluster.
+///
+/// Ordering: a writer changes its entry, then marks the region, then sets the table's
+/// `modified` flag; a write-back clears `modified`, then takes the bits, then copies the
+/// regions.  A change whose mark the write-back missed sets `modified` after the write-back
+/// cleared it, so it is written by the next write-back.
+#[derive(Debug)]
+struct DirtyRegions(AtomicU64);
+
+impl DirtyRegions {
+    /// Everything dirty (a new table, or one whose state on disk is unknown).
+    fn all() -> Self {
+        DirtyRegions(AtomicU64::new(u64::MAX))
+    }
+
+    /// Nothing dirty (a table just read from disk).
+    fn none() -> Self {
+        DirtyRegions(AtomicU64::new(0))
+    }
+
+    /// Marks the region holding byte `byte` of a `total`-byte table.
+    fn mark(&self, byte: usize, total: usize) {
+        let region = byte * 64 / total.max(1);
+        self.0.fetch_or(1 << region.min(63), Ordering::SeqCst);
+    }
+
+    /// Marks everything.
+    fn mark_all(&self) {
+        self.0.store(u64::MAX, Ordering::SeqCst);
+    }
+
+    /// Takes the marks (leaving none).
+    fn take(&self) -> u64 {
+        self.0.swap(0, Ordering::SeqCst)
+    }
+
+    /// Puts back `bits` taken by a write-back that failed.
+    fn restore(&self, bits: u64) {
+        self.0.fetch_or(bits, Ordering::SeqCst);
+    }
+}
+
+/// The byte ranges of a `total`-byte table to write for the dirty regions `bits`, each
+/// widened to multiples of `align` and joined where they touch.  `align` must divide `total`
+/// (else the whole table is one range).
+fn dirty_ranges(bits: u64, total: usize, align: usize) -> Vec<(usize, usize)> {
+    if align == 0 || align > total || total % align != 0 {
+        return if bits == 0 { Vec::new() } else { vec![(0, total)] };
+    }
+    let region = total / 64;
+    let mut ranges: Vec<(usize, usize)> = Vec::new();
+    for bit in 0..64 {
+        if bits & (1 << bit) == 0 {
+            continue;
+        }
+        let start = (bit * region) / align * align;
+        let end = ((bit + 1) * region).div_ceil(align) * align;
+        let end = end.min(total);
+        match ranges.last_mut() {
+            Some(last) if start <= last.1 => last.1 = last.1.max(end),
+            _ => ranges.push((start, end)),
+        }
+    }
+    ranges
+}
+
+/// The alignment a partial write of a table to `image` needs: its memory and request
+/// alignment (and a whole entry).
+fn write_alignment<S: Storage>(image: &S) -> usize {
+    image
+        .mem_align()
+        .max(image.req_align())
+        .max(size_of::<u64>())
+}
+
+/// Whether `lock` is held now (a write-back in flight).
+fn is_locked(lock: &Mutex<()>) -> bool {
+    #[cfg(feature = "async")]
+    return lock.try_lock().is_err();
+    #[cfg(feature = "sync")]
+    return lock.try_lock().is_none();
 }
 
 /// Refcount table entry.
@@ -2338,6 +2486,9 @@ pub(super) struct RefBlock {
     /// Whether this block has been modified since it was last written.
     modified: AtomicBool,
 
+    /// Which parts were modified since the last write-back.
+    dirty: DirtyRegions,
+
     /// Lock for creating `RefBlockWriteGuard`.
     writer_lock: Mutex<()>,
 
@@ -2367,6 +2518,7 @@ impl RefBlock {
             refcount_order: header.refcount_order(),
             cluster_bits: header.cluster_bits(),
             modified: true.into(),
+            dirty: DirtyRegions::all(),
             writer_lock: Default::default(),
             writeback_lock: Default::default(),
         })
@@ -2402,6 +2554,7 @@ impl RefBlock {
             refcount_order,
             cluster_bits,
             modified: false.into(),
+            dirty: DirtyRegions::none(),
             writer_lock: Default::default(),
             writeback_lock: Default::default(),
         })
@@ -2579,6 +2732,12 @@ impl RefBlock {
         }
     }
 
+    /// Whether [`Self::write_if_modified()`] may have anything to do or wait for: the block is
+    /// modified, or a write-back of it is in flight.
+    pub fn needs_flush(&self) -> bool {
+        self.is_modified() || is_locked(&self.writeback_lock)
+    }
+
     /// Write this block to disk if it has been modified since it was last written.
     ///
     /// This is the entry point for writing back a block that is part of the refblock cache; it
@@ -2603,22 +2762,91 @@ impl RefBlock {
         }
 
         assert!(self.get_cluster().unwrap() == cluster);
-        self.write(image).await
+        self.write_dirty(image).await
+    }
+
+    /// Copies bytes `start..end` of the block (a multiple of `T`'s size apart) with loads of
+    /// `T` through `get`, into a new buffer aligned to `mem_align`.
+    fn copy_range<T: Copy + Sized, F: Fn(*const T) -> T>(
+        &self,
+        start: usize,
+        end: usize,
+        mem_align: usize,
+        get: F,
+    ) -> io::Result<IoBuffer> {
+        let mut buffer = IoBuffer::new(end - start, cmp::max(mem_align, size_of::<T>()))?;
+        // Safe because this is the right access type (checked by the caller's refcount order)
+        let raw_in = unsafe { self.raw_data.as_ref().into_typed_slice::<T>() };
+        // Safe because we have just allocated this, and it fits the alignment
+        let raw_out = unsafe { buffer.as_mut().into_typed_slice::<T>() };
+        let first = start / size_of::<T>();
+        for (out, value) in raw_out.iter_mut().zip(&raw_in[first..]) {
+            *out = get(value as *const T);
+        }
+        Ok(buffer)
+    }
+
+    /// Writes the parts modified since the last write-back (see [`DirtyRegions`]), each
+    /// widened to the storage's alignment; on failure, they stay marked.
+    async fn write_dirty<S: Storage>(&self, image: &S) -> io::Result<()> {
+        let offset = self
+            .get_offset()
+            .ok_or_else(|| io::Error::other("Cannot write qcow2 refcount block, no offset set"))?;
+        let total = 1usize << self.cluster_bits;
+
+        self.modified.store(false, Ordering::SeqCst);
+        let bits = self.dirty.take();
+        let mut failed_guard = DropGuard::new(|| {
+            self.dirty.restore(bits);
+            self.modified.store(true, Ordering::SeqCst);
+        });
+
+        let mem_align = image.mem_align();
+        for (start, end) in dirty_ranges(bits, total, write_alignment(image)) {
+            let buffer = match self.refcount_order {
+                // refcount_bits == 1, 2, 4, 8
+                0..=3 => self.copy_range::<u8, _>(start, end, mem_align, |ptr| {
+                    // Safe because we only read
+                    unsafe { AtomicU8::from_ptr(ptr as *mut u8) }.load(Ordering::Relaxed)
+                })?,
+                // refcount_bits == 16
+                4 => self.copy_range::<u16, _>(start, end, mem_align, |ptr| {
+                    // Safe because we only read
+                    unsafe { AtomicU16::from_ptr(ptr as *mut u16) }.load(Ordering::Relaxed)
+                })?,
+                // refcount_bits == 32
+                5 => self.copy_range::<u32, _>(start, end, mem_align, |ptr| {
+                    // Safe because we only read
+                    unsafe { AtomicU32::from_ptr(ptr as *mut u32) }.load(Ordering::Relaxed)
+                })?,
+                // refcount_bits == 64
+                6 => self.copy_range::<u64, _>(start, end, mem_align, |ptr| {
+                    // Safe because we only read
+                    unsafe { AtomicU64::from_ptr(ptr as *mut u64) }.load(Ordering::Relaxed)
+                })?,
+                _ => unreachable!(),
+            };
+            image.write(&buffer, offset.0 + start as u64).await?;
+        }
+        failed_guard.disarm();
+        Ok(())
     }
 
     /// Check whether this block has been modified since it was last written.
     pub fn is_modified(&self) -> bool {
-        self.modified.load(Ordering::Relaxed)
+        self.modified.load(Ordering::SeqCst)
     }
 
-    /// Clear the modified flag.
+    /// Clear the modified flag (and forget which parts were modified).
     pub fn clear_modified(&self) {
-        self.modified.store(false, Ordering::Relaxed);
+        self.modified.store(false, Ordering::SeqCst);
+        self.dirty.take();
     }
 
-    /// Set the modified flag.
+    /// Set the modified flag (the whole block counts as modified).
     pub fn set_modified(&self) {
-        self.modified.store(true, Ordering::Relaxed);
+        self.dirty.mark_all();
+        self.modified.store(true, Ordering::SeqCst);
     }
 
     /// Check whether the given cluster’s refcount is 0.
@@ -2802,7 +3030,9 @@ impl RefBlockWriteGuard<'_> {
         };
 
         let result = result?;
-        self.rb.modified.store(true, Ordering::Relaxed);
+        let byte = (index << self.rb.refcount_order) / 8;
+        self.rb.dirty.mark(byte, 1 << self.rb.cluster_bits);
+        self.rb.modified.store(true, Ordering::SeqCst);
         Ok(result)
     }
 
@@ -3152,5 +3382,38 @@ mod tests {
             .filter(|b| **b != uninitialized)
             .count();
         assert_eq!(clobbered, 0, "bytes after the L1 table were overwritten");
+    }
+}
+
+#[cfg(test)]
+mod dirty_region_tests {
+    use super::*;
+
+    #[test]
+    fn dirty_regions_become_aligned_joined_ranges() {
+        // A 64 KiB table: 1 KiB regions; 4 KiB alignment.
+        let total = 64 << 10;
+        assert_eq!(dirty_ranges(0, total, 4096), []);
+        assert_eq!(dirty_ranges(1, total, 4096), [(0, 4096)]);
+        // Regions 0 and 3 share the first 4 KiB; region 4 starts the second, region 63 is the
+        // last 4 KiB.
+        assert_eq!(
+            dirty_ranges(1 | 1 << 3 | 1 << 4 | 1 << 63, total, 4096),
+            [(0, 8192), (60 << 10, 64 << 10)]
+        );
+        assert_eq!(dirty_ranges(u64::MAX, total, 4096), [(0, total)]);
+        // An alignment the table cannot take: the whole table.
+        assert_eq!(dirty_ranges(1 << 5, 512, 4096), [(0, 512)]);
+        // A 512-byte table: 8-byte regions, 512-byte alignment.
+        assert_eq!(dirty_ranges(1 << 10, 512, 512), [(0, 512)]);
+
+        let dirty = DirtyRegions::none();
+        dirty.mark(0, total);
+        dirty.mark(total - 1, total);
+        assert_eq!(dirty.take(), 1 | 1 << 63);
+        assert_eq!(dirty.take(), 0);
+        dirty.restore(1 << 7);
+        dirty.mark_all();
+        assert_eq!(dirty.take(), u64::MAX);
     }
 }
