@@ -16,60 +16,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use aio_vhost_user_blk::testing::{Daemon as Launched, Launch};
+use aio_vhost_user_blk::testing::Daemon as Launched;
 use common::connect;
-use qmp_client::Qmp;
+use qmp_client::{disk_works, start, Qmp};
 use serde_json::{json, Value};
 
 /// A directory in /dev/shm with a raw image of 64 MiB.
 fn image() -> (tempfile::TempDir, PathBuf) {
     common::image(64 << 20)
-}
-
-/// Starts `program` with a raw image exported on an iothread, and a monitor.
-fn start(program: &str, dir: &Path, raw: &Path) -> (Launched, PathBuf, PathBuf) {
-    let (disk, monitor) = (dir.join("disk.sock"), dir.join("qmp.sock"));
-    let args = [
-        "--object".to_string(),
-        "iothread,id=io0,poll-max-ns=16384".to_string(),
-        "--blockdev".to_string(),
-        format!(
-            "driver=file,node-name=file0,filename={},cache.direct=on,aio=threads",
-            raw.display()
-        ),
-        "--export".to_string(),
-        format!(
-            "type=vhost-user-blk,id=exp0,node-name=file0,addr.type=unix,addr.path={},\
-             writable=on,iothread=io0",
-            disk.display()
-        ),
-        "--chardev".to_string(),
-        format!("socket,id=m0,path={},server=on,wait=off", monitor.display()),
-        "--monitor".to_string(),
-        "chardev=m0".to_string(),
-    ];
-    let daemon = Launch::new(program)
-        .args(args)
-        .label(program)
-        .log_to(dir.join("log"))
-        .socket(disk.clone())
-        .socket(monitor.clone())
-        .socket_wait(Duration::from_secs(20))
-        .start()
-        .unwrap_or_else(|e| panic!("{e}"));
-    (daemon, disk, monitor)
-}
-
-/// Writes a block through the disk at `socket` and reads it back.
-fn disk_works(socket: &Path) {
-    let mut c = connect(socket, 1, 4096).unwrap();
-    c.fill_buf(0, 4096, 0x3c);
-    c.write(0, 8192, 0, 4096, 1);
-    assert_eq!(c.wait(0, 1), [(1, 0)]);
-    c.fill_buf(0, 4096, 0);
-    c.read(0, 8192, 0, 4096, 2);
-    assert_eq!(c.wait(0, 1), [(2, 0)]);
-    assert!(c.read_buf(0, 4096).iter().all(|&b| b == 0x3c));
 }
 
 const OURS: &str = env!("CARGO_BIN_EXE_aio-vhost-user-blk");

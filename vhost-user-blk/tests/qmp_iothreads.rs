@@ -10,49 +10,12 @@ mod common;
 #[path = "common/qmp.rs"]
 mod qmp_client;
 
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::Path;
 
-use aio_vhost_user_blk::testing::{Daemon as Launched, Launch};
-use qmp_client::Qmp;
+use qmp_client::{disk_works, start, Qmp};
 use serde_json::{json, Value};
 
 const OURS: &str = env!("CARGO_BIN_EXE_aio-vhost-user-blk");
-
-/// Starts `program` with one iothread object (`io0`), a raw image exported on it, and a
-/// monitor; returns the daemon and the monitor's path.
-fn start(program: &str, dir: &Path, raw: &Path) -> (Launched, PathBuf) {
-    let (disk, monitor) = (dir.join("disk.sock"), dir.join("qmp.sock"));
-    let args = [
-        "--object".to_string(),
-        "iothread,id=io0".to_string(),
-        "--blockdev".to_string(),
-        format!(
-            "driver=file,node-name=file0,filename={},cache.direct=on",
-            raw.display()
-        ),
-        "--export".to_string(),
-        format!(
-            "type=vhost-user-blk,id=exp0,node-name=file0,addr.type=unix,addr.path={},\
-             writable=on,iothread=io0",
-            disk.display()
-        ),
-        "--chardev".to_string(),
-        format!("socket,id=m0,path={},server=on,wait=off", monitor.display()),
-        "--monitor".to_string(),
-        "chardev=m0".to_string(),
-    ];
-    let daemon = Launch::new(program)
-        .args(args)
-        .label(program)
-        .log_to(dir.join("log"))
-        .socket(disk)
-        .socket(monitor.clone())
-        .socket_wait(Duration::from_secs(20))
-        .start()
-        .unwrap_or_else(|e| panic!("{e}"));
-    (daemon, monitor)
-}
 
 /// The names of `pid`'s threads (an engine's pool adds workers as requests come: counted
 /// only before and after requests on the same iothreads).
@@ -66,22 +29,10 @@ fn thread_names(pid: u32) -> Vec<String> {
     names
 }
 
-/// Writes a block through the disk at `socket` and reads it back.
-fn disk_works(socket: &Path) {
-    let mut c = common::connect(socket, 1, 4096).unwrap();
-    c.fill_buf(0, 4096, 0x5e);
-    c.write(0, 4096, 0, 4096, 1);
-    assert_eq!(c.wait(0, 1), [(1, 0)]);
-    c.fill_buf(0, 4096, 0);
-    c.read(0, 4096, 0, 4096, 2);
-    assert_eq!(c.wait(0, 1), [(2, 0)]);
-    assert!(c.read_buf(0, 4096).iter().all(|&b| b == 0x5e));
-}
-
 #[test]
 fn an_iothread_added_at_run_time_serves_an_export_and_goes_when_removed() {
     let (dir, raw) = common::image(16 << 20);
-    let (daemon, monitor) = start(OURS, dir.path(), &raw);
+    let (daemon, _, monitor) = start(OURS, dir.path(), &raw);
     let (mut q, _) = Qmp::connect(&monitor, false);
     let before = thread_names(daemon.pid()).len();
     q.ok(
@@ -164,7 +115,7 @@ fn object_commands_answer_as_qemu_storage_daemon_does() {
     let mut replies: Vec<Vec<Value>> = Vec::new();
     for program in [OURS, "qemu-storage-daemon"] {
         let (dir, raw) = common::image(16 << 20);
-        let (daemon, monitor) = start(program, dir.path(), &raw);
+        let (daemon, _, monitor) = start(program, dir.path(), &raw);
         let (mut q, _) = Qmp::connect(&monitor, false);
         let mut said = Vec::new();
         for (command, args) in [

@@ -18,6 +18,18 @@ use ops::{options, qemu, read, serve, write};
 
 const MIB: u64 = 1 << 20;
 
+/// A directory with `disk.qcow2`, a new 16 MiB qcow2 image made by `qemu-img`.
+fn qcow2_16m() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let at = dir.path().to_path_buf();
+    qemu(
+        &at,
+        "qemu-img",
+        &["create", "-q", "-f", "qcow2", "disk.qcow2", "16M"],
+    );
+    (dir, at)
+}
+
 /// A raw file grown and shrunk under a served queue: the queue checks each request against
 /// the size of the moment.
 #[test]
@@ -57,13 +69,8 @@ fn a_served_raw_disk_takes_requests_up_to_its_new_end() {
 /// each size, the data and a clean image.
 #[test]
 fn a_served_qcow2_image_grows_and_shrinks_and_stays_clean() {
-    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
-    let at = dir.path();
-    qemu(
-        at,
-        "qemu-img",
-        &["create", "-q", "-f", "qcow2", "disk.qcow2", "16M"],
-    );
+    let (dir, at) = qcow2_16m();
+    let at = at.as_path();
     let path = at.join("disk.qcow2");
     let device = Arc::new(BlockDevice::open(&path, DiskOptions::default()).unwrap());
     let engine = EngineKind::Pool.build(&options()).unwrap();
@@ -107,13 +114,8 @@ fn a_served_qcow2_image_grows_and_shrinks_and_stays_clean() {
 /// A read-only qcow2 image is not resized, and says why.
 #[test]
 fn a_read_only_image_is_not_resized() {
-    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
-    let at = dir.path();
-    qemu(
-        at,
-        "qemu-img",
-        &["create", "-q", "-f", "qcow2", "disk.qcow2", "16M"],
-    );
+    let (dir, at) = qcow2_16m();
+    let at = at.as_path();
     let ro = DiskOptions {
         read_only: true,
         ..DiskOptions::default()

@@ -1,10 +1,13 @@
-//! A QMP client speaking the wire format by hand (shared by the QMP tests).
+//! A QMP client speaking the wire format by hand, and a daemon started with a monitor from a
+//! qemu-storage-daemon command line (shared by the QMP tests).
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use aio_vhost_user_blk::testing::{Daemon as Launched, Launch};
 
 use serde_json::{json, Value};
 
@@ -86,4 +89,50 @@ impl Qmp {
             e["desc"].as_str().unwrap().to_string(),
         )
     }
+}
+
+/// Starts `program` with a raw image exported on an iothread, and a monitor.
+pub fn start(program: &str, dir: &Path, raw: &Path) -> (Launched, PathBuf, PathBuf) {
+    let (disk, monitor) = (dir.join("disk.sock"), dir.join("qmp.sock"));
+    let args = [
+        "--object".to_string(),
+        "iothread,id=io0,poll-max-ns=16384".to_string(),
+        "--blockdev".to_string(),
+        format!(
+            "driver=file,node-name=file0,filename={},cache.direct=on,aio=threads",
+            raw.display()
+        ),
+        "--export".to_string(),
+        format!(
+            "type=vhost-user-blk,id=exp0,node-name=file0,addr.type=unix,addr.path={},\
+             writable=on,iothread=io0",
+            disk.display()
+        ),
+        "--chardev".to_string(),
+        format!("socket,id=m0,path={},server=on,wait=off", monitor.display()),
+        "--monitor".to_string(),
+        "chardev=m0".to_string(),
+    ];
+    let daemon = Launch::new(program)
+        .args(args)
+        .label(program)
+        .log_to(dir.join("log"))
+        .socket(disk.clone())
+        .socket(monitor.clone())
+        .socket_wait(Duration::from_secs(20))
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    (daemon, disk, monitor)
+}
+
+/// Writes a block through the disk at `socket` and reads it back.
+pub fn disk_works(socket: &Path) {
+    let mut c = crate::common::connect(socket, 1, 4096).unwrap();
+    c.fill_buf(0, 4096, 0x3c);
+    c.write(0, 8192, 0, 4096, 1);
+    assert_eq!(c.wait(0, 1), [(1, 0)]);
+    c.fill_buf(0, 4096, 0);
+    c.read(0, 8192, 0, 4096, 2);
+    assert_eq!(c.wait(0, 1), [(2, 0)]);
+    assert!(c.read_buf(0, 4096).iter().all(|&b| b == 0x3c));
 }
