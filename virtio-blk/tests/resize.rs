@@ -69,7 +69,7 @@ fn a_served_raw_disk_takes_requests_up_to_its_new_end() {
 /// each size, the data and a clean image.
 #[test]
 fn a_served_qcow2_image_grows_and_shrinks_and_stays_clean() {
-    let (dir, at) = qcow2_16m();
+    let (_dir, at) = qcow2_16m();
     let at = at.as_path();
     let path = at.join("disk.qcow2");
     let device = Arc::new(BlockDevice::open(&path, DiskOptions::default()).unwrap());
@@ -114,7 +114,7 @@ fn a_served_qcow2_image_grows_and_shrinks_and_stays_clean() {
 /// A read-only qcow2 image is not resized, and says why.
 #[test]
 fn a_read_only_image_is_not_resized() {
-    let (dir, at) = qcow2_16m();
+    let (_dir, at) = qcow2_16m();
     let at = at.as_path();
     let ro = DiskOptions {
         read_only: true,
