@@ -124,13 +124,6 @@ impl Exports {
         Some(disks.get(number)?.as_ref()?.device.clone())
     }
 
-    /// Disk `number`'s I/O statistics so far (None: no such disk being served).
-    pub fn stats(&self, number: usize) -> Option<aio_virtio_blk::stats::StatsSnapshot> {
-        let disks = self.0.disks.borrow();
-        let served = disks.get(number)?.as_ref()?;
-        Some(served.device.stats().snapshot())
-    }
-
     /// Resizes disk `number` to `bytes` (see [`BlockDevice::resize`]) and tells its
     /// frontend, if one is connected and gave a backend channel: `Some(Ok(true))` when one
     /// was told. None: no such disk being served. The disk is resized even when telling the

@@ -28,8 +28,9 @@ use crate::qsd::command::Node;
 enum Target {
     /// The disk of live export `id`.
     Export(String),
-    /// An image file no export serves, opened for the resize.
-    Image(std::path::PathBuf, ImageFormat),
+    /// An image file no export serves, opened for the resize: its path, format, and whether
+    /// the node (or the file under it) is read-only.
+    Image(std::path::PathBuf, ImageFormat, bool),
     /// A null node (QEMU's `null-co` and `null-aio` cannot be resized).
     Null,
 }
@@ -61,8 +62,8 @@ impl State {
                     None => return Err(not_found()),
                 }
             }
-            Target::Image(path, format) => {
-                if node_read_only(&node) {
+            Target::Image(path, format, read_only) => {
+                if read_only {
                     return Err(QmpError::generic("Image is read-only"));
                 }
                 let options = DiskOptions {
@@ -113,25 +114,8 @@ impl State {
                 return Ok(Target::Export(e.id.clone()));
             }
         }
-        Ok(match node {
-            Node::Null { .. } => Target::Null,
-            Node::Protocol { filename, .. } => Target::Image(filename.clone(), ImageFormat::Raw),
-            Node::Format { format, file, .. } => match &**file {
-                Node::Protocol { filename, .. } => Target::Image(filename.clone(), *format),
-                _ => {
-                    return Err(QmpError::generic(format!(
-                        "node '{name}' has no image file"
-                    )))
-                }
-            },
-        })
-    }
-}
-
-fn node_read_only(node: &Node) -> bool {
-    match node {
-        Node::Protocol { read_only, .. }
-        | Node::Format { read_only, .. }
-        | Node::Null { read_only, .. } => *read_only,
+        // Not exported: its image (a format node's file, as the format reads it).
+        let (path, format, _, read_only, _) = node.image();
+        Ok(Target::Image(path, format, read_only))
     }
 }

@@ -452,7 +452,7 @@ fn node(o: &mut Opts, nodes: &HashMap<String, Node>) -> Result<Node, QsdError> {
 impl Node {
     /// The image file (or `null`), its format, the null device's size, whether the node or
     /// the file under it is read-only, and the engine it asks for (with the option that asks).
-    fn image(
+    pub(crate) fn image(
         &self,
     ) -> (
         PathBuf,
