@@ -26,7 +26,7 @@ aio_core::assert_thread_safe!(send_sync: ThreadPool, WithFallback<ThreadPool, Th
 // threads use NotifyHandle, BottomHalf and IoThreadHandle).
 aio_core::assert_not_thread_safe!(not_send:
     AioContext<PollLoop>, AttachedEngine<PollLoop, ThreadPool>, JoinHandle<()>,
-    RequestFuture<PollLoop, ThreadPool>, Sleep, aio_pool::PoolContext<PollLoop>,
+    RequestFuture, Sleep, aio_pool::PoolContext<PollLoop>,
 );
 aio_core::assert_not_thread_safe!(not_sync: AioContext<PollLoop>);
 

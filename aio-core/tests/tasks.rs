@@ -59,6 +59,30 @@ fn a_panicking_task_ends_alone() {
 }
 
 #[test]
+fn detached_tasks_run_to_their_end_and_a_panic_ends_only_its_own() {
+    let ctx = ctx();
+    let done = Rc::new(Cell::new(0));
+    let d = done.clone();
+    ctx.spawn_detached(async move {
+        // Pending once: woken by the timer, run to its end by the loop alone.
+        sleep(Duration::from_millis(1)).await.unwrap();
+        d.set(d.get() + 1);
+    });
+    ctx.spawn_detached(async { panic!("detached boom") });
+    let d = done.clone();
+    ctx.spawn_detached(async move { d.set(d.get() + 10) });
+    assert_eq!(ctx.task_count(), 3);
+    while ctx.task_count() > 0 {
+        ctx.poll(true);
+    }
+    assert_eq!(
+        done.get(),
+        11,
+        "both tasks around the panicking one finished"
+    );
+}
+
+#[test]
 fn abort_drops_the_future_and_the_handle_says_so() {
     let ctx = ctx();
     let dropped = Rc::new(Cell::new(false));

@@ -113,7 +113,9 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Store<L, E> {
             }
             #[cfg(feature = "qcow2")]
             Backing::Qcow2(image) => {
-                crate::image::execute(ctx, image, &self.image_engine, ring, mem, request)
+                if let Err(request) = image.try_direct(&self.engine, ring, mem, request) {
+                    crate::image::execute(ctx, image, &self.image_engine, ring, mem, request)
+                }
             }
         }
         #[cfg(not(feature = "qcow2"))]
@@ -295,7 +297,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> RawImage<'_, L, E> {
 /// The host addresses of `segments` in `mem` (each may span regions), or None if one is not
 /// mapped (the chain parser checked it; a new table could not have been swapped in since,
 /// since `mem` is the table the chain was parsed against).
-fn guest_iovecs(mem: &GuestMemory, segments: &[Segment]) -> Option<GuestIovecs> {
+pub(crate) fn guest_iovecs(mem: &GuestMemory, segments: &[Segment]) -> Option<GuestIovecs> {
     let mut parts = Vec::with_capacity(segments.len());
     for s in segments {
         for slice in mem.get_slices(s.addr, s.len as usize) {

@@ -50,11 +50,39 @@ type PerRequestFn<L, E> = Box<dyn FnOnce(&AioContext<L>, &AttachedEngine<L, E>, 
 /// ([`RequestError::ReservedToken`]).
 pub const PER_REQUEST_TOKEN_BIT: u64 = 1 << 62;
 
-/// A request's own callback, and the caller's token it replaced.
+/// Where a request's own completion goes.
+pub(crate) enum Delivery<L: EventLoop, E: IoEngine> {
+    /// A callback ([`AttachedEngine::submit_with`]).
+    Callback(PerRequestFn<L, E>),
+    /// The state a [`RequestFuture`](crate::task::RequestFuture) shares with its request: no
+    /// allocation beyond that state.
+    Future(Rc<dyn RequestSlot>),
+}
+
+/// A request's own delivery, and the caller's token it replaced.
 struct PerRequest<L: EventLoop, E: IoEngine> {
     engine_token: u64,
     user_token: u64,
-    callback: PerRequestFn<L, E>,
+    delivery: Delivery<L, E>,
+}
+
+/// The end of a request whose completion goes to a future's shared state, not a callback.
+pub(crate) trait RequestSlot {
+    /// Takes the completion (the engine is done with the request's memory).
+    fn complete(&self, completion: Completion);
+}
+
+/// An attached engine seen by a future of one of its requests, with its types erased: all
+/// such a future asks of it is to cancel the request when dropped early.
+pub(crate) trait CancelRequest {
+    /// [`AttachedEngine::cancel_request`].
+    fn cancel_request(&self, id: RequestId) -> bool;
+}
+
+impl<L: EventLoop, E: IoEngine> CancelRequest for Driver<L, E> {
+    fn cancel_request(&self, id: RequestId) -> bool {
+        self.cancel_token(id.0)
+    }
 }
 
 pub(crate) struct Driver<L: EventLoop, E: IoEngine> {
@@ -74,6 +102,14 @@ pub(crate) struct Driver<L: EventLoop, E: IoEngine> {
 }
 
 impl<L: EventLoop, E: IoEngine> Driver<L, E> {
+    /// [`AttachedEngine::cancel`].
+    fn cancel_token(&self, token: u64) -> bool {
+        match self.engine.try_borrow_mut() {
+            Ok(mut engine) => engine.cancel(token),
+            Err(_) => false,
+        }
+    }
+
     /// Hands `completion` to its own callback, if it has one, or to the engine-wide one.
     fn deliver(self: &Rc<Self>, ctx: &AioContext<L>, mut completion: Completion) {
         if completion.token & PER_REQUEST_TOKEN_BIT != 0 {
@@ -86,10 +122,15 @@ impl<L: EventLoop, E: IoEngine> Driver<L, E> {
                 let entry = table.remove_index(index).expect("checked above");
                 drop(table);
                 completion.token = entry.user_token;
-                let handle = AttachedEngine {
-                    driver: self.clone(),
-                };
-                (entry.callback)(ctx, &handle, completion);
+                match entry.delivery {
+                    Delivery::Callback(callback) => {
+                        let handle = AttachedEngine {
+                            driver: self.clone(),
+                        };
+                        callback(ctx, &handle, completion);
+                    }
+                    Delivery::Future(slot) => slot.complete(completion),
+                }
                 return;
             }
         }
@@ -343,13 +384,23 @@ impl<L: EventLoop, E: IoEngine> AttachedEngine<L, E> {
     /// The returned [`RequestId`] cancels it ([`AttachedEngine::cancel_request`]).
     pub fn submit_with(
         &self,
-        mut request: Request,
+        request: Request,
         on_complete: impl FnOnce(&AioContext<L>, &AttachedEngine<L, E>, Completion) + 'static,
     ) -> Result<RequestId, SubmitError>
     where
         L: 'static,
         E: 'static,
     {
+        self.submit_delivering(request, Delivery::Callback(Box::new(on_complete)))
+    }
+
+    /// Submits a request whose completion goes to `delivery` (see
+    /// [`submit_with`](AttachedEngine::submit_with)).
+    pub(crate) fn submit_delivering(
+        &self,
+        mut request: Request,
+        delivery: Delivery<L, E>,
+    ) -> Result<RequestId, SubmitError> {
         let user_token = request.token;
         let mut table = self.driver.per_request.borrow_mut();
         let slot = table.next_id();
@@ -360,7 +411,7 @@ impl<L: EventLoop, E: IoEngine> AttachedEngine<L, E> {
         table.insert(PerRequest {
             engine_token,
             user_token,
-            callback: Box::new(on_complete),
+            delivery,
         });
         drop(table);
         match self.driver.engine.borrow_mut().submit(request) {
@@ -371,6 +422,15 @@ impl<L: EventLoop, E: IoEngine> AttachedEngine<L, E> {
                 Err(refused)
             }
         }
+    }
+
+    /// The engine as a future of one of its requests sees it (to cancel it).
+    pub(crate) fn canceller(&self) -> Rc<dyn CancelRequest>
+    where
+        L: 'static,
+        E: 'static,
+    {
+        self.driver.clone()
     }
 
     /// Opens a batch (see [`IoEngine::plug`]).
@@ -388,10 +448,7 @@ impl<L: EventLoop, E: IoEngine> AttachedEngine<L, E> {
     /// can); its `ECANCELED` completion is delivered like any other. False when the engine is
     /// in use further up the stack (a callback of [`with_engine`](AttachedEngine::with_engine)).
     pub fn cancel(&self, token: u64) -> bool {
-        match self.driver.engine.try_borrow_mut() {
-            Ok(mut engine) => engine.cancel(token),
-            Err(_) => false,
-        }
+        self.driver.cancel_token(token)
     }
 
     /// Cancels a request submitted with [`submit_with`](AttachedEngine::submit_with), as

@@ -213,8 +213,8 @@ impl Executor {
                 let removed = tasks.remove(slot);
                 drop(tasks);
                 drop(removed);
-                // A panic's payload is the task's own business: its JoinHandle reports it
-                // (the future's wrapper caught it first, see `spawn_local`); dropped here.
+                // A panic's payload is the task's own business: a spawned task's wrapper caught
+                // it first for its JoinHandle (see `spawn`); a detached task's is dropped here.
                 drop(outcome);
                 drop(future);
                 continue;

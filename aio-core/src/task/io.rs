@@ -3,7 +3,8 @@
 //! monoio).
 //!
 //! This module owns [`RequestFuture`] and its cancellation rule. It builds on the per-request
-//! callback of [`AttachedEngine::submit_with`]; it never touches an engine's internals.
+//! delivery of [`AttachedEngine::submit_with`], with the future's shared state in place of a
+//! callback (one allocation per request); it never touches an engine's internals.
 //!
 //! Dropping an [`RequestFuture`] before it completes cancels the request ([`IoEngine::cancel`]: a
 //! queued request at once, one in the kernel where the engine can) and leaves its memory with
@@ -17,35 +18,94 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
+use crate::engine::attached::{CancelRequest, Delivery, RequestSlot};
 use crate::engine::{
     AlignedBuf, AttachedEngine, Completion, GuestIovecs, IoBuffers, IoEngine, IoFile, Request,
     RequestId,
 };
 use crate::event_loop::EventLoop;
 
-/// What a request's callback and its future share.
-#[derive(Default)]
-struct OpShared {
+/// What a request's delivery and its future share: the request's one allocation, with what
+/// the request keeps alive until the engine is done with its memory.
+struct OpShared<K> {
     completion: Option<Completion>,
     waker: Option<Waker>,
-    /// The future was dropped: the callback discards the completion.
+    /// The future was dropped: the delivery discards the completion.
     abandoned: bool,
+    /// Dropped when the completion arrives (or with the request, if it never does).
+    keep: Option<K>,
+}
+
+/// The future's view of its shared state, with the kept value's type erased.
+trait FutureSide {
+    /// The completion, if it has arrived; otherwise `waker` is woken when it does.
+    fn poll_completion(&self, waker: &Waker) -> Option<Completion>;
+    /// The future is going away. True if the completion had already arrived (it is dropped
+    /// now, and there is nothing to cancel).
+    fn abandon(&self) -> bool;
+}
+
+/// Both sides of a request's shared state, so that one `Rc` serves as each.
+trait OpState: RequestSlot + FutureSide {}
+
+impl<K> OpState for RefCell<OpShared<K>> {}
+
+impl<K> RequestSlot for RefCell<OpShared<K>> {
+    fn complete(&self, completion: Completion) {
+        let (keep, waker) = {
+            let mut st = self.borrow_mut();
+            let keep = st.keep.take();
+            if st.abandoned {
+                // Dropped here, after the engine is done with the memory.
+                (keep, None)
+            } else {
+                st.completion = Some(completion);
+                (keep, st.waker.take())
+            }
+        };
+        // Released here: the engine has finished with the request's memory.
+        drop(keep);
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+impl<K> FutureSide for RefCell<OpShared<K>> {
+    fn poll_completion(&self, waker: &Waker) -> Option<Completion> {
+        let mut st = self.borrow_mut();
+        let done = st.completion.take();
+        if done.is_none() && !st.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            st.waker = Some(waker.clone());
+        }
+        done
+    }
+
+    fn abandon(&self) -> bool {
+        let mut st = self.borrow_mut();
+        if st.completion.take().is_some() {
+            return true;
+        }
+        st.abandoned = true;
+        false
+    }
 }
 
 /// A request in flight as a future of its [`Completion`] (its result and its memory back).
 /// Created by [`AttachedEngine::run`] and the op methods; the request is submitted when the
-/// future is created.
+/// future is created. One allocation per request: the state the future shares with the
+/// request's delivery.
 ///
 /// The future holds a handle of the engine: [`AttachedEngine::detach`] waits for none to be
 /// left.
 #[must_use = "dropping the future cancels the request"]
-pub struct RequestFuture<L: EventLoop, E: IoEngine> {
-    shared: Rc<RefCell<OpShared>>,
+pub struct RequestFuture {
+    shared: Rc<dyn OpState>,
     /// The engine and the request's id while it is in flight; a refused request has none.
-    in_flight: Option<(AttachedEngine<L, E>, RequestId)>,
+    in_flight: Option<(Rc<dyn CancelRequest>, RequestId)>,
 }
 
-impl<L: EventLoop, E: IoEngine> std::fmt::Debug for RequestFuture<L, E> {
+impl std::fmt::Debug for RequestFuture {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RequestFuture")
             .field("in_flight", &self.in_flight.as_ref().map(|(_, id)| *id))
@@ -53,39 +113,31 @@ impl<L: EventLoop, E: IoEngine> std::fmt::Debug for RequestFuture<L, E> {
     }
 }
 
-impl<L: EventLoop, E: IoEngine> Future for RequestFuture<L, E> {
+impl Future for RequestFuture {
     type Output = Completion;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Completion> {
         let this = self.get_mut();
-        let mut shared = this.shared.borrow_mut();
-        match shared.completion.take() {
+        match this.shared.poll_completion(cx.waker()) {
             Some(c) => {
-                drop(shared);
                 this.in_flight = None;
                 Poll::Ready(c)
             }
-            None => {
-                shared.waker = Some(cx.waker().clone());
-                Poll::Pending
-            }
+            None => Poll::Pending,
         }
     }
 }
 
-impl<L: EventLoop, E: IoEngine> Drop for RequestFuture<L, E> {
+impl Drop for RequestFuture {
     fn drop(&mut self) {
         let Some((engine, id)) = self.in_flight.take() else {
             return;
         };
-        let mut shared = self.shared.borrow_mut();
-        if shared.completion.take().is_some() {
+        if self.shared.abandon() {
             return; // Completed, never polled again: its memory is freed with it, now.
         }
-        shared.abandoned = true;
-        drop(shared);
         // The engine keeps the memory until the kernel or worker is done; its completion (of
-        // the request, or of its cancellation) then reaches the callback, which drops it.
+        // the request, or of its cancellation) then reaches the shared state, which drops it.
         engine.cancel_request(id);
     }
 }
@@ -95,7 +147,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> AttachedEngine<L, E> {
     /// refuses completes at once with the refusal as its error (kind as in
     /// [`RequestError`](crate::engine::RequestError)'s conversion) and its memory back. The request's
     /// own token is kept in the completion.
-    pub fn run(&self, request: Request) -> RequestFuture<L, E> {
+    pub fn run(&self, request: Request) -> RequestFuture {
         self.run_keeping(request, ())
     }
 
@@ -104,30 +156,22 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> AttachedEngine<L, E> {
     /// keeps caller-owned memory mapped, such as the guest memory table behind a
     /// [`GuestIovecs`] request, goes here, so that dropping the future early never unmaps it
     /// under the kernel.
-    pub fn run_keeping<K: 'static>(&self, request: Request, keep: K) -> RequestFuture<L, E> {
-        let shared = Rc::new(RefCell::new(OpShared::default()));
-        let s = shared.clone();
-        let submitted = self.submit_with(request, move |_, _, completion| {
-            // Released here: the engine has finished with the request's memory.
-            let _keep = keep;
-            let waker = {
-                let mut st = s.borrow_mut();
-                if st.abandoned {
-                    return; // Dropped here, after the engine is done with the memory.
-                }
-                st.completion = Some(completion);
-                st.waker.take()
-            };
-            if let Some(w) = waker {
-                w.wake();
-            }
-        });
-        let in_flight = match submitted {
-            Ok(id) => Some((self.clone(), id)),
+    pub fn run_keeping<K: 'static>(&self, request: Request, keep: K) -> RequestFuture {
+        let shared = Rc::new(RefCell::new(OpShared {
+            completion: None,
+            waker: None,
+            abandoned: false,
+            keep: Some(keep),
+        }));
+        let slot: Rc<dyn RequestSlot> = shared.clone();
+        let in_flight = match self.submit_delivering(request, Delivery::Future(slot)) {
+            Ok(id) => Some((self.canceller(), id)),
             Err(refused) => {
                 let request = *refused.request;
                 let error = io::Error::from(refused.error);
-                shared.borrow_mut().completion = Some(request.complete(Err(error)));
+                let mut st = shared.borrow_mut();
+                st.completion = Some(request.complete(Err(error)));
+                st.keep = None;
                 None
             }
         };
@@ -236,9 +280,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> AttachedEngine<L, E> {
     }
 }
 
-async fn one_buffer<L: EventLoop, E: IoEngine>(
-    op: RequestFuture<L, E>,
-) -> (io::Result<usize>, AlignedBuf) {
+async fn one_buffer(op: RequestFuture) -> (io::Result<usize>, AlignedBuf) {
     let c = op.await;
     let buf = match c.buf {
         IoBuffers::One(b) => b,
@@ -248,9 +290,7 @@ async fn one_buffer<L: EventLoop, E: IoEngine>(
     (c.result, buf)
 }
 
-async fn guest<L: EventLoop, E: IoEngine>(
-    op: RequestFuture<L, E>,
-) -> (io::Result<usize>, GuestIovecs) {
+async fn guest(op: RequestFuture) -> (io::Result<usize>, GuestIovecs) {
     let c = op.await;
     let mem = match c.buf {
         IoBuffers::Guest(g) => g,
@@ -260,6 +300,6 @@ async fn guest<L: EventLoop, E: IoEngine>(
     (c.result, mem)
 }
 
-async fn unit<L: EventLoop, E: IoEngine>(op: RequestFuture<L, E>) -> io::Result<()> {
+async fn unit(op: RequestFuture) -> io::Result<()> {
     op.await.result.map(drop)
 }

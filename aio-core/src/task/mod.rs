@@ -113,6 +113,33 @@ impl<T> Drop for Finish<T> {
     }
 }
 
+/// A spawned task: its future, and where its end goes.
+struct Spawned<F: Future> {
+    future: F,
+    finish: Finish<F::Output>,
+}
+
+impl<F: Future> Future for Spawned<F> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        // SAFETY: `future` is pinned structurally: it is never moved out of `self` nor
+        // through `&mut` (`Spawned` has no `Drop`, no `Unpin` impl beyond the automatic one,
+        // and no method other than this one touches it), so the pin of `self` carries over
+        // to it. `finish` is not pinned and is only used through a shared reference.
+        let (future, finish) = unsafe {
+            let this = self.get_unchecked_mut();
+            (Pin::new_unchecked(&mut this.future), &this.finish)
+        };
+        match catch_unwind(AssertUnwindSafe(|| future.poll(cx))) {
+            Ok(Poll::Pending) => return Poll::Pending,
+            Ok(Poll::Ready(out)) => finish.set(Ok(out)),
+            Err(payload) => finish.set(Err(JoinError::Panicked(panic_message(payload)))),
+        }
+        Poll::Ready(())
+    }
+}
+
 /// The handle of a spawned task: a future of its output, and [`abort`](JoinHandle::abort).
 /// Dropping the handle detaches the task (it runs on).
 ///
@@ -236,18 +263,12 @@ impl<L: EventLoop + 'static> AioContext<L> {
             output: None,
             waker: None,
         }));
-        let finish = Finish {
-            state: state.clone(),
+        let task = Spawned {
+            future,
+            finish: Finish {
+                state: state.clone(),
+            },
         };
-        let mut future = Box::pin(future);
-        let task = std::future::poll_fn(move |cx| {
-            match catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
-                Ok(Poll::Pending) => return Poll::Pending,
-                Ok(Poll::Ready(out)) => finish.set(Ok(out)),
-                Err(payload) => finish.set(Err(JoinError::Panicked(panic_message(payload)))),
-            }
-            Poll::Ready(())
-        });
         let executor = self.executor();
         let id = executor.spawn(Box::pin(task));
         JoinHandle {
@@ -255,6 +276,14 @@ impl<L: EventLoop + 'static> AioContext<L> {
             executor: Rc::downgrade(&executor),
             id,
         }
+    }
+
+    /// Spawns `future` as a task nobody waits for: as [`spawn`](AioContext::spawn) with its
+    /// handle dropped at once, without the handle's shared slot (one allocation less per
+    /// task, for a task per request). A panic ends the task only; the panic hook has reported
+    /// it, and nothing else will.
+    pub fn spawn_detached(&self, future: impl Future<Output = ()> + 'static) {
+        self.executor().spawn(Box::pin(future));
     }
 
     /// Polls `future` to its end on this thread, running the loop (`poll(true)`) while it is

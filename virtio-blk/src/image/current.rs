@@ -21,8 +21,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::Thread;
 
-use aio_core::engine::{AttachedEngine, Completion, GuestIovecs, IoEngine, Request};
+use aio_core::engine::{AttachedEngine, GuestIovecs, IoEngine, Request};
+use aio_core::task::RequestFuture;
 use aio_core::EventLoop;
+use smallvec::SmallVec;
 
 use super::storage::WriteInFlight;
 use crate::queue::GuestMemory;
@@ -32,12 +34,12 @@ use crate::queue::GuestMemory;
 pub(crate) trait ImageEngine {
     /// Submits `request`; `keep` is held until the engine is done with the request's memory,
     /// even if the returned future is dropped first.
-    fn run(&self, request: Request, keep: Keep) -> Pin<Box<dyn Future<Output = Completion>>>;
+    fn run(&self, request: Request, keep: Keep) -> RequestFuture;
 }
 
 impl<L: EventLoop + 'static, E: IoEngine + 'static> ImageEngine for AttachedEngine<L, E> {
-    fn run(&self, request: Request, keep: Keep) -> Pin<Box<dyn Future<Output = Completion>>> {
-        Box::pin(self.run_keeping(request, keep))
+    fn run(&self, request: Request, keep: Keep) -> RequestFuture {
+        self.run_keeping(request, keep)
     }
 }
 
@@ -52,6 +54,10 @@ pub(crate) struct Keep {
     pub(crate) write: Option<WriteInFlight>,
 }
 
+/// The host address ranges of a request's data segments: inline up to four (a request
+/// usually has one).
+pub(crate) type GuestRanges = SmallVec<[(usize, usize); 4]>;
+
 /// One request's I/O context: its queue's engine, and the guest memory its data lives in.
 pub(crate) struct RequestIo {
     pub(crate) engine: Rc<dyn ImageEngine>,
@@ -60,7 +66,7 @@ pub(crate) struct RequestIo {
     /// The host address ranges `[start, end)` of the request's data segments: a buffer imago
     /// hands the storage inside one of them is guest memory (direct I/O, with `memory` held by
     /// the engine); any other buffer is imago's own and goes through an engine-owned copy.
-    pub(crate) guest: Vec<(usize, usize)>,
+    pub(crate) guest: GuestRanges,
 }
 
 impl RequestIo {

@@ -20,6 +20,7 @@
 
 mod blocking;
 mod current;
+mod direct;
 mod requests;
 mod storage;
 
@@ -28,6 +29,7 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::sync::Arc;
 
 use imago::format::gate::ImplicitOpenGate;
 use imago::format::Format;
@@ -48,7 +50,10 @@ const MAX_CHAIN: usize = 64;
 
 /// A qcow2 image open for serving.
 pub(crate) struct Qcow2Image {
-    access: RwLock<FormatAccess<EngineStorage>>,
+    /// Shared with the direct path's requests, which hold it until their completion.
+    access: Arc<RwLock<FormatAccess<EngineStorage>>>,
+    /// The clusters the direct path may serve (`direct.rs`).
+    cache: direct::MappingCache,
     path: PathBuf,
     /// The backing files opened, nearest first.
     chain: Vec<PathBuf>,
@@ -77,6 +82,12 @@ fn read_header(path: &Path) -> io::Result<Vec<u8>> {
     Ok(head)
 }
 
+/// The big-endian field of `len` bytes at `at` of a header, if the header is that long.
+fn header_field(head: &[u8], at: usize, len: usize) -> Option<u64> {
+    head.get(at..at + len)
+        .map(|b| b.iter().fold(0u64, |v, &byte| (v << 8) | u64::from(byte)))
+}
+
 /// The most memory an image's L2 cache may take: 32 MiB, QEMU's default `l2-cache-size`
 /// limit (the tables of 256 GiB of disk at 64 KiB clusters).
 const L2_CACHE_MAX_BYTES: u64 = 32 << 20;
@@ -88,11 +99,8 @@ const L2_CACHE_MAX_BYTES: u64 = 32 << 20;
 /// at a fraction of the speed (measured at 256 GiB with imago's default of 128 tables, 64
 /// GiB: 0.06 of raw).
 fn l2_cache_entries(head: &[u8]) -> usize {
-    let field = |at: usize, len: usize| {
-        head.get(at..at + len)
-            .map(|b| b.iter().fold(0u64, |v, &byte| (v << 8) | u64::from(byte)))
-    };
-    let (Some(cluster_bits), Some(size)) = (field(20, 4), field(24, 8)) else {
+    let (Some(cluster_bits), Some(size)) = (header_field(head, 20, 4), header_field(head, 24, 8))
+    else {
         return imago::qcow2::DEFAULT_L2_CACHE_ENTRIES;
     };
     let cluster = 1u64 << cluster_bits.min(31);
@@ -212,8 +220,12 @@ impl Qcow2Image {
             Err(source) => return Err(gate.refusal.take().unwrap_or_else(|| failed(source))),
         };
         let chain = gate.chain.take();
+        let access = FormatAccess::new(qcow2);
+        // The header was checked: qcow2's cluster_bits is 9..=21.
+        let cluster_bits = header_field(&head, 20, 4).unwrap_or(16) as u32;
         Ok(Qcow2Image {
-            access: RwLock::new(FormatAccess::new(qcow2)),
+            cache: direct::MappingCache::new(cluster_bits, access.size()),
+            access: Arc::new(RwLock::new(access)),
             path: path.to_path_buf(),
             chain,
             writable,
@@ -232,9 +244,12 @@ impl Qcow2Image {
     pub(crate) fn resize(&self, bytes: u64) -> io::Result<()> {
         current::block_on(async {
             let mut access = self.access.write().await;
-            access
+            let resized = access
                 .resize(bytes, imago::format::PreallocateMode::None)
-                .await?;
+                .await;
+            // Shrinking frees clusters past the new end.
+            self.cache.clear(0, u64::MAX);
+            resized?;
             access.flush().await
         })
     }
@@ -261,8 +276,9 @@ impl Drop for Qcow2Image {
             return;
         }
         // Async imago does not flush on drop: what a stop leaves must pass `qemu-img check`.
-        let access = self.access.get_mut();
+        // (Shared, not alone: a direct request the engine still holds keeps a read lock.)
         if let Err(e) = current::block_on(async {
+            let access = self.access.read().await;
             access.flush().await?;
             access.sync().await
         }) {

@@ -12,9 +12,10 @@ use std::sync::Arc;
 use aio_core::{AioContext, EventLoop};
 use imago::io_buffers::{IoVector, IoVectorMut};
 use imago::{FormatAccess, Mapping, StorageExt};
+use smallvec::SmallVec;
 use vm_memory::{GuestMemoryBackend, VolatileSlice};
 
-use super::current::{ImageEngine, RequestIo, WithIo};
+use super::current::{GuestRanges, ImageEngine, RequestIo, WithIo};
 use super::storage::EngineStorage;
 use super::Qcow2Image;
 use crate::chain::{BlkOp, BlkRequest, Segment};
@@ -34,19 +35,22 @@ pub(crate) fn execute<L: EventLoop + 'static, C: Completer>(
 ) {
     let (image, engine, ring, mem) = (image.clone(), engine.clone(), ring.clone(), mem.clone());
     // Detached: the task runs to its end (the queue counts it in flight until `finish`).
-    drop(ctx.spawn(async move {
+    ctx.spawn_detached(async move {
         let status = match image.serve(&engine, &mem, &request.op).await {
             Ok(()) => spec::S_OK,
             Err(_) => spec::S_IOERR,
         };
         ring.finish(&mem, &request, status);
-    }));
+    });
 }
+
+/// A request's guest memory as vm-memory's volatile slices, inline up to four.
+type Slices<'m> = SmallVec<[VolatileSlice<'m, ()>; 4]>;
 
 /// The guest memory of `segments`, as vm-memory's volatile slices (a segment may span
 /// regions); None if one is not mapped.
-fn slices<'m>(mem: &'m GuestMemory, segments: &[Segment]) -> Option<Vec<VolatileSlice<'m, ()>>> {
-    let mut out = Vec::with_capacity(segments.len());
+fn slices<'m>(mem: &'m GuestMemory, segments: &[Segment]) -> Option<Slices<'m>> {
+    let mut out = Slices::new();
     for s in segments {
         for slice in mem.get_slices(s.addr, s.len as usize) {
             let slice = slice.ok()?;
@@ -59,7 +63,7 @@ fn slices<'m>(mem: &'m GuestMemory, segments: &[Segment]) -> Option<Vec<Volatile
 }
 
 /// The host address ranges `[start, end)` of `slices`.
-fn ranges(slices: &[VolatileSlice<'_, ()>]) -> Vec<(usize, usize)> {
+fn ranges(slices: &[VolatileSlice<'_, ()>]) -> GuestRanges {
     slices
         .iter()
         .map(|s| {
@@ -122,8 +126,7 @@ impl Qcow2Image {
                 let io = context(ranges(&slices));
                 // The guard keeps the mappings' pointers valid while imago uses the vector.
                 let (bufv, _guard) = IoVectorMut::from_volatile_slice(slices.iter());
-                let read = async { self.access.read().await.readv(bufv, *offset).await };
-                WithIo::new(io, read).await
+                WithIo::new(io, self.read(bufv, *offset)).await
             }
             BlkOp::Write { offset, segments } => {
                 let slices = slices(mem, segments).ok_or_else(unmapped)?;
@@ -140,9 +143,36 @@ impl Qcow2Image {
                     }
                     Ok(())
                 };
-                WithIo::new(context(Vec::new()), done).await
+                WithIo::new(context(GuestRanges::new()), done).await
             }
         }
+    }
+
+    /// A read. One wholly inside clusters the image owns goes straight to the file at their
+    /// host offset, and they are cached for the direct path (`direct.rs`); anything else
+    /// (unallocated, zero, compressed, backing data) is imago's.
+    async fn read(&self, bufv: IoVectorMut<'_>, offset: u64) -> io::Result<()> {
+        let access = self.access.read().await;
+        let generation = self.cache.generation();
+        let len = bufv.len();
+        if let (
+            Mapping::Raw {
+                storage,
+                offset: at,
+                writable,
+                ..
+            },
+            n,
+        ) = access.get_mapping(offset, len).await?
+        {
+            if n >= len {
+                if writable {
+                    self.cache.insert(generation, storage, offset, at, n);
+                }
+                return storage.readv(bufv, at).await;
+            }
+        }
+        access.readv(bufv, offset).await
     }
 
     /// A write. One that allocates (a cluster not yet the image's own, or one shared with a
@@ -161,6 +191,7 @@ impl Qcow2Image {
     /// this write holds.
     async fn write(&self, bufv: IoVector<'_>, offset: u64) -> io::Result<()> {
         let access = self.access.read().await;
+        let generation = self.cache.generation();
         let len = bufv.len();
         if let (
             Mapping::Raw {
@@ -173,6 +204,7 @@ impl Qcow2Image {
         ) = access.get_mapping(offset, len).await?
         {
             if n >= len {
+                self.cache.insert(generation, storage, offset, at, n);
                 return storage.writev(bufv, at).await;
             }
         }
@@ -189,12 +221,11 @@ impl Qcow2Image {
                 access.sync().await
             }
             BlkOp::Discard { offset, len } => {
-                let result = self
-                    .access
-                    .write()
-                    .await
-                    .discard_to_any(*offset, *len)
-                    .await;
+                let mut access = self.access.write().await;
+                let result = access.discard_to_any(*offset, *len).await;
+                // Freed clusters leave the direct path before the lock (and so before any
+                // request that could be handed them again) is released.
+                self.cache.clear(*offset, *len);
                 match result {
                     // Discard is advisory: a format or file without it is not an error.
                     Err(e) if e.kind() == io::ErrorKind::Unsupported => Ok(()),
@@ -206,14 +237,16 @@ impl Qcow2Image {
                 len,
                 unmap: true,
             } => {
-                self.access
-                    .write()
-                    .await
-                    .discard_to_zero(*offset, *len)
-                    .await
+                let mut access = self.access.write().await;
+                let result = access.discard_to_zero(*offset, *len).await;
+                self.cache.clear(*offset, *len);
+                result
             }
             BlkOp::WriteZeroes { offset, len, .. } => {
-                self.access.read().await.write_zeroes(*offset, *len).await
+                // May turn clusters into zero clusters: cleared before the guest hears of it.
+                let result = self.access.read().await.write_zeroes(*offset, *len).await;
+                self.cache.clear(*offset, *len);
+                result
             }
             // Reads and writes are `serve`'s; GET_ID is answered by the queue.
             BlkOp::Read { .. } | BlkOp::Write { .. } | BlkOp::GetId { .. } => {

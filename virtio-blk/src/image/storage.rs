@@ -59,6 +59,17 @@ impl Drop for WriteInFlight {
     }
 }
 
+/// Counts writes to one file made outside imago (see [`EngineStorage::write_counter`]).
+#[derive(Clone)]
+pub(crate) struct WriteCounter(Arc<Settle>);
+
+impl WriteCounter {
+    /// One write in flight, until the value is dropped (after its completion).
+    pub(crate) fn begin(&self) -> WriteInFlight {
+        WriteInFlight::new(&self.0)
+    }
+}
+
 /// A file (or block device) of an image, opened `O_DIRECT`, doing its I/O on the current
 /// request's engine.
 pub(crate) struct EngineStorage {
@@ -113,6 +124,17 @@ impl EngineStorage {
             settle: Arc::default(),
             helper: CommonStorageHelper::default(),
         })
+    }
+
+    /// The file, for requests outside imago (the direct path).
+    pub(crate) fn io_file(&self) -> &IoFile {
+        &self.file
+    }
+
+    /// What counts a write made outside imago (the direct path) among the file's writes in
+    /// flight, which imago settles before it frees a cluster.
+    pub(crate) fn write_counter(&self) -> WriteCounter {
+        WriteCounter(self.settle.clone())
     }
 
     /// Counts a write (submitted, not necessarily done) up to `end`.

@@ -1,0 +1,307 @@
+//! The direct path of a qcow2 image: a read or write wholly inside clusters the image owns in
+//! place goes to the engine as a raw image's would, with no task and no call into imago.
+//!
+//! This module owns [`MappingCache`] (guest cluster -> host offset, for clusters imago said
+//! may be written in place) and the direct submission. It never reads metadata: every entry
+//! comes from a mapping imago returned to a request on the task path (`requests.rs`), and the
+//! ops that change mappings clear it.
+//!
+//! * **What is cached.** Only `Mapping::Raw { writable: true }` in the image's own data file:
+//!   a cluster with one reference, neither compressed, nor shared with a snapshot, nor in a
+//!   backing file. Writing it in place changes no metadata (imago's documented promise), so a
+//!   direct write needs no write-back. A read-only image gets no such mappings and always
+//!   takes the task path.
+//! * **What clears it.** A discard and a write-zeroes (which may free a cluster or turn it
+//!   into a zero cluster) and a resize clear the clusters they touch and bump a generation
+//!   after imago has changed the mapping and before the guest hears of it; an entry looked up
+//!   before the bump is not inserted after it, so none outlives the change.
+//! * **Nothing freed under a direct request.** A direct request holds the image's read lock
+//!   (taken without waiting, or the request takes the task path) until its completion, as a
+//!   task-path request does: a discard, which takes the lock alone, waits for it, so a freed
+//!   cluster is never handed to another guest offset while a direct request still uses it.
+//!   The same lock is what QEMU's qcow2 driver relies on: mappings are looked up under it,
+//!   data moves outside the metadata code.
+
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use aio_core::engine::{AttachedEngine, Completion, IoEngine, IoFile, Request};
+use aio_core::EventLoop;
+
+use super::storage::{EngineStorage, WriteCounter};
+use super::Qcow2Image;
+use crate::chain::{BlkOp, BlkRequest};
+use crate::queue::GuestMemory;
+use crate::request::{guest_iovecs, Completer};
+use crate::spec;
+
+/// The most entries a cache keeps (8 bytes each: 512 KiB): 4 GiB of disk at 64 KiB clusters.
+const MAX_ENTRIES: u64 = 1 << 16;
+
+/// The most clusters one direct request may span.
+const MAX_SPAN: u64 = 8;
+
+/// Guest cluster -> host offset for the clusters of one image that may be written in place: a
+/// direct-mapped table (a cluster's slot is its number modulo the table's size), each slot one
+/// atomic word: the rest of the cluster's number plus one (0: empty) in the high half, the
+/// host cluster's number in the low half. A cluster whose numbers do not fit (a host file
+/// past 2^32 clusters) is not cached.
+pub(crate) struct MappingCache {
+    cluster_bits: u32,
+    /// log2 of the number of slots.
+    slot_bits: u32,
+    slots: Box<[AtomicU64]>,
+    /// Bumped by every change that clears entries (see the module's rules).
+    generation: AtomicU64,
+    /// The file the cached clusters are in (the image file, or its external data file), and
+    /// the count of its writes in flight.
+    data_file: OnceLock<(IoFile, WriteCounter)>,
+}
+
+impl MappingCache {
+    /// A cache for an image of `size` bytes in clusters of `1 << cluster_bits` bytes.
+    pub(crate) fn new(cluster_bits: u32, size: u64) -> Self {
+        let clusters = size.div_ceil(1 << cluster_bits).clamp(1, MAX_ENTRIES);
+        let entries = clusters.next_power_of_two();
+        MappingCache {
+            cluster_bits,
+            slot_bits: entries.trailing_zeros(),
+            slots: (0..entries).map(|_| AtomicU64::new(0)).collect(),
+            generation: AtomicU64::new(0),
+            data_file: OnceLock::new(),
+        }
+    }
+
+    /// The generation to pass to [`insert`](Self::insert), read before the lookup whose
+    /// result is inserted.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
+    /// Guest `cluster`'s slot, and the tag its entry carries there.
+    fn slot(&self, cluster: u64) -> (&AtomicU64, u64) {
+        let index = (cluster & ((1 << self.slot_bits) - 1)) as usize;
+        (&self.slots[index], (cluster >> self.slot_bits) + 1)
+    }
+
+    /// The data file and the host offset of `[offset, offset + len)` if every cluster of it is
+    /// cached and they lie in a row in the file.
+    pub(crate) fn lookup(&self, offset: u64, len: u64) -> Option<(&(IoFile, WriteCounter), u64)> {
+        let file = self.data_file.get()?;
+        let first = offset >> self.cluster_bits;
+        let last = (offset + len.max(1) - 1) >> self.cluster_bits;
+        if last - first >= MAX_SPAN {
+            return None;
+        }
+        let mut first_host = None;
+        for (i, cluster) in (first..=last).enumerate() {
+            let (slot, tag) = self.slot(cluster);
+            let entry = slot.load(Ordering::Acquire);
+            if entry >> 32 != tag {
+                return None;
+            }
+            let host_cluster = (entry & u64::from(u32::MAX)).wrapping_sub(i as u64);
+            if *first_host.get_or_insert(host_cluster) != host_cluster {
+                return None;
+            }
+        }
+        let in_cluster = offset & ((1 << self.cluster_bits) - 1);
+        Some((file, (first_host? << self.cluster_bits) + in_cluster))
+    }
+
+    /// Records that `[offset, offset + len)` lies in a row at `host` in `storage`, as imago
+    /// said of a writable mapping looked up after [`generation`](Self::generation) gave
+    /// `generation`; nothing if something has cleared entries since.
+    pub(crate) fn insert(
+        &self,
+        generation: u64,
+        storage: &EngineStorage,
+        offset: u64,
+        host: u64,
+        len: u64,
+    ) {
+        let file = storage.io_file();
+        let (data_file, _) = self
+            .data_file
+            .get_or_init(|| (file.clone(), storage.write_counter()));
+        let mask = (1u64 << self.cluster_bits) - 1;
+        if data_file.raw_fd() != file.raw_fd() || len == 0 || (host & mask) != (offset & mask) {
+            return;
+        }
+        let first = offset >> self.cluster_bits;
+        let last = (offset + len - 1) >> self.cluster_bits;
+        let first_host = host >> self.cluster_bits;
+        for (i, cluster) in (first..=last.min(first + MAX_SPAN - 1)).enumerate() {
+            let (slot, tag) = self.slot(cluster);
+            let host_cluster = first_host + i as u64;
+            if tag > u64::from(u32::MAX) || host_cluster > u64::from(u32::MAX) {
+                return;
+            }
+            let entry = (tag << 32) | host_cluster;
+            slot.store(entry, Ordering::SeqCst);
+            // A clear since the lookup began: its result may be stale. Taken back unless the
+            // slot has changed again (a clear bumps the generation before it empties slots,
+            // so one that missed this entry is seen here).
+            if self.generation.load(Ordering::SeqCst) != generation {
+                let _ = slot.compare_exchange(entry, 0, Ordering::SeqCst, Ordering::SeqCst);
+                return;
+            }
+        }
+    }
+
+    /// Forgets the clusters of `[offset, offset + len)` (all of them if `len` is `u64::MAX`).
+    pub(crate) fn clear(&self, offset: u64, len: u64) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        let first = offset >> self.cluster_bits;
+        let last = offset.saturating_add(len.max(1) - 1) >> self.cluster_bits;
+        if last - first >= self.slots.len() as u64 {
+            for slot in self.slots.iter() {
+                slot.store(0, Ordering::SeqCst);
+            }
+            return;
+        }
+        for cluster in first..=last {
+            let (slot, tag) = self.slot(cluster);
+            let entry = slot.load(Ordering::SeqCst);
+            if entry >> 32 == tag {
+                let _ = slot.compare_exchange(entry, 0, Ordering::SeqCst, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+impl Qcow2Image {
+    /// Serves `request` on the direct path if it is a read or write wholly inside cached
+    /// clusters and the image's read lock is free; gives it back otherwise (the task path
+    /// takes it).
+    pub(crate) fn try_direct<L, E, C>(
+        &self,
+        engine: &AttachedEngine<L, E>,
+        ring: &Rc<C>,
+        mem: &GuestMemory,
+        request: BlkRequest,
+    ) -> Result<(), BlkRequest>
+    where
+        L: EventLoop + 'static,
+        E: IoEngine + 'static,
+        C: Completer,
+    {
+        let (offset, segments, write) = match &request.op {
+            BlkOp::Read { offset, segments } => (*offset, segments, false),
+            BlkOp::Write { offset, segments } => (*offset, segments, true),
+            _ => return Err(request),
+        };
+        let len: u64 = segments.iter().map(|s| u64::from(s.len)).sum();
+        // Taken before the lookup: a discard (which takes the lock alone) cannot free a cached
+        // cluster between the lookup and the request's completion.
+        let Ok(held) = Arc::clone(&self.access).try_read_owned() else {
+            return Err(request);
+        };
+        let Some(((file, writes), host)) = self.cache.lookup(offset, len) else {
+            return Err(request);
+        };
+        let Some(iov) = guest_iovecs(mem, segments) else {
+            return Err(request);
+        };
+        let token = u64::from(request.head);
+        // A write counts among the file's writes in flight, which imago settles before it
+        // frees a cluster (as the task path's writes do).
+        let in_flight = write.then(|| writes.begin());
+        let io = if write {
+            Request::write_guest(file, host, iov, token)
+        } else {
+            Request::read_guest(file, host, iov, token)
+        };
+        let (q, mem_held, meta) = (ring.clone(), mem.clone(), request.clone());
+        let submitted = engine.submit_with(io, move |_ctx, _engine, done: Completion| {
+            let status = if done.result.is_ok() {
+                spec::S_OK
+            } else {
+                spec::S_IOERR
+            };
+            // The memory table and the image's lock, held until here (the kernel is done).
+            q.finish(&mem_held, &meta, status);
+            drop((held, in_flight));
+        });
+        // Refused (misaligned buffers, a full engine): the task path copes.
+        submitted.map(drop).map_err(|_| request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A storage over a new temporary file.
+    fn file() -> EngineStorage {
+        let f = tempfile::NamedTempFile::new_in("/var/tmp").unwrap();
+        let storage = EngineStorage::open_path(f.path(), false).unwrap();
+        drop(f);
+        storage
+    }
+
+    #[test]
+    fn a_request_is_found_only_if_all_its_clusters_are_cached_in_a_row() {
+        let cache = MappingCache::new(16, 1 << 30);
+        let f = file();
+        assert!(cache.lookup(0, 4096).is_none(), "empty");
+        let g = cache.generation();
+        // Guest clusters 2 and 3 at host clusters 10 and 11, cluster 4 at 20.
+        cache.insert(g, &f, 2 << 16, 10 << 16, 2 << 16);
+        cache.insert(g, &f, (4 << 16) + 512, (20 << 16) + 512, 4096);
+        assert_eq!(
+            cache.lookup((2 << 16) + 4096, 4096).unwrap().1,
+            (10 << 16) + 4096
+        );
+        assert_eq!(
+            cache.lookup((3 << 16) - 512, 1024).unwrap().1,
+            (11 << 16) - 512
+        );
+        assert!(
+            cache.lookup((4 << 16) - 512, 1024).is_none(),
+            "not in a row"
+        );
+        assert_eq!(cache.lookup(4 << 16, 65536).unwrap().1, 20 << 16);
+        assert!(cache.lookup(5 << 16, 4096).is_none(), "not cached");
+    }
+
+    #[test]
+    fn clearing_forgets_the_range_and_a_lookup_from_before_is_not_inserted() {
+        let cache = MappingCache::new(16, 1 << 30);
+        let f = file();
+        let g = cache.generation();
+        cache.insert(g, &f, 0, 1 << 20, 4 << 16);
+        cache.clear(1 << 16, 4096);
+        assert!(cache.lookup(1 << 16, 4096).is_none(), "cleared");
+        assert!(cache.lookup(0, 4096).is_some(), "left alone");
+        // A lookup made before the clear: its result is stale.
+        cache.insert(g, &f, 1 << 16, (1 << 20) + (1 << 16), 4096);
+        assert!(
+            cache.lookup(1 << 16, 4096).is_none(),
+            "a stale insert is dropped"
+        );
+        cache.clear(0, u64::MAX);
+        assert!(cache.lookup(0, 4096).is_none(), "all cleared");
+        let g = cache.generation();
+        cache.insert(g, &f, 1 << 16, 1 << 20, 4096);
+        assert!(
+            cache.lookup(1 << 16, 4096).is_some(),
+            "a fresh insert is kept"
+        );
+    }
+
+    #[test]
+    fn clusters_sharing_a_slot_replace_each_other_and_another_file_is_not_cached() {
+        // A 64 KiB disk of 4 KiB clusters: 16 slots.
+        let cache = MappingCache::new(12, 64 << 10);
+        let f = file();
+        let g = cache.generation();
+        cache.insert(g, &f, 0, 1 << 20, 4096);
+        cache.insert(g, &f, 16 << 12, 2 << 20, 4096);
+        assert!(cache.lookup(0, 4096).is_none(), "replaced");
+        assert_eq!(cache.lookup(16 << 12, 4096).unwrap().1, 2 << 20);
+        cache.insert(g, &file(), 1 << 12, 3 << 20, 4096);
+        assert!(cache.lookup(1 << 12, 4096).is_none(), "another file");
+    }
+}

@@ -1,0 +1,95 @@
+//! The direct path of a qcow2 image (reads and writes inside clusters the image owns go to the
+//! engine without imago): every change that may free or zero a cluster the path knows makes
+//! it forget that cluster before the guest hears of the change, on every engine.
+//!
+//! Needs `qemu-img` (Debian's `qemu-utils`; `.ci/run` installs it).
+
+mod common;
+#[path = "common/ops.rs"]
+mod ops;
+
+use std::sync::Arc;
+
+use aio::EngineKind;
+use aio_virtio_blk::device::{BlockDevice, DiskOptions};
+use aio_virtio_blk::spec;
+use ops::{options, qemu, range_op, read, serve, write};
+
+const CLUSTER: u64 = 64 << 10;
+const SIZE: u64 = 16 << 20;
+
+/// Writes `byte` over cluster `c` and reads it back twice (the second read, and any later
+/// request there, take the direct path).
+fn fill_and_cache(d: &mut aio_virtio_blk::driver::SplitRingDriver, c: u64, byte: u8) {
+    assert_eq!(write(d, c * CLUSTER, &[byte; CLUSTER as usize]), spec::S_OK);
+    for _ in 0..2 {
+        let (status, data) = read(d, c * CLUSTER, CLUSTER as usize);
+        assert_eq!(status, spec::S_OK);
+        assert!(data.iter().all(|&b| b == byte), "cluster {c}: {byte:#x}");
+    }
+}
+
+fn assert_cluster(d: &mut aio_virtio_blk::driver::SplitRingDriver, c: u64, byte: u8, why: &str) {
+    let (status, data) = read(d, c * CLUSTER, CLUSTER as usize);
+    assert_eq!(status, spec::S_OK, "{why}");
+    assert!(data.iter().all(|&b| b == byte), "cluster {c}: {why}");
+}
+
+#[test]
+fn clusters_freed_zeroed_or_cut_off_are_never_served_from_their_old_place() {
+    for kind in EngineKind::available() {
+        let Ok(engine) = kind.build(&options()) else {
+            aio_core::testing::skip(&format!("engine {kind}: refused here"));
+            continue;
+        };
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let at = dir.path();
+        qemu(
+            at,
+            "qemu-img",
+            &["create", "-q", "-f", "qcow2", "disk.qcow2", "16M"],
+        );
+        let device =
+            Arc::new(BlockDevice::open(&at.join("disk.qcow2"), DiskOptions::default()).unwrap());
+        let resizer = device.clone();
+        serve(engine, device, move |d| {
+            // A write in place, then partial reads and writes inside a known cluster.
+            fill_and_cache(d, 0, 0x11);
+            assert_eq!(write(d, 4096, &[0x22; 4096]), spec::S_OK);
+            let (_, data) = read(d, 0, 3 * 4096);
+            assert!(data[..4096].iter().all(|&b| b == 0x11));
+            assert!(data[4096..8192].iter().all(|&b| b == 0x22), "in place");
+            assert!(data[8192..].iter().all(|&b| b == 0x11));
+
+            // Discarded, then new clusters allocated (the freed one may be handed out again):
+            // the discarded cluster reads zeros, not the new data.
+            assert_eq!(range_op(d, spec::T_DISCARD, 0, CLUSTER, false), spec::S_OK);
+            assert_cluster(d, 0, 0, "after the discard");
+            for c in 32..40 {
+                assert_eq!(write(d, c * CLUSTER, &[0x33; CLUSTER as usize]), spec::S_OK);
+            }
+            assert_cluster(d, 0, 0, "after the freed cluster's reuse");
+            assert_cluster(d, 32, 0x33, "a new cluster");
+
+            // Zeroed with and without unmapping.
+            for (c, unmap) in [(2u64, false), (3, true)] {
+                fill_and_cache(d, c, 0x44);
+                let s = range_op(d, spec::T_WRITE_ZEROES, c * CLUSTER, CLUSTER, unmap);
+                assert_eq!(s, spec::S_OK);
+                assert_cluster(d, c, 0, &format!("write-zeroes unmap={unmap}"));
+                // And written again: the new data, wherever the cluster now lives.
+                fill_and_cache(d, c, 0x55);
+            }
+
+            // The last cluster cut off by a shrink and given back by a grow reads zeros.
+            let last = SIZE / CLUSTER - 1;
+            fill_and_cache(d, last, 0x66);
+            resizer.resize(SIZE - CLUSTER).unwrap();
+            resizer.resize(SIZE).unwrap();
+            assert_cluster(d, last, 0, "after a shrink and a grow");
+        });
+        let check = qemu(at, "qemu-img", &["check", "disk.qcow2"]);
+        assert!(check.contains("No errors were found"), "{kind}: {check}");
+        println!("{kind}: the direct path forgot every changed cluster");
+    }
+}
