@@ -4,7 +4,8 @@
 //! This module owns opening an image (its header checked first, the chain followed read-only,
 //! loops and refused formats named), the lock that lets a discard change mappings no request
 //! is using, and the final flush. The storage under it is `storage.rs`, the per-request engine
-//! `current.rs`, a request's ops `requests.rs`; the raw path never comes here.
+//! `current.rs`, a request's ops `requests.rs`, the direct path for clusters the image owns
+//! `direct.rs`; the raw path never comes here.
 //!
 //! * **One image, many iothreads.** The image is `Send + Sync`: queues on several iothreads
 //!   serve it at once. Reads, writes, flushes and write-zeroes share it; a discard (and a

@@ -1,5 +1,6 @@
-//! A virtio-blk request on a qcow2 image: one task on the queue's context per request, the
-//! guest's buffers handed to imago as they are, the status back to the ring.
+//! A virtio-blk request on a qcow2 image that the direct path (`direct.rs`) did not take: one
+//! task on the queue's context per request, the guest's buffers handed to imago as they are,
+//! the status back to the ring.
 //!
 //! This module owns the op -> imago call mapping and its status rules; the ring side is the
 //! queue's ([`Completer`]), the format imago's.
