@@ -81,6 +81,20 @@ fn clusters_freed_zeroed_or_cut_off_are_never_served_from_their_old_place() {
                 fill_and_cache(d, c, 0x55);
             }
 
+            // A run of clusters cached by one lookup (allocated in a row, then one read):
+            // discarding the one in the middle leaves its neighbours served.
+            for c in 10..14 {
+                assert_eq!(write(d, c * CLUSTER, &[0x77; CLUSTER as usize]), spec::S_OK);
+            }
+            assert_cluster(d, 10, 0x77, "the run's first cluster");
+            assert_eq!(
+                range_op(d, spec::T_DISCARD, 12 * CLUSTER, CLUSTER, false),
+                spec::S_OK
+            );
+            for (c, byte) in [(11, 0x77), (12, 0), (13, 0x77)] {
+                assert_cluster(d, c, byte, "around a discard in a cached run");
+            }
+
             // The last cluster cut off by a shrink and given back by a grow reads zeros.
             let last = SIZE / CLUSTER - 1;
             fill_and_cache(d, last, 0x66);

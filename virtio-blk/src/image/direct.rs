@@ -6,7 +6,9 @@
 //! comes from a mapping imago returned to a request on the task path (`requests.rs`), and the
 //! ops that change mappings clear it.
 //!
-//! * **What is cached.** Only `Mapping::Raw { writable: true }` in the image's own data file:
+//! * **What is cached.** The run of clusters in a row from a looked-up one to the end of its
+//!   L2 table (one lookup fills a preallocated table's worth), only
+//!   `Mapping::Raw { writable: true }` in the image's own data file:
 //!   a cluster with one reference, neither compressed, nor shared with a snapshot, nor in a
 //!   backing file. Writing it in place changes no metadata (imago's documented promise), so a
 //!   direct write needs no write-back. A read-only image gets no such mappings and always
@@ -36,8 +38,10 @@ use crate::queue::GuestMemory;
 use crate::request::{guest_iovecs, Completer};
 use crate::spec;
 
-/// The most entries a cache keeps (8 bytes each: 512 KiB): 4 GiB of disk at 64 KiB clusters.
-const MAX_ENTRIES: u64 = 1 << 16;
+/// The most entries a cache keeps (8 bytes each: 32 MiB, QEMU's default limit for its L2
+/// cache, whose entries these copy): 256 GiB of disk at 64 KiB clusters. A disk with more
+/// clusters shares slots (the last cluster looked up in a slot keeps it).
+const MAX_ENTRIES: u64 = 1 << 22;
 
 /// The most clusters one direct request may span.
 const MAX_SPAN: u64 = 8;
@@ -71,6 +75,14 @@ impl MappingCache {
             generation: AtomicU64::new(0),
             data_file: OnceLock::new(),
         }
+    }
+
+    /// The bytes from `offset` to the end of the region one L2 table maps (a cluster's worth
+    /// of 8-byte entries): how far a lookup for the cache looks.
+    pub(crate) fn run_from(&self, offset: u64) -> u64 {
+        let table_bits = 2 * self.cluster_bits - 3;
+        let end = ((offset >> table_bits) + 1) << table_bits;
+        end - offset
     }
 
     /// The generation to pass to [`insert`](Self::insert), read before the lookup whose
@@ -132,7 +144,7 @@ impl MappingCache {
         let first = offset >> self.cluster_bits;
         let last = (offset + len - 1) >> self.cluster_bits;
         let first_host = host >> self.cluster_bits;
-        for (i, cluster) in (first..=last.min(first + MAX_SPAN - 1)).enumerate() {
+        for (i, cluster) in (first..=last).enumerate() {
             let (slot, tag) = self.slot(cluster);
             let host_cluster = first_host + i as u64;
             if tag > u64::from(u32::MAX) || host_cluster > u64::from(u32::MAX) {
@@ -264,6 +276,9 @@ mod tests {
         );
         assert_eq!(cache.lookup(4 << 16, 65536).unwrap().1, 20 << 16);
         assert!(cache.lookup(5 << 16, 4096).is_none(), "not cached");
+        // One L2 table of 64 KiB clusters maps 512 MiB.
+        assert_eq!(cache.run_from(0), 512 << 20);
+        assert_eq!(cache.run_from((512 << 20) + 4096), (512 << 20) - 4096);
     }
 
     #[test]

@@ -168,12 +168,34 @@ impl Qcow2Image {
         {
             if n >= len {
                 if writable {
-                    self.cache.insert(generation, storage, offset, at, n);
+                    self.cache_run(&access, generation, offset).await;
                 }
                 return storage.readv(bufv, at).await;
             }
         }
         access.readv(bufv, offset).await
+    }
+
+    /// Puts the clusters in a row from `offset` to the end of its L2 table into the direct
+    /// path's cache, if they may be written in place (one lookup fills a preallocated table's
+    /// worth; a fragmented image's gives a cluster or a few).
+    async fn cache_run(&self, access: &FormatAccess<EngineStorage>, generation: u64, offset: u64) {
+        let run = self
+            .cache
+            .run_from(offset)
+            .min(access.size().saturating_sub(offset));
+        if let Ok((
+            Mapping::Raw {
+                storage,
+                offset: at,
+                writable: true,
+                ..
+            },
+            n,
+        )) = access.get_mapping(offset, run).await
+        {
+            self.cache.insert(generation, storage, offset, at, n);
+        }
     }
 
     /// A write. One that allocates (a cluster not yet the image's own, or one shared with a
@@ -205,7 +227,7 @@ impl Qcow2Image {
         ) = access.get_mapping(offset, len).await?
         {
             if n >= len {
-                self.cache.insert(generation, storage, offset, at, n);
+                self.cache_run(&access, generation, offset).await;
                 return storage.writev(bufv, at).await;
             }
         }
