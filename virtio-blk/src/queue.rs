@@ -372,6 +372,8 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
             let mem = self.mem.borrow().clone();
             let polling = self.polling.get();
             let taken = self.take_requests(&mem, polling);
+            self.store
+                .prefetch(taken.iter().filter_map(|r| r.as_ref().ok()));
             for request in taken {
                 self.start_request(ctx, &mem, request);
             }

@@ -76,6 +76,16 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Store<L, E> {
         self.engine.unplug();
     }
 
+    /// Readies what the batch's requests will look up first (a qcow2 image's direct path).
+    pub(crate) fn prefetch<'r>(&self, requests: impl Iterator<Item = &'r BlkRequest>) {
+        #[cfg(feature = "qcow2")]
+        if let Backing::Qcow2(image) = self.device.backing() {
+            image.prefetch(requests);
+        }
+        #[cfg(not(feature = "qcow2"))]
+        let _ = requests;
+    }
+
     /// Runs `request` and tells `ring` its status, now (`GET_ID`, a refusal, the null
     /// device) or when its I/O completes.
     pub(crate) fn execute<C: Completer>(
