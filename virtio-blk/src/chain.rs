@@ -19,6 +19,7 @@
 //! It reads descriptors and the header (and a range segment) only; it never writes guest
 //! memory and never submits I/O.
 
+use smallvec::SmallVec;
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::DescriptorChain;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
@@ -251,7 +252,9 @@ where
     M::Target: vm_memory::GuestMemory,
 {
     let head = chain.head_index();
-    parse_descriptors(head, chain.collect(), mem, limits)
+    // Inline for the usual chain (header, data, status): no allocation per request.
+    let descs: SmallVec<[Descriptor; 4]> = chain.collect();
+    parse_descriptors(head, &descs, mem, limits)
 }
 
 /// Walks the chain that starts at descriptor `head` of the table at `desc_table` (a ring of
@@ -312,13 +315,13 @@ pub fn parse_head(
     limits: &ChainLimits,
 ) -> Result<BlkRequest, RefusedChain> {
     let descs = descriptors_at(mem, desc_table, queue_size, head);
-    parse_descriptors(head, descs, mem, limits)
+    parse_descriptors(head, &descs, mem, limits)
 }
 
 /// The checks of [`parse_chain`] on the descriptors of the chain at `head`, as walked.
 fn parse_descriptors(
     head: u16,
-    descs: Vec<Descriptor>,
+    descs: &[Descriptor],
     mem: &GuestMemoryMmap,
     limits: &ChainLimits,
 ) -> Result<BlkRequest, RefusedChain> {
