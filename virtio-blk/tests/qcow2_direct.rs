@@ -18,6 +18,19 @@ use ops::{options, qemu, range_op, read, serve, write};
 const CLUSTER: u64 = 64 << 10;
 const SIZE: u64 = 16 << 20;
 
+/// A directory with `disk.qcow2`, a new 16 MiB image made by `qemu-img`, opened for writing.
+fn new_image() -> (tempfile::TempDir, Arc<BlockDevice>) {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let at = dir.path();
+    qemu(
+        at,
+        "qemu-img",
+        &["create", "-q", "-f", "qcow2", "disk.qcow2", "16M"],
+    );
+    let device = BlockDevice::open(&at.join("disk.qcow2"), DiskOptions::default()).unwrap();
+    (dir, Arc::new(device))
+}
+
 /// Writes `byte` over cluster `c` and reads it back twice (the second read, and any later
 /// request there, take the direct path).
 fn fill_and_cache(d: &mut aio_virtio_blk::driver::SplitRingDriver, c: u64, byte: u8) {
@@ -42,15 +55,8 @@ fn clusters_freed_zeroed_or_cut_off_are_never_served_from_their_old_place() {
             aio_core::testing::skip(&format!("engine {kind}: refused here"));
             continue;
         };
-        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let (dir, device) = new_image();
         let at = dir.path();
-        qemu(
-            at,
-            "qemu-img",
-            &["create", "-q", "-f", "qcow2", "disk.qcow2", "16M"],
-        );
-        let device =
-            Arc::new(BlockDevice::open(&at.join("disk.qcow2"), DiskOptions::default()).unwrap());
         let resizer = device.clone();
         serve(engine, device, move |d| {
             // A write in place, then partial reads and writes inside a known cluster.
@@ -115,15 +121,8 @@ fn clusters_freed_zeroed_or_cut_off_are_never_served_from_their_old_place() {
 fn clusters_freed_by_one_iothread_and_reused_by_another_never_show_through() {
     const ROUNDS: u8 = 24;
     const PER_THREAD: u64 = 8;
-    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let (dir, device) = new_image();
     let at = dir.path();
-    qemu(
-        at,
-        "qemu-img",
-        &["create", "-q", "-f", "qcow2", "disk.qcow2", "16M"],
-    );
-    let device =
-        Arc::new(BlockDevice::open(&at.join("disk.qcow2"), DiskOptions::default()).unwrap());
     let threads: Vec<_> = (0..2u64)
         .map(|t| {
             let device = device.clone();
