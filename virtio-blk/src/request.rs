@@ -224,25 +224,8 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> RawImage<'_, L, E> {
         request: BlkRequest,
         io: Request,
     ) {
-        let q = ring.clone();
-        let held = mem.clone();
-        let is_discard = matches!(request.op, BlkOp::Discard { .. });
-        let meta = request.clone();
-        let refused = self
-            .engine
-            .submit_with(io, move |_ctx, _engine, done: Completion| {
-                let status = match &done.result {
-                    Ok(_) => spec::S_OK,
-                    // Discard is advisory: a file system or device without it is not an error.
-                    Err(e) if is_discard && e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
-                        spec::S_OK
-                    }
-                    Err(_) => spec::S_IOERR,
-                };
-                // The request's memory table, held until here (the kernel is done with it).
-                q.finish(&held, &meta, status);
-            });
-        if let Err(refused) = refused {
+        let on_done = finish_on_completion(ring, mem, request.clone(), ());
+        if let Err(refused) = self.engine.submit_with(io, on_done) {
             if matches!(refused.error, RequestError::Misaligned { .. }) {
                 return self.bounce(ring, mem, request);
             }
@@ -301,6 +284,35 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> RawImage<'_, L, E> {
         if refused.is_err() {
             ring.finish(mem, &request, spec::S_IOERR);
         }
+    }
+}
+
+/// The completion callback of the engine request that does all of `request`: its status to
+/// `ring` (a discard the file or device cannot do is not an error: discard is advisory), with
+/// `mem`, the table the request was parsed against, and `keep` held until then (the kernel is
+/// done with the request's memory).
+pub(crate) fn finish_on_completion<L, E, C, K>(
+    ring: &Rc<C>,
+    mem: &GuestMemory,
+    request: BlkRequest,
+    keep: K,
+) -> impl FnOnce(&AioContext<L>, &AttachedEngine<L, E>, Completion) + 'static
+where
+    L: EventLoop + 'static,
+    E: IoEngine + 'static,
+    C: Completer,
+    K: 'static,
+{
+    let (ring, mem) = (ring.clone(), mem.clone());
+    move |_ctx, _engine, done| {
+        let is_discard = matches!(request.op, BlkOp::Discard { .. });
+        let status = match &done.result {
+            Ok(_) => spec::S_OK,
+            Err(e) if is_discard && e.raw_os_error() == Some(libc::EOPNOTSUPP) => spec::S_OK,
+            Err(_) => spec::S_IOERR,
+        };
+        ring.finish(&mem, &request, status);
+        drop(keep);
     }
 }
 

@@ -28,15 +28,14 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use aio_core::engine::{AttachedEngine, Completion, IoEngine, IoFile, Request};
+use aio_core::engine::{AttachedEngine, IoEngine, IoFile, Request};
 use aio_core::EventLoop;
 
 use super::storage::{EngineStorage, WriteCounter};
 use super::Qcow2Image;
 use crate::chain::{BlkOp, BlkRequest};
 use crate::queue::GuestMemory;
-use crate::request::{guest_iovecs, Completer};
-use crate::spec;
+use crate::request::{finish_on_completion, guest_iovecs, Completer};
 
 /// The most entries a cache keeps (8 bytes each: 32 MiB, QEMU's default limit for its L2
 /// cache, whose entries these copy): 256 GiB of disk at 64 KiB clusters. A disk with more
@@ -251,19 +250,13 @@ impl Qcow2Image {
         } else {
             Request::read_guest(file, host, iov, token)
         };
-        let (q, mem_held, meta) = (ring.clone(), mem.clone(), request.clone());
-        let submitted = engine.submit_with(io, move |_ctx, _engine, done: Completion| {
-            let status = if done.result.is_ok() {
-                spec::S_OK
-            } else {
-                spec::S_IOERR
-            };
-            // The memory table and the image's lock, held until here (the kernel is done).
-            q.finish(&mem_held, &meta, status);
-            drop((held, in_flight));
-        });
+        // The image's lock and the write's count are held until the kernel is done.
+        let on_done = finish_on_completion(ring, mem, request.clone(), (held, in_flight));
         // Refused (misaligned buffers, a full engine): the task path copes.
-        submitted.map(drop).map_err(|_| request)
+        engine
+            .submit_with(io, on_done)
+            .map(drop)
+            .map_err(|_| request)
     }
 }
 
