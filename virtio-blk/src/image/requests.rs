@@ -161,9 +161,10 @@ impl Qcow2Image {
     }
 
     /// Where `[offset, offset + len)` lies in one file, in a row: the file, the offset there,
-    /// and whether it may be written in place. Clusters that may be are put into the direct
-    /// path's cache, with those in a row after them to the end of their L2 table (one lookup
-    /// fills a preallocated table's worth; a fragmented image's gives a cluster or a few).
+    /// and whether it may be written in place. Clusters that may be, not cached yet, are put
+    /// into the direct path's cache, with those in a row after them to the end of their L2
+    /// table (one lookup fills a preallocated table's worth; a fragmented image's gives a
+    /// cluster or a few).
     async fn in_file<'a>(
         &self,
         access: &'a FormatAccess<EngineStorage>,
@@ -186,7 +187,9 @@ impl Qcow2Image {
         if n < len {
             return Ok(None);
         }
-        if writable {
+        // Looked up once per run: a request the direct path refuses (over its span, its
+        // buffers misaligned, the lock busy) comes back here with its clusters cached.
+        if writable && self.cache.lookup(offset, 1).is_none() {
             let run = self
                 .cache
                 .run_from(offset)
