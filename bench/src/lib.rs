@@ -12,8 +12,6 @@
 //!   ([`units`]);
 //! * the scsi-disk scaling matrix from the QEMU epoll discussion, 1..256 disks on one IOThread
 //!   or spread over several ([`scsi`] for one cell, [`matrix`] for the axes and the reports);
-//! * with the `peers` feature, aio-rs next to its Rust peers (tokio-uring, monoio, glommio,
-//!   tokio's `spawn_blocking`) on the same reads (`peers`);
 //! * the vhost-user-blk client on libblkio, and starting our daemon and qemu-storage-daemon
 //!   side by side ([`vhost`]);
 //! * the command line's pieces: `--cpus` ([`cpus`]), progress lines ([`progress`]), and the
@@ -24,8 +22,6 @@ pub mod error;
 pub mod fio;
 pub mod load;
 pub mod matrix;
-#[cfg(feature = "peers")]
-pub mod peers;
 pub mod progress;
 pub mod rounds;
 pub mod scsi;

@@ -7,8 +7,7 @@
 //! through one of our engines, alternating A B / B A) and `probe` (which backends this build
 //! and kernel offer, and what `auto` picks), `vhost` (a vhost-user-blk socket driven through
 //! libblkio, and our daemon beside qemu-storage-daemon; the hidden `vhost-daemon` is our daemon
-//! itself, which `vhost --vs-qsd` starts); with the `peers` feature, `peers` (aio-rs next to
-//! its Rust peers).
+//! itself, which `vhost --vs-qsd` starts).
 //!
 //! This file is the command line only: its clap structs and the dispatch. Each subcommand is a
 //! module of [`cmd`]; every one returns [`aio_bench::error::BenchError`], and `main` alone
@@ -25,13 +24,11 @@ use aio_bench::cpus::CpuList;
 use aio_bench::load::Pattern;
 use aio_bench::matrix::Workload;
 use aio_bench::targets::loopdev::LoopSpec;
+use aio_bench::units::{parse_duration, parse_poll_max_ns, parse_runtime, parse_size};
 use aio_core::PollMaxNs;
 use clap::{Parser, Subcommand};
 
-use crate::cmd::values::{
-    parse_duration_arg, parse_engine_or_auto, parse_monitor, parse_monitor_or_auto,
-    parse_poll_max_ns, parse_runtime_arg, parse_size_arg,
-};
+use crate::cmd::values::{parse_engine_or_auto, parse_monitor, parse_monitor_or_auto};
 
 #[derive(Parser, Debug)]
 #[command(name = "aio-bench", version, about = "Benchmarks for aio-rs backends")]
@@ -62,10 +59,6 @@ enum Command {
     /// `aio_vhost_user_blk::cli::main`, and its exit code is ours.
     #[command(hide = true, disable_help_flag = true)]
     VhostDaemon(VhostDaemonArgs),
-    /// aio-rs next to tokio-uring, monoio, glommio and tokio's spawn_blocking: 4 KiB O_DIRECT
-    /// random reads at QD 1 and 32, alternating in one run (feature `peers`).
-    #[cfg(feature = "peers")]
-    Peers(cmd::peers::PeersArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -99,16 +92,16 @@ struct VsFioArgs {
     #[arg(long, default_value = "randread")]
     rw: Pattern,
     /// Block size (fio units: 4k, 64k, 1m).
-    #[arg(long, default_value = "4k", value_parser = parse_size_arg)]
+    #[arg(long, default_value = "4k", value_parser = parse_size)]
     bs: u64,
     /// Requests in flight.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=4096))]
     iodepth: u64,
     /// Measured time per run (10s, 500ms).
-    #[arg(long, default_value = "10s", value_parser = parse_runtime_arg)]
+    #[arg(long, default_value = "10s", value_parser = parse_runtime)]
     runtime: Duration,
     /// Warm-up before measuring, per run.
-    #[arg(long, default_value = "1s", value_parser = parse_duration_arg)]
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
     ramp: Duration,
     /// The test file or the fast device, for fio and ours alike.
     #[command(flatten)]
@@ -124,9 +117,6 @@ struct VsFioArgs {
     /// kernel), or `auto` (the window chosen from the waits the loop sees).
     #[arg(long, default_value = "0", value_parser = parse_poll_max_ns)]
     poll_max_ns: PollMaxNs,
-    /// The old spelling of `--fdmon shared-ring`.
-    #[arg(long, hide = true)]
-    shared_ring: bool,
     /// Our engine's largest batch per submission (default: the engine's, 32). Requests that
     /// completion callbacks resubmit go out whenever a batch is full; a batch is never larger
     /// than what the kernel already holds (aio-core's batch rule).
@@ -141,7 +131,7 @@ struct TestTarget {
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Size of the test file.
-    #[arg(long, default_value = "256m", value_parser = parse_size_arg)]
+    #[arg(long, default_value = "256m", value_parser = parse_size)]
     size: u64,
     /// The fast device instead of the test file: `loop` or `loop:SIZE` (default 512m), a loop
     /// device with direct I/O over a file in /dev/shm (needs root).
@@ -162,10 +152,10 @@ struct LatencyArgs {
     #[arg(long, default_value = "randread")]
     rw: Pattern,
     /// Block size.
-    #[arg(long, default_value = "4k", value_parser = parse_size_arg)]
+    #[arg(long, default_value = "4k", value_parser = parse_size)]
     bs: u64,
     /// Measured time per cell.
-    #[arg(long, default_value = "3s", value_parser = parse_runtime_arg)]
+    #[arg(long, default_value = "3s", value_parser = parse_runtime)]
     runtime: Duration,
     /// The test file (64 MiB by default) or the fast device.
     #[command(flatten)]
@@ -201,7 +191,7 @@ struct MatrixArgs {
     #[arg(long, value_delimiter = ',')]
     workloads: Vec<Workload>,
     /// Block size.
-    #[arg(long, default_value = "4k", value_parser = parse_size_arg)]
+    #[arg(long, default_value = "4k", value_parser = parse_size)]
     bs: u64,
     /// Requests in flight per driven disk.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1024))]
@@ -210,16 +200,16 @@ struct MatrixArgs {
     #[arg(long, default_value = "one", value_parser = ["one", "all"])]
     active: String,
     /// Measured time per cell.
-    #[arg(long, default_value = "1s", value_parser = parse_runtime_arg)]
+    #[arg(long, default_value = "1s", value_parser = parse_runtime)]
     runtime: Duration,
     /// Warm-up per cell.
-    #[arg(long, default_value = "200ms", value_parser = parse_duration_arg)]
+    #[arg(long, default_value = "200ms", value_parser = parse_duration)]
     ramp: Duration,
     /// Directory for the disk images (default: the system temp dir).
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Size of each driven disk's image.
-    #[arg(long, default_value = "64m", value_parser = parse_size_arg)]
+    #[arg(long, default_value = "64m", value_parser = parse_size)]
     disk_size: u64,
     /// The disks on the fast device instead of image files: `loop` or `loop:SIZE` (default
     /// 512m), a loop device with direct I/O over a file in /dev/shm (needs root); each disk
@@ -232,7 +222,7 @@ struct MatrixArgs {
     /// How long an idle disk stays in the poll set. QEMU uses 7 s; the matrix's cells are
     /// short, so the default (100ms, shorter than the ramp) measures the steady state in which
     /// idle disks have left it, as they would in a long-running QEMU.
-    #[arg(long, default_value = "100ms", value_parser = parse_duration_arg)]
+    #[arg(long, default_value = "100ms", value_parser = parse_duration)]
     poll_idle: Duration,
     /// Write the cells as JSON to this file.
     #[arg(long)]
@@ -281,11 +271,6 @@ struct MatrixArgs {
     /// s mod Q.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
     queues: u64,
-    /// Interrupts once per batch of completions: what the device does, as QEMU's
-    /// `defer_call()` defers `virtio_notify_irqfd()` (the flag is kept for scripts that name
-    /// it).
-    #[arg(long, hide = true)]
-    batch_interrupts: bool,
     /// How the guest threads are scheduled: `normal` (SCHED_OTHER, as QEMU's vCPUs run: a
     /// guest woken by its interrupt may preempt the iothread on its CPU) or `batch`
     /// (SCHED_BATCH: it waits until that iothread sleeps or its slice ends). Matters only where
@@ -305,8 +290,6 @@ impl Command {
             Command::Probe => "probe",
             Command::Vhost(_) => "vhost",
             Command::VhostDaemon(_) => "vhost-daemon",
-            #[cfg(feature = "peers")]
-            Command::Peers(_) => "peers",
         }
     }
 }
@@ -322,8 +305,6 @@ fn main() -> ExitCode {
         Command::Probe => cmd::probe::run(),
         Command::Vhost(args) => cmd::vhost::run(*args),
         Command::VhostDaemon(args) => std::process::exit(aio_vhost_user_blk::cli::main(args.args)),
-        #[cfg(feature = "peers")]
-        Command::Peers(args) => cmd::peers::run(args),
     };
     // The one place that prints an error and exits with its code (BenchError::exit_code).
     match result {

@@ -1,5 +1,7 @@
 //! fio's units: sizes (`4k` = 4096, `1m`, `2g`, `512`) and durations (`10s`, `500ms`, `2m`,
-//! `1h`, `1d`, a bare number = seconds).
+//! `1h`, `1d`, a bare number = seconds), and the limits the command lines add to them (a
+//! `--runtime` above zero, a `--poll-max-ns` of at most 1 s). Each parser is a clap
+//! `value_parser` as it stands: its error is what clap prints after the flag's name.
 //!
 //! This module owns parsing and its errors only.
 
@@ -17,6 +19,15 @@ pub enum UnitError {
     /// A duration longer than [`MAX_DURATION`].
     #[error("'{0}' is longer than the longest run this tool accepts (365d)")]
     TooLong(String),
+    /// A measured time of zero (it would report no measurement, NaN rates).
+    #[error("'{0}': the measured time must be more than 0")]
+    ZeroRuntime(String),
+    /// Not a polling limit: a number of ns, or `auto`.
+    #[error(transparent)]
+    PollMaxNs(#[from] aio_core::BadPollMaxNs),
+    /// A polling limit over 1 s.
+    #[error("{0} ns is more than 1 s")]
+    PollMaxNsTooLong(u64),
 }
 
 /// The longest duration accepted: a year (deadlines are computed as `now + duration`).
@@ -68,6 +79,25 @@ pub fn parse_duration(s: &str) -> Result<Duration, UnitError> {
         return Err(UnitError::TooLong(s.to_string()));
     }
     Ok(d)
+}
+
+/// Parses a `--runtime`: a duration above zero.
+pub fn parse_runtime(s: &str) -> Result<Duration, UnitError> {
+    let d = parse_duration(s)?;
+    if d.is_zero() {
+        return Err(UnitError::ZeroRuntime(s.to_string()));
+    }
+    Ok(d)
+}
+
+/// Parses a `--poll-max-ns`: ns (0 turns polling off, at most 1 s) or `auto`.
+pub fn parse_poll_max_ns(s: &str) -> Result<aio_core::PollMaxNs, UnitError> {
+    match s.parse::<aio_core::PollMaxNs>()? {
+        aio_core::PollMaxNs::Fixed(ns) if ns > 1_000_000_000 => {
+            Err(UnitError::PollMaxNsTooLong(ns))
+        }
+        p => Ok(p),
+    }
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ fn bad_input_exits_2_says_what_and_leaves_no_images() {
         (vec!["matrix", "--fdmon", "kqueue"], "kqueue"),
         (
             vec!["matrix", "--fdmon", "shared-ring"],
-            "only vs-fio and peers build the pair",
+            "only vs-fio (and aio-peers) build the pair",
         ),
         (vec!["matrix", "--engine", "spdk"], "spdk"),
         (vec!["matrix", "--workloads", "seq"], "seq"),

@@ -19,8 +19,8 @@ use aio_bench::scsi::{CellSpec, MemoryPath};
 use aio_bench::targets::image::{free_bytes, DiskImage};
 use aio_bench::targets::loopdev::{LoopDevice, LoopSpec};
 
-use super::check_target;
 use crate::MatrixArgs;
+use aio_bench::targets::check_target;
 
 /// Runs `matrix`.
 pub fn run(args: MatrixArgs) -> Result<(), BenchError> {
@@ -332,8 +332,6 @@ mod tests {
         ]);
         assert_eq!((s.iothreads, s.cell.queues), (vec![1, 2], 4));
         assert_eq!((s.cell.iothreads, s.cpus), (1, vec![0, 1]));
-        // The device raises one interrupt per batch; the flag stays for scripts that name it.
-        spec_of(&["aio-bench", "matrix", "--batch-interrupts"]);
         assert_eq!(
             s.cell.guest_sched,
             GuestSched::Normal,

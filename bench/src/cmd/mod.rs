@@ -14,53 +14,21 @@
 //! * [`probe`]: the backends this build and kernel offer;
 //! * [`vhost`]: a vhost-user-blk socket through libblkio, and our daemon beside
 //!   qemu-storage-daemon;
-//! * `peers` (feature `peers`): aio-rs next to its Rust peers.
 
 pub mod latency;
 pub mod matrix;
-#[cfg(feature = "peers")]
-pub mod peers;
 pub mod probe;
 pub mod run;
 pub mod values;
 pub mod vhost;
 pub mod vs_fio;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use aio_bench::error::BenchError;
+use aio_bench::targets::check_target;
 use aio_bench::targets::image::DiskImage;
 use aio_bench::targets::loopdev::LoopDevice;
-
-/// Checks `--dir` (default: the system temp dir), `--bs` and the image size (`size_flag`
-/// names its flag); bad input names the flag.
-pub fn check_target(
-    dir: Option<&Path>,
-    bs: u64,
-    size: u64,
-    size_flag: &str,
-) -> Result<PathBuf, BenchError> {
-    let dir = dir
-        .map(Path::to_path_buf)
-        .unwrap_or_else(std::env::temp_dir);
-    if !dir.is_dir() {
-        return Err(BenchError::bad_input(format!(
-            "--dir {}: not an existing directory",
-            dir.display()
-        )));
-    }
-    if bs == 0 || bs % 512 != 0 {
-        return Err(BenchError::bad_input(format!(
-            "--bs {bs}: must be a non-zero multiple of 512 (O_DIRECT)"
-        )));
-    }
-    if size < bs {
-        return Err(BenchError::bad_input(format!(
-            "{size_flag} {size} is smaller than --bs {bs}"
-        )));
-    }
-    Ok(dir)
-}
 
 impl crate::TestTarget {
     /// Checks the target for requests of `bs` bytes and sets it up: the whole fast device with

@@ -20,7 +20,9 @@ use aio_bench::vhost::compare::{self, CompareSpec};
 use aio_bench::vhost::daemons::QSD;
 use aio_bench::vhost::{run_client, ClientResult, ClientSpec};
 
-use super::values::{parse_duration_arg, parse_monitor_or_auto, parse_runtime_arg, parse_size_arg};
+use aio_bench::units::{parse_duration, parse_poll_max_ns, parse_runtime, parse_size};
+
+use super::values::parse_monitor_or_auto;
 
 /// The environment variable naming another program to run as our daemon (tests).
 pub const DAEMON_ENV: &str = "AIO_BENCH_VHOST_DAEMON";
@@ -57,7 +59,7 @@ pub struct VhostArgs {
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(0..=100))]
     pub rwmixread: u8,
     /// Block size.
-    #[arg(long, default_value = "4k", value_parser = parse_size_arg)]
+    #[arg(long, default_value = "4k", value_parser = parse_size)]
     pub bs: u64,
     /// Requests in flight per queue.
     #[arg(long, default_value_t = 1,
@@ -67,10 +69,10 @@ pub struct VhostArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub queues: u64,
     /// Measured time per run.
-    #[arg(long, default_value = "5s", value_parser = parse_runtime_arg)]
+    #[arg(long, default_value = "5s", value_parser = parse_runtime)]
     pub runtime: Duration,
     /// Warm-up before it, per run.
-    #[arg(long, default_value = "500ms", value_parser = parse_duration_arg)]
+    #[arg(long, default_value = "500ms", value_parser = parse_duration)]
     pub ramp: Duration,
     /// Stamp every block written with its offset and a generation, check every block read; a
     /// mismatch fails the run (exit code 1).
@@ -88,7 +90,7 @@ pub struct VhostArgs {
     pub engine: Option<EngineKind>,
     /// With --vs-qsd: both iothreads' adaptive polling limit (default 32768, QEMU's); `auto`
     /// gives ours the automatic window and qemu-storage-daemon its default.
-    #[arg(long, value_parser = super::values::parse_poll_max_ns)]
+    #[arg(long, value_parser = parse_poll_max_ns)]
     pub poll_max_ns: Option<aio_core::PollMaxNs>,
     /// With --vs-qsd: disk counts, comma-separated (the scsi-disk scaling test: N disks on
     /// each daemon's one iothread, the first driven; default 1).

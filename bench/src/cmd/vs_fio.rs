@@ -18,9 +18,6 @@ use crate::VsFioArgs;
 
 /// Runs `vs-fio`.
 pub fn run(mut args: VsFioArgs) -> Result<(), BenchError> {
-    if args.shared_ring {
-        args.fdmon = Pairing::SharedRing;
-    }
     if args.fdmon == Pairing::SharedRing && args.engine != EngineKind::Uring {
         return Err(BenchError::bad_input(format!(
             "--fdmon shared-ring needs --engine uring (got {})",

@@ -492,7 +492,7 @@ fn apply(
                 Ok(choice) => choice,
                 Err(_) if v == "shared-ring" => {
                     return Err(bad("shared-ring pairs the monitor with the io_uring \
-                                    engine: vs-fio and peers only"
+                                    engine: vs-fio and aio-peers only"
                         .into()))
                 }
                 Err(e) => return Err(bad(format!("{e}, or auto"))),

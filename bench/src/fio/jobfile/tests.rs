@@ -183,7 +183,7 @@ fn errors_name_the_file_and_line() {
         ("[a]\nfdmon=kqueue\n", 2, "kqueue"),
         ("[a]\npoll_max_ns=soon\n", 2, "or `auto`"),
         ("[a]\npoll_max_ns=2000000000\n", 2, "at most 1000000000 ns"),
-        ("[a]\nfdmon=shared-ring\n", 2, "vs-fio and peers only"),
+        ("[a]\nfdmon=shared-ring\n", 2, "vs-fio and aio-peers only"),
         ("[a]\nsize=\n", 2, "needs a value"),
         ("[a]\ndirect=yes\n", 2, "0 or 1"),
         ("[global]\nbs=4k\n", 2, "no job section"),

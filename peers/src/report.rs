@@ -26,7 +26,7 @@ impl Runs {
     }
 
     fn merged(&self) -> Histogram<u64> {
-        let mut h = crate::load::latency_histogram();
+        let mut h = aio_bench::load::latency_histogram();
         for s in &self.rounds {
             let _ = h.add(&s.latency_ns);
         }
@@ -369,7 +369,7 @@ impl Ratio {
 
     /// The median of the per-round quotients.
     pub fn median(&self) -> f64 {
-        crate::rounds::median(&self.per_round).unwrap_or(f64::NAN)
+        aio_bench::rounds::median(&self.per_round).unwrap_or(f64::NAN)
     }
 
     /// Whether the ratio meets its target (`None` without one).
@@ -418,7 +418,7 @@ mod tests {
             rounds: iops
                 .iter()
                 .map(|&n| Sample {
-                    latency_ns: crate::load::latency_histogram(),
+                    latency_ns: aio_bench::load::latency_histogram(),
                     measured: n,
                     completed: n,
                     errors: 0,

@@ -1,4 +1,7 @@
-//! `aio-bench peers`: the same job through aio-rs and through its Rust peers, side by side.
+//! # aio-peers
+//!
+//! The same job through aio-rs and through its Rust peers, side by side (the `aio-peers`
+//! binary runs it; this library is its pieces, for a comparison of your own).
 //!
 //! The job: 4 KiB (`bs`) O_DIRECT random reads of one file or device, `qd` workers each keeping
 //! one read in flight (a task or future per worker that loops: read, record, read again), for a
@@ -26,10 +29,12 @@ use std::io;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::cpus::process_cpu_seconds;
-use crate::load::generator::transferred;
-use crate::load::{latency_histogram, Generator, Layout, LoadFigures, LoadSpec, Pattern, Window};
 use aio::Pairing;
+use aio_bench::cpus::process_cpu_seconds;
+use aio_bench::load::generator::transferred;
+use aio_bench::load::{
+    latency_histogram, Generator, Layout, LoadFigures, LoadSpec, Pattern, Window,
+};
 use hdrhistogram::Histogram;
 
 /// One way of running the job (tables list them in this order).
@@ -142,7 +147,7 @@ impl Job {
 }
 
 /// One worker's state: where it reads next, and what it measured: a load generator of one
-/// slot (`crate::load::generator`, the same every other path of the bench uses). Every variant
+/// slot (`aio_bench::load::generator`, the same every other path of the bench uses). Every variant
 /// that runs a task per worker drives it with [`Worker::read_until_done`], giving only how its
 /// runtime reads; the callback variant calls [`Worker::start`] and [`Worker::finish`] itself.
 #[derive(Debug)]

@@ -1,43 +1,50 @@
-//! `aio-bench peers` (feature `peers`): 4 KiB O_DIRECT random reads at QD 1 and QD 32 through
-//! aio-rs and through tokio-uring, monoio, glommio and tokio's `spawn_blocking`, alternating
-//! the variants round after round in one run, on the fast device and on a file.
+//! `aio-peers`: 4 KiB O_DIRECT random reads at QD 1 and QD 32 through aio-rs and through
+//! tokio-uring, monoio, glommio and tokio's `spawn_blocking`, alternating the variants round
+//! after round in one run, on the fast device and on a file.
 //!
-//! This module owns the subcommand's arguments, the targets (set up once, removed when it
-//! returns), the order of the runs (each round runs every variant, odd rounds backwards, so
-//! no variant always goes first), and what it prints. The variants and the report are
-//! [`aio_bench::peers`]'.
+//! This file owns the command line, the targets (set up once, removed when it returns), the
+//! order of the runs (each round runs every variant, odd rounds backwards, so no variant always
+//! goes first), and what it prints; `main` alone prints an error and exits with its code. The
+//! variants and the report are the library's ([`aio_peers`]).
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use aio_bench::error::BenchError;
+use aio_bench::targets::check_target;
 use aio_bench::targets::image::DiskImage;
 use aio_bench::targets::loopdev::{LoopDevice, LoopSpec};
+use aio_bench::units::{parse_duration, parse_poll_max_ns, parse_size};
+use aio_peers::report::TargetRuns;
+use aio_peers::{Job, Variant};
+use clap::Parser;
 
-use super::check_target;
-use super::values::{parse_duration_arg, parse_size_arg};
-use aio_bench::peers::report::TargetRuns;
-use aio_bench::peers::{self, Job, Variant};
-
-/// `aio-bench peers`'s arguments.
-#[derive(clap::Args, Debug)]
-pub struct PeersArgs {
+/// `aio-peers`'s arguments.
+#[derive(Parser, Debug)]
+#[command(
+    name = "aio-peers",
+    version,
+    about = "aio-rs next to tokio-uring, monoio, glommio and tokio's spawn_blocking: 4 KiB \
+             O_DIRECT random reads at QD 1 and 32, alternating in one run"
+)]
+struct PeersArgs {
     /// Rounds; each runs every variant once (odd rounds in reverse order).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=100))]
     rounds: u64,
     /// Measured time per run (2, 2s, 500ms).
-    #[arg(long, default_value = "2s", value_parser = parse_duration_arg)]
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
     secs: Duration,
     /// Warm-up per run, before the measured window.
-    #[arg(long, default_value = "300ms", value_parser = parse_duration_arg)]
+    #[arg(long, default_value = "300ms", value_parser = parse_duration)]
     ramp: Duration,
     /// Queue depths, comma-separated: workers, each with one read in flight.
     #[arg(long, value_delimiter = ',', default_value = "1,32",
           value_parser = clap::value_parser!(u64).range(1..=256))]
     qd: Vec<u64>,
     /// Block size.
-    #[arg(long, default_value = "4k", value_parser = parse_size_arg)]
+    #[arg(long, default_value = "4k", value_parser = parse_size)]
     bs: u64,
     /// Targets, comma-separated: `loop` (the fast device; needs root) and `file` (a file in
     /// `--dir`). Default: both as root, else `file`.
@@ -51,7 +58,7 @@ pub struct PeersArgs {
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Size of the `file` target.
-    #[arg(long, default_value = "256m", value_parser = parse_size_arg)]
+    #[arg(long, default_value = "256m", value_parser = parse_size)]
     size: u64,
     /// Variants, comma-separated (default: all): tokio-uring, monoio, glommio,
     /// aio-uring-async, aio-uring-callback, aio-linux-aio-async, aio-linux-aio-callback,
@@ -60,7 +67,7 @@ pub struct PeersArgs {
     variants: Vec<Variant>,
     /// aio-rs's adaptive polling limit (the default is QEMU's IOThread value, as `run` and
     /// `matrix` use; 0 turns polling off, as `vs-fio` does by default).
-    #[arg(long, default_value = "32768", value_parser = super::values::parse_poll_max_ns)]
+    #[arg(long, default_value = "32768", value_parser = parse_poll_max_ns)]
     poll_max_ns: aio_core::PollMaxNs,
     /// aio-rs's fd monitor: `uring` (what `auto` picks here, as `run` and `matrix` do),
     /// `epoll` (`vs-fio`'s default), `shared-ring` (one io_uring for the monitor and the
@@ -83,8 +90,18 @@ fn parse_variant(s: &str) -> Result<Variant, String> {
     })
 }
 
-/// Runs `peers`.
-pub fn run(args: PeersArgs) -> Result<(), BenchError> {
+fn main() -> ExitCode {
+    match run(PeersArgs::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("aio-peers: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// Runs the comparison.
+fn run(args: PeersArgs) -> Result<(), BenchError> {
     let dir = check_target(args.dir.as_deref(), args.bs, args.size, "--size")?;
     let root = nix::unistd::geteuid().is_root();
     let targets = if args.targets.is_empty() {
@@ -156,7 +173,7 @@ pub fn run(args: PeersArgs) -> Result<(), BenchError> {
                             args.rounds
                         );
                     }
-                    match peers::run(v, &job) {
+                    match aio_peers::run(v, &job) {
                         Ok(sample) => runs.add(qd as usize, v, sample),
                         Err(e) => {
                             eprintln!("\n{v} on {name} failed: {e}; left out from here on");
