@@ -16,7 +16,7 @@ use aio::{EngineKind, IoEngine};
 use aio_virtio_blk::device::{BlockDevice, DeviceError, DiskOptions};
 use aio_virtio_blk::format::{ImageFormat, KnownFormat, Qcow2Refusal};
 use aio_virtio_blk::spec;
-use ops::{one, options, qemu, range_op, read, serve, write};
+use ops::{new_qcow2, one, options, qemu, range_op, read, serve, write};
 
 const MIB: u64 = 1 << 20;
 
@@ -135,15 +135,9 @@ fn a_qcow2_overlay_serves_its_backing_file_and_keeps_the_guests_writes_on_every_
 fn one_qcow2_image_is_served_by_queues_on_two_iothreads_at_once() {
     const CLUSTER: u64 = 64 << 10;
     const PER_THREAD: u64 = 48;
-    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let (dir, path) = new_qcow2("img.qcow2", "64M");
     let at = dir.path();
-    qemu(
-        at,
-        "qemu-img",
-        &["create", "-q", "-f", "qcow2", "img.qcow2", "64M"],
-    );
-    let device =
-        Arc::new(BlockDevice::open(&at.join("img.qcow2"), DiskOptions::default()).unwrap());
+    let device = Arc::new(BlockDevice::open(&path, DiskOptions::default()).unwrap());
     let iothreads: Vec<_> = (0..2u64)
         .map(|t| {
             let device = device.clone();

@@ -13,21 +13,15 @@ use std::sync::Arc;
 use aio::EngineKind;
 use aio_virtio_blk::device::{BlockDevice, DiskOptions};
 use aio_virtio_blk::spec;
-use ops::{options, qemu, range_op, read, serve, write};
+use ops::{new_qcow2, options, qemu, range_op, read, serve, write};
 
 const CLUSTER: u64 = 64 << 10;
 const SIZE: u64 = 16 << 20;
 
 /// A directory with `disk.qcow2`, a new 16 MiB image made by `qemu-img`, opened for writing.
 fn new_image() -> (tempfile::TempDir, Arc<BlockDevice>) {
-    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
-    let at = dir.path();
-    qemu(
-        at,
-        "qemu-img",
-        &["create", "-q", "-f", "qcow2", "disk.qcow2", "16M"],
-    );
-    let device = BlockDevice::open(&at.join("disk.qcow2"), DiskOptions::default()).unwrap();
+    let (dir, path) = new_qcow2("disk.qcow2", "16M");
+    let device = BlockDevice::open(&path, DiskOptions::default()).unwrap();
     (dir, Arc::new(device))
 }
 

@@ -14,19 +14,14 @@ use aio::EngineKind;
 use aio_virtio_blk::device::{BlockDevice, DiskOptions, ResizeError};
 use aio_virtio_blk::format::ImageFormat;
 use aio_virtio_blk::spec;
-use ops::{options, qemu, read, serve, write};
+use ops::{new_qcow2, options, qemu, read, serve, write};
 
 const MIB: u64 = 1 << 20;
 
 /// A directory with `disk.qcow2`, a new 16 MiB qcow2 image made by `qemu-img`.
 fn qcow2_16m() -> (tempfile::TempDir, std::path::PathBuf) {
-    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let (dir, _) = new_qcow2("disk.qcow2", "16M");
     let at = dir.path().to_path_buf();
-    qemu(
-        &at,
-        "qemu-img",
-        &["create", "-q", "-f", "qcow2", "disk.qcow2", "16M"],
-    );
     (dir, at)
 }
 

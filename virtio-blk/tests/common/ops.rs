@@ -2,7 +2,7 @@
 //! image and resize tests; each uses some of them).
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +31,19 @@ pub fn qemu(dir: &Path, tool: &str, args: &[&str]) -> String {
     );
     assert!(out.status.success(), "{tool} {args:?} failed: {text}");
     text
+}
+
+/// A new directory in `/var/tmp` (O_DIRECT works there, not on tmpfs) holding `name`, a new
+/// qcow2 image of `size` (`16M`, `64M`) made by `qemu-img`; the image's path.
+pub fn new_qcow2(name: &str, size: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    qemu(
+        dir.path(),
+        "qemu-img",
+        &["create", "-q", "-f", "qcow2", name, size],
+    );
+    let path = dir.path().join(name);
+    (dir, path)
 }
 
 /// What the engines are built with: discard and write-zeroes on a thread pool behind Linux
