@@ -21,7 +21,7 @@
 //!   I/O completions land in the completion queue the monitor waits on, so they need no eventfd
 //!   and no extra wakeup; the monitor reports the engine's (never written) notifier fd readable
 //!   when engine completions wait.
-//! * [`probe`]: whether io_uring is usable here and, if not, why (`kernel.io_uring_disabled`,
+//! * [`probe`](fn@probe): whether io_uring is usable here and, if not, why (`kernel.io_uring_disabled`,
 //!   `EPERM` from seccomp, `ENOSYS`, `ENOMEM` from the memlock limit), and which opcodes exist.
 //!
 //! ```no_run

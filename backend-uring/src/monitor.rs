@@ -54,7 +54,7 @@ fn user_data(fd: RawFd, generation: u32) -> u64 {
 /// contract requires). A completion that arrives after its registration was changed or removed
 /// is recognised by its generation and ignored, so removal is safe while a poll is outstanding.
 ///
-/// `!Send`, for the same reasons as [`UringEngine`](crate::UringEngine): build it on the loop's
+/// `!Send`, for the same reasons as [`UringEngine`]: build it on the loop's
 /// thread.
 pub struct UringLoop {
     ring: RingHandle,

@@ -2,7 +2,7 @@
 //! discard or write-zeroes maps onto the kernel.
 //!
 //! This module owns the one blocking implementation of every [`Op`]: `preadv2` / `pwritev2`
-//! with the request's [`RwFlags`](crate::engine::RwFlags) and the remainder of short
+//! with the request's [`RwFlags`] and the remainder of short
 //! transfers, `fsync` / `fdatasync`, `fallocate` for range ops and the `BLKDISCARD` ioctl for
 //! a block device's discard ([`RangeOp`], shared with the kernel-queue engines). It keeps no
 //! state and never decides which thread it runs on.

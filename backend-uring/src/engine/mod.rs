@@ -1,7 +1,7 @@
 //! The io_uring block I/O engine.
 //!
 //! This module owns one ring used for block I/O: building submission entries from the shared
-//! [`InFlightTable`], submitting in batches, reaping the completion queue (in user space; the
+//! [`InFlightTable`](aio_core::backend::InFlightTable), submitting in batches, reaping the completion queue (in user space; the
 //! `io_poll` check is a CQ peek), flushing overflowed completions, and the optional registered
 //! file table. Request bookkeeping (remainders, `-EAGAIN`, completions) is aio-core's.
 
