@@ -3,8 +3,8 @@
 //! stamp and each read's check against the disk's [`Ledger`].
 //!
 //! This module owns the slots, the offsets, the window and the figures ([`Generator`]); the
-//! loop that keeps a target busy is [`drive`](fn@super::drive)'s. It never touches a queue, an engine or
-//! a socket. The ways requests reach a disk:
+//! loop that keeps a target busy is [`drive`](super::drive())'s. It never touches a queue, an
+//! engine or a socket. The ways requests reach a disk:
 //! - a virtqueue of the in-process matrix (the guest in [`crate::scsi`]) and a vhost-user
 //!   socket through libblkio (`crate::vhost`) are [`Target`](super::Target)s: queue, kick,
 //!   wait, reap, all on the client's thread, so [`drive`](super::drive()) runs them;
