@@ -21,8 +21,9 @@
 //!   I/O completions land in the completion queue the monitor waits on, so they need no eventfd
 //!   and no extra wakeup; the monitor reports the engine's (never written) notifier fd readable
 //!   when engine completions wait.
-//! * [`probe`](fn@probe): whether io_uring is usable here and, if not, why (`kernel.io_uring_disabled`,
-//!   `EPERM` from seccomp, `ENOSYS`, `ENOMEM` from the memlock limit), and which opcodes exist.
+//! * [`probe`](fn@probe): whether io_uring is usable here and, if not, why
+//!   (`kernel.io_uring_disabled`, `EPERM` from seccomp, `ENOSYS`, `ENOMEM` from the memlock
+//!   limit), and which opcodes exist.
 //!
 //! ```no_run
 //! use aio_backend_uring::{probe, UringConfig, UringEngine};

@@ -62,7 +62,8 @@ fn main() -> ExitCode {
     match aio_peers::run(variant, &job) {
         Ok(s) => {
             println!(
-                "{variant} QD {qd}: {:.0} IOPS, mean {:.1} µs, p99 {:.1} µs, {:.1} µs CPU per read, {} errors",
+                "{variant} QD {qd}: {:.0} IOPS, mean {:.1} µs, p99 {:.1} µs, \
+                 {:.1} µs CPU per read, {} errors",
                 s.iops(),
                 s.mean_lat_us(),
                 s.p99_us(),

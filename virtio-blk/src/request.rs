@@ -59,7 +59,8 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Store<L, E> {
         &self.device
     }
 
-    /// Holds the engine's submissions until [`finish_batch`](Self::finish_batch): one batch per kick.
+    /// Holds the engine's submissions until [`finish_batch`](Self::finish_batch): one batch
+    /// per kick.
     pub(crate) fn plug(&self) {
         self.engine.plug();
     }

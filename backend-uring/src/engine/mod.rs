@@ -1,9 +1,9 @@
 //! The io_uring block I/O engine.
 //!
 //! This module owns one ring used for block I/O: building submission entries from the shared
-//! [`InFlightTable`](aio_core::backend::InFlightTable), submitting in batches, reaping the completion queue (in user space; the
-//! `io_poll` check is a CQ peek), flushing overflowed completions, and the optional registered
-//! file table. Request bookkeeping (remainders, `-EAGAIN`, completions) is aio-core's.
+//! [`InFlightTable`](aio_core::backend::InFlightTable), submitting in batches, reaping the
+//! completion queue (in user space; the `io_poll` check is a CQ peek), flushing overflowed
+//! completions, and the optional registered file table. Request bookkeeping (remainders, `-EAGAIN`, completions) is aio-core's.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;

@@ -15,7 +15,8 @@ use aio::{Choice, EngineKind, EngineOptions, MonitorKind, Pairing, UnknownBacken
 pub fn parse_monitor(s: &str) -> Result<MonitorKind, String> {
     if s.parse::<Pairing>() == Ok(Pairing::SharedRing) {
         return Err(
-            "shared-ring shares the io_uring engine's ring: only vs-fio (and aio-peers) build the pair"
+            "shared-ring shares the io_uring engine's ring: only vs-fio (and aio-peers) \
+             build the pair"
                 .to_string(),
         );
     }

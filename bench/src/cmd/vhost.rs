@@ -15,12 +15,11 @@ use aio::MonitorKind;
 use aio_bench::error::BenchError;
 use aio_bench::load::Pattern;
 use aio_bench::targets::loopdev::{LoopDevice, LoopSpec};
+use aio_bench::units::{parse_duration, parse_poll_max_ns, parse_runtime, parse_size};
 use aio_bench::vhost::client::MAX_IODEPTH;
 use aio_bench::vhost::compare::{self, CompareSpec};
 use aio_bench::vhost::daemons::QSD;
 use aio_bench::vhost::{run_client, ClientResult, ClientSpec};
-
-use aio_bench::units::{parse_duration, parse_poll_max_ns, parse_runtime, parse_size};
 
 use super::values::parse_monitor_or_auto;
 
