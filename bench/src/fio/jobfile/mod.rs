@@ -515,11 +515,12 @@ fn apply(
         "iothreads" => job.iothreads = count(1, 64)?,
         "poll_max_ns" => {
             let v = needs_value()?;
-            job.poll_max_ns = match v.parse::<PollMaxNs>() {
-                Ok(PollMaxNs::Fixed(ns)) if ns > 1_000_000_000 => {
+            // The command line's rule (`units::parse_poll_max_ns`), in a job file's words.
+            job.poll_max_ns = match crate::units::parse_poll_max_ns(v) {
+                Ok(p) => p,
+                Err(crate::units::UnitError::PollMaxNsTooLong(_)) => {
                     return Err(bad("expected at most 1000000000 ns, or auto".into()))
                 }
-                Ok(p) => p,
                 Err(e) => return Err(bad(e.to_string())),
             };
         }
