@@ -52,6 +52,11 @@ pub struct Segment {
     pub len: u32,
 }
 
+/// The bytes of all of `segments` (a request's data length).
+pub(crate) fn segments_len(segments: &[Segment]) -> u64 {
+    segments.iter().map(|s| u64::from(s.len)).sum()
+}
+
 /// What a checked request does.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BlkOp {
@@ -409,7 +414,7 @@ fn parse_op(
             len: d.len(),
         })
         .collect();
-    let total: u64 = segments.iter().map(|s| u64::from(s.len)).sum();
+    let total = segments_len(&segments);
     let writes_disk = matches!(
         request_type,
         spec::T_OUT | spec::T_DISCARD | spec::T_WRITE_ZEROES

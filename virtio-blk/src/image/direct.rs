@@ -33,7 +33,7 @@ use aio_core::EventLoop;
 
 use super::storage::{EngineStorage, WriteCounter};
 use super::Qcow2Image;
-use crate::chain::{BlkOp, BlkRequest};
+use crate::chain::{segments_len, BlkOp, BlkRequest};
 use crate::queue::GuestMemory;
 use crate::request::{finish_on_completion, guest_iovecs, Completer};
 
@@ -229,7 +229,7 @@ impl Qcow2Image {
             BlkOp::Write { offset, segments } => (*offset, segments, true),
             _ => return Err(request),
         };
-        let len: u64 = segments.iter().map(|s| u64::from(s.len)).sum();
+        let len = segments_len(segments);
         // Taken before the lookup: a discard (which takes the lock alone) cannot free a cached
         // cluster between the lookup and the request's completion.
         let Ok(held) = Arc::clone(&self.access).try_read_owned() else {

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use aio_core::{Clock, MonotonicClock};
 
-use crate::chain::{BlkOp, Segment};
+use crate::chain::{segments_len, BlkOp};
 
 mod histogram;
 pub use histogram::{HistogramError, LatencyHistogram};
@@ -113,12 +113,10 @@ impl StatsSlot {
     /// differently (the null device's reads: 0.66 -> 0.87 µs of CPU per request).
     #[inline(never)]
     pub fn record_request(&self, op: &BlkOp, status: u8, times: (u64, u64)) {
-        let bytes =
-            |segments: &[Segment]| -> u64 { segments.iter().map(|s| u64::from(s.len)).sum() };
         let (kind, len, end) = match op {
-            BlkOp::Read { segments, .. } => (IoKind::Read, bytes(segments), None),
+            BlkOp::Read { segments, .. } => (IoKind::Read, segments_len(segments), None),
             BlkOp::Write { offset, segments } => {
-                let len = bytes(segments);
+                let len = segments_len(segments);
                 (IoKind::Write, len, Some(offset + len))
             }
             BlkOp::WriteZeroes { offset, len, .. } => (IoKind::Write, *len, Some(offset + len)),
