@@ -69,10 +69,10 @@ struct PeersArgs {
     /// `matrix` use; 0 turns polling off, as `vs-fio` does by default).
     #[arg(long, default_value = "32768", value_parser = parse_poll_max_ns)]
     poll_max_ns: aio_core::PollMaxNs,
-    /// aio-rs's fd monitor: `uring` (what `auto` picks here, as `run` and `matrix` do),
-    /// `epoll` (`vs-fio`'s default), `shared-ring` (one io_uring for the monitor and the
-    /// io_uring engine), or `poll`, `hybrid`.
-    #[arg(long, default_value = "uring")]
+    /// aio-rs's fd monitor: `auto` (the probe's ladder, uring -> hybrid -> poll, as `run` and
+    /// `matrix` pick; the one taken is printed), `uring`, `epoll` (`vs-fio`'s default),
+    /// `shared-ring` (one io_uring for the monitor and the io_uring engine), `poll`, `hybrid`.
+    #[arg(long, default_value = "auto")]
     fdmon: aio::Pairing,
     /// aio-rs's io_uring engine registers the file and the workers' buffers with its ring
     /// (`IORING_OP_READ_FIXED`, as glommio does; off by default, as the engine's own default).
@@ -100,6 +100,19 @@ fn main() -> ExitCode {
     }
 }
 
+/// The fd monitor the variants run on: `auto` climbs the probe's ladder once here (so every
+/// variant runs on the same concrete monitor, and io_uring disabled by the sysctl falls back
+/// as the other tools do), printing what it took and why.
+fn resolve_fdmon(fdmon: aio::Pairing) -> Result<aio::Pairing, BenchError> {
+    let aio::Pairing::Apart(aio::Choice::Auto) = fdmon else {
+        return Ok(fdmon);
+    };
+    let picked = aio::MonitorKind::auto().map_err(|e| BenchError::Failed(e.to_string()))?;
+    let reports: Vec<String> = picked.reports.iter().map(ToString::to_string).collect();
+    println!("peers: fd monitor auto: {}", reports.join("; "));
+    Ok(aio::Pairing::Apart(aio::Choice::Named(picked.kind)))
+}
+
 /// Runs the comparison.
 fn run(args: PeersArgs) -> Result<(), BenchError> {
     let dir = check_target(args.dir.as_deref(), args.bs, args.size, "--size")?;
@@ -118,7 +131,7 @@ fn run(args: PeersArgs) -> Result<(), BenchError> {
     } else {
         args.variants.clone()
     };
-    let fdmon = args.fdmon;
+    let fdmon = resolve_fdmon(args.fdmon)?;
     println!(
         "peers: {} B O_DIRECT random reads, QD {:?}, {} rounds of {:?} (+{:?} warm-up) per run; \
          aio-rs: fd monitor {}, poll_max_ns {}{}; CPU = user+sys of the process (getrusage), \
