@@ -2,7 +2,7 @@
 //! image of another format is never served as a raw disk by mistake.
 //!
 //! This module owns the magic numbers, the rule and the checks of a qcow2 header that come
-//! before opening it; it opens nothing (the device reads the header).
+//! before opening it; it opens nothing (the caller reads the header).
 //!
 //! Served as raw, a qcow2 (or QED, VMDK, ...) file shows the guest its metadata, and the first
 //! write the guest makes there destroys the image for every other tool. QEMU probes an image

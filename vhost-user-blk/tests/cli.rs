@@ -204,7 +204,20 @@ fn a_successor_keeps_the_socket_when_the_old_daemon_stops() {
     client.fill_buf(0, 4096, 0x3c);
     client.write(0, 8192, 0, 4096, 1);
     assert_eq!(client.wait(0, 1)[0].1, 0);
-    let new = Daemon::one_disk(dir.path(), &img, "linux-aio", ",serial=up");
+    // The same --disk: its image is the old daemon's until it has drained, so the new one
+    // takes the image's lock when the client connects again.
+    let args: Vec<String> = [
+        "--disk".to_string(),
+        format!(
+            "socket={},image={},serial=up",
+            socket.display(),
+            img.display()
+        ),
+        "--engine".into(),
+        "linux-aio".into(),
+    ]
+    .into();
+    let new = Daemon::start_replacing(&args, vec![socket.clone()]);
     assert!(old.terminate().success());
     drop(client);
     assert!(socket.exists(), "the successor's socket is still there");
@@ -213,6 +226,17 @@ fn a_successor_keeps_the_socket_when_the_old_daemon_stops() {
     assert_eq!(client.wait(0, 1)[0].1, 0);
     assert!(client.read_buf(0, 4096).iter().all(|&x| x == 0x3c));
     drop(client);
+    // The new daemon holds the image's lock now: another writer is refused.
+    let out = std::process::Command::new("qemu-io")
+        .args(["-f", "raw", "-c", "write 0 4k"])
+        .arg(&img)
+        .output()
+        .expect("qemu-io (install qemu-utils)");
+    assert!(
+        !out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     assert!(new.terminate().success());
     assert!(!socket.exists());
 }

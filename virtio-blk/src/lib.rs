@@ -63,7 +63,8 @@ pub mod chain;
 pub mod dataplane;
 pub mod device;
 pub mod driver;
-pub mod format;
+/// The image format probe: moved to [`aio_block::format`], re-exported here.
+pub use aio_block::format;
 #[cfg(feature = "qcow2")]
 mod image;
 pub mod inflight;

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use aio::{Choice, EngineKind, MonitorKind};
+use aio_block::lock::LockMode;
 use aio_core::process::CpuList;
 use aio_core::{PollMaxNs, PollParams};
 use aio_virtio_blk::format::ImageFormat;
@@ -71,6 +72,13 @@ pub struct DiskSpec {
     /// `iothread=K`: every queue of the disk on iothread `K` (counted from 0), as QEMU's
     /// export `iothread=` does; none: the queues of all disks take the iothreads in turn.
     pub iothread: Option<u16>,
+    /// `locking=auto|on|off` (QEMU's `file.locking`, default auto): the image locked with
+    /// QEMU's lock bytes, so that QEMU's tools and other daemons are refused a conflicting
+    /// use of it while it is served, and this disk is refused an image they use.
+    pub locking: LockMode,
+    /// `share-rw=on`: other users may write the image beside this disk (QEMU's device
+    /// option of that name; never for a qcow2 image, whose metadata has one writer).
+    pub share_rw: bool,
 }
 
 impl DiskSpec {
@@ -120,6 +128,12 @@ impl std::fmt::Display for DiskSpec {
         if let Some(k) = self.iothread {
             write!(f, ",iothread={k}")?;
         }
+        if self.locking != LockMode::Auto {
+            write!(f, ",locking={}", self.locking)?;
+        }
+        if self.share_rw {
+            f.write_str(",share-rw=on")?;
+        }
         Ok(())
     }
 }
@@ -148,6 +162,8 @@ fn parse_disk(s: &str) -> Result<DiskSpec, String> {
         format: ImageFormat::Auto,
         size: None,
         iothread: None,
+        locking: LockMode::Auto,
+        share_rw: false,
     };
     for item in s.split(',') {
         let (key, value) = item
@@ -156,13 +172,9 @@ fn parse_disk(s: &str) -> Result<DiskSpec, String> {
         match key {
             "socket" => socket = Some(PathBuf::from(value)),
             "image" => image = Some(PathBuf::from(value)),
-            "readonly" => {
-                spec.read_only = match value {
-                    "on" | "true" | "yes" => true,
-                    "off" | "false" | "no" => false,
-                    _ => return Err(format!("readonly={value}: expected on or off")),
-                }
-            }
+            "readonly" => spec.read_only = on_off(key, value)?,
+            "share-rw" => spec.share_rw = on_off(key, value)?,
+            "locking" => spec.locking = value.parse().map_err(|e| format!("{e}"))?,
             "serial" if value.len() <= 20 => spec.serial = value.to_string(),
             "serial" => return Err(format!("serial '{value}' is longer than 20 bytes")),
             "queues" => {
@@ -186,7 +198,7 @@ fn parse_disk(s: &str) -> Result<DiskSpec, String> {
             other => {
                 return Err(format!(
                     "unknown key '{other}' (socket, image, readonly, serial, queues, format, \
-                     size, iothread)"
+                     size, iothread, locking, share-rw)"
                 ))
             }
         }
@@ -201,6 +213,15 @@ fn parse_disk(s: &str) -> Result<DiskSpec, String> {
         _ => {}
     }
     Ok(spec)
+}
+
+/// A boolean key's value: on or off (true/false, yes/no too).
+fn on_off(key: &str, value: &str) -> Result<bool, String> {
+    match value {
+        "on" | "true" | "yes" => Ok(true),
+        "off" | "false" | "no" => Ok(false),
+        _ => Err(format!("{key}={value}: expected on or off")),
+    }
 }
 
 #[cfg(test)]
@@ -247,6 +268,18 @@ mod tests {
         assert!(e.to_string().contains("format=vmdk"), "{e}");
         let q: DiskSpec = "socket=/s,image=/i.qcow2,format=qcow2".parse().unwrap();
         assert_eq!(q.format, ImageFormat::Qcow2);
+        let l: DiskSpec = "socket=/s,image=/i,locking=off,share-rw=on"
+            .parse()
+            .unwrap();
+        assert_eq!((l.locking, l.share_rw), (LockMode::Off, true));
+        assert_eq!(l.to_string().parse::<DiskSpec>().unwrap(), l);
+        for (bad, key) in [
+            ("socket=/s,image=/i,locking=maybe", "locking=maybe"),
+            ("socket=/s,image=/i,share-rw=2", "share-rw=2"),
+        ] {
+            let e = bad.parse::<DiskSpec>().unwrap_err().to_string();
+            assert!(e.contains(key), "{e}");
+        }
     }
 
     #[test]

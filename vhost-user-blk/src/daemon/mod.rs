@@ -16,6 +16,7 @@
 mod config;
 mod distinct;
 mod exports;
+mod handoff;
 mod iothreads;
 mod socket;
 
@@ -246,10 +247,12 @@ fn open_disk(d: &DiskSpec) -> Result<BlockDevice, DaemonError> {
         serial: d.serial.clone(),
         queues: d.queues,
         format: d.format,
+        locking: d.locking,
+        share_rw: d.share_rw,
     };
     let device = match d.size {
         Some(size) if d.is_null() => BlockDevice::null(size, options),
-        _ => BlockDevice::open(&d.image, options),
+        _ => handoff::open_image(d, options),
     }
     .map_err(|e| DaemonError::Disk {
         spec: d.socket.display().to_string(),

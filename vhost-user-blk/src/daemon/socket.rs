@@ -144,6 +144,14 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> DiskSocket<L, E> {
             return;
         }
         if let Ok((stream, _)) = self.listener.accept() {
+            // An upgrade's disk takes its image's lock once the old daemon has let it go.
+            if let Err(e) = super::handoff::activate(&self.device) {
+                eprintln!(
+                    "aio-vhost-user-blk: {}: refusing a frontend: {e}",
+                    self.path.display()
+                );
+                return;
+            }
             match self.connect(ctx, stream) {
                 // The next frontend waits in the backlog until this one has gone.
                 Ok(()) => {

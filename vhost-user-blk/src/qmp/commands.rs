@@ -12,6 +12,7 @@ use std::path::Path;
 use serde_json::{json, Map, Value};
 
 use aio::EngineKind;
+use aio_block::lock::{Access, ImageLock};
 use aio_core::{AioContext, EventLoop};
 use aio_virtio_blk::format::ImageFormat;
 
@@ -140,6 +141,13 @@ impl State {
         let opts = Opts::from_json("blockdev-add", &args.0).map_err(qsd_error)?;
         let mut graph = self.graph.clone();
         graph.blockdev(opts).map_err(qsd_error)?;
+        let added = graph
+            .nodes
+            .iter()
+            .find(|(name, _)| !self.graph.nodes.contains_key(*name));
+        if let Some((_, node)) = added {
+            check_locks(node)?;
+        }
         self.graph = graph;
         Ok(json!({}))
     }
@@ -239,6 +247,38 @@ impl State {
         events.push(wire::event("BLOCK_EXPORT_DELETED", json!({"id": id})));
         Ok(json!({}))
     }
+}
+
+/// Refuses a qcow2 node whose file another process uses in a way that conflicts, with QEMU's
+/// error (`GenericError`, `Failed to get "write" lock`): QEMU's qcow2 driver locks its file
+/// as soon as the node is added, a raw node only once a user (an export) attaches. Here the
+/// lock is checked now and held from `block-export-add` on, by the export's disk.
+fn check_locks(node: &Node) -> Result<(), QmpError> {
+    let Node::Format {
+        format: ImageFormat::Qcow2,
+        file,
+        read_only,
+    } = node
+    else {
+        return Ok(());
+    };
+    let Node::Protocol {
+        filename,
+        locking,
+        read_only: file_read_only,
+        ..
+    } = &**file
+    else {
+        return Ok(());
+    };
+    // An image that cannot be opened is refused by the export, with the reason.
+    let Ok(image) = std::fs::File::open(filename) else {
+        return Ok(());
+    };
+    let access = Access::qcow2_file(!(*read_only || *file_read_only));
+    ImageLock::acquire(&image, filename, access, *locking)
+        .map(drop)
+        .map_err(|e| QmpError::generic(e.qemu_desc()))
 }
 
 /// `query-named-block-nodes`' entry for `node`: the fields QEMU's `BlockDeviceInfo` has that

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use aio::{Choice, EngineKind};
+use aio_block::lock::LockMode;
 use aio_core::{PollMaxNs, PollParams};
 use aio_virtio_blk::format::ImageFormat;
 
@@ -43,6 +44,8 @@ pub(crate) enum Node {
         /// `aio=`, as our engine.
         aio: Option<EngineKind>,
         read_only: bool,
+        /// `locking=auto|on|off`.
+        locking: LockMode,
         shown: String,
     },
     /// `raw` or `qcow2` over a protocol node.
@@ -360,6 +363,10 @@ impl Graph {
             format,
             size,
             iothread: Some(u16::try_from(iothread).unwrap_or(u16::MAX)),
+            // qemu-storage-daemon's exports share every permission; ours holds the image as
+            // QEMU's own VM disk does (write not shared), so a second writer is refused.
+            locking: node.locking(),
+            share_rw: false,
         };
         Ok((disk, aio))
     }
@@ -390,10 +397,10 @@ fn node(o: &mut Opts, nodes: &HashMap<String, Node>) -> Result<Node, QsdError> {
                     return Err(o.invalid(format!("aio={other}: threads, native or io_uring")))
                 }
             };
-            match o.take("locking").as_deref() {
-                None | Some("off" | "auto") => {}
-                Some(v) => return Err(o.not_served(format!("locking={v} (image locks)"))),
-            }
+            let locking = match o.take("locking") {
+                None => LockMode::Auto,
+                Some(v) => v.parse().map_err(|e| o.invalid(format!("{e}")))?,
+            };
             match o.take("discard").as_deref() {
                 None | Some("unmap" | "on") => {}
                 Some(v) => return Err(o.not_served(format!("discard={v} (discards are passed)"))),
@@ -403,6 +410,7 @@ fn node(o: &mut Opts, nodes: &HashMap<String, Node>) -> Result<Node, QsdError> {
                 filename,
                 aio,
                 read_only,
+                locking,
                 shown: o.shown().to_string(),
             })
         }
@@ -450,6 +458,15 @@ fn node(o: &mut Opts, nodes: &HashMap<String, Node>) -> Result<Node, QsdError> {
 }
 
 impl Node {
+    /// The `locking=` of the file under the node (`off` for the null device: no file).
+    pub(crate) fn locking(&self) -> LockMode {
+        match self {
+            Node::Protocol { locking, .. } => *locking,
+            Node::Format { file, .. } => file.locking(),
+            Node::Null { .. } => LockMode::Off,
+        }
+    }
+
     /// The image file (or `null`), its format, the null device's size, whether the node or
     /// the file under it is read-only, and the engine it asks for (with the option that asks).
     pub(crate) fn image(

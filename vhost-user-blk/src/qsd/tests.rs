@@ -170,7 +170,10 @@ fn what_is_not_served_is_refused_by_name() {
             &["--blockdev", &format!("{file},detect-zeroes=on")],
             "detect-zeroes=on",
         ),
-        (&["--blockdev", &format!("{file},locking=on")], "locking=on"),
+        (
+            &["--blockdev", &format!("{file},locking=maybe")],
+            "locking=maybe",
+        ),
         (&["--object", "secret,id=s,data=x"], "type 'secret'"),
         (&["--chardev", "socket,id=m,path=/m"], "client chardev"),
         (&["--chardev", "socket,id=m,path=/m,server=on"], "wait=on"),

@@ -86,6 +86,8 @@ pub struct Launch {
     log: Option<PathBuf>,
     cpu: Option<usize>,
     socket_wait: Duration,
+    /// The sockets are a running daemon's, which this one replaces (an upgrade).
+    replacing: bool,
 }
 
 impl Launch {
@@ -103,6 +105,7 @@ impl Launch {
             log: None,
             cpu: None,
             socket_wait: Launch::SOCKET_WAIT,
+            replacing: false,
         }
     }
 
@@ -140,6 +143,13 @@ impl Launch {
         self
     }
 
+    /// An upgrade: the sockets' paths are a running daemon's, which this one takes over; they
+    /// are left in place, and the daemon is ready once each path is a socket of its own.
+    pub fn replacing(mut self) -> Launch {
+        self.replacing = true;
+        self
+    }
+
     /// The longest wait for the sockets (then the daemon is killed).
     pub fn socket_wait(mut self, wait: Duration) -> Launch {
         self.socket_wait = wait;
@@ -170,10 +180,20 @@ impl Launch {
                 source,
             }
         };
-        for s in &self.sockets {
-            // An earlier daemon's socket file would look like this one's.
-            let _ = std::fs::remove_file(s);
-        }
+        // An earlier daemon's socket file would look like this one's: removed, or for an
+        // upgrade remembered, so that the wait is for a file of another inode.
+        let earlier: Vec<Option<(u64, u64)>> = self
+            .sockets
+            .iter()
+            .map(|s| {
+                if self.replacing {
+                    file_id(s)
+                } else {
+                    let _ = std::fs::remove_file(s);
+                    None
+                }
+            })
+            .collect();
         let log = match &self.log {
             Some(path) => File::options()
                 .read(true)
@@ -226,7 +246,7 @@ impl Launch {
             log,
             stopped: false,
         };
-        daemon.wait_for_sockets(self.socket_wait)?;
+        daemon.wait_for_sockets(self.socket_wait, &earlier)?;
         Ok(daemon)
     }
 }
@@ -246,10 +266,22 @@ impl Daemon {
     /// The longest wait for an exit after SIGTERM (then SIGKILL).
     pub const STOP_WAIT: Duration = Duration::from_secs(5);
 
-    fn wait_for_sockets(&mut self, wait: Duration) -> Result<(), LaunchError> {
+    /// Waits for every socket to exist, and for each one that `earlier` names to be another
+    /// file than that one.
+    fn wait_for_sockets(
+        &mut self,
+        wait: Duration,
+        earlier: &[Option<(u64, u64)>],
+    ) -> Result<(), LaunchError> {
         let deadline = Instant::now() + wait;
         loop {
-            let Some(missing) = self.sockets.iter().find(|s| !is_socket(s)).cloned() else {
+            let missing = self
+                .sockets
+                .iter()
+                .zip(earlier)
+                .find(|(s, old)| !is_socket(s) || (old.is_some() && file_id(s) == **old))
+                .map(|(s, _)| s.clone());
+            let Some(missing) = missing else {
                 return Ok(());
             };
             if let Some(status) = self.try_wait()? {
@@ -408,6 +440,12 @@ fn in_child(affinity: Option<&nix::sched::CpuSet>) -> io::Result<()> {
 }
 
 /// Whether `path` exists and is a socket.
+/// The device and inode of the file at `path`, if any.
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
 fn is_socket(path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.file_type().is_socket())
 }

@@ -21,12 +21,25 @@ impl Daemon {
     /// when they end) is started again, for up to 20 s; any other early exit fails the test
     /// with the daemon's message.
     pub fn start(args: &[String], sockets: Vec<PathBuf>) -> Daemon {
+        Daemon::launch(args, sockets, false)
+    }
+
+    /// An upgrade: starts the daemon on the sockets a running daemon serves, and waits until
+    /// each is the new daemon's.
+    pub fn start_replacing(args: &[String], sockets: Vec<PathBuf>) -> Daemon {
+        Daemon::launch(args, sockets, true)
+    }
+
+    fn launch(args: &[String], sockets: Vec<PathBuf>, replacing: bool) -> Daemon {
         let mut launch = Launch::new(env!("CARGO_BIN_EXE_aio-vhost-user-blk"))
             .args(args.iter().cloned())
             .label("the daemon")
             .socket_wait(Duration::from_secs(20));
         for s in sockets {
             launch = launch.socket(s);
+        }
+        if replacing {
+            launch = launch.replacing();
         }
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {

@@ -10,13 +10,17 @@ use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use aio_block::lock::{Access, ImageLock, LockMode};
 use aio_core::engine::{AlignedBuf, IoFile};
 
 use crate::chain::ChainLimits;
-use crate::format::{self, ImageFormat, KnownFormat, Qcow2Refusal};
+use crate::format::{self, ImageFormat, KnownFormat};
 use crate::spec::{self, bit, feature, BlkConfig, SECTOR_SIZE};
 
+mod error;
+mod handoff;
 mod resize;
+pub use error::DeviceError;
 pub use resize::ResizeError;
 
 /// The largest queue a driver may set up (`SET_VRING_NUM`), as QEMU's virtio-blk.
@@ -42,6 +46,14 @@ pub struct DiskOptions {
     /// other known format's and serves the rest as raw; [`ImageFormat::Raw`] serves any image
     /// as raw; [`ImageFormat::Qcow2`] only a qcow2 image.
     pub format: ImageFormat,
+    /// QEMU's `locking=`: whether the image (and a qcow2 image's backing files) are locked
+    /// as QEMU locks them, so that QEMU's tools and other daemons see this disk's use of them
+    /// ([`aio_block::lock`]). Default `auto`.
+    pub locking: LockMode,
+    /// `share-rw=on`: let other users write the image beside this disk (two writers the
+    /// operator knows to be safe: a cluster file system). A qcow2 image never shares write,
+    /// whatever this says: its metadata is written by one user only.
+    pub share_rw: bool,
 }
 
 impl Default for DiskOptions {
@@ -51,127 +63,9 @@ impl Default for DiskOptions {
             serial: String::new(),
             queues: 1,
             format: ImageFormat::Auto,
+            locking: LockMode::Auto,
+            share_rw: false,
         }
-    }
-}
-
-/// Why a disk cannot be served.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum DeviceError {
-    /// The image could not be opened with `O_DIRECT` (or its size read).
-    #[error("image {path}: {source}")]
-    Open {
-        /// The image.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
-    /// The image is smaller than one sector, or not a whole number of them.
-    #[error("image {path}: {bytes} bytes is not a positive multiple of 512")]
-    BadSize {
-        /// The image.
-        path: PathBuf,
-        /// Its size.
-        bytes: u64,
-    },
-    /// A window that is not whole sectors, or empty.
-    #[error("window of {size} bytes at {offset}: both must be whole 512-byte sectors, the size at least one")]
-    BadWindow {
-        /// Where it starts.
-        offset: u64,
-        /// Its size.
-        size: u64,
-    },
-    /// The serial is longer than the 20 bytes `GET_ID` answers.
-    #[error("serial '{0}' is longer than 20 bytes")]
-    SerialTooLong(String),
-    /// Zero queues, or more than 256.
-    #[error("{0} queues (1 to 256)")]
-    BadQueueCount(u16),
-    /// The image's header is a known format's, and the disk did not say `format=raw`: served
-    /// as raw, the guest would see and could overwrite the format's metadata.
-    #[error(
-        "image {path}: is a {format} image, which is not served; \
-         give format=raw to serve the file as it is (the guest then sees the {format} metadata)"
-    )]
-    FormatFound {
-        /// The image.
-        path: PathBuf,
-        /// What its header says.
-        format: KnownFormat,
-    },
-    /// `format=qcow2`, and the image is not a qcow2 image.
-    #[error("image {path}: format=qcow2, but it is {}", found_text(.found))]
-    NotQcow2 {
-        /// The image.
-        path: PathBuf,
-        /// What its header says (None: no known format).
-        found: Option<KnownFormat>,
-    },
-    /// A qcow2 image (or a qcow2 backing file) that is refused before opening: encrypted, a
-    /// version not served, an incompatible feature bit.
-    #[error("image {path}: {reason}")]
-    Qcow2Refused {
-        /// The image or backing file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        reason: Qcow2Refusal,
-    },
-    /// A backing file whose header is a format other than raw or qcow2.
-    #[error("backing file {path}: is a {format} image, which is not served as a backing file")]
-    BackingFormat {
-        /// The backing file.
-        path: PathBuf,
-        /// What its header says.
-        format: KnownFormat,
-    },
-    /// A backing chain that comes back to a file already in it (or is absurdly long).
-    #[error(
-        "backing file {path}: the backing chain loops back to it (or is longer than 64 files)"
-    )]
-    BackingLoop {
-        /// The file met twice.
-        path: PathBuf,
-    },
-    /// The image format library could not open the image (or its chain).
-    #[error("image {path}: {source}")]
-    Image {
-        /// The image.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
-    /// This build has no support for the image's format (the crate's `qcow2` feature is off).
-    #[error(
-        "image {path}: is a {format} image, and this build serves no {format} (feature `qcow2`)"
-    )]
-    FormatNotBuilt {
-        /// The image.
-        path: PathBuf,
-        /// What its header says.
-        format: KnownFormat,
-    },
-}
-
-/// What a probe found, for a message.
-fn found_text(found: &Option<KnownFormat>) -> String {
-    match found {
-        Some(f) => format!("a {f} image"),
-        None => "no known format (a raw image?)".to_string(),
-    }
-}
-
-impl From<DeviceError> for io::Error {
-    fn from(e: DeviceError) -> Self {
-        let kind = match &e {
-            DeviceError::Open { source, .. } | DeviceError::Image { source, .. } => source.kind(),
-            _ => io::ErrorKind::InvalidInput,
-        };
-        io::Error::new(kind, e)
     }
 }
 
@@ -209,6 +103,8 @@ pub(crate) enum Backing {
         probed: bool,
         /// A [window](BlockDevice::window): its size is the one given, never resized.
         window: bool,
+        /// The image's locks (none for a window: its file is the caller's).
+        _lock: Option<std::sync::Arc<ImageLock>>,
     },
     /// Nothing: reads return zeros, writes are dropped (QEMU's `null-co`, `read-zeroes=on`).
     Null,
@@ -227,6 +123,8 @@ pub struct BlockDevice {
     capacity_sectors: std::sync::Arc<std::sync::atomic::AtomicU64>,
     options: DiskOptions,
     stats: std::sync::Arc<crate::stats::BlockStats>,
+    /// The locks of a disk opened [inactive](BlockDevice::open_inactive), taken on activation.
+    pending: Option<std::sync::Arc<handoff::PendingLocks>>,
 }
 
 /// Refuses options no disk can be served with.
@@ -259,21 +157,48 @@ fn sectors(path: &Path, bytes: u64) -> Result<u64, DeviceError> {
 impl BlockDevice {
     /// Opens `image` (a file or a block device) with `O_DIRECT`, read-only when the options
     /// say so, as the format the options give (see [`ImageFormat`]), and reads its size.
+    ///
+    /// The image is locked first, as the options' `locking` and `share_rw` say (a qcow2
+    /// image's backing files too, as they are opened): another process's use that conflicts
+    /// is [`DeviceError::Lock`], and nothing is read or written before the lock is held.
     pub fn open(image: &Path, options: DiskOptions) -> Result<Self, DeviceError> {
+        Self::open_as(image, options, true)
+    }
+
+    /// [`open`](Self::open), refusing a qcow2 image (for [`open_inactive`](Self::open_inactive)).
+    fn open_raw_only(image: &Path, options: DiskOptions) -> Result<Self, DeviceError> {
+        Self::open_as(image, options, false)
+    }
+
+    fn open_as(image: &Path, options: DiskOptions, qcow2: bool) -> Result<Self, DeviceError> {
         check_options(&options)?;
         let open_error = |source| DeviceError::Open {
             path: image.to_path_buf(),
             source,
         };
         let (file, bytes) = open_direct(image, !options.read_only).map_err(open_error)?;
+        let writable = !options.read_only;
+        // The access is the format's (a qcow2 file never shares write), so the header is
+        // probed before locking: a read of 4 KiB, which no lock forbids.
         let found = match options.format {
             ImageFormat::Raw => None,
             _ => probe_header(&file).map_err(open_error)?,
         };
         match (options.format, found) {
+            (ImageFormat::Qcow2, _) | (ImageFormat::Auto, Some(KnownFormat::Qcow2)) if !qcow2 => {
+                return Err(DeviceError::NotInactive {
+                    path: image.to_path_buf(),
+                })
+            }
             (ImageFormat::Qcow2, _) | (ImageFormat::Auto, Some(KnownFormat::Qcow2)) => {
+                let lock = ImageLock::acquire(
+                    &file,
+                    image,
+                    Access::qcow2_file(writable),
+                    options.locking,
+                )?;
                 drop(file);
-                return Self::open_qcow2(image, options, found);
+                return Self::open_qcow2(image, options, found, lock);
             }
             (ImageFormat::Auto, Some(format)) => {
                 return Err(DeviceError::FormatFound {
@@ -283,6 +208,8 @@ impl BlockDevice {
             }
             _ => {}
         }
+        let access = Access::disk(writable, options.share_rw);
+        let lock = ImageLock::acquire(&file, image, access, options.locking)?;
         Ok(BlockDevice {
             capacity_sectors: shared(sectors(image, bytes)?),
             backing: Backing::Raw {
@@ -290,9 +217,11 @@ impl BlockDevice {
                 offset: 0,
                 probed: options.format == ImageFormat::Auto,
                 window: false,
+                _lock: Some(std::sync::Arc::new(lock)),
             },
             options,
             stats: Default::default(),
+            pending: None,
         })
     }
 
@@ -301,13 +230,15 @@ impl BlockDevice {
         image: &Path,
         options: DiskOptions,
         _found: Option<KnownFormat>,
+        lock: ImageLock,
     ) -> Result<Self, DeviceError> {
-        let qcow2 = crate::image::Qcow2Image::open(image, !options.read_only)?;
+        let qcow2 = crate::image::Qcow2Image::open(image, !options.read_only, lock)?;
         Ok(BlockDevice {
             capacity_sectors: shared(sectors(image, qcow2.size())?),
             backing: Backing::Qcow2(std::sync::Arc::new(qcow2)),
             options,
             stats: Default::default(),
+            pending: None,
         })
     }
 
@@ -316,6 +247,7 @@ impl BlockDevice {
         image: &Path,
         _options: DiskOptions,
         found: Option<KnownFormat>,
+        _lock: ImageLock,
     ) -> Result<Self, DeviceError> {
         Err(match found {
             Some(KnownFormat::Qcow2) => DeviceError::FormatNotBuilt {
@@ -339,13 +271,15 @@ impl BlockDevice {
             backing: Backing::Null,
             options,
             stats: Default::default(),
+            pending: None,
         })
     }
 
     /// A disk that is a window of an image already open (`O_DIRECT`, with the access the
     /// options need): `size` bytes from `offset`, as QEMU's raw driver's `offset=` and
     /// `size=` serve part of a file or device. Both are whole sectors; the image's format is
-    /// not probed (the window is raw by construction).
+    /// not probed (the window is raw by construction), and no lock is taken: the file is the
+    /// caller's, to lock with [`aio_block::lock::ImageLock`] as it sees fit.
     pub fn window(
         file: IoFile,
         offset: u64,
@@ -362,10 +296,12 @@ impl BlockDevice {
                 offset,
                 probed: false,
                 window: true,
+                _lock: None,
             },
             capacity_sectors: shared(size / SECTOR_SIZE),
             options,
             stats: Default::default(),
+            pending: None,
         })
     }
 

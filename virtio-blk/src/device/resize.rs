@@ -83,6 +83,8 @@ impl BlockDevice {
         if bytes == 0 || bytes % SECTOR_SIZE != 0 {
             return Err(ResizeError::BadSize { bytes });
         }
+        // A disk opened inactive changes its image only once it holds the image's locks.
+        self.activate().map_err(|e| ResizeError::Io(e.into()))?;
         let old = self.capacity_sectors() * SECTOR_SIZE;
         if bytes == old {
             return Ok(());
@@ -196,6 +198,8 @@ mod tests {
             &path,
             DiskOptions {
                 read_only: true,
+                // Beside the writable disk above, which does not share write.
+                locking: aio_block::lock::LockMode::Off,
                 ..raw_options()
             },
         )

@@ -28,6 +28,7 @@ mod storage;
 use std::cell::RefCell;
 use std::fmt;
 use std::io;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -37,6 +38,8 @@ use imago::format::Format;
 use imago::qcow2::Qcow2;
 use imago::{FormatAccess, FormatDriverBuilder, StorageOpenOptions};
 use tokio::sync::RwLock;
+
+use aio_block::lock::{Access, ImageLock, LockMode};
 
 pub(crate) use current::ImageEngine;
 pub(crate) use requests::execute;
@@ -61,6 +64,8 @@ pub(crate) struct Qcow2Image {
     writable: bool,
     /// The metadata write-back allocating writes wait for.
     write_back: requests::WriteBack,
+    /// The image's lock and its backing files' (QEMU's lock bytes), held while it is served.
+    _locks: Vec<ImageLock>,
 }
 
 impl fmt::Debug for Qcow2Image {
@@ -131,16 +136,29 @@ fn check_qcow2_header(path: &Path, head: &[u8]) -> Result<(), DeviceError> {
 /// The gate every file of the chain is opened through: read-only backing layers, their headers
 /// checked, no loops, no endless chains. A refusal is kept typed for the caller (imago turns
 /// what the gate returns into an `io::Error` with context).
-#[derive(Clone, Default)]
+#[derive(Clone)]
 struct ChainGate {
     /// Canonical paths opened so far, the image first.
     seen: Rc<RefCell<Vec<PathBuf>>>,
     /// Backing layers opened, nearest first.
     chain: Rc<RefCell<Vec<PathBuf>>>,
     refusal: Rc<RefCell<Option<DeviceError>>>,
+    /// How backing files are locked (the image's `locking=`), and their locks once taken.
+    locking: LockMode,
+    locks: Rc<RefCell<Vec<ImageLock>>>,
 }
 
 impl ChainGate {
+    fn new(locking: LockMode) -> Self {
+        ChainGate {
+            seen: Rc::default(),
+            chain: Rc::default(),
+            refusal: Rc::default(),
+            locking,
+            locks: Rc::default(),
+        }
+    }
+
     fn refuse(&self, e: DeviceError) -> io::Error {
         let text = e.to_string();
         self.refusal.borrow_mut().get_or_insert(e);
@@ -193,21 +211,34 @@ impl ImplicitOpenGate<EngineStorage> for ChainGate {
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name given"))?
             .to_path_buf();
         self.visit(&path)?;
-        EngineStorage::open_path(&path, opts.get_writable())
+        let storage = EngineStorage::open_path(&path, opts.get_writable())?;
+        // A backing file is locked as QEMU's tools lock one (read, everything shared) before
+        // imago reads its header through it.
+        let fd = storage.io_file().as_fd().try_clone_to_owned()?;
+        match ImageLock::acquire(&fd.into(), &path, Access::backing(), self.locking) {
+            Ok(lock) => self.locks.borrow_mut().push(lock),
+            Err(e) => return Err(self.refuse(e.into())),
+        }
+        Ok(storage)
     }
 }
 
 impl Qcow2Image {
     /// Opens the qcow2 image at `path` (for writing when `writable`) and its backing chain
-    /// (read-only), after checking every header.
-    pub(crate) fn open(path: &Path, writable: bool) -> Result<Self, DeviceError> {
+    /// (read-only), after checking every header. `lock` is the image's own, taken by the
+    /// caller before anything was read; the backing files are locked as its mode says.
+    pub(crate) fn open(path: &Path, writable: bool, lock: ImageLock) -> Result<Self, DeviceError> {
         let failed = |source| DeviceError::Image {
             path: path.to_path_buf(),
             source,
         };
         let head = read_header(path).map_err(failed)?;
         check_qcow2_header(path, &head)?;
-        let gate = ChainGate::default();
+        let gate = ChainGate::new(if lock.is_locked() {
+            LockMode::Auto
+        } else {
+            LockMode::Off
+        });
         gate.visit(path).map_err(failed)?;
         let storage = EngineStorage::open_path(path, writable).map_err(failed)?;
         let opened = current::block_on(
@@ -221,6 +252,8 @@ impl Qcow2Image {
             Err(source) => return Err(gate.refusal.take().unwrap_or_else(|| failed(source))),
         };
         let chain = gate.chain.take();
+        let mut locks = vec![lock];
+        locks.append(&mut gate.locks.borrow_mut());
         let access = FormatAccess::new(qcow2);
         // The header was checked: qcow2's cluster_bits is 9..=21.
         let cluster_bits = header_field(&head, 20, 4).unwrap_or(16) as u32;
@@ -231,6 +264,7 @@ impl Qcow2Image {
             chain,
             writable,
             write_back: requests::WriteBack::default(),
+            _locks: locks,
         })
     }
 

@@ -1,0 +1,134 @@
+//! A disk opened before its image's other user has let it go: an upgrade, where a new daemon
+//! takes over a socket while the old one still serves its last frontend.
+//!
+//! This module owns the inactive open and the activation that takes the image's locks later,
+//! as QEMU opens an incoming migration's images inactive (no locks) and takes their locks
+//! when the source has given them up; it never serves a request.
+//!
+//! * **Raw images only.** A raw image has nothing cached from the file: the old daemon's
+//!   writes until it stops are read by the new one as they are. A qcow2 image is refused
+//!   ([`DeviceError::NotInactive`]): its metadata read now would be stale once the old daemon
+//!   has allocated more (QEMU re-reads it on activation; this crate does not yet).
+//! * **No request before activation.** The transport calls [`BlockDevice::activate`] before
+//!   it takes a frontend's requests; until then the device holds no lock and reads nothing
+//!   but its header.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+
+use aio_block::lock::{Access, ImageLock, LockError, LockMode};
+
+use super::{BlockDevice, DeviceError, DiskOptions};
+
+/// The locks an inactive disk takes when it is activated.
+#[derive(Debug)]
+pub(crate) struct PendingLocks {
+    path: PathBuf,
+    access: Access,
+    mode: LockMode,
+    /// Taken by the first successful [`BlockDevice::activate`].
+    held: Mutex<Option<ImageLock>>,
+}
+
+impl BlockDevice {
+    /// Opens a raw `image` as [`open`](Self::open) does, but takes no lock yet: another
+    /// process (the daemon this one succeeds) may still use it. [`activate`](Self::activate)
+    /// takes the locks the options ask for, once that process has let them go. A qcow2 image
+    /// is refused with [`DeviceError::NotInactive`].
+    pub fn open_inactive(image: &Path, options: DiskOptions) -> Result<Self, DeviceError> {
+        let unlocked = DiskOptions {
+            locking: LockMode::Off,
+            ..options.clone()
+        };
+        let mut device = Self::open_raw_only(image, unlocked)?;
+        device.pending = Some(std::sync::Arc::new(PendingLocks {
+            path: image.to_path_buf(),
+            access: Access::disk(!options.read_only, options.share_rw),
+            mode: options.locking,
+            held: Mutex::new(None),
+        }));
+        device.options = options;
+        Ok(device)
+    }
+
+    /// Takes the locks of a disk opened [inactive](Self::open_inactive) (nothing to do for
+    /// any other disk, or once taken): another process's conflicting use is
+    /// [`LockError::Conflict`], and the disk stays inactive.
+    pub fn activate(&self) -> Result<(), LockError> {
+        let Some(pending) = &self.pending else {
+            return Ok(());
+        };
+        let mut held = pending.held.lock().unwrap_or_else(PoisonError::into_inner);
+        if held.is_some() {
+            return Ok(());
+        }
+        let file = std::fs::File::open(&pending.path).map_err(|source| LockError::Byte {
+            path: pending.path.clone(),
+            byte: aio_block::lock::PERM_BASE,
+            source,
+        })?;
+        *held = Some(ImageLock::acquire(
+            &file,
+            &pending.path,
+            pending.access,
+            pending.mode,
+        )?);
+        Ok(())
+    }
+
+    /// Whether the disk may serve requests: false only for an [inactive](Self::open_inactive)
+    /// disk not yet [activated](Self::activate).
+    pub fn is_active(&self) -> bool {
+        match &self.pending {
+            None => true,
+            Some(p) => p
+                .held
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_some(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::ImageFormat;
+
+    #[test]
+    fn an_inactive_disk_takes_its_lock_once_the_other_user_lets_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("disk.img");
+        std::fs::write(&path, vec![0u8; 1 << 20]).unwrap();
+        let raw = DiskOptions {
+            format: ImageFormat::Raw,
+            ..DiskOptions::default()
+        };
+        let old = BlockDevice::open(&path, raw.clone()).unwrap();
+        assert!(matches!(
+            BlockDevice::open(&path, raw.clone()),
+            Err(DeviceError::Lock(LockError::Conflict { .. }))
+        ));
+        let new = BlockDevice::open_inactive(&path, raw.clone()).unwrap();
+        assert!(!new.is_active());
+        assert!(matches!(new.activate(), Err(LockError::Conflict { .. })));
+        assert!(!new.is_active());
+        drop(old);
+        new.activate().unwrap();
+        assert!(new.is_active());
+        // Its lock is held now: a third writer is refused.
+        assert!(BlockDevice::open(&path, raw).is_err());
+    }
+
+    #[test]
+    fn a_qcow2_image_is_not_opened_inactive() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("disk.qcow2");
+        let mut head = vec![0u8; 1 << 16];
+        head[..4].copy_from_slice(b"QFI\xfb");
+        head[7] = 3;
+        std::fs::write(&path, head).unwrap();
+        let e = BlockDevice::open_inactive(&path, DiskOptions::default()).unwrap_err();
+        assert!(matches!(e, DeviceError::NotInactive { .. }), "{e}");
+    }
+}
