@@ -160,24 +160,24 @@ fn a_qemu_storage_daemon_command_line_serves_the_disks_qemu_storage_daemon_serve
     qemu_img(&["compare", "-f", "qcow2", "-F", "qcow2", a, b]);
 }
 
+/// Paths relative to the directory it is started in are served, and the daemon itself runs
+/// in `/` (it keeps no directory busy), as qemu-storage-daemon.
 #[test]
 fn daemonize_returns_once_serving_and_the_pid_file_names_the_daemon() {
     let (dir, raw, _) = images();
     let socket = dir.path().join("d.sock");
     let pidfile = dir.path().join("d.pid");
     let status = Command::new(env!("CARGO_BIN_EXE_aio-vhost-user-blk"))
+        .current_dir(dir.path())
         .arg("--blockdev")
         .arg(format!(
             "driver=file,node-name=f0,filename={},aio=threads",
-            raw.display()
+            raw.file_name().unwrap().to_str().unwrap()
         ))
         .arg("--export")
-        .arg(format!(
-            "type=vhost-user-blk,id=e0,node-name=f0,addr.type=unix,addr.path={},writable=on",
-            socket.display()
-        ))
+        .arg("type=vhost-user-blk,id=e0,node-name=f0,addr.type=unix,addr.path=d.sock,writable=on")
         .arg("--pidfile")
-        .arg(&pidfile)
+        .arg("d.pid")
         .arg("--daemonize")
         .status()
         .unwrap();
@@ -192,6 +192,8 @@ fn daemonize_returns_once_serving_and_the_pid_file_names_the_daemon() {
     let c = connect(&socket, 1, 4096).unwrap();
     assert_eq!(c.capacity().unwrap(), 64 << 20);
     drop(c);
+    let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap();
+    assert_eq!(cwd, std::path::Path::new("/"), "the daemon's directory");
     let pid = nix::unistd::Pid::from_raw(pid);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);

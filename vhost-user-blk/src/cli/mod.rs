@@ -94,6 +94,12 @@ pub fn main(args: Vec<String>) -> i32 {
 /// Serves `config` as `process` says (QMP over `graph`, the command line's names, on its
 /// monitors) until SIGINT or SIGTERM; returns the exit code.
 fn serve(config: &Config, process: &qsd::Process, graph: Option<&qsd::command::Graph>) -> i32 {
+    let (mut config, mut process, mut graph) = (config.clone(), process.clone(), graph.cloned());
+    if process.daemonize {
+        // The daemon runs in `/` (it keeps no directory busy), so every path given relative
+        // to the directory it was started in is resolved first, as qemu-storage-daemon does.
+        absolute_paths(&mut config, &mut process, graph.as_mut());
+    }
     // Before any thread starts (the signal handler's included): fork is safe only then.
     let detached = match process.daemonize.then(process::daemonize).transpose() {
         Ok(d) => d,
@@ -102,6 +108,13 @@ fn serve(config: &Config, process: &qsd::Process, graph: Option<&qsd::command::G
             return 1;
         }
     };
+    if detached.is_some() {
+        if let Err(e) = std::env::set_current_dir("/") {
+            eprintln!("aio-vhost-user-blk: --daemonize: changing directory to /: {e}");
+            return 1;
+        }
+    }
+    let (config, process, graph) = (&config, &process, graph.as_ref());
     let _pidfile = match process.pidfile.as_deref().map(process::PidFile::create) {
         Some(Err(e)) => {
             eprintln!("aio-vhost-user-blk: --pidfile {e}");
@@ -139,6 +152,25 @@ fn serve(config: &Config, process: &qsd::Process, graph: Option<&qsd::command::G
                 _ => 1,
             }
         }
+    }
+}
+
+/// Makes every path of the configuration, the process options and the graph absolute.
+fn absolute_paths(
+    config: &mut Config,
+    process: &mut qsd::Process,
+    graph: Option<&mut qsd::command::Graph>,
+) {
+    use qsd::command::absolute;
+    for d in &mut config.disks {
+        d.socket = absolute(&d.socket);
+        if !d.is_null() {
+            d.image = absolute(&d.image);
+        }
+    }
+    process.absolute_paths();
+    if let Some(g) = graph {
+        g.absolute_paths();
     }
 }
 

@@ -457,7 +457,49 @@ fn node(o: &mut Opts, nodes: &HashMap<String, Node>) -> Result<Node, QsdError> {
     }
 }
 
+impl Graph {
+    /// Makes every path the graph holds absolute, from the current directory (before
+    /// `--daemonize` leaves it for `/`, as qemu-storage-daemon does).
+    pub(crate) fn absolute_paths(&mut self) {
+        for node in self.nodes.values_mut() {
+            node.absolute_paths();
+        }
+        for e in &mut self.exports {
+            e.socket = absolute(&e.socket);
+        }
+        for path in self.chardevs.values_mut() {
+            *path = absolute(path);
+        }
+        self.process.absolute_paths();
+    }
+}
+
+/// `path` from the current directory (left as it is if that cannot be read).
+pub(crate) fn absolute(path: &std::path::Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+impl Process {
+    /// Makes the PID file's and the monitors' paths absolute.
+    pub(crate) fn absolute_paths(&mut self) {
+        if let Some(p) = &mut self.pidfile {
+            *p = absolute(p);
+        }
+        for m in &mut self.monitors {
+            *m = absolute(m);
+        }
+    }
+}
+
 impl Node {
+    fn absolute_paths(&mut self) {
+        match self {
+            Node::Protocol { filename, .. } => *filename = absolute(filename),
+            Node::Format { file, .. } => file.absolute_paths(),
+            Node::Null { .. } => {}
+        }
+    }
+
     /// The `locking=` of the file under the node (`off` for the null device: no file).
     pub(crate) fn locking(&self) -> LockMode {
         match self {
