@@ -164,6 +164,14 @@ pub enum Qcow2Refusal {
     /// would be served as ciphertext and written as plaintext.
     #[error("the qcow2 image is encrypted ({}); encrypted images are not served", crypt_name(*.0))]
     Encrypted(u32),
+    /// The dirty bit alone: a crash left the refcounts of a `lazy_refcounts=on` image stale
+    /// (its mappings are sound). Such an image may be read, not written, until it is repaired
+    /// (`qemu-img check -r all`).
+    #[error(
+        "the qcow2 image is dirty: its refcounts are stale after a crash with \
+         lazy_refcounts=on; repair it with `qemu-img check -r all`"
+    )]
+    Dirty,
     /// Incompatible feature bits the device does not serve (named in the message).
     #[error("the qcow2 image has incompatible feature bits it cannot be served with: {}",
         incompatible_names(*.0))]
@@ -179,6 +187,8 @@ mod qcow2_header {
     pub const INCOMPATIBLE: usize = 72;
     /// The end of version 3's fixed header (the fields read here).
     pub const V3_END: usize = 104;
+    /// Dirty (lazy refcounts after a crash): served read-only.
+    pub const DIRTY: u64 = 1 << 0;
     /// External data file: served (imago reads it).
     pub const EXTERNAL_DATA_FILE: u64 = 1 << 2;
 }
@@ -237,6 +247,9 @@ pub fn check_qcow2(header: &[u8]) -> Result<(), Qcow2Refusal> {
                 .expect("8"),
         );
         let refused = bits & !EXTERNAL_DATA_FILE;
+        if refused == qcow2_header::DIRTY {
+            return Err(Qcow2Refusal::Dirty);
+        }
         if refused != 0 {
             return Err(Qcow2Refusal::Incompatible(refused));
         }
@@ -318,6 +331,7 @@ mod tests {
         let aes = check_qcow2(&qcow2_header(2, 1, 0)).unwrap_err();
         assert!(aes.to_string().contains("AES"), "{aes}");
         let dirty = check_qcow2(&qcow2_header(3, 0, 1)).unwrap_err();
+        assert_eq!(dirty, Qcow2Refusal::Dirty);
         assert!(dirty.to_string().contains("dirty") && dirty.to_string().contains("check -r all"));
         let unknown = check_qcow2(&qcow2_header(3, 0, (1 << 4) | (1 << 9))).unwrap_err();
         assert_eq!(unknown, Qcow2Refusal::Incompatible((1 << 4) | (1 << 9)));

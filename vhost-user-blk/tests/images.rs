@@ -1,6 +1,7 @@
 //! Images other than a raw file, served by the daemon to a libblkio client: qcow2 images made
 //! by `qemu-img` (left clean by a stop, only leaking clusters after SIGKILL in the middle of
-//! allocating writes, and opened again), and the null device.
+//! allocating writes, and opened again; a dirty one left by a killed `qemu-io` served read-only
+//! until repaired), and the null device.
 //!
 //! Needs `qemu-img` (Debian's `qemu-utils`; `.ci/run` installs it).
 
@@ -9,7 +10,7 @@ mod common;
 use std::process::Command;
 
 use blkio::ReqFlags;
-use common::{connect, engines, image, qemu_img, Daemon};
+use common::{connect, connect_read_only, engines, image, qemu_img, Daemon};
 
 /// A qcow2 image made by `qemu-img` (metadata preallocated, and not) is served as qcow2:
 /// its virtual size, the client's writes read back, and after SIGTERM `qemu-img check` finds
@@ -123,4 +124,83 @@ fn a_qcow2_image_killed_mid_allocation_only_leaks_and_opens_again() {
         assert!(d.terminate().success());
         println!("{engine}: killed mid-allocation, qemu-img check exit {code:?}, reopened");
     }
+}
+
+/// A qcow2 image with `lazy_refcounts=on` left dirty by a `qemu-io` killed after its writes
+/// (QEMU's own crash): served read-only with a warning naming `qemu-img check -r all`, its
+/// data read back, the file left as it was (`qemu-img check` finds the same state); once
+/// repaired, served writable and left clean.
+#[test]
+fn a_dirty_qcow2_image_is_served_read_only_until_repaired() {
+    let (dir, _) = image(1 << 20);
+    let qcow2 = dir.path().join("dirty.qcow2");
+    let q = qcow2.to_str().unwrap();
+    qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-o",
+        "lazy_refcounts=on",
+        q,
+        "64M",
+    ]);
+    let killed = Command::new("qemu-io")
+        .args(["-f", "qcow2", q])
+        .args(["-c", "write -P 0x33 0 1M", "-c", "write -P 0x44 8M 1M"])
+        .args(["-c", "sigraise 9"])
+        .output()
+        .expect("qemu-io (install qemu-utils)");
+    assert!(!killed.status.success(), "qemu-io was to be killed");
+    let check = |args: &[&str]| {
+        let out = Command::new("qemu-img").args(args).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let before = check(&["check", q]);
+    assert_ne!(before.0, Some(0), "QEMU left it dirty: {}", before.1);
+    let bytes = std::fs::read(&qcow2).unwrap();
+
+    let mut d = Daemon::one_disk(dir.path(), &qcow2, "pool", "");
+    // Read-only: libblkio refuses a writable client of it.
+    assert!(connect(d.socket(), 1, 4096).is_err(), "served writable");
+    let mut c = connect_read_only(d.socket(), 4096).unwrap();
+    for (offset, byte) in [(0u64, 0x33u8), (8 << 20, 0x44)] {
+        c.read(0, offset, 0, 4096, 1);
+        assert_eq!(c.wait(0, 1), [(1, 0)]);
+        assert!(
+            c.read_buf(0, 4096).iter().all(|&b| b == byte),
+            "at {offset}"
+        );
+    }
+    drop(c);
+    let log = d.log();
+    assert!(
+        log.contains("dirty") && log.contains("qemu-img check -r all"),
+        "{log}"
+    );
+    assert!(d.terminate().success());
+    assert_eq!(
+        std::fs::read(&qcow2).unwrap(),
+        bytes,
+        "the file is untouched"
+    );
+    assert_eq!(check(&["check", q]), before);
+
+    let repaired = check(&["check", "-r", "all", q]);
+    assert_eq!(repaired.0, Some(0), "{}", repaired.1);
+    let d = Daemon::one_disk(dir.path(), &qcow2, "pool", "");
+    let mut c = connect(d.socket(), 1, 4096).unwrap();
+    c.fill_buf(0, 4096, 0x55);
+    c.write(0, 16 << 20, 0, 4096, 2);
+    assert_eq!(c.wait(0, 1), [(2, 0)]);
+    c.read(0, 8 << 20, 0, 4096, 3);
+    assert_eq!(c.wait(0, 1), [(3, 0)]);
+    assert!(c.read_buf(0, 4096).iter().all(|&b| b == 0x44));
+    drop(c);
+    assert!(d.terminate().success());
+    let after = check(&["check", q]);
+    assert_eq!(after.0, Some(0), "{}", after.1);
 }

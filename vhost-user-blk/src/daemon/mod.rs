@@ -258,6 +258,15 @@ fn open_disk(d: &DiskSpec) -> Result<BlockDevice, DaemonError> {
         spec: d.socket.display().to_string(),
         source: e.into(),
     })?;
+    if device.is_dirty() {
+        eprintln!(
+            "aio-vhost-user-blk: warning: {}: the qcow2 image is dirty (its refcounts are stale \
+             after a crash with lazy_refcounts=on): served read-only; `qemu-img check -r all {}` \
+             repairs it, then it is served writable",
+            d.image.display(),
+            d.image.display()
+        );
+    }
     let chain = device.backing_chain();
     if !chain.is_empty() {
         let names: Vec<_> = chain.iter().map(|p| p.display().to_string()).collect();

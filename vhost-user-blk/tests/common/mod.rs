@@ -79,6 +79,11 @@ impl Daemon {
         self.inner().socket(0)
     }
 
+    /// What the daemon has printed so far.
+    pub fn log(&mut self) -> String {
+        self.0.as_mut().expect("running").log()
+    }
+
     pub fn pid(&self) -> u32 {
         self.inner().pid()
     }

@@ -125,6 +125,8 @@ pub struct BlockDevice {
     stats: std::sync::Arc<crate::stats::BlockStats>,
     /// The locks of a disk opened [inactive](BlockDevice::open_inactive), taken on activation.
     pending: Option<std::sync::Arc<handoff::PendingLocks>>,
+    /// A dirty qcow2 image served read-only though the options asked for writes.
+    dirty: bool,
 }
 
 /// Refuses options no disk can be served with.
@@ -191,14 +193,7 @@ impl BlockDevice {
                 })
             }
             (ImageFormat::Qcow2, _) | (ImageFormat::Auto, Some(KnownFormat::Qcow2)) => {
-                let lock = ImageLock::acquire(
-                    &file,
-                    image,
-                    Access::qcow2_file(writable),
-                    options.locking,
-                )?;
-                drop(file);
-                return Self::open_qcow2(image, options, found, lock);
+                return Self::open_qcow2(image, options, found, file);
             }
             (ImageFormat::Auto, Some(format)) => {
                 return Err(DeviceError::FormatFound {
@@ -222,18 +217,30 @@ impl BlockDevice {
             options,
             stats: Default::default(),
             pending: None,
+            dirty: false,
         })
     }
 
+    /// Opens the qcow2 image whose file is `file` (opened for the probe, locked here first).
+    /// A dirty image (lazy refcounts after a crash) is served read-only, whatever the options
+    /// asked: [`is_dirty`](Self::is_dirty) says so, for the caller to warn.
     #[cfg(feature = "qcow2")]
     fn open_qcow2(
         image: &Path,
-        options: DiskOptions,
+        mut options: DiskOptions,
         _found: Option<KnownFormat>,
-        lock: ImageLock,
+        file: std::fs::File,
     ) -> Result<Self, DeviceError> {
+        let dirty = !options.read_only && crate::image::is_dirty(image);
+        if dirty {
+            options.read_only = true;
+        }
+        let access = Access::qcow2_file(!options.read_only);
+        let lock = ImageLock::acquire(&file, image, access, options.locking)?;
+        drop(file);
         let qcow2 = crate::image::Qcow2Image::open(image, !options.read_only, lock)?;
         Ok(BlockDevice {
+            dirty,
             capacity_sectors: shared(sectors(image, qcow2.size())?),
             backing: Backing::Qcow2(std::sync::Arc::new(qcow2)),
             options,
@@ -247,7 +254,7 @@ impl BlockDevice {
         image: &Path,
         _options: DiskOptions,
         found: Option<KnownFormat>,
-        _lock: ImageLock,
+        _file: std::fs::File,
     ) -> Result<Self, DeviceError> {
         Err(match found {
             Some(KnownFormat::Qcow2) => DeviceError::FormatNotBuilt {
@@ -272,6 +279,7 @@ impl BlockDevice {
             options,
             stats: Default::default(),
             pending: None,
+            dirty: false,
         })
     }
 
@@ -302,6 +310,7 @@ impl BlockDevice {
             options,
             stats: Default::default(),
             pending: None,
+            dirty: false,
         })
     }
 
@@ -363,7 +372,15 @@ impl BlockDevice {
             .load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// The options it was opened with.
+    /// Whether the image is a dirty qcow2 image (its refcounts stale after a crash with
+    /// `lazy_refcounts=on`) served read-only though the options asked for writes, as QEMU
+    /// serves one it opens read-only; `qemu-img check -r all` repairs it. The options then
+    /// say `read_only`.
+    pub fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
+    /// The options it was opened with (`read_only` set for a [dirty](Self::is_dirty) image).
     pub fn options(&self) -> &DiskOptions {
         &self.options
     }

@@ -46,7 +46,7 @@ pub(crate) use requests::execute;
 use storage::EngineStorage;
 
 use crate::device::DeviceError;
-use crate::format::{self, KnownFormat};
+use crate::format::{self, KnownFormat, Qcow2Refusal};
 
 /// The longest backing chain followed (QEMU has no fixed limit; a chain this long is a loop
 /// the path check missed, or a mistake).
@@ -117,15 +117,16 @@ fn l2_cache_entries(head: &[u8]) -> usize {
     entries.max(imago::qcow2::DEFAULT_L2_CACHE_ENTRIES)
 }
 
-/// Checks that `path` holds a qcow2 image that may be served.
-fn check_qcow2_header(path: &Path, head: &[u8]) -> Result<(), DeviceError> {
+/// Checks that `path` holds a qcow2 image that may be served (a dirty one only read-only).
+fn check_qcow2_header(path: &Path, head: &[u8], writable: bool) -> Result<(), DeviceError> {
     match format::probe(head) {
-        Some(KnownFormat::Qcow2) => {
-            format::check_qcow2(head).map_err(|reason| DeviceError::Qcow2Refused {
+        Some(KnownFormat::Qcow2) => match format::check_qcow2(head) {
+            Err(Qcow2Refusal::Dirty) if !writable => Ok(()),
+            checked => checked.map_err(|reason| DeviceError::Qcow2Refused {
                 path: path.to_path_buf(),
                 reason,
-            })
-        }
+            }),
+        },
         found => Err(DeviceError::NotQcow2 {
             path: path.to_path_buf(),
             found,
@@ -190,7 +191,7 @@ impl ImplicitOpenGate<EngineStorage> for ChainGate {
         if let Some(path) = builder.get_image_path() {
             let head = read_header(&path)?;
             let refused = match F::FORMAT {
-                Format::Qcow2 => check_qcow2_header(&path, &head).err(),
+                Format::Qcow2 => check_qcow2_header(&path, &head, false).err(),
                 _ => format::probe(&head).map(|format| DeviceError::BackingFormat {
                     path: path.clone(),
                     format,
@@ -223,6 +224,12 @@ impl ImplicitOpenGate<EngineStorage> for ChainGate {
     }
 }
 
+/// Whether the qcow2 image at `path` is dirty (and nothing else is refused): its refcounts
+/// stale after a crash with `lazy_refcounts=on`, so it is served read-only.
+pub(crate) fn is_dirty(path: &Path) -> bool {
+    read_header(path).is_ok_and(|head| format::check_qcow2(&head) == Err(Qcow2Refusal::Dirty))
+}
+
 impl Qcow2Image {
     /// Opens the qcow2 image at `path` (for writing when `writable`) and its backing chain
     /// (read-only), after checking every header. `lock` is the image's own, taken by the
@@ -233,7 +240,7 @@ impl Qcow2Image {
             source,
         };
         let head = read_header(path).map_err(failed)?;
-        check_qcow2_header(path, &head)?;
+        check_qcow2_header(path, &head, writable)?;
         let gate = ChainGate::new(if lock.is_locked() {
             LockMode::Auto
         } else {

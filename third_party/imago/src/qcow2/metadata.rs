@@ -527,6 +527,12 @@ impl Header {
             header.write(image).await?;
         }
 
+        // A dirty image's refcounts may be stale after a crash; opened read-only, nothing
+        // reads them (aio-rs: a dirty image served read-only until `qemu-img check -r all`).
+        if !writable {
+            incompatible_features &= !(IncompatibleFeatures::Dirty as u64);
+        }
+
         if incompatible_features != 0 {
             let feats = (0..64)
                 .filter(|bit| header.v3.incompatible_features & (1u64 << bit) != 0)
