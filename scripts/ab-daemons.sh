@@ -7,7 +7,8 @@
 #   scripts/ab-daemons.sh A_BINARY B_BINARY [ROUNDS]     (default 5; builds aio-bench first)
 #
 # Make A from an older commit with `git worktree add /tmp/a <rev> && cargo build --release -p
-# aio-vhost-user-blk --manifest-path /tmp/a/Cargo.toml`. Run nothing else meanwhile.
+# aio-storage-daemon --manifest-path /tmp/a/Cargo.toml` (`-p aio-vhost-user-blk` before the
+# daemon was a crate of its own). Run nothing else meanwhile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 2 ] || { echo "usage: $0 A_BINARY B_BINARY [ROUNDS]" >&2; exit 2; }

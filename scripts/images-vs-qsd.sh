@@ -34,7 +34,7 @@ tmpfs | large) ;;
 loop) [ "$(id -u)" -eq 0 ] || { echo "images-vs-qsd: loop needs root (losetup)" >&2; exit 2; } ;;
 *) echo "usage: $0 [ROUNDS] [tmpfs|loop|large]" >&2; exit 2 ;;
 esac
-cargo build --release -q -p aio-bench -p aio-vhost-user-blk
+cargo build --release -q -p aio-bench -p aio-storage-daemon
 bin="$PWD/target/release"
 dir="$(mktemp -d /dev/shm/aio-images-XXXXXX)"
 cleanup() {
@@ -68,7 +68,7 @@ run() { # NAME COMMAND...   (WORKLOADS=randwrite DEPTHS=32 RUNTIME=2s to run few
     wait "$pid" 2>/dev/null || true
 }
 
-ours() { run "$1" "$bin/aio-vhost-user-blk" --disk "socket=$sock,$2" --engine uring \
+ours() { run "$1" "$bin/aio-storage-daemon" --disk "socket=$sock,$2" --engine uring \
     --iothreads 1 --poll-max-ns 32768; }
 qsd() { run "$1" qemu-storage-daemon --object iothread,id=io0,poll-max-ns=32768 "${@:2}" \
     --export "$export_args"; }

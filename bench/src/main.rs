@@ -56,7 +56,7 @@ enum Command {
     /// qemu-storage-daemon on one image, alternating (`--vs-qsd`).
     Vhost(Box<cmd::vhost::VhostArgs>),
     /// Our vhost-user-blk daemon (what `vhost --vs-qsd` starts): every argument goes to
-    /// `aio_vhost_user_blk::cli::main`, and its exit code is ours.
+    /// `aio_storage_daemon::cli::main`, and its exit code is ours.
     #[command(hide = true, disable_help_flag = true)]
     VhostDaemon(VhostDaemonArgs),
 }
@@ -304,7 +304,7 @@ fn main() -> ExitCode {
         Command::Run(args) => cmd::run::run(args),
         Command::Probe => cmd::probe::run(),
         Command::Vhost(args) => cmd::vhost::run(*args),
-        Command::VhostDaemon(args) => std::process::exit(aio_vhost_user_blk::cli::main(args.args)),
+        Command::VhostDaemon(args) => std::process::exit(aio_storage_daemon::cli::main(args.args)),
     };
     // The one place that prints an error and exits with its code (BenchError::exit_code).
     match result {

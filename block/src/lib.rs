@@ -5,7 +5,7 @@
 //! transport. It depends on no virtio, vhost, command-line or signal crate (`cargo tree -p
 //! aio-block` shows it).
 //!
-//! * [`format`]: an image's format from its first bytes, as QEMU's probe tells it
+//! * [`format`](mod@format): an image's format from its first bytes, as QEMU's probe tells it
 //!   (`format=auto|raw|qcow2`), and the checks of a qcow2 header made before it is opened
 //!   (encrypted images and unknown incompatible features refused).
 //! * [`lock`]: image locks QEMU's tools honour: OFD locks on the bytes QEMU's `file-posix`

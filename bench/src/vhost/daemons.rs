@@ -1,6 +1,6 @@
 //! Starting and stopping the two vhost-user-blk daemons `aio-bench vhost --vs-qsd` compares:
 //! qemu-storage-daemon and ours (the `aio-bench` binary re-executed as the hidden
-//! `aio-bench vhost-daemon`, which runs `aio_vhost_user_blk::cli::main`).
+//! `aio-bench vhost-daemon`, which runs `aio_storage_daemon::cli::main`).
 //!
 //! Both serve the same image (opened once per disk; QEMU with `locking=off`, since its disks
 //! share the file) over one socket per disk, all disks on one iothread with the same

@@ -105,7 +105,7 @@ pub enum DeviceError {
     /// be locked.
     #[error(transparent)]
     Lock(#[from] LockError),
-    /// A qcow2 image asked to open [inactive](BlockDevice::open_inactive): its metadata, read
+    /// A qcow2 image asked to open [inactive](super::BlockDevice::open_inactive): its metadata, read
     /// while another process still changes it, would be stale.
     #[error(
         "image {path}: a qcow2 image is opened only once its other user has let it go \

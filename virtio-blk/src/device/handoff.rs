@@ -76,6 +76,20 @@ impl BlockDevice {
         Ok(())
     }
 
+    /// [`activate`](Self::activate), tried again every 20 ms while another process holds a
+    /// conflicting lock, until `wait` has passed (the old daemon of an upgrade draining).
+    pub fn activate_within(&self, wait: std::time::Duration) -> Result<(), LockError> {
+        let deadline = std::time::Instant::now() + wait;
+        loop {
+            match self.activate() {
+                Err(LockError::Conflict { .. }) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                result => return result,
+            }
+        }
+    }
+
     /// Whether the disk may serve requests: false only for an [inactive](Self::open_inactive)
     /// disk not yet [activated](Self::activate).
     pub fn is_active(&self) -> bool {

@@ -1,0 +1,202 @@
+//! The daemon's command line and signals: `aio-storage-daemon --disk ... [--engine ...]`, or
+//! qemu-storage-daemon's own options ([`crate::qsd`]), parsed into a [`Config`], SIGINT and
+//! SIGTERM turned into a [`StopHandle::stop`], `--daemonize` and `--pidfile`, and the exit
+//! code. Feature `cli` (on by default); the binary is this module's [`main`].
+//!
+//! This module owns what is process-wide: the arguments and the signal handlers (installed
+//! once per process). A program that serves disks itself builds a [`Config`] and calls
+//! [`run`](crate::daemon::run()) with its own stop handle.
+
+mod process;
+
+use clap::Parser;
+
+use aio::{Choice, EngineKind, MonitorKind};
+use aio_core::process::CpuList;
+
+use crate::daemon::{run_with, Config, DaemonError, DiskSpec, StopHandle};
+use crate::qsd::{self, QsdCommandLine};
+
+/// `aio-storage-daemon`: serves disk images as vhost-user-blk devices on aio-rs iothreads.
+#[derive(Debug, Parser)]
+#[command(name = "aio-storage-daemon", version)]
+pub struct Args {
+    /// A disk: `socket=PATH,image=PATH[,readonly=on][,serial=ID][,queues=Q][,format=auto|raw|qcow2][,iothread=K]`,
+    /// or the null device: `socket=PATH,image=null,size=BYTES[,...]`
+    /// (repeatable; each its own socket, and an image given twice only read-only).
+    #[arg(long = "disk", required = true, value_name = "SPEC")]
+    pub disks: Vec<DiskSpec>,
+    /// The I/O engine: pool, linux-aio, uring or auto.
+    #[arg(long, default_value = "auto")]
+    pub engine: Choice<EngineKind>,
+    /// The fd monitor: poll, epoll, hybrid, uring or auto.
+    #[arg(long, default_value = "auto")]
+    pub fdmon: Choice<MonitorKind>,
+    /// How many iothreads; the queues of all disks, numbered in order, take them in turn
+    /// (queue n on iothread n mod K).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub iothreads: u16,
+    /// The iothreads' longest busy-poll window in ns (0: off; default QEMU's IOThread 32768),
+    /// or `auto`: the window chosen from the waits each iothread sees.
+    #[arg(long, default_value = "32768", value_parser = parse_poll_max_ns)]
+    pub poll_max_ns: aio_core::PollMaxNs,
+    /// CPUs to run on, e.g. `0` or `0-1,3`: iothread k on the k-th (mod the count).
+    #[arg(long)]
+    pub cpus: Option<CpuList>,
+}
+
+impl Args {
+    /// The configuration these arguments ask for.
+    pub fn config(&self) -> Config {
+        Config {
+            disks: self.disks.clone(),
+            engine: self.engine,
+            fdmon: self.fdmon,
+            iothreads: self.iothreads,
+            poll_max_ns: self.poll_max_ns,
+            iothread_poll: Vec::new(),
+            cpus: self.cpus.clone(),
+        }
+    }
+}
+
+/// `--poll-max-ns`: ns or `auto`.
+fn parse_poll_max_ns(s: &str) -> Result<aio_core::PollMaxNs, String> {
+    s.parse().map_err(|e: aio_core::BadPollMaxNs| e.to_string())
+}
+
+/// Runs the daemon with command-line arguments (without the program name) until SIGINT or
+/// SIGTERM; returns the exit code: 0 after a signal, 2 for bad arguments or disks (the
+/// message names them), 1 for a failure. Arguments in qemu-storage-daemon's form
+/// ([`qsd::is_qsd_command_line`]) are read as such.
+pub fn main(args: Vec<String>) -> i32 {
+    if qsd::is_qsd_command_line(&args) {
+        return match QsdCommandLine::parse(&args) {
+            Ok(line) => serve(&line.config, &line.process, Some(&line.graph)),
+            Err(e) => {
+                eprintln!("aio-storage-daemon: {e}");
+                2
+            }
+        };
+    }
+    let args =
+        match Args::try_parse_from(std::iter::once("aio-storage-daemon".to_string()).chain(args)) {
+            Ok(a) => a,
+            Err(e) => {
+                let code = if e.use_stderr() { 2 } else { 0 };
+                let _ = e.print();
+                return code;
+            }
+        };
+    serve(&args.config(), &qsd::Process::default(), None)
+}
+
+/// Serves `config` as `process` says (QMP over `graph`, the command line's names, on its
+/// monitors) until SIGINT or SIGTERM; returns the exit code.
+fn serve(config: &Config, process: &qsd::Process, graph: Option<&qsd::command::Graph>) -> i32 {
+    let (mut config, mut process, mut graph) = (config.clone(), process.clone(), graph.cloned());
+    if process.daemonize {
+        // The daemon runs in `/` (it keeps no directory busy), so every path given relative
+        // to the directory it was started in is resolved first, as qemu-storage-daemon does.
+        absolute_paths(&mut config, &mut process, graph.as_mut());
+    }
+    // Before any thread starts (the signal handler's included): fork is safe only then.
+    let detached = match process.daemonize.then(process::daemonize).transpose() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("aio-storage-daemon: --daemonize: {e}");
+            return 1;
+        }
+    };
+    if detached.is_some() {
+        if let Err(e) = std::env::set_current_dir("/") {
+            eprintln!("aio-storage-daemon: --daemonize: changing directory to /: {e}");
+            return 1;
+        }
+    }
+    let (config, process, graph) = (&config, &process, graph.as_ref());
+    let _pidfile = match process.pidfile.as_deref().map(process::PidFile::create) {
+        Some(Err(e)) => {
+            eprintln!("aio-storage-daemon: --pidfile {e}");
+            return 2;
+        }
+        Some(Ok(p)) => Some(p),
+        None => None,
+    };
+    let stop = StopHandle::new();
+    let on_signal = stop.clone();
+    if let Err(e) = ctrlc::set_handler(move || on_signal.stop()) {
+        eprintln!("aio-storage-daemon: signal handler: {e}");
+        return 1;
+    }
+    let monitors = process.monitors.clone();
+    let graph = graph.cloned().unwrap_or_default();
+    let engine = config.engine;
+    let ready = move |control: &crate::daemon::Control| {
+        if !monitors.is_empty() {
+            crate::qmp::Monitor::serve(control, &monitors, graph, engine).map_err(|e| {
+                std::io::Error::new(e.kind(), format!("the QMP monitor socket: {e}"))
+            })?;
+        }
+        if let Some(d) = detached {
+            d.serving();
+        }
+        Ok(())
+    };
+    match run_with(config, &stop, ready) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("aio-storage-daemon: {e}");
+            match e {
+                DaemonError::Disk { .. } | DaemonError::Conflict { .. } => 2,
+                _ => 1,
+            }
+        }
+    }
+}
+
+/// Makes every path of the configuration, the process options and the graph absolute.
+fn absolute_paths(
+    config: &mut Config,
+    process: &mut qsd::Process,
+    graph: Option<&mut qsd::command::Graph>,
+) {
+    use qsd::command::absolute;
+    for d in &mut config.disks {
+        d.socket = absolute(&d.socket);
+        if !d.is_null() {
+            d.image = absolute(&d.image);
+        }
+    }
+    process.absolute_paths();
+    if let Some(g) = graph {
+        g.absolute_paths();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_arguments_are_refused_with_their_name() {
+        let e = Args::try_parse_from(["x", "--disk", "socket=/s,image=/i", "--engine", "spdk"])
+            .unwrap_err();
+        assert!(e.to_string().contains("spdk"), "{e}");
+        assert!(Args::try_parse_from(["x"]).is_err());
+        let a = Args::try_parse_from(["x", "--disk", "socket=/s,image=/i", "--iothreads", "2"])
+            .unwrap();
+        assert_eq!(
+            (a.iothreads, a.poll_max_ns, a.engine),
+            (2, aio_core::PollMaxNs::Fixed(32768), Choice::Auto)
+        );
+        let a =
+            Args::try_parse_from(["x", "--disk", "socket=/s,image=/i", "--poll-max-ns", "auto"])
+                .unwrap();
+        assert_eq!(a.poll_max_ns, aio_core::PollMaxNs::Auto);
+        let e =
+            Args::try_parse_from(["x", "--disk", "socket=/s,image=/i", "--poll-max-ns", "soon"])
+                .unwrap_err();
+        assert!(e.to_string().contains("auto"), "{e}");
+    }
+}

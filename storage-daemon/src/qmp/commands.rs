@@ -1,0 +1,361 @@
+//! The QMP commands, with the argument and result names QEMU's schema gives them, over the
+//! daemon's block nodes, exports and iothreads.
+//!
+//! This module owns what each command does and answers; the wire is `wire`'s, the
+//! connections `super`'s. The nodes and exports by their QEMU names are the command line's
+//! graph ([`Graph`]), which `blockdev-add` and `block-export-add` extend as the command line
+//! would; the disks themselves are the daemon's [`Exports`].
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use serde_json::{json, Map, Value};
+
+use aio::EngineKind;
+use aio_block::lock::{Access, ImageLock};
+use aio_core::{AioContext, EventLoop};
+use aio_virtio_blk::format::ImageFormat;
+
+use super::wire::{self, Args, QmpError, Request};
+use crate::daemon::Exports;
+use crate::daemon::IoThreadSet;
+use crate::qsd::command::{Graph, Node};
+use crate::qsd::keyval::Opts;
+
+/// The commands served, in `query-commands`' order.
+pub(crate) const COMMANDS: &[&str] = &[
+    "qmp_capabilities",
+    "query-version",
+    "query-commands",
+    "query-iothreads",
+    "qom-get",
+    "qom-set",
+    "query-named-block-nodes",
+    "query-block-exports",
+    "query-blockstats",
+    "block_resize",
+    "block-latency-histogram-set",
+    "blockdev-add",
+    "blockdev-del",
+    "block-export-add",
+    "block-export-del",
+    "object-add",
+    "object-del",
+    "quit",
+];
+
+/// What the commands see and change.
+pub(crate) struct State {
+    pub(crate) graph: Graph,
+    /// Each live export's disk number among the daemon's [`Exports`], by export id.
+    pub(crate) numbers: HashMap<String, usize>,
+    pub(crate) exports: Exports,
+    pub(crate) iothreads: IoThreadSet,
+    /// The engine every disk runs on (a new node must not ask for another).
+    pub(crate) engine: Option<EngineKind>,
+    /// Each iothread's thread id (`query-iothreads`) by number, read once.
+    pub(crate) thread_ids: Vec<i64>,
+    /// What `quit` says stop to.
+    pub(crate) stop: crate::daemon::StopHandle,
+}
+
+/// A command's result, and the events it raised.
+pub(crate) type Outcome = (Result<Value, QmpError>, Vec<Value>);
+
+fn qsd_error(e: crate::qsd::QsdError) -> QmpError {
+    QmpError::generic(e.to_string())
+}
+
+impl State {
+    /// Runs `request` (after capabilities negotiation).
+    pub(crate) fn execute(&mut self, ctx: &AioContext<Box<dyn EventLoop>>, r: Request) -> Outcome {
+        let args = Args(r.arguments);
+        let mut events = Vec::new();
+        let result = match r.execute.as_str() {
+            "qmp_capabilities" => Err(QmpError::command_not_found(
+                "Capabilities negotiation is already complete, command ignored",
+            )),
+            "query-version" => args.finish().map(|()| wire::version()),
+            "query-commands" => args
+                .finish()
+                .map(|()| Value::Array(COMMANDS.iter().map(|c| json!({"name": c})).collect())),
+            "query-iothreads" => args.finish().map(|()| self.query_iothreads()),
+            "qom-get" => self.qom_get(args),
+            "qom-set" => self.qom_set(args),
+            "query-named-block-nodes" => args.finish().map(|()| self.query_nodes()),
+            "query-block-exports" => args.finish().map(|()| self.query_exports()),
+            "query-blockstats" => self.query_blockstats(args),
+            "block_resize" => self.block_resize(args),
+            "block-latency-histogram-set" => self.latency_histogram_set(args),
+            "blockdev-add" => self.blockdev_add(args),
+            "blockdev-del" => self.blockdev_del(args),
+            "block-export-add" => self.export_add(ctx, args),
+            "block-export-del" => self.export_del(ctx, args, &mut events),
+            // As QEMU: the reply, the SHUTDOWN event, then the daemon stops as on SIGTERM.
+            "object-add" => self.object_add(args),
+            "object-del" => self.object_del(args),
+            "quit" => args.finish().map(|()| {
+                let data = json!({"guest": false, "reason": "host-qmp-quit"});
+                events.push(wire::event("SHUTDOWN", data));
+                self.stop.stop();
+                json!({})
+            }),
+            other => Err(QmpError::command_not_found(format!(
+                "The command {other} has not been found"
+            ))),
+        };
+        (result, events)
+    }
+
+    fn query_nodes(&self) -> Value {
+        let mut names: Vec<&String> = self.graph.nodes.keys().collect();
+        names.sort();
+        Value::Array(
+            names
+                .into_iter()
+                .map(|name| node_info(name, &self.graph.nodes[name]))
+                .collect(),
+        )
+    }
+
+    fn query_exports(&self) -> Value {
+        let live = self
+            .graph
+            .exports
+            .iter()
+            .filter(|e| self.numbers.contains_key(&e.id));
+        Value::Array(
+            live.map(|e| {
+                json!({
+                    "type": e.transport.kind().qemu_type(),
+                    "id": e.id,
+                    "node-name": e.node,
+                    "shutting-down": false,
+                })
+            })
+            .collect(),
+        )
+    }
+
+    fn blockdev_add(&mut self, args: Args) -> Result<Value, QmpError> {
+        let opts = Opts::from_json("blockdev-add", &args.0).map_err(qsd_error)?;
+        let mut graph = self.graph.clone();
+        graph.blockdev(opts).map_err(qsd_error)?;
+        let added = graph
+            .nodes
+            .iter()
+            .find(|(name, _)| !self.graph.nodes.contains_key(*name));
+        if let Some((_, node)) = added {
+            check_locks(node)?;
+        }
+        self.graph = graph;
+        Ok(json!({}))
+    }
+
+    fn blockdev_del(&mut self, mut args: Args) -> Result<Value, QmpError> {
+        let name = args.str("node-name")?;
+        args.finish()?;
+        let Some(node) = self.graph.nodes.get(&name) else {
+            return Err(QmpError::generic(format!(
+                "Failed to find node with node-name='{name}'"
+            )));
+        };
+        if let Some(e) = self
+            .graph
+            .exports
+            .iter()
+            .find(|e| e.node == name && self.numbers.contains_key(&e.id))
+        {
+            return Err(QmpError::generic(format!(
+                "Node '{name}' is busy: block device is in use by block export '{}'",
+                e.id
+            )));
+        }
+        let is_child = self.graph.nodes.values().any(|n| match n {
+            Node::Format { file, .. } => **file == *node,
+            _ => false,
+        });
+        if is_child {
+            return Err(QmpError::generic(format!("Node {name} is in use")));
+        }
+        self.graph.nodes.remove(&name);
+        Ok(json!({}))
+    }
+
+    fn export_add(
+        &mut self,
+        ctx: &AioContext<Box<dyn EventLoop>>,
+        args: Args,
+    ) -> Result<Value, QmpError> {
+        let opts = Opts::from_json("block-export-add", &args.0).map_err(qsd_error)?;
+        let mut graph = self.graph.clone();
+        graph.export(opts).map_err(qsd_error)?;
+        let export = graph.exports.last().expect("just added").clone();
+        if self.numbers.contains_key(&export.id) {
+            return Err(QmpError::generic(format!(
+                "Block export id '{}' is already in use",
+                export.id
+            )));
+        }
+        let (spec, aio) = graph.disk_spec(&export).map_err(qsd_error)?;
+        if let (Some((kind, _)), Some(running)) = (aio, self.engine) {
+            if kind != running {
+                return Err(QmpError::generic(format!(
+                    "node '{}' asks for the {kind} engine; this daemon runs {running} for \
+                     every disk",
+                    export.node
+                )));
+            }
+        }
+        let number = self
+            .exports
+            .add(ctx, spec)
+            .map_err(|e| QmpError::generic(e.to_string()))?;
+        self.numbers.insert(export.id, number);
+        self.graph = graph;
+        Ok(json!({}))
+    }
+
+    fn export_del(
+        &mut self,
+        ctx: &AioContext<Box<dyn EventLoop>>,
+        mut args: Args,
+        events: &mut Vec<Value>,
+    ) -> Result<Value, QmpError> {
+        let id = args.str("id")?;
+        let hard = match args.opt_str("mode")?.as_deref() {
+            None | Some("safe") => false,
+            Some("hard") => true,
+            Some(other) => {
+                return Err(QmpError::generic(format!(
+                    "Parameter 'mode' does not accept value '{other}'"
+                )))
+            }
+        };
+        args.finish()?;
+        let Some(&number) = self.numbers.get(&id) else {
+            return Err(QmpError::generic(format!("Export '{id}' is not found")));
+        };
+        if !hard && self.exports.connected(number) == Some(true) {
+            return Err(QmpError::generic(format!(
+                "export '{id}' still in use (a client is connected; mode=hard disconnects it)"
+            )));
+        }
+        self.exports.remove(ctx, number);
+        self.numbers.remove(&id);
+        self.graph.exports.retain(|e| e.id != id);
+        events.push(wire::event("BLOCK_EXPORT_DELETED", json!({"id": id})));
+        Ok(json!({}))
+    }
+}
+
+/// Refuses a qcow2 node whose file another process uses in a way that conflicts, with QEMU's
+/// error (`GenericError`, `Failed to get "write" lock`): QEMU's qcow2 driver locks its file
+/// as soon as the node is added, a raw node only once a user (an export) attaches. Here the
+/// lock is checked now and held from `block-export-add` on, by the export's disk.
+fn check_locks(node: &Node) -> Result<(), QmpError> {
+    let Node::Format {
+        format: ImageFormat::Qcow2,
+        file,
+        read_only,
+    } = node
+    else {
+        return Ok(());
+    };
+    let Node::Protocol {
+        filename,
+        locking,
+        read_only: file_read_only,
+        ..
+    } = &**file
+    else {
+        return Ok(());
+    };
+    // An image that cannot be opened is refused by the export, with the reason.
+    let Ok(image) = std::fs::File::open(filename) else {
+        return Ok(());
+    };
+    let access = Access::qcow2_file(!(*read_only || *file_read_only));
+    ImageLock::acquire(&image, filename, access, *locking)
+        .map(drop)
+        .map_err(|e| QmpError::generic(e.qemu_desc()))
+}
+
+/// `query-named-block-nodes`' entry for `node`: the fields QEMU's `BlockDeviceInfo` has that
+/// mean something here.
+fn node_info(name: &str, node: &Node) -> Value {
+    let (drv, filename, ro) = match node {
+        Node::Protocol {
+            driver,
+            filename,
+            read_only,
+            ..
+        } => (driver.clone(), filename.clone(), *read_only),
+        Node::Format {
+            format,
+            file,
+            read_only,
+        } => {
+            let filename = match &**file {
+                Node::Protocol { filename, .. } => filename.clone(),
+                _ => Path::new("").to_path_buf(),
+            };
+            let format = if *format == ImageFormat::Qcow2 {
+                "qcow2"
+            } else {
+                "raw"
+            };
+            (format.to_string(), filename, *read_only)
+        }
+        Node::Null {
+            driver, read_only, ..
+        } => (driver.clone(), Path::new("").to_path_buf(), *read_only),
+    };
+    let file = match node {
+        Node::Null { driver, .. } => format!("{driver}://"),
+        _ => filename.display().to_string(),
+    };
+    let mut image = Map::new();
+    image.insert("filename".into(), json!(file));
+    image.insert("format".into(), json!(drv));
+    if let Some(size) = virtual_size(node) {
+        image.insert("virtual-size".into(), json!(size));
+    }
+    json!({
+        "node-name": name,
+        "drv": drv,
+        "file": file,
+        "ro": ro,
+        "encrypted": false,
+        "backing_file_depth": 0,
+        "detect_zeroes": "off",
+        "cache": {"writeback": true, "direct": true, "no-flush": false},
+        "image": Value::Object(image),
+    })
+}
+
+/// The node's disk size: a null node's, a file's or device's length, a qcow2 header's size.
+fn virtual_size(node: &Node) -> Option<u64> {
+    use std::io::{Read, Seek};
+    match node {
+        Node::Null { size, .. } => Some(*size),
+        Node::Protocol { filename, .. } => std::fs::File::open(filename)
+            .and_then(|mut f| f.seek(std::io::SeekFrom::End(0)))
+            .ok(),
+        Node::Format {
+            format: ImageFormat::Qcow2,
+            file,
+            ..
+        } => {
+            let Node::Protocol { filename, .. } = &**file else {
+                return None;
+            };
+            let mut head = [0u8; 32];
+            std::fs::File::open(filename)
+                .and_then(|mut f| f.read_exact(&mut head))
+                .ok()?;
+            Some(u64::from_be_bytes(head[24..32].try_into().ok()?))
+        }
+        Node::Format { file, .. } => virtual_size(file),
+    }
+}
