@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Two builds of the daemon, A and B, alternated on the same disks: the null device and a 1 GiB
-# raw file in /dev/shm, random 4 KiB reads and writes at QD 32, 3 s each, the daemon pinned to
-# CPU 0 and the libblkio client (`aio-bench vhost --socket`) to CPU 1, io_uring, poll-max-ns
-# 32768. Prints the means per disk, workload and build: IOPS and the daemon's CPU per request.
+# Two builds of the daemon, A and B, alternated on the same disks: the null device, a 1 GiB
+# raw file in /dev/shm, a qcow2 image there (metadata preallocated) and, as root, a loop device
+# with direct I/O over a tmpfs file (the fast device); random 4 KiB reads and writes at QD 32,
+# 3 s each, the daemon pinned to CPU 0 and the libblkio client (`aio-bench vhost --socket`) to
+# CPU 1, io_uring, poll-max-ns 32768. Prints the means per disk, workload and build: IOPS and
+# the daemon's CPU per request.
 #
 #   scripts/ab-daemons.sh A_BINARY B_BINARY [ROUNDS]     (default 5; builds aio-bench first)
 #
@@ -18,10 +20,21 @@ bench="$PWD/target/release/aio-bench"
 dir="$(mktemp -d /dev/shm/aio-ab-XXXXXX)"
 trap 'rm -rf "$dir"' EXIT
 truncate -s 1G "$dir/raw.img"
+disks=("image=null,size=1G" "image=$dir/raw.img")
+if command -v qemu-img >/dev/null; then
+    qemu-img create -q -f qcow2 -o preallocation=metadata "$dir/disk.qcow2" 1G
+    disks+=("image=$dir/disk.qcow2")
+fi
+loopdev=""
+if [ "$(id -u)" = 0 ] && truncate -s 1G "$dir/loop.img" &&
+    loopdev="$(losetup --find --show --direct-io=on "$dir/loop.img" 2>/dev/null)"; then
+    disks+=("image=$loopdev")
+fi
+trap '[ -n "$loopdev" ] && losetup -d "$loopdev"; rm -rf "$dir"' EXIT
 for _ in $(seq "$rounds"); do
     for who in A B; do
         bin="$a"; [ "$who" = B ] && bin="$b"
-        for disk in "image=null,size=1G" "image=$dir/raw.img"; do
+        for disk in "${disks[@]}"; do
             rm -f "$dir/s.sock"
             taskset -c 0 "$bin" --disk "socket=$dir/s.sock,$disk" --engine uring --iothreads 1 \
                 --poll-max-ns 32768 >/dev/null 2>&1 &

@@ -395,25 +395,21 @@ impl ImageLock {
         for byte in self.bytes() {
             ofd(fd, libc::F_OFD_SETLK, libc::F_RDLCK, byte).map_err(byte_error(byte))?;
         }
-        // QEMU's order: for each permission, one this opener holds, then one it refuses.
-        for (bit, p) in Permissions::ALL.each() {
-            let checks = [
-                (self.access.held.contains(p), SHARED_BASE + bit, false),
-                (!self.access.shared.contains(p), PERM_BASE + bit, true),
-            ];
-            for (wanted, byte, shared) in checks {
-                if !wanted {
-                    continue;
-                }
-                let other =
-                    ofd(fd, libc::F_OFD_GETLK, libc::F_WRLCK, byte).map_err(byte_error(byte))?;
-                if other != libc::F_UNLCK {
-                    return Err(LockError::Conflict {
-                        path: self.path.clone(),
-                        permission: p,
-                        shared,
-                    });
-                }
+        // QEMU's order: every permission this opener holds (does anyone refuse to share
+        // it?), then every one it refuses to share (does anyone hold it?).
+        let held = self.access.held.each();
+        let unshared = self.access.shared.complement().each();
+        let checks = (held.map(|(bit, p)| (SHARED_BASE + bit, p, false)))
+            .chain(unshared.map(|(bit, p)| (PERM_BASE + bit, p, true)));
+        for (byte, permission, shared) in checks {
+            let other =
+                ofd(fd, libc::F_OFD_GETLK, libc::F_WRLCK, byte).map_err(byte_error(byte))?;
+            if other != libc::F_UNLCK {
+                return Err(LockError::Conflict {
+                    path: self.path.clone(),
+                    permission,
+                    shared,
+                });
             }
         }
         Ok(())

@@ -405,41 +405,7 @@ fn node(o: &mut Opts, nodes: &HashMap<String, Node>) -> Result<Node, QsdError> {
     let driver = o.required("driver")?;
     let read_only = o.take_bool("read-only", false)?;
     match driver.as_str() {
-        "file" | "host_device" => {
-            let filename = PathBuf::from(o.required("filename")?);
-            if let Some(v) = o.take("cache.direct") {
-                if v != "on" && v != "true" {
-                    return Err(o.not_served(format!(
-                        "cache.direct={v} (the page cache: images are always opened O_DIRECT)"
-                    )));
-                }
-            }
-            let aio = match o.take("aio").as_deref() {
-                None => None,
-                Some("threads") => Some(EngineKind::Pool),
-                Some("native") => Some(EngineKind::LinuxAio),
-                Some("io_uring") => Some(EngineKind::Uring),
-                Some(other) => {
-                    return Err(o.invalid(format!("aio={other}: threads, native or io_uring")))
-                }
-            };
-            let locking = match o.take("locking") {
-                None => LockMode::Auto,
-                Some(v) => v.parse().map_err(|e| o.invalid(format!("{e}")))?,
-            };
-            match o.take("discard").as_deref() {
-                None | Some("unmap" | "on") => {}
-                Some(v) => return Err(o.not_served(format!("discard={v} (discards are passed)"))),
-            }
-            Ok(Node::Protocol {
-                driver,
-                filename,
-                aio,
-                read_only,
-                locking,
-                shown: o.shown().to_string(),
-            })
-        }
+        "file" | "host_device" => protocol_node(o, driver, read_only),
         "raw" | "qcow2" => {
             let format = if driver == "raw" {
                 ImageFormat::Raw
@@ -481,6 +447,41 @@ fn node(o: &mut Opts, nodes: &HashMap<String, Node>) -> Result<Node, QsdError> {
         }
         other => Err(o.not_served(format!("the driver '{other}'"))),
     }
+}
+
+/// Reads a `file` or `host_device` node's own options.
+fn protocol_node(o: &mut Opts, driver: String, read_only: bool) -> Result<Node, QsdError> {
+    let filename = PathBuf::from(o.required("filename")?);
+    if let Some(v) = o.take("cache.direct") {
+        if v != "on" && v != "true" {
+            return Err(o.not_served(format!(
+                "cache.direct={v} (the page cache: images are always opened O_DIRECT)"
+            )));
+        }
+    }
+    let aio = match o.take("aio").as_deref() {
+        None => None,
+        Some("threads") => Some(EngineKind::Pool),
+        Some("native") => Some(EngineKind::LinuxAio),
+        Some("io_uring") => Some(EngineKind::Uring),
+        Some(other) => return Err(o.invalid(format!("aio={other}: threads, native or io_uring"))),
+    };
+    let locking = match o.take("locking") {
+        None => LockMode::Auto,
+        Some(v) => v.parse().map_err(|e| o.invalid(format!("{e}")))?,
+    };
+    match o.take("discard").as_deref() {
+        None | Some("unmap" | "on") => {}
+        Some(v) => return Err(o.not_served(format!("discard={v} (discards are passed)"))),
+    }
+    Ok(Node::Protocol {
+        driver,
+        filename,
+        aio,
+        read_only,
+        locking,
+        shown: o.shown().to_string(),
+    })
 }
 
 impl Graph {

@@ -16,6 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::server::file_id;
+
 /// Lines of a failed daemon's log quoted in its error.
 const LOG_LINES: usize = 30;
 
@@ -440,12 +442,6 @@ fn in_child(affinity: Option<&nix::sched::CpuSet>) -> io::Result<()> {
 }
 
 /// Whether `path` exists and is a socket.
-/// The device and inode of the file at `path`, if any.
-fn file_id(path: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
-}
-
 fn is_socket(path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.file_type().is_socket())
 }
