@@ -8,6 +8,9 @@
 //! * [`format`](mod@format): an image's format from its first bytes, as QEMU's probe tells it
 //!   (`format=auto|raw|qcow2`), and the checks of a qcow2 header made before it is opened
 //!   (encrypted images and unknown incompatible features refused).
+//! * [`status`]: block status, which ranges of an image hold data and which are holes that
+//!   read as zeros (a raw file's from `SEEK_DATA` / `SEEK_HOLE`), as `qemu-img map` and NBD's
+//!   `base:allocation` report it.
 //! * [`lock`]: image locks QEMU's tools honour: OFD locks on the bytes QEMU's `file-posix`
 //!   driver uses (100 + each permission held, 200 + each permission not shared), taken and
 //!   checked when an image is opened, released when its holder goes; `locking=auto|on|off`.
@@ -30,3 +33,4 @@
 
 pub mod format;
 pub mod lock;
+pub mod status;
