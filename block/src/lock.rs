@@ -250,6 +250,15 @@ pub enum LockError {
         #[source]
         source: io::Error,
     },
+    /// The image's file could not be opened or its descriptor duplicated for the lock.
+    #[error("image {}: {source}", .path.display())]
+    Io {
+        /// The image.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
     /// `locking=on`, and the image's file system offers no OFD locks.
     #[error(
         "image {}: locking=on, but its file system offers no OFD locks ({source}); \
@@ -277,7 +286,7 @@ impl LockError {
                 if *shared { "shared " } else { "" }
             ),
             LockError::Byte { byte, .. } => format!("Failed to lock byte {byte}"),
-            LockError::Unsupported { .. } => self.to_string(),
+            LockError::Io { .. } | LockError::Unsupported { .. } => self.to_string(),
         }
     }
 }
@@ -286,7 +295,9 @@ impl From<LockError> for io::Error {
     fn from(e: LockError) -> Self {
         let kind = match &e {
             LockError::Conflict { .. } => io::ErrorKind::ResourceBusy,
-            LockError::Byte { source, .. } | LockError::Unsupported { source, .. } => source.kind(),
+            LockError::Byte { source, .. }
+            | LockError::Io { source, .. }
+            | LockError::Unsupported { source, .. } => source.kind(),
         };
         io::Error::new(kind, e)
     }
@@ -352,9 +363,8 @@ impl ImageLock {
         if mode == LockMode::Off {
             return Ok(unlocked());
         }
-        let own = file.try_clone().map_err(|source| LockError::Byte {
+        let own = file.try_clone().map_err(|source| LockError::Io {
             path: path.to_path_buf(),
-            byte: PERM_BASE,
             source,
         })?;
         let lock = ImageLock {

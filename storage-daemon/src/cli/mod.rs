@@ -21,7 +21,7 @@ use crate::qsd::{self, QsdCommandLine};
 #[derive(Debug, Parser)]
 #[command(name = "aio-storage-daemon", version)]
 pub struct Args {
-    /// A disk: `socket=PATH,image=PATH[,readonly=on][,serial=ID][,queues=Q][,format=auto|raw|qcow2][,iothread=K]`,
+    /// A disk: `socket=PATH,image=PATH[,readonly=on][,serial=ID][,queues=Q][,format=auto|raw|qcow2][,iothread=K][,locking=auto|on|off][,share-rw=on]`,
     /// or the null device: `socket=PATH,image=null,size=BYTES[,...]`
     /// (repeatable; each its own socket, and an image given twice only read-only).
     #[arg(long = "disk", required = true, value_name = "SPEC")]
@@ -72,7 +72,7 @@ fn parse_poll_max_ns(s: &str) -> Result<aio_core::PollMaxNs, String> {
 pub fn main(args: Vec<String>) -> i32 {
     if qsd::is_qsd_command_line(&args) {
         return match QsdCommandLine::parse(&args) {
-            Ok(line) => serve(&line.config, &line.process, Some(&line.graph)),
+            Ok(line) => serve(line.config, line.process, Some(line.graph)),
             Err(e) => {
                 eprintln!("aio-storage-daemon: {e}");
                 2
@@ -88,13 +88,16 @@ pub fn main(args: Vec<String>) -> i32 {
                 return code;
             }
         };
-    serve(&args.config(), &qsd::Process::default(), None)
+    serve(args.config(), qsd::Process::default(), None)
 }
 
 /// Serves `config` as `process` says (QMP over `graph`, the command line's names, on its
 /// monitors) until SIGINT or SIGTERM; returns the exit code.
-fn serve(config: &Config, process: &qsd::Process, graph: Option<&qsd::command::Graph>) -> i32 {
-    let (mut config, mut process, mut graph) = (config.clone(), process.clone(), graph.cloned());
+fn serve(
+    mut config: Config,
+    mut process: qsd::Process,
+    mut graph: Option<qsd::command::Graph>,
+) -> i32 {
     if process.daemonize {
         // The daemon runs in `/` (it keeps no directory busy), so every path given relative
         // to the directory it was started in is resolved first, as qemu-storage-daemon does.
@@ -114,7 +117,6 @@ fn serve(config: &Config, process: &qsd::Process, graph: Option<&qsd::command::G
             return 1;
         }
     }
-    let (config, process, graph) = (&config, &process, graph.as_ref());
     let _pidfile = match process.pidfile.as_deref().map(process::PidFile::create) {
         Some(Err(e)) => {
             eprintln!("aio-storage-daemon: --pidfile {e}");
@@ -130,7 +132,7 @@ fn serve(config: &Config, process: &qsd::Process, graph: Option<&qsd::command::G
         return 1;
     }
     let monitors = process.monitors.clone();
-    let graph = graph.cloned().unwrap_or_default();
+    let graph = graph.unwrap_or_default();
     let engine = config.engine;
     let ready = move |control: &crate::daemon::Control| {
         if !monitors.is_empty() {
@@ -143,7 +145,7 @@ fn serve(config: &Config, process: &qsd::Process, graph: Option<&qsd::command::G
         }
         Ok(())
     };
-    match run_with(config, &stop, ready) {
+    match run_with(&config, &stop, ready) {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("aio-storage-daemon: {e}");

@@ -62,9 +62,8 @@ impl BlockDevice {
         if held.is_some() {
             return Ok(());
         }
-        let file = std::fs::File::open(&pending.path).map_err(|source| LockError::Byte {
+        let file = std::fs::File::open(&pending.path).map_err(|source| LockError::Io {
             path: pending.path.clone(),
-            byte: aio_block::lock::PERM_BASE,
             source,
         })?;
         *held = Some(ImageLock::acquire(
