@@ -79,6 +79,7 @@ fn the_greeting_negotiation_and_ids_are_qemus() {
             .map(|p| p.starts_with("aio")),
         Some(true)
     );
+    assert_eq!(q.repeated_greetings, 0, "one greeting per connection");
     all_goes_on(daemon, &disk, &monitor);
 }
 
