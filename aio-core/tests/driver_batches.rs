@@ -1,13 +1,15 @@
 //! The driver with an engine that holds its completions until told: a batch released at once
 //! is one batch for the deferred calls, a nested `poll()` runs none of the outer section's
-//! calls, and a stale per-request token (its slot reused) reaches the engine-wide callback.
+//! calls, a stale per-request token (its slot reused) reaches the engine-wide callback, and a
+//! refused `try_submit_with` hands its state back.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::rc::Rc;
 
 use aio_backend_poll::PollLoop;
-use aio_core::engine::{AlignedBuf, Completion, IoEngine, IoFile, Request, SubmitError};
+use aio_core::engine::{AlignedBuf, Completion, IoBuffers, IoEngine, IoFile, Request};
+use aio_core::engine::{RequestError, SubmitError};
 use aio_core::{AioContext, Notifier};
 
 /// Completes nothing until [`HeldEngine::release`]; then every held request at once.
@@ -20,6 +22,8 @@ struct HeldEngine {
     /// Plug depth, and what it was at each submit.
     plugged: i32,
     plugged_at_submit: Vec<i32>,
+    /// Refuse every request (as an engine shutting down does).
+    refuse: bool,
 }
 
 impl HeldEngine {
@@ -31,6 +35,7 @@ impl HeldEngine {
             seen: Vec::new(),
             plugged: 0,
             plugged_at_submit: Vec::new(),
+            refuse: false,
         }
     }
 
@@ -58,6 +63,10 @@ impl IoEngine for HeldEngine {
         "held"
     }
     fn submit(&mut self, request: Request) -> Result<(), SubmitError> {
+        if self.refuse {
+            let shut = RequestError::ShutDown { engine: "held" };
+            return Err(SubmitError::new(shut, request));
+        }
         self.seen.push(request.token);
         self.plugged_at_submit.push(self.plugged);
         self.held.push(request);
@@ -329,4 +338,50 @@ fn requests_submitted_by_completion_callbacks_go_out_as_one_plugged_batch() {
     );
     assert_eq!(plugged, 0, "unplugged after the batch");
     handle.borrow_mut().take();
+}
+
+/// State that cannot be cloned: a reply owed to someone.
+struct Owed(u32);
+
+#[test]
+fn try_submit_with_hands_the_state_back_on_refusal_and_to_the_callback_otherwise() {
+    let ctx = AioContext::new(PollLoop::new()).unwrap();
+    let attached = ctx
+        .attach_engine(HeldEngine::new(), |_, _| {
+            panic!("not the engine-wide callback")
+        })
+        .unwrap();
+    let file = null_file();
+    attached.with_engine(|e| e.refuse = true);
+    let mut buf = AlignedBuf::new(512);
+    buf[0] = 9;
+    let request = Request::read(&file, 0, buf, 5);
+    let refused = attached.try_submit_with(request, Owed(1), |_, _, _, _| {
+        panic!("a refused request has no completion")
+    });
+    let Err((refused, Owed(1))) = refused else {
+        panic!("the state comes back with the refusal");
+    };
+    assert!(matches!(refused.error, RequestError::ShutDown { .. }));
+    assert_eq!(refused.request.token, 5, "the caller's token, untouched");
+    let IoBuffers::One(buf) = refused.request.op.into_buffers() else {
+        panic!("the request's buffer comes back");
+    };
+    assert_eq!(buf[0], 9);
+
+    attached.with_engine(|e| e.refuse = false);
+    let got = Rc::new(Cell::new(None));
+    let g = got.clone();
+    let request = Request::read(&file, 0, AlignedBuf::new(512), 6);
+    attached
+        .try_submit_with(request, Owed(2), move |_, _, done, Owed(n)| {
+            g.set(Some((n, done.token)))
+        })
+        .map_err(|_| "taken")
+        .unwrap();
+    attached.with_engine(HeldEngine::release);
+    while got.get().is_none() {
+        ctx.poll(true);
+    }
+    assert_eq!(got.get(), Some((2, 6)), "the state and the caller's token");
 }

@@ -8,15 +8,24 @@
 //! * [`format`](mod@format): an image's format from its first bytes, as QEMU's probe tells it
 //!   (`format=auto|raw|qcow2`), and the checks of a qcow2 header made before it is opened
 //!   (encrypted images and unknown incompatible features refused).
-//! * [`status`]: block status, which ranges of an image hold data and which are holes that
-//!   read as zeros (a raw file's from `SEEK_DATA` / `SEEK_HOLE`), as `qemu-img map` and NBD's
+//! * [`status`] and [`Image::block_status`]: block status, which ranges of an image hold data
+//!   and which are holes that read as zeros (a raw file's from `SEEK_DATA` / `SEEK_HOLE`, a
+//!   qcow2 image's from its mapping), as `qemu-img map` and NBD's
 //!   `base:allocation` report it.
 //! * [`lock`]: image locks QEMU's tools honour: OFD locks on the bytes QEMU's `file-posix`
 //!   driver uses (100 + each permission held, 200 + each permission not shared), taken and
 //!   checked when an image is opened, released when its holder goes; `locking=auto|on|off`.
 //!
-//! The images themselves (raw files and block devices, qcow2 through `imago`, the null
-//! device) and their request path are served by `aio-virtio-blk` today and move here next.
+//! * [`image::Image`]: an image open for serving (a raw file or block device, or a window of
+//!   one; a qcow2 image and its backing chain, through `imago`, feature `qcow2`; the null
+//!   device): opening with the format rule and the locks, its size shared by every export,
+//!   resize, inactive opening for an upgrade's handoff, closing.
+//! * [`ImageQueue`]: an image's requests from one context ([`BlockRequest`]: read, write
+//!   with FUA, flush, discard, write-zeroes), on the engine attached there: straight into and
+//!   out of the caller's memory ([`Buffers`]), each request's end told to the caller's
+//!   [`Reply`]. A qcow2 image's reads and writes inside clusters it owns go to the engine as
+//!   a raw image's do (a mapping cache); the rest run as tasks through imago.
+//! * [`stats`]: QEMU's accounting per image (`query-blockstats`) and latency histograms.
 //!
 //! ```no_run
 //! use aio_block::lock::{Access, ImageLock, LockMode};
@@ -32,5 +41,15 @@
 #![warn(missing_docs)]
 
 pub mod format;
+pub mod image;
 pub mod lock;
+#[cfg(feature = "qcow2")]
+mod qcow2;
+mod queue;
+pub mod request;
+pub mod stats;
 pub mod status;
+
+pub use image::{Image, ImageOptions};
+pub use queue::ImageQueue;
+pub use request::{BlockRequest, Buffers, Reply};

@@ -2,8 +2,9 @@
 //! QEMU's `bdrv_co_block_status` answers it for `qemu-img map` and NBD's `base:allocation`.
 //!
 //! This module owns the answer for a raw file (from `lseek(SEEK_DATA)` / `lseek(SEEK_HOLE)`, as
-//! QEMU's `file-posix` driver finds it); it reads no data and changes nothing. A qcow2
-//! image's answer comes from its mapping, once the images live in this crate.
+//! QEMU's `file-posix` driver finds it) and the extents' rules; it reads no data and changes
+//! nothing. An image's answer is [`Image::block_status`](crate::Image::block_status): a qcow2
+//! image's from its mapping, the null image's all zeros.
 //!
 //! * The extents cover the range asked for, in order, without gaps, each of one kind; two
 //!   neighbours are never of the same kind.
@@ -11,9 +12,8 @@
 //! * Where the file system cannot say (no `SEEK_DATA`, a block device), everything is data:
 //!   data is always a safe answer, a hole only where the file system says so.
 
-use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 
 /// What a range of an image is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -37,12 +37,12 @@ pub struct Extent {
 
 /// One `lseek` with `whence` from `offset`: the offset found, or None for `ENXIO` (no more
 /// data after `offset`, for `SEEK_DATA`; `offset` past the end).
-fn seek(file: &File, offset: u64, whence: libc::c_int) -> io::Result<Option<u64>> {
+fn seek(file: &impl AsFd, offset: u64, whence: libc::c_int) -> io::Result<Option<u64>> {
     let at = libc::off_t::try_from(offset)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset past off_t"))?;
     // SAFETY: `file` is an open descriptor for the call; lseek takes no pointer. It moves
     // the descriptor's offset, which no request of this crate uses (they give offsets).
-    let found = unsafe { libc::lseek(file.as_raw_fd(), at, whence) };
+    let found = unsafe { libc::lseek(file.as_fd().as_raw_fd(), at, whence) };
     if found >= 0 {
         return Ok(Some(found as u64));
     }
@@ -63,7 +63,7 @@ fn cannot_tell(e: &io::Error) -> bool {
 
 /// Adds `[offset, offset + len)` of `kind` to `out`, merged with the last extent if it is of
 /// the same kind.
-fn push(out: &mut Vec<Extent>, offset: u64, len: u64, kind: ExtentKind) {
+pub(crate) fn push(out: &mut Vec<Extent>, offset: u64, len: u64, kind: ExtentKind) {
     if len == 0 {
         return;
     }
@@ -75,7 +75,7 @@ fn push(out: &mut Vec<Extent>, offset: u64, len: u64, kind: ExtentKind) {
 
 /// The extents of `[offset, offset + len)` of the raw file `file` (whose size is `size`: a
 /// block device's is not its metadata's).
-pub fn raw_extents(file: &File, size: u64, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
+pub fn raw_extents(file: &impl AsFd, size: u64, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
     let end = offset.saturating_add(len);
     let mut out = Vec::new();
     let mut at = offset;
@@ -111,6 +111,7 @@ pub fn raw_extents(file: &File, size: u64, offset: u64, len: u64) -> io::Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::File;
     use std::os::unix::fs::FileExt;
 
     fn extent(offset: u64, len: u64, kind: ExtentKind) -> Extent {

@@ -43,6 +43,9 @@ pub struct ChainLimits {
     pub max_write_zeroes_sectors: u32,
 }
 
+/// The guest's memory as one request sees it: the mappings stay while any holder lives.
+pub type GuestMemory = std::sync::Arc<GuestMemoryMmap>;
+
 /// One data descriptor: `len` bytes of guest memory at `addr`, inside the memory table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Segment {

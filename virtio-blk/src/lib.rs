@@ -3,33 +3,27 @@
 //! A virtio-blk device on aio-rs, apart from any transport: what a VMM embeds with its own
 //! virtio transport (PCI, MMIO), and what `aio-vhost-user-blk` serves over vhost-user. It
 //! depends on the rust-vmm crates for the ring and guest memory (`virtio-queue`,
-//! `vm-memory`, `virtio-bindings`), on `aio-core` for the loop and the engines, and for qcow2
-//! images (feature `qcow2`, on by default) on `imago`; never on a transport, a command line or
-//! signals.
+//! `vm-memory`, `virtio-bindings`), on `aio-core` for the loop and the engines, and on
+//! `aio-block` for the images and their request path (qcow2 with the feature `qcow2`, on by
+//! default); never on a transport, a command line or signals. `aio-block` knows nothing of
+//! virtio: a chain becomes a block-layer request here.
 //!
 //! * [`spec`]: the specification's numbers (from `virtio-bindings`) and the config space.
-//! * [`device::BlockDevice`]: an image (a raw file or block device, `O_DIRECT`; a qcow2 image
-//!   and its backing chain; or the null device), its capacity, serial, read-only flag, the
-//!   feature bits and config space it offers.
-//! * [`format::probe`]: an image's format from its first bytes (QEMU's probe): with
-//!   `format=auto` a qcow2 header is served as qcow2, and one of QED, VMDK, VDI, VHDX, VHD,
-//!   Parallels or LUKS is refused unless the disk says `format=raw`, so no such file is
-//!   served as raw by mistake; a probed raw image refuses a write that would give it such a
-//!   header. [`format::check_qcow2`] refuses encrypted qcow2 images and unknown incompatible
-//!   features before they are opened.
-//! * qcow2 (feature `qcow2`, on by default): served through the `imago` crate, whose storage
-//!   does its I/O on the engine of the queue serving each request (guest buffers straight to
-//!   the engine, metadata through engine-owned buffers); queues on several iothreads share one
-//!   image. The raw path does not go through it.
+//! * [`device::BlockDevice`]: a disk over an [`aio_block::Image`] (a raw file or block
+//!   device, a qcow2 image and its backing chain, or the null device; opened here, or shared
+//!   with another export through [`BlockDevice::on_image`](device::BlockDevice::on_image)),
+//!   its serial, its queues, the feature bits and config space it offers.
+//! * [`format`](mod@format) and [`stats`]: `aio-block`'s format probe and I/O statistics,
+//!   re-exported.
 //! * [`chain::parse_chain`]: a descriptor chain checked against the memory table, the queue,
 //!   the directions and the capacity before anything is touched; a bad one is
 //!   `VIRTIO_BLK_S_IOERR` (an unknown type `VIRTIO_BLK_S_UNSUPP`), never a panic.
 //! * [`queue::VirtioBlkQueue`]: one virtqueue served on one context: kicks as fd handlers,
 //!   `io_poll` on the avail index and guest notifications off while the iothread polls; one
 //!   interrupt per batch of completions through [`aio_core::AioContext::deferred_call`]. The
-//!   requests themselves run on the disk's backing store (`request.rs`: `IN`/`OUT` straight
-//!   into and out of guest memory, a bounce buffer when misaligned, `FLUSH`, `GET_ID`,
-//!   `DISCARD`, `WRITE_ZEROES`).
+//!   requests themselves run on the disk's image through `aio-block`'s
+//!   [`ImageQueue`](aio_block::ImageQueue) (`request.rs`: `IN`/`OUT` straight into and out of
+//!   guest memory, `FLUSH`, `DISCARD`, `WRITE_ZEROES`; `GET_ID` answered here).
 //! * [`inflight::InflightLog`]: the contract of an in-flight log (each head marked before its
 //!   request is submitted, cleared once its used element is published) and the heads a queue
 //!   resubmits at its start, for a transport whose backend restarts under a running guest.
@@ -65,10 +59,9 @@ pub mod device;
 pub mod driver;
 /// The image format probe: moved to [`aio_block::format`], re-exported here.
 pub use aio_block::format;
-#[cfg(feature = "qcow2")]
-mod image;
 pub mod inflight;
 pub mod queue;
 mod request;
 pub mod spec;
-pub mod stats;
+/// The I/O statistics: moved to [`aio_block::stats`] (they are the image's), re-exported here.
+pub use aio_block::stats;

@@ -47,16 +47,16 @@ use std::sync::Arc;
 use aio_core::engine::{AttachedEngine, IoEngine};
 use aio_core::{AioContext, DeferredCall, EventLoop, FdHandler};
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 use crate::chain::{parse_chain, parse_head, BlkRequest, RefusedChain};
 use crate::device::BlockDevice;
 use crate::inflight::{Inflight, InflightLog};
-use crate::request::{Completer, Store};
-use crate::stats::QueueRecorder;
+use crate::request::{record_done, record_invalid, RingTag, Store};
+use aio_block::request::Reply;
+use aio_block::stats::Recorder;
 
-/// The guest's memory as one request sees it: the mappings stay while any holder lives.
-pub type GuestMemory = Arc<GuestMemoryMmap>;
+pub use crate::chain::GuestMemory;
 
 /// What a queue has done, for tests and reports.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -161,7 +161,7 @@ struct Inner<L: EventLoop + 'static, E: IoEngine + 'static> {
     broken: Cell<bool>,
     stats: Cell<QueueStats>,
     /// Where this queue counts the disk's I/O statistics.
-    recorder: QueueRecorder,
+    recorder: Recorder,
 }
 
 impl<L: EventLoop + 'static, E: IoEngine + 'static> VirtioBlkQueue<L, E> {
@@ -204,7 +204,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> VirtioBlkQueue<L, E> {
             Some(Inflight { log, resubmit }) => (Some(log), resubmit),
             None => (None, Vec::new()),
         };
-        let recorder = QueueRecorder::new(device.stats(), queue.size());
+        let recorder = Recorder::new(device.stats(), queue.size());
         let inner = Rc::new(Inner {
             recorder,
             store: Store::new(device, engine),
@@ -279,15 +279,21 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> VirtioBlkQueue<L, E> {
     }
 }
 
-impl<L: EventLoop + 'static, E: IoEngine + 'static> Completer for Inner<L, E> {
-    fn finish(&self, mem: &GuestMemory, request: &BlkRequest, status: u8) {
-        self.recorder.done(request.head, &request.op, status);
+impl<L: EventLoop + 'static, E: IoEngine + 'static> Reply for Inner<L, E> {
+    type Tag = RingTag;
+
+    fn finish(&self, (mem, request): RingTag, result: io::Result<()>) {
+        let status = match result {
+            Ok(()) => crate::spec::S_OK,
+            Err(_) => crate::spec::S_IOERR,
+        };
+        record_done(&self.recorder, &request, status);
         let len = if status == crate::spec::S_OK {
             request.written_len()
         } else {
             1
         };
-        self.complete(mem, request.head, request.status, status, len);
+        self.complete(&mem, request.head, request.status, status, len);
     }
 
     fn bounced(&self) {
@@ -472,7 +478,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
             }
             Err(refused) => {
                 self.bump(|s| s.refused += 1);
-                self.recorder.invalid(refused.request_type);
+                record_invalid(&self.recorder, refused.request_type);
                 match refused.status {
                     Some(status) => {
                         self.complete(mem, refused.head, status, refused.error.status(), 1)

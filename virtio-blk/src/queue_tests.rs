@@ -11,7 +11,7 @@ use virtio_bindings::bindings::virtio_ring::{
 };
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
-use vm_memory::{Address, GuestAddress};
+use vm_memory::{Address, GuestAddress, GuestMemoryMmap};
 
 use super::*;
 use crate::device::DiskOptions;

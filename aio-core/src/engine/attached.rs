@@ -38,7 +38,7 @@ use super::IoEngine;
 use crate::context::{AioContext, BottomHalf, FdHandler};
 use crate::error::AioError;
 use crate::event_loop::EventLoop;
-use crate::slots::Slots;
+use crate::slots::{SlotId, Slots};
 
 type CompletionFn<L> = Box<dyn Fn(&AioContext<L>, Completion)>;
 type PerRequestFn<L, E> = Box<dyn FnOnce(&AioContext<L>, &AttachedEngine<L, E>, Completion)>;
@@ -57,6 +57,9 @@ pub(crate) enum Delivery<L: EventLoop, E: IoEngine> {
     /// The state a [`RequestFuture`](crate::task::RequestFuture) shares with its request: no
     /// allocation beyond that state.
     Future(Rc<dyn RequestSlot>),
+    /// Not set yet: [`AttachedEngine::try_submit_with`] sets it once the engine has taken the
+    /// request (completions are delivered by the loop, never inside `submit`).
+    Unset,
 }
 
 /// A request's own delivery, and the caller's token it replaced.
@@ -130,6 +133,7 @@ impl<L: EventLoop, E: IoEngine> Driver<L, E> {
                         callback(ctx, &handle, completion);
                     }
                     Delivery::Future(slot) => slot.complete(completion),
+                    Delivery::Unset => {}
                 }
                 return;
             }
@@ -394,13 +398,51 @@ impl<L: EventLoop, E: IoEngine> AttachedEngine<L, E> {
         self.submit_delivering(request, Delivery::Callback(Box::new(on_complete)))
     }
 
+    /// [`submit_with`](AttachedEngine::submit_with), with the callback's state kept apart
+    /// until the engine has taken the request: a refusal hands `state` back beside the
+    /// request (untouched, with its memory), so that a caller whose state cannot be cloned
+    /// (a reply it owes someone) still has it. On success `on_complete` gets `state` with the
+    /// completion.
+    pub fn try_submit_with<S: 'static>(
+        &self,
+        request: Request,
+        state: S,
+        on_complete: impl FnOnce(&AioContext<L>, &AttachedEngine<L, E>, Completion, S) + 'static,
+    ) -> Result<RequestId, (SubmitError, S)>
+    where
+        L: 'static,
+        E: 'static,
+    {
+        let (slot, engine_token) = match self.submit_slot(request, Delivery::Unset) {
+            Ok(taken) => taken,
+            Err(refused) => return Err((refused, state)),
+        };
+        let callback: PerRequestFn<L, E> =
+            Box::new(move |ctx, engine, done| on_complete(ctx, engine, done, state));
+        if let Some(entry) = self.driver.per_request.borrow_mut().get_mut(slot) {
+            entry.delivery = Delivery::Callback(callback);
+        }
+        Ok(RequestId(engine_token))
+    }
+
     /// Submits a request whose completion goes to `delivery` (see
     /// [`submit_with`](AttachedEngine::submit_with)).
     pub(crate) fn submit_delivering(
         &self,
-        mut request: Request,
+        request: Request,
         delivery: Delivery<L, E>,
     ) -> Result<RequestId, SubmitError> {
+        let (_, engine_token) = self.submit_slot(request, delivery)?;
+        Ok(RequestId(engine_token))
+    }
+
+    /// Submits `request` with its delivery in the per-request table; the slot it holds there
+    /// and the token the engine knows it by.
+    fn submit_slot(
+        &self,
+        mut request: Request,
+        delivery: Delivery<L, E>,
+    ) -> Result<(SlotId, u64), SubmitError> {
         let user_token = request.token;
         let mut table = self.driver.per_request.borrow_mut();
         let slot = table.next_id();
@@ -415,7 +457,7 @@ impl<L: EventLoop, E: IoEngine> AttachedEngine<L, E> {
         });
         drop(table);
         match self.driver.engine.borrow_mut().submit(request) {
-            Ok(()) => Ok(RequestId(engine_token)),
+            Ok(()) => Ok((slot, engine_token)),
             Err(mut refused) => {
                 self.driver.per_request.borrow_mut().remove(slot);
                 refused.request.token = user_token;

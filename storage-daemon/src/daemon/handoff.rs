@@ -18,6 +18,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use aio_block::image::OpenError;
 use aio_block::lock::LockError;
 use aio_virtio_blk::device::{BlockDevice, DeviceError, DiskOptions};
 
@@ -27,7 +28,10 @@ use super::DiskSpec;
 pub const KILLED_HOLDER_GRACE: Duration = Duration::from_secs(2);
 
 fn conflict(e: &DeviceError) -> bool {
-    matches!(e, DeviceError::Lock(LockError::Conflict { .. }))
+    matches!(
+        e,
+        DeviceError::Image(OpenError::Lock(LockError::Conflict { .. }))
+    )
 }
 
 /// Whether a daemon serves `socket` now (it accepts a connection: the probe is closed at
@@ -53,7 +57,7 @@ pub(super) fn open_image(d: &DiskSpec, options: DiskOptions) -> Result<BlockDevi
                         );
                         Ok(device)
                     }
-                    Err(DeviceError::NotInactive { .. }) => Err(e),
+                    Err(DeviceError::Image(OpenError::NotInactive { .. })) => Err(e),
                     Err(other) => Err(other),
                 };
             }

@@ -8,7 +8,7 @@
 //! * imago's storage object is shared by every iothread serving the image (`Send + Sync`),
 //!   while an engine belongs to one iothread's context (`!Send`). So the storage does not hold
 //!   an engine: each request's future runs inside a [`WithIo`], which makes that request's
-//!   engine, guest memory and guest ranges the current ones for the duration of every poll.
+//!   engine, memory hold and data ranges the current ones for the duration of every poll.
 //!   imago spawns no tasks, so every storage call a request makes happens inside its polls.
 //! * Outside a request (no current [`RequestIo`]) the storage does blocking syscalls on the
 //!   calling thread: opening an image and flushing it at shutdown are not on a queue's path.
@@ -26,8 +26,8 @@ use aio_core::task::RequestFuture;
 use aio_core::EventLoop;
 use smallvec::SmallVec;
 
-use super::storage::WriteInFlight;
-use crate::queue::GuestMemory;
+use super::settle::WriteInFlight;
+use crate::request::MemoryHold;
 
 /// An engine attached to the current thread's context, with its type erased (the storage is
 /// shared by iothreads whose engines may differ in type).
@@ -48,49 +48,48 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> ImageEngine for AttachedEngi
 #[derive(Default)]
 #[allow(dead_code)]
 pub(crate) struct Keep {
-    /// The guest memory table its iovecs point into (a direct read or write).
-    pub(crate) memory: Option<GuestMemory>,
+    /// What keeps the caller's memory its iovecs point into valid (a direct read or write).
+    pub(crate) memory: Option<MemoryHold>,
     /// Counts it among the image's modifying requests in flight (imago's `settle_writes`).
     pub(crate) write: Option<WriteInFlight>,
 }
 
-/// The host address ranges of a request's data segments: inline up to four (a request
-/// usually has one).
-pub(crate) type GuestRanges = SmallVec<[(usize, usize); 4]>;
+/// The address ranges of a request's data segments: inline up to four (a request usually has
+/// one).
+pub(crate) type DataRanges = SmallVec<[(usize, usize); 4]>;
 
-/// One request's I/O context: its queue's engine, and the guest memory its data lives in.
+/// One request's I/O context: its queue's engine, and the caller's memory its data lives in.
 pub(crate) struct RequestIo {
     pub(crate) engine: Rc<dyn ImageEngine>,
-    /// The memory table the request was parsed against.
-    pub(crate) memory: GuestMemory,
-    /// The host address ranges `[start, end)` of the request's data segments: a buffer imago
-    /// hands the storage inside one of them is guest memory (direct I/O, with `memory` held by
-    /// the engine); any other buffer is imago's own and goes through an engine-owned copy.
-    pub(crate) guest: GuestRanges,
+    /// What keeps the request's memory valid ([`Buffers`](crate::Buffers)' hold).
+    pub(crate) memory: MemoryHold,
+    /// The address ranges `[start, end)` of the request's data segments: a buffer imago hands
+    /// the storage inside one of them is the caller's memory (direct I/O, with `memory` held
+    /// by the engine); any other buffer is imago's own and goes through an engine-owned copy.
+    pub(crate) data: DataRanges,
 }
 
 impl RequestIo {
-    /// Whether `[base, base + len)` lies inside one of the request's guest segments.
-    fn is_guest(&self, base: usize, len: usize) -> bool {
+    /// Whether `[base, base + len)` lies inside one of the request's data segments.
+    fn in_data(&self, base: usize, len: usize) -> bool {
         let end = base.saturating_add(len);
-        self.guest.iter().any(|&(s, e)| s <= base && end <= e)
+        self.data.iter().any(|&(s, e)| s <= base && end <= e)
     }
 
-    /// `iov` as guest iovecs for the engine, when every segment lies inside the request's
-    /// guest data (None: a buffer of imago's own, to go through an engine-owned copy).
-    pub(crate) fn guest_iovecs(&self, iov: &[libc::iovec]) -> Option<GuestIovecs> {
+    /// `iov` as iovecs of the caller's memory for the engine, when every segment lies inside
+    /// the request's data (None: a buffer of imago's own, to go through an engine-owned copy).
+    pub(crate) fn caller_iovecs(&self, iov: &[libc::iovec]) -> Option<GuestIovecs> {
         if !iov
             .iter()
-            .all(|v| self.is_guest(v.iov_base as usize, v.iov_len))
+            .all(|v| self.in_data(v.iov_base as usize, v.iov_len))
         {
             return None;
         }
         let parts = iov.iter().map(|v| (v.iov_base.cast::<u8>(), v.iov_len));
-        // SAFETY: every segment lies in the request's guest data, which is in `memory`'s
-        // mappings; the engine holds that table (`Keep::memory`) until it is done with the
-        // iovecs, so they stay mapped even if the request's future is dropped first. The
-        // guest may race on its own buffers, as on the raw path; nothing in this process
-        // holds a Rust reference to them while the kernel uses them.
+        // SAFETY: every segment lies in the request's data, which `Buffers::new`'s caller
+        // promised valid and unused by anyone else while `memory` is held; the engine holds a
+        // clone (`Keep::memory`) until it is done with the iovecs, so they stay valid even if
+        // the request's future is dropped first.
         Some(unsafe { GuestIovecs::new(parts) })
     }
 }

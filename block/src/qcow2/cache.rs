@@ -1,41 +1,16 @@
-//! The direct path of a qcow2 image: a read or write wholly inside clusters the image owns in
-//! place goes to the engine as a raw image's would, with no task and no call into imago.
+//! The mapping cache of a qcow2 image's direct path: guest cluster -> host offset, for the
+//! clusters imago said may be written in place.
 //!
-//! This module owns [`MappingCache`] (guest cluster -> host offset, for clusters imago said
-//! may be written in place) and the direct submission. It never reads metadata: every entry
-//! comes from a mapping imago returned to a request on the task path (`requests.rs`), and the
-//! ops that change mappings clear it.
-//!
-//! * **What is cached.** The run of clusters in a row from a looked-up one to the end of its
-//!   L2 table (one lookup fills a preallocated table's worth), only
-//!   `Mapping::Raw { writable: true }` in the image's own data file:
-//!   a cluster with one reference, neither compressed, nor shared with a snapshot, nor in a
-//!   backing file. Writing it in place changes no metadata (imago's documented promise), so a
-//!   direct write needs no write-back. A read-only image gets no such mappings and always
-//!   takes the task path.
-//! * **What clears it.** A discard and a write-zeroes (which may free a cluster or turn it
-//!   into a zero cluster) and a resize clear the clusters they touch and bump a generation
-//!   after imago has changed the mapping and before the guest hears of it; an entry looked up
-//!   before the bump is not inserted after it, so none outlives the change.
-//! * **Nothing freed under a direct request.** A direct request holds the image's read lock
-//!   (taken without waiting, or the request takes the task path) until its completion, as a
-//!   task-path request does: a discard, which takes the lock alone, waits for it, so a freed
-//!   cluster is never handed to another guest offset while a direct request still uses it.
-//!   The same lock is what QEMU's qcow2 driver relies on: mappings are looked up under it,
-//!   data moves outside the metadata code.
+//! This module owns [`MappingCache`] and its rules (what is cached, what clears it, see
+//! `direct.rs`); it never reads metadata nor submits a request.
 
-use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
-use aio_core::engine::{AttachedEngine, IoEngine, IoFile, Request};
-use aio_core::EventLoop;
+use aio_core::engine::IoFile;
 
-use super::storage::{EngineStorage, WriteCounter};
-use super::Qcow2Image;
-use crate::chain::{segments_len, BlkOp, BlkRequest};
-use crate::queue::GuestMemory;
-use crate::request::{finish_on_completion, guest_iovecs, Completer};
+use super::settle::WriteCounter;
+use super::storage::EngineStorage;
 
 /// The most entries a cache keeps (8 bytes each: 32 MiB, QEMU's default limit for its L2
 /// cache, whose entries these copy): 256 GiB of disk at 64 KiB clusters. A disk with more
@@ -197,66 +172,6 @@ impl MappingCache {
                 let _ = slot.compare_exchange(entry, 0, Ordering::SeqCst, Ordering::SeqCst);
             }
         }
-    }
-}
-
-impl Qcow2Image {
-    /// [`MappingCache::prefetch`] for the reads and writes of a batch.
-    pub(crate) fn prefetch<'r>(&self, requests: impl Iterator<Item = &'r BlkRequest>) {
-        self.cache.prefetch(requests.filter_map(|r| match r.op {
-            BlkOp::Read { offset, .. } | BlkOp::Write { offset, .. } => Some(offset),
-            _ => None,
-        }));
-    }
-
-    /// Serves `request` on the direct path if it is a read or write wholly inside cached
-    /// clusters and the image's read lock is free; gives it back otherwise (the task path
-    /// takes it).
-    pub(crate) fn try_direct<L, E, C>(
-        &self,
-        engine: &AttachedEngine<L, E>,
-        ring: &Rc<C>,
-        mem: &GuestMemory,
-        request: BlkRequest,
-    ) -> Result<(), BlkRequest>
-    where
-        L: EventLoop + 'static,
-        E: IoEngine + 'static,
-        C: Completer,
-    {
-        let (offset, segments, write) = match &request.op {
-            BlkOp::Read { offset, segments } => (*offset, segments, false),
-            BlkOp::Write { offset, segments } => (*offset, segments, true),
-            _ => return Err(request),
-        };
-        let len = segments_len(segments);
-        // Taken before the lookup: a discard (which takes the lock alone) cannot free a cached
-        // cluster between the lookup and the request's completion.
-        let Ok(held) = Arc::clone(&self.access).try_read_owned() else {
-            return Err(request);
-        };
-        let Some(((file, writes), host)) = self.cache.lookup(offset, len) else {
-            return Err(request);
-        };
-        let Some(iov) = guest_iovecs(mem, segments) else {
-            return Err(request);
-        };
-        let token = u64::from(request.head);
-        // A write counts among the file's writes in flight, which imago settles before it
-        // frees a cluster (as the task path's writes do).
-        let in_flight = write.then(|| writes.begin());
-        let io = if write {
-            Request::write_guest(file, host, iov, token)
-        } else {
-            Request::read_guest(file, host, iov, token)
-        };
-        // The image's lock and the write's count are held until the kernel is done.
-        let on_done = finish_on_completion(ring, mem, request.clone(), (held, in_flight));
-        // Refused (misaligned buffers, a full engine): the task path copes.
-        engine
-            .submit_with(io, on_done)
-            .map(drop)
-            .map_err(|_| request)
     }
 }
 

@@ -2,12 +2,12 @@
 //! backing chain), read and written through the engine of the queue serving the request.
 //!
 //! This module owns [`EngineStorage`]: opening a file (`O_DIRECT`), the alignment it reports
-//! to imago, the choice between guest memory directly and an engine-owned copy, short
+//! to imago, the choice between the caller's memory directly and an engine-owned copy, short
 //! transfers, and the count of modifying requests in flight. It never parses the format.
 //!
-//! * **Guest data goes straight to the engine.** A buffer inside the current request's guest
-//!   segments is submitted as guest iovecs, the memory table held by the engine until it is
-//!   done with them; a buffer of imago's own (metadata, its bounce buffers) goes through an
+//! * **The caller's data goes straight to the engine.** A buffer inside the current
+//!   request's data segments (guest memory, a socket's buffer) is submitted as those iovecs,
+//!   the request's memory hold kept by the engine until it is done with them; a buffer of imago's own (metadata, its bounce buffers) goes through an
 //!   engine-owned [`AlignedBuf`], so that a dropped future never leaves the kernel writing
 //!   into memory imago has freed.
 //! * **Outside a request** (opening the image, the final flush) I/O is blocking syscalls on
@@ -20,8 +20,8 @@ use std::future::{poll_fn, Future};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Poll, Waker};
+use std::sync::Arc;
+use std::task::Poll;
 
 use aio_core::engine::{AlignedBuf, Completion, IoBuffers, IoFile, Request};
 use imago::io_buffers::{IoVector, IoVectorMut};
@@ -30,45 +30,7 @@ use imago::{Storage, StorageOpenOptions};
 
 use super::blocking;
 use super::current::{self, Keep, RequestIo};
-
-/// The modifying requests of one file still in the kernel or a worker, and who waits for none.
-#[derive(Default)]
-struct Settle {
-    state: Mutex<(usize, Vec<Waker>)>,
-}
-
-/// One modifying request in flight: counted until the engine is done with it.
-pub(crate) struct WriteInFlight(Arc<Settle>);
-
-impl WriteInFlight {
-    fn new(settle: &Arc<Settle>) -> Self {
-        settle.state.lock().expect("settle lock").0 += 1;
-        WriteInFlight(settle.clone())
-    }
-}
-
-impl Drop for WriteInFlight {
-    fn drop(&mut self) {
-        let mut state = self.0.state.lock().expect("settle lock");
-        state.0 -= 1;
-        if state.0 == 0 {
-            for w in state.1.drain(..) {
-                w.wake();
-            }
-        }
-    }
-}
-
-/// Counts writes to one file made outside imago (see [`EngineStorage::write_counter`]).
-#[derive(Clone)]
-pub(crate) struct WriteCounter(Arc<Settle>);
-
-impl WriteCounter {
-    /// One write in flight, until the value is dropped (after its completion).
-    pub(crate) fn begin(&self) -> WriteInFlight {
-        WriteInFlight::new(&self.0)
-    }
-}
+use super::settle::{Settle, WriteCounter, WriteInFlight};
 
 /// A file (or block device) of an image, opened `O_DIRECT`, doing its I/O on the current
 /// request's engine.
@@ -106,7 +68,7 @@ impl fmt::Display for EngineStorage {
 impl EngineStorage {
     /// Opens `path` with `O_DIRECT`, for writing when `writable`.
     pub(crate) fn open_path(path: &Path, writable: bool) -> io::Result<Self> {
-        let (file, size) = crate::device::open_direct(path, writable)?;
+        let (file, size) = crate::image::file::open_direct(path, writable)?;
         let regular = file.metadata()?.is_file();
         let file = IoFile::new(file);
         let (mem_align, req_align) = match file.direct_io_alignment() {
@@ -153,17 +115,17 @@ impl EngineStorage {
         }
     }
 
-    /// Runs `request` on the current request's engine: holding the guest memory table when it
-    /// `points_into_guest`, counted among the writes in flight when it `modifies` the file.
+    /// Runs `request` on the current request's engine: holding the caller's memory hold when it
+    /// `points_into_caller`, counted among the writes in flight when it `modifies` the file.
     fn run(
         &self,
         io: &RequestIo,
         request: Request,
-        points_into_guest: bool,
+        points_into_caller: bool,
         modifies: bool,
     ) -> impl Future<Output = Completion> {
         let keep = Keep {
-            memory: points_into_guest.then(|| io.memory.clone()),
+            memory: points_into_caller.then(|| io.memory.clone()),
             write: modifies.then(|| WriteInFlight::new(&self.settle)),
         };
         io.engine.run(request, keep)
@@ -177,9 +139,9 @@ impl EngineStorage {
         offset: u64,
     ) -> io::Result<(usize, IoVectorMut<'a>)> {
         // SAFETY: the iovecs are used only while `bufv` is borrowed here, or copied into
-        // `GuestIovecs` for guest memory the engine keeps mapped (see `RequestIo`).
+        // `GuestIovecs` for the caller's memory the engine keeps valid (see `RequestIo`).
         let iov = unsafe { bufv.as_iovec() };
-        if let Some(mem) = io.guest_iovecs(iov) {
+        if let Some(mem) = io.caller_iovecs(iov) {
             let request = Request::read_guest(&self.file, offset, mem, 0);
             let n = self.run(io, request, true, false).await.result?;
             return Ok((n, bufv.split_tail_at(n as u64)));
@@ -214,7 +176,7 @@ impl EngineStorage {
         // Counted before it is submitted: a write that fails may still have landed in part,
         // and `pure_write_zeroes` trusts only what lies past every write ever submitted.
         self.grew_to(offset + bufv.len());
-        let request = if let Some(mem) = io.guest_iovecs(iov) {
+        let request = if let Some(mem) = io.caller_iovecs(iov) {
             (Request::write_guest(&self.file, offset, mem, 0), true)
         } else {
             let mut data = AlignedBuf::new(bufv.len() as usize);

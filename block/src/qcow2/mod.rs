@@ -1,4 +1,4 @@
-//! Disk images served through `imago`: a qcow2 image and its backing chain, on aio-rs's
+//! qcow2 images served through `imago`: a qcow2 image and its backing chain, on aio-rs's
 //! engines.
 //!
 //! This module owns opening an image (its header checked first, the chain followed read-only,
@@ -20,10 +20,14 @@
 //!   imago's cache alone, killed, left fio's data unreadable and `qemu-img check` failing.
 
 mod blocking;
-mod current;
+mod cache;
+pub(crate) mod current;
 mod direct;
 mod requests;
+mod settle;
+mod status;
 mod storage;
+mod write_back;
 
 use std::cell::RefCell;
 use std::fmt;
@@ -39,14 +43,12 @@ use imago::qcow2::Qcow2;
 use imago::{FormatAccess, FormatDriverBuilder, StorageOpenOptions};
 use tokio::sync::RwLock;
 
-use aio_block::lock::{Access, ImageLock, LockMode};
+use crate::lock::{Access, ImageLock, LockMode};
 
-pub(crate) use current::ImageEngine;
-pub(crate) use requests::execute;
 use storage::EngineStorage;
 
-use crate::device::DeviceError;
 use crate::format::{self, KnownFormat, Qcow2Refusal};
+use crate::image::error::OpenError;
 
 /// The longest backing chain followed (QEMU has no fixed limit; a chain this long is a loop
 /// the path check missed, or a mistake).
@@ -57,13 +59,13 @@ pub(crate) struct Qcow2Image {
     /// Shared with the direct path's requests, which hold it until their completion.
     access: Arc<RwLock<FormatAccess<EngineStorage>>>,
     /// The clusters the direct path may serve (`direct.rs`).
-    cache: direct::MappingCache,
+    cache: cache::MappingCache,
     path: PathBuf,
     /// The backing files opened, nearest first.
     chain: Vec<PathBuf>,
     writable: bool,
     /// The metadata write-back allocating writes wait for.
-    write_back: requests::WriteBack,
+    write_back: write_back::WriteBack,
     /// The image's lock and its backing files' (QEMU's lock bytes), held while it is served.
     _locks: Vec<ImageLock>,
 }
@@ -118,16 +120,16 @@ fn l2_cache_entries(head: &[u8]) -> usize {
 }
 
 /// Checks that `path` holds a qcow2 image that may be served (a dirty one only read-only).
-fn check_qcow2_header(path: &Path, head: &[u8], writable: bool) -> Result<(), DeviceError> {
+fn check_qcow2_header(path: &Path, head: &[u8], writable: bool) -> Result<(), OpenError> {
     match format::probe(head) {
         Some(KnownFormat::Qcow2) => match format::check_qcow2(head) {
             Err(Qcow2Refusal::Dirty) if !writable => Ok(()),
-            checked => checked.map_err(|reason| DeviceError::Qcow2Refused {
+            checked => checked.map_err(|reason| OpenError::Qcow2Refused {
                 path: path.to_path_buf(),
                 reason,
             }),
         },
-        found => Err(DeviceError::NotQcow2 {
+        found => Err(OpenError::NotQcow2 {
             path: path.to_path_buf(),
             found,
         }),
@@ -143,7 +145,7 @@ struct ChainGate {
     seen: Rc<RefCell<Vec<PathBuf>>>,
     /// Backing layers opened, nearest first.
     chain: Rc<RefCell<Vec<PathBuf>>>,
-    refusal: Rc<RefCell<Option<DeviceError>>>,
+    refusal: Rc<RefCell<Option<OpenError>>>,
     /// How backing files are locked (the image's `locking=`), and their locks once taken.
     locking: LockMode,
     locks: Rc<RefCell<Vec<ImageLock>>>,
@@ -160,7 +162,7 @@ impl ChainGate {
         }
     }
 
-    fn refuse(&self, e: DeviceError) -> io::Error {
+    fn refuse(&self, e: OpenError) -> io::Error {
         let text = e.to_string();
         self.refusal.borrow_mut().get_or_insert(e);
         io::Error::new(io::ErrorKind::InvalidData, text)
@@ -172,7 +174,7 @@ impl ChainGate {
         let mut seen = self.seen.borrow_mut();
         if seen.contains(&canonical) || seen.len() >= MAX_CHAIN {
             drop(seen);
-            return Err(self.refuse(DeviceError::BackingLoop {
+            return Err(self.refuse(OpenError::BackingLoop {
                 path: path.to_path_buf(),
             }));
         }
@@ -192,7 +194,7 @@ impl ImplicitOpenGate<EngineStorage> for ChainGate {
             let head = read_header(&path)?;
             let refused = match F::FORMAT {
                 Format::Qcow2 => check_qcow2_header(&path, &head, false).err(),
-                _ => format::probe(&head).map(|format| DeviceError::BackingFormat {
+                _ => format::probe(&head).map(|format| OpenError::BackingFormat {
                     path: path.clone(),
                     format,
                 }),
@@ -234,8 +236,8 @@ impl Qcow2Image {
     /// Opens the qcow2 image at `path` (for writing when `writable`) and its backing chain
     /// (read-only), after checking every header. `lock` is the image's own, taken by the
     /// caller before anything was read; the backing files are locked as its mode says.
-    pub(crate) fn open(path: &Path, writable: bool, lock: ImageLock) -> Result<Self, DeviceError> {
-        let failed = |source| DeviceError::Image {
+    pub(crate) fn open(path: &Path, writable: bool, lock: ImageLock) -> Result<Self, OpenError> {
+        let failed = |source| OpenError::Image {
             path: path.to_path_buf(),
             source,
         };
@@ -265,12 +267,12 @@ impl Qcow2Image {
         // The header was checked: qcow2's cluster_bits is 9..=21.
         let cluster_bits = header_field(&head, 20, 4).unwrap_or(16) as u32;
         Ok(Qcow2Image {
-            cache: direct::MappingCache::new(cluster_bits, access.size()),
+            cache: cache::MappingCache::new(cluster_bits, access.size()),
             access: Arc::new(RwLock::new(access)),
             path: path.to_path_buf(),
             chain,
             writable,
-            write_back: requests::WriteBack::default(),
+            write_back: write_back::WriteBack::default(),
             _locks: locks,
         })
     }

@@ -1,5 +1,5 @@
-//! A disk opened before its image's other user has let it go: an upgrade, where a new daemon
-//! takes over a socket while the old one still serves its last frontend.
+//! An image opened before its other user has let it go: an upgrade, where a new daemon takes
+//! over a socket while the old one still serves its last frontend.
 //!
 //! This module owns the inactive open and the activation that takes the image's locks later,
 //! as QEMU opens an incoming migration's images inactive (no locks) and takes their locks
@@ -7,53 +7,42 @@
 //!
 //! * **Raw images only.** A raw image has nothing cached from the file: the old daemon's
 //!   writes until it stops are read by the new one as they are. A qcow2 image is refused
-//!   ([`DeviceError::NotInactive`]): its metadata read now would be stale once the old daemon
+//!   ([`OpenError::NotInactive`]): its metadata read now would be stale once the old daemon
 //!   has allocated more (QEMU re-reads it on activation; this crate does not yet).
-//! * **No request before activation.** The transport calls [`BlockDevice::activate`] before
-//!   it takes a frontend's requests; until then the device holds no lock and reads nothing
-//!   but its header.
+//! * **No request before activation.** The export calls [`Image::activate`] before it takes
+//!   a client's requests; until then the image holds no lock and reads nothing but its
+//!   header, and a request given to it anyway is refused (`EAGAIN`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::{Mutex, PoisonError};
 
-use aio_block::lock::{Access, ImageLock, LockError, LockMode};
+use super::error::OpenError;
+use super::{Image, ImageOptions, PendingLocks};
+use crate::lock::{Access, ImageLock, LockError, LockMode};
 
-use super::{BlockDevice, DeviceError, DiskOptions};
-
-/// The locks an inactive disk takes when it is activated.
-#[derive(Debug)]
-pub(crate) struct PendingLocks {
-    path: PathBuf,
-    access: Access,
-    mode: LockMode,
-    /// Taken by the first successful [`BlockDevice::activate`].
-    held: Mutex<Option<ImageLock>>,
-}
-
-impl BlockDevice {
-    /// Opens a raw `image` as [`open`](Self::open) does, but takes no lock yet: another
-    /// process (the daemon this one succeeds) may still use it. [`activate`](Self::activate)
-    /// takes the locks the options ask for, once that process has let them go. A qcow2 image
-    /// is refused with [`DeviceError::NotInactive`].
-    pub fn open_inactive(image: &Path, options: DiskOptions) -> Result<Self, DeviceError> {
-        let unlocked = DiskOptions {
-            locking: LockMode::Off,
-            ..options.clone()
-        };
-        let mut device = Self::open_raw_only(image, unlocked)?;
-        device.pending = Some(std::sync::Arc::new(PendingLocks {
-            path: image.to_path_buf(),
+impl Image {
+    /// Opens a raw image at `path` as [`open`](Self::open) does, but takes no lock yet:
+    /// another process (the daemon this one succeeds) may still use it.
+    /// [`activate`](Self::activate) takes the locks the options ask for, once that process
+    /// has let them go. A qcow2 image is refused with [`OpenError::NotInactive`].
+    pub fn open_inactive(path: &Path, options: ImageOptions) -> Result<Self, OpenError> {
+        let unlocked = options.clone().locking(LockMode::Off);
+        let mut image = Self::open_as(path, unlocked, false)?;
+        image.pending = Some(PendingLocks {
+            path: path.to_path_buf(),
             access: Access::disk(!options.read_only, options.share_rw),
             mode: options.locking,
             held: Mutex::new(None),
-        }));
-        device.options = options;
-        Ok(device)
+        });
+        image.options = options;
+        image.active.store(false, Ordering::Release);
+        Ok(image)
     }
 
-    /// Takes the locks of a disk opened [inactive](Self::open_inactive) (nothing to do for
-    /// any other disk, or once taken): another process's conflicting use is
-    /// [`LockError::Conflict`], and the disk stays inactive.
+    /// Takes the locks of an image opened [inactive](Self::open_inactive) (nothing to do for
+    /// any other image, or once taken): another process's conflicting use is
+    /// [`LockError::Conflict`], and the image stays inactive.
     pub fn activate(&self) -> Result<(), LockError> {
         let Some(pending) = &self.pending else {
             return Ok(());
@@ -72,6 +61,7 @@ impl BlockDevice {
             pending.access,
             pending.mode,
         )?);
+        self.active.store(true, Ordering::Release);
         Ok(())
     }
 
@@ -89,17 +79,10 @@ impl BlockDevice {
         }
     }
 
-    /// Whether the disk may serve requests: false only for an [inactive](Self::open_inactive)
-    /// disk not yet [activated](Self::activate).
+    /// Whether the image may serve requests: false only for an
+    /// [inactive](Self::open_inactive) image not yet [activated](Self::activate).
     pub fn is_active(&self) -> bool {
-        match &self.pending {
-            None => true,
-            Some(p) => p
-                .held
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .is_some(),
-        }
+        self.active.load(Ordering::Acquire)
     }
 }
 
@@ -108,21 +91,21 @@ mod tests {
     use super::*;
     use crate::format::ImageFormat;
 
+    fn raw() -> ImageOptions {
+        ImageOptions::new(ImageFormat::Raw)
+    }
+
     #[test]
     fn an_inactive_disk_takes_its_lock_once_the_other_user_lets_go() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("disk.img");
         std::fs::write(&path, vec![0u8; 1 << 20]).unwrap();
-        let raw = DiskOptions {
-            format: ImageFormat::Raw,
-            ..DiskOptions::default()
-        };
-        let old = BlockDevice::open(&path, raw.clone()).unwrap();
+        let old = Image::open(&path, raw()).unwrap();
         assert!(matches!(
-            BlockDevice::open(&path, raw.clone()),
-            Err(DeviceError::Lock(LockError::Conflict { .. }))
+            Image::open(&path, raw()),
+            Err(OpenError::Lock(LockError::Conflict { .. }))
         ));
-        let new = BlockDevice::open_inactive(&path, raw.clone()).unwrap();
+        let new = Image::open_inactive(&path, raw()).unwrap();
         assert!(!new.is_active());
         assert!(matches!(new.activate(), Err(LockError::Conflict { .. })));
         assert!(!new.is_active());
@@ -130,7 +113,7 @@ mod tests {
         new.activate().unwrap();
         assert!(new.is_active());
         // Its lock is held now: a third writer is refused.
-        assert!(BlockDevice::open(&path, raw).is_err());
+        assert!(Image::open(&path, raw()).is_err());
     }
 
     #[test]
@@ -141,7 +124,7 @@ mod tests {
         head[..4].copy_from_slice(b"QFI\xfb");
         head[7] = 3;
         std::fs::write(&path, head).unwrap();
-        let e = BlockDevice::open_inactive(&path, DiskOptions::default()).unwrap_err();
-        assert!(matches!(e, DeviceError::NotInactive { .. }), "{e}");
+        let e = Image::open_inactive(&path, ImageOptions::default()).unwrap_err();
+        assert!(matches!(e, OpenError::NotInactive { .. }), "{e}");
     }
 }

@@ -1,0 +1,86 @@
+//! What each kind of image does ([`Driver`]), and what a queue lends a kind to run its
+//! requests on ([`QueueIo`]).
+//!
+//! This module owns the contract between the image and its kinds; it implements none of
+//! them (`raw.rs`, `null.rs`, the `qcow2` module do) and runs nothing.
+
+use std::io;
+use std::path::PathBuf;
+use std::rc::Rc;
+
+use aio_core::engine::{AttachedEngine, IoEngine};
+use aio_core::{AioContext, EventLoop};
+
+use super::error::ResizeError;
+use crate::request::{BlockRequest, Reply};
+use crate::status::Extent;
+
+/// The engine one queue's requests run on, as each kind reaches it.
+pub(crate) struct QueueIo<L: EventLoop + 'static, E: IoEngine + 'static> {
+    /// The engine, attached to the queue's context.
+    pub(crate) engine: AttachedEngine<L, E>,
+    /// The same engine, as a qcow2 image's storage reaches it (type-erased: the image is
+    /// shared by iothreads whose engines differ).
+    #[cfg(feature = "qcow2")]
+    pub(crate) image_engine: Rc<dyn crate::qcow2::current::ImageEngine>,
+}
+
+impl<L: EventLoop + 'static, E: IoEngine + 'static> QueueIo<L, E> {
+    pub(crate) fn new(engine: AttachedEngine<L, E>) -> Self {
+        QueueIo {
+            #[cfg(feature = "qcow2")]
+            image_engine: Rc::new(engine.clone()),
+            engine,
+        }
+    }
+}
+
+/// What one kind of image does: the contract each kind's module fulfils.
+///
+/// * `submit` ends every request it is given exactly once through `reply`, now or later on
+///   the queue's context, and never touches a request's memory after its end;
+/// * `resize` changes only what stores the sectors (the size users see is the image's);
+/// * `close` leaves nothing cached (a qcow2 image's metadata written and synced).
+pub(crate) trait Driver {
+    /// What is served: `"raw"`, `"qcow2"`, `"null"`.
+    fn format_name(&self) -> &'static str;
+
+    /// The backing files, nearest first.
+    fn backing_chain(&self) -> &[PathBuf] {
+        &[]
+    }
+
+    /// Writes what the kind caches and syncs its files.
+    fn close(&self) -> io::Result<()> {
+        Ok(())
+    }
+
+    /// The extents of `[offset, offset + len)` of an image of `size` bytes, inside it
+    /// (blocking: `lseek`, and a qcow2 image's metadata read where its mapping is not
+    /// cached).
+    fn block_status(&self, offset: u64, len: u64, size: u64) -> io::Result<Vec<Extent>>;
+
+    /// Makes what stores the sectors `bytes` long (the image was `old` bytes).
+    fn resize(&self, bytes: u64, old: u64) -> Result<(), ResizeError>;
+
+    /// Runs `request` (checked against the image's size and mode) on `io`, a queue's engine.
+    fn submit<L, E, R>(
+        &self,
+        io: &QueueIo<L, E>,
+        ctx: &AioContext<L>,
+        reply: &Rc<R>,
+        request: BlockRequest,
+        tag: R::Tag,
+    ) where
+        L: EventLoop + 'static,
+        E: IoEngine + 'static,
+        R: Reply;
+
+    /// Readies what a batch's requests at `offsets` will look up first.
+    fn prefetch(&self, _offsets: &mut dyn Iterator<Item = u64>) {}
+
+    /// Whether requests run as tasks of the queue's context (which a batch's end runs).
+    fn runs_tasks(&self) -> bool {
+        false
+    }
+}

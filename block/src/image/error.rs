@@ -1,0 +1,189 @@
+//! Why an image cannot be opened ([`OpenError`], one variant per refusal, each naming the
+//! image) or resized ([`ResizeError`]).
+//!
+//! This module owns the error type and its conversion to `io::Error`; it opens nothing.
+
+use std::io;
+use std::path::PathBuf;
+
+use crate::lock::LockError;
+
+use crate::format::{KnownFormat, Qcow2Refusal};
+
+/// Why an image cannot be opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// The image could not be opened with `O_DIRECT` (or its size read).
+    #[error("image {path}: {source}")]
+    Open {
+        /// The image.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The image is smaller than one sector, or not a whole number of them.
+    #[error("image {path}: {bytes} bytes is not a positive multiple of 512")]
+    BadSize {
+        /// The image.
+        path: PathBuf,
+        /// Its size.
+        bytes: u64,
+    },
+    /// A window that is not whole sectors, or empty.
+    #[error("window of {size} bytes at {offset}: both must be whole 512-byte sectors, the size at least one")]
+    BadWindow {
+        /// Where it starts.
+        offset: u64,
+        /// Its size.
+        size: u64,
+    },
+    /// The image's header is a known format's, and the options did not say `format=raw`: served
+    /// as raw, the guest would see and could overwrite the format's metadata.
+    #[error(
+        "image {path}: is a {format} image, which is not served; \
+         give format=raw to serve the file as it is (the guest then sees the {format} metadata)"
+    )]
+    FormatFound {
+        /// The image.
+        path: PathBuf,
+        /// What its header says.
+        format: KnownFormat,
+    },
+    /// `format=qcow2`, and the image is not a qcow2 image.
+    #[error("image {path}: format=qcow2, but it is {}", found_text(.found))]
+    NotQcow2 {
+        /// The image.
+        path: PathBuf,
+        /// What its header says (None: no known format).
+        found: Option<KnownFormat>,
+    },
+    /// A qcow2 image (or a qcow2 backing file) that is refused before opening: encrypted, a
+    /// version not served, an incompatible feature bit.
+    #[error("image {path}: {reason}")]
+    Qcow2Refused {
+        /// The image or backing file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        reason: Qcow2Refusal,
+    },
+    /// A backing file whose header is a format other than raw or qcow2.
+    #[error("backing file {path}: is a {format} image, which is not served as a backing file")]
+    BackingFormat {
+        /// The backing file.
+        path: PathBuf,
+        /// What its header says.
+        format: KnownFormat,
+    },
+    /// A backing chain that comes back to a file already in it (or is absurdly long).
+    #[error(
+        "backing file {path}: the backing chain loops back to it (or is longer than 64 files)"
+    )]
+    BackingLoop {
+        /// The file met twice.
+        path: PathBuf,
+    },
+    /// The image format library could not open the image (or its chain).
+    #[error("image {path}: {source}")]
+    Image {
+        /// The image.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The image (or a qcow2 image's backing file) is in use by another process whose locks
+    /// conflict with this image's (QEMU's words: `Failed to get "write" lock`), or could not
+    /// be locked.
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    /// A qcow2 image asked to open [inactive](super::Image::open_inactive): its metadata, read
+    /// while another process still changes it, would be stale.
+    #[error(
+        "image {path}: a qcow2 image is opened only once its other user has let it go \
+         (its metadata would be read stale): stop that user first"
+    )]
+    NotInactive {
+        /// The image.
+        path: PathBuf,
+    },
+    /// This build has no support for the image's format (the `qcow2` feature of `aio-block` is off).
+    #[error(
+        "image {path}: is a {format} image, and this build serves no {format} (feature `qcow2`)"
+    )]
+    FormatNotBuilt {
+        /// The image.
+        path: PathBuf,
+        /// What its header says.
+        format: KnownFormat,
+    },
+}
+
+/// What a probe found, for a message.
+fn found_text(found: &Option<KnownFormat>) -> String {
+    match found {
+        Some(f) => format!("a {f} image"),
+        None => "no known format (a raw image?)".to_string(),
+    }
+}
+
+impl From<OpenError> for io::Error {
+    fn from(e: OpenError) -> Self {
+        let kind = match &e {
+            OpenError::Open { source, .. } | OpenError::Image { source, .. } => source.kind(),
+            OpenError::Lock(LockError::Conflict { .. }) => io::ErrorKind::ResourceBusy,
+            OpenError::Lock(_) => io::ErrorKind::Other,
+            _ => io::ErrorKind::InvalidInput,
+        };
+        io::Error::new(kind, e)
+    }
+}
+
+/// Why an image was not resized (it keeps its size).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResizeError {
+    /// The image is served read-only.
+    #[error("the image is read-only")]
+    ReadOnly,
+    /// The new size is zero or not a whole number of sectors.
+    #[error("the new size must be a positive multiple of 512 (got {bytes})")]
+    BadSize {
+        /// The size asked for.
+        bytes: u64,
+    },
+    /// The image is a window of its file (QEMU's raw `offset=` / `size=`): its size is fixed.
+    #[error(
+        "the image is a window of its file ({bytes} bytes from offset {offset}): its size is fixed"
+    )]
+    Window {
+        /// Where the window starts.
+        offset: u64,
+        /// Its size.
+        bytes: u64,
+    },
+    /// A block device cannot be made larger than it is; grow the device itself first.
+    #[error("cannot grow a block device past its own {device_bytes} bytes (asked {bytes})")]
+    DeviceTooSmall {
+        /// The size asked for.
+        bytes: u64,
+        /// The device's size.
+        device_bytes: u64,
+    },
+    /// The image could not be resized (or a device's size read).
+    #[error("resizing the image: {0}")]
+    Io(#[source] io::Error),
+}
+
+impl From<ResizeError> for io::Error {
+    fn from(e: ResizeError) -> Self {
+        let kind = match &e {
+            ResizeError::Io(source) => source.kind(),
+            ResizeError::ReadOnly => io::ErrorKind::PermissionDenied,
+            _ => io::ErrorKind::InvalidInput,
+        };
+        io::Error::new(kind, e)
+    }
+}

@@ -1,0 +1,457 @@
+//! An image open for serving: a raw file or block device (or a window of one), a qcow2 image
+//! and its backing chain, or the null device; its size, its locks and its statistics.
+//!
+//! This module owns opening (`O_DIRECT`, the format rule of [`crate::format`], the locks of
+//! [`crate::lock`] taken before anything is read), the size every user of the image shares,
+//! and closing. It never runs a request: that is [`ImageQueue`](crate::ImageQueue)'s, on the
+//! context of whoever serves the image.
+//!
+//! * **One image, many users.** An [`Image`] is `Send + Sync` and lives in an `Arc`: every
+//!   export serving it (each queue of a virtio-blk device, on whatever iothread, an NBD
+//!   connection) shares its size, its locks and its counters.
+//! * **A kind is a module.** Each kind of image (`raw.rs`, `null.rs`, the `qcow2` module) is
+//!   a driver (`driver.rs`: its contract); one enum names them, and one macro dispatches to
+//!   them, so a new kind (a network protocol) is a module, a variant and a line, not an edit
+//!   of every match.
+//! * **Nothing read before the lock.** The header is probed (4 KiB, which no lock forbids)
+//!   to learn the access the format needs; the lock is taken before any other byte is read.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use aio_core::engine::IoFile;
+
+use crate::format::{ImageFormat, KnownFormat};
+use crate::lock::{Access, ImageLock, LockMode};
+use crate::stats::BlockStats;
+use crate::status::{Extent, ExtentKind};
+
+pub(crate) mod driver;
+pub(crate) mod error;
+pub(crate) mod file;
+mod handoff;
+mod null;
+mod raw;
+mod resize;
+use driver::Driver;
+pub use error::{OpenError, ResizeError};
+use file::{open_direct, probe_header};
+
+/// The sector size image sizes and windows are counted in.
+pub const SECTOR_SIZE: u64 = 512;
+
+/// How to open one image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ImageOptions {
+    /// Refuse writes, discards, write-zeroes and resizes; open the file read-only.
+    pub read_only: bool,
+    /// The image's format: [`ImageFormat::Auto`] serves a qcow2 header as qcow2, refuses any
+    /// other known format's and serves the rest as raw; [`ImageFormat::Raw`] serves any image
+    /// as raw; [`ImageFormat::Qcow2`] only a qcow2 image.
+    pub format: ImageFormat,
+    /// QEMU's `locking=`: whether the image (and a qcow2 image's backing files) are locked
+    /// as QEMU locks them ([`crate::lock`]). Default `auto`.
+    pub locking: LockMode,
+    /// `share-rw=on`: let other users write the image beside this one. A qcow2 image never
+    /// shares write, whatever this says: its metadata is written by one user only.
+    pub share_rw: bool,
+}
+
+impl Default for ImageOptions {
+    fn default() -> Self {
+        ImageOptions {
+            read_only: false,
+            format: ImageFormat::Auto,
+            locking: LockMode::Auto,
+            share_rw: false,
+        }
+    }
+}
+
+impl ImageOptions {
+    /// Options for a writable image of `format`, locked as QEMU locks one.
+    pub fn new(format: ImageFormat) -> Self {
+        ImageOptions {
+            format,
+            ..Self::default()
+        }
+    }
+
+    /// The same options, read-only when `read_only`.
+    pub fn read_only(mut self, read_only: bool) -> Self {
+        self.read_only = read_only;
+        self
+    }
+
+    /// The same options with `locking`.
+    pub fn locking(mut self, locking: LockMode) -> Self {
+        self.locking = locking;
+        self
+    }
+
+    /// The same options, sharing write with other users when `share_rw`.
+    pub fn share_rw(mut self, share_rw: bool) -> Self {
+        self.share_rw = share_rw;
+        self
+    }
+}
+
+/// What an image's sectors are stored in: one variant per kind.
+#[derive(Debug)]
+pub(crate) enum Backing {
+    /// A raw file or block device, or a window of one.
+    Raw(raw::RawFile),
+    /// Nothing: reads return zeros, writes are dropped.
+    Null(null::NullImage),
+    /// A qcow2 image and its backing chain.
+    #[cfg(feature = "qcow2")]
+    Qcow2(std::sync::Arc<crate::qcow2::Qcow2Image>),
+}
+
+/// `$body` with `$d` bound to the kind behind `$backing` (a [`Driver`]).
+macro_rules! dispatch {
+    ($backing:expr, $d:ident => $body:expr) => {
+        match $backing {
+            $crate::image::Backing::Raw($d) => $body,
+            $crate::image::Backing::Null($d) => $body,
+            #[cfg(feature = "qcow2")]
+            $crate::image::Backing::Qcow2($d) => $body,
+        }
+    };
+}
+pub(crate) use dispatch;
+
+/// An image open for serving. `Send + Sync`: shared (in an `Arc`) by every export and
+/// iothread that serves it.
+#[derive(Debug)]
+pub struct Image {
+    backing: Backing,
+    path: PathBuf,
+    /// The size in bytes: [`Image::resize`] changes it while the image is served.
+    size: AtomicU64,
+    options: ImageOptions,
+    stats: BlockStats,
+    /// The locks of an image opened [inactive](Image::open_inactive), taken on activation.
+    pending: Option<PendingLocks>,
+    /// Whether requests may run (false only while inactive).
+    active: AtomicBool,
+    /// A dirty qcow2 image served read-only though the options asked for writes.
+    dirty: bool,
+}
+
+/// The locks an inactive image takes when it is activated (`handoff.rs`).
+#[derive(Debug)]
+struct PendingLocks {
+    path: PathBuf,
+    access: Access,
+    mode: LockMode,
+    /// Taken by the first successful [`Image::activate`].
+    held: Mutex<Option<ImageLock>>,
+}
+
+/// A whole, positive number of sectors, or the error naming `path`.
+fn check_size(path: &Path, bytes: u64) -> Result<u64, OpenError> {
+    if bytes < SECTOR_SIZE || bytes % SECTOR_SIZE != 0 {
+        return Err(OpenError::BadSize {
+            path: path.to_path_buf(),
+            bytes,
+        });
+    }
+    Ok(bytes)
+}
+
+impl Image {
+    fn new(backing: Backing, path: &Path, size: u64, options: ImageOptions) -> Self {
+        Image {
+            backing,
+            path: path.to_path_buf(),
+            size: AtomicU64::new(size),
+            options,
+            stats: BlockStats::default(),
+            pending: None,
+            active: AtomicBool::new(true),
+            dirty: false,
+        }
+    }
+
+    /// Opens `path` (a file or a block device) with `O_DIRECT`, read-only when the options
+    /// say so, as the format the options give (see [`ImageFormat`]), and reads its size.
+    ///
+    /// The image is locked first, as the options' `locking` and `share_rw` say (a qcow2
+    /// image's backing files too, as they are opened): another process's use that conflicts
+    /// is [`OpenError::Lock`], and nothing is read or written before the lock is held.
+    pub fn open(path: &Path, options: ImageOptions) -> Result<Self, OpenError> {
+        Self::open_as(path, options, true)
+    }
+
+    fn open_as(path: &Path, options: ImageOptions, qcow2: bool) -> Result<Self, OpenError> {
+        let open_error = |source| OpenError::Open {
+            path: path.to_path_buf(),
+            source,
+        };
+        let (file, bytes) = open_direct(path, !options.read_only).map_err(open_error)?;
+        // The access is the format's (a qcow2 file never shares write), so the header is
+        // probed before locking: a read of 4 KiB, which no lock forbids.
+        let found = match options.format {
+            ImageFormat::Raw => None,
+            _ => probe_header(&file).map_err(open_error)?,
+        };
+        match (options.format, found) {
+            (ImageFormat::Qcow2, _) | (ImageFormat::Auto, Some(KnownFormat::Qcow2)) if !qcow2 => {
+                return Err(OpenError::NotInactive {
+                    path: path.to_path_buf(),
+                })
+            }
+            (ImageFormat::Qcow2, _) | (ImageFormat::Auto, Some(KnownFormat::Qcow2)) => {
+                return Self::open_qcow2(path, options, found, file);
+            }
+            (ImageFormat::Auto, Some(format)) => {
+                return Err(OpenError::FormatFound {
+                    path: path.to_path_buf(),
+                    format,
+                })
+            }
+            _ => {}
+        }
+        let access = Access::disk(!options.read_only, options.share_rw);
+        let lock = ImageLock::acquire(&file, path, access, options.locking)?;
+        let raw = raw::RawFile::whole(IoFile::new(file), options.format == ImageFormat::Auto, lock);
+        let size = check_size(path, bytes)?;
+        Ok(Self::new(Backing::Raw(raw), path, size, options))
+    }
+
+    /// Opens the qcow2 image whose file is `file` (opened for the probe, locked here first).
+    /// A dirty image (lazy refcounts after a crash) is served read-only, whatever the options
+    /// asked: [`is_dirty`](Self::is_dirty) says so, for the caller to warn.
+    #[cfg(feature = "qcow2")]
+    fn open_qcow2(
+        path: &Path,
+        mut options: ImageOptions,
+        _found: Option<KnownFormat>,
+        file: std::fs::File,
+    ) -> Result<Self, OpenError> {
+        let dirty = !options.read_only && crate::qcow2::is_dirty(path);
+        if dirty {
+            options.read_only = true;
+        }
+        let access = Access::qcow2_file(!options.read_only);
+        let lock = ImageLock::acquire(&file, path, access, options.locking)?;
+        drop(file);
+        let qcow2 = crate::qcow2::Qcow2Image::open(path, !options.read_only, lock)?;
+        let size = check_size(path, qcow2.size())?;
+        let backing = Backing::Qcow2(std::sync::Arc::new(qcow2));
+        let mut image = Self::new(backing, path, size, options);
+        image.dirty = dirty;
+        Ok(image)
+    }
+
+    #[cfg(not(feature = "qcow2"))]
+    fn open_qcow2(
+        path: &Path,
+        _options: ImageOptions,
+        found: Option<KnownFormat>,
+        _file: std::fs::File,
+    ) -> Result<Self, OpenError> {
+        Err(match found {
+            Some(KnownFormat::Qcow2) => OpenError::FormatNotBuilt {
+                path: path.to_path_buf(),
+                format: KnownFormat::Qcow2,
+            },
+            found => OpenError::NotQcow2 {
+                path: path.to_path_buf(),
+                found,
+            },
+        })
+    }
+
+    /// An image of `size` bytes with nothing behind it: reads return zeros, writes, flushes,
+    /// discards and write-zeroes succeed and keep nothing (QEMU's `null-co` with
+    /// `read-zeroes=on`). It measures an export's own cost.
+    pub fn null(size: u64, options: ImageOptions) -> Result<Self, OpenError> {
+        let path = Path::new("null");
+        let size = check_size(path, size)?;
+        Ok(Self::new(
+            Backing::Null(null::NullImage),
+            path,
+            size,
+            options,
+        ))
+    }
+
+    /// An image that is a window of a file already open (`O_DIRECT`, with the access the
+    /// options need): `size` bytes from `offset`, as QEMU's raw driver's `offset=` and
+    /// `size=` serve part of a file or device. Both are whole sectors; the format is not
+    /// probed (the window is raw by construction), and no lock is taken: the file is the
+    /// caller's, to lock with [`ImageLock`] as it sees fit.
+    pub fn window(
+        file: IoFile,
+        offset: u64,
+        size: u64,
+        options: ImageOptions,
+    ) -> Result<Self, OpenError> {
+        if size < SECTOR_SIZE || size % SECTOR_SIZE != 0 || offset % SECTOR_SIZE != 0 {
+            return Err(OpenError::BadWindow { offset, size });
+        }
+        let raw = raw::RawFile::window(file, offset);
+        Ok(Self::new(
+            Backing::Raw(raw),
+            Path::new("window"),
+            size,
+            options,
+        ))
+    }
+
+    /// What stores the sectors (for the request path).
+    pub(crate) fn backing(&self) -> &Backing {
+        &self.backing
+    }
+
+    /// The file the image was opened from (`"null"` for the null device, `"window"` for a
+    /// window).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Where the image's byte 0 is in its file (0 unless a [`window`](Self::window), and for
+    /// an image that is not a raw file).
+    pub fn offset(&self) -> u64 {
+        match &self.backing {
+            Backing::Raw(raw) => raw.offset(),
+            _ => 0,
+        }
+    }
+
+    /// The raw image's file, for requests of its own: None for an image that is not a raw
+    /// file or block device (a qcow2 image, the null device).
+    pub fn file(&self) -> Option<&IoFile> {
+        match &self.backing {
+            Backing::Raw(raw) => Some(raw.file()),
+            _ => None,
+        }
+    }
+
+    /// What is served: `"raw"`, `"qcow2"` or `"null"`.
+    pub fn format_name(&self) -> &'static str {
+        dispatch!(&self.backing, d => d.format_name())
+    }
+
+    /// The backing files of a qcow2 image, nearest first (empty for any other image).
+    pub fn backing_chain(&self) -> &[PathBuf] {
+        dispatch!(&self.backing, d => d.backing_chain())
+    }
+
+    /// Writes what the image caches (a qcow2 image's metadata) and syncs its files; a raw
+    /// image and the null device have nothing cached. A stopping server calls it after its
+    /// exports have stopped (dropping the image does it too).
+    pub fn close(&self) -> io::Result<()> {
+        dispatch!(&self.backing, d => d.close())
+    }
+
+    /// Block status: which parts of `[offset, offset + len)` hold data and which are holes
+    /// that read as zeros, as QEMU's `bdrv_co_block_status` answers `qemu-img map` and NBD's
+    /// `base:allocation`. The extents cover the range in order, neighbours of one kind merged;
+    /// past the image's end is a hole.
+    ///
+    /// * raw: the file's (`SEEK_DATA` / `SEEK_HOLE`; all data where the file system cannot
+    ///   tell);
+    /// * qcow2: the mapping (unallocated and zero clusters are holes, backing files resolved;
+    ///   a mapped cluster is data, as QEMU reports it, even over a hole of its file);
+    /// * null: all holes (it reads zeros and stores nothing).
+    ///
+    /// Blocking (`lseek`; a qcow2 image reads metadata it has not cached, and waits for its
+    /// lock, which a discard holds alone): call it from a thread that runs none of this
+    /// image's requests, or offload it (`aio_pool::PoolContext::run`).
+    pub fn block_status(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
+        let size = self.size();
+        let mut out = Vec::new();
+        if offset < size {
+            let inside = len.min(size - offset);
+            out = dispatch!(&self.backing, d => d.block_status(offset, inside, size))?;
+        }
+        let covered = out.last().map_or(offset, |e| e.offset + e.len);
+        crate::status::push(
+            &mut out,
+            covered,
+            offset.saturating_add(len) - covered,
+            ExtentKind::Hole,
+        );
+        Ok(out)
+    }
+
+    /// The size in bytes (now: [`resize`](Self::resize) changes it).
+    pub fn size(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
+    }
+
+    /// Whether the image is a dirty qcow2 image (its refcounts stale after a crash with
+    /// `lazy_refcounts=on`) served read-only though the options asked for writes, as QEMU
+    /// serves one it opens read-only; `qemu-img check -r all` repairs it. The options then
+    /// say `read_only`.
+    pub fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
+    /// Whether writes, discards, write-zeroes and resizes are refused.
+    pub fn is_read_only(&self) -> bool {
+        self.options.read_only
+    }
+
+    /// The options it was opened with (`read_only` set for a [dirty](Self::is_dirty) image).
+    pub fn options(&self) -> &ImageOptions {
+        &self.options
+    }
+
+    /// The image's I/O statistics (QEMU's `query-blockstats`), counted by its exports.
+    pub fn stats(&self) -> &BlockStats {
+        &self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A QED header is refused by default, naming the format, and served with `format=raw`;
+    /// a raw image opens either way.
+    #[test]
+    fn an_image_with_another_formats_header_opens_only_as_raw_when_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let (qed, raw) = (dir.path().join("x.qed"), dir.path().join("x.img"));
+        let mut bytes = vec![0u8; 64 << 10];
+        bytes[..4].copy_from_slice(b"QED\0");
+        std::fs::write(&qed, &bytes).unwrap();
+        std::fs::write(&raw, vec![0u8; 64 << 10]).unwrap();
+        let e = Image::open(&qed, ImageOptions::default()).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                OpenError::FormatFound {
+                    format: KnownFormat::Qed,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(
+            e.to_string().contains("qed") && e.to_string().contains("format=raw"),
+            "{e}"
+        );
+        assert_eq!(io::Error::from(e).kind(), io::ErrorKind::InvalidInput);
+        let image = Image::open(&qed, ImageOptions::new(ImageFormat::Raw)).unwrap();
+        assert_eq!(image.size(), 64 << 10);
+        assert_eq!(image.format_name(), "raw");
+        Image::open(&raw, ImageOptions::default()).unwrap();
+    }
+
+    #[test]
+    fn sizes_and_windows_are_whole_sectors() {
+        let e = Image::null(1000, ImageOptions::default()).unwrap_err();
+        assert!(matches!(e, OpenError::BadSize { bytes: 1000, .. }), "{e}");
+        let f = tempfile::tempfile().unwrap();
+        let e = Image::window(IoFile::new(f), 100, 4096, ImageOptions::default()).unwrap_err();
+        assert!(matches!(e, OpenError::BadWindow { .. }), "{e}");
+    }
+}

@@ -1,0 +1,124 @@
+//! An image served from one context: the requests one export's queue (a virtqueue, an NBD
+//! connection) sends it, on the engine attached to that context.
+//!
+//! This module owns the checks every request passes before its kind runs it (the image's
+//! end, read-only, inactive) and the batch a queue opens and closes; what a request does is
+//! its kind's (`image/raw.rs`, `image/null.rs`, the `qcow2` module).
+//!
+//! * **One batch per kick.** [`plug`](ImageQueue::plug) holds the engine's submissions,
+//!   [`unplug`](ImageQueue::unplug) sends them in one kernel call; a qcow2 image's requests
+//!   run as tasks, which take their first steps inside the batch, so their I/O goes with it.
+//! * **A refusal is an answer.** A request past the end or not a whole one (`EINVAL`), a
+//!   change to a read-only image (`EPERM`) or to one not yet activated (`EAGAIN`) ends at
+//!   once through the [`Reply`], with the image untouched.
+
+use std::rc::Rc;
+use std::sync::Arc;
+
+use aio_core::engine::{AttachedEngine, IoEngine};
+use aio_core::{AioContext, EventLoop};
+
+use crate::image::driver::{Driver, QueueIo};
+use crate::image::{dispatch, Image};
+use crate::request::{self, BlockRequest, Reply};
+
+/// Requests to one image from one context, on one engine attached there. `!Send`: it lives
+/// on its context's thread; every thread serving the image has its own.
+pub struct ImageQueue<L: EventLoop + 'static, E: IoEngine + 'static> {
+    image: Arc<Image>,
+    io: QueueIo<L, E>,
+}
+
+impl<L: EventLoop + 'static, E: IoEngine + 'static> std::fmt::Debug for ImageQueue<L, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImageQueue")
+            .field("image", &self.image)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<L: EventLoop + 'static, E: IoEngine + 'static> ImageQueue<L, E> {
+    /// A queue of requests to `image` on `engine`.
+    pub fn new(image: Arc<Image>, engine: AttachedEngine<L, E>) -> Self {
+        ImageQueue {
+            image,
+            io: QueueIo::new(engine),
+        }
+    }
+
+    /// The image.
+    pub fn image(&self) -> &Arc<Image> {
+        &self.image
+    }
+
+    /// The engine the requests run on.
+    pub fn engine(&self) -> &AttachedEngine<L, E> {
+        &self.io.engine
+    }
+
+    /// Holds the engine's submissions until [`unplug`](Self::unplug): one batch.
+    pub fn plug(&self) {
+        self.io.engine.plug();
+    }
+
+    /// Sends the batch held since [`plug`](Self::plug). A qcow2 image's requests run as
+    /// tasks of `ctx`: they take their first steps now, inside the batch.
+    pub fn unplug(&self, ctx: &AioContext<L>) {
+        if dispatch!(self.image.backing(), d => d.runs_tasks()) {
+            ctx.run_woken_tasks();
+        }
+        self.io.engine.unplug();
+    }
+
+    /// Readies what a batch's requests at `offsets` will look up first (a qcow2 image's
+    /// direct path reads its mapping cache's slots ahead).
+    pub fn prefetch(&self, offsets: impl Iterator<Item = u64>) {
+        let mut offsets = offsets;
+        dispatch!(self.image.backing(), d => d.prefetch(&mut offsets))
+    }
+
+    /// Runs `request` and tells `reply` its end, with `tag`: now (a refusal, the null image)
+    /// or from the engine's completion, on this context.
+    pub fn submit<R: Reply>(
+        &self,
+        ctx: &AioContext<L>,
+        reply: &Rc<R>,
+        request: BlockRequest,
+        tag: R::Tag,
+    ) {
+        if let Err(e) = self.check(&request) {
+            drop(request);
+            return reply.finish(tag, Err(e));
+        }
+        dispatch!(self.image.backing(), d => d.submit(&self.io, ctx, reply, request, tag))
+    }
+
+    /// The checks every request passes before its kind sees it.
+    fn check(&self, request: &BlockRequest) -> std::io::Result<()> {
+        if let Some((offset, len)) = request.range() {
+            let fits = offset
+                .checked_add(len)
+                .is_some_and(|end| end <= self.image.size());
+            if !fits || len == 0 {
+                return Err(request::invalid());
+            }
+        }
+        if request.modifies() && self.image.is_read_only() {
+            return Err(request::read_only());
+        }
+        if !self.image.is_active() {
+            return Err(std::io::Error::from_raw_os_error(libc::EAGAIN));
+        }
+        Ok(())
+    }
+}
+
+impl Image {
+    /// A queue of requests to this image from the context `engine` is attached to.
+    pub fn queue<L: EventLoop + 'static, E: IoEngine + 'static>(
+        self: &Arc<Self>,
+        engine: AttachedEngine<L, E>,
+    ) -> ImageQueue<L, E> {
+        ImageQueue::new(self.clone(), engine)
+    }
+}

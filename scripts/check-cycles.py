@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""Fails when the source files of a crate import each other in a circle.
+
+Usage: scripts/check-cycles.py CRATE_DIR...
+
+A file imports another when it names an item of that file's module: `use crate::a::b`,
+`use super::x`, `crate::a::f()` in code, `pub use child::X`. The crate root (`lib.rs`) is left
+out (it declares every module and re-exports some; naming a re-export is not a dependency on
+the root). A module's own `mod child;` is not an import of the child. Comments and strings
+are ignored. Prints every circle found (as a path of files) and exits 1 if there is one.
+"""
+
+import re
+import sys
+from pathlib import Path
+
+IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+
+
+def module_files(src: Path) -> dict:
+    """Module path (tuple) -> file, for every .rs file under src (lib.rs is ())."""
+    modules = {}
+    for f in src.rglob("*.rs"):
+        rel = f.relative_to(src).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] in ("mod", "lib", "main"):
+            parts = parts[:-1]
+        modules[tuple(parts)] = f
+    return modules
+
+
+def strip(text: str) -> str:
+    """The code without its test module, comments and string literals."""
+    text = re.split(r"#\[cfg\(test\)\]\s*(?:#\[path = [^\]]*\]\s*)?mod tests", text)[0]
+    text = re.sub(r"//[^\n]*", "", text)
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    return re.sub(r'"(\\.|[^"\\])*"', '""', text)
+
+
+def expand_use(tree: str) -> list:
+    """`a::{b, c::{d, e}}` -> ["a::b", "a::c::d", "a::c::e"] (a use tree, roughly)."""
+    tree = tree.strip()
+    m = re.match(r"^(.*?)\{(.*)\}$", tree, flags=re.S)
+    if not m:
+        return [tree]
+    prefix, inner = m.group(1), m.group(2)
+    items, depth, cur = [], 0, ""
+    for ch in inner:
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+            continue
+        depth += ch == "{"
+        depth -= ch == "}"
+        cur += ch
+    items.append(cur)
+    out = []
+    for item in items:
+        if item.strip():
+            out += [prefix + p for p in expand_use(item)]
+    return out
+
+
+def paths_in(code: str) -> list:
+    """Every module path the code names: use trees and paths in expressions."""
+    found = []
+    for m in re.finditer(r"\buse\s+([^;]+);", code):
+        found += [p.strip() for p in expand_use(m.group(1))]
+    code = re.sub(r"\buse\s+[^;]+;", "", code)
+    found += re.findall(rf"\b(?:crate|super|self)(?:::{IDENT})+", code)
+    return found
+
+
+def resolve(path: str, here: tuple, is_mod_file: bool, modules: dict):
+    """The module a path names, relative to module `here` (None: outside the crate)."""
+    parts = [p.strip() for p in path.split("::") if p.strip()]
+    if not parts:
+        return None
+    base = list(here)
+    if parts[0] == "crate":
+        base, parts = [], parts[1:]
+    elif parts[0] in ("super", "self"):
+        while parts and parts[0] in ("super", "self"):
+            if parts[0] == "super":
+                base = base[:-1]
+            parts = parts[1:]
+    elif is_mod_file or here == ():
+        # `use child::x` from a mod.rs (or the root): a child module.
+        if tuple(base + [parts[0]]) not in modules:
+            return None
+    else:
+        return None
+    target = tuple(base)
+    for p in parts:
+        if tuple(list(target) + [p]) in modules:
+            target = tuple(list(target) + [p])
+        else:
+            break
+    return target
+
+
+def cycles(crate: Path) -> list:
+    src = crate / "src"
+    modules = module_files(src)
+    graph = {m: set() for m in modules}
+    for here, f in modules.items():
+        if here == ():
+            continue
+        is_mod = f.name == "mod.rs"
+        for path in paths_in(strip(f.read_text())):
+            target = resolve(path, here, is_mod, modules)
+            if target is None or target == () or target == here:
+                continue
+            graph[here].add(target)
+    graph.pop((), None)
+    found, state, stack = [], {}, []
+
+    def visit(m):
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(graph.get(m, ())):
+            if state.get(t) == 1:
+                found.append(stack[stack.index(t):] + [t])
+            elif t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    names = {m: str(f.relative_to(crate)) for m, f in modules.items()}
+    return [[names[m] for m in c] for c in found]
+
+
+def main() -> int:
+    bad = 0
+    for arg in sys.argv[1:]:
+        for c in cycles(Path(arg)):
+            bad += 1
+            print(f"{arg}: import circle: " + " -> ".join(c))
+    if bad:
+        print(f"{bad} circle(s) of imports")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
