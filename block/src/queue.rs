@@ -21,6 +21,7 @@ use aio_core::{AioContext, EventLoop};
 use crate::image::driver::{Driver, QueueIo};
 use crate::image::{dispatch, Image};
 use crate::request::{self, BlockRequest, Reply};
+use crate::status::{self, Extent, ExtentKind};
 
 /// Requests to one image from one context, on one engine attached there. `!Send`: it lives
 /// on its context's thread; every thread serving the image has its own.
@@ -91,6 +92,41 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> ImageQueue<L, E> {
             return reply.finish(tag, Err(e));
         }
         dispatch!(self.image.backing(), d => d.submit(&self.io, ctx, reply, request, tag))
+    }
+
+    /// Block status ([`Image::block_status`]) answered on this context without blocking it:
+    /// `done` is called once with the extents of `[offset, offset + len)`, now (a raw file's
+    /// `lseek`, the null image) or from a task of `ctx` whose metadata reads go to this
+    /// queue's engine (a qcow2 image, which may wait for a discard holding the image). Past
+    /// the image's end is a hole, as there.
+    pub fn block_status(
+        &self,
+        ctx: &AioContext<L>,
+        offset: u64,
+        len: u64,
+        done: impl FnOnce(std::io::Result<Vec<Extent>>) + 'static,
+    ) {
+        let size = self.image.size();
+        if offset >= size {
+            let mut out = Vec::new();
+            status::push(&mut out, offset, len, ExtentKind::Hole);
+            return done(Ok(out));
+        }
+        let end = offset.saturating_add(len);
+        let inside = len.min(size - offset);
+        let finish = move |found: std::io::Result<Vec<Extent>>| {
+            done(found.map(|mut out| {
+                status::push(
+                    &mut out,
+                    offset + inside,
+                    end - (offset + inside),
+                    ExtentKind::Hole,
+                );
+                out
+            }))
+        };
+        let args = (offset, inside, size);
+        dispatch!(self.image.backing(), d => d.block_status_on(&self.io, ctx, args, Box::new(finish)))
     }
 
     /// The checks every request passes before its kind sees it.

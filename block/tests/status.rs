@@ -76,14 +76,47 @@ fn a_raw_images_extents_are_qemu_img_maps() {
     );
 }
 
-/// A directory where the file system keeps holes (tmpfs, where Linux runs).
+#[cfg(feature = "qcow2")]
+fn engines() -> Vec<(aio::EngineKind, Box<dyn aio::IoEngine>)> {
+    let options = aio::EngineOptions::default().with_fallback_pool(true);
+    aio::EngineKind::available()
+        .into_iter()
+        .filter_map(|kind| match kind.build(&options) {
+            Ok(engine) => Some((kind, engine)),
+            Err(why) => {
+                aio_core::testing::skip(&format!("engine {kind}: {why}"));
+                None
+            }
+        })
+        .collect()
+}
+
+/// `ImageQueue::block_status` on a context of this thread, the loop run until it answers.
+#[cfg(feature = "qcow2")]
+fn status_on_queue(
+    image: &std::sync::Arc<Image>,
+    engine: Box<dyn aio::IoEngine>,
+    offset: u64,
+    len: u64,
+) -> Vec<Extent> {
+    let ctx = aio::AioContext::new(aio::poll::PollLoop::new()).unwrap();
+    let queue = image.queue(ctx.attach_engine(engine, |_, _| {}).unwrap());
+    let answer = std::rc::Rc::new(std::cell::RefCell::new(None));
+    let slot = answer.clone();
+    queue.block_status(&ctx, offset, len, move |found| {
+        *slot.borrow_mut() = Some(found.unwrap())
+    });
+    while answer.borrow().is_none() {
+        ctx.poll(true);
+    }
+    let found = answer.borrow_mut().take().unwrap();
+    found
+}
+
+/// A directory for images opened `O_DIRECT` whose file system keeps holes (`/var/tmp`, as the
+/// other image tests use).
 fn holey_dir() -> tempfile::TempDir {
-    tempfile::tempdir_in(if Path::new("/dev/shm").is_dir() {
-        "/dev/shm"
-    } else {
-        "/var/tmp"
-    })
-    .unwrap()
+    tempfile::tempdir_in("/var/tmp").unwrap()
 }
 
 #[cfg(feature = "qcow2")]
@@ -118,6 +151,35 @@ fn a_qcow2_chains_extents_are_qemu_img_maps() {
     let image = Image::open(Path::new(&top), ImageOptions::default()).unwrap();
     let ours = image.block_status(0, 64 << 20).unwrap();
     assert_eq!(ours, qemu_map(Path::new(&top), "qcow2"));
+    // The same answer from a queue's context on every engine, without blocking it, and the
+    // same past the end.
+    let image = std::sync::Arc::new(image);
+    for (kind, engine) in engines() {
+        let on_queue = status_on_queue(&image, engine, 0, 65 << 20);
+        let mut whole = ours.clone();
+        let past = Extent {
+            offset: 64 << 20,
+            len: 1 << 20,
+            kind: ExtentKind::Hole,
+        };
+        assert_eq!(
+            whole.last().unwrap().kind,
+            ExtentKind::Data,
+            "written at 63M"
+        );
+        whole.push(past);
+        assert_eq!(on_queue, whole, "{kind}");
+    }
+    let image = std::sync::Arc::try_unwrap(image).unwrap();
+    // A raw image's answer is its file's, on the queue as off it.
+    let raw = at("sparse.raw");
+    run("qemu-img", &["create", "-q", "-f", "raw", &raw, "8M"]);
+    run("qemu-io", &["-f", "raw", "-c", "write -P 1 2M 64k", &raw]);
+    let raw = std::sync::Arc::new(Image::open(Path::new(&raw), ImageOptions::default()).unwrap());
+    let (_, engine) = engines().remove(0);
+    let blocking = raw.block_status(0, 8 << 20).unwrap();
+    assert_eq!(status_on_queue(&raw, engine, 0, 8 << 20), blocking);
+    assert!(blocking.len() > 1, "{blocking:?}");
     assert!(ours.iter().any(|e| e.kind == ExtentKind::Hole), "{ours:?}");
     // A range inside, and one past the end.
     // Unallocated with nothing beneath, then a zero cluster over the backing file's data.

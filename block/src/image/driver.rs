@@ -15,6 +15,9 @@ use super::error::ResizeError;
 use crate::request::{BlockRequest, Reply};
 use crate::status::Extent;
 
+/// Where a queue's block status answer goes.
+pub(crate) type StatusDone = Box<dyn FnOnce(io::Result<Vec<Extent>>)>;
+
 /// The engine one queue's requests run on, as each kind reaches it.
 pub(crate) struct QueueIo<L: EventLoop + 'static, E: IoEngine + 'static> {
     /// The engine, attached to the queue's context.
@@ -59,6 +62,23 @@ pub(crate) trait Driver {
     /// (blocking: `lseek`, and a qcow2 image's metadata read where its mapping is not
     /// cached).
     fn block_status(&self, offset: u64, len: u64, size: u64) -> io::Result<Vec<Extent>>;
+
+    /// [`block_status`](Self::block_status) for a queue's context, `done` called once with
+    /// the answer: now, where finding it takes no more than a syscall (a raw file's `lseek`,
+    /// as QEMU's `file-posix` does in its coroutine), or from a task of `ctx` whose metadata
+    /// reads go to the queue's engine (qcow2).
+    fn block_status_on<L, E>(
+        &self,
+        _io: &QueueIo<L, E>,
+        _ctx: &AioContext<L>,
+        (offset, len, size): (u64, u64, u64),
+        done: StatusDone,
+    ) where
+        L: EventLoop + 'static,
+        E: IoEngine + 'static,
+    {
+        done(self.block_status(offset, len, size));
+    }
 
     /// Makes what stores the sectors `bytes` long (the image was `old` bytes).
     fn resize(&self, bytes: u64, old: u64) -> Result<(), ResizeError>;

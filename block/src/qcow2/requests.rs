@@ -18,7 +18,7 @@ use imago::{FormatAccess, Mapping, StorageExt};
 use super::current::{DataRanges, ImageEngine, RequestIo, WithIo};
 use super::storage::EngineStorage;
 use super::Qcow2Image;
-use crate::image::driver::{Driver, QueueIo};
+use crate::image::driver::{Driver, QueueIo, StatusDone};
 use crate::image::error::ResizeError;
 use crate::request::{BlockRequest, Reply};
 use crate::status::Extent;
@@ -38,6 +38,29 @@ impl Driver for Arc<Qcow2Image> {
 
     fn block_status(&self, offset: u64, len: u64, size: u64) -> io::Result<Vec<Extent>> {
         self.extents(offset, len, size)
+    }
+
+    /// A task of `ctx`, its metadata reads on the queue's engine.
+    fn block_status_on<L, E>(
+        &self,
+        io: &QueueIo<L, E>,
+        ctx: &AioContext<L>,
+        (offset, len, size): (u64, u64, u64),
+        done: StatusDone,
+    ) where
+        L: EventLoop + 'static,
+        E: IoEngine + 'static,
+    {
+        let (image, engine) = (self.clone(), io.image_engine.clone());
+        ctx.spawn_detached(async move {
+            let none: Arc<()> = Arc::new(());
+            let context = RequestIo {
+                engine,
+                memory: none,
+                data: DataRanges::new(),
+            };
+            done(WithIo::new(context, image.extents_async(offset, len, size)).await);
+        });
     }
 
     fn resize(&self, bytes: u64, _old: u64) -> Result<(), ResizeError> {

@@ -21,31 +21,37 @@ impl Qcow2Image {
     /// image's lock, which a discard holds alone: call it from a thread that runs none of this
     /// image's requests (a control thread, a worker).
     pub(crate) fn extents(&self, offset: u64, len: u64, size: u64) -> io::Result<Vec<Extent>> {
-        current::block_on(async {
-            let access = self.access.read().await;
-            let end = offset.saturating_add(len).min(size);
-            let mut out = Vec::new();
-            let mut at = offset;
-            while at < end {
-                let (mapping, n) = access.get_mapping(at, end - at).await?;
-                let n = n.min(end - at);
-                if n == 0 {
-                    break;
-                }
-                match mapping {
-                    Mapping::Zero { .. } => status::push(&mut out, at, n, ExtentKind::Hole),
-                    Mapping::Eof { .. } => break,
-                    _ => status::push(&mut out, at, n, ExtentKind::Data),
-                }
-                at += n;
+        current::block_on(self.extents_async(offset, len, size))
+    }
+
+    /// [`extents`](Self::extents) as a future: run on a queue's context (inside the
+    /// request context that gives it the queue's engine), it waits for the lock and reads
+    /// metadata without blocking the thread.
+    pub(crate) async fn extents_async(
+        &self,
+        offset: u64,
+        len: u64,
+        size: u64,
+    ) -> io::Result<Vec<Extent>> {
+        let access = self.access.read().await;
+        let end = offset.saturating_add(len).min(size);
+        let mut out = Vec::new();
+        let mut at = offset;
+        while at < end {
+            let (mapping, n) = access.get_mapping(at, end - at).await?;
+            let n = n.min(end - at);
+            if n == 0 {
+                break;
             }
-            status::push(
-                &mut out,
-                at,
-                offset.saturating_add(len) - at,
-                ExtentKind::Hole,
-            );
-            Ok(out)
-        })
+            match mapping {
+                Mapping::Zero { .. } => status::push(&mut out, at, n, ExtentKind::Hole),
+                Mapping::Eof { .. } => break,
+                _ => status::push(&mut out, at, n, ExtentKind::Data),
+            }
+            at += n;
+        }
+        let rest = offset.saturating_add(len) - at;
+        status::push(&mut out, at, rest, ExtentKind::Hole);
+        Ok(out)
     }
 }
