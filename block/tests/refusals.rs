@@ -2,26 +2,15 @@
 //! backing chains that loop or hide another format, unknown incompatible features (images
 //! made by `qemu-img`).
 
+mod common;
+
 use std::path::Path;
-use std::process::Command;
 
 use aio_block::format::{ImageFormat, KnownFormat, Qcow2Refusal};
 use aio_block::image::{Image, ImageOptions, OpenError};
 
-/// Runs a QEMU tool in `dir`; its output.
 fn qemu(dir: &Path, tool: &str, args: &[&str]) -> String {
-    let out = Command::new(tool)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap_or_else(|e| panic!("{tool}: {e} (install qemu-utils)"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{tool} {args:?} failed: {text}");
-    text
+    common::run_in(dir, tool, args)
 }
 
 fn refusal(path: &Path, format: ImageFormat) -> OpenError {

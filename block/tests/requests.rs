@@ -3,13 +3,15 @@
 //! this machine has, the results checked against the files (and `qemu-img` for qcow2), and
 //! every refusal an answer with the image untouched.
 
+mod common;
+
 use std::cell::{Cell, RefCell, UnsafeCell};
 use std::io;
 use std::rc::Rc;
 use std::sync::Arc;
 
 use aio::poll::PollLoop;
-use aio::{AioContext, EngineKind, EngineOptions, IoEngine};
+use aio::{AioContext, IoEngine};
 use aio_block::format::ImageFormat;
 use aio_block::request::ReturnedBuf;
 use aio_block::{BlockRequest, Buffers, Image, ImageOptions, ImageQueue, Reply};
@@ -97,30 +99,9 @@ fn taken(back: ReturnedBuf) -> Vec<u8> {
     }
 }
 
-fn engines() -> Vec<(EngineKind, Box<dyn IoEngine>)> {
-    let options = EngineOptions::default().with_fallback_pool(true);
-    EngineKind::available()
-        .into_iter()
-        .filter_map(|kind| match kind.build(&options) {
-            Ok(engine) => Some((kind, engine)),
-            Err(why) => {
-                aio_core::testing::skip(&format!("engine {kind}: {why}"));
-                None
-            }
-        })
-        .collect()
-}
-
 #[cfg(feature = "qcow2")]
 fn qemu_img(dir: &std::path::Path, args: &[&str]) -> String {
-    let out = std::process::Command::new("qemu-img")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap_or_else(|e| panic!("qemu-img: {e} (install qemu-utils)"));
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "qemu-img {args:?}: {text}");
-    text
+    common::run_in(dir, "qemu-img", args)
 }
 
 const MIB: u64 = 1 << 20;
@@ -174,7 +155,7 @@ fn exercise(s: &Session, name: &str) {
 
 #[test]
 fn a_raw_image_serves_every_op_on_every_engine_straight_to_its_file() {
-    for (kind, engine) in engines() {
+    for (kind, engine) in common::engines() {
         let dir = tempfile::tempdir_in("/var/tmp").unwrap();
         let path = dir.path().join("disk.img");
         std::fs::write(&path, vec![0u8; 4 << 20]).unwrap();
@@ -197,7 +178,7 @@ fn a_raw_image_serves_every_op_on_every_engine_straight_to_its_file() {
 #[cfg(feature = "qcow2")]
 #[test]
 fn a_qcow2_image_serves_every_op_and_qemu_reads_back_what_was_written() {
-    for (kind, engine) in engines() {
+    for (kind, engine) in common::engines() {
         let dir = tempfile::tempdir_in("/var/tmp").unwrap();
         qemu_img(
             dir.path(),
@@ -243,7 +224,7 @@ fn a_qcow2_image_serves_every_op_and_qemu_reads_back_what_was_written() {
 #[test]
 fn the_null_image_reads_zeros_and_keeps_nothing() {
     let image = Arc::new(Image::null(4 * MIB, ImageOptions::default()).unwrap());
-    let (kind, engine) = engines().remove(0);
+    let (kind, engine) = common::engines().remove(0);
     let s = Session::new(&image, engine);
     s.write(0, &[7; 4096], true).unwrap();
     let (r, data) = s.read(0, 4096);
@@ -263,7 +244,7 @@ fn misaligned_memory_goes_through_a_bounce_buffer_with_the_same_data() {
     let path = dir.path().join("disk.img");
     std::fs::write(&path, vec![0x5au8; MIB as usize]).unwrap();
     let image = Arc::new(Image::open(&path, ImageOptions::new(ImageFormat::Raw)).unwrap());
-    let (kind, engine) = engines().remove(0);
+    let (kind, engine) = common::engines().remove(0);
     let s = Session::new(&image, engine);
     let cell = Arc::new(Unaligned(UnsafeCell::new(AlignedBuf::new(8192))));
     // SAFETY: the test holds no reference into the buffer while the request runs.
@@ -292,7 +273,7 @@ fn refusals_leave_the_image_untouched() {
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     let path = dir.path().join("disk.img");
     std::fs::write(&path, vec![0u8; MIB as usize]).unwrap();
-    let (_, engine) = engines().remove(0);
+    let (_, engine) = common::engines().remove(0);
     // A probed raw image: a qcow2 header into sector 0 is refused (QEMU's raw driver).
     let image = Arc::new(Image::open(&path, ImageOptions::default()).unwrap());
     let s = Session::new(&image, engine);
@@ -302,7 +283,7 @@ fn refusals_leave_the_image_untouched() {
     s.write(512, &head, false).unwrap();
     drop((s, image));
     // Read-only: every change refused.
-    let (_, engine) = engines().remove(0);
+    let (_, engine) = common::engines().remove(0);
     let options = ImageOptions::new(ImageFormat::Raw).read_only(true);
     let image = Arc::new(Image::open(&path, options).unwrap());
     let s = Session::new(&image, engine);
@@ -316,7 +297,7 @@ fn refusals_leave_the_image_untouched() {
     s.read(0, 4096).0.unwrap();
     drop((s, image));
     // Inactive (an upgrade's handoff): nothing runs until it holds its locks.
-    let (_, engine) = engines().remove(0);
+    let (_, engine) = common::engines().remove(0);
     let image = Arc::new(Image::open_inactive(&path, ImageOptions::new(ImageFormat::Raw)).unwrap());
     let s = Session::new(&image, engine);
     assert_eq!(errno(s.read(0, 4096).0), Some(libc::EAGAIN));

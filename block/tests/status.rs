@@ -3,24 +3,16 @@
 //! with preallocated metadata: the same ranges of data and holes. Needs `qemu-img` and
 //! `qemu-io` (Debian's `qemu-utils`; `.ci/run` installs it).
 
+mod common;
+
 use std::path::Path;
-use std::process::Command;
 
 use aio_block::status::{raw_extents, Extent, ExtentKind};
 #[cfg(feature = "qcow2")]
 use aio_block::{Image, ImageOptions};
 
 fn run(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{program}: {e} (install qemu-utils)"));
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    common::run_in(Path::new("."), program, args)
 }
 
 /// `qemu-img map`'s answer for an image of `format` as extents, neighbours of one kind merged.
@@ -74,21 +66,6 @@ fn a_raw_images_extents_are_qemu_img_maps() {
         ours.iter().any(|e| e.kind == ExtentKind::Hole),
         "the file system kept holes: {ours:?}"
     );
-}
-
-#[cfg(feature = "qcow2")]
-fn engines() -> Vec<(aio::EngineKind, Box<dyn aio::IoEngine>)> {
-    let options = aio::EngineOptions::default().with_fallback_pool(true);
-    aio::EngineKind::available()
-        .into_iter()
-        .filter_map(|kind| match kind.build(&options) {
-            Ok(engine) => Some((kind, engine)),
-            Err(why) => {
-                aio_core::testing::skip(&format!("engine {kind}: {why}"));
-                None
-            }
-        })
-        .collect()
 }
 
 /// `ImageQueue::block_status` on a context of this thread, the loop run until it answers.
@@ -154,7 +131,7 @@ fn a_qcow2_chains_extents_are_qemu_img_maps() {
     // The same answer from a queue's context on every engine, without blocking it, and the
     // same past the end.
     let image = std::sync::Arc::new(image);
-    for (kind, engine) in engines() {
+    for (kind, engine) in common::engines() {
         let on_queue = status_on_queue(&image, engine, 0, 65 << 20);
         let mut whole = ours.clone();
         let past = Extent {
@@ -176,7 +153,7 @@ fn a_qcow2_chains_extents_are_qemu_img_maps() {
     run("qemu-img", &["create", "-q", "-f", "raw", &raw, "8M"]);
     run("qemu-io", &["-f", "raw", "-c", "write -P 1 2M 64k", &raw]);
     let raw = std::sync::Arc::new(Image::open(Path::new(&raw), ImageOptions::default()).unwrap());
-    let (_, engine) = engines().remove(0);
+    let (_, engine) = common::engines().remove(0);
     let blocking = raw.block_status(0, 8 << 20).unwrap();
     assert_eq!(status_on_queue(&raw, engine, 0, 8 << 20), blocking);
     assert!(blocking.len() > 1, "{blocking:?}");
