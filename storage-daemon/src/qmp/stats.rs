@@ -2,7 +2,7 @@
 //! `block-latency-histogram-set`.
 //!
 //! This module owns rendering a disk's counts as QEMU names them and the histograms' command;
-//! the counting is `aio_virtio_blk::stats`'.
+//! the counting is the block layer's (`aio_block::stats`).
 //!
 //! * A disk is found by its export's id or its node's name (QEMU finds a BlockBackend or a
 //!   guest device by name; qemu-storage-daemon's exports have neither, and its schema has no
@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
+use aio_block::stats::{IoKind, LatencyHistogram, StatsSnapshot};
 use aio_virtio_blk::device::BlockDevice;
-use aio_virtio_blk::stats::{IoKind, LatencyHistogram, StatsSnapshot};
 
 use super::commands::State;
 use super::wire::{Args, ErrorClass, QmpError};
