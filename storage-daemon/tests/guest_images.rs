@@ -111,20 +111,6 @@ fn start_ours(
     daemon
 }
 
-/// Stops a server with SIGTERM and asserts it exited with status 0; shows its output.
-fn stop(mut server: Reaped, what: &str) {
-    let status = server.terminate();
-    let output = server.output();
-    if !output.is_empty() {
-        println!("{what} output:\n{output}");
-    }
-    match status {
-        Some(s) if s.success() => {}
-        Some(s) => panic!("{what} exited with {s} after SIGTERM; output:\n{output}"),
-        None => panic!("{what} did not exit within 10 s of SIGTERM; output:\n{output}"),
-    }
-}
-
 /// The guest's spec on `socket` with the checks `checks` and the kernel options `append`.
 fn spec<'a>(socket: &'a Path, serial: Option<&'a str>, checks: &'a [&'a str]) -> GuestSpec<'a> {
     GuestSpec {
@@ -160,10 +146,10 @@ fn guest_checks_a_qcow2_disk() {
     ]);
     assert_eq!(code, Some(0), "qemu-img create: {said}");
     let socket = dir.path().join("vhost-user-blk.sock");
-    let daemon = start_ours(dir.path(), &socket, &disk, "", None);
+    let mut daemon = start_ours(dir.path(), &socket, &disk, "", None);
     let spec = spec(&socket, Some(SERIAL), RW_CHECKS);
     run_guest(image, &spec, "qcow2-rw", &mut |_| {}).assert_passed(&spec);
-    stop(daemon, "aio-storage-daemon");
+    daemon.terminate_cleanly();
     assert_clean(&disk);
 }
 
@@ -237,7 +223,7 @@ fn replay_through_qsd(dir: &Path) -> (PathBuf, GuestRun) {
     qsd.wait_for_socket(&socket);
     // qemu-storage-daemon's serial cannot be set: that check is reported, not asserted.
     let run = replay(&socket, None, "qcow2-replay-qsd");
-    stop(qsd, "qemu-storage-daemon");
+    qsd.terminate_cleanly();
     assert_clean(&overlay);
     (overlay, run)
 }
@@ -259,9 +245,9 @@ fn guest_writes_the_same_qcow2_image_as_qemu_storage_daemon() {
         let dir = tempfile::tempdir().expect("tempdir");
         let ours = overlay_on_pattern(dir.path());
         let socket = dir.path().join("vhost-user-blk.sock");
-        let daemon = start_ours(dir.path(), &socket, &ours, ",format=qcow2", Some(engine));
+        let mut daemon = start_ours(dir.path(), &socket, &ours, ",format=qcow2", Some(engine));
         let run = replay(&socket, Some(SERIAL), &format!("qcow2-replay-{engine}"));
-        stop(daemon, "aio-storage-daemon");
+        daemon.terminate_cleanly();
         assert_clean(&ours);
         let (code, said) = qemu_img(&[
             "compare",

@@ -72,6 +72,32 @@ impl Reaped {
         }
     }
 
+    /// [`terminate`](Self::terminate), and asserts the server exited with status 0 (a
+    /// daemon's documented answer to SIGTERM); shows its output either way.
+    pub fn terminate_cleanly(&mut self) {
+        let status = self.terminate();
+        let output = self.output();
+        if !output.is_empty() {
+            println!(
+                "{} output:
+{output}",
+                self.name
+            );
+        }
+        let name = &self.name;
+        match status {
+            Some(s) if s.success() => {}
+            Some(s) => panic!(
+                "{name} exited with {s} after SIGTERM; output:
+{output}"
+            ),
+            None => panic!(
+                "{name} did not exit within 10 s of SIGTERM; output:
+{output}"
+            ),
+        }
+    }
+
     /// Sends SIGTERM and waits up to 10 s for the exit; gives its status (`None`: it had to
     /// be killed).
     pub fn terminate(&mut self) -> Option<ExitStatus> {

@@ -97,15 +97,7 @@ pub(crate) fn start(
 pub(crate) fn stop_daemon(mut daemon: Reaped, stop: Stop) {
     match stop {
         Stop::Kill => drop(daemon),
-        Stop::Term => {
-            let status = daemon.terminate();
-            assert!(
-                status.is_some_and(|s| s.success()),
-                "{} after SIGTERM: {status:?}; its output:\n{}",
-                daemon.name,
-                daemon.output()
-            );
-        }
+        Stop::Term => daemon.terminate_cleanly(),
     }
 }
 
