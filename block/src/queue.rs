@@ -21,7 +21,7 @@ use aio_core::{AioContext, EventLoop};
 use crate::image::driver::{Driver, QueueIo};
 use crate::image::{dispatch, Image};
 use crate::request::{self, BlockRequest, Reply};
-use crate::status::{self, Extent, ExtentKind};
+use crate::status::Extent;
 
 /// Requests to one image from one context, on one engine attached there. `!Send`: it lives
 /// on its context's thread; every thread serving the image has its own.
@@ -106,27 +106,8 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> ImageQueue<L, E> {
         len: u64,
         done: impl FnOnce(std::io::Result<Vec<Extent>>) + 'static,
     ) {
-        let size = self.image.size();
-        if offset >= size {
-            let mut out = Vec::new();
-            status::push(&mut out, offset, len, ExtentKind::Hole);
-            return done(Ok(out));
-        }
-        let end = offset.saturating_add(len);
-        let inside = len.min(size - offset);
-        let finish = move |found: std::io::Result<Vec<Extent>>| {
-            done(found.map(|mut out| {
-                status::push(
-                    &mut out,
-                    offset + inside,
-                    end - (offset + inside),
-                    ExtentKind::Hole,
-                );
-                out
-            }))
-        };
-        let args = (offset, inside, size);
-        dispatch!(self.image.backing(), d => d.block_status_on(&self.io, ctx, args, Box::new(finish)))
+        let args = (offset, len, self.image.size());
+        dispatch!(self.image.backing(), d => d.block_status_on(&self.io, ctx, args, Box::new(done)))
     }
 
     /// The checks every request passes before its kind sees it.

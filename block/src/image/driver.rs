@@ -58,9 +58,9 @@ pub(crate) trait Driver {
         Ok(())
     }
 
-    /// The extents of `[offset, offset + len)` of an image of `size` bytes, inside it
-    /// (blocking: `lseek`, and a qcow2 image's metadata read where its mapping is not
-    /// cached).
+    /// The extents of `[offset, offset + len)` of an image of `size` bytes, the part past
+    /// `size` a hole (blocking: `lseek`, and a qcow2 image's metadata read where its mapping
+    /// is not cached).
     fn block_status(&self, offset: u64, len: u64, size: u64) -> io::Result<Vec<Extent>>;
 
     /// [`block_status`](Self::block_status) for a queue's context, `done` called once with

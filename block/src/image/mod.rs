@@ -26,7 +26,7 @@ use aio_core::engine::IoFile;
 use crate::format::{ImageFormat, KnownFormat};
 use crate::lock::{Access, ImageLock, LockMode};
 use crate::stats::BlockStats;
-use crate::status::{Extent, ExtentKind};
+use crate::status::Extent;
 
 pub(crate) mod driver;
 pub(crate) mod error;
@@ -365,20 +365,7 @@ impl Image {
     /// lock, which a discard holds alone): call it from a thread that runs none of this
     /// image's requests, or offload it (`aio_pool::PoolContext::run`).
     pub fn block_status(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
-        let size = self.size();
-        let mut out = Vec::new();
-        if offset < size {
-            let inside = len.min(size - offset);
-            out = dispatch!(&self.backing, d => d.block_status(offset, inside, size))?;
-        }
-        let covered = out.last().map_or(offset, |e| e.offset + e.len);
-        crate::status::push(
-            &mut out,
-            covered,
-            offset.saturating_add(len) - covered,
-            ExtentKind::Hole,
-        );
-        Ok(out)
+        dispatch!(&self.backing, d => d.block_status(offset, len, self.size()))
     }
 
     /// The size in bytes (now: [`resize`](Self::resize) changes it).
