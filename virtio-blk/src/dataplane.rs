@@ -73,6 +73,12 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> DataPlane<L, E> {
         self.queues.borrow().get(&key).map(|q| q.stats())
     }
 
+    /// The iothread's engine, for other exports' requests on this iothread (an NBD
+    /// connection's image queue).
+    pub fn engine(&self) -> &AttachedEngine<L, E> {
+        &self.engine
+    }
+
     /// Requests in flight on the engine.
     pub fn in_flight(&self) -> usize {
         self.engine.in_flight()

@@ -14,7 +14,9 @@ use clap::Parser;
 use aio::{Choice, EngineKind, MonitorKind};
 use aio_core::process::CpuList;
 
-use crate::daemon::{run_with, Config, DaemonError, DiskSpec, StopHandle};
+use crate::daemon::{
+    run_with, Config, DaemonError, DiskSpec, NbdExportSpec, NbdServerSpec, StopHandle,
+};
 use crate::qsd::{self, QsdCommandLine};
 
 /// `aio-storage-daemon`: serves disk images as vhost-user-blk devices on aio-rs iothreads.
@@ -24,8 +26,21 @@ pub struct Args {
     /// A disk: `socket=PATH,image=PATH[,readonly=on][,serial=ID][,queues=Q][,format=auto|raw|qcow2][,iothread=K][,locking=auto|on|off][,share-rw=on]`,
     /// or the null device: `socket=PATH,image=null,size=BYTES[,...]`
     /// (repeatable; each its own socket, and an image given twice only read-only).
-    #[arg(long = "disk", required = true, value_name = "SPEC")]
+    #[arg(
+        long = "disk",
+        value_name = "SPEC",
+        required_unless_present = "nbd_exports"
+    )]
     pub disks: Vec<DiskSpec>,
+    /// An NBD server: `unix:PATH` or `HOST:PORT`, `[,max-connections=N][,handshake-max-seconds=S]`
+    /// (its clients are served on the iothreads).
+    #[arg(long = "nbd", value_name = "ADDR")]
+    pub nbd: Option<NbdServerSpec>,
+    /// An NBD export: `name=NAME,image=PATH[,writable=on][,description=TEXT][,format=auto|raw|qcow2][,locking=auto|on|off]`,
+    /// or `name=NAME,image=null,size=BYTES` (repeatable; an image a `--disk` serves is shared
+    /// with it).
+    #[arg(long = "nbd-export", value_name = "SPEC", requires = "nbd")]
+    pub nbd_exports: Vec<NbdExportSpec>,
     /// The I/O engine: pool, linux-aio, uring or auto.
     #[arg(long, default_value = "auto")]
     pub engine: Choice<EngineKind>,
@@ -56,6 +71,8 @@ impl Args {
             poll_max_ns: self.poll_max_ns,
             iothread_poll: Vec::new(),
             cpus: self.cpus.clone(),
+            nbd: self.nbd.clone(),
+            nbd_exports: self.nbd_exports.clone(),
         }
     }
 }
@@ -150,7 +167,7 @@ fn serve(
         Err(e) => {
             eprintln!("aio-storage-daemon: {e}");
             match e {
-                DaemonError::Disk { .. } | DaemonError::Conflict { .. } => 2,
+                DaemonError::Disk { .. } | DaemonError::Conflict { .. } | DaemonError::Nbd(_) => 2,
                 _ => 1,
             }
         }
@@ -169,6 +186,14 @@ fn absolute_paths(
         if !d.is_null() {
             d.image = absolute(&d.image);
         }
+    }
+    for e in &mut config.nbd_exports {
+        if !e.is_null() {
+            e.image = absolute(&e.image);
+        }
+    }
+    if let Some(aio_nbd::ListenAddr::Unix(p)) = config.nbd.as_mut().map(|n| &mut n.addr) {
+        *p = absolute(p);
     }
     process.absolute_paths();
     if let Some(g) = graph {

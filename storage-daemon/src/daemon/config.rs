@@ -33,6 +33,10 @@ pub struct Config {
     pub iothread_poll: Vec<PollParams>,
     /// Iothread `k` pinned to the list's CPU `k mod len` (none: not pinned).
     pub cpus: Option<CpuList>,
+    /// The NBD server, if any (its clients are served on the iothreads).
+    pub nbd: Option<super::NbdServerSpec>,
+    /// The NBD exports (they need [`nbd`](Config::nbd)).
+    pub nbd_exports: Vec<super::NbdExportSpec>,
 }
 
 impl Config {
@@ -46,6 +50,8 @@ impl Config {
             poll_max_ns: PollMaxNs::Fixed(aio_core::DEFAULT_POLL_MAX_NS),
             iothread_poll: Vec::new(),
             cpus: None,
+            nbd: None,
+            nbd_exports: Vec::new(),
         }
     }
 }
@@ -216,7 +222,7 @@ fn parse_disk(s: &str) -> Result<DiskSpec, String> {
 }
 
 /// A boolean key's value: on or off (true/false, yes/no too).
-fn on_off(key: &str, value: &str) -> Result<bool, String> {
+pub(crate) fn on_off(key: &str, value: &str) -> Result<bool, String> {
     match value {
         "on" | "true" | "yes" => Ok(true),
         "off" | "false" | "no" => Ok(false),

@@ -24,16 +24,19 @@ pub enum ExportKind {
     /// A vhost-user-blk socket (`aio-vhost-user-blk`), as QEMU's
     /// `block/export/vhost-user-blk-server.c`.
     VhostUserBlk,
+    /// An export of the NBD server (`aio-nbd`), as QEMU's `nbd/server.c`.
+    Nbd,
 }
 
 impl ExportKind {
     /// Every kind served.
-    pub const ALL: [ExportKind; 1] = [ExportKind::VhostUserBlk];
+    pub const ALL: [ExportKind; 2] = [ExportKind::VhostUserBlk, ExportKind::Nbd];
 
     /// QEMU's name of the kind.
     pub fn qemu_type(self) -> &'static str {
         match self {
             ExportKind::VhostUserBlk => "vhost-user-blk",
+            ExportKind::Nbd => "nbd",
         }
     }
 
@@ -143,6 +146,20 @@ impl Exports {
             .flatten()
             .map(|s| s.spec.clone())
             .collect()
+    }
+
+    /// The open image of a disk that serves the file at `path` (the same file, by device and
+    /// inode), to share with another export.
+    pub fn image_of(&self, path: &std::path::Path) -> Option<Arc<aio_block::Image>> {
+        use std::os::unix::fs::MetadataExt;
+        let id = |p: &std::path::Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+        let wanted = id(path)?;
+        let disks = self.0.disks.borrow();
+        disks
+            .iter()
+            .flatten()
+            .find(|s| !s.spec.is_null() && id(&s.spec.image) == Some(wanted))
+            .map(|s| s.device.image().clone())
     }
 
     /// Disk `number`'s device (None: no such disk being served).

@@ -18,8 +18,11 @@ mod distinct;
 mod exports;
 mod handoff;
 mod iothreads;
+mod nbd;
+mod nbd_spec;
 
 use std::io;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -31,6 +34,8 @@ pub(crate) use config::parse_size;
 pub use config::{BadDiskSpec, Config, DiskSpec};
 pub use exports::{ExportKind, Exports};
 pub use iothreads::IoThreadSet;
+pub use nbd::{NbdError, NbdService};
+pub use nbd_spec::{parse_listen_addr, NbdExportSpec, NbdServerSpec};
 
 use aio_virtio_blk::dataplane::DataPlane;
 use aio_virtio_blk::device::{BlockDevice, DeviceError, DiskOptions};
@@ -61,6 +66,9 @@ pub enum DaemonError {
     /// An iothread could not start (its backends were refused) or failed.
     #[error("{0}")]
     IoThread(#[from] aio_core::IoThreadError),
+    /// The NBD server or one of its exports could not be served.
+    #[error(transparent)]
+    Nbd(#[from] NbdError),
     /// The control loop's backends could not start.
     #[error("{what}: {source}")]
     Start {
@@ -171,7 +179,12 @@ pub struct Control<'a> {
     pub iothreads: IoThreadSet,
     /// What stops the daemon (QMP's `quit`).
     pub stop: StopHandle,
+    /// The NBD server, if one runs (a monitor may start and stop one).
+    pub nbd: NbdSlot,
 }
+
+/// Where the running NBD server is kept: the daemon stops whatever is there when it stops.
+pub type NbdSlot = Rc<std::cell::RefCell<Option<Rc<NbdService>>>>;
 
 /// [`run`], calling `ready` once every socket listens, on the control loop's thread, before
 /// the loop runs: a monitor sets itself up there, and a daemonized process tells its parent
@@ -217,12 +230,20 @@ pub fn run_with(
             break;
         }
     }
+    let nbd: NbdSlot = NbdSlot::default();
+    if result.is_ok() {
+        match start_nbd(&ctx, config, &exports, &threads) {
+            Ok(service) => *nbd.borrow_mut() = service,
+            Err(e) => result = Err(e),
+        }
+    }
     if result.is_ok() {
         let control = Control {
             ctx: &ctx,
             exports: exports.clone(),
             iothreads: threads.clone(),
             stop: stop.clone(),
+            nbd: nbd.clone(),
         };
         result = ready(&control).map_err(start_error("monitor"));
     }
@@ -231,12 +252,39 @@ pub fn run_with(
             ctx.poll(true);
         }
     }
-    // Every disk ends as one removed at run time does: its queues drain, then what its image
-    // caches (qcow2 metadata) is written.
+    // NBD clients end first (their requests drained), then every disk as one removed at run
+    // time does: its queues drain, then what its image caches (qcow2 metadata) is written.
+    let service = nbd.borrow_mut().take();
+    if let Some(n) = service {
+        n.stop(&ctx);
+    }
     exports.remove_all(&ctx);
     drop(ctx);
     threads.stop_all()?;
     result
+}
+
+/// Starts the NBD server and offers its exports, if the configuration has them.
+fn start_nbd(
+    ctx: &AioContext<Box<dyn EventLoop>>,
+    config: &Config,
+    exports: &Exports,
+    threads: &IoThreadSet,
+) -> Result<Option<Rc<NbdService>>, DaemonError> {
+    let Some(spec) = &config.nbd else {
+        return match config.nbd_exports.is_empty() {
+            true => Ok(None),
+            false => Err(NbdError::NoServer.into()),
+        };
+    };
+    let service = Rc::new(NbdService::start(ctx, spec, threads)?);
+    for e in &config.nbd_exports {
+        if let Err(err) = service.add(e.clone(), exports) {
+            service.stop(ctx);
+            return Err(err.into());
+        }
+    }
+    Ok(Some(service))
 }
 
 /// Opens one `--disk`'s image (or makes the null device), logging a qcow2 image's backing

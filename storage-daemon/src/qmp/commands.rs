@@ -19,7 +19,7 @@ use aio_virtio_blk::format::ImageFormat;
 use super::wire::{self, Args, QmpError, Request};
 use crate::daemon::Exports;
 use crate::daemon::IoThreadSet;
-use crate::qsd::command::{Graph, Node};
+use crate::qsd::command::{Graph, Node, Transport};
 use crate::qsd::keyval::Opts;
 
 /// The commands served, in `query-commands`' order.
@@ -39,6 +39,8 @@ pub(crate) const COMMANDS: &[&str] = &[
     "blockdev-del",
     "block-export-add",
     "block-export-del",
+    "nbd-server-start",
+    "nbd-server-stop",
     "object-add",
     "object-del",
     "quit",
@@ -57,6 +59,8 @@ pub(crate) struct State {
     pub(crate) thread_ids: Vec<i64>,
     /// What `quit` says stop to.
     pub(crate) stop: crate::daemon::StopHandle,
+    /// The NBD server, when one runs.
+    pub(crate) nbd: crate::daemon::NbdSlot,
 }
 
 /// A command's result, and the events it raised.
@@ -91,6 +95,8 @@ impl State {
             "blockdev-del" => self.blockdev_del(args),
             "block-export-add" => self.export_add(ctx, args),
             "block-export-del" => self.export_del(ctx, args, &mut events),
+            "nbd-server-start" => self.nbd_server_start(ctx, args),
+            "nbd-server-stop" => self.nbd_server_stop(ctx, args, &mut events),
             // As QEMU: the reply, the SHUTDOWN event, then the daemon stops as on SIGTERM.
             "object-add" => self.object_add(args),
             "object-del" => self.object_del(args),
@@ -119,21 +125,19 @@ impl State {
     }
 
     fn query_exports(&self) -> Value {
-        let live = self
-            .graph
-            .exports
-            .iter()
-            .filter(|e| self.numbers.contains_key(&e.id));
         Value::Array(
-            live.map(|e| {
-                json!({
-                    "type": e.transport.kind().qemu_type(),
-                    "id": e.id,
-                    "node-name": e.node,
-                    "shutting-down": false,
+            self.graph
+                .exports
+                .iter()
+                .map(|e| {
+                    json!({
+                        "type": e.transport.kind().qemu_type(),
+                        "id": e.id,
+                        "node-name": e.node,
+                        "shutting-down": false,
+                    })
                 })
-            })
-            .collect(),
+                .collect(),
         )
     }
 
@@ -160,12 +164,7 @@ impl State {
                 "Failed to find node with node-name='{name}'"
             )));
         };
-        if let Some(e) = self
-            .graph
-            .exports
-            .iter()
-            .find(|e| e.node == name && self.numbers.contains_key(&e.id))
-        {
+        if let Some(e) = self.graph.exports.iter().find(|e| e.node == name) {
             return Err(QmpError::generic(format!(
                 "Node '{name}' is busy: block device is in use by block export '{}'",
                 e.id
@@ -190,12 +189,17 @@ impl State {
         let opts = Opts::from_json("block-export-add", &args.0).map_err(qsd_error)?;
         let mut graph = self.graph.clone();
         graph.export(opts).map_err(qsd_error)?;
-        let export = graph.exports.last().expect("just added").clone();
-        if self.numbers.contains_key(&export.id) {
+        let Some(export) = graph.exports.last().cloned() else {
+            return Err(QmpError::generic("no export was given"));
+        };
+        if self.graph.exports.iter().any(|e| e.id == export.id) {
             return Err(QmpError::generic(format!(
                 "Block export id '{}' is already in use",
                 export.id
             )));
+        }
+        if let Transport::Nbd { .. } = export.transport {
+            return self.nbd_export_add(graph, &export);
         }
         let (spec, aio) = graph.disk_spec(&export).map_err(qsd_error)?;
         if let (Some((kind, _)), Some(running)) = (aio, self.engine) {
@@ -233,6 +237,13 @@ impl State {
             }
         };
         args.finish()?;
+        let nbd = self.graph.exports.iter().find_map(|e| match &e.transport {
+            Transport::Nbd { name, .. } if e.id == id => Some(name.clone()),
+            _ => None,
+        });
+        if let Some(name) = nbd {
+            return self.nbd_export_del(&id, &name, hard, events);
+        }
         let Some(&number) = self.numbers.get(&id) else {
             return Err(QmpError::generic(format!("Export '{id}' is not found")));
         };

@@ -28,6 +28,7 @@
 
 mod commands;
 mod iothreads;
+mod nbd;
 mod resize;
 mod stats;
 mod wire;
@@ -45,7 +46,7 @@ use serde_json::Value;
 use aio::{Choice, EngineKind};
 use aio_core::{AioContext, EventLoop, FdHandler};
 
-use crate::daemon::Control;
+use crate::daemon::{Control, ExportKind};
 use crate::qsd::command::Graph;
 use commands::State;
 use wire::{QmpError, Splitter, MAX_MESSAGE};
@@ -80,10 +81,14 @@ impl Monitor {
         graph: Graph,
         engine: Choice<EngineKind>,
     ) -> io::Result<Rc<Monitor>> {
-        let numbers: HashMap<String, usize> = (0..)
-            .zip(&graph.exports)
-            .map(|(n, e)| (e.id.clone(), n))
-            .collect();
+        // The vhost-user-blk exports are the disks, numbered in order; NBD exports are the
+        // NBD server's.
+        let disks = graph
+            .exports
+            .iter()
+            .filter(|e| e.transport.kind() == ExportKind::VhostUserBlk);
+        let numbers: HashMap<String, usize> =
+            (0..).zip(disks).map(|(n, e)| (e.id.clone(), n)).collect();
         let thread_ids = control
             .iothreads
             .handles()
@@ -101,6 +106,7 @@ impl Monitor {
             },
             thread_ids,
             stop: control.stop.clone(),
+            nbd: control.nbd.clone(),
         };
         let mut listeners = Vec::new();
         for path in paths {

@@ -16,22 +16,35 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use aio_block::stats::{IoKind, LatencyHistogram, StatsSnapshot};
-use aio_virtio_blk::device::BlockDevice;
+use aio_block::stats::{BlockStats, IoKind, LatencyHistogram, StatsSnapshot};
+use aio_block::Image;
+
+use crate::qsd::command::{Export, Transport};
 
 use super::commands::State;
 use super::wire::{Args, ErrorClass, QmpError};
 
 impl State {
-    /// The disk of the live export whose id or node name is `id`.
-    fn disk_named(&self, id: &str) -> Option<Arc<BlockDevice>> {
+    /// The image of the live export whose id or node name is `id` (a disk's, or an NBD
+    /// export's).
+    fn image_named(&self, id: &str) -> Option<Arc<Image>> {
         let export = self
             .graph
             .exports
             .iter()
-            .filter(|e| self.numbers.contains_key(&e.id))
             .find(|e| e.id == id || e.node == id)?;
-        self.exports.device(self.numbers[&export.id])
+        self.export_image(export)
+    }
+
+    /// The image export `e` serves.
+    fn export_image(&self, e: &Export) -> Option<Arc<Image>> {
+        match &e.transport {
+            Transport::Nbd { name, .. } => self.nbd.borrow().as_ref()?.image(name),
+            Transport::VhostUserBlk { .. } => {
+                let number = *self.numbers.get(&e.id)?;
+                Some(self.exports.device(number)?.image().clone())
+            }
+        }
     }
 
     /// Each export's disk (or, with `query-nodes`, each named node: the counts of the export
@@ -39,22 +52,20 @@ impl State {
     pub(super) fn query_blockstats(&self, mut args: Args) -> Result<Value, QmpError> {
         let nodes = args.opt_bool("query-nodes")?.unwrap_or(false);
         args.finish()?;
-        let entry = |node: &str, disk: Option<Arc<BlockDevice>>| json!({"device": "", "node-name": node, "stats": block_device_stats(disk.as_deref())});
-        let live = self
-            .graph
-            .exports
-            .iter()
-            .filter(|e| self.numbers.contains_key(&e.id));
+        let entry = |node: &str, image: Option<Arc<Image>>| json!({"device": "", "node-name": node, "stats": block_device_stats(image.as_deref().map(Image::stats))});
         if !nodes {
-            return Ok(live
-                .map(|e| entry(&e.node, self.exports.device(self.numbers[&e.id])))
+            return Ok(self
+                .graph
+                .exports
+                .iter()
+                .map(|e| entry(&e.node, self.export_image(e)))
                 .collect());
         }
         let mut names: Vec<&String> = self.graph.nodes.keys().collect();
         names.sort();
         Ok(names
             .into_iter()
-            .map(|name| entry(name, self.disk_named(name)))
+            .map(|name| entry(name, self.image_named(name)))
             .collect())
     }
 
@@ -67,7 +78,7 @@ impl State {
         let zap = args.opt_u64_list("boundaries-zap")?;
         let flush = args.opt_u64_list("boundaries-flush")?;
         args.finish()?;
-        let disk = self.disk_named(&id).ok_or_else(|| QmpError {
+        let disk = self.image_named(&id).ok_or_else(|| QmpError {
             class: ErrorClass::DeviceNotFound,
             desc: format!("Device '{id}' not found"),
         })?;
@@ -110,11 +121,12 @@ impl State {
     }
 }
 
-/// QEMU's `BlockDeviceStats` for `disk` (all zeros for none). What is not counted here,
+/// QEMU's `BlockDeviceStats` of an image's `stats` (all zeros for none): every export of
+/// the image counts in them. What is not counted here,
 /// merges and zoned appends, is 0; invalid requests are counted apart, as QEMU counts them,
 /// and leave the idle time; a latency histogram appears once set.
-fn block_device_stats(disk: Option<&BlockDevice>) -> Value {
-    let s: StatsSnapshot = disk.map(|d| d.stats().snapshot()).unwrap_or_default();
+fn block_device_stats(stats: Option<&BlockStats>) -> Value {
+    let s: StatsSnapshot = stats.map(|d| d.snapshot()).unwrap_or_default();
     let mut out = json!({
         "rd_bytes": s.read.bytes, "wr_bytes": s.write.bytes, "unmap_bytes": s.unmap.bytes,
         "rd_operations": s.read.operations, "wr_operations": s.write.operations,
@@ -138,8 +150,8 @@ fn block_device_stats(disk: Option<&BlockDevice>) -> Value {
     if let Some(idle) = s.idle_time_ns {
         out["idle_time_ns"] = json!(idle);
     }
-    if let Some(disk) = disk {
-        let [read, write, flush, _unmap] = disk.stats().latency_histograms();
+    if let Some(stats) = stats {
+        let [read, write, flush, _unmap] = stats.latency_histograms();
         for (field, h) in [
             ("rd_latency_histogram", read),
             ("wr_latency_histogram", write),

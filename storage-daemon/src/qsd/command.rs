@@ -77,11 +77,11 @@ pub(crate) struct IoThreadObject {
 pub(crate) struct Export {
     pub(crate) id: String,
     pub(crate) node: String,
-    writable: bool,
+    pub(crate) writable: bool,
     pub(crate) iothread: Option<String>,
     /// What only this kind of export takes.
     pub(crate) transport: Transport,
-    shown: String,
+    pub(crate) shown: String,
 }
 
 /// An export's own options, by kind: a new kind of export is a variant here, its options'
@@ -91,6 +91,11 @@ pub(crate) struct Export {
 pub(crate) enum Transport {
     /// `type=vhost-user-blk`: `addr.type=unix,addr.path=`, `num-queues=`.
     VhostUserBlk { socket: PathBuf, queues: u16 },
+    /// `type=nbd`: `name=`, `description=` (`qsd/nbd.rs`).
+    Nbd {
+        name: String,
+        description: Option<String>,
+    },
 }
 
 impl Transport {
@@ -98,6 +103,7 @@ impl Transport {
     pub(crate) fn kind(&self) -> ExportKind {
         match self {
             Transport::VhostUserBlk { .. } => ExportKind::VhostUserBlk,
+            Transport::Nbd { .. } => ExportKind::Nbd,
         }
     }
 
@@ -134,6 +140,8 @@ pub(crate) struct Graph {
     /// `--chardev socket` paths by id.
     chardevs: HashMap<String, PathBuf>,
     process: Process,
+    /// `--nbd-server`.
+    pub(crate) nbd_server: Option<crate::daemon::NbdServerSpec>,
 }
 
 impl QsdCommandLine {
@@ -164,7 +172,7 @@ impl QsdCommandLine {
                 "--daemonize" => reader.process.daemonize = true,
                 "--chardev" => reader.chardev(Opts::parse(name, &value()?, Some("backend"))?)?,
                 "--monitor" => reader.monitor(Opts::parse(name, &value()?, Some("chardev"))?)?,
-                "--nbd-server" => return Err(not_served(arg, "an NBD server")),
+                "--nbd-server" => reader.nbd_server(Opts::parse(name, &value()?, None)?)?,
                 "--trace" => return Err(not_served(arg, "QEMU's tracing")),
                 "--disk" | "--engine" | "--fdmon" | "--iothreads" | "--poll-max-ns" | "--cpus" => {
                     return Err(QsdError::Invalid {
@@ -280,6 +288,7 @@ impl Graph {
         let iothread = o.take("iothread");
         let transport = match kind {
             ExportKind::VhostUserBlk => Transport::vhost_user_blk(&mut o)?,
+            ExportKind::Nbd => Transport::nbd(&mut o, &node)?,
         };
         let shown = o.shown().to_string();
         o.finish()?;
@@ -309,7 +318,12 @@ impl Graph {
         }
         let mut engine: Option<(EngineKind, String)> = None;
         let mut disks = Vec::new();
+        let mut nbd_exports = Vec::new();
         for e in &self.exports {
+            if let Transport::Nbd { .. } = e.transport {
+                nbd_exports.push(self.nbd_export_spec(e)?);
+                continue;
+            }
             let (disk, aio) = self.disk_spec(e)?;
             if let Some((kind, shown)) = aio {
                 match &engine {
@@ -329,13 +343,21 @@ impl Graph {
             disks.push(disk);
         }
         // With a monitor, exports may all come later (`block-export-add`), as in QEMU.
-        if disks.is_empty() && self.process.monitors.is_empty() {
+        if disks.is_empty() && nbd_exports.is_empty() && self.process.monitors.is_empty() {
             return Err(QsdError::Invalid {
                 option: "--export".into(),
                 reason: "no export and no monitor: nothing to serve".into(),
             });
         }
+        if !nbd_exports.is_empty() && self.nbd_server.is_none() {
+            return Err(QsdError::Invalid {
+                option: "--export type=nbd".into(),
+                reason: "NBD server not running (give --nbd-server)".into(),
+            });
+        }
         let mut config = Config::new(disks);
+        config.nbd = self.nbd_server.clone();
+        config.nbd_exports = nbd_exports;
         // QEMU's default `aio` is `threads`: our pool.
         config.engine = Choice::Named(engine.map_or(EngineKind::Pool, |(k, _)| k));
         config.iothreads = u16::try_from(iothread_poll.len()).unwrap_or(u16::MAX);
@@ -348,13 +370,9 @@ impl Graph {
         })
     }
 
-    /// Export `e` as one of our disks: its node's image and format, its iothread (an export
-    /// without `iothread=` runs on the one after the `--object`s, QEMU's main loop), and the
-    /// engine its node asks for, with the option that asks.
-    pub(crate) fn disk_spec(
-        &self,
-        e: &Export,
-    ) -> Result<(DiskSpec, Option<(EngineKind, String)>), QsdError> {
+    /// Export `e`'s node, and the number of the iothread it runs on (an export without
+    /// `iothread=` runs on the one after the `--object`s, QEMU's main loop).
+    pub(crate) fn export_node(&self, e: &Export) -> Result<(&Node, usize), QsdError> {
         let invalid = |reason: String| QsdError::Invalid {
             option: e.shown.clone(),
             reason,
@@ -372,6 +390,21 @@ impl Graph {
                 .map(|t| t.thread)
                 .ok_or_else(|| invalid(format!("iothread '{id}' names no iothread object")))?,
         };
+        Ok((node, iothread))
+    }
+
+    /// Export `e` as one of our disks: its node's image and format, its iothread (an export
+    /// without `iothread=` runs on the one after the `--object`s, QEMU's main loop), and the
+    /// engine its node asks for, with the option that asks.
+    pub(crate) fn disk_spec(
+        &self,
+        e: &Export,
+    ) -> Result<(DiskSpec, Option<(EngineKind, String)>), QsdError> {
+        let invalid = |reason: String| QsdError::Invalid {
+            option: e.shown.clone(),
+            reason,
+        };
+        let (node, iothread) = self.export_node(e)?;
         let (image, format, size, read_only, aio) = node.image();
         if e.writable && read_only {
             return Err(invalid(format!(
@@ -379,7 +412,9 @@ impl Graph {
                 e.node
             )));
         }
-        let Transport::VhostUserBlk { socket, queues } = &e.transport;
+        let Transport::VhostUserBlk { socket, queues } = &e.transport else {
+            return Err(invalid("not a vhost-user-blk export".into()));
+        };
         let disk = DiskSpec {
             socket: socket.clone(),
             image,
@@ -494,10 +529,14 @@ impl Graph {
         for e in &mut self.exports {
             match &mut e.transport {
                 Transport::VhostUserBlk { socket, .. } => *socket = absolute(socket),
+                Transport::Nbd { .. } => {}
             }
         }
         for path in self.chardevs.values_mut() {
             *path = absolute(path);
+        }
+        if let Some(aio_nbd::ListenAddr::Unix(p)) = self.nbd_server.as_mut().map(|n| &mut n.addr) {
+            *p = absolute(p);
         }
         self.process.absolute_paths();
     }

@@ -34,6 +34,7 @@
 
 pub(crate) mod command;
 pub(crate) mod keyval;
+pub(crate) mod nbd;
 
 use std::path::PathBuf;
 

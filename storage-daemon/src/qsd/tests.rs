@@ -153,11 +153,25 @@ fn what_is_not_served_is_refused_by_name() {
                 "--blockdev",
                 file,
                 "--export",
-                "type=nbd,id=e,node-name=disk0",
+                "type=fuse,id=e,node-name=disk0",
             ],
-            "'nbd' export",
+            "'fuse' export",
         ),
-        (&["--nbd-server", "addr.type=inet"], "NBD server"),
+        (
+            &["--nbd-server", "addr.type=unix,addr.path=/s,tls-creds=t0"],
+            "tls-creds",
+        ),
+        (
+            &[
+                "--blockdev",
+                file,
+                "--nbd-server",
+                "addr.type=unix,addr.path=/s",
+                "--export",
+                "type=nbd,id=e,node-name=disk0,allocation-depth=on",
+            ],
+            "allocation-depth",
+        ),
         (
             &["--blockdev", "driver=vmdk,node-name=d,file=f"],
             "driver 'vmdk'",
@@ -301,4 +315,46 @@ fn a_command_line_is_qemu_storage_daemons_when_it_has_one_of_its_options() {
         "--disk",
         "socket=/s,image=/i"
     ])));
+}
+
+#[test]
+fn nbd_servers_and_exports_are_read_into_the_daemons_nbd_config() {
+    let c = parse(&[
+        "--blockdev",
+        "driver=file,node-name=f0,filename=/img",
+        "--blockdev",
+        "driver=qcow2,node-name=q0,file=f0",
+        "--nbd-server",
+        "addr.type=inet,addr.host=127.0.0.1,addr.port=10809,max-connections=4",
+        "--export",
+        "type=nbd,id=e0,node-name=q0,writable=on,description=the disk",
+        "--export",
+        "type=nbd,id=e1,node-name=q0,name=ro",
+    ])
+    .unwrap()
+    .config;
+    assert!(c.disks.is_empty());
+    let server = c.nbd.expect("an NBD server");
+    assert_eq!(server.max_connections, Some(4));
+    assert_eq!(
+        server.addr,
+        aio_nbd::ListenAddr::Inet {
+            host: "127.0.0.1".into(),
+            port: 10809
+        }
+    );
+    let names: Vec<_> = c.nbd_exports.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(names, ["q0", "ro"]);
+    let e = &c.nbd_exports[0];
+    assert_eq!((e.writable, e.format), (true, ImageFormat::Qcow2));
+    assert_eq!(e.description.as_deref(), Some("the disk"));
+    assert!(!c.nbd_exports[1].writable);
+    let e = parse(&[
+        "--blockdev",
+        "driver=file,node-name=f0,filename=/img",
+        "--export",
+        "type=nbd,id=e0,node-name=f0",
+    ])
+    .unwrap_err();
+    assert!(e.to_string().contains("NBD server not running"), "{e}");
 }

@@ -1,0 +1,232 @@
+//! What a connection holds: its phase, input, output, requests in flight and what it
+//! serves once it has chosen an export.
+//!
+//! This module owns the connection's types and their small methods; reading and ending are
+//! `mod.rs`'s, running requests `transmit.rs`'s.
+
+use std::cell::{Cell, OnceCell, RefCell};
+use std::io;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use aio_block::request::ReturnedBuf;
+use aio_block::stats::{Accounted, Recorder};
+use aio_block::{BlockRequest, ImageQueue};
+use aio_core::engine::{AlignedBuf, AttachedEngine, IoEngine};
+use aio_core::{BottomHalf, EventLoop, TimerId};
+
+use super::outbox::Outbox;
+use crate::export::NbdExport;
+use crate::negotiate::{Negotiation, ReplyStyle};
+use crate::reply::Answering;
+use crate::server::Shared;
+use crate::stream::Stream;
+
+/// The input buffer's size; an option longer than this is skipped and refused.
+pub(super) const INBOX: usize = 64 << 10;
+
+/// Where the byte stream stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    ClientFlags,
+    OptionHeader,
+    OptionPayload { option: u32, len: usize },
+    SkipOption { option: u32, left: u64 },
+    Transmit,
+    Closed,
+}
+
+/// Received bytes not yet used.
+pub(super) struct Inbox {
+    pub(super) buf: Box<[u8]>,
+    pub(super) start: usize,
+    pub(super) end: usize,
+}
+
+impl Inbox {
+    pub(super) fn new() -> Self {
+        Inbox {
+            buf: vec![0; INBOX].into_boxed_slice(),
+            start: 0,
+            end: 0,
+        }
+    }
+
+    pub(super) fn bytes(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+
+    pub(super) fn consume(&mut self, n: usize) {
+        self.start = (self.start + n).min(self.end);
+        if self.start == self.end {
+            (self.start, self.end) = (0, 0);
+        }
+    }
+
+    /// Reads what the socket has into the free space (moving what is left to the front).
+    pub(super) fn fill(&mut self, stream: &Stream) -> io::Result<usize> {
+        if self.end == self.buf.len() {
+            self.buf.copy_within(self.start..self.end, 0);
+            (self.start, self.end) = (0, self.end - self.start);
+        }
+        let n = stream.read(&mut self.buf[self.end..])?;
+        self.end += n;
+        Ok(n)
+    }
+}
+
+/// A write whose payload is being received into its buffer.
+pub(super) struct PendingWrite {
+    pub(super) slot: u16,
+    pub(super) buf: AlignedBuf,
+    pub(super) filled: usize,
+    pub(super) offset: u64,
+    pub(super) fua: bool,
+}
+
+/// A connection's mutable state.
+pub(super) struct State {
+    pub(super) phase: Phase,
+    pub(super) inbox: Inbox,
+    pub(super) negotiation: Negotiation,
+    pub(super) outbox: Outbox,
+    pub(super) slots: Slots,
+    /// Bytes of the buffers of requests in flight.
+    pub(super) buffered: usize,
+    pub(super) pending_write: Option<PendingWrite>,
+    /// Payload bytes to read and drop (a refused write's).
+    pub(super) skip: u64,
+    /// Read no more; close once drained.
+    pub(super) ending: bool,
+    /// The socket failed: close now.
+    pub(super) broken: bool,
+    /// Reading stopped at a limit with input possibly waiting.
+    pub(super) stalled: bool,
+    /// Slots whose write or discard succeeded and whose FUA flush is to be sent.
+    pub(super) resubmit: Vec<u16>,
+    /// The connection itself, until it ends.
+    pub(super) keep: Option<Rc<dyn std::any::Any>>,
+}
+
+/// What the reading loop does next.
+pub(super) enum Advance {
+    Again,
+    NeedInput,
+    Stop,
+    Act(Action),
+}
+
+/// One client connection.
+pub(super) struct Connection<L: EventLoop + 'static, E: IoEngine + 'static> {
+    pub(super) stream: Stream,
+    pub(super) shared: Arc<Shared>,
+    pub(super) id: u64,
+    pub(super) engine: AttachedEngine<L, E>,
+    pub(super) serving: OnceCell<Serving<L, E>>,
+    pub(super) st: RefCell<State>,
+    pub(super) bh: OnceCell<BottomHalf>,
+    pub(super) timer: Cell<Option<TimerId>>,
+    /// The (read, write) interest registered with the context.
+    pub(super) interest: Cell<(bool, bool)>,
+}
+
+/// What a connection serves once it has chosen an export.
+pub(super) struct Serving<L: EventLoop + 'static, E: IoEngine + 'static> {
+    pub(super) export: Arc<NbdExport>,
+    pub(super) queue: ImageQueue<L, E>,
+    pub(super) style: ReplyStyle,
+    /// `base:allocation` was negotiated for this export.
+    pub(super) block_status: bool,
+    /// Zeroing is fast here (see the module's header).
+    pub(super) fast_zero: bool,
+    pub(super) recorder: Recorder,
+}
+
+/// What the reading loop asks the connection to do with no state borrowed.
+pub(super) enum Action {
+    /// End the connection now.
+    Close,
+    /// Submit `request` for `slot`.
+    Submit { slot: u16, request: BlockRequest },
+    /// Ask the block layer for the status of `len` bytes at `offset`, for `slot`.
+    Status { slot: u16, offset: u64, len: u64 },
+}
+
+/// What a request in flight is.
+pub(super) enum Kind {
+    /// A read whose buffer comes back to be sent.
+    Read { buf: ReturnedBuf, len: usize },
+    /// A write whose buffer the block layer holds (dropped at completion).
+    Write { _buf: Option<ReturnedBuf> },
+    /// Block status.
+    Status { req_one: bool, len: u64 },
+    /// Anything without a buffer.
+    Other,
+}
+
+/// One request in flight.
+pub(super) struct InFlight {
+    pub(super) to: Answering,
+    pub(super) kind: Kind,
+    pub(super) accounted: Option<Accounted>,
+    /// Bytes of buffer it holds.
+    pub(super) bytes: usize,
+    /// A flush follows its success (FUA on a discard or write-zeroes).
+    pub(super) then_flush: bool,
+}
+
+/// The requests in flight, by slot (a slot number is the request's index for its
+/// statistics, below `max_in_flight`).
+#[derive(Default)]
+pub(super) struct Slots {
+    pub(super) entries: Vec<Option<InFlight>>,
+    pub(super) free: Vec<u16>,
+    pub(super) busy: usize,
+}
+
+impl Slots {
+    pub(super) fn insert(&mut self, f: InFlight) -> u16 {
+        self.busy += 1;
+        match self.free.pop() {
+            Some(slot) => {
+                self.entries[usize::from(slot)] = Some(f);
+                slot
+            }
+            None => {
+                self.entries.push(Some(f));
+                (self.entries.len() - 1) as u16
+            }
+        }
+    }
+
+    pub(super) fn put_back(&mut self, slot: u16, f: InFlight) {
+        if let Some(e) = self.entries.get_mut(usize::from(slot)) {
+            if e.is_none() {
+                self.busy += 1;
+                self.free.retain(|&s| s != slot);
+            }
+            *e = Some(f);
+        }
+    }
+
+    pub(super) fn get_mut(&mut self, slot: u16) -> Option<&mut InFlight> {
+        self.entries.get_mut(usize::from(slot))?.as_mut()
+    }
+
+    /// Frees `slot`, whose request never ran (its payload never came): the bytes it held.
+    pub(super) fn abandon(&mut self, slot: u16) -> usize {
+        self.remove(slot).map_or(0, |f| f.bytes)
+    }
+
+    pub(super) fn remove(&mut self, slot: u16) -> Option<InFlight> {
+        let f = self.entries.get_mut(usize::from(slot))?.take()?;
+        self.busy -= 1;
+        self.free.push(slot);
+        Some(f)
+    }
+
+    /// Requests in flight.
+    pub(super) fn busy(&self) -> usize {
+        self.busy
+    }
+}

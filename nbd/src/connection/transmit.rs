@@ -1,0 +1,390 @@
+//! A connection's requests: each checked one run on the block layer's request path (an
+//! [`ImageQueue`] on the connection's context), and its reply queued when it completes, in
+//! whatever order they complete.
+//!
+//! This module owns the requests in flight (their slots, buffers and statistics) and what
+//! each command becomes for the block layer; the socket is `mod.rs`'s.
+//!
+//! * A read's buffer is lent to the block layer and taken back at completion to be sent.
+//! * A write's payload is received into its own buffer, then written from it.
+//! * FUA on a discard or write-zeroes is a flush after it; on a write, the block layer's
+//!   (`RWF_DSYNC` on raw, a flush after it on qcow2).
+//! * `NBD_CMD_FLAG_FAST_ZERO` is refused (`ENOTSUP`) unless zeroing is a metadata operation
+//!   here: a raw regular file (`fallocate`) or the null image.
+
+use std::io;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use aio_block::stats::{Accounted, IoKind, Recorder};
+use aio_block::status::{Extent, ExtentKind};
+use aio_block::{BlockRequest, Buffers, Image, Reply};
+use aio_core::engine::FileKind;
+use aio_core::engine::{AlignedBuf, IoEngine};
+use aio_core::{AioContext, EventLoop};
+
+use super::state::{
+    Action, Advance, Connection, InFlight, Kind, PendingWrite, Phase, Serving, State,
+};
+use crate::export::NbdExport;
+use crate::negotiate::{ReplyStyle, BASE_ALLOCATION_ID};
+use crate::proto::{cmd, err, nbd_errno, state};
+use crate::reply::{self, Answering};
+use crate::request::{self, Checked, Command, Header};
+
+/// The longest extent a 32-bit block status reply carries (whole 4 KiB blocks).
+const MAX_EXTENT32: u64 = (u32::MAX as u64) & !4095;
+
+/// Whether write-zeroes on `image` is a metadata operation.
+fn zeroes_fast(image: &Image) -> bool {
+    match image.format_name() {
+        "null" => true,
+        "raw" => image.file().is_some_and(|f| f.kind() == FileKind::Regular),
+        _ => false,
+    }
+}
+
+/// The statistics kind of command `kind`, for a refused one.
+fn io_kind(kind: u16) -> Option<IoKind> {
+    match kind {
+        cmd::READ => Some(IoKind::Read),
+        cmd::WRITE | cmd::WRITE_ZEROES => Some(IoKind::Write),
+        cmd::FLUSH => Some(IoKind::Flush),
+        cmd::TRIM => Some(IoKind::Unmap),
+        _ => None,
+    }
+}
+
+/// `extents` as `base:allocation` descriptors of `[offset, offset + len)`: clipped, merged
+/// where the flags agree, one only for `req_one`, none longer than 32 bits allow unless
+/// `wide` (the reply may then cover less than asked, as the protocol allows).
+pub(crate) fn descriptors(
+    extents: &[Extent],
+    (offset, len): (u64, u64),
+    req_one: bool,
+    wide: bool,
+) -> Vec<(u64, u32)> {
+    let end = offset.saturating_add(len);
+    let mut out: Vec<(u64, u32)> = Vec::new();
+    for e in extents {
+        let start = e.offset.max(offset);
+        let stop = e.offset.saturating_add(e.len).min(end);
+        if stop <= start {
+            continue;
+        }
+        let flags = match e.kind {
+            ExtentKind::Data => 0,
+            ExtentKind::Hole => state::HOLE | state::ZERO,
+        };
+        match out.last_mut() {
+            Some(last) if last.1 == flags => last.0 += stop - start,
+            _ => out.push((stop - start, flags)),
+        }
+    }
+    if !wide {
+        if let Some(i) = out.iter().position(|d| d.0 > MAX_EXTENT32) {
+            out.truncate(i + 1);
+            out[i].0 = MAX_EXTENT32;
+        }
+    }
+    if req_one {
+        out.truncate(1);
+    }
+    out
+}
+
+impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
+    /// The client chose `export`: transmission starts.
+    pub(super) fn begin(&self, st: &mut State, export: Arc<NbdExport>) {
+        let meta = st.negotiation.meta();
+        let image = export.image();
+        let serving = Serving {
+            block_status: meta.base_allocation && meta.export == export.name(),
+            style: st.negotiation.style(),
+            fast_zero: zeroes_fast(image),
+            recorder: Recorder::new(image.stats(), self.shared.limits.max_in_flight),
+            queue: image.queue(self.engine.clone()),
+            export,
+        };
+        self.shared.clients.chose(self.id, serving.export.name());
+        let _ = self.serving.set(serving);
+        st.phase = Phase::Transmit;
+    }
+
+    /// A request whose header was just read.
+    pub(super) fn request(&self, st: &mut State, s: &Serving<L, E>, h: Header) -> Advance {
+        let to = Answering {
+            cookie: h.cookie,
+            offset: h.offset,
+        };
+        match request::check(&h, s.style, &s.export, s.block_status) {
+            Checked::Refuse(r) => {
+                if let Some(kind) = io_kind(h.kind) {
+                    s.recorder.invalid(kind);
+                }
+                st.outbox
+                    .put(|o| reply::error(o, s.style, to, r.errno, &r.message));
+                st.skip = r.skip;
+                if r.fatal {
+                    st.ending = true;
+                }
+                Advance::Again
+            }
+            Checked::Run(command) => self.command(st, s, to, command),
+        }
+    }
+
+    fn command(&self, st: &mut State, s: &Serving<L, E>, to: Answering, c: Command) -> Advance {
+        let style = s.style;
+        let in_flight = |kind, bytes, then_flush| InFlight {
+            to,
+            kind,
+            accounted: None,
+            bytes,
+            then_flush,
+        };
+        let submit = |st: &mut State, request: BlockRequest, f: InFlight| {
+            let mut f = f;
+            f.accounted = Some(Accounted::of(&request));
+            let slot = st.slots.insert(f);
+            Advance::Act(Action::Submit { slot, request })
+        };
+        match c {
+            Command::Disc => {
+                st.ending = true;
+                Advance::Stop
+            }
+            Command::Read { len: 0, .. }
+            | Command::Write { len: 0, .. }
+            | Command::Trim { len: 0, .. }
+            | Command::WriteZeroes { len: 0, .. }
+            | Command::Cache => {
+                st.outbox.put(|o| reply::done(o, style, to));
+                Advance::Again
+            }
+            Command::Read { offset, len } => {
+                let len = len as usize;
+                let (buffers, buf) = Buffers::from_aligned(AlignedBuf::new(len));
+                st.buffered += len;
+                let request = BlockRequest::Read { offset, buffers };
+                submit(st, request, in_flight(Kind::Read { buf, len }, len, false))
+            }
+            Command::Write { offset, len, fua } => {
+                let len = len as usize;
+                let slot = st
+                    .slots
+                    .insert(in_flight(Kind::Write { _buf: None }, len, false));
+                st.buffered += len;
+                st.pending_write = Some(PendingWrite {
+                    slot,
+                    buf: AlignedBuf::new(len),
+                    filled: 0,
+                    offset,
+                    fua,
+                });
+                Advance::Again
+            }
+            Command::Flush => submit(st, BlockRequest::Flush, in_flight(Kind::Other, 0, false)),
+            Command::Trim { offset, len, fua } => {
+                let request = BlockRequest::Discard { offset, len };
+                submit(st, request, in_flight(Kind::Other, 0, fua))
+            }
+            Command::WriteZeroes { fast: true, .. } if !s.fast_zero => {
+                let why = "zeroing this image would write its blocks";
+                st.outbox
+                    .put(|o| reply::error(o, style, to, err::ENOTSUP, why));
+                Advance::Again
+            }
+            Command::WriteZeroes {
+                offset,
+                len,
+                unmap,
+                fua,
+                ..
+            } => {
+                let request = BlockRequest::WriteZeroes { offset, len, unmap };
+                submit(st, request, in_flight(Kind::Other, 0, fua))
+            }
+            Command::BlockStatus {
+                offset,
+                len,
+                req_one,
+            } => {
+                let slot = st
+                    .slots
+                    .insert(in_flight(Kind::Status { req_one, len }, 0, false));
+                Advance::Act(Action::Status { slot, offset, len })
+            }
+        }
+    }
+
+    /// A write's payload is all in: it goes to the block layer.
+    pub(super) fn write_received(&self, st: &mut State, w: PendingWrite) -> Advance {
+        let (buffers, buf) = Buffers::from_aligned(w.buf);
+        let request = BlockRequest::Write {
+            offset: w.offset,
+            buffers,
+            fua: w.fua,
+        };
+        if let Some(f) = st.slots.get_mut(w.slot) {
+            f.accounted = Some(Accounted::of(&request));
+            f.kind = Kind::Write { _buf: Some(buf) };
+        }
+        Advance::Act(Action::Submit {
+            slot: w.slot,
+            request,
+        })
+    }
+
+    pub(super) fn submit(self: &Rc<Self>, ctx: &AioContext<L>, slot: u16, request: BlockRequest) {
+        if let Some(s) = self.serving.get() {
+            s.recorder.taken(slot);
+            s.queue.submit(ctx, self, request, slot);
+        }
+    }
+
+    pub(super) fn block_status(
+        self: &Rc<Self>,
+        ctx: &AioContext<L>,
+        slot: u16,
+        offset: u64,
+        len: u64,
+    ) {
+        let Some(s) = self.serving.get() else {
+            return;
+        };
+        let me = self.weak();
+        s.queue.block_status(ctx, offset, len, move |result| {
+            if let Some(me) = me.upgrade() {
+                me.status_done(slot, offset, result);
+            }
+        });
+    }
+
+    fn status_done(&self, slot: u16, offset: u64, result: io::Result<Vec<Extent>>) {
+        let mut st = self.st.borrow_mut();
+        let Some(f) = st.slots.remove(slot) else {
+            return;
+        };
+        let (Some(s), Kind::Status { req_one, len }) = (self.serving.get(), f.kind) else {
+            return;
+        };
+        if st.phase == Phase::Closed {
+            return;
+        }
+        let wide = s.style == ReplyStyle::Extended;
+        let list = result.map(|e| descriptors(&e, (offset, len), req_one, wide));
+        match list {
+            Ok(list) if !list.is_empty() => st
+                .outbox
+                .put(|o| reply::block_status(o, s.style, f.to, BASE_ALLOCATION_ID, &list)),
+            Ok(_) => st
+                .outbox
+                .put(|o| reply::error(o, s.style, f.to, err::EIO, "the image reported no extents")),
+            Err(e) => st
+                .outbox
+                .put(|o| reply::error(o, s.style, f.to, nbd_errno(&e), &e.to_string())),
+        }
+        self.completed(&mut st);
+    }
+
+    /// After a reply is queued: send it, and settle in the bottom half when the
+    /// connection's interest or life may change.
+    fn completed(&self, st: &mut State) {
+        self.send(st);
+        let settle = st.stalled
+            || st.ending
+            || st.broken
+            || st.outbox.is_blocked()
+            || !st.resubmit.is_empty();
+        if settle {
+            if let Some(bh) = self.bh.get() {
+                bh.schedule();
+            }
+        }
+    }
+}
+
+impl<L: EventLoop + 'static, E: IoEngine + 'static> Reply for Connection<L, E> {
+    type Tag = u16;
+
+    fn finish(&self, slot: u16, result: io::Result<()>) {
+        let mut st = self.st.borrow_mut();
+        let Some(f) = st.slots.remove(slot) else {
+            return;
+        };
+        st.buffered -= f.bytes;
+        let Some(s) = self.serving.get() else {
+            return;
+        };
+        s.recorder.done(slot, f.accounted, result.is_ok());
+        if st.phase == Phase::Closed {
+            return;
+        }
+        let (style, to) = (s.style, f.to);
+        match (result, f.kind) {
+            (Ok(()), _) if f.then_flush => {
+                let flush = InFlight {
+                    to,
+                    kind: Kind::Other,
+                    accounted: Some(Accounted::of(&BlockRequest::Flush)),
+                    bytes: 0,
+                    then_flush: false,
+                };
+                st.slots.put_back(slot, flush);
+                st.resubmit.push(slot);
+            }
+            (Ok(()), Kind::Read { buf, len }) => match buf.take() {
+                Ok(buf) => {
+                    st.outbox
+                        .put(|o| reply::read_data(o, style, to, to.offset, len as u64));
+                    st.outbox.data(buf, len);
+                }
+                Err(_) => st.outbox.put(|o| {
+                    reply::error(o, style, to, err::EIO, "the read's buffer is still held")
+                }),
+            },
+            (Ok(()), _) => st.outbox.put(|o| reply::done(o, style, to)),
+            (Err(e), _) => st
+                .outbox
+                .put(|o| reply::error(o, style, to, nbd_errno(&e), &e.to_string())),
+        }
+        self.completed(&mut st);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn extent(offset: u64, len: u64, kind: ExtentKind) -> Extent {
+        Extent { offset, len, kind }
+    }
+
+    #[test]
+    fn extents_are_clipped_merged_cut_to_one_and_to_32_bits() {
+        let (d, h) = (ExtentKind::Data, ExtentKind::Hole);
+        let e = [
+            extent(0, 4096, d),
+            extent(4096, 4096, d),
+            extent(8192, 8192, h),
+            extent(16384, 4096, d),
+        ];
+        let hole = state::HOLE | state::ZERO;
+        assert_eq!(
+            descriptors(&e, (1024, 12288), false, false),
+            [(7168, 0), (5120, hole)]
+        );
+        assert_eq!(descriptors(&e, (0, 20480), true, false), [(8192, 0)]);
+        let big = [extent(0, 8 << 30, h)];
+        assert_eq!(
+            descriptors(&big, (0, 8 << 30), false, false),
+            [(MAX_EXTENT32, hole)]
+        );
+        assert_eq!(
+            descriptors(&big, (0, 8 << 30), false, true),
+            [(8 << 30, hole)]
+        );
+        assert!(descriptors(&e, (1 << 20, 4096), false, false).is_empty());
+    }
+}

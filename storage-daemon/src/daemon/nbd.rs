@@ -1,0 +1,318 @@
+//! The daemon's NBD server: one listening socket on the control loop, its clients served on
+//! the iothreads (each connection on one, with that iothread's engine), and its exports, each
+//! an image of its own or one a vhost-user-blk disk serves too (a backup reads while the VM
+//! writes, within that image's locks).
+//!
+//! This module owns the server's life and its export list (what QMP's `nbd-server-*` and
+//! `block-export-*` change); the protocol is `aio-nbd`'s.
+//!
+//! * An export of an image a disk serves shares the disk's open image (never a second open,
+//!   which its own lock would refuse); a writable export needs a writable disk.
+//! * Removing an export stops new clients finding it, shuts its clients down, waits for
+//!   their requests, then closes its image if it is the export's own.
+
+use std::cell::{Cell, RefCell};
+use std::io;
+use std::path::Path;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aio_block::{Image, ImageOptions};
+use aio_core::{AioContext, EventLoop};
+use aio_nbd::{Limits, NbdExport, NbdServer};
+
+use super::{Exports, IoThreadSet, NbdExportSpec, NbdServerSpec};
+
+/// How long a stop waits for clients' requests in flight.
+const DRAIN: Duration = Duration::from_secs(30);
+
+/// Why the NBD server or an export could not be served.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NbdError {
+    /// The server's socket could not be made.
+    #[error("NBD server {addr}: {source}")]
+    Listen {
+        /// Where it was to listen.
+        addr: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// An export was refused (its image, its name, its options).
+    #[error("NBD export '{name}': {reason}")]
+    Export {
+        /// The export's name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// Exports were given without a server to offer them.
+    #[error("NBD exports need an NBD server (--nbd ADDR, or --nbd-server)")]
+    NoServer,
+}
+
+/// One export being offered.
+struct Offered {
+    spec: NbdExportSpec,
+    image: Arc<Image>,
+    /// The image is a disk's: the disk closes it.
+    borrowed: bool,
+}
+
+/// The running NBD server and its exports; lives on the control loop's thread.
+pub struct NbdService {
+    server: Rc<NbdServer>,
+    spec: NbdServerSpec,
+    offered: RefCell<Vec<Offered>>,
+    /// The iothreads exports name (`iothread=`): clients go to these in turn, or to every
+    /// iothread when none is named.
+    pins: Rc<RefCell<Vec<usize>>>,
+    iothreads: IoThreadSet,
+}
+
+impl std::fmt::Debug for NbdService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NbdService")
+            .field("spec", &self.spec)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The device and inode of `path`.
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+impl NbdService {
+    /// Listens as `spec` says; clients go to the iothreads in turn.
+    pub fn start<L: EventLoop + 'static>(
+        ctx: &AioContext<L>,
+        spec: &NbdServerSpec,
+        iothreads: &IoThreadSet,
+    ) -> Result<Self, NbdError> {
+        let limits = Limits {
+            handshake_timeout: spec.handshake,
+            ..Limits::default()
+        };
+        let listen = |source| NbdError::Listen {
+            addr: spec.addr.to_string(),
+            source,
+        };
+        let exports = aio_nbd::ExportSet::new();
+        let server =
+            NbdServer::bind(&spec.addr, exports, limits, spec.max_connections).map_err(listen)?;
+        let threads = iothreads.clone();
+        let next = Cell::new(0usize);
+        let pins: Rc<RefCell<Vec<usize>>> = Rc::default();
+        let pinned = pins.clone();
+        server
+            .listen(ctx, move |client| {
+                let handles = threads.handles();
+                let candidates: Vec<usize> = match pinned.borrow().as_slice() {
+                    [] => (0..handles.len()).collect(),
+                    named => named.to_vec(),
+                };
+                for _ in 0..candidates.len() {
+                    let k = candidates[next.get() % candidates.len()];
+                    next.set(next.get().wrapping_add(1));
+                    if threads.is_running(k) && k < handles.len() {
+                        let _ = handles[k].run(move |ctx, plane| {
+                            if let Err(e) = aio_nbd::serve(ctx, plane.engine().clone(), client) {
+                                eprintln!("aio-storage-daemon: an NBD client: {e}");
+                            }
+                        });
+                        return;
+                    }
+                }
+            })
+            .map_err(listen)?;
+        Ok(NbdService {
+            server,
+            spec: spec.clone(),
+            offered: RefCell::new(Vec::new()),
+            pins,
+            iothreads: iothreads.clone(),
+        })
+    }
+
+    /// The server's configuration.
+    pub fn spec(&self) -> &NbdServerSpec {
+        &self.spec
+    }
+
+    /// The TCP port it listens on (the one chosen for port 0).
+    pub fn local_port(&self) -> Option<u16> {
+        self.server.local_port()
+    }
+
+    /// Offers `spec`'s image: a disk's if one of `disks` serves it, else opened here.
+    pub fn add(&self, spec: NbdExportSpec, disks: &Exports) -> Result<(), NbdError> {
+        let refuse = |reason: String| NbdError::Export {
+            name: spec.name.clone(),
+            reason,
+        };
+        if self
+            .offered
+            .borrow()
+            .iter()
+            .any(|o| o.spec.name == spec.name)
+        {
+            return Err(refuse("an export of that name is already offered".into()));
+        }
+        if let Some(k) = spec
+            .iothread
+            .filter(|&k| !self.iothreads.is_running(usize::from(k)))
+        {
+            return Err(refuse(format!("iothread={k}: no such iothread is running")));
+        }
+        let shared = if spec.is_null() {
+            None
+        } else {
+            let id = file_id(&spec.image);
+            let ours = self.offered.borrow().iter().find_map(|o| {
+                (!o.spec.is_null() && id.is_some() && file_id(&o.spec.image) == id)
+                    .then(|| o.image.clone())
+            });
+            ours.or_else(|| disks.image_of(&spec.image))
+        };
+        let (image, borrowed) = match shared {
+            Some(image) => (image, true),
+            None => {
+                let options = ImageOptions::new(spec.format)
+                    .read_only(!spec.writable)
+                    .locking(spec.locking);
+                let opened = match spec.size {
+                    Some(size) if spec.is_null() => Image::null(size, options),
+                    _ => Image::open(&spec.image, options),
+                }
+                .map_err(|e| refuse(format!("{}: {e}", spec.image.display())))?;
+                (Arc::new(opened), false)
+            }
+        };
+        let mut export = NbdExport::new(spec.name.clone(), image.clone())
+            .and_then(|e| e.writable(spec.writable))
+            .map_err(|e| refuse(e.to_string()))?;
+        if let Some(d) = &spec.description {
+            export = export
+                .description(d.clone())
+                .map_err(|e| refuse(e.to_string()))?;
+        }
+        export = export.multi_conn(spec_allows_multi_conn(&self.spec));
+        self.server
+            .exports()
+            .insert(export)
+            .map_err(|e| refuse(e.to_string()))?;
+        self.offered.borrow_mut().push(Offered {
+            spec,
+            image,
+            borrowed,
+        });
+        self.repin();
+        Ok(())
+    }
+
+    /// The iothreads the exports name, again.
+    fn repin(&self) {
+        let mut pins: Vec<usize> = self
+            .offered
+            .borrow()
+            .iter()
+            .filter_map(|o| o.spec.iothread.map(usize::from))
+            .collect();
+        pins.sort_unstable();
+        pins.dedup();
+        *self.pins.borrow_mut() = pins;
+    }
+
+    /// The exports offered, in order.
+    pub fn specs(&self) -> Vec<NbdExportSpec> {
+        self.offered
+            .borrow()
+            .iter()
+            .map(|o| o.spec.clone())
+            .collect()
+    }
+
+    /// The image export `name` serves.
+    pub fn image(&self, name: &str) -> Option<Arc<Image>> {
+        let offered = self.offered.borrow();
+        offered
+            .iter()
+            .find(|o| o.spec.name == name)
+            .map(|o| o.image.clone())
+    }
+
+    /// Clients connected (all exports, and those still negotiating).
+    pub fn clients(&self) -> usize {
+        self.server.clients().count()
+    }
+
+    /// Clients using export `name`.
+    pub fn clients_on(&self, name: &str) -> usize {
+        self.server.clients().count_on(name)
+    }
+
+    /// Stops offering export `name`: its clients are shut down and waited for, then its
+    /// own image is closed. False: no such export.
+    pub fn remove(&self, name: &str) -> bool {
+        let Some(at) = self
+            .offered
+            .borrow()
+            .iter()
+            .position(|o| o.spec.name == name)
+        else {
+            return false;
+        };
+        self.server.exports().remove(name);
+        self.server.clients().shut_down(Some(name));
+        if !self.server.clients().wait_gone(Some(name), DRAIN) {
+            eprintln!(
+                "aio-storage-daemon: NBD export '{name}': clients still busy after {DRAIN:?}"
+            );
+        }
+        let offered = self.offered.borrow_mut().remove(at);
+        self.close_if_unused(offered);
+        self.repin();
+        true
+    }
+
+    fn close_if_unused(&self, offered: Offered) {
+        let still = self
+            .offered
+            .borrow()
+            .iter()
+            .any(|o| Arc::ptr_eq(&o.image, &offered.image));
+        if offered.borrowed || still {
+            return;
+        }
+        if let Err(e) = offered.image.close() {
+            eprintln!(
+                "aio-storage-daemon: NBD export '{}': closing: {e}",
+                offered.spec.name
+            );
+        }
+    }
+
+    /// Stops the server: no new clients, every client shut down and waited for, every
+    /// export's own image closed.
+    pub fn stop<L: EventLoop + 'static>(&self, ctx: &AioContext<L>) {
+        self.server.stop(ctx);
+        if !self.server.clients().wait_gone(None, DRAIN) {
+            eprintln!("aio-storage-daemon: NBD clients still busy after {DRAIN:?}");
+        }
+        let all: Vec<Offered> = self.offered.borrow_mut().drain(..).collect();
+        for o in all.into_iter().rev() {
+            self.server.exports().remove(&o.spec.name);
+            self.close_if_unused(o);
+        }
+    }
+}
+
+/// Whether clients are told every connection sees every other's writes: true unless the
+/// server takes one client at a time (as QEMU).
+fn spec_allows_multi_conn(spec: &NbdServerSpec) -> bool {
+    spec.max_connections != Some(1)
+}

@@ -1,0 +1,218 @@
+//! The NBD side of the daemon's configuration: the server (where it listens, how many
+//! clients) and its exports (an image each, or one a `--disk` serves too), in this daemon's
+//! own syntax (`--nbd ADDR[,max-connections=N]`, `--nbd-export name=,image=,...`).
+//!
+//! This module owns the types and that syntax; qemu-storage-daemon's `--nbd-server` and
+//! `--export type=nbd` are read into the same types by `qsd`. It opens nothing.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use aio_block::lock::LockMode;
+use aio_nbd::ListenAddr;
+use aio_virtio_blk::format::ImageFormat;
+
+use super::config::{on_off, parse_size};
+
+/// The NBD server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NbdServerSpec {
+    /// Where it listens.
+    pub addr: ListenAddr,
+    /// At most this many clients at once (QEMU's `max-connections`; none: no bound).
+    pub max_connections: Option<u32>,
+    /// How long a client may take to choose an export (QEMU's `handshake-max-seconds`).
+    pub handshake: Duration,
+}
+
+/// One NBD export.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NbdExportSpec {
+    /// The name clients ask for.
+    pub name: String,
+    /// Its description (`NBD_INFO_DESCRIPTION`).
+    pub description: Option<String>,
+    /// The image, or `null` (with `size`). An image a `--disk` serves is shared with it.
+    pub image: PathBuf,
+    /// `format=auto|raw|qcow2`.
+    pub format: ImageFormat,
+    /// The null device's size.
+    pub size: Option<u64>,
+    /// Whether clients may write (default off, as QEMU's `writable=`).
+    pub writable: bool,
+    /// `locking=auto|on|off`.
+    pub locking: LockMode,
+    /// The iothread its clients are served on (none: the iothreads in turn).
+    pub iothread: Option<u16>,
+}
+
+impl NbdExportSpec {
+    /// Whether the export is the null device.
+    pub fn is_null(&self) -> bool {
+        self.image.as_os_str() == "null"
+    }
+}
+
+/// `unix:PATH` or `HOST:PORT` (`[V6ADDR]:PORT` too).
+pub fn parse_listen_addr(text: &str) -> Result<ListenAddr, String> {
+    if let Some(path) = text.strip_prefix("unix:") {
+        if path.is_empty() {
+            return Err("unix: needs a path".into());
+        }
+        return Ok(ListenAddr::Unix(path.into()));
+    }
+    let (host, port) = text
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{text}: expected unix:PATH or HOST:PORT"))?;
+    let port = port
+        .parse()
+        .map_err(|_| format!("{text}: '{port}' is not a port"))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return Err(format!("{text}: the host is missing"));
+    }
+    Ok(ListenAddr::Inet {
+        host: host.to_owned(),
+        port,
+    })
+}
+
+impl FromStr for NbdServerSpec {
+    type Err = String;
+
+    /// `ADDR[,max-connections=N][,handshake-max-seconds=S]`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut parts = s.split(',');
+        let addr = parse_listen_addr(parts.next().unwrap_or_default())?;
+        let mut spec = NbdServerSpec {
+            addr,
+            max_connections: None,
+            handshake: aio_nbd::Limits::default().handshake_timeout,
+        };
+        for part in parts {
+            let (key, value) = part
+                .split_once('=')
+                .ok_or_else(|| format!("'{part}' is not key=value"))?;
+            let number = || {
+                value
+                    .parse::<u32>()
+                    .map_err(|_| format!("{key}={value}: expected a number"))
+            };
+            match key {
+                "max-connections" => spec.max_connections = Some(number()?).filter(|&n| n > 0),
+                "handshake-max-seconds" => {
+                    spec.handshake = Duration::from_secs(u64::from(number()?))
+                }
+                other => {
+                    return Err(format!(
+                        "unknown key '{other}' (max-connections, handshake-max-seconds)"
+                    ))
+                }
+            }
+        }
+        Ok(spec)
+    }
+}
+
+impl FromStr for NbdExportSpec {
+    type Err = String;
+
+    /// `name=NAME,image=PATH[,format=][,writable=on][,description=TEXT][,size=][,locking=]
+    /// [,iothread=K]`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut spec = NbdExportSpec {
+            name: String::new(),
+            description: None,
+            image: PathBuf::new(),
+            format: ImageFormat::Auto,
+            size: None,
+            writable: false,
+            locking: LockMode::Auto,
+            iothread: None,
+        };
+        let (mut name, mut image) = (None, None);
+        for part in s.split(',') {
+            let (key, value) = part
+                .split_once('=')
+                .ok_or_else(|| format!("'{part}' is not key=value"))?;
+            match key {
+                "name" => name = Some(value.to_owned()),
+                "image" => image = Some(PathBuf::from(value)),
+                "description" => spec.description = Some(value.to_owned()),
+                "writable" => spec.writable = on_off(key, value)?,
+                "format" => {
+                    spec.format = value.parse().map_err(|e| format!("format={value}: {e}"))?
+                }
+                "size" => {
+                    spec.size = Some(
+                        parse_size(value)
+                            .ok_or_else(|| format!("size={value}: expected a number of bytes"))?,
+                    )
+                }
+                "locking" => spec.locking = value.parse().map_err(|e| format!("{e}"))?,
+                "iothread" => {
+                    spec.iothread = Some(
+                        value
+                            .parse()
+                            .map_err(|_| format!("iothread={value}: expected a number"))?,
+                    )
+                }
+                other => {
+                    return Err(format!(
+                        "unknown key '{other}' (name, image, description, writable, format, \
+                         size, locking, iothread)"
+                    ))
+                }
+            }
+        }
+        spec.name = name.ok_or("name=NAME is missing")?;
+        spec.image = image.ok_or("image=PATH is missing")?;
+        match (spec.is_null(), spec.size) {
+            (true, None) => return Err("image=null needs size=BYTES".into()),
+            (false, Some(_)) => return Err("size= is the null device's (image=null)".into()),
+            _ => {}
+        }
+        Ok(spec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nbd_servers_and_exports_parse_and_bad_ones_name_the_key() {
+        let s: NbdServerSpec = "unix:/tmp/n.sock,max-connections=4".parse().unwrap();
+        assert_eq!(s.addr, ListenAddr::Unix("/tmp/n.sock".into()));
+        assert_eq!(s.max_connections, Some(4));
+        let s: NbdServerSpec = "[::1]:10809".parse().unwrap();
+        let inet = ListenAddr::Inet {
+            host: "::1".into(),
+            port: 10809,
+        };
+        assert_eq!(s.addr, inet);
+        assert!("10809"
+            .parse::<NbdServerSpec>()
+            .unwrap_err()
+            .contains("HOST:PORT"));
+        assert!("h:x".parse::<NbdServerSpec>().unwrap_err().contains("port"));
+        let e = "unix:/s,colour=red".parse::<NbdServerSpec>().unwrap_err();
+        assert!(e.contains("colour"), "{e}");
+
+        let e: NbdExportSpec = "name=vm0,image=/i.qcow2,writable=on,description=a disk"
+            .parse()
+            .unwrap();
+        assert_eq!(e.name, "vm0");
+        assert!(e.writable);
+        assert_eq!(e.description.as_deref(), Some("a disk"));
+        let n: NbdExportSpec = "name=z,image=null,size=1G".parse().unwrap();
+        assert!(n.is_null());
+        let bad = |s: &str| s.parse::<NbdExportSpec>().unwrap_err();
+        assert!(bad("image=/i").contains("name="));
+        assert!(bad("name=a").contains("image="));
+        assert!(bad("name=a,image=null").contains("size="));
+        assert!(bad("name=a,image=/i,writable=2").contains("writable=2"));
+        assert!(bad("name=a,image=/i,colour=red").contains("colour"));
+    }
+}
