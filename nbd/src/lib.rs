@@ -62,6 +62,8 @@ pub mod reply;
 pub mod request;
 mod server;
 mod stream;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use connection::serve;
 pub use export::{ExportError, ExportSet, NbdExport};

@@ -5,8 +5,8 @@
 //! it never decides what a request's answer is.
 //!
 //! * Simple style: every reply is simple (a read's data follows it).
-//! * Structured style: a read's data and every error are chunks; other successes are simple
-//!   replies, as QEMU sends them.
+//! * Structured style: a read's data (or its hole, when it reads as zeros) and every error
+//!   are chunks; other successes are simple replies, as QEMU sends them.
 //! * Extended style: every reply is an extended chunk (the protocol forbids simple ones).
 
 use crate::negotiate::ReplyStyle;
@@ -92,6 +92,14 @@ pub fn read_data(out: &mut Vec<u8>, style: ReplyStyle, to: Answering, offset: u6
     }
     chunk_header(out, style, to, (chunk::OFFSET_DATA, true), 8 + len);
     out.extend_from_slice(&offset.to_be_bytes());
+}
+
+/// Appends one `NBD_REPLY_TYPE_OFFSET_HOLE` chunk that ends the reply: `len` bytes at
+/// `offset` read as zeros (structured and extended styles only).
+pub fn read_hole(out: &mut Vec<u8>, style: ReplyStyle, to: Answering, offset: u64, len: u32) {
+    chunk_header(out, style, to, (chunk::OFFSET_HOLE, true), 12);
+    out.extend_from_slice(&offset.to_be_bytes());
+    out.extend_from_slice(&len.to_be_bytes());
 }
 
 /// Appends a block status chunk of context `id` with `extents` (length, flags), ending the

@@ -265,6 +265,11 @@ h.block_status(8 << 20, 0, extents, nbd.CMD_FLAG_REQ_ONE)
 assert seen == [1 << 20, 0], seen
 h.zero(1 << 20, 0, nbd.CMD_FLAG_FAST_ZERO)
 assert h.pread(512, 0) == b'\0' * 512
+chunks = []
+def chunk(subbuf, offset, status, err):
+    chunks.append((offset, len(subbuf), status))
+assert h.pread_structured(65536, 0, chunk) == b'\0' * 65536
+assert chunks == [(0, 65536, nbd.READ_HOLE)], chunks
 h.shutdown()
 q = nbd.NBD()
 q.connect_uri(QCOW2)

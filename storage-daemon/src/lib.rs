@@ -2,15 +2,14 @@
 //!
 //! The storage daemon of aio-rs, as qemu-storage-daemon sits over QEMU's block layer and its
 //! exports: disk images opened by the block layer (`aio-block`, `aio-virtio-blk`'s device),
-//! served over vhost-user-blk (`aio-vhost-user-blk`) on aio-rs iothreads, driven by a command
-//! line (ours, or qemu-storage-daemon's) and by QMP.
+//! served over vhost-user-blk (`aio-vhost-user-blk`) and NBD (`aio-nbd`) on aio-rs iothreads,
+//! driven by a command line (ours, or qemu-storage-daemon's) and by QMP.
 //!
 //! * [`daemon::run`]: a [`daemon::Config`]'s disks served until a [`daemon::StopHandle`]
 //!   says stop; no signal handler, no command line. The images are locked as QEMU locks them
 //!   (`aio_block::lock`), so QEMU's tools and other daemons see the disks' use of them.
-//! * [`daemon::ExportKind`]: the kinds of export a disk is served through (vhost-user-blk;
-//!   a next kind joins there and in the command line's reader of its own options, without
-//!   QMP's commands changing).
+//! * [`daemon::ExportKind`]: the kinds of export an image is served through (vhost-user-blk,
+//!   NBD); [`daemon::NbdService`]: the NBD server and its exports.
 //! * [`cli`] (feature `cli`, on by default): the `aio-storage-daemon` command line and its
 //!   signals, `--daemonize` and `--pidfile`.
 //! * [`qsd`] (feature `cli`): qemu-storage-daemon's command line, read into a

@@ -111,6 +111,7 @@ fn guest_against_our_daemon(readonly: bool, name: &str) {
         append: append_of(readonly),
         reconnect: false,
         monitor: None,
+        nbd_export: None,
     };
     run_guest(image, &spec, name, &mut |_| {}).assert_passed(&spec);
     stop_daemon(daemon, &disk);
@@ -170,6 +171,7 @@ fn guest_against_qemu_storage_daemon() {
             append: append_of(readonly),
             reconnect: false,
             monitor: None,
+            nbd_export: None,
         };
         let name = if readonly { "qsd-ro" } else { "qsd-rw" };
         run_guest(image, &spec, name, &mut |_| {}).assert_passed(&spec);

@@ -4,6 +4,8 @@
 //!   queue depth 1 and 16 on both queues, mkfs.ext4, files written, read back after dropping
 //!   caches and after a remount, fsck, blkdiscard) on a qcow2 image made by `qemu-img create`;
 //!   after SIGTERM, `qemu-img check` must find the image clean (exit 0: not even a leak).
+//! - `guest_checks_a_qcow2_disk_over_nbd`: the same check list on a qcow2 image our daemon
+//!   exports over NBD, the guest's disk QEMU's NBD client under a virtio-blk device.
 //! - `guest_writes_the_same_qcow2_image_as_qemu_storage_daemon`: the guest's replay workload
 //!   (the same writes on every run: fio with a fixed seed and verify, discard and write-zeroes,
 //!   some ranges not cluster-aligned) on a qcow2 overlay of a raw backing file holding a
@@ -122,6 +124,7 @@ fn spec<'a>(socket: &'a Path, serial: Option<&'a str>, checks: &'a [&'a str]) ->
         append: String::new(),
         reconnect: false,
         monitor: None,
+        nbd_export: None,
     }
 }
 
@@ -149,6 +152,41 @@ fn guest_checks_a_qcow2_disk() {
     let mut daemon = start_ours(dir.path(), &socket, &disk, "", None);
     let spec = spec(&socket, Some(SERIAL), RW_CHECKS);
     run_guest(image, &spec, "qcow2-rw", &mut |_| {}).assert_passed(&spec);
+    daemon.terminate_cleanly();
+    assert_clean(&disk);
+}
+
+/// The guest's write check list on a qcow2 image our daemon exports over NBD, through QEMU's
+/// NBD client (`-blockdev driver=nbd`) under a virtio-blk device: every check passes (fio
+/// verify at depth 1 and 16, a file system), and after SIGTERM the image is clean.
+#[test]
+fn guest_checks_a_qcow2_disk_over_nbd() {
+    let Some(image) = guest_image() else { return };
+    if !tools_present(false) {
+        return;
+    }
+    let _one = GUESTS.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let disk = dir.path().join("disk.qcow2");
+    let (code, said) = qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        path_str(&disk),
+        &CAPACITY.to_string(),
+    ]);
+    assert_eq!(code, Some(0), "qemu-img create: {said}");
+    let socket = dir.path().join("nbd.sock");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_aio-storage-daemon"));
+    cmd.arg("--nbd").arg(format!("unix:{}", socket.display()));
+    cmd.arg("--nbd-export")
+        .arg(format!("name=vm,image={},writable=on", disk.display()));
+    let mut daemon = Reaped::spawn("aio-storage-daemon", cmd, dir.path().join("daemon.log"));
+    daemon.wait_for_socket(&socket);
+    let mut spec = spec(&socket, Some(SERIAL), RW_CHECKS);
+    spec.nbd_export = Some("vm");
+    run_guest(image, &spec, "qcow2-nbd", &mut |_| {}).assert_passed(&spec);
     daemon.terminate_cleanly();
     assert_clean(&disk);
 }

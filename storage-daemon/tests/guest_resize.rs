@@ -132,6 +132,7 @@ fn resize_under_a_guest(program: &str, format: &str, name: &str) {
         append: format!("aio.mode=resize aio.resize_to={AFTER}"),
         reconnect: false,
         monitor: None,
+        nbd_export: None,
     };
     let mut resized = None;
     let run = run_guest(guest, &spec, name, &mut |line| {

@@ -173,6 +173,7 @@ fn restart_run(name: &str, plan: &Plan, seed: u64) -> Option<Outcome> {
         ),
         reconnect: true,
         monitor: Some(monitor.clone()),
+        nbd_export: None,
     };
     let mut booted = false;
     let run = run_guest(image, &spec, name, &mut |line| {
@@ -273,6 +274,7 @@ impl Outcome {
             append: String::new(),
             reconnect: true,
             monitor: None,
+            nbd_export: None,
         };
         if !self.passed() {
             println!("the daemons' logs:\n{}", self.logs);

@@ -222,15 +222,21 @@ fn what_is_not_served_exits_2_naming_it_and_a_failed_daemonize_reports_it() {
         )
     };
     let file = format!("driver=file,node-name=f0,filename={}", raw.display());
-    let nbd = vec![
-        "--blockdev".to_string(),
-        file.clone(),
-        "--export".to_string(),
-        "type=nbd,id=e0,node-name=f0".to_string(),
-    ];
-    let (code, said) = run(&nbd);
+    let export = |kind: &str| {
+        vec![
+            "--blockdev".to_string(),
+            file.clone(),
+            "--export".to_string(),
+            format!("type={kind},id=e0,node-name=f0"),
+        ]
+    };
+    let (code, said) = run(&export("fuse"));
     assert_eq!(code, Some(2), "{said}");
-    assert!(said.contains("'nbd' export"), "{said}");
+    assert!(said.contains("'fuse' export"), "{said}");
+    // An NBD export without the NBD server, as QEMU says it.
+    let (code, said) = run(&export("nbd"));
+    assert_eq!(code, Some(2), "{said}");
+    assert!(said.contains("NBD server not running"), "{said}");
     // A daemon that fails after the fork: the parent returns the child's code and message.
     let bad_image = vec![
         "--blockdev".to_string(),

@@ -5,7 +5,8 @@
 //! This module owns the requests in flight (their slots, buffers and statistics) and what
 //! each command becomes for the block layer; the socket is `mod.rs`'s.
 //!
-//! * A read's buffer is lent to the block layer and taken back at completion to be sent.
+//! * A read's buffer is lent to the block layer and taken back at completion to be sent; with
+//!   structured replies, a read that found only zeros is sent as one hole chunk instead.
 //! * A write's payload is received into its own buffer, then written from it.
 //! * FUA on a discard or write-zeroes is a flush after it; on a write, the block layer's
 //!   (`RWF_DSYNC` on raw, a flush after it on qcow2).
@@ -34,6 +35,15 @@ use crate::request::{self, Checked, Command, Header};
 
 /// The longest extent a 32-bit block status reply carries (whole 4 KiB blocks).
 const MAX_EXTENT32: u64 = (u32::MAX as u64) & !4095;
+
+/// Whether `bytes` are all zero (16 at a time; stops at the first that is not).
+fn all_zero(bytes: &[u8]) -> bool {
+    let mut chunks = bytes.chunks_exact(16);
+    let wide = chunks
+        .by_ref()
+        .all(|c| u128::from_ne_bytes(c.try_into().unwrap_or([1; 16])) == 0);
+    wide && chunks.remainder().iter().all(|&b| b == 0)
+}
 
 /// Whether write-zeroes on `image` is a metadata operation.
 fn zeroes_fast(image: &Image) -> bool {
@@ -335,6 +345,12 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Reply for Connection<L, E> {
                 st.resubmit.push(slot);
             }
             (Ok(()), Kind::Read { buf, len }) => match buf.take() {
+                // Zeros go as a hole: 20 bytes on the wire instead of `len`.
+                Ok(buf) if style != ReplyStyle::Simple && all_zero(&buf[..len]) => {
+                    let len = len as u32;
+                    st.outbox
+                        .put(|o| reply::read_hole(o, style, to, to.offset, len));
+                }
                 Ok(buf) => {
                     st.outbox
                         .put(|o| reply::read_data(o, style, to, to.offset, len as u64));

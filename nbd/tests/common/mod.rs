@@ -2,18 +2,17 @@
 //! protocol client for what no real client sends, and the client tools run to completion.
 #![allow(dead_code)]
 
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 use aio::poll::PollLoop;
 use aio::{AioContext, Choice, EngineKind, EngineOptions, NotifyHandle};
-use aio_nbd::proto::{self, opt};
+#[allow(unused_imports)] // hostile.rs uses it, clients.rs does not
+pub use aio_nbd::testing::Raw;
 use aio_nbd::{Clients, ExportSet, Limits, ListenAddr, NbdServer};
 
 /// A server serving `exports` on a thread of its own, on a Unix socket in a temporary
@@ -123,139 +122,6 @@ pub fn tool(program: &str, args: &[&str]) -> std::process::Output {
         .args(args)
         .output()
         .unwrap_or_else(|e| panic!("{program}: {e} (install {package}; .ci/run does)"))
-}
-
-/// A raw NBD client over a Unix socket, for the bytes no real client sends.
-pub struct Raw {
-    pub stream: UnixStream,
-}
-
-impl Raw {
-    /// Connects and reads the greeting (checked).
-    pub fn connect(socket: &Path) -> Raw {
-        let stream = UnixStream::connect(socket).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(20)))
-            .unwrap();
-        let mut raw = Raw { stream };
-        let g = raw.read_exact(18);
-        assert_eq!(&g[..8], &proto::NBD_MAGIC.to_be_bytes());
-        assert_eq!(&g[8..16], &proto::OPTS_MAGIC.to_be_bytes());
-        raw
-    }
-
-    /// Connects and sends the fixed-newstyle client flags (no zeroes).
-    pub fn fixed(socket: &Path) -> Raw {
-        let mut raw = Raw::connect(socket);
-        raw.send(&3u32.to_be_bytes());
-        raw
-    }
-
-    pub fn send(&mut self, bytes: &[u8]) {
-        self.stream.write_all(bytes).unwrap();
-    }
-
-    pub fn read_exact(&mut self, n: usize) -> Vec<u8> {
-        let mut buf = vec![0; n];
-        self.stream.read_exact(&mut buf).unwrap();
-        buf
-    }
-
-    /// Whether the server closed the connection (reads the end of the stream).
-    pub fn closed(&mut self) -> bool {
-        let mut buf = [0u8; 64];
-        loop {
-            match self.stream.read(&mut buf) {
-                Ok(0) => return true,
-                Ok(_) => continue,
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
-                Err(_) => return false,
-            }
-        }
-    }
-
-    /// Sends option `option` with `payload`.
-    pub fn option(&mut self, option: u32, payload: &[u8]) {
-        let mut m = proto::OPTS_MAGIC.to_be_bytes().to_vec();
-        m.extend_from_slice(&option.to_be_bytes());
-        m.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-        m.extend_from_slice(payload);
-        self.send(&m);
-    }
-
-    /// Reads one option reply: (option, type, payload).
-    pub fn option_reply(&mut self) -> (u32, u32, Vec<u8>) {
-        let h = self.read_exact(20);
-        assert_eq!(&h[..8], &proto::REP_MAGIC.to_be_bytes(), "reply magic");
-        let option = u32::from_be_bytes(h[8..12].try_into().unwrap());
-        let kind = u32::from_be_bytes(h[12..16].try_into().unwrap());
-        let len = u32::from_be_bytes(h[16..20].try_into().unwrap());
-        (option, kind, self.read_exact(len as usize))
-    }
-
-    /// `NBD_OPT_GO` for `name` asking for the block sizes; the export's size and flags.
-    pub fn go(&mut self, name: &str) -> (u64, u16) {
-        let mut p = (name.len() as u32).to_be_bytes().to_vec();
-        p.extend_from_slice(name.as_bytes());
-        p.extend_from_slice(&1u16.to_be_bytes());
-        p.extend_from_slice(&proto::info::BLOCK_SIZE.to_be_bytes());
-        self.option(opt::GO, &p);
-        let mut export = None;
-        loop {
-            let (_, kind, payload) = self.option_reply();
-            match kind {
-                proto::rep::INFO if payload[..2] == proto::info::EXPORT.to_be_bytes() => {
-                    let size = u64::from_be_bytes(payload[2..10].try_into().unwrap());
-                    let flags = u16::from_be_bytes(payload[10..12].try_into().unwrap());
-                    export = Some((size, flags));
-                }
-                proto::rep::INFO => {}
-                proto::rep::ACK => return export.expect("NBD_INFO_EXPORT before the ACK"),
-                other => panic!(
-                    "NBD_OPT_GO answered {other:#x}: {}",
-                    String::from_utf8_lossy(&payload)
-                ),
-            }
-        }
-    }
-
-    /// Sends a compact request.
-    pub fn request(&mut self, flags: u16, kind: u16, cookie: u64, offset: u64, len: u32) {
-        let mut m = proto::REQUEST_MAGIC.to_be_bytes().to_vec();
-        m.extend_from_slice(&flags.to_be_bytes());
-        m.extend_from_slice(&kind.to_be_bytes());
-        m.extend_from_slice(&cookie.to_be_bytes());
-        m.extend_from_slice(&offset.to_be_bytes());
-        m.extend_from_slice(&len.to_be_bytes());
-        self.send(&m);
-    }
-
-    /// Reads a simple reply: (error, cookie).
-    pub fn simple_reply(&mut self) -> (u32, u64) {
-        let r = self.read_exact(16);
-        assert_eq!(
-            &r[..4],
-            &proto::SIMPLE_REPLY_MAGIC.to_be_bytes(),
-            "simple reply magic"
-        );
-        let error = u32::from_be_bytes(r[4..8].try_into().unwrap());
-        (error, u64::from_be_bytes(r[8..16].try_into().unwrap()))
-    }
-
-    /// Reads one structured reply chunk: (flags, type, cookie, payload).
-    pub fn chunk(&mut self) -> (u16, u16, u64, Vec<u8>) {
-        let h = self.read_exact(20);
-        assert_eq!(
-            &h[..4],
-            &proto::STRUCTURED_REPLY_MAGIC.to_be_bytes(),
-            "chunk magic"
-        );
-        let flags = u16::from_be_bytes(h[4..6].try_into().unwrap());
-        let kind = u16::from_be_bytes(h[6..8].try_into().unwrap());
-        let cookie = u64::from_be_bytes(h[8..16].try_into().unwrap());
-        let len = u32::from_be_bytes(h[16..20].try_into().unwrap());
-        (flags, kind, cookie, self.read_exact(len as usize))
-    }
 }
 
 /// A raw image of `size` bytes in a directory that has `O_DIRECT` (not tmpfs), filled with

@@ -13,7 +13,9 @@ use std::sync::Arc;
 use aio_core::{AioContext, EventLoop, IoEngine};
 use aio_virtio_blk::device::{BlockDevice, ResizeError};
 
-use super::{distinct, open_disk, DaemonError, DiskError, DiskSocket, DiskSpec, IoThreadSet};
+use super::{
+    disk_options, distinct, open_disk, DaemonError, DiskError, DiskSocket, DiskSpec, IoThreadSet,
+};
 use aio_vhost_user_blk::vhost::DiskIndex;
 
 /// The kinds of export a disk is served through, by the names QEMU gives them
@@ -106,6 +108,28 @@ impl Exports {
         }
         let device = Arc::new(open_disk(&spec)?);
         self.serve(ctx, spec, device)
+    }
+
+    /// [`add`](Self::add), over `image` when another export (an NBD export) already has the
+    /// disk's image open: the disk shares it instead of opening it again.
+    pub fn add_sharing(
+        &self,
+        ctx: &AioContext<Loop>,
+        spec: DiskSpec,
+        image: Option<Arc<aio_block::Image>>,
+    ) -> Result<usize, DaemonError> {
+        let Some(image) = image else {
+            return self.add(ctx, spec);
+        };
+        let mut all = self.specs();
+        all.push(spec.clone());
+        distinct::check(&all)?;
+        let device =
+            BlockDevice::on_image(image, disk_options(&spec)).map_err(|e| DaemonError::Disk {
+                spec: spec.socket.display().to_string(),
+                source: e.into(),
+            })?;
+        self.serve(ctx, spec, Arc::new(device))
     }
 
     /// Serves an opened `device` as `spec` says.

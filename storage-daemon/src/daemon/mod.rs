@@ -287,17 +287,22 @@ fn start_nbd(
     Ok(Some(service))
 }
 
-/// Opens one `--disk`'s image (or makes the null device), logging a qcow2 image's backing
-/// chain.
-fn open_disk(d: &DiskSpec) -> Result<BlockDevice, DaemonError> {
-    let options = DiskOptions {
+/// What the device of `d` is made with.
+fn disk_options(d: &DiskSpec) -> DiskOptions {
+    DiskOptions {
         read_only: d.read_only,
         serial: d.serial.clone(),
         queues: d.queues,
         format: d.format,
         locking: d.locking,
         share_rw: d.share_rw,
-    };
+    }
+}
+
+/// Opens one `--disk`'s image (or makes the null device), logging a qcow2 image's backing
+/// chain.
+fn open_disk(d: &DiskSpec) -> Result<BlockDevice, DaemonError> {
+    let options = disk_options(d);
     let device = match d.size {
         Some(size) if d.is_null() => BlockDevice::null(size, options),
         _ => handoff::open_image(d, options),

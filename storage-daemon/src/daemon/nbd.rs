@@ -171,12 +171,8 @@ impl NbdService {
         let shared = if spec.is_null() {
             None
         } else {
-            let id = file_id(&spec.image);
-            let ours = self.offered.borrow().iter().find_map(|o| {
-                (!o.spec.is_null() && id.is_some() && file_id(&o.spec.image) == id)
-                    .then(|| o.image.clone())
-            });
-            ours.or_else(|| disks.image_of(&spec.image))
+            self.image_of(&spec.image)
+                .or_else(|| disks.image_of(&spec.image))
         };
         let (image, borrowed) = match shared {
             Some(image) => (image, true),
@@ -234,6 +230,17 @@ impl NbdService {
             .iter()
             .map(|o| o.spec.clone())
             .collect()
+    }
+
+    /// The open image of an export that serves the file at `path` (the same file, by device
+    /// and inode), for a disk to share.
+    pub fn image_of(&self, path: &Path) -> Option<Arc<Image>> {
+        let wanted = file_id(path)?;
+        let offered = self.offered.borrow();
+        offered
+            .iter()
+            .find(|o| !o.spec.is_null() && file_id(&o.spec.image) == Some(wanted))
+            .map(|o| o.image.clone())
     }
 
     /// The image export `name` serves.

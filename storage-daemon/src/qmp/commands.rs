@@ -211,9 +211,14 @@ impl State {
                 )));
             }
         }
+        // An image an NBD export has open is shared, not opened a second time.
+        let shared = match self.nbd.borrow().as_ref() {
+            Some(n) if !spec.is_null() => n.image_of(&spec.image),
+            _ => None,
+        };
         let number = self
             .exports
-            .add(ctx, spec)
+            .add_sharing(ctx, spec, shared)
             .map_err(|e| QmpError::generic(e.to_string()))?;
         self.numbers.insert(export.id, number);
         self.graph = graph;

@@ -1,6 +1,6 @@
-//! qemu-storage-daemon's command line, for the vhost-user-blk exports it describes: an
-//! existing `qemu-storage-daemon --blockdev ... --object iothread,... --export
-//! type=vhost-user-blk,...` runs unchanged with `aio-storage-daemon` in its place.
+//! qemu-storage-daemon's command line, for the vhost-user-blk and NBD exports it describes:
+//! an existing `qemu-storage-daemon --blockdev ... --object iothread,... --export
+//! type=vhost-user-blk|nbd,...` runs unchanged with `aio-storage-daemon` in its place.
 //!
 //! What is served, in QEMU's `key=value` form or its JSON form (`--blockdev '{"driver": ...}'`):
 //!
@@ -18,7 +18,8 @@
 //!
 //! The rules:
 //!
-//! - Anything else qemu-storage-daemon accepts (an `nbd` or `fuse` export, `--nbd-server`,
+//! - `--nbd-server` and `--export type=nbd` (`qsd/nbd.rs`): the NBD server and its exports.
+//! - Anything else qemu-storage-daemon accepts (a `fuse` export, TLS,
 //!   other drivers and objects, an option value we do not serve such as `cache.direct=off` or
 //!   `detect-zeroes`) is refused: [`QsdError::NotServed`] names it (exit code 2), nothing is
 //!   ignored silently. What is left unsaid takes QEMU's default where we serve it (an export is

@@ -114,6 +114,9 @@ pub struct GuestSpec<'a> {
     /// QEMU's human monitor on this unix socket (none: no monitor), for a test that reads
     /// the device's state in guest memory.
     pub monitor: Option<PathBuf>,
+    /// The disk is this NBD export on `socket` instead (QEMU's NBD client under a
+    /// virtio-blk-pci device with the same serial and queues).
+    pub nbd_export: Option<&'a str>,
 }
 
 /// One `GUEST-CHECK` line.
@@ -160,6 +163,35 @@ pub const RW_CHECKS: &[&str] = &[
     "discard",
 ];
 
+/// QEMU's arguments for the guest's disk: a vhost-user-blk device on `spec.socket`, or QEMU's
+/// NBD client of `spec.nbd_export` there under a virtio-blk device.
+fn disk_args(spec: &GuestSpec, reconnect: &str) -> Vec<String> {
+    match spec.nbd_export {
+        None => vec![
+            "-chardev".into(),
+            format!("socket,id=c0,path={}{reconnect}", spec.socket.display()),
+            "-device".into(),
+            format!(
+                "vhost-user-blk-pci,id=vblk0,chardev=c0,num-queues={}",
+                spec.queues
+            ),
+        ],
+        Some(export) => vec![
+            "-blockdev".into(),
+            format!(
+                "driver=nbd,node-name=nbd0,server.type=unix,server.path={},export={export}",
+                spec.socket.display()
+            ),
+            "-device".into(),
+            format!(
+                "virtio-blk-pci,id=vblk0,drive=nbd0,num-queues={},serial={}",
+                spec.queues,
+                spec.serial.unwrap_or("nbd")
+            ),
+        ],
+    }
+}
+
 /// Boots the guest under QEMU (TCG) with one vhost-user-blk disk on `spec.socket`, waits for
 /// its power-off (at most [`GUEST_TIMEOUT`], then QEMU is killed) and parses its console.
 /// `name` names the console log in `target/guest/logs/`; `on_line` sees each console line as
@@ -196,16 +228,7 @@ pub fn run_guest(
         .args(["-smp", &spec.queues.to_string(), "-m", "512"])
         .args(["-object", "memory-backend-memfd,id=mem,size=512M,share=on"])
         .args(["-numa", "node,memdev=mem"])
-        .arg("-chardev")
-        .arg(format!(
-            "socket,id=c0,path={}{reconnect}",
-            spec.socket.display()
-        ))
-        .arg("-device")
-        .arg(format!(
-            "vhost-user-blk-pci,id=vblk0,chardev=c0,num-queues={}",
-            spec.queues
-        ))
+        .args(disk_args(spec, reconnect))
         .arg("-kernel")
         .arg(&image.kernel)
         .arg("-initrd")
