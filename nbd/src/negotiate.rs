@@ -569,5 +569,11 @@ mod tests {
             n.option(opt::STARTTLS, &[], &set, &mut out),
             Step::StartTls
         ));
+        // Once it runs, a second STARTTLS is refused and everything else answered.
+        n.tls_started();
+        out.clear();
+        n.option(opt::STARTTLS, &[], &set, &mut out);
+        n.option(opt::LIST, &[], &set, &mut out);
+        assert_eq!(kinds(&out), [rep::ERR_INVALID, rep::SERVER, rep::ACK]);
     }
 }

@@ -23,6 +23,7 @@ use aio_core::{AioContext, EventLoop, FdHandler};
 
 use crate::export::ExportSet;
 use crate::stream::Stream;
+use crate::tls::TlsCreds;
 
 /// What one connection may do and hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,6 +186,8 @@ pub(crate) struct Shared {
     pub(crate) exports: ExportSet,
     pub(crate) limits: Limits,
     pub(crate) clients: Clients,
+    /// TLS credentials: when given, every client must start TLS before anything else.
+    pub(crate) tls: Option<TlsCreds>,
 }
 
 /// An accepted client on its way to the context that serves it ([`serve`](crate::serve)).
@@ -243,6 +246,19 @@ impl NbdServer {
         limits: Limits,
         max_connections: Option<u32>,
     ) -> io::Result<Rc<Self>> {
+        Self::bind_tls(addr, exports, limits, max_connections, None)
+    }
+
+    /// [`bind`](Self::bind), requiring TLS with `tls` when given (QEMU's `tls-creds`): a
+    /// client is refused every option but `NBD_OPT_STARTTLS` and `NBD_OPT_ABORT` until its
+    /// session is encrypted.
+    pub fn bind_tls(
+        addr: &ListenAddr,
+        exports: ExportSet,
+        limits: Limits,
+        max_connections: Option<u32>,
+        tls: Option<TlsCreds>,
+    ) -> io::Result<Rc<Self>> {
         let listener = match addr {
             ListenAddr::Unix(path) => {
                 if std::fs::symlink_metadata(path)
@@ -267,6 +283,7 @@ impl NbdServer {
                 exports,
                 limits,
                 clients: Clients::default(),
+                tls,
             }),
             max_connections,
             dispatch: RefCell::new(None),

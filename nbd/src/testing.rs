@@ -6,7 +6,8 @@
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Duration;
 
 use crate::proto::{self, opt};
@@ -144,5 +145,151 @@ impl Raw {
         let cookie = u64::from_be_bytes(h[8..16].try_into().unwrap());
         let len = u32::from_be_bytes(h[16..20].try_into().unwrap());
         (flags, kind, cookie, self.read_exact(len as usize))
+    }
+}
+
+/// Runs openssl with `args` in `dir`.
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl (install openssl)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA (`ca-key.pem`, `ca-cert.pem`) in `dir`.
+fn ca(dir: &Path, name: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            "ca-key.pem",
+            "-out",
+            "ca-cert.pem",
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN={name}"),
+        ],
+    );
+}
+
+/// A certificate `{role}-cert.pem` and key `{role}-key.pem` in `dir`, signed by the CA in
+/// `ca_dir`, for `role` "server" (localhost) or "client".
+fn issue(ca_dir: &Path, dir: &Path, role: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    let (key, csr, cert) = (
+        format!("{role}-key.pem"),
+        format!("{role}.csr"),
+        format!("{role}-cert.pem"),
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            &format!("/CN={role}"),
+        ],
+    );
+    let ext = dir.join(format!("{role}.ext"));
+    let usage = if role == "server" {
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"
+    } else {
+        "extendedKeyUsage=clientAuth\n"
+    };
+    std::fs::write(
+        &ext,
+        format!("{usage}keyUsage=digitalSignature\nbasicConstraints=CA:FALSE\n"),
+    )
+    .unwrap();
+    let ca_cert = ca_dir.join("ca-cert.pem");
+    let ca_key = ca_dir.join("ca-key.pem");
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            ca_cert.to_str().unwrap(),
+            "-CAkey",
+            ca_key.to_str().unwrap(),
+            "-CAcreateserial",
+            "-out",
+            &cert,
+            "-days",
+            "2",
+            "-extfile",
+            ext.to_str().unwrap(),
+        ],
+    );
+}
+
+/// Test credentials made with `openssl`, in QEMU's x509 layout: a CA, the server's directory
+/// (`ca-cert.pem`, `server-cert.pem` for `localhost` and 127.0.0.1, `server-key.pem`), a
+/// client's (`ca-cert.pem`, `client-cert.pem` the CA signed, `client-key.pem`, as QEMU's and
+/// libnbd's clients read them) and a rogue client's (signed by another CA). Removed when
+/// dropped.
+pub struct TestPki {
+    _root: tempfile::TempDir,
+    /// The server's directory.
+    pub server: PathBuf,
+    /// A client's directory, its certificate signed by the server's CA.
+    pub client: PathBuf,
+    /// A client's directory, its certificate signed by another CA.
+    pub rogue: PathBuf,
+}
+
+impl TestPki {
+    /// Makes them (panics, naming openssl's complaint, if it cannot).
+    pub fn new() -> TestPki {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        let (ca_dir, rogue_ca) = (r.join("ca"), r.join("rogue-ca"));
+        ca(&ca_dir, "test CA");
+        ca(&rogue_ca, "another CA");
+        let dirs = [r.join("server"), r.join("client"), r.join("rogue")];
+        issue(&ca_dir, &dirs[0], "server");
+        issue(&ca_dir, &dirs[1], "client");
+        issue(&rogue_ca, &dirs[2], "client");
+        for d in &dirs {
+            std::fs::copy(ca_dir.join("ca-cert.pem"), d.join("ca-cert.pem")).unwrap();
+        }
+        let [server, client, rogue] = dirs;
+        TestPki {
+            _root: root,
+            server,
+            client,
+            rogue,
+        }
+    }
+}
+
+impl Default for TestPki {
+    fn default() -> Self {
+        Self::new()
     }
 }

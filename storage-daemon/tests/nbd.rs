@@ -345,3 +345,70 @@ fn ours_and_qemu_storage_daemon_answer_the_same_requests_alike() {
     }
     assert_eq!(qsd.3, ours.3, "block status after the same writes");
 }
+
+#[test]
+fn tls_creds_in_qemus_layout_serve_qemu_over_tls_as_qemu_storage_daemon_does() {
+    let pki = aio_nbd::testing::TestPki::new();
+    for program in ["qemu-storage-daemon", OURS] {
+        let dir = tempfile::Builder::new()
+            .prefix("aio-nbd-")
+            .tempdir_in("/var/tmp")
+            .unwrap();
+        let raw = dir.path().join("disk.raw");
+        std::fs::File::create(&raw)
+            .unwrap()
+            .set_len(16 << 20)
+            .unwrap();
+        let nbd = dir.path().join("nbd.sock");
+        let args = [
+            "--object",
+            &format!(
+                "tls-creds-x509,id=tls0,endpoint=server,dir={},verify-peer=on",
+                s(&pki.server)
+            ),
+            "--blockdev",
+            &format!("driver=file,node-name=disk0,filename={}", s(&raw)),
+            "--nbd-server",
+            &format!("addr.type=unix,addr.path={},tls-creds=tls0", s(&nbd)),
+            "--export",
+            "type=nbd,id=exp0,node-name=disk0,name=disk,writable=on",
+        ]
+        .map(String::from);
+        let daemon = Launch::new(program)
+            .args(args)
+            .label(program)
+            .log_to(dir.path().join("log"))
+            .socket(nbd.clone())
+            .socket_wait(Duration::from_secs(20))
+            .start()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let qemu_io = |client: &Path| {
+            let object = format!(
+                "tls-creds-x509,id=c0,endpoint=client,dir={}",
+                client.display()
+            );
+            let image = format!(
+                "driver=nbd,server.type=unix,server.path={},export=disk,tls-creds=c0,\
+                 tls-hostname=localhost",
+                s(&nbd)
+            );
+            let out = Command::new("qemu-io")
+                .args(["--object", &object, "--image-opts", &image])
+                .args(["-c", "write -P 0x2b 0 64k", "-c", "read -P 0x2b 0 64k"])
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr);
+            out.status.success() && !text.contains("failed")
+        };
+        assert!(qemu_io(&pki.client), "{program}: the client the CA signed");
+        assert!(!qemu_io(&pki.rogue), "{program}: another CA's client");
+        // A client without TLS is refused the export.
+        let plain = Command::new("qemu-img")
+            .args(["info", &unix_uri(&nbd, "disk")])
+            .output()
+            .unwrap();
+        assert!(!plain.status.success(), "{program}: a client without TLS");
+        drop(daemon);
+    }
+}

@@ -17,6 +17,7 @@
 
 mod outbox;
 mod state;
+mod tls;
 mod transmit;
 
 use std::cell::{Cell, OnceCell, RefCell};
@@ -43,7 +44,7 @@ pub fn serve<L: EventLoop + 'static, E: IoEngine + 'static>(
     accepted: Accepted,
 ) -> io::Result<()> {
     let (stream, shared, id) = accepted.take();
-    let tls_required = false;
+    let tls_required = shared.tls.is_some();
     let conn = Rc::new(Connection {
         stream,
         shared,
@@ -62,6 +63,9 @@ pub fn serve<L: EventLoop + 'static, E: IoEngine + 'static>(
             ending: false,
             broken: false,
             stalled: false,
+            resume: false,
+            tls_pending: false,
+            tls: None,
             resubmit: Vec::new(),
             keep: None,
         }),
@@ -107,9 +111,18 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
         Rc::downgrade(self)
     }
 
-    /// Sends what the socket takes; a failed send ends the connection.
+    /// Sends what the socket takes (through TLS once it runs); a failed send ends the
+    /// connection.
     fn send(&self, st: &mut State) {
-        if st.outbox.send(&self.stream).is_err() {
+        let stream = &self.stream;
+        let sent = match st.tls.as_mut() {
+            Some(tls) => st
+                .outbox
+                .send(&mut |bufs| tls.send(stream, bufs))
+                .and_then(|()| tls.flush(stream)),
+            None => st.outbox.send(&mut |bufs| stream.send(bufs)),
+        };
+        if sent.is_err() {
             st.broken = true;
             st.outbox.clear();
         }
@@ -166,15 +179,20 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
     fn fill(&self) -> Result<bool, ()> {
         let mut st = self.st.borrow_mut();
         let st = &mut *st;
+        let (stream, tls) = (&self.stream, &mut st.tls);
+        let mut from_client = |dest: &mut [u8]| match tls.as_mut() {
+            Some(t) => t.read(stream, dest),
+            None => stream.read(dest),
+        };
         let read = match st.pending_write.as_mut() {
             Some(w) if st.inbox.bytes().is_empty() => {
-                let r = self.stream.read(&mut w.buf[w.filled..]);
+                let r = from_client(&mut w.buf[w.filled..]);
                 if let Ok(n) = r {
                     w.filled += n;
                 }
                 r
             }
-            _ => st.inbox.fill(&self.stream),
+            _ => st.inbox.fill(from_client),
         };
         match read {
             Ok(0) => {
@@ -194,7 +212,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
 
     /// The next thing the input allows.
     fn advance(&self, st: &mut State) -> Advance {
-        if st.ending || st.broken {
+        if st.ending || st.broken || st.tls_pending {
             return Advance::Stop;
         }
         let have = st.inbox.bytes().len();
@@ -290,7 +308,11 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
                 st.ending = true;
                 Advance::Stop
             }
-            // TLS is not offered, so the handshake never asks for it.
+            // The acknowledgement goes out in the clear; TLS starts once it has (`settle`).
+            Step::StartTls if self.shared.tls.is_some() => {
+                st.tls_pending = true;
+                Advance::Stop
+            }
             Step::StartTls => Advance::Act(Action::Close),
             Step::Close(e) => self.refuse_session(st, &e),
         }
@@ -382,13 +404,37 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
             drop(st);
             return self.close(ctx);
         }
-        let read = !st.ending && !self.paused(&st);
-        let write = st.outbox.is_blocked();
-        let resume = read && st.stalled;
+        if st.tls_pending && st.outbox.is_empty() {
+            // The acknowledgement is out: the bytes after it are the client's TLS handshake.
+            let Some(creds) = self.shared.tls.as_ref() else {
+                drop(st);
+                return self.close(ctx);
+            };
+            match tls::TlsSession::start(creds.config(), st.inbox.bytes()) {
+                Ok(session) => st.tls = Some(session),
+                Err(_) => {
+                    drop(st);
+                    return self.close(ctx);
+                }
+            }
+            let early = st.inbox.bytes().len();
+            st.inbox.consume(early);
+            st.negotiation.tls_started();
+            st.tls_pending = false;
+            st.resume = true;
+            self.send(&mut st);
+        }
+        let read = !st.ending && !st.tls_pending && !self.paused(&st);
+        let write = st.write_blocked();
+        // Input may be waiting where no readiness will tell of it (in the inbox, or in the
+        // TLS session): the bottom half reads again.
+        if read && std::mem::take(&mut st.stalled) {
+            st.resume = true;
+        }
+        let resume = read && st.resume;
         drop(st);
         self.set_interest(ctx, read, write);
         if resume {
-            self.st.borrow_mut().stalled = false;
             if let Some(bh) = self.bh.get() {
                 bh.schedule();
             }
@@ -397,11 +443,9 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
 
     fn on_bottom_half(self: &Rc<Self>, ctx: &AioContext<L>) {
         let resume = {
-            let st = self.st.borrow();
-            !st.ending
-                && st.phase != Phase::Closed
-                && !st.inbox.bytes().is_empty()
-                && !self.paused(&st)
+            let mut st = self.st.borrow_mut();
+            let resume = std::mem::take(&mut st.resume);
+            resume && !st.ending && st.phase != Phase::Closed && !self.paused(&st)
         };
         if resume {
             self.on_readable(ctx);

@@ -8,8 +8,6 @@ use std::io::{self, IoSlice};
 
 use aio_core::engine::AlignedBuf;
 
-use crate::stream::Stream;
-
 /// Headers coalesced into one item up to this size.
 const COALESCE: usize = 64 << 10;
 /// At most this many slices per send.
@@ -104,8 +102,12 @@ impl Outbox {
         self.blocked = false;
     }
 
-    /// Sends as much as the socket takes. An error is the socket's (the client is gone).
-    pub(crate) fn send(&mut self, stream: &Stream) -> io::Result<()> {
+    /// Sends as much as `sink` (the socket, or a TLS session over it) takes. An error is the
+    /// socket's (the client is gone).
+    pub(crate) fn send(
+        &mut self,
+        sink: &mut dyn FnMut(&[IoSlice<'_>]) -> io::Result<usize>,
+    ) -> io::Result<()> {
         self.blocked = false;
         while self.bytes > 0 {
             let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(8);
@@ -122,7 +124,7 @@ impl Outbox {
                     }
                 }
             }
-            let sent = match stream.send(&slices) {
+            let sent = match sink(&slices) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {

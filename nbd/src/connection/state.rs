@@ -16,6 +16,7 @@ use aio_core::engine::{AlignedBuf, AttachedEngine, IoEngine};
 use aio_core::{BottomHalf, EventLoop, TimerId};
 
 use super::outbox::Outbox;
+use super::tls::TlsSession;
 use crate::export::NbdExport;
 use crate::negotiate::{Negotiation, ReplyStyle};
 use crate::reply::Answering;
@@ -43,6 +44,13 @@ pub(super) struct Inbox {
     pub(super) end: usize,
 }
 
+impl State {
+    /// Whether bytes wait for the socket to take them (replies, or TLS records).
+    pub(super) fn write_blocked(&self) -> bool {
+        self.outbox.is_blocked() || self.tls.as_ref().is_some_and(|t| t.wants_write())
+    }
+}
+
 impl Inbox {
     pub(super) fn new() -> Self {
         Inbox {
@@ -64,12 +72,15 @@ impl Inbox {
     }
 
     /// Reads what the socket has into the free space (moving what is left to the front).
-    pub(super) fn fill(&mut self, stream: &Stream) -> io::Result<usize> {
+    pub(super) fn fill(
+        &mut self,
+        read: impl FnOnce(&mut [u8]) -> io::Result<usize>,
+    ) -> io::Result<usize> {
         if self.end == self.buf.len() {
             self.buf.copy_within(self.start..self.end, 0);
             (self.start, self.end) = (0, self.end - self.start);
         }
-        let n = stream.read(&mut self.buf[self.end..])?;
+        let n = read(&mut self.buf[self.end..])?;
         self.end += n;
         Ok(n)
     }
@@ -102,6 +113,12 @@ pub(super) struct State {
     pub(super) broken: bool,
     /// Reading stopped at a limit with input possibly waiting.
     pub(super) stalled: bool,
+    /// Reading is to start again from the bottom half (after a stall, or TLS starting).
+    pub(super) resume: bool,
+    /// `NBD_OPT_STARTTLS` was acknowledged: TLS starts once the acknowledgement is sent.
+    pub(super) tls_pending: bool,
+    /// The TLS session, once started.
+    pub(super) tls: Option<TlsSession>,
     /// Slots whose write or discard succeeded and whose FUA flush is to be sent.
     pub(super) resubmit: Vec<u16>,
     /// The connection itself, until it ends.

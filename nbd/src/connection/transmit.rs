@@ -302,11 +302,8 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
     /// connection's interest or life may change.
     fn completed(&self, st: &mut State) {
         self.send(st);
-        let settle = st.stalled
-            || st.ending
-            || st.broken
-            || st.outbox.is_blocked()
-            || !st.resubmit.is_empty();
+        let settle =
+            st.stalled || st.ending || st.broken || st.write_blocked() || !st.resubmit.is_empty();
         if settle {
             if let Some(bh) = self.bh.get() {
                 bh.schedule();

@@ -13,7 +13,7 @@ use aio::poll::PollLoop;
 use aio::{AioContext, Choice, EngineKind, EngineOptions, NotifyHandle};
 #[allow(unused_imports)] // hostile.rs uses it, clients.rs does not
 pub use aio_nbd::testing::Raw;
-use aio_nbd::{Clients, ExportSet, Limits, ListenAddr, NbdServer};
+use aio_nbd::{Clients, ExportSet, Limits, ListenAddr, NbdServer, TlsCreds};
 
 /// A server serving `exports` on a thread of its own, on a Unix socket in a temporary
 /// directory; stopped (clients drained) when dropped.
@@ -29,6 +29,20 @@ pub struct TestServer {
 impl TestServer {
     /// Serves `exports` with `limits`, at most `max_connections` clients.
     pub fn start(exports: ExportSet, limits: Limits, max_connections: Option<u32>) -> Self {
+        Self::launch(exports, limits, max_connections, None)
+    }
+
+    /// Serves `exports` requiring TLS with `creds`.
+    pub fn start_tls(exports: ExportSet, limits: Limits, creds: TlsCreds) -> Self {
+        Self::launch(exports, limits, None, Some(creds))
+    }
+
+    fn launch(
+        exports: ExportSet,
+        limits: Limits,
+        max_connections: Option<u32>,
+        tls: Option<TlsCreds>,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("nbd.sock");
         let addr = ListenAddr::Unix(socket.clone());
@@ -40,7 +54,7 @@ impl TestServer {
             let options = EngineOptions::default().with_fallback_pool(true);
             let engine = Choice::<EngineKind>::Auto.build(&options).unwrap().built;
             let engine = ctx.attach_engine(engine, |_, _| {}).unwrap();
-            let server = NbdServer::bind(&addr, exports, limits, max_connections).unwrap();
+            let server = NbdServer::bind_tls(&addr, exports, limits, max_connections, tls).unwrap();
             let on = ctx.clone();
             server
                 .listen(&ctx, move |client| {

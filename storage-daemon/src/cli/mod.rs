@@ -33,7 +33,8 @@ pub struct Args {
     )]
     pub disks: Vec<DiskSpec>,
     /// An NBD server: `unix:PATH` or `HOST:PORT`, `[,max-connections=N][,handshake-max-seconds=S]`
-    /// (its clients are served on the iothreads).
+    /// `[,tls-creds=DIR[,verify-peer=off]]` (TLS with QEMU's x509 layout: `ca-cert.pem`,
+    /// `server-cert.pem`, `server-key.pem`); its clients are served on the iothreads.
     #[arg(long = "nbd", value_name = "ADDR")]
     pub nbd: Option<NbdServerSpec>,
     /// An NBD export: `name=NAME,image=PATH[,writable=on][,description=TEXT][,format=auto|raw|qcow2][,locking=auto|on|off]`,
@@ -192,8 +193,13 @@ fn absolute_paths(
             e.image = absolute(&e.image);
         }
     }
-    if let Some(aio_nbd::ListenAddr::Unix(p)) = config.nbd.as_mut().map(|n| &mut n.addr) {
-        *p = absolute(p);
+    if let Some(n) = config.nbd.as_mut() {
+        if let aio_nbd::ListenAddr::Unix(p) = &mut n.addr {
+            *p = absolute(p);
+        }
+        if let Some(t) = n.tls.as_mut() {
+            t.dir = absolute(&t.dir);
+        }
     }
     process.absolute_paths();
     if let Some(g) = graph {

@@ -48,6 +48,9 @@ pub enum NbdError {
         /// Why.
         reason: String,
     },
+    /// The server's TLS credentials could not be used.
+    #[error("NBD server TLS credentials: {0}")]
+    Tls(#[from] aio_nbd::TlsError),
     /// Exports were given without a server to offer them.
     #[error("NBD exports need an NBD server (--nbd ADDR, or --nbd-server)")]
     NoServer,
@@ -101,9 +104,13 @@ impl NbdService {
             addr: spec.addr.to_string(),
             source,
         };
+        let tls = match &spec.tls {
+            Some(t) => Some(aio_nbd::TlsCreds::from_qemu_dir(&t.dir, t.verify_peer)?),
+            None => None,
+        };
         let exports = aio_nbd::ExportSet::new();
-        let server =
-            NbdServer::bind(&spec.addr, exports, limits, spec.max_connections).map_err(listen)?;
+        let server = NbdServer::bind_tls(&spec.addr, exports, limits, spec.max_connections, tls)
+            .map_err(listen)?;
         let threads = iothreads.clone();
         let next = Cell::new(0usize);
         let pins: Rc<RefCell<Vec<usize>>> = Rc::default();

@@ -24,6 +24,17 @@ pub struct NbdServerSpec {
     pub max_connections: Option<u32>,
     /// How long a client may take to choose an export (QEMU's `handshake-max-seconds`).
     pub handshake: Duration,
+    /// TLS, required of every client when given (QEMU's `tls-creds`).
+    pub tls: Option<NbdTlsSpec>,
+}
+
+/// TLS credentials in QEMU's x509 layout (`tls-creds-x509,endpoint=server,dir=`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NbdTlsSpec {
+    /// The directory holding `ca-cert.pem`, `server-cert.pem` and `server-key.pem`.
+    pub dir: PathBuf,
+    /// Clients must present a certificate the CA signed (QEMU's `verify-peer`, default on).
+    pub verify_peer: bool,
 }
 
 /// One NBD export.
@@ -81,7 +92,7 @@ pub fn parse_listen_addr(text: &str) -> Result<ListenAddr, String> {
 impl FromStr for NbdServerSpec {
     type Err = String;
 
-    /// `ADDR[,max-connections=N][,handshake-max-seconds=S]`.
+    /// `ADDR[,max-connections=N][,handshake-max-seconds=S][,tls-creds=DIR[,verify-peer=off]]`.
     fn from_str(s: &str) -> Result<Self, String> {
         let mut parts = s.split(',');
         let addr = parse_listen_addr(parts.next().unwrap_or_default())?;
@@ -89,7 +100,9 @@ impl FromStr for NbdServerSpec {
             addr,
             max_connections: None,
             handshake: aio_nbd::Limits::default().handshake_timeout,
+            tls: None,
         };
+        let mut verify_peer = true;
         for part in parts {
             let (key, value) = part
                 .split_once('=')
@@ -104,12 +117,25 @@ impl FromStr for NbdServerSpec {
                 "handshake-max-seconds" => {
                     spec.handshake = Duration::from_secs(u64::from(number()?))
                 }
+                "tls-creds" => {
+                    spec.tls = Some(NbdTlsSpec {
+                        dir: PathBuf::from(value),
+                        verify_peer: true,
+                    })
+                }
+                "verify-peer" => verify_peer = on_off(key, value)?,
                 other => {
                     return Err(format!(
-                        "unknown key '{other}' (max-connections, handshake-max-seconds)"
+                        "unknown key '{other}' (max-connections, handshake-max-seconds, \
+                         tls-creds, verify-peer)"
                     ))
                 }
             }
+        }
+        match spec.tls.as_mut() {
+            Some(tls) => tls.verify_peer = verify_peer,
+            None if !verify_peer => return Err("verify-peer= needs tls-creds=DIR".into()),
+            None => {}
         }
         Ok(spec)
     }
@@ -197,6 +223,12 @@ mod tests {
             .unwrap_err()
             .contains("HOST:PORT"));
         assert!("h:x".parse::<NbdServerSpec>().unwrap_err().contains("port"));
+        let t: NbdServerSpec = "unix:/s,tls-creds=/pki,verify-peer=off".parse().unwrap();
+        let tls = NbdTlsSpec {
+            dir: "/pki".into(),
+            verify_peer: false,
+        };
+        assert_eq!(t.tls, Some(tls));
         let e = "unix:/s,colour=red".parse::<NbdServerSpec>().unwrap_err();
         assert!(e.contains("colour"), "{e}");
 

@@ -101,6 +101,7 @@ impl State {
         let id = args.0.get("id").cloned();
         match kind {
             Some(Value::String(k)) if k == "iothread" => {}
+            Some(Value::String(k)) if k == "tls-creds-x509" => return self.tls_creds_add(args),
             Some(Value::String(k)) => {
                 return Err(QmpError::generic(format!("invalid object type: {k}")))
             }

@@ -36,11 +36,20 @@ impl State {
             return Err(QmpError::generic("NBD server already running"));
         }
         let mut o = Opts::from_json("nbd-server-start", &args.0).map_err(generic)?;
-        let spec = crate::qsd::nbd::server_spec(&mut o).map_err(generic)?;
+        let spec = crate::qsd::nbd::server_spec(&mut o, &self.graph.tls_creds).map_err(generic)?;
         o.finish().map_err(generic)?;
         let service = NbdService::start(ctx, &spec, &self.iothreads).map_err(generic)?;
         *self.nbd.borrow_mut() = Some(Rc::new(service));
         self.graph.nbd_server = Some(spec);
+        Ok(json!({}))
+    }
+
+    /// `object-add qom-type=tls-creds-x509`: credentials a later `nbd-server-start` names.
+    pub(super) fn tls_creds_add(&mut self, args: Args) -> Result<Value, QmpError> {
+        let opts = Opts::from_json("object-add", &args.0).map_err(generic)?;
+        let mut graph = self.graph.clone();
+        graph.object(opts).map_err(generic)?;
+        self.graph = graph;
         Ok(json!({}))
     }
 

@@ -142,6 +142,8 @@ pub(crate) struct Graph {
     process: Process,
     /// `--nbd-server`.
     pub(crate) nbd_server: Option<crate::daemon::NbdServerSpec>,
+    /// `--object tls-creds-x509` by id.
+    pub(crate) tls_creds: HashMap<String, crate::daemon::NbdTlsSpec>,
 }
 
 impl QsdCommandLine {
@@ -200,7 +202,7 @@ impl Graph {
     /// Adds a `--blockdev` (or `blockdev-add`) node.
     pub(crate) fn blockdev(&mut self, mut o: Opts) -> Result<(), QsdError> {
         let name = o.required("node-name")?;
-        let node = node(&mut o, &self.nodes)?;
+        let node = super::node::node(&mut o, &self.nodes)?;
         o.finish()?;
         match self.nodes.insert(name.clone(), node) {
             None => Ok(()),
@@ -259,6 +261,15 @@ impl Graph {
     /// Adds an `--object iothread`.
     pub(crate) fn object(&mut self, mut o: Opts) -> Result<(), QsdError> {
         let kind = o.required("qom-type")?;
+        if kind == "tls-creds-x509" {
+            let (id, creds) = super::nbd::tls_creds_object(&mut o)?;
+            if self.tls_creds.contains_key(&id) || self.objects.iter().any(|t| t.id == id) {
+                return Err(o.invalid(format!("id '{id}' is given twice")));
+            }
+            o.finish()?;
+            self.tls_creds.insert(id, creds);
+            return Ok(());
+        }
         if kind != "iothread" {
             return Err(o.not_served(format!("an object of type '{kind}'")));
         }
@@ -433,92 +444,6 @@ impl Graph {
     }
 }
 
-/// Reads one node's options (its `driver` and what that driver takes); an inline child
-/// (`file.*`) is read the same way, and `file=NODE` names a node given before, as QEMU
-/// requires.
-fn node(o: &mut Opts, nodes: &HashMap<String, Node>) -> Result<Node, QsdError> {
-    let driver = o.required("driver")?;
-    let read_only = o.take_bool("read-only", false)?;
-    match driver.as_str() {
-        "file" | "host_device" => protocol_node(o, driver, read_only),
-        "raw" | "qcow2" => {
-            let format = if driver == "raw" {
-                ImageFormat::Raw
-            } else {
-                ImageFormat::Qcow2
-            };
-            let file = match (o.take("file"), o.take_child("file")) {
-                (Some(_), Some(_)) => return Err(o.invalid("both file= and file.* are given")),
-                (None, None) => return Err(o.invalid("'file' is missing")),
-                (Some(name), None) => nodes.get(&name).cloned().ok_or_else(|| {
-                    o.invalid(format!("file={name} names no --blockdev given before it"))
-                })?,
-                (None, Some(mut child)) => {
-                    let child_node = node(&mut child, nodes)?;
-                    child.finish()?;
-                    child_node
-                }
-            };
-            if !matches!(file, Node::Protocol { .. }) {
-                return Err(o.not_served("a format node over another format or null node"));
-            }
-            Ok(Node::Format {
-                format,
-                file: Box::new(file),
-                read_only,
-            })
-        }
-        "null-co" | "null-aio" => {
-            let text = o.required("size")?;
-            let size = crate::daemon::parse_size(&text)
-                .ok_or_else(|| o.invalid(format!("size={text}: expected a number of bytes")))?;
-            // Zeros are what `read-zeroes=on` asks for, and one of the contents `off` allows.
-            o.take_bool("read-zeroes", false)?;
-            Ok(Node::Null {
-                driver,
-                size,
-                read_only,
-            })
-        }
-        other => Err(o.not_served(format!("the driver '{other}'"))),
-    }
-}
-
-/// Reads a `file` or `host_device` node's own options.
-fn protocol_node(o: &mut Opts, driver: String, read_only: bool) -> Result<Node, QsdError> {
-    let filename = PathBuf::from(o.required("filename")?);
-    if let Some(v) = o.take("cache.direct") {
-        if v != "on" && v != "true" {
-            return Err(o.not_served(format!(
-                "cache.direct={v} (the page cache: images are always opened O_DIRECT)"
-            )));
-        }
-    }
-    let aio = match o.take("aio").as_deref() {
-        None => None,
-        Some("threads") => Some(EngineKind::Pool),
-        Some("native") => Some(EngineKind::LinuxAio),
-        Some("io_uring") => Some(EngineKind::Uring),
-        Some(other) => return Err(o.invalid(format!("aio={other}: threads, native or io_uring"))),
-    };
-    let locking = match o.take("locking") {
-        None => LockMode::Auto,
-        Some(v) => v.parse().map_err(|e| o.invalid(format!("{e}")))?,
-    };
-    match o.take("discard").as_deref() {
-        None | Some("unmap" | "on") => {}
-        Some(v) => return Err(o.not_served(format!("discard={v} (discards are passed)"))),
-    }
-    Ok(Node::Protocol {
-        driver,
-        filename,
-        aio,
-        read_only,
-        locking,
-        shown: o.shown().to_string(),
-    })
-}
-
 impl Graph {
     /// Makes every path the graph holds absolute, from the current directory (before
     /// `--daemonize` leaves it for `/`, as qemu-storage-daemon does).
@@ -535,8 +460,16 @@ impl Graph {
         for path in self.chardevs.values_mut() {
             *path = absolute(path);
         }
-        if let Some(aio_nbd::ListenAddr::Unix(p)) = self.nbd_server.as_mut().map(|n| &mut n.addr) {
-            *p = absolute(p);
+        if let Some(n) = self.nbd_server.as_mut() {
+            if let aio_nbd::ListenAddr::Unix(p) = &mut n.addr {
+                *p = absolute(p);
+            }
+            if let Some(t) = n.tls.as_mut() {
+                t.dir = absolute(&t.dir);
+            }
+        }
+        for t in self.tls_creds.values_mut() {
+            t.dir = absolute(&t.dir);
         }
         self.process.absolute_paths();
     }
@@ -555,70 +488,6 @@ impl Process {
         }
         for m in &mut self.monitors {
             *m = absolute(m);
-        }
-    }
-}
-
-impl Node {
-    fn absolute_paths(&mut self) {
-        match self {
-            Node::Protocol { filename, .. } => *filename = absolute(filename),
-            Node::Format { file, .. } => file.absolute_paths(),
-            Node::Null { .. } => {}
-        }
-    }
-
-    /// The `locking=` of the file under the node (`off` for the null device: no file).
-    pub(crate) fn locking(&self) -> LockMode {
-        match self {
-            Node::Protocol { locking, .. } => *locking,
-            Node::Format { file, .. } => file.locking(),
-            Node::Null { .. } => LockMode::Off,
-        }
-    }
-
-    /// The image file (or `null`), its format, the null device's size, whether the node or
-    /// the file under it is read-only, and the engine it asks for (with the option that asks).
-    pub(crate) fn image(
-        &self,
-    ) -> (
-        PathBuf,
-        ImageFormat,
-        Option<u64>,
-        bool,
-        Option<(EngineKind, String)>,
-    ) {
-        match self {
-            Node::Protocol {
-                filename,
-                aio,
-                read_only,
-                shown,
-                ..
-            } => (
-                filename.clone(),
-                ImageFormat::Raw,
-                None,
-                *read_only,
-                aio.map(|k| (k, shown.clone())),
-            ),
-            Node::Format {
-                format,
-                file,
-                read_only,
-            } => {
-                let (path, _, _, file_ro, aio) = file.image();
-                (path, *format, None, *read_only || file_ro, aio)
-            }
-            Node::Null {
-                size, read_only, ..
-            } => (
-                PathBuf::from("null"),
-                ImageFormat::Raw,
-                Some(*size),
-                *read_only,
-                None,
-            ),
         }
     }
 }

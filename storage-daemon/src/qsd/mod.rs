@@ -36,6 +36,7 @@
 pub(crate) mod command;
 pub(crate) mod keyval;
 pub(crate) mod nbd;
+pub(crate) mod node;
 
 use std::path::PathBuf;
 

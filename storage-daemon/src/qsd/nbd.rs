@@ -6,20 +6,27 @@
 //!
 //! * `--nbd-server addr.type=unix,addr.path=` or `addr.type=inet,addr.host=,addr.port=`,
 //!   `max-connections=`, `handshake-max-seconds=`. QMP's legacy form (`addr.data.path`) is
-//!   read too. `tls-creds` and `tls-authz` are refused by name (TLS is not served yet).
+//!   read too; `tls-creds=ID` names a `--object tls-creds-x509,id=ID,endpoint=server,dir=,
+//!   verify-peer=` given before it (`tls-authz` is refused by name).
 //! * `--export type=nbd,id=,node-name=,name=` (default: the node's name), `description=`,
 //!   `writable=`, `iothread=`, `allocation-depth=off`; `bitmaps` and `allocation-depth=on`
 //!   are refused by name.
+
+use std::collections::HashMap;
 
 use aio_nbd::ListenAddr;
 
 use super::command::{Export, Graph, Transport};
 use super::keyval::Opts;
 use super::QsdError;
-use crate::daemon::{NbdExportSpec, NbdServerSpec};
+use crate::daemon::{NbdExportSpec, NbdServerSpec, NbdTlsSpec};
 
-/// Reads `--nbd-server`'s (or `nbd-server-start`'s) options.
-pub(crate) fn server_spec(o: &mut Opts) -> Result<NbdServerSpec, QsdError> {
+/// Reads `--nbd-server`'s (or `nbd-server-start`'s) options; `tls-creds=ID` names one of
+/// `creds`.
+pub(crate) fn server_spec(
+    o: &mut Opts,
+    creds: &HashMap<String, NbdTlsSpec>,
+) -> Result<NbdServerSpec, QsdError> {
     let kind = o.required("addr.type")?;
     // QMP's nbd-server-start takes the legacy address form, its fields under `data`.
     let mut field = |key: &str| {
@@ -44,11 +51,20 @@ pub(crate) fn server_spec(o: &mut Opts) -> Result<NbdServerSpec, QsdError> {
         }
         other => return Err(o.not_served(format!("addr.type={other} (unix and inet only)"))),
     };
-    for key in ["tls-creds", "tls-authz"] {
-        if let Some(v) = o.take(key) {
-            return Err(o.not_served(format!("{key}={v} (TLS is not served yet)")));
-        }
+    if let Some(v) = o.take("tls-authz") {
+        return Err(o.not_served(format!(
+            "tls-authz={v} (client certificates are checked against the CA only)"
+        )));
     }
+    let tls = match o.take("tls-creds") {
+        None => None,
+        Some(id) => Some(
+            creds
+                .get(&id)
+                .cloned()
+                .ok_or_else(|| o.invalid(format!("No TLS credentials with id '{id}'")))?,
+        ),
+    };
     let max = o.take_u64("max-connections", 0)?;
     let max_connections =
         u32::try_from(max).map_err(|_| o.invalid(format!("max-connections={max}: too many")))?;
@@ -58,7 +74,24 @@ pub(crate) fn server_spec(o: &mut Opts) -> Result<NbdServerSpec, QsdError> {
         addr,
         max_connections: (max_connections > 0).then_some(max_connections),
         handshake: std::time::Duration::from_secs(handshake),
+        tls,
     })
+}
+
+/// Reads a `--object tls-creds-x509` (server endpoint): its id and credentials.
+pub(crate) fn tls_creds_object(o: &mut Opts) -> Result<(String, NbdTlsSpec), QsdError> {
+    let id = o.required("id")?;
+    match o.take("endpoint").as_deref() {
+        Some("server") => {}
+        None => return Err(o.invalid("endpoint=server is missing (QEMU's default is client)")),
+        Some(other) => return Err(o.not_served(format!("endpoint={other} (server only)"))),
+    }
+    let dir = std::path::PathBuf::from(o.required("dir")?);
+    let verify_peer = o.take_bool("verify-peer", true)?;
+    if let Some(v) = o.take("priority") {
+        return Err(o.not_served(format!("priority={v} (rustls's safe defaults are used)")));
+    }
+    Ok((id, NbdTlsSpec { dir, verify_peer }))
 }
 
 impl Transport {
@@ -85,7 +118,7 @@ impl Graph {
         if self.nbd_server.is_some() {
             return Err(o.invalid("an NBD server is already given"));
         }
-        let spec = server_spec(&mut o)?;
+        let spec = server_spec(&mut o, &self.tls_creds)?;
         o.finish()?;
         self.nbd_server = Some(spec);
         Ok(())

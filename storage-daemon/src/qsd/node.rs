@@ -1,0 +1,166 @@
+//! A block node of qemu-storage-daemon's command line (`--blockdev`, or one given inline as
+//! `file.*`): its options read, and what the daemon takes from it (the image, its format,
+//! locking, the engine it asks for).
+//!
+//! This module owns the drivers' options; the graph of nodes and exports is `command`'s.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use aio::EngineKind;
+use aio_block::lock::LockMode;
+use aio_virtio_blk::format::ImageFormat;
+
+use super::command::{absolute, Node};
+use super::keyval::Opts;
+use super::QsdError;
+
+/// Reads one node's options (its `driver` and what that driver takes); an inline child
+/// (`file.*`) is read the same way, and `file=NODE` names a node given before, as QEMU
+/// requires.
+pub(crate) fn node(o: &mut Opts, nodes: &HashMap<String, Node>) -> Result<Node, QsdError> {
+    let driver = o.required("driver")?;
+    let read_only = o.take_bool("read-only", false)?;
+    match driver.as_str() {
+        "file" | "host_device" => protocol_node(o, driver, read_only),
+        "raw" | "qcow2" => {
+            let format = if driver == "raw" {
+                ImageFormat::Raw
+            } else {
+                ImageFormat::Qcow2
+            };
+            let file = match (o.take("file"), o.take_child("file")) {
+                (Some(_), Some(_)) => return Err(o.invalid("both file= and file.* are given")),
+                (None, None) => return Err(o.invalid("'file' is missing")),
+                (Some(name), None) => nodes.get(&name).cloned().ok_or_else(|| {
+                    o.invalid(format!("file={name} names no --blockdev given before it"))
+                })?,
+                (None, Some(mut child)) => {
+                    let child_node = node(&mut child, nodes)?;
+                    child.finish()?;
+                    child_node
+                }
+            };
+            if !matches!(file, Node::Protocol { .. }) {
+                return Err(o.not_served("a format node over another format or null node"));
+            }
+            Ok(Node::Format {
+                format,
+                file: Box::new(file),
+                read_only,
+            })
+        }
+        "null-co" | "null-aio" => {
+            let text = o.required("size")?;
+            let size = crate::daemon::parse_size(&text)
+                .ok_or_else(|| o.invalid(format!("size={text}: expected a number of bytes")))?;
+            // Zeros are what `read-zeroes=on` asks for, and one of the contents `off` allows.
+            o.take_bool("read-zeroes", false)?;
+            Ok(Node::Null {
+                driver,
+                size,
+                read_only,
+            })
+        }
+        other => Err(o.not_served(format!("the driver '{other}'"))),
+    }
+}
+
+/// Reads a `file` or `host_device` node's own options.
+fn protocol_node(o: &mut Opts, driver: String, read_only: bool) -> Result<Node, QsdError> {
+    let filename = PathBuf::from(o.required("filename")?);
+    if let Some(v) = o.take("cache.direct") {
+        if v != "on" && v != "true" {
+            return Err(o.not_served(format!(
+                "cache.direct={v} (the page cache: images are always opened O_DIRECT)"
+            )));
+        }
+    }
+    let aio = match o.take("aio").as_deref() {
+        None => None,
+        Some("threads") => Some(EngineKind::Pool),
+        Some("native") => Some(EngineKind::LinuxAio),
+        Some("io_uring") => Some(EngineKind::Uring),
+        Some(other) => return Err(o.invalid(format!("aio={other}: threads, native or io_uring"))),
+    };
+    let locking = match o.take("locking") {
+        None => LockMode::Auto,
+        Some(v) => v.parse().map_err(|e| o.invalid(format!("{e}")))?,
+    };
+    match o.take("discard").as_deref() {
+        None | Some("unmap" | "on") => {}
+        Some(v) => return Err(o.not_served(format!("discard={v} (discards are passed)"))),
+    }
+    Ok(Node::Protocol {
+        driver,
+        filename,
+        aio,
+        read_only,
+        locking,
+        shown: o.shown().to_string(),
+    })
+}
+
+impl Node {
+    pub(crate) fn absolute_paths(&mut self) {
+        match self {
+            Node::Protocol { filename, .. } => *filename = absolute(filename),
+            Node::Format { file, .. } => file.absolute_paths(),
+            Node::Null { .. } => {}
+        }
+    }
+
+    /// The `locking=` of the file under the node (`off` for the null device: no file).
+    pub(crate) fn locking(&self) -> LockMode {
+        match self {
+            Node::Protocol { locking, .. } => *locking,
+            Node::Format { file, .. } => file.locking(),
+            Node::Null { .. } => LockMode::Off,
+        }
+    }
+
+    /// The image file (or `null`), its format, the null device's size, whether the node or
+    /// the file under it is read-only, and the engine it asks for (with the option that asks).
+    pub(crate) fn image(
+        &self,
+    ) -> (
+        PathBuf,
+        ImageFormat,
+        Option<u64>,
+        bool,
+        Option<(EngineKind, String)>,
+    ) {
+        match self {
+            Node::Protocol {
+                filename,
+                aio,
+                read_only,
+                shown,
+                ..
+            } => (
+                filename.clone(),
+                ImageFormat::Raw,
+                None,
+                *read_only,
+                aio.map(|k| (k, shown.clone())),
+            ),
+            Node::Format {
+                format,
+                file,
+                read_only,
+            } => {
+                let (path, _, _, file_ro, aio) = file.image();
+                (path, *format, None, *read_only || file_ro, aio)
+            }
+            Node::Null {
+                size, read_only, ..
+            } => (
+                PathBuf::from("null"),
+                ImageFormat::Raw,
+                Some(*size),
+                *read_only,
+                None,
+            ),
+        }
+    }
+}
