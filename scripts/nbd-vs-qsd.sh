@@ -3,7 +3,8 @@
 # fio's `ioengine=nbd` (libnbd) over a Unix socket, 4 KiB random reads and writes, the daemon
 # pinned to CPU 0 and fio to CPU 1, io_uring for both daemons, both given the same
 # qemu-storage-daemon command line. Disks: the null device (`null-co`), and, as root, a loop
-# device with direct I/O over a file in /var/tmp (raw, `host_device`). Per disk, workload and
+# device with direct I/O over a file in /dev/shm (raw, `host_device`: the fast device, whose
+# latency does not hide the daemon's). Per disk, workload and
 # daemon: QD 1 mean latency, QD 32 IOPS, and the daemon's CPU per request at QD 32 (its
 # utime + stime over the run, from /proc, divided by fio's requests). Then fio itself on the
 # loop device at QD 32 (io_uring, the machine's limit), and `nbdcopy` of a 1 GiB qcow2 image
@@ -23,7 +24,7 @@ ensure_installed qemu-storage-daemon qemu-utils
 cargo build --release -q -p aio-storage-daemon
 ours="$PWD/target/release/aio-storage-daemon"
 qsd="$(command -v qemu-storage-daemon)"
-dir="$(mktemp -d /var/tmp/aio-nbd-bench-XXXXXX)"
+dir="$(mktemp -d /dev/shm/aio-nbd-bench-XXXXXX)"
 loopdev=""
 cleanup() { [ -n "$loopdev" ] && losetup -d "$loopdev"; rm -rf "$dir"; }
 trap cleanup EXIT

@@ -128,15 +128,8 @@ fn spec<'a>(socket: &'a Path, serial: Option<&'a str>, checks: &'a [&'a str]) ->
     }
 }
 
-/// The guest's write check list on a fresh qcow2 image (64 KiB clusters) served by our daemon
-/// (`format=auto` finds it): every check passes, and after SIGTERM the image is clean.
-#[test]
-fn guest_checks_a_qcow2_disk() {
-    let Some(image) = guest_image() else { return };
-    if !tools_present(false) {
-        return;
-    }
-    let _one = GUESTS.lock().unwrap_or_else(|e| e.into_inner());
+/// A fresh qcow2 image of the guest's capacity (64 KiB clusters) in a temporary directory.
+fn new_qcow2() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().expect("tempdir");
     let disk = dir.path().join("disk.qcow2");
     let (code, said) = qemu_img(&[
@@ -148,6 +141,19 @@ fn guest_checks_a_qcow2_disk() {
         &CAPACITY.to_string(),
     ]);
     assert_eq!(code, Some(0), "qemu-img create: {said}");
+    (dir, disk)
+}
+
+/// The guest's write check list on a fresh qcow2 image (64 KiB clusters) served by our daemon
+/// (`format=auto` finds it): every check passes, and after SIGTERM the image is clean.
+#[test]
+fn guest_checks_a_qcow2_disk() {
+    let Some(image) = guest_image() else { return };
+    if !tools_present(false) {
+        return;
+    }
+    let _one = GUESTS.lock().unwrap_or_else(|e| e.into_inner());
+    let (dir, disk) = new_qcow2();
     let socket = dir.path().join("vhost-user-blk.sock");
     let mut daemon = start_ours(dir.path(), &socket, &disk, "", None);
     let spec = spec(&socket, Some(SERIAL), RW_CHECKS);
@@ -166,17 +172,7 @@ fn guest_checks_a_qcow2_disk_over_nbd() {
         return;
     }
     let _one = GUESTS.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = tempfile::tempdir().expect("tempdir");
-    let disk = dir.path().join("disk.qcow2");
-    let (code, said) = qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        path_str(&disk),
-        &CAPACITY.to_string(),
-    ]);
-    assert_eq!(code, Some(0), "qemu-img create: {said}");
+    let (dir, disk) = new_qcow2();
     let socket = dir.path().join("nbd.sock");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_aio-storage-daemon"));
     cmd.arg("--nbd").arg(format!("unix:{}", socket.display()));

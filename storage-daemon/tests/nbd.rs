@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use aio_nbd::proto::{cmd, cmd_flag, err, tflag};
 use aio_nbd::testing::Raw;
-use aio_vhost_user_blk::testing::Launch;
+use aio_vhost_user_blk::testing::{Daemon as Launched, Launch};
 use common::{connect, qemu_img, Daemon};
 use qmp_client::Qmp;
 use serde_json::{json, Value};
@@ -122,6 +122,30 @@ fn map_of(json_lines: &str) -> Vec<(u64, u64, bool, bool)> {
     merged
 }
 
+/// A new 64 MiB qcow2 image in a temporary directory where `O_DIRECT` works.
+fn new_qcow2() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::Builder::new()
+        .prefix("aio-nbd-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let qcow2 = dir.path().join("disk.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", s(&qcow2), "64M"]);
+    (dir, qcow2)
+}
+
+/// Starts `program` with `args` in `dir` (its log there) and waits for `sockets`.
+fn launch(program: &str, args: Vec<String>, dir: &Path, sockets: &[&Path]) -> Launched {
+    let mut launch = Launch::new(program)
+        .args(args)
+        .label(program)
+        .log_to(dir.join("log"))
+        .socket_wait(Duration::from_secs(20));
+    for socket in sockets {
+        launch = launch.socket(socket.to_path_buf());
+    }
+    launch.start().unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// A qemu-storage-daemon command line exporting a qcow2 image over NBD (and a monitor).
 fn qsd_args(dir: &Path, qcow2: &Path) -> (Vec<String>, PathBuf, PathBuf) {
     let (nbd, monitor) = (dir.join("nbd.sock"), dir.join("qmp.sock"));
@@ -149,22 +173,9 @@ fn qsd_args(dir: &Path, qcow2: &Path) -> (Vec<String>, PathBuf, PathBuf) {
 
 #[test]
 fn a_qsd_command_line_serves_nbd_and_qmp_adds_removes_and_stops_exports() {
-    let dir = tempfile::Builder::new()
-        .prefix("aio-nbd-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
-    let qcow2 = dir.path().join("disk.qcow2");
-    qemu_img(&["create", "-q", "-f", "qcow2", s(&qcow2), "64M"]);
+    let (dir, qcow2) = new_qcow2();
     let (args, nbd, monitor) = qsd_args(dir.path(), &qcow2);
-    let daemon = Launch::new(OURS)
-        .args(args)
-        .label("ours")
-        .log_to(dir.path().join("log"))
-        .socket(nbd.clone())
-        .socket(monitor.clone())
-        .socket_wait(Duration::from_secs(20))
-        .start()
-        .unwrap_or_else(|e| panic!("{e}"));
+    let daemon = launch(OURS, args, dir.path(), &[&nbd, &monitor]);
     let uri = unix_uri(&nbd, "disk");
     qemu_io(&uri, &["write -P 0x21 0 1M", "write -z 2M 1M", "flush"]);
     // Block status over NBD is the file's map, as qemu-img reads it beside the daemon.
@@ -270,22 +281,9 @@ fn ours_and_qemu_storage_daemon_answer_the_same_requests_alike() {
     let mut seen = Vec::new();
     for program in ["qemu-storage-daemon", OURS] {
         // Each its own new image, written the same way.
-        let dir = tempfile::Builder::new()
-            .prefix("aio-nbd-")
-            .tempdir_in("/var/tmp")
-            .unwrap();
-        let qcow2 = dir.path().join("disk.qcow2");
-        qemu_img(&["create", "-q", "-f", "qcow2", s(&qcow2), "64M"]);
+        let (dir, qcow2) = new_qcow2();
         let (args, nbd, monitor) = qsd_args(dir.path(), &qcow2);
-        let daemon = Launch::new(program)
-            .args(args)
-            .label(program)
-            .log_to(dir.path().join("log"))
-            .socket(nbd.clone())
-            .socket(monitor)
-            .socket_wait(Duration::from_secs(20))
-            .start()
-            .unwrap_or_else(|e| panic!("{e}"));
+        let daemon = launch(program, args, dir.path(), &[&nbd, &monitor]);
         let uri = unix_uri(&nbd, "disk");
         let info = Command::new("nbdinfo")
             .args(["--json", &uri])
@@ -374,14 +372,7 @@ fn tls_creds_in_qemus_layout_serve_qemu_over_tls_as_qemu_storage_daemon_does() {
             "type=nbd,id=exp0,node-name=disk0,name=disk,writable=on",
         ]
         .map(String::from);
-        let daemon = Launch::new(program)
-            .args(args)
-            .label(program)
-            .log_to(dir.path().join("log"))
-            .socket(nbd.clone())
-            .socket_wait(Duration::from_secs(20))
-            .start()
-            .unwrap_or_else(|e| panic!("{e}"));
+        let daemon = launch(program, args.to_vec(), dir.path(), &[&nbd]);
         let qemu_io = |client: &Path| {
             let object = format!(
                 "tls-creds-x509,id=c0,endpoint=client,dir={}",
