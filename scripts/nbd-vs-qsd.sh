@@ -39,7 +39,7 @@ fi
 # The blockdev of disk $1.
 blockdev() {
     case "$1" in
-    null) echo "driver=null-co,node-name=disk0,size=1G,read-zeroes=on" ;;
+    null) echo "driver=null-co,node-name=disk0,size=1073741824,read-zeroes=on" ;;
     *) echo "driver=host_device,node-name=disk0,filename=$1,cache.direct=on,aio=io_uring" ;;
     esac
 }
@@ -59,12 +59,13 @@ start() {
 # The daemon's CPU time so far, in clock ticks.
 ticks() { awk '{ print $14 + $15 }' "/proc/$pid/stat"; }
 
-# fio at depth $2 doing $1 against the daemon: "IOPS mean_latency_us requests".
+# fio at depth $2 doing $1 against the daemon: "IOPS mean_latency_us requests" (fio's nbd
+# engine says "connected" before its JSON).
 fio_nbd() {
     taskset -c 1 fio --name=n --ioengine=nbd --uri="nbd+unix:///disk?socket=$dir/nbd.sock" \
         --rw="$1" --bs=4k --iodepth="$2" --size=1G --time_based --runtime="$runtime" \
         --output-format=json 2>/dev/null |
-        python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]; k="read" if j["read"]["io_bytes"] else "write"; print(j[k]["iops"], j[k]["lat_ns"]["mean"]/1000, j[k]["total_ios"])'
+        python3 -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]; k="read" if j["read"]["io_bytes"] else "write"; print(j[k]["iops"], j[k]["lat_ns"]["mean"]/1000, j[k]["total_ios"])'
 }
 
 hz="$(getconf CLK_TCK)"

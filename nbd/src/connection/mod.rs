@@ -66,10 +66,12 @@ pub fn serve<L: EventLoop + 'static, E: IoEngine + 'static>(
             resume: false,
             tls_pending: false,
             tls: None,
+            pool: state::BufPool::default(),
             resubmit: Vec::new(),
             keep: None,
         }),
         bh: OnceCell::new(),
+        flush: OnceCell::new(),
         timer: Cell::new(None),
         interest: Cell::new((false, false)),
     });
@@ -83,6 +85,12 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
         let _ = self.bh.set(ctx.bh_new(move |ctx| {
             if let Some(me) = weak.upgrade() {
                 me.on_bottom_half(ctx);
+            }
+        }));
+        let weak = Rc::downgrade(self);
+        let _ = self.flush.set(ctx.deferred_call(move || {
+            if let Some(me) = weak.upgrade() {
+                me.flush_replies();
             }
         }));
         let weak = Rc::downgrade(self);
@@ -126,6 +134,10 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
             st.broken = true;
             st.outbox.clear();
         }
+        let State { outbox, pool, .. } = st;
+        for buf in outbox.take_spent() {
+            pool.give(buf);
+        }
     }
 
     fn paused(&self, st: &State) -> bool {
@@ -136,8 +148,15 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
 
     /// The socket is readable (or input is waiting after a pause).
     fn on_readable(self: &Rc<Self>, ctx: &AioContext<L>) {
+        // Requests that complete while they are taken (a refusal, the null image) have
+        // their replies sent together at the end.
+        let _batch = ctx.defer_section();
         let plugged = self.serving.get().inspect(|s| s.queue.plug()).is_some();
         let mut taken = 0;
+        // A read that filled less than it was offered emptied the socket: the next one would
+        // only say `EAGAIN` (the fd is level-triggered: more input is reported by the next
+        // wait). Not so under TLS, whose session may hold plaintext the socket no longer has.
+        let mut drained = false;
         loop {
             let next = {
                 let mut st = self.st.borrow_mut();
@@ -155,10 +174,10 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
                     self.act(ctx, a);
                 }
                 Advance::Stop => break,
+                Advance::NeedInput if drained => break,
                 Advance::NeedInput => match self.fill() {
-                    Ok(true) => {}
-                    Ok(false) => break,
-                    Err(()) => break,
+                    Ok(Some(short)) => drained = short,
+                    Ok(None) | Err(()) => break,
                 },
             }
         }
@@ -174,9 +193,10 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
         self.settle(ctx);
     }
 
-    /// Reads into the pending write's buffer or the inbox: Ok(true) when bytes came,
-    /// Ok(false) when none are there; Err when the socket ended (`ending` set).
-    fn fill(&self) -> Result<bool, ()> {
+    /// Reads into the pending write's buffer or the inbox: `Ok(Some(short))` when bytes came
+    /// (`short`: fewer than offered, from the socket itself), `Ok(None)` when none are there;
+    /// Err when the socket ended (`ending` set).
+    fn fill(&self) -> Result<Option<bool>, ()> {
         let mut st = self.st.borrow_mut();
         let st = &mut *st;
         let (stream, tls) = (&self.stream, &mut st.tls);
@@ -184,24 +204,30 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
             Some(t) => t.read(stream, dest),
             None => stream.read(dest),
         };
+        let mut offered = 0;
         let read = match st.pending_write.as_mut() {
             Some(w) if st.inbox.bytes().is_empty() => {
+                offered = w.buf.len() - w.filled;
                 let r = from_client(&mut w.buf[w.filled..]);
                 if let Ok(n) = r {
                     w.filled += n;
                 }
                 r
             }
-            _ => st.inbox.fill(from_client),
+            _ => st.inbox.fill(|dest| {
+                offered = dest.len();
+                from_client(dest)
+            }),
         };
+        let plain = st.tls.is_none();
         match read {
             Ok(0) => {
                 st.ending = true;
                 Err(())
             }
-            Ok(_) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(true),
+            Ok(n) => Ok(Some(plain && n < offered)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(Some(false)),
             Err(_) => {
                 st.ending = true;
                 st.broken = true;

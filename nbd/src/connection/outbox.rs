@@ -36,6 +36,8 @@ pub(crate) struct Outbox {
     bytes: usize,
     /// The last send stopped because the socket was full.
     blocked: bool,
+    /// Data buffers sent in full, for the connection to keep.
+    spent: Vec<AlignedBuf>,
 }
 
 impl Outbox {
@@ -95,6 +97,11 @@ impl Outbox {
         self.blocked
     }
 
+    /// The data buffers sent in full since the last call.
+    pub(crate) fn take_spent(&mut self) -> std::vec::Drain<'_, AlignedBuf> {
+        self.spent.drain(..)
+    }
+
     /// Drops everything queued (the client is gone).
     pub(crate) fn clear(&mut self) {
         self.items.clear();
@@ -143,7 +150,13 @@ impl Outbox {
                 let rest = item.len() - item.sent;
                 if left >= rest {
                     left -= rest;
-                    self.items.pop_front();
+                    if let Some(Item {
+                        data: Some((buf, _)),
+                        ..
+                    }) = self.items.pop_front()
+                    {
+                        self.spent.push(buf);
+                    }
                 } else {
                     item.sent += left;
                     left = 0;

@@ -13,7 +13,7 @@ use aio_block::request::ReturnedBuf;
 use aio_block::stats::{Accounted, Recorder};
 use aio_block::{BlockRequest, ImageQueue};
 use aio_core::engine::{AlignedBuf, AttachedEngine, IoEngine};
-use aio_core::{BottomHalf, EventLoop, TimerId};
+use aio_core::{BottomHalf, DeferredCall, EventLoop, TimerId};
 
 use super::outbox::Outbox;
 use super::tls::TlsSession;
@@ -42,6 +42,40 @@ pub(super) struct Inbox {
     pub(super) buf: Box<[u8]>,
     pub(super) start: usize,
     pub(super) end: usize,
+}
+
+/// The most bytes of buffers a connection keeps for its next requests.
+const POOL_BYTES: usize = 8 << 20;
+
+/// Buffers of ended requests, kept for the next ones of the same size: a read or write
+/// buffer allocated afresh each time costs its pages' faults and zeroing (the most of an
+/// `nbdcopy`'s CPU before they were kept). A kept buffer is always overwritten whole before
+/// anything of it is sent or written: by the read, or by the client's payload.
+#[derive(Default)]
+pub(super) struct BufPool {
+    free: Vec<AlignedBuf>,
+    bytes: usize,
+}
+
+impl BufPool {
+    /// A buffer of `len` bytes: a kept one, or a new one.
+    pub(super) fn take(&mut self, len: usize) -> AlignedBuf {
+        match self.free.iter().rposition(|b| b.len() == len) {
+            Some(i) => {
+                self.bytes -= len;
+                self.free.swap_remove(i)
+            }
+            None => AlignedBuf::new(len),
+        }
+    }
+
+    /// Keeps `buf` for a next request, if there is room.
+    pub(super) fn give(&mut self, buf: AlignedBuf) {
+        if self.bytes + buf.len() <= POOL_BYTES {
+            self.bytes += buf.len();
+            self.free.push(buf);
+        }
+    }
 }
 
 impl State {
@@ -119,6 +153,8 @@ pub(super) struct State {
     pub(super) tls_pending: bool,
     /// The TLS session, once started.
     pub(super) tls: Option<TlsSession>,
+    /// Buffers kept for the next requests.
+    pub(super) pool: BufPool,
     /// Slots whose write or discard succeeded and whose FUA flush is to be sent.
     pub(super) resubmit: Vec<u16>,
     /// The connection itself, until it ends.
@@ -142,6 +178,8 @@ pub(super) struct Connection<L: EventLoop + 'static, E: IoEngine + 'static> {
     pub(super) serving: OnceCell<Serving<L, E>>,
     pub(super) st: RefCell<State>,
     pub(super) bh: OnceCell<BottomHalf>,
+    /// Sends the replies queued, once per defer section (a batch of completions).
+    pub(super) flush: OnceCell<DeferredCall>,
     pub(super) timer: Cell<Option<TimerId>>,
     /// The (read, write) interest registered with the context.
     pub(super) interest: Cell<(bool, bool)>,
@@ -174,7 +212,7 @@ pub(super) enum Kind {
     /// A read whose buffer comes back to be sent.
     Read { buf: ReturnedBuf, len: usize },
     /// A write whose buffer the block layer holds (dropped at completion).
-    Write { _buf: Option<ReturnedBuf> },
+    Write { buf: Option<ReturnedBuf> },
     /// Block status.
     Status { req_one: bool, len: u64 },
     /// Anything without a buffer.

@@ -21,7 +21,7 @@ use aio_block::stats::{Accounted, IoKind, Recorder};
 use aio_block::status::{Extent, ExtentKind};
 use aio_block::{BlockRequest, Buffers, Image, Reply};
 use aio_core::engine::FileKind;
-use aio_core::engine::{AlignedBuf, IoEngine};
+use aio_core::engine::IoEngine;
 use aio_core::{AioContext, EventLoop};
 
 use super::state::{
@@ -174,7 +174,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
             }
             Command::Read { offset, len } => {
                 let len = len as usize;
-                let (buffers, buf) = Buffers::from_aligned(AlignedBuf::new(len));
+                let (buffers, buf) = Buffers::from_aligned(st.pool.take(len));
                 st.buffered += len;
                 let request = BlockRequest::Read { offset, buffers };
                 submit(st, request, in_flight(Kind::Read { buf, len }, len, false))
@@ -183,11 +183,11 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
                 let len = len as usize;
                 let slot = st
                     .slots
-                    .insert(in_flight(Kind::Write { _buf: None }, len, false));
+                    .insert(in_flight(Kind::Write { buf: None }, len, false));
                 st.buffered += len;
                 st.pending_write = Some(PendingWrite {
                     slot,
-                    buf: AlignedBuf::new(len),
+                    buf: st.pool.take(len),
                     filled: 0,
                     offset,
                     fua,
@@ -238,7 +238,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
         };
         if let Some(f) = st.slots.get_mut(w.slot) {
             f.accounted = Some(Accounted::of(&request));
-            f.kind = Kind::Write { _buf: Some(buf) };
+            f.kind = Kind::Write { buf: Some(buf) };
         }
         Advance::Act(Action::Submit {
             slot: w.slot,
@@ -295,15 +295,30 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
                 .outbox
                 .put(|o| reply::error(o, s.style, f.to, nbd_errno(&e), &e.to_string())),
         }
-        self.completed(&mut st);
+        self.completed(st);
     }
 
-    /// After a reply is queued: send it, and settle in the bottom half when the
-    /// connection's interest or life may change.
-    fn completed(&self, st: &mut State) {
-        self.send(st);
+    /// After a reply is queued (`st` released first): the replies go out once per batch of
+    /// completions, at the end of the loop's defer section (one `sendmsg` for a whole batch,
+    /// as QEMU defers a virtqueue's interrupt), or at once outside one.
+    fn completed(&self, st: std::cell::RefMut<'_, State>) {
+        drop(st);
+        match self.flush.get() {
+            Some(flush) => flush.call(),
+            None => self.flush_replies(),
+        }
+    }
+
+    /// Sends the replies queued, and settles in the bottom half when the connection's
+    /// interest or life may change.
+    pub(super) fn flush_replies(&self) {
+        let Ok(mut st) = self.st.try_borrow_mut() else {
+            return;
+        };
+        self.send(&mut st);
         let settle =
             st.stalled || st.ending || st.broken || st.write_blocked() || !st.resubmit.is_empty();
+        drop(st);
         if settle {
             if let Some(bh) = self.bh.get() {
                 bh.schedule();
@@ -329,7 +344,17 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Reply for Connection<L, E> {
             return;
         }
         let (style, to) = (s.style, f.to);
-        match (result, f.kind) {
+        // A write's buffer is kept for the next request (the block layer has let it go).
+        let kind = match f.kind {
+            Kind::Write { buf: Some(b) } => {
+                if let Ok(buf) = b.take() {
+                    st.pool.give(buf);
+                }
+                Kind::Other
+            }
+            kind => kind,
+        };
+        match (result, kind) {
             (Ok(()), _) if f.then_flush => {
                 let flush = InFlight {
                     to,
@@ -344,9 +369,10 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Reply for Connection<L, E> {
             (Ok(()), Kind::Read { buf, len }) => match buf.take() {
                 // Zeros go as a hole: 20 bytes on the wire instead of `len`.
                 Ok(buf) if style != ReplyStyle::Simple && all_zero(&buf[..len]) => {
-                    let len = len as u32;
+                    let hole = len as u32;
                     st.outbox
-                        .put(|o| reply::read_hole(o, style, to, to.offset, len));
+                        .put(|o| reply::read_hole(o, style, to, to.offset, hole));
+                    st.pool.give(buf);
                 }
                 Ok(buf) => {
                     st.outbox
@@ -362,7 +388,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Reply for Connection<L, E> {
                 .outbox
                 .put(|o| reply::error(o, style, to, nbd_errno(&e), &e.to_string())),
         }
-        self.completed(&mut st);
+        self.completed(st);
     }
 }
 
