@@ -21,7 +21,7 @@ use aio_core::{AioContext, EventLoop};
 use crate::image::driver::{Driver, QueueIo};
 use crate::image::{dispatch, Image};
 use crate::request::{self, BlockRequest, Reply};
-use crate::status::Extent;
+use crate::status::{Allocation, Extent};
 
 /// Requests to one image from one context, on one engine attached there. `!Send`: it lives
 /// on its context's thread; every thread serving the image has its own.
@@ -108,6 +108,21 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> ImageQueue<L, E> {
     ) {
         let args = (offset, len, self.image.size());
         dispatch!(self.image.backing(), d => d.block_status_on(&self.io, ctx, args, Box::new(done)))
+    }
+
+    /// The allocation depths of `[offset, offset + len)` (QEMU's `qemu:allocation-depth`:
+    /// 1 the image itself, 2 its first backing file, ..., 0 no layer), answered on this
+    /// context as [`block_status`](Self::block_status) is: now for a one-layer image, from a
+    /// task whose metadata reads go to this queue's engine for a qcow2 image.
+    pub fn allocation_depth(
+        &self,
+        ctx: &AioContext<L>,
+        offset: u64,
+        len: u64,
+        done: impl FnOnce(std::io::Result<Vec<Allocation>>) + 'static,
+    ) {
+        let args = (offset, len, self.image.size());
+        dispatch!(self.image.backing(), d => d.allocation_on(&self.io, ctx, args, Box::new(done)))
     }
 
     /// The checks every request passes before its kind sees it.

@@ -35,6 +35,32 @@ pub struct Extent {
     pub kind: ExtentKind,
 }
 
+/// A range of an image and the depth of the layer that holds it, as QEMU's
+/// `qemu:allocation-depth` answers: 1 for the image itself (every byte of a raw file or the
+/// null device; a qcow2 cluster mapped or zeroed in the image), 2 for its first backing file,
+/// and so on; 0 where no layer holds it (it reads as zeros).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Allocation {
+    /// Where it starts, in bytes.
+    pub offset: u64,
+    /// How long it is, in bytes (never 0).
+    pub len: u64,
+    /// The depth of the layer holding it (0: none).
+    pub depth: u32,
+}
+
+/// Adds `[offset, offset + len)` at `depth` to `out`, merged with the last range if it is at
+/// the same depth.
+pub(crate) fn push_depth(out: &mut Vec<Allocation>, offset: u64, len: u64, depth: u32) {
+    if len == 0 {
+        return;
+    }
+    match out.last_mut() {
+        Some(last) if last.depth == depth && last.offset + last.len == offset => last.len += len,
+        _ => out.push(Allocation { offset, len, depth }),
+    }
+}
+
 /// One `lseek` with `whence` from `offset`: the offset found, or None for `ENXIO` (no more
 /// data after `offset`, for `SEEK_DATA`; `offset` past the end).
 fn seek(file: &impl AsFd, offset: u64, whence: libc::c_int) -> io::Result<Option<u64>> {

@@ -46,6 +46,7 @@ pub struct NbdExport {
     image: Arc<Image>,
     writable: bool,
     multi_conn: bool,
+    allocation_depth: bool,
 }
 
 impl NbdExport {
@@ -64,6 +65,7 @@ impl NbdExport {
             image,
             writable: false,
             multi_conn: true,
+            allocation_depth: false,
         })
     }
 
@@ -96,6 +98,18 @@ impl NbdExport {
     pub fn multi_conn(mut self, on: bool) -> Self {
         self.multi_conn = on;
         self
+    }
+
+    /// Whether the `qemu:allocation-depth` metadata context is offered (QEMU's
+    /// `allocation-depth=on`, default off): which layer of the image's chain holds each range.
+    pub fn allocation_depth(mut self, on: bool) -> Self {
+        self.allocation_depth = on;
+        self
+    }
+
+    /// Whether `qemu:allocation-depth` is offered.
+    pub fn offers_allocation_depth(&self) -> bool {
+        self.allocation_depth
     }
 
     /// The name clients ask for.

@@ -8,7 +8,8 @@
 //! * **The protocol** is the NBD project's `doc/proto.md`, fixed newstyle: `NBD_OPT_GO`,
 //!   `NBD_OPT_INFO` (block sizes, description), `NBD_OPT_EXPORT_NAME`, `NBD_OPT_LIST`,
 //!   `NBD_OPT_ABORT`, `NBD_OPT_STRUCTURED_REPLY`, `NBD_OPT_EXTENDED_HEADERS`,
-//!   `NBD_OPT_LIST_META_CONTEXT` / `NBD_OPT_SET_META_CONTEXT` with `base:allocation`;
+//!   `NBD_OPT_LIST_META_CONTEXT` / `NBD_OPT_SET_META_CONTEXT` with `base:allocation` and
+//!   `qemu:allocation-depth`;
 //!   commands `READ`, `WRITE` (FUA), `FLUSH`, `TRIM`, `WRITE_ZEROES` (`NO_HOLE`,
 //!   `FAST_ZERO`), `CACHE`, `BLOCK_STATUS` (`REQ_ONE`), `DISC`.
 //! * **Bad input is answered, never a panic**: a malformed option gets `NBD_REP_ERR_*` and
@@ -27,7 +28,7 @@
 //!   option before `NBD_OPT_STARTTLS` is refused with `NBD_REP_ERR_TLS_REQD`; client
 //!   certificates are checked against the CA when asked (QEMU's `verify-peer`).
 //!
-//! Not yet: the `qemu:allocation-depth` and `qemu:dirty-bitmap` contexts.
+//! Not yet: `qemu:dirty-bitmap` contexts.
 //!
 //! `examples/serve_image.rs` serves an image on one thread; the daemon
 //! (`aio-storage-daemon --nbd-server`) serves exports on its iothreads. In short:

@@ -23,8 +23,12 @@ use crate::proto::{NBD_MAGIC, OPTS_MAGIC, REP_MAGIC};
 
 /// The context id of `base:allocation` (QEMU's too).
 pub const BASE_ALLOCATION_ID: u32 = 0;
-/// The name of the one metadata context served.
+/// The name of the allocation context.
 pub const BASE_ALLOCATION: &str = "base:allocation";
+/// The context id of `qemu:allocation-depth` (QEMU's too).
+pub const ALLOCATION_DEPTH_ID: u32 = 1;
+/// The name of the allocation-depth context (an export offers it when asked to).
+pub const ALLOCATION_DEPTH: &str = "qemu:allocation-depth";
 
 /// How replies are framed, as negotiated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -95,6 +99,8 @@ pub struct MetaContexts {
     pub export: String,
     /// `base:allocation`.
     pub base_allocation: bool,
+    /// `qemu:allocation-depth`.
+    pub allocation_depth: bool,
 }
 
 /// One connection's handshake.
@@ -449,30 +455,40 @@ impl Negotiation {
         let name = string(&mut w, "export name")?.to_owned();
         let queries = w.u32("query count")?;
         let mut base = !set && queries == 0;
+        let mut depth = !set && queries == 0;
         for _ in 0..queries {
             let query = string(&mut w, "query")?;
             base |= query == BASE_ALLOCATION || (!set && query == "base:");
+            depth |= query == ALLOCATION_DEPTH || (!set && query == "qemu:");
         }
         if w.remaining() != 0 {
             return Err(Invalid::new("option longer than its fields".into()));
         }
-        if exports.get(&name).is_none() {
+        let Some(export) = exports.get(&name) else {
             return Err(Invalid::of(
                 rep::ERR_UNKNOWN,
                 format!("export '{}' not present", sane(&name)),
             ));
-        }
-        if base {
-            let id = if set { BASE_ALLOCATION_ID } else { 0 };
-            let mut p = id.to_be_bytes().to_vec();
-            p.extend_from_slice(BASE_ALLOCATION.as_bytes());
-            reply(out, option, rep::META_CONTEXT, &p);
+        };
+        depth &= export.offers_allocation_depth();
+        let contexts = [
+            (base, BASE_ALLOCATION_ID, BASE_ALLOCATION),
+            (depth, ALLOCATION_DEPTH_ID, ALLOCATION_DEPTH),
+        ];
+        for (chosen, id, context) in contexts {
+            if chosen {
+                let id = if set { id } else { 0 };
+                let mut p = id.to_be_bytes().to_vec();
+                p.extend_from_slice(context.as_bytes());
+                reply(out, option, rep::META_CONTEXT, &p);
+            }
         }
         reply(out, option, rep::ACK, &[]);
         if set {
             self.meta = MetaContexts {
                 export: name,
                 base_allocation: base,
+                allocation_depth: depth,
             };
         }
         Ok(Step::Next)

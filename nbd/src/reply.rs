@@ -66,6 +66,18 @@ pub fn error(out: &mut Vec<u8>, style: ReplyStyle, to: Answering, errno: u32, me
     if style == ReplyStyle::Simple {
         return simple(out, to, errno);
     }
+    error_chunk(out, style, to, (errno, message), true);
+}
+
+/// Appends an `NBD_REPLY_TYPE_ERROR` chunk (structured and extended styles), the reply's
+/// last when `done`.
+pub fn error_chunk(
+    out: &mut Vec<u8>,
+    style: ReplyStyle,
+    to: Answering,
+    (errno, message): (u32, &str),
+    done: bool,
+) {
     // The protocol's strings are at most 4096 bytes; a message is cut on a char boundary.
     let mut end = message.len().min(4096);
     while !message.is_char_boundary(end) {
@@ -76,7 +88,7 @@ pub fn error(out: &mut Vec<u8>, style: ReplyStyle, to: Answering, errno: u32, me
         out,
         style,
         to,
-        (chunk::ERROR, true),
+        (chunk::ERROR, done),
         6 + message.len() as u64,
     );
     out.extend_from_slice(&errno.to_be_bytes());
@@ -102,14 +114,14 @@ pub fn read_hole(out: &mut Vec<u8>, style: ReplyStyle, to: Answering, offset: u6
     out.extend_from_slice(&len.to_be_bytes());
 }
 
-/// Appends a block status chunk of context `id` with `extents` (length, flags), ending the
-/// reply. The connection's style picks the 32- or 64-bit layout; with 32-bit lengths an
-/// extent is at most 4 GiB - 4 KiB (the caller splits longer ones).
+/// Appends a block status chunk of context `id` with `extents` (length, flags), the reply's
+/// last when `done`. The connection's style picks the 32- or 64-bit layout; with 32-bit
+/// lengths an extent is at most 4 GiB - 4 KiB (the caller splits longer ones).
 pub fn block_status(
     out: &mut Vec<u8>,
     style: ReplyStyle,
     to: Answering,
-    id: u32,
+    (id, done): (u32, bool),
     extents: &[(u64, u32)],
 ) {
     let count = extents.len() as u64;
@@ -128,7 +140,7 @@ pub fn block_status(
             out.extend_from_slice(&u64::from(flags).to_be_bytes());
         }
     } else {
-        chunk_header(out, style, to, (chunk::BLOCK_STATUS, true), 4 + 8 * count);
+        chunk_header(out, style, to, (chunk::BLOCK_STATUS, done), 4 + 8 * count);
         out.extend_from_slice(&id.to_be_bytes());
         for &(len, flags) in extents {
             out.extend_from_slice(&(len as u32).to_be_bytes());

@@ -403,3 +403,71 @@ fn tls_creds_in_qemus_layout_serve_qemu_over_tls_as_qemu_storage_daemon_does() {
         drop(daemon);
     }
 }
+
+#[test]
+fn allocation_depth_of_a_qcow2_chain_is_qemu_storage_daemons() {
+    let dir = tempfile::Builder::new()
+        .prefix("aio-nbd-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let (base, top) = (dir.path().join("base.qcow2"), dir.path().join("top.qcow2"));
+    qemu_img(&["create", "-q", "-f", "qcow2", s(&base), "64M"]);
+    let io = |image: &Path, c: &str| {
+        let out = Command::new("qemu-io")
+            .args(["-c", c, s(image)])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    };
+    io(&base, "write -P 0x11 0 4M");
+    io(&base, "write -P 0x12 40M 2M");
+    qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-b",
+        s(&base),
+        "-F",
+        "qcow2",
+        s(&top),
+    ]);
+    io(&top, "write -P 0x21 2M 4M");
+    io(&top, "write -z 40M 512k");
+    let mut maps = Vec::new();
+    for program in ["qemu-storage-daemon", OURS] {
+        let nbd = dir.path().join("nbd.sock");
+        let args = [
+            "--blockdev",
+            &format!("driver=file,node-name=file0,filename={}", s(&top)),
+            "--blockdev",
+            "driver=qcow2,node-name=disk0,file=file0",
+            "--nbd-server",
+            &format!("addr.type=unix,addr.path={}", s(&nbd)),
+            "--export",
+            "type=nbd,id=exp0,node-name=disk0,name=disk,allocation-depth=on",
+        ]
+        .map(String::from);
+        let daemon = launch(program, args.to_vec(), dir.path(), &[&nbd]);
+        let uri = unix_uri(&nbd, "disk");
+        let mut seen = Vec::new();
+        for context in ["qemu:allocation-depth", "base:allocation"] {
+            let out = Command::new("nbdinfo")
+                .args([&format!("--map={context}"), &uri])
+                .output()
+                .expect("nbdinfo (install libnbd-bin)");
+            assert!(out.status.success(), "{program}: {out:?}");
+            seen.push(String::from_utf8_lossy(&out.stdout).into_owned());
+        }
+        maps.push(seen);
+        drop(daemon);
+    }
+    // Depth 1 where the overlay holds data or zeros, 2 where only the backing file does, 0
+    // where no layer does; and both contexts on one connection, as qemu-img asks for them.
+    assert_eq!(maps[0], maps[1]);
+    assert!(
+        maps[1][0].contains("  2  "),
+        "no depth-2 range: {}",
+        maps[1][0]
+    );
+}

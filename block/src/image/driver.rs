@@ -13,10 +13,13 @@ use aio_core::{AioContext, EventLoop};
 
 use super::error::ResizeError;
 use crate::request::{BlockRequest, Reply};
-use crate::status::Extent;
+use crate::status::{Allocation, Extent};
 
 /// Where a queue's block status answer goes.
 pub(crate) type StatusDone = Box<dyn FnOnce(io::Result<Vec<Extent>>)>;
+
+/// Where an allocation-depth query ends.
+pub(crate) type DepthDone = Box<dyn FnOnce(io::Result<Vec<Allocation>>)>;
 
 /// The engine one queue's requests run on, as each kind reaches it.
 pub(crate) struct QueueIo<L: EventLoop + 'static, E: IoEngine + 'static> {
@@ -78,6 +81,27 @@ pub(crate) trait Driver {
         E: IoEngine + 'static,
     {
         done(self.block_status(offset, len, size));
+    }
+
+    /// The depths of `[offset, offset + len)` (an image of `size` bytes) on a queue's
+    /// context, told to `done`: the image itself holds every byte of a one-layer kind (depth
+    /// 1), nothing past its end (0).
+    fn allocation_on<L, E>(
+        &self,
+        _io: &QueueIo<L, E>,
+        _ctx: &AioContext<L>,
+        (offset, len, size): (u64, u64, u64),
+        done: DepthDone,
+    ) where
+        L: EventLoop + 'static,
+        E: IoEngine + 'static,
+    {
+        let mut out = Vec::new();
+        let end = offset.saturating_add(len);
+        let inside = end.min(size).max(offset);
+        crate::status::push_depth(&mut out, offset, inside - offset, 1);
+        crate::status::push_depth(&mut out, inside, end - inside, 0);
+        done(Ok(out));
     }
 
     /// Makes what stores the sectors `bytes` long (the image was `old` bytes).

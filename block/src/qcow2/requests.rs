@@ -18,7 +18,7 @@ use imago::{FormatAccess, Mapping, StorageExt};
 use super::current::{DataRanges, ImageEngine, RequestIo, WithIo};
 use super::storage::EngineStorage;
 use super::Qcow2Image;
-use crate::image::driver::{Driver, QueueIo, StatusDone};
+use crate::image::driver::{DepthDone, Driver, QueueIo, StatusDone};
 use crate::image::error::ResizeError;
 use crate::request::{BlockRequest, Reply};
 use crate::status::Extent;
@@ -60,6 +60,28 @@ impl Driver for Arc<Qcow2Image> {
                 data: DataRanges::new(),
             };
             done(WithIo::new(context, image.extents_async(offset, len, size)).await);
+        });
+    }
+
+    fn allocation_on<L, E>(
+        &self,
+        io: &QueueIo<L, E>,
+        ctx: &AioContext<L>,
+        (offset, len, size): (u64, u64, u64),
+        done: DepthDone,
+    ) where
+        L: EventLoop + 'static,
+        E: IoEngine + 'static,
+    {
+        let (image, engine) = (self.clone(), io.image_engine.clone());
+        ctx.spawn_detached(async move {
+            let none: Arc<()> = Arc::new(());
+            let context = RequestIo {
+                engine,
+                memory: none,
+                data: DataRanges::new(),
+            };
+            done(WithIo::new(context, image.depths_async(offset, len, size)).await);
         });
     }
 

@@ -11,10 +11,10 @@
 
 use std::io;
 
-use imago::Mapping;
+use imago::{Mapping, ShallowMapping};
 
 use super::{current, Qcow2Image};
-use crate::status::{self, Extent, ExtentKind};
+use crate::status::{self, Allocation, Extent, ExtentKind};
 
 impl Qcow2Image {
     /// The extents of `[offset, offset + len)`, for an image of `size` bytes. Waits for the
@@ -52,6 +52,57 @@ impl Qcow2Image {
         }
         let rest = offset.saturating_add(len) - at;
         status::push(&mut out, at, rest, ExtentKind::Hole);
+        Ok(out)
+    }
+
+    /// The allocation depths of `[offset, offset + len)` (QEMU's `qemu:allocation-depth`):
+    /// each range's layer found through the chain one layer at a time. A cluster mapped,
+    /// compressed or zeroed in a layer is that layer's; one a layer leaves to its backing file
+    /// is looked for there; one no layer holds is 0, as is the range past a backing file's end.
+    pub(crate) async fn depths_async(
+        &self,
+        offset: u64,
+        len: u64,
+        size: u64,
+    ) -> io::Result<Vec<Allocation>> {
+        let access = self.access.read().await;
+        let end = offset.saturating_add(len).min(size);
+        let mut out = Vec::new();
+        let mut at = offset;
+        while at < end {
+            let (mut layer, mut layer_at, mut depth) = (&*access, at, 1u32);
+            let mut max = end - at;
+            let found = loop {
+                let (mapping, n) = layer.get_shallow_mapping(layer_at, max).await?;
+                max = n.min(max);
+                match mapping {
+                    ShallowMapping::Indirect {
+                        layer: below,
+                        offset: below_at,
+                        ..
+                    } => {
+                        (layer, layer_at) = (below, below_at);
+                        depth += 1;
+                    }
+                    ShallowMapping::Zero {
+                        explicit: false, ..
+                    } => break 0,
+                    ShallowMapping::Eof { .. } if depth > 1 => break 0,
+                    ShallowMapping::Eof { .. } => {
+                        max = 0;
+                        break 0;
+                    }
+                    _ => break depth,
+                }
+            };
+            if max == 0 {
+                break;
+            }
+            status::push_depth(&mut out, at, max, found);
+            at += max;
+        }
+        let rest = offset.saturating_add(len) - at;
+        status::push_depth(&mut out, at, rest, 0);
         Ok(out)
     }
 }

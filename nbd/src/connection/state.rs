@@ -190,8 +190,9 @@ pub(super) struct Serving<L: EventLoop + 'static, E: IoEngine + 'static> {
     pub(super) export: Arc<NbdExport>,
     pub(super) queue: ImageQueue<L, E>,
     pub(super) style: ReplyStyle,
-    /// `base:allocation` was negotiated for this export.
-    pub(super) block_status: bool,
+    /// The metadata contexts negotiated for this export: `base:allocation`,
+    /// `qemu:allocation-depth`.
+    pub(super) contexts: (bool, bool),
     /// Zeroing is fast here (see the module's header).
     pub(super) fast_zero: bool,
     pub(super) recorder: Recorder,
@@ -214,7 +215,12 @@ pub(super) enum Kind {
     /// A write whose buffer the block layer holds (dropped at completion).
     Write { buf: Option<ReturnedBuf> },
     /// Block status.
-    Status { req_one: bool, len: u64 },
+    Status {
+        req_one: bool,
+        len: u64,
+        /// Contexts still to answer.
+        waiting: u8,
+    },
     /// Anything without a buffer.
     Other,
 }

@@ -18,7 +18,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use aio_block::stats::{Accounted, IoKind, Recorder};
-use aio_block::status::{Extent, ExtentKind};
+use aio_block::status::ExtentKind;
 use aio_block::{BlockRequest, Buffers, Image, Reply};
 use aio_core::engine::FileKind;
 use aio_core::engine::IoEngine;
@@ -28,7 +28,7 @@ use super::state::{
     Action, Advance, Connection, InFlight, Kind, PendingWrite, Phase, Serving, State,
 };
 use crate::export::NbdExport;
-use crate::negotiate::{ReplyStyle, BASE_ALLOCATION_ID};
+use crate::negotiate::{ReplyStyle, ALLOCATION_DEPTH_ID, BASE_ALLOCATION_ID};
 use crate::proto::{cmd, err, nbd_errno, state};
 use crate::reply::{self, Answering};
 use crate::request::{self, Checked, Command, Header};
@@ -65,27 +65,23 @@ fn io_kind(kind: u16) -> Option<IoKind> {
     }
 }
 
-/// `extents` as `base:allocation` descriptors of `[offset, offset + len)`: clipped, merged
-/// where the flags agree, one only for `req_one`, none longer than 32 bits allow unless
-/// `wide` (the reply may then cover less than asked, as the protocol allows).
+/// Ranges `(offset, len, flags)` as block status descriptors of `[offset, offset + len)`:
+/// clipped, merged where the flags agree, one only for `req_one`, none longer than 32 bits
+/// allow unless `wide` (the reply may then cover less than asked, as the protocol allows).
 pub(crate) fn descriptors(
-    extents: &[Extent],
+    ranges: impl Iterator<Item = (u64, u64, u32)>,
     (offset, len): (u64, u64),
     req_one: bool,
     wide: bool,
 ) -> Vec<(u64, u32)> {
     let end = offset.saturating_add(len);
     let mut out: Vec<(u64, u32)> = Vec::new();
-    for e in extents {
-        let start = e.offset.max(offset);
-        let stop = e.offset.saturating_add(e.len).min(end);
+    for (at, n, flags) in ranges {
+        let start = at.max(offset);
+        let stop = at.saturating_add(n).min(end);
         if stop <= start {
             continue;
         }
-        let flags = match e.kind {
-            ExtentKind::Data => 0,
-            ExtentKind::Hole => state::HOLE | state::ZERO,
-        };
         match out.last_mut() {
             Some(last) if last.1 == flags => last.0 += stop - start,
             _ => out.push((stop - start, flags)),
@@ -103,13 +99,25 @@ pub(crate) fn descriptors(
     out
 }
 
+/// `base:allocation`'s flags of an extent.
+fn allocation_flags(kind: ExtentKind) -> u32 {
+    match kind {
+        ExtentKind::Data => 0,
+        ExtentKind::Hole => state::HOLE | state::ZERO,
+    }
+}
+
 impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
     /// The client chose `export`: transmission starts.
     pub(super) fn begin(&self, st: &mut State, export: Arc<NbdExport>) {
         let meta = st.negotiation.meta();
         let image = export.image();
         let serving = Serving {
-            block_status: meta.base_allocation && meta.export == export.name(),
+            contexts: if meta.export == export.name() {
+                (meta.base_allocation, meta.allocation_depth)
+            } else {
+                (false, false)
+            },
             style: st.negotiation.style(),
             fast_zero: zeroes_fast(image),
             recorder: Recorder::new(image.stats(), self.shared.limits.max_in_flight),
@@ -127,7 +135,8 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
             cookie: h.cookie,
             offset: h.offset,
         };
-        match request::check(&h, s.style, &s.export, s.block_status) {
+        let block_status = s.contexts.0 || s.contexts.1;
+        match request::check(&h, s.style, &s.export, block_status) {
             Checked::Refuse(r) => {
                 if let Some(kind) = io_kind(h.kind) {
                     s.recorder.invalid(kind);
@@ -220,9 +229,15 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
                 len,
                 req_one,
             } => {
-                let slot = st
-                    .slots
-                    .insert(in_flight(Kind::Status { req_one, len }, 0, false));
+                let slot = st.slots.insert(in_flight(
+                    Kind::Status {
+                        req_one,
+                        len,
+                        waiting: 0,
+                    },
+                    0,
+                    false,
+                ));
                 Advance::Act(Action::Status { slot, offset, len })
             }
         }
@@ -263,37 +278,92 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
         let Some(s) = self.serving.get() else {
             return;
         };
-        let me = self.weak();
-        s.queue.block_status(ctx, offset, len, move |result| {
-            if let Some(me) = me.upgrade() {
-                me.status_done(slot, offset, result);
-            }
-        });
+        // One chunk per context negotiated, in whatever order they are answered; the last
+        // ends the reply.
+        let (base, depth) = s.contexts;
+        if let Some(Kind::Status { waiting, .. }) = self
+            .st
+            .borrow_mut()
+            .slots
+            .get_mut(slot)
+            .map(|f| &mut f.kind)
+        {
+            *waiting = u8::from(base) + u8::from(depth);
+        }
+        if base {
+            let me = self.weak();
+            s.queue.block_status(ctx, offset, len, move |result| {
+                if let Some(me) = me.upgrade() {
+                    let ranges = result.map(|e| {
+                        e.iter()
+                            .map(|x| (x.offset, x.len, allocation_flags(x.kind)))
+                            .collect()
+                    });
+                    me.status_done(slot, (offset, BASE_ALLOCATION_ID), ranges);
+                }
+            });
+        }
+        if depth {
+            let me = self.weak();
+            s.queue.allocation_depth(ctx, offset, len, move |result| {
+                if let Some(me) = me.upgrade() {
+                    let ranges =
+                        result.map(|a| a.iter().map(|x| (x.offset, x.len, x.depth)).collect());
+                    me.status_done(slot, (offset, ALLOCATION_DEPTH_ID), ranges);
+                }
+            });
+        }
     }
 
-    fn status_done(&self, slot: u16, offset: u64, result: io::Result<Vec<Extent>>) {
+    /// One context's answer for the block status request in `slot`: its chunk, the reply's
+    /// last once every context has answered.
+    fn status_done(
+        &self,
+        slot: u16,
+        (offset, id): (u64, u32),
+        result: io::Result<Vec<(u64, u64, u32)>>,
+    ) {
         let mut st = self.st.borrow_mut();
-        let Some(f) = st.slots.remove(slot) else {
+        let Some(f) = st.slots.get_mut(slot) else {
             return;
         };
-        let (Some(s), Kind::Status { req_one, len }) = (self.serving.get(), f.kind) else {
+        let Kind::Status {
+            req_one,
+            len,
+            waiting,
+        } = &mut f.kind
+        else {
+            return;
+        };
+        *waiting = waiting.saturating_sub(1);
+        let (req_one, len, last, to) = (*req_one, *len, *waiting == 0, f.to);
+        if last {
+            st.slots.remove(slot);
+        }
+        let Some(s) = self.serving.get() else {
             return;
         };
         if st.phase == Phase::Closed {
             return;
         }
-        let wide = s.style == ReplyStyle::Extended;
-        let list = result.map(|e| descriptors(&e, (offset, len), req_one, wide));
+        let style = s.style;
+        let wide = style == ReplyStyle::Extended;
+        let list = result.map(|r| descriptors(r.into_iter(), (offset, len), req_one, wide));
         match list {
             Ok(list) if !list.is_empty() => st
                 .outbox
-                .put(|o| reply::block_status(o, s.style, f.to, BASE_ALLOCATION_ID, &list)),
-            Ok(_) => st
-                .outbox
-                .put(|o| reply::error(o, s.style, f.to, err::EIO, "the image reported no extents")),
-            Err(e) => st
-                .outbox
-                .put(|o| reply::error(o, s.style, f.to, nbd_errno(&e), &e.to_string())),
+                .put(|o| reply::block_status(o, style, to, (id, last), &list)),
+            Ok(_) => {
+                let why = (err::EIO, "the image reported no extents");
+                st.outbox
+                    .put(|o| reply::error_chunk(o, style, to, why, last))
+            }
+            Err(e) => {
+                let why = e.to_string();
+                let errno = nbd_errno(&e);
+                st.outbox
+                    .put(|o| reply::error_chunk(o, style, to, (errno, &why), last))
+            }
         }
         self.completed(st);
     }
@@ -395,6 +465,14 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Reply for Connection<L, E> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use aio_block::status::Extent;
+
+    /// `extents` as the ranges `descriptors` takes.
+    fn ranges(extents: &[Extent]) -> impl Iterator<Item = (u64, u64, u32)> + '_ {
+        extents
+            .iter()
+            .map(|x| (x.offset, x.len, allocation_flags(x.kind)))
+    }
 
     fn extent(offset: u64, len: u64, kind: ExtentKind) -> Extent {
         Extent { offset, len, kind }
@@ -411,19 +489,22 @@ mod tests {
         ];
         let hole = state::HOLE | state::ZERO;
         assert_eq!(
-            descriptors(&e, (1024, 12288), false, false),
+            descriptors(ranges(&e), (1024, 12288), false, false),
             [(7168, 0), (5120, hole)]
         );
-        assert_eq!(descriptors(&e, (0, 20480), true, false), [(8192, 0)]);
+        assert_eq!(
+            descriptors(ranges(&e), (0, 20480), true, false),
+            [(8192, 0)]
+        );
         let big = [extent(0, 8 << 30, h)];
         assert_eq!(
-            descriptors(&big, (0, 8 << 30), false, false),
+            descriptors(ranges(&big), (0, 8 << 30), false, false),
             [(MAX_EXTENT32, hole)]
         );
         assert_eq!(
-            descriptors(&big, (0, 8 << 30), false, true),
+            descriptors(ranges(&big), (0, 8 << 30), false, true),
             [(8 << 30, hole)]
         );
-        assert!(descriptors(&e, (1 << 20, 4096), false, false).is_empty());
+        assert!(descriptors(ranges(&e), (1 << 20, 4096), false, false).is_empty());
     }
 }

@@ -203,7 +203,9 @@ impl NbdService {
                 .description(d.clone())
                 .map_err(|e| refuse(e.to_string()))?;
         }
-        export = export.multi_conn(spec_allows_multi_conn(&self.spec));
+        export = export
+            .multi_conn(spec_allows_multi_conn(&self.spec))
+            .allocation_depth(spec.allocation_depth);
         self.server
             .exports()
             .insert(export)

@@ -56,6 +56,9 @@ pub struct NbdExportSpec {
     pub locking: LockMode,
     /// The iothread its clients are served on (none: the iothreads in turn).
     pub iothread: Option<u16>,
+    /// Whether the `qemu:allocation-depth` metadata context is offered (QEMU's
+    /// `allocation-depth=on`).
+    pub allocation_depth: bool,
 }
 
 impl NbdExportSpec {
@@ -145,7 +148,7 @@ impl FromStr for NbdExportSpec {
     type Err = String;
 
     /// `name=NAME,image=PATH[,format=][,writable=on][,description=TEXT][,size=][,locking=]
-    /// [,iothread=K]`.
+    /// [,iothread=K][,allocation-depth=on]`.
     fn from_str(s: &str) -> Result<Self, String> {
         let mut spec = NbdExportSpec {
             name: String::new(),
@@ -156,6 +159,7 @@ impl FromStr for NbdExportSpec {
             writable: false,
             locking: LockMode::Auto,
             iothread: None,
+            allocation_depth: false,
         };
         let (mut name, mut image) = (None, None);
         for part in s.split(',') {
@@ -167,6 +171,7 @@ impl FromStr for NbdExportSpec {
                 "image" => image = Some(PathBuf::from(value)),
                 "description" => spec.description = Some(value.to_owned()),
                 "writable" => spec.writable = on_off(key, value)?,
+                "allocation-depth" => spec.allocation_depth = on_off(key, value)?,
                 "format" => {
                     spec.format = value.parse().map_err(|e| format!("format={value}: {e}"))?
                 }
@@ -187,7 +192,7 @@ impl FromStr for NbdExportSpec {
                 other => {
                     return Err(format!(
                         "unknown key '{other}' (name, image, description, writable, format, \
-                         size, locking, iothread)"
+                         size, locking, iothread, allocation-depth)"
                     ))
                 }
             }

@@ -91,10 +91,11 @@ pub(crate) struct Export {
 pub(crate) enum Transport {
     /// `type=vhost-user-blk`: `addr.type=unix,addr.path=`, `num-queues=`.
     VhostUserBlk { socket: PathBuf, queues: u16 },
-    /// `type=nbd`: `name=`, `description=` (`qsd/nbd.rs`).
+    /// `type=nbd`: `name=`, `description=`, `allocation-depth=` (`qsd/nbd.rs`).
     Nbd {
         name: String,
         description: Option<String>,
+        allocation_depth: bool,
     },
 }
 

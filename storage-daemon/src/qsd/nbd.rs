@@ -9,8 +9,7 @@
 //!   read too; `tls-creds=ID` names a `--object tls-creds-x509,id=ID,endpoint=server,dir=,
 //!   verify-peer=` given before it (`tls-authz` is refused by name).
 //! * `--export type=nbd,id=,node-name=,name=` (default: the node's name), `description=`,
-//!   `writable=`, `iothread=`, `allocation-depth=off`; `bitmaps` and `allocation-depth=on`
-//!   are refused by name.
+//!   `writable=`, `iothread=`, `allocation-depth=`; `bitmaps` is refused by name.
 
 use std::collections::HashMap;
 
@@ -105,10 +104,12 @@ impl Transport {
         if let Some(b) = o.take("bitmaps").or_else(|| o.take("bitmaps.0")) {
             return Err(o.not_served(format!("bitmaps ({b}): dirty bitmaps are not served")));
         }
-        if o.take_bool("allocation-depth", false)? {
-            return Err(o.not_served("allocation-depth=on (qemu:allocation-depth)"));
-        }
-        Ok(Transport::Nbd { name, description })
+        let allocation_depth = o.take_bool("allocation-depth", false)?;
+        Ok(Transport::Nbd {
+            name,
+            description,
+            allocation_depth,
+        })
     }
 }
 
@@ -126,7 +127,12 @@ impl Graph {
 
     /// NBD export `e` as the daemon's: its node's image and format, its iothread.
     pub(crate) fn nbd_export_spec(&self, e: &Export) -> Result<NbdExportSpec, QsdError> {
-        let Transport::Nbd { name, description } = &e.transport else {
+        let Transport::Nbd {
+            name,
+            description,
+            allocation_depth,
+        } = &e.transport
+        else {
             return Err(QsdError::Invalid {
                 option: e.shown.clone(),
                 reason: "not an NBD export".into(),
@@ -148,6 +154,7 @@ impl Graph {
             size,
             writable: e.writable,
             locking: node.locking(),
+            allocation_depth: *allocation_depth,
             iothread: e
                 .iothread
                 .as_ref()

@@ -168,9 +168,9 @@ fn what_is_not_served_is_refused_by_name() {
                 "--nbd-server",
                 "addr.type=unix,addr.path=/s",
                 "--export",
-                "type=nbd,id=e,node-name=disk0,allocation-depth=on",
+                "type=nbd,id=e,node-name=disk0,bitmaps.0=b0",
             ],
-            "allocation-depth",
+            "bitmaps",
         ),
         (
             &["--blockdev", "driver=vmdk,node-name=d,file=f"],
