@@ -164,7 +164,7 @@ pub fn check(h: &Header, style: ReplyStyle, export: &NbdExport, block_status: bo
         _ if payload_flag => h.length,
         _ => 0,
     };
-    let refuse = |errno: u32, message: String| {
+    let refuse = |(errno, message): (u32, String)| {
         let fatal = payload > u64::from(MAX_PAYLOAD);
         Checked::Refuse(Refusal {
             errno,
@@ -173,8 +173,18 @@ pub fn check(h: &Header, style: ReplyStyle, export: &NbdExport, block_status: bo
             fatal,
         })
     };
+    if h.kind == cmd::DISC {
+        return Checked::Run(Command::Disc);
+    }
+    match refusal(h, style, export).or_else(|| unready(h, block_status)) {
+        Some(why) => refuse(why),
+        None => Checked::Run(command_of(h)),
+    }
+}
+
+/// Why `h` is refused by its kind, flags, range and alignment (None: it passes).
+fn refusal(h: &Header, style: ReplyStyle, export: &NbdExport) -> Option<(u32, String)> {
     let (mut valid, data, modifies) = match h.kind {
-        cmd::DISC => return Checked::Run(Command::Disc),
         cmd::READ => (cmd_flag::FUA | cmd_flag::DF, true, false),
         cmd::WRITE => (cmd_flag::FUA | cmd_flag::PAYLOAD_LEN, true, true),
         cmd::FLUSH => (0, false, false),
@@ -186,28 +196,26 @@ pub fn check(h: &Header, style: ReplyStyle, export: &NbdExport, block_status: bo
             true,
         ),
         cmd::BLOCK_STATUS => (cmd_flag::REQ_ONE, false, false),
-        other => return refuse(err::EINVAL, format!("unknown command {other}")),
+        other => return Some((err::EINVAL, format!("unknown command {other}"))),
     };
     if style == ReplyStyle::Simple {
         valid &= !cmd_flag::DF;
     }
-    if !extended {
+    if style != ReplyStyle::Extended {
         valid &= !cmd_flag::PAYLOAD_LEN;
     }
     if data && h.length > u64::from(MAX_PAYLOAD) {
-        return refuse(
-            err::EINVAL,
-            format!(
-                "length {} over the largest request, {MAX_PAYLOAD}",
-                h.length
-            ),
+        let why = format!(
+            "length {} over the largest request, {MAX_PAYLOAD}",
+            h.length
         );
+        return Some((err::EINVAL, why));
     }
     if modifies && !export.is_writable() {
-        return refuse(err::EPERM, "the export is read-only".into());
+        return Some((err::EPERM, "the export is read-only".into()));
     }
     if h.flags & !valid != 0 {
-        return refuse(err::EINVAL, format!("unsupported flags {:#x}", h.flags));
+        return Some((err::EINVAL, format!("unsupported flags {:#x}", h.flags)));
     }
     let size = export.size();
     let fits = h.offset <= size && h.length <= size - h.offset;
@@ -216,19 +224,34 @@ pub fn check(h: &Header, style: ReplyStyle, export: &NbdExport, block_status: bo
             cmd::WRITE | cmd::WRITE_ZEROES => err::ENOSPC,
             _ => err::EINVAL,
         };
-        return refuse(
-            errno,
-            format!("{} bytes at {} past the end, {size}", h.length, h.offset),
-        );
+        let why = format!("{} bytes at {} past the end, {size}", h.length, h.offset);
+        return Some((errno, why));
     }
     let block = export.min_block();
     let aligned = (h.offset | h.length) % u64::from(block) == 0;
     if h.kind != cmd::FLUSH && h.kind != cmd::BLOCK_STATUS && !aligned {
-        return refuse(err::EINVAL, format!("request not aligned to {block} bytes"));
+        return Some((err::EINVAL, format!("request not aligned to {block} bytes")));
     }
+    None
+}
+
+/// Why a block status request cannot be answered (no context negotiated, no bytes).
+fn unready(h: &Header, block_status: bool) -> Option<(u32, String)> {
+    if h.kind != cmd::BLOCK_STATUS {
+        return None;
+    }
+    if !block_status {
+        let why = "no metadata context negotiated for block status";
+        return Some((err::EINVAL, why.into()));
+    }
+    (h.length == 0).then(|| (err::EINVAL, "block status of no bytes".into()))
+}
+
+/// The command of a header that passed its checks.
+fn command_of(h: &Header) -> Command {
     let fua = h.flags & cmd_flag::FUA != 0;
     let (offset, len) = (h.offset, h.length);
-    Checked::Run(match h.kind {
+    match h.kind {
         cmd::READ => Command::Read {
             offset,
             len: len as u32,
@@ -248,21 +271,10 @@ pub fn check(h: &Header, style: ReplyStyle, export: &NbdExport, block_status: bo
             fast: h.flags & cmd_flag::FAST_ZERO != 0,
             fua,
         },
-        _ => {
-            if !block_status {
-                return refuse(
-                    err::EINVAL,
-                    "no metadata context negotiated for block status".into(),
-                );
-            }
-            if len == 0 {
-                return refuse(err::EINVAL, "block status of no bytes".into());
-            }
-            Command::BlockStatus {
-                offset,
-                len,
-                req_one: h.flags & cmd_flag::REQ_ONE != 0,
-            }
-        }
-    })
+        _ => Command::BlockStatus {
+            offset,
+            len,
+            req_one: h.flags & cmd_flag::REQ_ONE != 0,
+        },
+    }
 }

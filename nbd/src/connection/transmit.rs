@@ -99,6 +99,52 @@ pub(crate) fn descriptors(
     out
 }
 
+/// A request in flight, answering `to`.
+fn in_flight(to: Answering, kind: Kind, bytes: usize, then_flush: bool) -> InFlight {
+    InFlight {
+        to,
+        kind,
+        accounted: None,
+        bytes,
+        then_flush,
+    }
+}
+
+/// `request` in a new slot, for the reading loop to submit.
+fn submit(st: &mut State, request: BlockRequest, mut f: InFlight) -> Advance {
+    f.accounted = Some(Accounted::of(&request));
+    let slot = st.slots.insert(f);
+    Advance::Act(Action::Submit { slot, request })
+}
+
+/// A read of `len` bytes at `offset` into a buffer the block layer gives back at completion.
+fn read(st: &mut State, to: Answering, offset: u64, len: usize) -> Advance {
+    let (buffers, buf) = Buffers::from_aligned(st.pool.take(len));
+    st.buffered += len;
+    let request = BlockRequest::Read { offset, buffers };
+    submit(
+        st,
+        request,
+        in_flight(to, Kind::Read { buf, len }, len, false),
+    )
+}
+
+/// A write of `len` bytes at `offset`, its payload received next into a buffer of its own.
+fn receive_write(st: &mut State, to: Answering, offset: u64, len: usize, fua: bool) -> Advance {
+    let slot = st
+        .slots
+        .insert(in_flight(to, Kind::Write { buf: None }, len, false));
+    st.buffered += len;
+    st.pending_write = Some(PendingWrite {
+        slot,
+        buf: st.pool.take(len),
+        filled: 0,
+        offset,
+        fua,
+    });
+    Advance::Again
+}
+
 /// `base:allocation`'s flags of an extent.
 fn allocation_flags(kind: ExtentKind) -> u32 {
     match kind {
@@ -155,19 +201,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
 
     fn command(&self, st: &mut State, s: &Serving<L, E>, to: Answering, c: Command) -> Advance {
         let style = s.style;
-        let in_flight = |kind, bytes, then_flush| InFlight {
-            to,
-            kind,
-            accounted: None,
-            bytes,
-            then_flush,
-        };
-        let submit = |st: &mut State, request: BlockRequest, f: InFlight| {
-            let mut f = f;
-            f.accounted = Some(Accounted::of(&request));
-            let slot = st.slots.insert(f);
-            Advance::Act(Action::Submit { slot, request })
-        };
+        let in_flight = |kind, bytes, then_flush| in_flight(to, kind, bytes, then_flush);
         match c {
             Command::Disc => {
                 st.ending = true;
@@ -181,28 +215,8 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
                 st.outbox.put(|o| reply::done(o, style, to));
                 Advance::Again
             }
-            Command::Read { offset, len } => {
-                let len = len as usize;
-                let (buffers, buf) = Buffers::from_aligned(st.pool.take(len));
-                st.buffered += len;
-                let request = BlockRequest::Read { offset, buffers };
-                submit(st, request, in_flight(Kind::Read { buf, len }, len, false))
-            }
-            Command::Write { offset, len, fua } => {
-                let len = len as usize;
-                let slot = st
-                    .slots
-                    .insert(in_flight(Kind::Write { buf: None }, len, false));
-                st.buffered += len;
-                st.pending_write = Some(PendingWrite {
-                    slot,
-                    buf: st.pool.take(len),
-                    filled: 0,
-                    offset,
-                    fua,
-                });
-                Advance::Again
-            }
+            Command::Read { offset, len } => read(st, to, offset, len as usize),
+            Command::Write { offset, len, fua } => receive_write(st, to, offset, len as usize, fua),
             Command::Flush => submit(st, BlockRequest::Flush, in_flight(Kind::Other, 0, false)),
             Command::Trim { offset, len, fua } => {
                 let request = BlockRequest::Discard { offset, len };
