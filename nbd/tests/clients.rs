@@ -288,3 +288,31 @@ print('ok')
     let out = run("nbdsh", &["-c", &script]);
     assert_eq!(out.trim(), "ok");
 }
+
+#[test]
+fn qemu_img_and_qemu_io_reach_an_export_over_tcp() {
+    let dir = image_dir();
+    let img = raw_image(dir.path(), "tcp.raw", 8 << 20, 0x3a, 1 << 20);
+    let exports = ExportSet::new();
+    let export = NbdExport::new("tcp", Arc::new(open(&img, ImageFormat::Raw, true))).unwrap();
+    exports.insert(export.writable(true).unwrap()).unwrap();
+    let server = TestServer::start_tcp(exports);
+    let uri = format!("nbd://127.0.0.1:{}/tcp", server.port.expect("a TCP port"));
+    let info = run("qemu-img", &["info", "--output=json", &uri]);
+    assert!(info.contains("\"virtual-size\": 8388608"), "{info}");
+    let out = run(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "read -P 0x3a 0 1M",
+            "-c",
+            "write -P 0x4b 2M 64k",
+            "-c",
+            "read -P 0x4b 2M 64k",
+            &uri,
+        ],
+    );
+    assert!(!out.contains("failed"), "{out}");
+}

@@ -19,6 +19,8 @@ use aio_nbd::{Clients, ExportSet, Limits, ListenAddr, NbdServer, TlsCreds};
 /// directory; stopped (clients drained) when dropped.
 pub struct TestServer {
     pub socket: PathBuf,
+    /// The TCP port, for a server started with [`TestServer::start_tcp`].
+    pub port: Option<u16>,
     pub clients: Clients,
     stop: Arc<AtomicBool>,
     wake: NotifyHandle,
@@ -37,7 +39,26 @@ impl TestServer {
         Self::launch(exports, limits, None, Some(creds))
     }
 
+    /// Serves `exports` on a free TCP port of 127.0.0.1.
+    pub fn start_tcp(exports: ExportSet) -> Self {
+        let addr = ListenAddr::Inet {
+            host: "127.0.0.1".into(),
+            port: 0,
+        };
+        Self::launch_at(Some(addr), exports, Limits::default(), None, None)
+    }
+
     fn launch(
+        exports: ExportSet,
+        limits: Limits,
+        max_connections: Option<u32>,
+        tls: Option<TlsCreds>,
+    ) -> Self {
+        Self::launch_at(None, exports, limits, max_connections, tls)
+    }
+
+    fn launch_at(
+        tcp: Option<ListenAddr>,
         exports: ExportSet,
         limits: Limits,
         max_connections: Option<u32>,
@@ -45,7 +66,7 @@ impl TestServer {
     ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("nbd.sock");
-        let addr = ListenAddr::Unix(socket.clone());
+        let addr = tcp.unwrap_or_else(|| ListenAddr::Unix(socket.clone()));
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
         let (tx, rx) = mpsc::channel();
@@ -61,7 +82,8 @@ impl TestServer {
                     aio_nbd::serve(&on, engine.clone(), client).unwrap();
                 })
                 .unwrap();
-            tx.send((ctx.notify_handle(), server.clients().clone()))
+            let port = server.local_port();
+            tx.send((ctx.notify_handle(), server.clients().clone(), port))
                 .unwrap();
             while !stopped.load(Ordering::SeqCst) {
                 ctx.poll(true);
@@ -71,9 +93,10 @@ impl TestServer {
                 ctx.poll(true);
             }
         });
-        let (wake, clients) = rx.recv().unwrap();
+        let (wake, clients, port) = rx.recv().unwrap();
         TestServer {
             socket,
+            port,
             clients,
             stop,
             wake,
