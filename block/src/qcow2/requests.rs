@@ -51,18 +51,13 @@ impl Driver for Arc<Qcow2Image> {
         L: EventLoop + 'static,
         E: IoEngine + 'static,
     {
-        let (image, engine) = (self.clone(), io.image_engine.clone());
-        ctx.spawn_detached(async move {
-            let none: Arc<()> = Arc::new(());
-            let context = RequestIo {
-                engine,
-                memory: none,
-                data: DataRanges::new(),
-            };
-            done(WithIo::new(context, image.extents_async(offset, len, size)).await);
+        let image = self.clone();
+        metadata_task(io, ctx, done, async move {
+            image.extents_async(offset, len, size).await
         });
     }
 
+    /// A task of `ctx`, its metadata reads on the queue's engine.
     fn allocation_on<L, E>(
         &self,
         io: &QueueIo<L, E>,
@@ -73,15 +68,9 @@ impl Driver for Arc<Qcow2Image> {
         L: EventLoop + 'static,
         E: IoEngine + 'static,
     {
-        let (image, engine) = (self.clone(), io.image_engine.clone());
-        ctx.spawn_detached(async move {
-            let none: Arc<()> = Arc::new(());
-            let context = RequestIo {
-                engine,
-                memory: none,
-                data: DataRanges::new(),
-            };
-            done(WithIo::new(context, image.depths_async(offset, len, size)).await);
+        let image = self.clone();
+        metadata_task(io, ctx, done, async move {
+            image.depths_async(offset, len, size).await
         });
     }
 
@@ -324,4 +313,28 @@ impl Qcow2Image {
             }
         }
     }
+}
+
+/// Runs `work` (metadata reads of an image, no guest memory) as a task of `ctx` whose I/O
+/// goes to the queue's engine, and tells `done` its result.
+fn metadata_task<L, E, T>(
+    io: &QueueIo<L, E>,
+    ctx: &AioContext<L>,
+    done: Box<dyn FnOnce(io::Result<T>)>,
+    work: impl std::future::Future<Output = io::Result<T>> + 'static,
+) where
+    L: EventLoop + 'static,
+    E: IoEngine + 'static,
+    T: 'static,
+{
+    let engine = io.image_engine.clone();
+    ctx.spawn_detached(async move {
+        let none: Arc<()> = Arc::new(());
+        let context = RequestIo {
+            engine,
+            memory: none,
+            data: DataRanges::new(),
+        };
+        done(WithIo::new(context, work).await);
+    });
 }
