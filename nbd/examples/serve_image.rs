@@ -21,27 +21,13 @@ use aio_block::format::ImageFormat;
 use aio_block::{Image, ImageOptions};
 use aio_nbd::{ExportSet, Limits, ListenAddr, NbdExport, NbdServer};
 
-fn parse_addr(text: &str) -> Result<ListenAddr, String> {
-    if let Some(path) = text.strip_prefix("unix:") {
-        return Ok(ListenAddr::Unix(path.into()));
-    }
-    let (host, port) = text
-        .rsplit_once(':')
-        .ok_or_else(|| format!("{text}: not unix:PATH or HOST:PORT"))?;
-    let port = port.parse().map_err(|_| format!("{port}: not a port"))?;
-    Ok(ListenAddr::Inet {
-        host: host.to_owned(),
-        port,
-    })
-}
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [image, addr] = args.as_slice() else {
         eprintln!("usage: serve_image IMAGE unix:PATH|HOST:PORT");
         std::process::exit(2);
     };
-    let addr = parse_addr(addr)?;
+    let addr: ListenAddr = addr.parse()?;
     // The format is found from the header: a qcow2 image is served as qcow2, anything else
     // as raw.
     let image = Image::open(image.as_ref(), ImageOptions::new(ImageFormat::Auto))?;

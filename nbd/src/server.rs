@@ -63,6 +63,34 @@ pub enum ListenAddr {
     },
 }
 
+impl std::str::FromStr for ListenAddr {
+    type Err = String;
+
+    /// `unix:PATH` or `HOST:PORT` (`[V6ADDR]:PORT` too), as `Display` writes it.
+    fn from_str(text: &str) -> Result<Self, String> {
+        if let Some(path) = text.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err("unix: needs a path".into());
+            }
+            return Ok(ListenAddr::Unix(path.into()));
+        }
+        let (host, port) = text
+            .rsplit_once(':')
+            .ok_or_else(|| format!("{text}: expected unix:PATH or HOST:PORT"))?;
+        let port = port
+            .parse()
+            .map_err(|_| format!("{text}: '{port}' is not a port"))?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() {
+            return Err(format!("{text}: the host is missing"));
+        }
+        Ok(ListenAddr::Inet {
+            host: host.to_owned(),
+            port,
+        })
+    }
+}
+
 impl std::fmt::Display for ListenAddr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

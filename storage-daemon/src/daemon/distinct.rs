@@ -25,13 +25,13 @@ fn socket_key(path: &Path) -> PathBuf {
 /// What an image is, whatever path names it: a block device by its device number (a node
 /// and its `/dev/disk/by-*` links are one device), any other file by its inode. None when
 /// it cannot be looked at: opening it fails later, with the reason.
-#[derive(Debug, PartialEq, Eq)]
-enum ImageKey {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ImageKey {
     BlockDevice(u64),
     File { dev: u64, ino: u64 },
 }
 
-fn image_key(path: &Path) -> Option<ImageKey> {
+pub(super) fn image_key(path: &Path) -> Option<ImageKey> {
     let meta = std::fs::metadata(path).ok()?;
     Some(if meta.file_type().is_block_device() {
         ImageKey::BlockDevice(meta.rdev())

@@ -172,17 +172,15 @@ impl Exports {
             .collect()
     }
 
-    /// The open image of a disk that serves the file at `path` (the same file, by device and
-    /// inode), to share with another export.
+    /// The open image of a disk that serves the image at `path` (the same one whatever path
+    /// names it, as the collision check tells), to share with another export.
     pub fn image_of(&self, path: &std::path::Path) -> Option<Arc<aio_block::Image>> {
-        use std::os::unix::fs::MetadataExt;
-        let id = |p: &std::path::Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
-        let wanted = id(path)?;
+        let wanted = distinct::image_key(path)?;
         let disks = self.0.disks.borrow();
         disks
             .iter()
             .flatten()
-            .find(|s| !s.spec.is_null() && id(&s.spec.image) == Some(wanted))
+            .find(|s| !s.spec.is_null() && distinct::image_key(&s.spec.image) == Some(wanted))
             .map(|s| s.device.image().clone())
     }
 

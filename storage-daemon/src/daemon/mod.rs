@@ -35,7 +35,7 @@ pub use config::{BadDiskSpec, Config, DiskSpec};
 pub use exports::{ExportKind, Exports};
 pub use iothreads::IoThreadSet;
 pub use nbd::{NbdError, NbdService};
-pub use nbd_spec::{parse_listen_addr, NbdExportSpec, NbdServerSpec, NbdTlsSpec};
+pub use nbd_spec::{NbdExportSpec, NbdServerSpec, NbdTlsSpec};
 
 use aio_virtio_blk::dataplane::DataPlane;
 use aio_virtio_blk::device::{BlockDevice, DeviceError, DiskOptions};

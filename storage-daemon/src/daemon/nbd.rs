@@ -22,6 +22,7 @@ use aio_block::{Image, ImageOptions};
 use aio_core::{AioContext, EventLoop};
 use aio_nbd::{Limits, NbdExport, NbdServer};
 
+use super::distinct::image_key;
 use super::{Exports, IoThreadSet, NbdExportSpec, NbdServerSpec};
 
 /// How long a stop waits for clients' requests in flight.
@@ -81,12 +82,6 @@ impl std::fmt::Debug for NbdService {
             .field("spec", &self.spec)
             .finish_non_exhaustive()
     }
-}
-
-/// The device and inode of `path`.
-fn file_id(path: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 impl NbdService {
@@ -241,14 +236,14 @@ impl NbdService {
             .collect()
     }
 
-    /// The open image of an export that serves the file at `path` (the same file, by device
-    /// and inode), for a disk to share.
+    /// The open image of an export that serves the image at `path` (the same one whatever
+    /// path names it, as the collision check tells), for a disk to share.
     pub fn image_of(&self, path: &Path) -> Option<Arc<Image>> {
-        let wanted = file_id(path)?;
+        let wanted = image_key(path)?;
         let offered = self.offered.borrow();
         offered
             .iter()
-            .find(|o| !o.spec.is_null() && file_id(&o.spec.image) == Some(wanted))
+            .find(|o| !o.spec.is_null() && image_key(&o.spec.image) == Some(wanted))
             .map(|o| o.image.clone())
     }
 

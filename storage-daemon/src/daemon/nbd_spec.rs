@@ -68,37 +68,13 @@ impl NbdExportSpec {
     }
 }
 
-/// `unix:PATH` or `HOST:PORT` (`[V6ADDR]:PORT` too).
-pub fn parse_listen_addr(text: &str) -> Result<ListenAddr, String> {
-    if let Some(path) = text.strip_prefix("unix:") {
-        if path.is_empty() {
-            return Err("unix: needs a path".into());
-        }
-        return Ok(ListenAddr::Unix(path.into()));
-    }
-    let (host, port) = text
-        .rsplit_once(':')
-        .ok_or_else(|| format!("{text}: expected unix:PATH or HOST:PORT"))?;
-    let port = port
-        .parse()
-        .map_err(|_| format!("{text}: '{port}' is not a port"))?;
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    if host.is_empty() {
-        return Err(format!("{text}: the host is missing"));
-    }
-    Ok(ListenAddr::Inet {
-        host: host.to_owned(),
-        port,
-    })
-}
-
 impl FromStr for NbdServerSpec {
     type Err = String;
 
     /// `ADDR[,max-connections=N][,handshake-max-seconds=S][,tls-creds=DIR[,verify-peer=off]]`.
     fn from_str(s: &str) -> Result<Self, String> {
         let mut parts = s.split(',');
-        let addr = parse_listen_addr(parts.next().unwrap_or_default())?;
+        let addr: ListenAddr = parts.next().unwrap_or_default().parse()?;
         let mut spec = NbdServerSpec {
             addr,
             max_connections: None,
