@@ -1,0 +1,64 @@
+//! # aio-rbd
+//!
+//! Ceph RBD images on aio-rs's loops: librbd's asynchronous API, with each request's end
+//! delivered on the loop of the context that submitted it, as QEMU's `block/rbd.c` schedules
+//! a bottom half into the request's `AioContext`.
+//!
+//! * [`Cluster`]: a connection ([`ClusterOptions`]: a configuration file, a user and key,
+//!   monitors, `client_mount_timeout`), with typed errors for an unreachable cluster, a
+//!   refused key, a missing pool.
+//! * [`RbdImage`]: an image ([`ImageSpec`]: pool, namespace, image, snapshot; QEMU's `rbd:`
+//!   filename as [`RbdTarget`]) opened read-write or read-only, its size, resize, block
+//!   status ([`RbdImage::allocated`]), the exclusive lock ([`RbdImage::lock_exclusive`],
+//!   [`LockRecords`]), and a close that waits for every request in flight first.
+//! * [`RbdQueue`]: one context's requests (read and write straight from and into the
+//!   caller's [`Memory`], FUA, flush, discard, write-zeroes) on that context's loop.
+//!
+//! The contract:
+//!
+//! * **librbd is loaded at run time.** Nothing links against Ceph's libraries; the first
+//!   connection loads `librbd.so.1` and `librados.so.2`, and a machine without them gets
+//!   [`RbdError::LibraryMissing`] naming the package (`librbd1`), never a link error.
+//! * **Ends come home.** A request submitted on a queue ends on that queue's context, in a
+//!   bottom half, never inside the submitting call and never on librbd's threads.
+//! * **Memory librbd may write is never freed early.** A request's [`Memory`] is held by the
+//!   request until librbd's callback, whatever happens to the queue meanwhile.
+//! * **No close under requests.** An image closes (explicitly or dropped) only after every
+//!   request librbd holds has called back.
+//! * **Blocking calls are named.** Connecting, opening, resizing, locking and
+//!   [`RbdImage::allocated`] wait for the cluster; [`RbdQueue::allocated`] runs the latter on
+//!   the image's worker thread instead.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use aio_rbd::{Cluster, ClusterOptions, ImageSpec, Memory, RbdImage, RbdQueue};
+//! # fn demo<L: aio_core::EventLoop + 'static>(ctx: &aio_core::AioContext<L>) -> Result<(), aio_rbd::RbdError> {
+//! let cluster = Cluster::connect(&ClusterOptions::from_conf("/etc/ceph/ceph.conf", "admin"))?;
+//! let image = RbdImage::open(&cluster, &"rbd/disk0".parse::<ImageSpec>()?, false)?;
+//! let queue = RbdQueue::new(image, ctx);
+//! queue.write(0, Memory::from_vec(vec![0x5a; 4096]), true, |result, _memory| {
+//!     result.expect("written and flushed");
+//! });
+//! # Ok(()) }
+//! ```
+
+#![warn(missing_docs)]
+
+mod cluster;
+mod diff;
+mod error;
+mod image;
+mod lock;
+mod queue;
+mod spec;
+mod sys;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use cluster::{Cluster, ClusterOptions};
+pub use error::RbdError;
+pub use image::RbdImage;
+pub use lock::{LockRecords, LockTaken};
+pub use queue::{Memory, RbdQueue};
+pub use spec::{ImageSpec, RbdTarget};
+pub use sys::librbd_version;

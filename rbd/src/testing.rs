@@ -1,0 +1,106 @@
+//! A one-node Ceph cluster for tests (feature `testing`): the one `AIO_CEPH_CONF` names, or
+//! one started by `scripts/ceph-cluster.sh` for the test and stopped when it ends.
+//!
+//! This module owns finding or starting the cluster and stopping one it started; it never
+//! makes images (the tests do, each its own).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use crate::cluster::{Cluster, ClusterOptions};
+
+/// The environment variable that names a running cluster's configuration (`.ci/run` starts
+/// one for every test binary).
+pub const CONF_ENV: &str = "AIO_CEPH_CONF";
+
+/// A cluster for a test: stopped on drop if the test started it.
+#[derive(Debug)]
+pub struct TestCluster {
+    conf: PathBuf,
+    /// The directory of a cluster this value started (stopped on drop).
+    started: Option<tempfile::TempDir>,
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/ceph-cluster.sh")
+}
+
+/// Whether `AIO_REQUIRE_ALL_BACKENDS=1` (CI): a missing cluster fails, it does not skip.
+fn required() -> bool {
+    std::env::var("AIO_REQUIRE_ALL_BACKENDS").is_ok_and(|v| v == "1")
+}
+
+impl TestCluster {
+    /// The cluster `AIO_CEPH_CONF` names, or a new one started under a temporary directory
+    /// (about 10 s). None, said on stderr, where neither can be had (no Ceph and no root to
+    /// install it), unless `AIO_REQUIRE_ALL_BACKENDS=1`, which panics instead.
+    pub fn get() -> Option<Self> {
+        if let Some(conf) = std::env::var_os(CONF_ENV) {
+            return Some(TestCluster {
+                conf: conf.into(),
+                started: None,
+            });
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("aio-ceph-")
+            .tempdir_in("/var/tmp")
+            .expect("a directory for the cluster");
+        let out = Command::new("bash")
+            .arg(script())
+            .arg("start")
+            .arg(dir.path())
+            .output()
+            .expect("bash runs");
+        if !out.status.success() {
+            let why = String::from_utf8_lossy(&out.stderr);
+            let _ = Command::new("bash")
+                .arg(script())
+                .arg("stop")
+                .arg(dir.path())
+                .status();
+            assert!(!required(), "no Ceph cluster could be started: {why}");
+            eprintln!("skipped: no Ceph cluster could be started ({CONF_ENV} unset): {why}");
+            return None;
+        }
+        Some(TestCluster {
+            conf: dir.path().join("ceph.conf"),
+            started: Some(dir),
+        })
+    }
+
+    /// Its configuration file.
+    pub fn conf(&self) -> &Path {
+        &self.conf
+    }
+
+    /// Options that reach it as `client.admin`.
+    pub fn options(&self) -> ClusterOptions {
+        ClusterOptions::from_conf(&self.conf, "admin")
+    }
+
+    /// A new connection to it.
+    pub fn connect(&self) -> Arc<Cluster> {
+        Cluster::connect(&self.options()).expect("the test cluster answers")
+    }
+
+    /// A name no other test uses: `prefix` and this process's id and a counter.
+    pub fn unique_name(prefix: &str) -> String {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        format!("{prefix}-{}-{n}", std::process::id())
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.started {
+            let _ = Command::new("bash")
+                .arg(script())
+                .arg("stop")
+                .arg(dir.path())
+                .status();
+        }
+    }
+}
