@@ -8,71 +8,11 @@
 //!   where a wait is acceptable (a daemon's start, a QMP command), never on a serving loop.
 
 use std::ffi::{c_char, CString};
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
-use crate::error::{check, RbdError};
-use crate::spec::ImageSpec;
+use crate::error::{c_string, check, RbdError};
+use crate::spec::{ClusterOptions, ImageSpec};
 use crate::sys::{self, Lib};
-
-/// How to reach a cluster, as QEMU's `driver=rbd` takes it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ClusterOptions {
-    /// The configuration file (`/etc/ceph/ceph.conf`); None reads Ceph's default places, if
-    /// any exist.
-    pub conf: Option<PathBuf>,
-    /// The user, without `client.` (`admin`).
-    pub user: String,
-    /// How long connecting waits for the monitors (`client_mount_timeout`); None keeps the
-    /// configuration's (Ceph's default is 300 s).
-    pub mount_timeout: Option<Duration>,
-    /// Other Ceph options, set after the file is read (`mon_host`, `key`, `keyring`, ...).
-    pub options: Vec<(String, String)>,
-}
-
-impl Default for ClusterOptions {
-    fn default() -> Self {
-        ClusterOptions {
-            conf: None,
-            user: "admin".to_string(),
-            mount_timeout: None,
-            options: Vec::new(),
-        }
-    }
-}
-
-impl ClusterOptions {
-    /// The cluster a configuration file describes, reached as `user`.
-    pub fn from_conf(conf: impl Into<PathBuf>, user: &str) -> Self {
-        ClusterOptions {
-            conf: Some(conf.into()),
-            user: user.to_string(),
-            ..Self::default()
-        }
-    }
-
-    /// The same options with the Ceph option `key` set to `value` (`mon_host`, `key`).
-    pub fn option(mut self, key: &str, value: &str) -> Self {
-        self.options.push((key.to_string(), value.to_string()));
-        self
-    }
-
-    /// The same options, connecting for at most `timeout`.
-    pub fn mount_timeout(mut self, timeout: Duration) -> Self {
-        self.mount_timeout = Some(timeout);
-        self
-    }
-}
-
-/// A C string of `s`, or the error naming what it is.
-pub(crate) fn c_string(s: &str, what: &str) -> Result<CString, RbdError> {
-    CString::new(s).map_err(|_| RbdError::BadSpec {
-        spec: s.to_string(),
-        reason: format!("a NUL byte in the {what}"),
-    })
-}
 
 /// A connection to a cluster. `Send + Sync`; images keep it alive (`Arc`), and the last one
 /// to go shuts it down.

@@ -1,8 +1,8 @@
 //! Which parts of an image hold data (`rbd_diff_iterate2`), and the worker thread that asks
 //! librbd without blocking a loop.
 //!
-//! This module owns block status of an RBD image and running an image's blocking calls off
-//! the loop; it never submits I/O (`queue.rs` does).
+//! This module owns block status of an RBD image; it never submits I/O (`queue.rs` does)
+//! and runs nothing off the loop itself (the image's worker does).
 //!
 //! * **Whole objects.** librbd answers from the object map (`fast-diff`) when the image has
 //!   one, an object at a time: an object any byte of which was written is data. Images
@@ -15,13 +15,9 @@
 
 use std::ffi::c_int;
 use std::ffi::c_void;
-use std::sync::mpsc;
 
 use crate::error::{check, RbdError};
 use crate::image::{call_error, RbdImage};
-
-/// A blocking call for the worker.
-pub(crate) type Job = Box<dyn FnOnce() + Send>;
 
 /// What the diff callback gathers.
 struct Gathered {
@@ -79,33 +75,5 @@ impl RbdImage {
                 (from < to).then_some((from, to - from))
             })
             .collect())
-    }
-
-    /// Runs `job` on the image's worker thread (started now if it is not running).
-    pub(crate) fn run_on_worker(&self, job: Job) {
-        let mut worker = self.worker.lock().unwrap_or_else(|p| p.into_inner());
-        let job = match worker.as_ref() {
-            None => job,
-            Some(tx) => match tx.send(job) {
-                Ok(()) => return,
-                Err(mpsc::SendError(job)) => job,
-            },
-        };
-        let (tx, rx) = mpsc::channel::<Job>();
-        let spawned = std::thread::Builder::new()
-            .name("rbd-worker".into())
-            .spawn(move || {
-                for job in rx {
-                    job();
-                }
-            });
-        match spawned {
-            Ok(_) => {
-                let _ = tx.send(job);
-                *worker = Some(tx);
-            }
-            // No thread: the job runs here (blocking its caller, but answered).
-            Err(_) => job(),
-        }
     }
 }

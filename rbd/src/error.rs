@@ -3,6 +3,7 @@
 //! This module owns [`RbdError`] and its conversion to `io::Error`; it never decides what to
 //! do about one (a daemon exits 2, a QMP command answers it, a test asserts it).
 
+use std::ffi::CString;
 use std::io;
 
 /// An error reaching a Ceph cluster, a pool or an image, or of a call on an image.
@@ -137,4 +138,12 @@ pub(crate) fn check(ret: i64) -> Result<u64, i32> {
         r if r < 0 => Err(i32::try_from(-r).unwrap_or(libc::EIO)),
         r => Ok(r as u64),
     }
+}
+
+/// A C string of `s`, or the error naming what it is.
+pub(crate) fn c_string(s: &str, what: &str) -> Result<CString, RbdError> {
+    CString::new(s).map_err(|_| RbdError::BadSpec {
+        spec: s.to_string(),
+        reason: format!("a NUL byte in the {what}"),
+    })
 }

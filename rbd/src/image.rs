@@ -11,10 +11,12 @@
 //!   submits on its own [`RbdQueue`](crate::RbdQueue); librbd's image handle takes requests
 //!   from any thread.
 
+use std::path::PathBuf;
+use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 
-use crate::cluster::{c_string, Cluster, Pool};
-use crate::error::{check, RbdError};
+use crate::cluster::{Cluster, Pool};
+use crate::error::{c_string, check, RbdError};
 use crate::spec::ImageSpec;
 use crate::sys::{self, Lib};
 
@@ -31,9 +33,9 @@ pub struct RbdImage {
     drained: Condvar,
     pub(crate) pool: Pool,
     /// The exclusive lock, while held (`lock.rs`).
-    pub(crate) lock: Mutex<Option<crate::lock::HeldLock>>,
+    pub(crate) lock: Mutex<Option<HeldLock>>,
     /// The thread that runs this image's blocking calls for its queues (`diff.rs`).
-    pub(crate) worker: Mutex<Option<std::sync::mpsc::Sender<crate::diff::Job>>>,
+    pub(crate) worker: Mutex<Option<std::sync::mpsc::Sender<Job>>>,
 }
 
 // SAFETY: librbd's image handle takes I/O, size and lock calls from any thread (its image
@@ -274,5 +276,63 @@ impl RbdImage {
 impl Drop for RbdImage {
     fn drop(&mut self) {
         let _ = self.close();
+    }
+}
+
+/// A blocking call for the worker.
+pub(crate) type Job = Box<dyn FnOnce() + Send>;
+
+/// The lock this process holds, and its record.
+#[derive(Debug)]
+pub(crate) struct HeldLock {
+    pub(crate) record: Option<PathBuf>,
+}
+
+impl RbdImage {
+    /// Runs `job` on the image's worker thread (started now if it is not running).
+    pub(crate) fn run_on_worker(&self, job: Job) {
+        let mut worker = self.worker.lock().unwrap_or_else(|p| p.into_inner());
+        let job = match worker.as_ref() {
+            None => job,
+            Some(tx) => match tx.send(job) {
+                Ok(()) => return,
+                Err(mpsc::SendError(job)) => job,
+            },
+        };
+        let (tx, rx) = mpsc::channel::<Job>();
+        let spawned = std::thread::Builder::new()
+            .name("rbd-worker".into())
+            .spawn(move || {
+                for job in rx {
+                    job();
+                }
+            });
+        match spawned {
+            Ok(_) => {
+                let _ = tx.send(job);
+                *worker = Some(tx);
+            }
+            // No thread: the job runs here (blocking its caller, but answered).
+            Err(_) => job(),
+        }
+    }
+
+    /// The release of a closing image (whose handle `open_handle` no longer gives).
+    pub(crate) fn release_lock_closing(&self) -> Result<(), RbdError> {
+        self.release_held(self.handle)
+    }
+
+    pub(crate) fn release_held(&self, handle: sys::Image) -> Result<(), RbdError> {
+        let Some(held) = self.lock.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+            return Ok(());
+        };
+        // SAFETY: an open image (closing ones are closed after this).
+        let ret = unsafe { (self.lib.rbd_lock_release)(handle) };
+        if let Some(path) = held.record {
+            let _ = std::fs::remove_file(path);
+        }
+        check(ret.into())
+            .map(drop)
+            .map_err(|errno| call_error("rbd_lock_release", self.spec(), errno))
     }
 }

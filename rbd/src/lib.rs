@@ -55,10 +55,10 @@ mod sys;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use cluster::{Cluster, ClusterOptions};
+pub use cluster::Cluster;
 pub use error::RbdError;
 pub use image::RbdImage;
 pub use lock::{LockRecords, LockTaken};
 pub use queue::{Memory, RbdQueue};
-pub use spec::{ImageSpec, RbdTarget};
+pub use spec::{ClusterOptions, ImageSpec, RbdTarget};
 pub use sys::librbd_version;

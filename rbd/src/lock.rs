@@ -19,9 +19,8 @@
 use std::ffi::{c_char, CStr};
 use std::path::{Path, PathBuf};
 
-use crate::cluster::c_string;
-use crate::error::{check, RbdError};
-use crate::image::{call_error, RbdImage};
+use crate::error::{c_string, check, RbdError};
+use crate::image::{call_error, HeldLock, RbdImage};
 use crate::sys;
 
 /// Where a process keeps who holds which image's lock: a directory of small files, one per
@@ -72,12 +71,6 @@ pub enum LockTaken {
     },
     /// The image has no exclusive-lock feature: nothing stops another writer.
     Unsupported,
-}
-
-/// The lock this process holds, and its record.
-#[derive(Debug)]
-pub(crate) struct HeldLock {
-    record: Option<PathBuf>,
 }
 
 /// This process as a record names it: `pid start-time boot-id`.
@@ -242,26 +235,7 @@ impl RbdImage {
     /// nothing if none is held.
     pub fn release_lock(&self) -> Result<(), RbdError> {
         let handle = self.open_handle()?;
-        self.release_with(handle)
-    }
-
-    /// The release of a closing image (whose handle `open_handle` no longer gives).
-    pub(crate) fn release_lock_closing(&self) -> Result<(), RbdError> {
-        self.release_with(self.handle)
-    }
-
-    fn release_with(&self, handle: sys::Image) -> Result<(), RbdError> {
-        let Some(held) = self.lock.lock().unwrap_or_else(|p| p.into_inner()).take() else {
-            return Ok(());
-        };
-        // SAFETY: an open image (closing ones are closed after this).
-        let ret = unsafe { (self.lib.rbd_lock_release)(handle) };
-        if let Some(path) = held.record {
-            let _ = std::fs::remove_file(path);
-        }
-        check(ret.into())
-            .map(drop)
-            .map_err(|errno| call_error("rbd_lock_release", self.spec(), errno))
+        self.release_held(handle)
     }
 }
 

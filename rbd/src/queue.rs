@@ -288,7 +288,9 @@ impl RbdQueue {
         self.submit(Op::Flush, None, waiter);
     }
 
-    /// Lets the image forget `len` bytes at `offset` (they read as zeros after).
+    /// Lets the image forget `len` bytes at `offset`: advisory, as a discard is (librbd
+    /// ignores what is smaller than `rbd_discard_granularity_bytes`, 64 KiB by default; what
+    /// it does discard reads as zeros after).
     pub fn discard(&self, offset: u64, len: u64, done: impl FnOnce(io::Result<()>) + 'static) {
         let waiter = Waiter::Done(Box::new(move |r, _| done(as_io(r).map(drop))));
         self.submit(Op::Discard(offset, len), None, waiter);

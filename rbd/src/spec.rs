@@ -1,14 +1,14 @@
 //! Which image, and how to reach its cluster, as users write them: `pool[/namespace]/image[@snap]`
 //! and QEMU's `rbd:` filename.
 //!
-//! This module owns parsing and printing those forms ([`ImageSpec`], [`RbdTarget`]); it never
-//! connects to anything.
+//! This module owns parsing and printing those forms ([`ImageSpec`], [`RbdTarget`],
+//! [`ClusterOptions`]); it never connects to anything.
 
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::time::Duration;
 
-use crate::cluster::ClusterOptions;
 use crate::error::RbdError;
 
 /// An image in a cluster: its pool, namespace, name and snapshot.
@@ -153,6 +153,56 @@ fn split_escaped(s: &str) -> Vec<String> {
         }
     }
     out
+}
+
+/// How to reach a cluster, as QEMU's `driver=rbd` takes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClusterOptions {
+    /// The configuration file (`/etc/ceph/ceph.conf`); None reads Ceph's default places, if
+    /// any exist.
+    pub conf: Option<PathBuf>,
+    /// The user, without `client.` (`admin`).
+    pub user: String,
+    /// How long connecting waits for the monitors (`client_mount_timeout`); None keeps the
+    /// configuration's (Ceph's default is 300 s).
+    pub mount_timeout: Option<Duration>,
+    /// Other Ceph options, set after the file is read (`mon_host`, `key`, `keyring`, ...).
+    pub options: Vec<(String, String)>,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        ClusterOptions {
+            conf: None,
+            user: "admin".to_string(),
+            mount_timeout: None,
+            options: Vec::new(),
+        }
+    }
+}
+
+impl ClusterOptions {
+    /// The cluster a configuration file describes, reached as `user`.
+    pub fn from_conf(conf: impl Into<PathBuf>, user: &str) -> Self {
+        ClusterOptions {
+            conf: Some(conf.into()),
+            user: user.to_string(),
+            ..Self::default()
+        }
+    }
+
+    /// The same options with the Ceph option `key` set to `value` (`mon_host`, `key`).
+    pub fn option(mut self, key: &str, value: &str) -> Self {
+        self.options.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    /// The same options, connecting for at most `timeout`.
+    pub fn mount_timeout(mut self, timeout: Duration) -> Self {
+        self.mount_timeout = Some(timeout);
+        self
+    }
 }
 
 #[cfg(test)]

@@ -6,9 +6,10 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
-use crate::cluster::{Cluster, ClusterOptions};
+use crate::cluster::Cluster;
+use crate::spec::ClusterOptions;
 
 /// The environment variable that names a running cluster's configuration (`.ci/run` starts
 /// one for every test binary).
@@ -32,10 +33,22 @@ fn required() -> bool {
 }
 
 impl TestCluster {
-    /// The cluster `AIO_CEPH_CONF` names, or a new one started under a temporary directory
-    /// (about 10 s). None, said on stderr, where neither can be had (no Ceph and no root to
+    /// The cluster `AIO_CEPH_CONF` names, or one started under a temporary directory (about
+    /// 10 s) and shared by the tests of this process that run meanwhile: the last one to drop
+    /// it stops it. None, said on stderr, where neither can be had (no Ceph and no root to
     /// install it), unless `AIO_REQUIRE_ALL_BACKENDS=1`, which panics instead.
-    pub fn get() -> Option<Self> {
+    pub fn get() -> Option<Arc<Self>> {
+        static SHARED: Mutex<Weak<TestCluster>> = Mutex::new(Weak::new());
+        let mut shared = SHARED.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(running) = shared.upgrade() {
+            return Some(running);
+        }
+        let started = Arc::new(Self::start()?);
+        *shared = Arc::downgrade(&started);
+        Some(started)
+    }
+
+    fn start() -> Option<Self> {
         if let Some(conf) = std::env::var_os(CONF_ENV) {
             return Some(TestCluster {
                 conf: conf.into(),

@@ -29,6 +29,10 @@ pub(crate) struct QueueIo<L: EventLoop + 'static, E: IoEngine + 'static> {
     /// shared by iothreads whose engines differ).
     #[cfg(feature = "qcow2")]
     pub(crate) image_engine: Rc<dyn crate::qcow2::current::ImageEngine>,
+    /// An RBD image's requests from this queue, made on the first (librbd's, not the engine:
+    /// their ends come back to this queue's context).
+    #[cfg(feature = "rbd")]
+    pub(crate) rbd: std::cell::OnceCell<aio_rbd::RbdQueue>,
 }
 
 impl<L: EventLoop + 'static, E: IoEngine + 'static> QueueIo<L, E> {
@@ -36,6 +40,8 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> QueueIo<L, E> {
         QueueIo {
             #[cfg(feature = "qcow2")]
             image_engine: Rc::new(engine.clone()),
+            #[cfg(feature = "rbd")]
+            rbd: std::cell::OnceCell::new(),
             engine,
         }
     }

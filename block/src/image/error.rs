@@ -109,6 +109,18 @@ pub enum OpenError {
         /// The image.
         path: PathBuf,
     },
+    /// The image's format is known but not served from where it is stored.
+    #[error("image {path}: {reason}")]
+    FormatNotServed {
+        /// The image.
+        path: PathBuf,
+        /// Why, and what to do instead.
+        reason: &'static str,
+    },
+    /// An RBD image could not be reached, opened or locked.
+    #[cfg(feature = "rbd")]
+    #[error(transparent)]
+    Rbd(#[from] aio_rbd::RbdError),
     /// This build has no support for the image's format (the `qcow2` feature of `aio-block` is off).
     #[error(
         "image {path}: is a {format} image, and this build serves no {format} (feature `qcow2`)"
@@ -135,6 +147,8 @@ impl From<OpenError> for io::Error {
             OpenError::Open { source, .. } | OpenError::Image { source, .. } => source.kind(),
             OpenError::Lock(LockError::Conflict { .. }) => io::ErrorKind::ResourceBusy,
             OpenError::Lock(_) => io::ErrorKind::Other,
+            #[cfg(feature = "rbd")]
+            OpenError::Rbd(e) => io::Error::from(e.clone()).kind(),
             _ => io::ErrorKind::InvalidInput,
         };
         io::Error::new(kind, e)

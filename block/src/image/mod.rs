@@ -34,6 +34,8 @@ pub(crate) mod file;
 mod handoff;
 mod null;
 mod raw;
+#[cfg(feature = "rbd")]
+mod rbd;
 mod resize;
 use driver::Driver;
 pub use error::{OpenError, ResizeError};
@@ -109,6 +111,9 @@ pub(crate) enum Backing {
     /// A qcow2 image and its backing chain.
     #[cfg(feature = "qcow2")]
     Qcow2(std::sync::Arc<crate::qcow2::Qcow2Image>),
+    /// An RBD image in a Ceph cluster, served raw.
+    #[cfg(feature = "rbd")]
+    Rbd(rbd::RbdDisk),
 }
 
 /// `$body` with `$d` bound to the kind behind `$backing` (a [`Driver`]).
@@ -119,6 +124,8 @@ macro_rules! dispatch {
             $crate::image::Backing::Null($d) => $body,
             #[cfg(feature = "qcow2")]
             $crate::image::Backing::Qcow2($d) => $body,
+            #[cfg(feature = "rbd")]
+            $crate::image::Backing::Rbd($d) => $body,
         }
     };
 }

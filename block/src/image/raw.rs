@@ -72,7 +72,7 @@ impl RawFile {
 }
 
 /// Whether `buffers`, written at byte 0, would start with a known format's magic.
-fn writes_format_magic(buffers: &Buffers) -> bool {
+pub(super) fn writes_format_magic(buffers: &Buffers) -> bool {
     let mut head = [0u8; format::PROBE_BYTES];
     let n = buffers.copy_out(&mut head);
     format::probe(&head[..n]).is_some()

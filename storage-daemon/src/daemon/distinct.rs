@@ -25,13 +25,21 @@ fn socket_key(path: &Path) -> PathBuf {
 /// What an image is, whatever path names it: a block device by its device number (a node
 /// and its `/dev/disk/by-*` links are one device), any other file by its inode. None when
 /// it cannot be looked at: opening it fails later, with the reason.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum ImageKey {
     BlockDevice(u64),
-    File { dev: u64, ino: u64 },
+    File {
+        dev: u64,
+        ino: u64,
+    },
+    /// An RBD image, by `pool[/namespace]/image[@snapshot]` (whatever options reach it).
+    Rbd(String),
 }
 
 pub(super) fn image_key(path: &Path) -> Option<ImageKey> {
+    if super::rbd::is_rbd(path) {
+        return super::rbd::image_key(path).map(ImageKey::Rbd);
+    }
     let meta = std::fs::metadata(path).ok()?;
     Some(if meta.file_type().is_block_device() {
         ImageKey::BlockDevice(meta.rdev())

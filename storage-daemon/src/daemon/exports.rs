@@ -180,7 +180,9 @@ impl Exports {
         disks
             .iter()
             .flatten()
-            .find(|s| !s.spec.is_null() && distinct::image_key(&s.spec.image) == Some(wanted))
+            .find(|s| {
+                !s.spec.is_null() && distinct::image_key(&s.spec.image).as_ref() == Some(&wanted)
+            })
             .map(|s| s.device.image().clone())
     }
 

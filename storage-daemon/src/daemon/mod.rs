@@ -20,6 +20,7 @@ mod handoff;
 mod iothreads;
 mod nbd;
 mod nbd_spec;
+pub(crate) mod rbd;
 
 use std::io;
 use std::rc::Rc;
@@ -305,6 +306,9 @@ fn open_disk(d: &DiskSpec) -> Result<BlockDevice, DaemonError> {
     let options = disk_options(d);
     let device = match d.size {
         Some(size) if d.is_null() => BlockDevice::null(size, options),
+        _ if rbd::is_rbd(&d.image) => rbd::open_image(&d.image, options.image_options())
+            .map_err(DeviceError::Image)
+            .and_then(|image| BlockDevice::on_image(Arc::new(image), options)),
         _ => handoff::open_image(d, options),
     }
     .map_err(|e| DaemonError::Disk {

@@ -184,7 +184,7 @@ impl NbdService {
                     .locking(spec.locking);
                 let opened = match spec.size {
                     Some(size) if spec.is_null() => Image::null(size, options),
-                    _ => Image::open(&spec.image, options),
+                    _ => super::rbd::open_image(&spec.image, options),
                 }
                 .map_err(|e| refuse(format!("{}: {e}", spec.image.display())))?;
                 (Arc::new(opened), false)
@@ -243,7 +243,7 @@ impl NbdService {
         let offered = self.offered.borrow();
         offered
             .iter()
-            .find(|o| !o.spec.is_null() && image_key(&o.spec.image) == Some(wanted))
+            .find(|o| !o.spec.is_null() && image_key(&o.spec.image).as_ref() == Some(&wanted))
             .map(|o| o.image.clone())
     }
 

@@ -17,7 +17,7 @@
 
 use serde_json::{json, Value};
 
-use aio_virtio_blk::device::{BlockDevice, DiskOptions};
+use aio_virtio_blk::device::DiskOptions;
 use aio_virtio_blk::format::ImageFormat;
 
 use super::commands::State;
@@ -70,9 +70,10 @@ impl State {
                     format,
                     ..DiskOptions::default()
                 };
-                let disk = BlockDevice::open(&path, options)
+                let image = crate::daemon::rbd::open_image(&path, options.image_options())
                     .map_err(|e| QmpError::generic(e.to_string()))?;
-                disk.resize(size)
+                image
+                    .resize(size)
                     .map_err(|e| QmpError::generic(e.to_string()))?;
             }
             Target::Null => {

@@ -216,7 +216,15 @@ fn flatten(
             Value::Bool(false) => "off".into(),
             Value::Number(n) => n.to_string(),
             Value::Null => return Err(format!("'{key}': null is not served")),
-            Value::Array(_) => return Err(format!("'{key}': a list is not served")),
+            // A list of objects (`server`) as QEMU's keyval writes it: `server.0.host`.
+            Value::Array(items) => {
+                let mut indexed = serde_json::Map::new();
+                for (i, item) in items.iter().enumerate() {
+                    indexed.insert(i.to_string(), item.clone());
+                }
+                flatten(&format!("{key}."), &indexed, out)?;
+                continue;
+            }
         };
         out.push((key, text));
     }

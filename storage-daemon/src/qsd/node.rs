@@ -23,6 +23,7 @@ pub(crate) fn node(o: &mut Opts, nodes: &HashMap<String, Node>) -> Result<Node, 
     let read_only = o.take_bool("read-only", false)?;
     match driver.as_str() {
         "file" | "host_device" => protocol_node(o, driver, read_only),
+        "rbd" => rbd_node(o, driver, read_only),
         "raw" | "qcow2" => {
             let format = if driver == "raw" {
                 ImageFormat::Raw
@@ -97,6 +98,58 @@ fn protocol_node(o: &mut Opts, driver: String, read_only: bool) -> Result<Node, 
         aio,
         read_only,
         locking,
+        shown: o.shown().to_string(),
+    })
+}
+
+/// `\\` and `:` escaped, for a value inside QEMU's `rbd:` filename.
+fn escaped(value: &str) -> String {
+    value.replace('\\', "\\\\").replace(':', "\\:")
+}
+
+/// Reads an `rbd` node (QEMU's `BlockdevOptionsRbd`): the image as QEMU's `rbd:` filename,
+/// which the daemon opens as it opens `--disk image=rbd:...`.
+fn rbd_node(o: &mut Opts, driver: String, read_only: bool) -> Result<Node, QsdError> {
+    let (pool, image) = (o.required("pool")?, o.required("image")?);
+    let mut name = format!("rbd:{}/", escaped(&pool));
+    if let Some(ns) = o.take("namespace") {
+        name += &format!("{}/", escaped(&ns));
+    }
+    name += &escaped(&image);
+    if let Some(snap) = o.take("snapshot") {
+        name += &format!("@{}", escaped(&snap));
+    }
+    if let Some(conf) = o.take("conf") {
+        name += &format!(":conf={}", escaped(&conf));
+    }
+    if let Some(user) = o.take("user") {
+        name += &format!(":id={}", escaped(&user));
+    }
+    // `server.N.host` / `.port`: the monitors, instead of the configuration's.
+    let mut monitors = Vec::new();
+    while let Some(host) = o.take(&format!("server.{}.host", monitors.len())) {
+        let port = o.take(&format!("server.{}.port", monitors.len()));
+        monitors.push(match port {
+            Some(port) => format!("{host}:{port}"),
+            None => host,
+        });
+    }
+    if !monitors.is_empty() {
+        name += &format!(":mon_host={}", escaped(&monitors.join(",")));
+    }
+    for unserved in ["encrypt", "key-secret", "auth-client-required"] {
+        if o.take(unserved).is_some() {
+            return Err(o.not_served(format!(
+                "{unserved}= (give the key in the configuration or keyring)"
+            )));
+        }
+    }
+    Ok(Node::Protocol {
+        driver,
+        filename: PathBuf::from(name),
+        aio: None,
+        read_only,
+        locking: LockMode::Auto,
         shown: o.shown().to_string(),
     })
 }

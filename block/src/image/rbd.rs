@@ -1,0 +1,248 @@
+//! A raw image in a Ceph cluster: an RBD image, its sectors at their own offsets, requests
+//! through librbd ([`aio_rbd`]).
+//!
+//! This module owns the request -> librbd mapping of an RBD disk (reads and writes straight
+//! into and out of the caller's memory, FUA as a flush after the write, write-zeroes thick
+//! unless unmapping is allowed), its block status, its resize, and opening it (the format
+//! rule, the exclusive lock). Each queue's requests run on that queue's own [`RbdQueue`], so
+//! their ends come back to the queue's context.
+//!
+//! * A probed image (`format=auto`) is raw unless its first sector says otherwise: another
+//!   known format is refused, as for a file, and a write that would put a known format's
+//!   magic into sector 0 is `EPERM`. A qcow2 image in RBD is not served yet (its storage
+//!   would have to be librbd's, which imago's storage here is not).
+//! * A writable image takes librbd's exclusive lock (unless `locking=off` or `share-rw=on`):
+//!   a second writer is refused, naming the holder.
+
+use std::io;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use aio_core::engine::IoEngine;
+use aio_core::{AioContext, EventLoop};
+use aio_rbd::{Cluster, LockRecords, LockTaken, Memory, RbdImage, RbdQueue, RbdTarget};
+
+use super::driver::{Driver, QueueIo, StatusDone};
+use super::error::{OpenError, ResizeError};
+use super::{check_size, Backing, Image, ImageOptions};
+use crate::format::{self, ImageFormat, KnownFormat};
+use crate::lock::LockMode;
+use crate::request::{BlockRequest, Buffers, Reply};
+use crate::status::{self, Extent, ExtentKind};
+
+/// An RBD image served raw.
+#[derive(Debug)]
+pub(crate) struct RbdDisk {
+    image: Arc<RbdImage>,
+    /// Its format was found by probing: a write must not give sector 0 a known format's magic.
+    probed: bool,
+    /// What taking the exclusive lock did (None: not taken, the image is not written alone).
+    lock: Option<LockTaken>,
+}
+
+/// `rbd:pool/image`: how an RBD image is named where a path is expected.
+fn name_of(target: &RbdTarget) -> PathBuf {
+    PathBuf::from(format!("rbd:{}", target.spec))
+}
+
+impl Image {
+    /// Opens the RBD image `target` names (connecting to its cluster: blocking, up to the
+    /// cluster's mount timeout), with the format rule of [`ImageFormat`] and, for a writable
+    /// image, librbd's exclusive lock (see [`aio_rbd::RbdImage::lock_exclusive`]; `records`
+    /// lets a restarted process break the lock its dead predecessor left).
+    pub fn open_rbd(
+        target: &RbdTarget,
+        options: ImageOptions,
+        records: Option<&LockRecords>,
+    ) -> Result<Self, OpenError> {
+        let path = name_of(target);
+        let cluster = Cluster::connect(&target.cluster)?;
+        let image = RbdImage::open(&cluster, &target.spec, options.read_only)?;
+        let mut options = options;
+        options.read_only |= image.is_read_only();
+        let probed = options.format == ImageFormat::Auto;
+        if options.format != ImageFormat::Raw {
+            let mut head = vec![0u8; format::PROBE_BYTES];
+            let n = image.read_at(0, &mut head)?;
+            match (options.format, format::probe(&head[..n])) {
+                (_, Some(KnownFormat::Qcow2)) | (ImageFormat::Qcow2, _) => {
+                    return Err(OpenError::FormatNotServed {
+                        path,
+                        reason: "qcow2 inside an RBD image is not served yet: serve it raw \
+                                 (format=raw), or convert it (qemu-img convert -O raw)",
+                    })
+                }
+                (_, Some(format)) => return Err(OpenError::FormatFound { path, format }),
+                _ => {}
+            }
+        }
+        let writer = !options.read_only && !options.share_rw && options.locking != LockMode::Off;
+        let lock = match writer {
+            true => Some(image.lock_exclusive(records)?),
+            false => None,
+        };
+        let size = check_size(&path, image.size()?)?;
+        let disk = RbdDisk {
+            image,
+            probed,
+            lock,
+        };
+        Ok(Self::new(Backing::Rbd(disk), &path, size, options))
+    }
+
+    /// What opening an RBD image did about its exclusive lock, for the caller to tell its
+    /// user: [`LockTaken::BrokeStale`] (a dead predecessor's lock broken),
+    /// [`LockTaken::Unsupported`] (the image has no exclusive-lock feature: nothing stops a
+    /// second writer). None for a read-only or shared image, and any other kind.
+    pub fn rbd_lock(&self) -> Option<&LockTaken> {
+        match self.backing() {
+            Backing::Rbd(disk) => disk.lock.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// The RBD image behind this one (None for any other kind).
+    pub fn rbd(&self) -> Option<&Arc<RbdImage>> {
+        match self.backing() {
+            Backing::Rbd(disk) => Some(&disk.image),
+            _ => None,
+        }
+    }
+}
+
+impl RbdDisk {
+    /// The queue's own librbd queue, made on its first request.
+    fn queue<'q, L, E>(&self, io: &'q QueueIo<L, E>, ctx: &AioContext<L>) -> &'q RbdQueue
+    where
+        L: EventLoop + 'static,
+        E: IoEngine + 'static,
+    {
+        io.rbd
+            .get_or_init(|| RbdQueue::new(self.image.clone(), ctx))
+    }
+}
+
+/// A request's memory as librbd takes it (the hold travels with it).
+fn memory_of(buffers: Buffers) -> Memory {
+    let (iov, hold) = buffers.into_parts();
+    Memory::new(iov, Box::new(hold))
+}
+
+/// Extents of `[offset, offset + len)` from the allocated ones; the rest are holes.
+fn extents_of(allocated: &[(u64, u64)], offset: u64, len: u64) -> Vec<Extent> {
+    let mut out = Vec::new();
+    let mut at = offset;
+    for &(o, l) in allocated {
+        status::push(&mut out, at, o - at, ExtentKind::Hole);
+        status::push(&mut out, o, l, ExtentKind::Data);
+        at = o + l;
+    }
+    status::push(&mut out, at, offset + len - at, ExtentKind::Hole);
+    out
+}
+
+impl Driver for RbdDisk {
+    fn format_name(&self) -> &'static str {
+        "raw"
+    }
+
+    fn close(&self) -> io::Result<()> {
+        self.image.close().map_err(io::Error::from)
+    }
+
+    /// librbd's allocated objects (whole objects: any byte written makes its object data);
+    /// past `size` a hole.
+    fn block_status(&self, offset: u64, len: u64, size: u64) -> io::Result<Vec<Extent>> {
+        let inside = offset.saturating_add(len).min(size).saturating_sub(offset);
+        let allocated = match inside {
+            0 => Vec::new(),
+            n => self.image.allocated(offset, n)?,
+        };
+        Ok(extents_of(&allocated, offset, len))
+    }
+
+    fn block_status_on<L, E>(
+        &self,
+        io: &QueueIo<L, E>,
+        ctx: &AioContext<L>,
+        (offset, len, size): (u64, u64, u64),
+        done: StatusDone,
+    ) where
+        L: EventLoop + 'static,
+        E: IoEngine + 'static,
+    {
+        let inside = offset.saturating_add(len).min(size).saturating_sub(offset);
+        if inside == 0 {
+            return done(Ok(extents_of(&[], offset, len)));
+        }
+        self.queue(io, ctx).allocated(offset, inside, move |r| {
+            done(
+                r.map(|a| extents_of(&a, offset, len))
+                    .map_err(io::Error::from),
+            )
+        });
+    }
+
+    fn resize(&self, bytes: u64, _old: u64) -> Result<(), ResizeError> {
+        self.image
+            .resize(bytes)
+            .map_err(|e| ResizeError::Io(io::Error::from(e)))
+    }
+
+    fn submit<L, E, R>(
+        &self,
+        io: &QueueIo<L, E>,
+        ctx: &AioContext<L>,
+        reply: &Rc<R>,
+        request: BlockRequest,
+        tag: R::Tag,
+    ) where
+        L: EventLoop + 'static,
+        E: IoEngine + 'static,
+        R: Reply,
+    {
+        let queue = self.queue(io, ctx);
+        let reply = reply.clone();
+        match request {
+            BlockRequest::Read { offset, buffers } => {
+                let len = buffers.len() as usize;
+                queue.read(offset, memory_of(buffers), move |r, memory| {
+                    // librbd is done with the memory: the hold goes before the caller hears.
+                    drop(memory);
+                    let r = r.and_then(|n| match n == len {
+                        true => Ok(()),
+                        // Shorter: another client shrank the image under us.
+                        false => Err(io::Error::from_raw_os_error(libc::EIO)),
+                    });
+                    reply.finish(tag, r);
+                });
+            }
+            BlockRequest::Write {
+                offset,
+                buffers,
+                fua,
+            } => {
+                if self.probed && offset == 0 && super::raw::writes_format_magic(&buffers) {
+                    return reply.finish(tag, Err(io::Error::from_raw_os_error(libc::EPERM)));
+                }
+                queue.write(offset, memory_of(buffers), fua, move |r, memory| {
+                    drop(memory);
+                    reply.finish(tag, r);
+                });
+            }
+            BlockRequest::Flush => queue.flush(move |r| reply.finish(tag, r)),
+            BlockRequest::Discard { offset, len } => queue.discard(offset, len, move |r| {
+                // Discard is advisory: an image that cannot is not an error.
+                let r = r.or_else(|e| match e.raw_os_error() {
+                    Some(libc::EOPNOTSUPP) => Ok(()),
+                    _ => Err(e),
+                });
+                reply.finish(tag, r)
+            }),
+            BlockRequest::WriteZeroes { offset, len, unmap } => {
+                queue.write_zeroes(offset, len, unmap, move |r| reply.finish(tag, r))
+            }
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! RBD images through the block layer: a raw disk in a one-node Ceph cluster served by an
+//! `ImageQueue` as files are (reads and writes in the caller's memory, FUA, flush, discard,
+//! write-zeroes, block status, resize), the format rule, and the exclusive lock against a
+//! second writer.
+
+use std::cell::RefCell;
+use std::io;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use aio::poll::PollLoop;
+use aio::{AioContext, IoEngine};
+use aio_block::format::ImageFormat;
+use aio_block::image::OpenError;
+use aio_block::status::ExtentKind;
+use aio_block::{BlockRequest, Buffers, Image, ImageOptions, ImageQueue, Reply};
+use aio_core::engine::AlignedBuf;
+use aio_rbd::testing::TestCluster;
+use aio_rbd::{ImageSpec, RbdError, RbdImage, RbdTarget};
+
+const MIB: u64 = 1 << 20;
+
+#[derive(Default)]
+struct Ends(RefCell<Vec<(u32, io::Result<()>)>>);
+
+impl Reply for Ends {
+    type Tag = u32;
+    fn finish(&self, tag: u32, result: io::Result<()>) {
+        self.0.borrow_mut().push((tag, result));
+    }
+}
+
+struct Session {
+    ctx: AioContext<PollLoop>,
+    queue: ImageQueue<PollLoop, Box<dyn IoEngine>>,
+    ends: Rc<Ends>,
+}
+
+impl Session {
+    fn new(image: &Arc<Image>) -> Self {
+        let ctx = AioContext::new(PollLoop::new()).unwrap();
+        let engine: Box<dyn IoEngine> =
+            Box::new(aio::pool::ThreadPool::new(aio::pool::PoolConfig::default()).unwrap());
+        let engine = ctx.attach_engine(engine, |_, _| {}).unwrap();
+        Session {
+            queue: image.queue(engine),
+            ctx,
+            ends: Rc::default(),
+        }
+    }
+
+    fn run(&self, request: BlockRequest) -> io::Result<()> {
+        self.queue.submit(&self.ctx, &self.ends, request, 7);
+        assert!(self.ends.0.borrow().is_empty() || self.ends.0.borrow()[0].1.is_err());
+        while self.ends.0.borrow().is_empty() {
+            self.ctx.poll(true);
+        }
+        self.ends.0.borrow_mut().pop().unwrap().1
+    }
+
+    fn write(&self, offset: u64, byte: u8, len: usize, fua: bool) -> io::Result<()> {
+        let mut buf = AlignedBuf::new(len);
+        buf.fill(byte);
+        let (buffers, _back) = Buffers::from_aligned(buf);
+        self.run(BlockRequest::Write {
+            offset,
+            buffers,
+            fua,
+        })
+    }
+
+    fn read(&self, offset: u64, len: usize) -> Vec<u8> {
+        let (buffers, back) = Buffers::from_aligned(AlignedBuf::new(len));
+        self.run(BlockRequest::Read { offset, buffers }).unwrap();
+        back.take().expect("the memory came back").to_vec()
+    }
+}
+
+fn target(test: &TestCluster, spec: &ImageSpec) -> RbdTarget {
+    format!("rbd:{spec}:conf={}:id=admin", test.conf().display())
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn an_rbd_disk_is_served_as_a_file_is() {
+    let Some(test) = TestCluster::get() else {
+        return;
+    };
+    let cluster = test.connect();
+    let spec = ImageSpec::new("rbd", &TestCluster::unique_name("block"));
+    RbdImage::create(&cluster, &spec, 64 * MIB).unwrap();
+    let image =
+        Arc::new(Image::open_rbd(&target(&test, &spec), ImageOptions::default(), None).unwrap());
+    assert_eq!((image.size(), image.format_name()), (64 * MIB, "raw"));
+    assert_eq!(image.path().to_str(), Some(format!("rbd:{spec}").as_str()));
+    let s = Session::new(&image);
+
+    s.write(MIB, 0x11, 64 << 10, false).unwrap();
+    s.write(2 * MIB, 0x22, 4096, true).unwrap();
+    s.run(BlockRequest::Flush).unwrap();
+    assert!(s.read(MIB, 64 << 10).iter().all(|&b| b == 0x11));
+    assert!(s.read(2 * MIB, 4096).iter().all(|&b| b == 0x22));
+    s.run(BlockRequest::WriteZeroes {
+        offset: MIB,
+        len: 4096,
+        unmap: false,
+    })
+    .unwrap();
+    assert!(s.read(MIB, 8192)[..4096].iter().all(|&b| b == 0));
+    // Discard is advisory: librbd ignores one below its granularity (64 KiB), and says so
+    // with success.
+    s.run(BlockRequest::Discard {
+        offset: MIB + 4096,
+        len: 4096,
+    })
+    .unwrap();
+    // Past the end: refused before librbd sees it.
+    let e = s
+        .run(BlockRequest::Discard {
+            offset: 64 * MIB,
+            len: 4096,
+        })
+        .unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
+
+    // Block status: the written object is data, the rest holes, on the loop and blocking.
+    let object = image.rbd().unwrap().object_size();
+    let answer = Rc::new(RefCell::new(None));
+    let a = answer.clone();
+    s.queue.block_status(&s.ctx, 0, 64 * MIB + 4096, move |r| {
+        *a.borrow_mut() = Some(r)
+    });
+    while answer.borrow().is_none() {
+        s.ctx.poll(true);
+    }
+    let extents = answer.borrow_mut().take().unwrap().unwrap();
+    assert_eq!(extents, image.block_status(0, 64 * MIB + 4096).unwrap());
+    let data: Vec<_> = extents
+        .iter()
+        .filter(|e| e.kind == ExtentKind::Data)
+        .map(|e| (e.offset, e.len))
+        .collect();
+    assert_eq!(data, vec![(0, object)], "{extents:?}");
+    assert_eq!(extents.last().unwrap().kind, ExtentKind::Hole);
+
+    // A probed raw image keeps sector 0 free of a format's magic.
+    let mut qcow = AlignedBuf::new(4096);
+    qcow[..4].copy_from_slice(b"QFI\xfb");
+    let (buffers, _back) = Buffers::from_aligned(qcow);
+    let e = s
+        .run(BlockRequest::Write {
+            offset: 0,
+            buffers,
+            fua: false,
+        })
+        .unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EPERM));
+
+    // Resize grows what the cluster has; the image's size follows.
+    image.resize(128 * MIB).unwrap();
+    assert_eq!(image.rbd().unwrap().size().unwrap(), 128 * MIB);
+    s.write(127 * MIB, 0x33, 4096, false).unwrap();
+
+    // A second writer is refused at open, naming the holder; a reader is not.
+    let e = Image::open_rbd(&target(&test, &spec), ImageOptions::default(), None).unwrap_err();
+    assert!(matches!(&e, OpenError::Rbd(RbdError::Locked { .. })), "{e}");
+    assert!(e.to_string().contains("locked by"), "{e}");
+    let reader = Image::open_rbd(
+        &target(&test, &spec),
+        ImageOptions::default().read_only(true),
+        None,
+    )
+    .unwrap();
+    let mut head = vec![0u8; 4096];
+    reader.rbd().unwrap().read_at(127 * MIB, &mut head).unwrap();
+    assert!(head.iter().all(|&b| b == 0x33));
+    drop(reader);
+    drop(s);
+    image.close().unwrap();
+    assert_eq!(
+        image.rbd().unwrap().lock_owners().err().map(|e| e.errno()),
+        Some(Some(libc::EBADF))
+    );
+}
+
+#[test]
+fn a_qcow2_image_in_rbd_is_refused_with_what_to_do() {
+    let Some(test) = TestCluster::get() else {
+        return;
+    };
+    let cluster = test.connect();
+    let spec = ImageSpec::new("rbd", &TestCluster::unique_name("qcow2"));
+    RbdImage::create(&cluster, &spec, 16 * MIB).unwrap();
+    let raw = Image::open_rbd(
+        &target(&test, &spec),
+        ImageOptions::new(ImageFormat::Raw),
+        None,
+    )
+    .unwrap();
+    let mut header = vec![0u8; 512];
+    header[..4].copy_from_slice(b"QFI\xfb");
+    header[7] = 3;
+    let s = Session::new(&Arc::new(raw));
+    let (buffers, _back) = Buffers::from_aligned({
+        let mut b = AlignedBuf::new(512);
+        b.copy_from_slice(&header);
+        b
+    });
+    s.run(BlockRequest::Write {
+        offset: 0,
+        buffers,
+        fua: true,
+    })
+    .unwrap();
+    drop(s);
+    let e = Image::open_rbd(&target(&test, &spec), ImageOptions::default(), None).unwrap_err();
+    assert!(matches!(e, OpenError::FormatNotServed { .. }), "{e}");
+    assert!(e.to_string().contains("format=raw"), "{e}");
+}
