@@ -5,12 +5,14 @@
 #
 #   scripts/ceph-cluster.sh start DIR    # prints the config path; `rbd -c DIR/ceph.conf ...`
 #   scripts/ceph-cluster.sh stop DIR     # SIGTERM to the PIDs in DIR's pid files, then waits
+#   scripts/ceph-cluster.sh kill DIR osd.0|mon.a     # SIGKILL one daemon (a fault test's crash)
+#   scripts/ceph-cluster.sh revive DIR osd.0|mon.a   # start it again on its data
 #
 # Installs ceph-mon, ceph-osd and ceph-common (Debian's Ceph 16.2) when missing, as .ci/run
 # installs qemu-utils. Loopback only: the monitor listens on 127.0.0.1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ $# -eq 2 ] || { echo "usage: $0 start|stop DIR" >&2; exit 2; }
+[ $# -ge 2 ] || { echo "usage: $0 start|stop DIR, or kill|revive DIR osd.0|mon.a" >&2; exit 2; }
 action="$1"
 mkdir -p "$2"
 dir="$(realpath "$2")"
@@ -35,9 +37,25 @@ stop)
     stop
     exit 0
     ;;
+kill)
+    pid="$(cat "$dir/run/$3.pid")"
+    kill -KILL "$pid"
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+    rm -f "$dir/run/$3.pid" "$dir/run/$3.asok"
+    exit 0
+    ;;
+revive)
+    case "$3" in
+    mon.*) ceph-mon -c "$conf" -i "${3#mon.}" ;;
+    osd.*) ceph-osd -c "$conf" -i "${3#osd.}" --keyring "$dir/osd/ceph-${3#osd.}/keyring" \
+        2>>"$dir/log/osd-start.log" ;;
+    *) echo "$0: revive osd.N or mon.NAME" >&2; exit 2 ;;
+    esac
+    exit 0
+    ;;
 start) ;;
 *)
-    echo "$0: unknown action '$action' (start or stop)" >&2
+    echo "$0: unknown action '$action' (start, stop, kill or revive)" >&2
     exit 2
     ;;
 esac

@@ -113,7 +113,8 @@ fn is_gone(process: &str) -> bool {
 }
 
 impl RbdImage {
-    /// The clients holding the image's exclusive lock (none, or one).
+    /// The clients holding the image's exclusive lock (none, or one). librbd answers this
+    /// only on an image opened read-write (`EINVAL` read-only).
     pub fn lock_owners(&self) -> Result<Vec<String>, RbdError> {
         let mut mode = 0;
         let mut owners = [std::ptr::null_mut::<c_char>(); 8];

@@ -82,6 +82,15 @@ impl TestCluster {
         })
     }
 
+    /// The cluster whose configuration is `conf` (started elsewhere: never stopped by this
+    /// value).
+    pub fn at(conf: &Path) -> Self {
+        TestCluster {
+            conf: conf.to_path_buf(),
+            started: None,
+        }
+    }
+
     /// Its configuration file.
     pub fn conf(&self) -> &Path {
         &self.conf
@@ -95,6 +104,29 @@ impl TestCluster {
     /// A new connection to it.
     pub fn connect(&self) -> Arc<Cluster> {
         Cluster::connect(&self.options()).expect("the test cluster answers")
+    }
+
+    /// SIGKILLs one of the cluster's daemons (`osd.0`, `mon.a`): a fault test's crash.
+    pub fn kill(&self, daemon: &str) {
+        self.script("kill", daemon);
+    }
+
+    /// Starts a killed daemon again on its data.
+    pub fn revive(&self, daemon: &str) {
+        self.script("revive", daemon);
+    }
+
+    fn script(&self, action: &str, daemon: &str) {
+        let dir = self
+            .conf
+            .parent()
+            .expect("the configuration is in the cluster's directory");
+        let status = Command::new("bash")
+            .arg(script())
+            .args([action.as_ref(), dir.as_os_str(), daemon.as_ref()])
+            .status()
+            .expect("bash runs");
+        assert!(status.success(), "ceph-cluster.sh {action} {daemon}");
     }
 
     /// A name no other test uses: `prefix` and this process's id and a counter.

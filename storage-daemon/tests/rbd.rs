@@ -88,6 +88,7 @@ fn the_daemon_serves_rbd_images() {
     our_disk_form_one_writer_and_a_restart_after_sigkill(&test, &cluster);
     qsd_blockdev_over_nbd_and_qmp(&test, &cluster);
     start_up_failures_exit_2_naming_the_cause(&test, &cluster);
+    requests_wait_out_an_osd_and_a_monitor_restart(&test, &cluster);
 }
 
 fn our_disk_form_one_writer_and_a_restart_after_sigkill(
@@ -237,4 +238,75 @@ fn start_up_failures_exit_2_naming_the_cause(test: &TestCluster, cluster: &Arc<C
         assert!(stderr.contains(expected), "{image}: {stderr}");
     }
     let _ = cluster;
+}
+
+/// A writer keeps 16 writes of 64 KiB in flight through the daemon while the OSD is SIGKILLed
+/// and started again, then the monitor: every write ends once and succeeds, and the image
+/// holds the last pattern written to each block.
+fn requests_wait_out_an_osd_and_a_monitor_restart(test: &TestCluster, cluster: &Arc<Cluster>) {
+    const BLOCK: usize = 64 << 10;
+    const BLOCKS: u64 = 256;
+    let dir = tempfile::tempdir().unwrap();
+    let (spec, image) = new_image(test, cluster, BLOCKS * BLOCK as u64);
+    let (args, socket) = disk_args(dir.path(), "fault", &image);
+    let daemon = Daemon::start(&args, vec![socket.clone()]);
+    let mut c = common::connect(&socket, 1, 16 * BLOCK).unwrap();
+    let faults_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let faults = {
+        let (conf, done) = (test.conf().to_path_buf(), faults_done.clone());
+        std::thread::spawn(move || {
+            let test = TestCluster::at(&conf);
+            for daemon in ["osd.0", "mon.a"] {
+                std::thread::sleep(Duration::from_millis(500));
+                test.kill(daemon);
+                std::thread::sleep(Duration::from_secs(2));
+                test.revive(daemon);
+            }
+            done.store(true, std::sync::atomic::Ordering::Release);
+        })
+    };
+    let mut model = vec![0u8; BLOCKS as usize];
+    let (mut round, mut tag, mut ended) = (0u64, 0usize, 0usize);
+    let started = Instant::now();
+    while !faults_done.load(std::sync::atomic::Ordering::Acquire) || round < 4 {
+        let byte = (round % 250) as u8 + 1;
+        let mut tags = std::collections::BTreeSet::new();
+        for slot in 0..16u64 {
+            let block = (round * 37 + slot * 16) % BLOCKS;
+            c.fill_buf(slot as usize * BLOCK, BLOCK, byte);
+            c.write(0, block * BLOCK as u64, slot as usize * BLOCK, BLOCK, tag);
+            tags.insert(tag);
+            model[block as usize] = byte;
+            tag += 1;
+        }
+        for (t, ret) in c.wait(0, 16) {
+            assert_eq!(ret, 0, "write {t} failed");
+            assert!(
+                tags.remove(&t),
+                "write {t} ended twice, or was never submitted"
+            );
+            ended += 1;
+        }
+        round += 1;
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "writes stalled"
+        );
+    }
+    faults.join().unwrap();
+    assert_eq!(ended, tag, "every write ended once");
+    drop(c);
+    assert!(daemon.terminate().success());
+    let image = RbdImage::open(cluster, &spec, true).unwrap();
+    let mut buf = vec![0u8; BLOCK];
+    for (block, &byte) in model.iter().enumerate() {
+        image
+            .read_at(block as u64 * BLOCK as u64, &mut buf)
+            .unwrap();
+        assert!(
+            buf.iter().all(|&b| b == byte),
+            "block {block}: expected {byte:#x}"
+        );
+    }
+    eprintln!("{round} rounds of 16 writes across an OSD and a monitor restart");
 }

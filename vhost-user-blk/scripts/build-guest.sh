@@ -162,7 +162,22 @@ ensure_host_tool() {
     apt-get install -y -qq --no-install-recommends "$2" >&2 || unavailable "apt-get install $2 failed"
 }
 
+# QEMU's block modules (qemu-block-extra: rbd, iscsi, ...) of the same QEMU: the RBD tests give
+# qemu-storage-daemon and qemu-img `rbd:` images. Not fatal: only those tests need it.
+ensure_qemu_block_extra() {
+    qemu-img --help 2>/dev/null | grep -qw rbd && return 0
+    [ "$(id -u)" -eq 0 ] || { echo "$me: qemu-block-extra is missing and this is not root" >&2; return 0; }
+    ensure_backports_source
+    apt_update
+    local target=()
+    [ -n "$qemu_release" ] && target=(-t "$qemu_release")
+    echo "$me: apt-get install ${target[*]} qemu-block-extra" >&2
+    apt-get install -y -qq --no-install-recommends "${target[@]}" qemu-block-extra >&2 ||
+        echo "$me: apt-get install qemu-block-extra failed" >&2
+}
+
 ensure_qemu_system
+ensure_qemu_block_extra
 ensure_host_tool cpio cpio
 ensure_host_tool fio fio
 ensure_host_tool ldd libc-bin

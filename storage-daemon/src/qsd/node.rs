@@ -88,10 +88,7 @@ fn protocol_node(o: &mut Opts, driver: String, read_only: bool) -> Result<Node, 
         None => LockMode::Auto,
         Some(v) => v.parse().map_err(|e| o.invalid(format!("{e}")))?,
     };
-    match o.take("discard").as_deref() {
-        None | Some("unmap" | "on") => {}
-        Some(v) => return Err(o.not_served(format!("discard={v} (discards are passed)"))),
-    }
+    take_discard(o)?;
     Ok(Node::Protocol {
         driver,
         filename,
@@ -100,6 +97,14 @@ fn protocol_node(o: &mut Opts, driver: String, read_only: bool) -> Result<Node, 
         locking,
         shown: o.shown().to_string(),
     })
+}
+
+/// `discard=`: only `unmap` (or `on`) is served, since discards are always passed.
+fn take_discard(o: &mut Opts) -> Result<(), QsdError> {
+    match o.take("discard").as_deref() {
+        None | Some("unmap" | "on") => Ok(()),
+        Some(v) => Err(o.not_served(format!("discard={v} (discards are passed)"))),
+    }
 }
 
 /// `\\` and `:` escaped, for a value inside QEMU's `rbd:` filename.
@@ -137,6 +142,7 @@ fn rbd_node(o: &mut Opts, driver: String, read_only: bool) -> Result<Node, QsdEr
     if !monitors.is_empty() {
         name += &format!(":mon_host={}", escaped(&monitors.join(",")));
     }
+    take_discard(o)?;
     for unserved in ["encrypt", "key-secret", "auth-client-required"] {
         if o.take(unserved).is_some() {
             return Err(o.not_served(format!(
