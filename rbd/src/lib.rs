@@ -13,6 +13,8 @@
 //!   [`LockRecords`]), and a close that waits for every request in flight first.
 //! * [`RbdQueue`]: one context's requests (read and write straight from and into the
 //!   caller's [`Memory`], FUA, flush, discard, write-zeroes) on that context's loop.
+//! * [`RbdImage::submit`]: one request ([`RbdOp`]) as a future ([`RbdFuture`]) for an
+//!   executor of the caller's, woken from librbd's thread.
 //!
 //! The contract:
 //!
@@ -47,18 +49,24 @@
 mod cluster;
 mod diff;
 mod error;
+mod future;
 mod image;
 mod lock;
+mod memory;
 mod queue;
 mod spec;
+mod submit;
 mod sys;
 #[cfg(feature = "testing")]
 pub mod testing;
 
 pub use cluster::Cluster;
 pub use error::RbdError;
+pub use future::RbdFuture;
 pub use image::RbdImage;
 pub use lock::{LockRecords, LockTaken};
-pub use queue::{Memory, RbdQueue};
+pub use memory::Memory;
+pub use queue::RbdQueue;
 pub use spec::{ClusterOptions, ImageSpec, RbdTarget};
+pub use submit::RbdOp;
 pub use sys::librbd_version;

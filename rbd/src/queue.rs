@@ -20,76 +20,18 @@
 //! * **Each request ends once,** on the loop, never inside the submitting call (a refused
 //!   submission ends through the bottom half too).
 
-use std::any::Any;
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::ffi::c_void;
 use std::io;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 
-use aio_core::engine::GuestIovecs;
 use aio_core::{AioContext, BottomHalf, EventLoop};
 
 use crate::error::{check, RbdError};
 use crate::image::RbdImage;
-use crate::sys;
-
-/// The memory of a read or write: the segments librbd reads or fills, and what keeps them
-/// valid (a guest-memory mapping's hold, an owned buffer), given back when the request ends.
-pub struct Memory {
-    iov: GuestIovecs,
-    owner: Box<dyn Any + Send>,
-}
-
-impl std::fmt::Debug for Memory {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Memory")
-            .field("len", &self.iov.len())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Memory {
-    /// Segments the caller vouched for (in [`GuestIovecs::new`]), kept valid by `owner` for
-    /// as long as this value lives.
-    pub fn new(iov: GuestIovecs, owner: Box<dyn Any + Send>) -> Self {
-        Memory { iov, owner }
-    }
-
-    /// An owned buffer as a request's memory; [`into_vec`](Self::into_vec) gives it back.
-    pub fn from_vec(mut buf: Vec<u8>) -> Self {
-        let (ptr, len) = (buf.as_mut_ptr(), buf.len());
-        // SAFETY: the vector's heap memory does not move when the `Vec` value moves into
-        // the box, lives as long as the box, and is reached by nothing else meanwhile.
-        let iov = unsafe { GuestIovecs::new([(ptr, len)]) };
-        Memory {
-            iov,
-            owner: Box::new(buf),
-        }
-    }
-
-    /// The buffer of a [`from_vec`](Self::from_vec) memory (None for any other).
-    pub fn into_vec(self) -> Option<Vec<u8>> {
-        drop(self.iov);
-        self.owner.downcast::<Vec<u8>>().ok().map(|b| *b)
-    }
-
-    /// The segments and their owner, apart.
-    pub fn into_parts(self) -> (GuestIovecs, Box<dyn Any + Send>) {
-        (self.iov, self.owner)
-    }
-
-    /// Total bytes.
-    pub fn len(&self) -> usize {
-        self.iov.len()
-    }
-
-    /// Whether there are no bytes.
-    pub fn is_empty(&self) -> bool {
-        self.iov.len() == 0
-    }
-}
+use crate::memory::Memory;
+use crate::submit::{submit, Deliver, RbdOp};
 
 /// What came back with a finished request.
 pub(crate) enum Payload {
@@ -111,6 +53,12 @@ pub(crate) struct Mailbox {
     bh: BottomHalf,
 }
 
+impl Deliver for Mailbox {
+    fn deliver(&self, token: u64, ret: i64, memory: Option<Memory>) {
+        self.post(token, ret, memory.map_or(Payload::None, Payload::Memory));
+    }
+}
+
 impl Mailbox {
     /// Leaves `finished` for the loop and wakes it (from any thread).
     pub(crate) fn post(&self, token: u64, ret: i64, payload: Payload) {
@@ -124,44 +72,6 @@ impl Mailbox {
             });
         self.bh.schedule();
     }
-}
-
-/// What librbd holds while a request runs: freed by the callback.
-struct InFlight {
-    mailbox: Arc<Mailbox>,
-    /// The image, kept open until this request's callback has ended ([`RbdImage::close`]
-    /// waits for the count this request holds).
-    image: *const RbdImage,
-    token: u64,
-    memory: Option<Memory>,
-}
-
-/// librbd's completion callback, on one of librbd's threads.
-unsafe extern "C" fn request_done(c: sys::RbdCompletion, arg: *mut c_void) {
-    // SAFETY: `arg` is the `Box<InFlight>` leaked by `submit` for this completion, which
-    // librbd calls back exactly once.
-    let flight = unsafe { Box::from_raw(arg.cast::<InFlight>()) };
-    let InFlight {
-        mailbox,
-        image,
-        token,
-        memory,
-    } = *flight;
-    // SAFETY: the image stays open until this request's count is ended below (its close
-    // waits for it, and its drop closes it), so the pointer is valid until then.
-    let image = unsafe { &*image };
-    // SAFETY: `c` is this request's completion, complete now, released just below.
-    let ret = unsafe { (image.lib.rbd_aio_get_return_value)(c) };
-    // SAFETY: `c` is released once, here; nothing uses it after.
-    unsafe { (image.lib.rbd_aio_release)(c) };
-    // librbd is done with the memory: it goes back with the result.
-    mailbox.post(
-        token,
-        ret as i64,
-        memory.map_or(Payload::None, Payload::Memory),
-    );
-    // The last use of the image: after this its close may proceed.
-    image.end_request();
 }
 
 /// What the loop does with a finished request.
@@ -199,15 +109,6 @@ impl std::fmt::Debug for RbdQueue {
 /// A librbd result as what the caller hears.
 fn as_io(result: Result<u64, i32>) -> io::Result<u64> {
     result.map_err(io::Error::from_raw_os_error)
-}
-
-/// One kind of librbd request, submitted with its completion.
-enum Op {
-    Read(u64),
-    Write(u64),
-    Flush,
-    Discard(u64, u64),
-    WriteZeroes(u64, u64, bool),
 }
 
 impl RbdQueue {
@@ -257,7 +158,7 @@ impl RbdQueue {
             };
             done(as_io(r).map(|n| n as usize), m)
         }));
-        self.submit(Op::Read(offset), Some(memory), waiter);
+        self.submit(RbdOp::Read(offset), Some(memory), waiter);
     }
 
     /// Writes `memory` at `offset`; with `fua` the data is durable when `done` runs (a flush
@@ -279,13 +180,13 @@ impl RbdQueue {
             true => Waiter::FlushThen(done),
             false => Waiter::Done(done),
         };
-        self.submit(Op::Write(offset), Some(memory), waiter);
+        self.submit(RbdOp::Write(offset), Some(memory), waiter);
     }
 
     /// Makes every write that has ended durable (librbd's cache written back).
     pub fn flush(&self, done: impl FnOnce(io::Result<()>) + 'static) {
         let waiter = Waiter::Done(Box::new(move |r, _| done(as_io(r).map(drop))));
-        self.submit(Op::Flush, None, waiter);
+        self.submit(RbdOp::Flush, None, waiter);
     }
 
     /// Lets the image forget `len` bytes at `offset`: advisory, as a discard is (librbd
@@ -293,7 +194,7 @@ impl RbdQueue {
     /// it does discard reads as zeros after).
     pub fn discard(&self, offset: u64, len: u64, done: impl FnOnce(io::Result<()>) + 'static) {
         let waiter = Waiter::Done(Box::new(move |r, _| done(as_io(r).map(drop))));
-        self.submit(Op::Discard(offset, len), None, waiter);
+        self.submit(RbdOp::Discard(offset, len), None, waiter);
     }
 
     /// Makes `len` bytes at `offset` read as zeros; without `unmap` they stay allocated
@@ -306,7 +207,7 @@ impl RbdQueue {
         done: impl FnOnce(io::Result<()>) + 'static,
     ) {
         let waiter = Waiter::Done(Box::new(move |r, _| done(as_io(r).map(drop))));
-        self.submit(Op::WriteZeroes(offset, len, unmap), None, waiter);
+        self.submit(RbdOp::WriteZeroes { offset, len, unmap }, None, waiter);
     }
 
     /// The allocated extents `(offset, length)` of `[offset, offset + len)`, found on the
@@ -338,64 +239,9 @@ impl RbdQueue {
         token
     }
 
-    fn submit(&self, op: Op, memory: Option<Memory>, waiter: Waiter) {
+    fn submit(&self, op: RbdOp, memory: Option<Memory>, waiter: Waiter) {
         let token = self.wait_for(waiter);
-        submit_op(&self.image, &self.mailbox, token, op, memory);
-    }
-}
-
-/// Hands `op` to librbd, its end to come through `mailbox` with `token` (a refusal too).
-fn submit_op(image: &RbdImage, mailbox: &Arc<Mailbox>, token: u64, op: Op, memory: Option<Memory>) {
-    if !image.begin_request() {
-        let payload = memory.map_or(Payload::None, Payload::Memory);
-        return mailbox.post(token, -i64::from(libc::EBADF), payload);
-    }
-    let lib = image.lib;
-    let iov_of = |m: &Option<Memory>| {
-        let iov = m.as_ref().map_or(&[][..], |m| m.iov.as_iovecs());
-        (iov.as_ptr(), iov.len() as i32)
-    };
-    let (iov, iovcnt) = iov_of(&memory);
-    let flight = Box::into_raw(Box::new(InFlight {
-        mailbox: mailbox.clone(),
-        image,
-        token,
-        memory,
-    }));
-    let mut c: sys::RbdCompletion = std::ptr::null_mut();
-    // SAFETY: `flight` is a live box handed to librbd as the callback's argument; a live
-    // out-pointer for the completion.
-    let mut ret = unsafe { (lib.rbd_aio_create_completion)(flight.cast(), request_done, &mut c) };
-    if ret >= 0 {
-        let h = image.handle;
-        // SAFETY: an open image (counted in flight, so not closed); the iovecs are the
-        // memory's, which lives in `flight` until the callback (the promise of
-        // `GuestIovecs::new`); `c` is fresh and given to exactly one request.
-        ret = unsafe {
-            match op {
-                Op::Read(offset) => (lib.rbd_aio_readv)(h, iov, iovcnt, offset, c),
-                Op::Write(offset) => (lib.rbd_aio_writev)(h, iov, iovcnt, offset, c),
-                Op::Flush => (lib.rbd_aio_flush)(h, c),
-                Op::Discard(offset, len) => (lib.rbd_aio_discard)(h, offset, len, c),
-                Op::WriteZeroes(offset, len, unmap) => {
-                    let flags = if unmap { 0 } else { sys::WRITE_ZEROES_THICK };
-                    (lib.rbd_aio_write_zeroes)(h, offset, len as usize, c, flags, 0)
-                }
-            }
-        };
-        if ret < 0 {
-            // SAFETY: librbd refused the request, so it will never call `c` back: released
-            // once, here.
-            unsafe { (lib.rbd_aio_release)(c) };
-        }
-    }
-    if ret < 0 {
-        // SAFETY: the callback will never run (no completion, or it was refused), so the box
-        // is still ours, taken back once.
-        let flight = unsafe { Box::from_raw(flight) };
-        let payload = flight.memory.map_or(Payload::None, Payload::Memory);
-        mailbox.post(token, ret.into(), payload);
-        image.end_request();
+        submit(&self.image, self.mailbox.clone(), token, op, memory);
     }
 }
 
@@ -420,7 +266,7 @@ fn deliver(image: &RbdImage, mailbox: &Arc<Mailbox>, waiting: &Rc<RefCell<Waitin
                         Payload::Memory(m) => Some(m),
                         _ => None,
                     };
-                    submit_op(image, mailbox, f.token, Op::Flush, memory);
+                    submit(image, mailbox.clone(), f.token, RbdOp::Flush, memory);
                 }
                 Some(Waiter::Done(done) | Waiter::FlushThen(done)) => done(result, f.payload),
                 None => {}

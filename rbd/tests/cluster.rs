@@ -47,6 +47,55 @@ fn rbd_images_on_a_one_node_cluster() {
     errors_are_typed(&test, &cluster);
     the_exclusive_lock_keeps_one_writer_and_a_dead_holder_is_broken(&test, &cluster);
     a_close_waits_for_the_requests_in_flight(&cluster);
+    requests_as_futures(&cluster);
+}
+
+/// Polls `f` on this thread until it is ready, parked between wake-ups.
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let std::task::Poll::Ready(out) = f.as_mut().poll(&mut cx) {
+            return out;
+        }
+        std::thread::park();
+    }
+}
+
+fn requests_as_futures(cluster: &Arc<Cluster>) {
+    use aio_rbd::RbdOp;
+    let spec = new_image(cluster, 16 * MIB);
+    let image = RbdImage::open(cluster, &spec, false).unwrap();
+    let (r, m) = block_on(image.submit(RbdOp::Write(4096), Some(Memory::from_vec(vec![9; 8192]))));
+    assert_eq!(r.unwrap(), 0);
+    assert_eq!(
+        m.unwrap().into_vec().unwrap().len(),
+        8192,
+        "the memory comes back"
+    );
+    let (r, m) = block_on(image.submit(RbdOp::Read(4096), Some(Memory::from_vec(vec![0; 8192]))));
+    assert_eq!(r.unwrap(), 8192);
+    assert!(m.unwrap().into_vec().unwrap().iter().all(|&b| b == 9));
+    let (r, _) = block_on(image.submit(RbdOp::Flush, None));
+    r.unwrap();
+    // A future dropped at once: its read still runs, its memory with librbd until the end,
+    // which the close waits for.
+    drop(image.submit(
+        RbdOp::Read(0),
+        Some(Memory::from_vec(vec![0; MIB as usize])),
+    ));
+    image.close().unwrap();
+    assert_eq!(image.in_flight(), 0);
+    let (r, _) = block_on(image.submit(RbdOp::Flush, None));
+    assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EBADF), "closed");
+    RbdImage::remove(cluster, &spec).unwrap();
 }
 
 fn requests_end_on_the_submitting_loop_with_the_data(cluster: &Arc<Cluster>) {

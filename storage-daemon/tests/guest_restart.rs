@@ -69,9 +69,19 @@ struct Plan<'a> {
     fio_stops: usize,
     /// fio's passes over each job's region (long enough for the stops).
     loops: u32,
-    /// The disk is a qcow2 image (made by `qemu-img`, checked by it after the run) instead of
-    /// a raw file.
-    qcow2: bool,
+    /// What the disk is.
+    disk: Disk,
+}
+
+/// A run's disk.
+#[derive(Debug, Clone)]
+enum Disk {
+    /// A raw file.
+    Raw,
+    /// A qcow2 image, made by `qemu-img` and checked by it after the run.
+    Qcow2,
+    /// An RBD image, by its `rbd:` name (made by the test, in its cluster).
+    Rbd(String),
 }
 
 /// What one run did.
@@ -110,7 +120,9 @@ fn restart_run(name: &str, plan: &Plan, seed: u64) -> Option<Outcome> {
     let image = guest_image()?;
     let _one = GUESTS.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().expect("tempdir");
-    let disk = if plan.qcow2 {
+    let disk = if let Disk::Rbd(name) = &plan.disk {
+        std::path::PathBuf::from(name)
+    } else if let Disk::Qcow2 = plan.disk {
         let disk = dir.path().join("disk.qcow2");
         let made = Command::new("qemu-img")
             .args(["create", "-q", "-f", "qcow2"])
@@ -201,7 +213,9 @@ fn restart_run(name: &str, plan: &Plan, seed: u64) -> Option<Outcome> {
         .info("max_completion_gap_ms")
         .and_then(|v| v.parse().ok());
     let (logs, resubmitted) = daemon_logs(dir.path());
-    let image_check = plan.qcow2.then(|| qcow2_check(&disk)).flatten();
+    let image_check = matches!(plan.disk, Disk::Qcow2)
+        .then(|| qcow2_check(&disk))
+        .flatten();
     println!(
         "{name}: {stops} stops ({fio_stops} during fio), longest downtime {:.2} s, guest's \
          longest completion gap {max_gap_ms:?} ms, {resubmitted} requests resubmitted, run \
@@ -319,7 +333,7 @@ fn the_guest_survives_sigkill_of_the_daemon_with_every_engine() {
             stop: Stop::Kill,
             fio_stops: 3,
             loops: 4,
-            qcow2: false,
+            disk: Disk::Raw,
         };
         let name = format!("restart-kill-{engine}");
         let Some(outcome) = restart_run(&name, &plan, seed()) else {
@@ -341,9 +355,44 @@ fn the_guest_survives_sigkill_of_the_daemon_on_a_qcow2_image() {
         stop: Stop::Kill,
         fio_stops: 3,
         loops: 4,
-        qcow2: true,
+        disk: Disk::Qcow2,
     };
     let Some(outcome) = restart_run("restart-kill-qcow2", &plan, seed()) else {
+        return;
+    };
+    outcome.assert_passed(&plan);
+}
+
+/// A new RBD image of the guest's capacity in the test cluster, by its `rbd:` name; None
+/// (said) without a cluster.
+fn rbd_disk() -> Option<(std::sync::Arc<aio_rbd::testing::TestCluster>, String)> {
+    use aio_rbd::testing::TestCluster;
+    let test = TestCluster::get()?;
+    let spec = aio_rbd::ImageSpec::new("rbd", &TestCluster::unique_name("restart"));
+    aio_rbd::RbdImage::create(&test.connect(), &spec, CAPACITY).unwrap();
+    let name = format!("rbd:{spec}:conf={}:id=admin", test.conf().display());
+    Some((test, name))
+}
+
+/// SIGKILL at boot, while idle and three times during fio on an RBD disk: each restarted
+/// daemon breaks its dead predecessor's exclusive lock (blocklisting it, so none of its
+/// writes still in flight can land later) and runs the guest's requests again; the guest's
+/// verify passes.
+#[test]
+fn the_guest_survives_sigkill_of_the_daemon_on_an_rbd_disk() {
+    let Some((_cluster, name)) = rbd_disk() else {
+        return;
+    };
+    let engines = common::engines();
+    let plan = Plan {
+        server: Server::Ours,
+        engines: &engines,
+        stop: Stop::Kill,
+        fio_stops: 3,
+        loops: 4,
+        disk: Disk::Rbd(name),
+    };
+    let Some(outcome) = restart_run("restart-kill-rbd", &plan, seed()) else {
         return;
     };
     outcome.assert_passed(&plan);
@@ -360,7 +409,7 @@ fn the_guest_survives_upgrades_to_another_engine() {
         stop: Stop::Term,
         fio_stops: 3,
         loops: 4,
-        qcow2: false,
+        disk: Disk::Raw,
     };
     let Some(outcome) = restart_run("restart-term", &plan, seed()) else {
         return;
@@ -368,9 +417,11 @@ fn the_guest_survives_upgrades_to_another_engine() {
     outcome.assert_passed(&plan);
 }
 
-/// The soak: runs of ten SIGKILLs during fio until `AIO_SOAK_KILLS` (50) per engine, then the
-/// same against qemu-storage-daemon (threads and native AIO), reported and not asserted.
-/// `AIO_SOAK_ONLY=pool,native` keeps the servers whose label names one of the words.
+/// The soak: runs of ten SIGKILLs during fio until `AIO_SOAK_KILLS` (50) per engine, then on
+/// an RBD disk (io_uring's fd monitor; the test cluster), then the same against
+/// qemu-storage-daemon (threads and native AIO), reported and not asserted.
+/// `AIO_SOAK_ONLY=pool,native` keeps the servers whose label names one of the words
+/// (`AIO_SOAK_ONLY=rbd AIO_SOAK_KILLS=30`: the RBD disk's 30 kills alone).
 #[test]
 #[ignore = "soak: minutes per engine; run with --ignored"]
 fn soak_sigkill_per_engine_and_against_qemu_storage_daemon() {
@@ -378,26 +429,41 @@ fn soak_sigkill_per_engine_and_against_qemu_storage_daemon() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(50);
-    let mut servers: Vec<(String, Server, &str)> = common::engines()
+    let mut servers: Vec<(String, Server, &str, bool)> = common::engines()
         .into_iter()
-        .map(|e| (format!("aio-storage-daemon --engine {e}"), Server::Ours, e))
+        .map(|e| {
+            (
+                format!("aio-storage-daemon --engine {e}"),
+                Server::Ours,
+                e,
+                false,
+            )
+        })
         .collect();
+    servers.push(("aio-storage-daemon rbd".into(), Server::Ours, "uring", true));
     if runnable("qemu-storage-daemon") {
         for native in [false, true] {
             let name = format!(
                 "qemu-storage-daemon aio={}",
                 ["threads", "native"][native as usize]
             );
-            servers.push((name, Server::Qsd { native }, "-"));
+            servers.push((name, Server::Qsd { native }, "-", false));
         }
     }
     // AIO_SOAK_ONLY=pool,native: only the servers whose label contains one of these words.
     if let Ok(only) = std::env::var("AIO_SOAK_ONLY") {
         let words: Vec<&str> = only.split(',').filter(|w| !w.is_empty()).collect();
-        servers.retain(|(label, _, _)| words.iter().any(|w| label.contains(w)));
+        servers.retain(|(label, _, _, _)| words.iter().any(|w| label.contains(w)));
     }
     let mut report = Vec::new();
-    for (label, server, engine) in servers {
+    for (label, server, engine, rbd) in servers {
+        let cluster = match rbd {
+            true => match rbd_disk() {
+                Some(made) => Some(made),
+                None => continue,
+            },
+            false => None,
+        };
         let (mut made, mut survived, mut runs, mut failed, mut resubmitted) = (0, 0, 0, 0, 0);
         let mut gaps = Vec::new();
         while made < want {
@@ -407,7 +473,9 @@ fn soak_sigkill_per_engine_and_against_qemu_storage_daemon() {
                 stop: Stop::Kill,
                 fio_stops: 10,
                 loops: 12,
-                qcow2: false,
+                disk: cluster
+                    .as_ref()
+                    .map_or(Disk::Raw, |(_, name)| Disk::Rbd(name.clone())),
             };
             let name = format!("soak-{}-{runs}", label.replace([' ', '='], "-"));
             let Some(outcome) = restart_run(&name, &plan, seed()) else {

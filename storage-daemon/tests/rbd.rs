@@ -87,6 +87,7 @@ fn the_daemon_serves_rbd_images() {
     let cluster = test.connect();
     our_disk_form_one_writer_and_a_restart_after_sigkill(&test, &cluster);
     qsd_blockdev_over_nbd_and_qmp(&test, &cluster);
+    a_qcow2_image_in_rbd(&test);
     start_up_failures_exit_2_naming_the_cause(&test, &cluster);
     requests_wait_out_an_osd_and_a_monitor_restart(&test, &cluster);
 }
@@ -309,4 +310,66 @@ fn requests_wait_out_an_osd_and_a_monitor_restart(test: &TestCluster, cluster: &
         );
     }
     eprintln!("{round} rounds of 16 writes across an OSD and a monitor restart");
+}
+
+/// A qcow2 image imported into RBD, served by `--disk image=rbd:...` (found by its header),
+/// written through libblkio; exported back to a file, `qemu-img check` finds it clean and
+/// `qemu-io` reads the writes.
+fn a_qcow2_image_in_rbd(test: &TestCluster) {
+    let dir = tempfile::tempdir().unwrap();
+    let (local, back) = (dir.path().join("in.qcow2"), dir.path().join("out.qcow2"));
+    let run = |program: &str, args: &[&str]| {
+        let out = Command::new(program).args(args).output().unwrap();
+        assert!(out.status.success(), "{program} {args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    run(
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            local.to_str().unwrap(),
+            "64M",
+        ],
+    );
+    let spec = ImageSpec::new("rbd", &TestCluster::unique_name("qcow2"));
+    let conf = test.conf().to_str().unwrap();
+    run(
+        "rbd",
+        &[
+            "-c",
+            conf,
+            "import",
+            local.to_str().unwrap(),
+            &spec.to_string(),
+        ],
+    );
+    let image = format!("rbd:{spec}:conf={conf}:id=admin");
+    let (args, socket) = disk_args(dir.path(), "q", &image);
+    let daemon = Daemon::start(&args, vec![socket.clone()]);
+    let mut c = common::connect(&socket, 1, 1 << 20).unwrap();
+    assert_eq!(c.capacity().unwrap(), 64 * MIB);
+    c.fill_buf(0, 65536, 0x7e);
+    c.write(0, 16 * MIB, 0, 65536, 1);
+    assert_eq!(c.wait(0, 1), [(1, 0)]);
+    drop(c);
+    assert!(daemon.terminate().success());
+    run(
+        "rbd",
+        &[
+            "-c",
+            conf,
+            "export",
+            &spec.to_string(),
+            back.to_str().unwrap(),
+        ],
+    );
+    run("qemu-img", &["check", "-q", back.to_str().unwrap()]);
+    let read = run(
+        "qemu-io",
+        &["-c", "read -P 0x7e 16M 64k", back.to_str().unwrap()],
+    );
+    assert!(!read.contains("verification failed"), "{read}");
 }

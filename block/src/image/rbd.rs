@@ -7,10 +7,10 @@
 //! rule, the exclusive lock). Each queue's requests run on that queue's own [`RbdQueue`], so
 //! their ends come back to the queue's context.
 //!
-//! * A probed image (`format=auto`) is raw unless its first sector says otherwise: another
-//!   known format is refused, as for a file, and a write that would put a known format's
-//!   magic into sector 0 is `EPERM`. A qcow2 image in RBD is not served yet (its storage
-//!   would have to be librbd's, which imago's storage here is not).
+//! * A probed image (`format=auto`) is raw unless its first sector says otherwise: a qcow2
+//!   header is served as qcow2 (its storage librbd's: `qcow2/rbd_storage.rs`; no backing
+//!   file), another known format is refused, as for a file, and a write that would put a known
+//!   format's magic into sector 0 of a raw image is `EPERM`.
 //! * A writable image takes librbd's exclusive lock (unless `locking=off` or `share-rw=on`):
 //!   a second writer is refused, naming the holder.
 
@@ -67,11 +67,7 @@ impl Image {
             let n = image.read_at(0, &mut head)?;
             match (options.format, format::probe(&head[..n])) {
                 (_, Some(KnownFormat::Qcow2)) | (ImageFormat::Qcow2, _) => {
-                    return Err(OpenError::FormatNotServed {
-                        path,
-                        reason: "qcow2 inside an RBD image is not served yet: serve it raw \
-                                 (format=raw), or convert it (qemu-img convert -O raw)",
-                    })
+                    return Self::open_rbd_qcow2(path, image, options, records);
                 }
                 (_, Some(format)) => return Err(OpenError::FormatFound { path, format }),
                 _ => {}
@@ -89,6 +85,42 @@ impl Image {
             lock,
         };
         Ok(Self::new(Backing::Rbd(disk), &path, size, options))
+    }
+
+    /// The qcow2 image inside the RBD image `image`, under the RBD image's exclusive lock.
+    #[cfg(feature = "qcow2")]
+    fn open_rbd_qcow2(
+        path: PathBuf,
+        image: Arc<RbdImage>,
+        options: ImageOptions,
+        records: Option<&LockRecords>,
+    ) -> Result<Self, OpenError> {
+        // A qcow2 image's metadata has one writer: shared writing is never allowed.
+        let writer = !options.read_only && options.locking != LockMode::Off;
+        if writer {
+            image.lock_exclusive(records)?;
+        }
+        let qcow2 = crate::qcow2::Qcow2Image::open_rbd(&path, image, !options.read_only)?;
+        let size = check_size(&path, qcow2.size())?;
+        Ok(Self::new(
+            Backing::Qcow2(Arc::new(qcow2)),
+            &path,
+            size,
+            options,
+        ))
+    }
+
+    #[cfg(not(feature = "qcow2"))]
+    fn open_rbd_qcow2(
+        path: PathBuf,
+        _image: Arc<RbdImage>,
+        _options: ImageOptions,
+        _records: Option<&LockRecords>,
+    ) -> Result<Self, OpenError> {
+        Err(OpenError::FormatNotBuilt {
+            path,
+            format: KnownFormat::Qcow2,
+        })
     }
 
     /// What opening an RBD image did about its exclusive lock, for the caller to tell its

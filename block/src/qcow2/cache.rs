@@ -125,10 +125,11 @@ impl MappingCache {
         host: u64,
         len: u64,
     ) {
-        let file = storage.io_file();
-        let (data_file, _) = self
-            .data_file
-            .get_or_init(|| (file.clone(), storage.write_counter()));
+        // An RBD image has no direct path: nothing is cached.
+        let (Some(file), Some(counter)) = (storage.io_file(), storage.write_counter()) else {
+            return;
+        };
+        let (data_file, _) = self.data_file.get_or_init(|| (file.clone(), counter));
         let mask = (1u64 << self.cluster_bits) - 1;
         if data_file.raw_fd() != file.raw_fd() || len == 0 || (host & mask) != (offset & mask) {
             return;

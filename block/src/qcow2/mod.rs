@@ -23,6 +23,9 @@ mod blocking;
 mod cache;
 pub(crate) mod current;
 mod direct;
+mod file_storage;
+#[cfg(feature = "rbd")]
+mod rbd_storage;
 mod requests;
 mod settle;
 mod status;
@@ -217,7 +220,8 @@ impl ImplicitOpenGate<EngineStorage> for ChainGate {
         let storage = EngineStorage::open_path(&path, opts.get_writable())?;
         // A backing file is locked as QEMU's tools lock one (read, everything shared) before
         // imago reads its header through it.
-        let fd = storage.io_file().as_fd().try_clone_to_owned()?;
+        let file = storage.io_file().ok_or(io::ErrorKind::Unsupported)?;
+        let fd = file.as_fd().try_clone_to_owned()?;
         match ImageLock::acquire(&fd.into(), &path, Access::backing(), self.locking) {
             Ok(lock) => self.locks.borrow_mut().push(lock),
             Err(e) => return Err(self.refuse(e.into())),
@@ -250,9 +254,62 @@ impl Qcow2Image {
         });
         gate.visit(path).map_err(failed)?;
         let storage = EngineStorage::open_path(path, writable).map_err(failed)?;
+        Self::open_on(path, &head, storage, writable, gate, vec![lock])
+    }
+
+    /// Opens the qcow2 image inside the RBD image `image` (named `path`), for writing when
+    /// `writable`. It has no backing file (refused), and no lock of QEMU's bytes: the RBD
+    /// image's exclusive lock, the caller's, keeps other writers out.
+    #[cfg(feature = "rbd")]
+    pub(crate) fn open_rbd(
+        path: &Path,
+        image: Arc<aio_rbd::RbdImage>,
+        writable: bool,
+    ) -> Result<Self, OpenError> {
+        let failed = |source| OpenError::Image {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut head = vec![0u8; 4096];
+        let n = image.read_at(0, &mut head)?;
+        head.truncate(n);
+        check_qcow2_header(path, &head, writable)?;
+        if header_field(&head, 8, 8).is_some_and(|at| at != 0) {
+            return Err(OpenError::FormatNotServed {
+                path: path.to_path_buf(),
+                reason: "a qcow2 image in RBD with a backing file is not served: \
+                         `qemu-img convert` it to a whole image first",
+            });
+        }
+        let storage = rbd_storage::RbdStorage::new(image, path).map_err(failed)?;
+        let gate = ChainGate::new(LockMode::Off);
+        Self::open_on(
+            path,
+            &head,
+            EngineStorage::Rbd(storage),
+            writable,
+            gate,
+            vec![],
+        )
+    }
+
+    /// Opens the image on `storage` (its header `head` checked) through `gate`, holding
+    /// `locks` while it is served.
+    fn open_on(
+        path: &Path,
+        head: &[u8],
+        storage: EngineStorage,
+        writable: bool,
+        gate: ChainGate,
+        mut locks: Vec<ImageLock>,
+    ) -> Result<Self, OpenError> {
+        let failed = |source| OpenError::Image {
+            path: path.to_path_buf(),
+            source,
+        };
         let opened = current::block_on(
             Qcow2::<EngineStorage>::builder(storage)
-                .l2_cache_entries(l2_cache_entries(&head))
+                .l2_cache_entries(l2_cache_entries(head))
                 .write(writable)
                 .open(gate.clone()),
         );
@@ -261,11 +318,10 @@ impl Qcow2Image {
             Err(source) => return Err(gate.refusal.take().unwrap_or_else(|| failed(source))),
         };
         let chain = gate.chain.take();
-        let mut locks = vec![lock];
         locks.append(&mut gate.locks.borrow_mut());
         let access = FormatAccess::new(qcow2);
         // The header was checked: qcow2's cluster_bits is 9..=21.
-        let cluster_bits = header_field(&head, 20, 4).unwrap_or(16) as u32;
+        let cluster_bits = header_field(head, 20, 4).unwrap_or(16) as u32;
         Ok(Qcow2Image {
             cache: cache::MappingCache::new(cluster_bits, access.size()),
             access: Arc::new(RwLock::new(access)),
