@@ -4,7 +4,8 @@
 //! guest's kernel must take the new capacity from the config interrupt QEMU raises on the
 //! daemon's `VHOST_USER_BACKEND_CONFIG_CHANGE_MSG` (`/sys/block/vda/size`, virtio_blk's
 //! "new size" line), then write the new last MiB and read it back; the host then finds those
-//! bytes in the image. A raw file and a qcow2 image, each on our daemon.
+//! bytes in the image. A raw file, a qcow2 image and an RBD image (`driver=rbd`, in the test
+//! cluster; librbd then reports the new size), each on our daemon.
 //!
 //! `guest_sees_qemu_storage_daemons_resize` runs the same guest against qemu-storage-daemon,
 //! the reference.
@@ -55,14 +56,29 @@ const RESIZE_CHECKS: &[&str] = &[
 /// A qemu-storage-daemon command line exporting `image` (`format`) on `socket`, with a
 /// monitor on `monitor`.
 fn command_line(image: &Path, format: &str, socket: &Path, monitor: &Path) -> Vec<String> {
-    [
-        "--blockdev".to_string(),
-        format!(
-            "driver=file,node-name=file0,filename={},cache.direct=on",
-            image.display()
-        ),
-        "--blockdev".to_string(),
-        format!("driver={format},node-name=disk0,file=file0"),
+    let nodes = match format {
+        // `image` is `rbd:POOL/IMAGE:conf=PATH`.
+        "rbd" => {
+            let name = image.to_str().unwrap().strip_prefix("rbd:").unwrap();
+            let (spec, conf) = name.split_once(":conf=").unwrap();
+            let (pool, image) = spec.split_once('/').unwrap();
+            vec![format!(
+                "driver=rbd,node-name=disk0,pool={pool},image={image},conf={conf},user=admin"
+            )]
+        }
+        _ => vec![
+            format!(
+                "driver=file,node-name=file0,filename={},cache.direct=on",
+                image.display()
+            ),
+            format!("driver={format},node-name=disk0,file=file0"),
+        ],
+    };
+    let mut args: Vec<String> = nodes
+        .into_iter()
+        .flat_map(|n| ["--blockdev".to_string(), n])
+        .collect();
+    args.extend([
         "--export".to_string(),
         format!(
             "type=vhost-user-blk,id=exp0,node-name=disk0,addr.type=unix,addr.path={},\
@@ -73,22 +89,32 @@ fn command_line(image: &Path, format: &str, socket: &Path, monitor: &Path) -> Ve
         format!("socket,id=m0,path={},server=on,wait=off", monitor.display()),
         "--monitor".to_string(),
         "chardev=m0".to_string(),
-    ]
-    .to_vec()
+    ]);
+    args
 }
 
 /// The sha256 of the last MiB of `image`'s disk (a qcow2 image read through `qemu-img`).
 fn last_mib_sha256(dir: &Path, image: &Path, format: &str) -> String {
     let raw = dir.join("flat.raw");
-    common::qemu_img(&[
-        "convert",
-        "-f",
-        format,
-        "-O",
-        "raw",
-        image.to_str().unwrap(),
-        raw.to_str().unwrap(),
-    ]);
+    if format == "rbd" {
+        let name = image.to_str().unwrap().strip_prefix("rbd:").unwrap();
+        let (spec, conf) = name.split_once(":conf=").unwrap();
+        let out = Command::new("rbd")
+            .args(["-c", conf, "export", spec, raw.to_str().unwrap()])
+            .output()
+            .expect("rbd (ceph-common)");
+        assert!(out.status.success(), "rbd export: {out:?}");
+    } else {
+        common::qemu_img(&[
+            "convert",
+            "-f",
+            format,
+            "-O",
+            "raw",
+            image.to_str().unwrap(),
+            raw.to_str().unwrap(),
+        ]);
+    }
     let out = Command::new("sh")
         .arg("-c")
         .arg(format!("tail -c {MIB} '{}' | sha256sum", raw.display()))
@@ -108,9 +134,26 @@ fn resize_under_a_guest(program: &str, format: &str, name: &str) {
         return;
     }
     let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
-    let image = dir.path().join(format!("disk.{format}"));
-    let size = BEFORE.to_string();
-    common::qemu_img(&["create", "-q", "-f", format, image.to_str().unwrap(), &size]);
+    let mut image = dir.path().join(format!("disk.{format}"));
+    let cluster = match format {
+        "rbd" => {
+            let Some(test) = aio_rbd::testing::TestCluster::get() else {
+                return;
+            };
+            let spec = aio_rbd::ImageSpec::new(
+                "rbd",
+                &aio_rbd::testing::TestCluster::unique_name("resize"),
+            );
+            aio_rbd::RbdImage::create(&test.connect(), &spec, BEFORE).unwrap();
+            image = format!("rbd:{spec}:conf={}", test.conf().display()).into();
+            Some((test, spec))
+        }
+        _ => {
+            let size = BEFORE.to_string();
+            common::qemu_img(&["create", "-q", "-f", format, image.to_str().unwrap(), &size]);
+            None
+        }
+    };
     let (socket, monitor) = (dir.path().join("disk.sock"), dir.path().join("qmp.sock"));
     let daemon = Launch::new(program)
         .args(command_line(&image, format, &socket, &monitor))
@@ -159,6 +202,10 @@ fn resize_under_a_guest(program: &str, format: &str, name: &str) {
         let check = common::qemu_img(&["check", image.to_str().unwrap()]);
         assert!(check.contains("No errors were found"), "{check}");
     }
+    if let Some((test, spec)) = cluster {
+        let rbd = aio_rbd::RbdImage::open(&test.connect(), &spec, true).unwrap();
+        assert_eq!(rbd.size().unwrap(), AFTER, "librbd reports the new size");
+    }
 }
 
 const OURS: &str = env!("CARGO_BIN_EXE_aio-storage-daemon");
@@ -171,6 +218,11 @@ fn guest_sees_a_raw_disk_grow_and_uses_its_new_end() {
 #[test]
 fn guest_sees_a_qcow2_disk_grow_and_uses_its_new_end() {
     resize_under_a_guest(OURS, "qcow2", "resize-qcow2");
+}
+
+#[test]
+fn guest_sees_an_rbd_disk_grow_and_uses_its_new_end() {
+    resize_under_a_guest(OURS, "rbd", "resize-rbd");
 }
 
 /// The reference: qemu-storage-daemon's own resize under the same guest, with the same

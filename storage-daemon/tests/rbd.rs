@@ -186,6 +186,38 @@ fn qsd_blockdev_over_nbd_and_qmp(test: &TestCluster, cluster: &Arc<Cluster>) {
     assert!(read_back(cluster, &spec, 8 * MIB, 131072)
         .iter()
         .all(|&b| b == 0x6b));
+    // Block status over NBD (librbd's object map through our export) is what QEMU's own rbd
+    // driver reports for the image.
+    let map = |name: &str| {
+        let out = Command::new("qemu-img")
+            .args(["map", "--output=json", "-f", "raw", name])
+            .output()
+            .expect("qemu-img");
+        assert!(out.status.success(), "qemu-img map {name}: {out:?}");
+        let extents: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        extents
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["start"].as_u64(),
+                    e["length"].as_u64(),
+                    e["data"].as_bool(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let direct = format!("rbd:{spec}:conf={}:id=admin", test.conf().display());
+    let (ours, qemus) = (map(&url), map(&direct));
+    assert_eq!(
+        ours, qemus,
+        "qemu-img map over our NBD export and of the RBD image"
+    );
+    assert!(
+        ours.contains(&(Some(8 * MIB), Some(4 * MIB), Some(true))),
+        "{ours:?}"
+    );
 
     // QMP: an RBD node reached by its monitor list (JSON `server`), exported, resized.
     let (mut q, _) = Qmp::connect(&monitor, false);
@@ -280,7 +312,11 @@ fn requests_wait_out_an_osd_and_a_monitor_restart(test: &TestCluster, cluster: &
             model[block as usize] = byte;
             tag += 1;
         }
-        for (t, ret) in c.wait(0, 16) {
+        // An OSD's restart takes seconds, more on a loaded machine: each completion may take
+        // up to 2 minutes (requests wait; they do not fail).
+        let ended_now = c.wait_for(0, 16, Duration::from_secs(120)).unwrap();
+        assert_eq!(ended_now.len(), 16, "a write did not end within 2 minutes");
+        for (t, ret) in ended_now {
             assert_eq!(ret, 0, "write {t} failed");
             assert!(
                 tags.remove(&t),
