@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# A one-node Ceph cluster for tests, without systemd: one monitor and one OSD (bluestore on a
-# 4 GiB sparse file), pool `rbd` of size 1, everything (config, keys, data, logs, sockets, PID
-# files) under DIR, nothing left running once stopped.
+# A one-node Ceph cluster for tests, without systemd: one monitor and one OSD (bluestore on an
+# 8 GiB sparse file: room for what the tests write and its RocksDB's WAL; at 4 GiB a benchmark's
+# images filled it and BlueFS aborted), pool `rbd` of size 1, everything (config, keys, data,
+# logs, sockets, PID files) under DIR, nothing left running once stopped.
 #
 #   scripts/ceph-cluster.sh start DIR    # prints the config path; `rbd -c DIR/ceph.conf ...`
 #   scripts/ceph-cluster.sh stop DIR     # SIGTERM to the PIDs in DIR's pid files, then waits
@@ -96,7 +97,7 @@ osd data = $dir/osd/\$cluster-\$id
 osd objectstore = bluestore
 bluestore block create = true
 bluestore block path = $dir/osd/block
-bluestore block size = 4294967296
+bluestore block size = 8589934592
 osd memory target = 536870912
 CONF
 ceph-authtool "$dir/keyring" --create-keyring --gen-key -n mon. --cap mon 'allow *' >/dev/null

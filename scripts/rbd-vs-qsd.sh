@@ -3,8 +3,10 @@
 # alternated (A B, B A, ...), exported over NBD to the same client (fio `ioengine=nbd`), the
 # daemon pinned to CPU 0 and fio to CPU 1 (the cluster's monitor and OSD float), 4 KiB random
 # reads and writes. Per workload and daemon: QD 1 mean latency, QD 32 IOPS, the daemon's CPU
-# per request at QD 32 and the OSD's (utime + stime over the run from /proc, divided by fio's
-# requests). Then fio's `ioengine=rbd` (librbd in fio, no daemon: the limit) at QD 32.
+# per request at QD 32, the OSD's, and the whole machine's (utime + stime from /proc/PID/stat,
+# busy time from /proc/stat, over the run, divided by fio's requests). Then fio's
+# `ioengine=rbd` (librbd in fio, no daemon: the limit) at QD 32, with the OSD's and the
+# machine's CPU per request.
 #
 #   scripts/rbd-vs-qsd.sh [ROUNDS] [RUNTIME_S]     (default 3 rounds, 5 s per run)
 #
@@ -54,6 +56,10 @@ start() {
 
 # CPU time so far of process $1, in clock ticks.
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+# Busy time so far of the whole machine (every CPU but idle and iowait), in clock ticks.
+busy() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
+# CPU microseconds per request from ticks $1 to $2 over $3 requests.
+per_req() { python3 -c "print(($2 - $1) / $hz * 1e6 / $3)"; }
 
 # fio's JSON on stdin: "IOPS mean_latency_us requests" (the nbd engine says "connected" first).
 summary='import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]; k="read" if j["read"]["io_bytes"] else "write"; print(j[k]["iops"], j[k]["lat_ns"]["mean"]/1000, j[k]["total_ios"])'
@@ -74,23 +80,26 @@ for round in $(seq "$rounds"); do
         start "$bin"
         for rw in randread randwrite; do
             read -r _ lat _ < <(fio_nbd "$rw" 1)
-            before="$(ticks "$pid")" osd_before="$(ticks "$osd_pid")"
+            before="$(ticks "$pid")" osd_before="$(ticks "$osd_pid")" all_before="$(busy)"
             read -r iops _ ios < <(fio_nbd "$rw" 32)
-            after="$(ticks "$pid")" osd_after="$(ticks "$osd_pid")"
-            cpu_us="$(python3 -c "print(($after - $before) / $hz * 1e6 / $ios)")"
-            osd_us="$(python3 -c "print(($osd_after - $osd_before) / $hz * 1e6 / $ios)")"
-            echo "$rw $who $lat $iops $cpu_us $osd_us"
+            after="$(ticks "$pid")" osd_after="$(ticks "$osd_pid")" all_after="$(busy)"
+            echo "$rw $who $lat $iops $(per_req "$before" "$after" "$ios")" \
+                "$(per_req "$osd_before" "$osd_after" "$ios")" \
+                "$(per_req "$all_before" "$all_after" "$ios")"
         done
         kill "$pid"; wait "$pid" 2>/dev/null || true
     done
     for rw in randread randwrite; do
-        read -r iops _ _ < <(taskset -c 1 fio --name=r --ioengine=rbd --clientname=admin \
+        osd_before="$(ticks "$osd_pid")" all_before="$(busy)"
+        read -r iops _ ios < <(taskset -c 1 fio --name=r --ioengine=rbd --clientname=admin \
             --pool=rbd --rbdname="$image" --rw="$rw" --bs=4k --iodepth=32 --size=1G \
             --time_based --runtime="$runtime" --output-format=json 2>/dev/null |
             python3 -c "$summary")
-        echo "$rw fio-rbd 0 $iops 0 0"
+        osd_after="$(ticks "$osd_pid")" all_after="$(busy)"
+        echo "$rw fio-rbd 0 $iops 0 $(per_req "$osd_before" "$osd_after" "$ios")" \
+            "$(per_req "$all_before" "$all_after" "$ios")"
     done
-done | awk '{ k = $1 " " $2; n[k]++; lat[k] += $3; iops[k] += $4; cpu[k] += $5; osd[k] += $6 }
-    END { for (k in n) printf "%s QD1-lat %.1f us QD32 %.0f IOPS CPU/req %.2f us OSD-CPU/req %.1f us\n", k, lat[k] / n[k], iops[k] / n[k], cpu[k] / n[k], osd[k] / n[k] }' |
+done | awk '{ k = $1 " " $2; n[k]++; lat[k] += $3; iops[k] += $4; cpu[k] += $5; osd[k] += $6; all[k] += $7 }
+    END { for (k in n) printf "%s QD1-lat %.1f us QD32 %.0f IOPS CPU/req %.1f us OSD %.1f us machine %.1f us\n", k, lat[k] / n[k], iops[k] / n[k], cpu[k] / n[k], osd[k] / n[k], all[k] / n[k] }' |
     sort
 rbd rm "rbd/$image" >/dev/null 2>&1 || true
