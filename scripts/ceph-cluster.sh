@@ -90,6 +90,10 @@ mon allow pool delete = true
 osd crush chooseleaf type = 0
 osd pool default pg autoscale mode = off
 mon warn on pool no redundancy = false
+# A test machine's disk may be nearly full (a build's target directories): the monitor must
+# still start (its default refuses below 5 % free).
+mon data avail crit = 0
+mon data avail warn = 0
 [mon]
 mon data = $dir/mon/\$cluster-\$id
 [osd]

@@ -28,7 +28,7 @@ mod common;
 mod harness;
 #[path = "guest/reaped.rs"]
 mod reaped;
-use harness::{guest_image, run_guest, runnable, GuestRun, GuestSpec, RW_CHECKS};
+use harness::{guest_image, run_guest, runnable, GuestRun, GuestSpec, REPLAY_CHECKS, RW_CHECKS};
 use reaped::Reaped;
 
 /// The guest's disk: 256 MiB of virtual size.
@@ -37,17 +37,6 @@ const CAPACITY: u64 = 256 << 20;
 const SERIAL: &str = "aio-qcow2-1";
 /// Request queues served, asked for by QEMU's device, and used by the guest's two vCPUs.
 const QUEUES: u32 = 2;
-/// The checks of the replay workload (`aio.mode=replay`), in its order.
-const REPLAY_CHECKS: &[&str] = &[
-    "vda",
-    "size",
-    "serial",
-    "queues",
-    "replay-fio",
-    "replay-discard",
-    "replay-zeroes",
-    "replay-sum",
-];
 /// One guest at a time: two TCG guests on a two-CPU machine slow each other past their limits.
 static GUESTS: Mutex<()> = Mutex::new(());
 

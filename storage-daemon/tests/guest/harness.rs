@@ -163,6 +163,19 @@ pub const RW_CHECKS: &[&str] = &[
     "discard",
 ];
 
+/// The checks of the replay workload (`aio.mode=replay`: the same writes on every run), in
+/// its order.
+pub const REPLAY_CHECKS: &[&str] = &[
+    "vda",
+    "size",
+    "serial",
+    "queues",
+    "replay-fio",
+    "replay-discard",
+    "replay-zeroes",
+    "replay-sum",
+];
+
 /// QEMU's arguments for the guest's disk: a vhost-user-blk device on `spec.socket`, or QEMU's
 /// NBD client of `spec.nbd_export` there under a virtio-blk device.
 fn disk_args(spec: &GuestSpec, reconnect: &str) -> Vec<String> {
