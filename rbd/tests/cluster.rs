@@ -48,6 +48,55 @@ fn rbd_images_on_a_one_node_cluster() {
     the_exclusive_lock_keeps_one_writer_and_a_dead_holder_is_broken(&test, &cluster);
     a_close_waits_for_the_requests_in_flight(&cluster);
     requests_as_futures(&cluster);
+    a_namespace_and_a_snapshot(&test, &cluster);
+}
+
+/// An image in a namespace, and its snapshot (made with Ceph's `rbd` tool), opened by spec:
+/// the snapshot is read-only and keeps the bytes it was taken with.
+fn a_namespace_and_a_snapshot(test: &TestCluster, cluster: &Arc<Cluster>) {
+    let ns = TestCluster::unique_name("ns");
+    let rbd = |args: &[&str]| {
+        let out = std::process::Command::new("rbd")
+            .arg("-c")
+            .arg(test.conf())
+            .args(args)
+            .output()
+            .expect("rbd (ceph-common)");
+        assert!(out.status.success(), "rbd {args:?}: {out:?}");
+    };
+    rbd(&["namespace", "create", &format!("rbd/{ns}")]);
+    let spec: ImageSpec = format!("rbd/{ns}/disk").parse().unwrap();
+    RbdImage::create(cluster, &spec, 16 * MIB).unwrap();
+    let image = RbdImage::open(cluster, &spec, false).unwrap();
+    let (r, _) = block_on(image.submit(
+        aio_rbd::RbdOp::Write(0),
+        Some(Memory::from_vec(vec![1; 4096])),
+    ));
+    r.unwrap();
+    image.close().unwrap();
+    rbd(&["snap", "create", &format!("{spec}@s1")]);
+    let image = RbdImage::open(cluster, &spec, false).unwrap();
+    let (r, _) = block_on(image.submit(
+        aio_rbd::RbdOp::Write(0),
+        Some(Memory::from_vec(vec![2; 4096])),
+    ));
+    r.unwrap();
+    image.close().unwrap();
+    // The namespace is the image's: the same name in the default namespace does not exist.
+    let e = RbdImage::open(cluster, &"rbd/disk".parse().unwrap(), false).unwrap_err();
+    assert!(matches!(e, RbdError::NoSuchImage { .. }), "{e}");
+    let snap = RbdImage::open(cluster, &spec.clone().snapshot("s1"), false).unwrap();
+    assert!(snap.is_read_only(), "a snapshot opens read-only");
+    let mut head = vec![0u8; 4096];
+    snap.read_at(0, &mut head).unwrap();
+    assert!(head.iter().all(|&b| b == 1), "the snapshot keeps its bytes");
+    let (r, _) = block_on(snap.submit(
+        aio_rbd::RbdOp::Write(0),
+        Some(Memory::from_vec(vec![3; 4096])),
+    ));
+    assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EROFS));
+    let e = RbdImage::open(cluster, &spec.clone().snapshot("nope"), false).unwrap_err();
+    assert!(matches!(e, RbdError::NoSuchImage { .. }), "{e}");
 }
 
 /// Polls `f` on this thread until it is ready, parked between wake-ups.
