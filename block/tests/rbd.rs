@@ -77,9 +77,7 @@ impl Session {
 }
 
 fn target(test: &TestCluster, spec: &ImageSpec) -> RbdTarget {
-    format!("rbd:{spec}:conf={}:id=admin", test.conf().display())
-        .parse()
-        .unwrap()
+    test.qemu_name(spec).parse().unwrap()
 }
 
 #[test]
@@ -193,7 +191,7 @@ fn a_qcow2_image_in_rbd_is_served_as_qcow2() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let (local, back) = (dir.path().join("in.qcow2"), dir.path().join("out.qcow2"));
+    let back = dir.path().join("out.qcow2");
     let run = |program: &str, args: &[&str]| {
         let out = std::process::Command::new(program)
             .args(args)
@@ -202,29 +200,8 @@ fn a_qcow2_image_in_rbd_is_served_as_qcow2() {
         assert!(out.status.success(), "{program} {args:?}: {out:?}");
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    run(
-        "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            local.to_str().unwrap(),
-            "64M",
-        ],
-    );
     let spec = ImageSpec::new("rbd", &TestCluster::unique_name("qcow2"));
-    let conf = test.conf().to_str().unwrap();
-    run(
-        "rbd",
-        &[
-            "-c",
-            conf,
-            "import",
-            local.to_str().unwrap(),
-            &spec.to_string(),
-        ],
-    );
+    test.import_new_qcow2(&spec, "64M");
     let image =
         Arc::new(Image::open_rbd(&target(&test, &spec), ImageOptions::default(), None).unwrap());
     assert_eq!((image.format_name(), image.size()), ("qcow2", 64 * MIB));
@@ -240,16 +217,7 @@ fn a_qcow2_image_in_rbd_is_served_as_qcow2() {
     drop(s);
     image.close().unwrap();
     drop(image);
-    run(
-        "rbd",
-        &[
-            "-c",
-            conf,
-            "export",
-            &spec.to_string(),
-            back.to_str().unwrap(),
-        ],
-    );
+    test.rbd(&["export", &spec.to_string(), back.to_str().unwrap()]);
     run("qemu-img", &["check", "-q", back.to_str().unwrap()]);
     let read = run(
         "qemu-io",

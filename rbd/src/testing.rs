@@ -129,6 +129,40 @@ impl TestCluster {
         assert!(status.success(), "ceph-cluster.sh {action} {daemon}");
     }
 
+    /// QEMU's name of `spec` on this cluster as `client.admin`
+    /// (`rbd:POOL/IMAGE:conf=PATH:id=admin`): what `qemu-img` and the daemon's `image=` take.
+    pub fn qemu_name(&self, spec: &crate::ImageSpec) -> String {
+        format!("rbd:{spec}:conf={}:id=admin", self.conf.display())
+    }
+
+    /// Runs Ceph's `rbd` tool on this cluster with `args`: its standard output (a failure
+    /// fails the test, with what the tool said).
+    pub fn rbd(&self, args: &[&str]) -> String {
+        let out = Command::new("rbd")
+            .arg("-c")
+            .arg(&self.conf)
+            .args(args)
+            .output()
+            .expect("rbd (Debian package ceph-common)");
+        assert!(out.status.success(), "rbd {args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// A new, empty qcow2 image of `size` (`qemu-img create`'s form: `64M`) imported into RBD
+    /// as `spec` (`rbd import`: the file's bytes, the qcow2 header first).
+    pub fn import_new_qcow2(&self, spec: &crate::ImageSpec, size: &str) {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let local = dir.path().join("new.qcow2");
+        let out = Command::new("qemu-img")
+            .args(["create", "-q", "-f", "qcow2"])
+            .arg(&local)
+            .arg(size)
+            .output()
+            .expect("qemu-img (Debian package qemu-utils)");
+        assert!(out.status.success(), "qemu-img create: {out:?}");
+        self.rbd(&["import", local.to_str().expect("UTF-8"), &spec.to_string()]);
+    }
+
     /// A name no other test uses: `prefix` and this process's id and a counter.
     pub fn unique_name(prefix: &str) -> String {
         use std::sync::atomic::{AtomicU32, Ordering};

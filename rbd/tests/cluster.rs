@@ -55,16 +55,7 @@ fn rbd_images_on_a_one_node_cluster() {
 /// the snapshot is read-only and keeps the bytes it was taken with.
 fn a_namespace_and_a_snapshot(test: &TestCluster, cluster: &Arc<Cluster>) {
     let ns = TestCluster::unique_name("ns");
-    let rbd = |args: &[&str]| {
-        let out = std::process::Command::new("rbd")
-            .arg("-c")
-            .arg(test.conf())
-            .args(args)
-            .output()
-            .expect("rbd (ceph-common)");
-        assert!(out.status.success(), "rbd {args:?}: {out:?}");
-    };
-    rbd(&["namespace", "create", &format!("rbd/{ns}")]);
+    test.rbd(&["namespace", "create", &format!("rbd/{ns}")]);
     let spec: ImageSpec = format!("rbd/{ns}/disk").parse().unwrap();
     RbdImage::create(cluster, &spec, 16 * MIB).unwrap();
     let image = RbdImage::open(cluster, &spec, false).unwrap();
@@ -74,7 +65,7 @@ fn a_namespace_and_a_snapshot(test: &TestCluster, cluster: &Arc<Cluster>) {
     ));
     r.unwrap();
     image.close().unwrap();
-    rbd(&["snap", "create", &format!("{spec}@s1")]);
+    test.rbd(&["snap", "create", &format!("{spec}@s1")]);
     let image = RbdImage::open(cluster, &spec, false).unwrap();
     let (r, _) = block_on(image.submit(
         aio_rbd::RbdOp::Write(0),

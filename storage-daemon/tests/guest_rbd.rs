@@ -75,11 +75,6 @@ fn new_image(test: &TestCluster) -> ImageSpec {
     spec
 }
 
-/// QEMU's name for `spec` on the test cluster.
-fn qemu_name(test: &TestCluster, spec: &ImageSpec) -> String {
-    format!("rbd:{spec}:conf={}:id=admin", test.conf().display())
-}
-
 fn qemu_img(args: &[&str]) -> (Option<i32>, String) {
     let out = Command::new("qemu-img")
         .args(args)
@@ -111,14 +106,14 @@ fn guest_checks_an_rbd_disk() {
     cmd.arg("--disk").arg(format!(
         "socket={},image={},serial={SERIAL},queues={QUEUES}",
         socket.display(),
-        qemu_name(&test, &rbd)
+        test.qemu_name(&rbd)
     ));
     let mut daemon = Reaped::spawn("aio-storage-daemon", cmd, dir.path().join("daemon.log"));
     daemon.wait_for_socket(&socket);
     let spec = spec(&socket, Some(SERIAL), RW_CHECKS);
     run_guest(image, &spec, "rbd-rw", &mut |_| {}).assert_passed(&spec);
     daemon.terminate_cleanly();
-    let (code, said) = qemu_img(&["info", "--output=json", &qemu_name(&test, &rbd)]);
+    let (code, said) = qemu_img(&["info", "--output=json", &test.qemu_name(&rbd)]);
     assert_eq!(code, Some(0), "{said}");
     assert!(
         said.contains(&format!("\"virtual-size\": {CAPACITY}")),
@@ -202,8 +197,8 @@ fn guest_writes_the_same_rbd_image_as_qemu_storage_daemon() {
         "raw",
         "-F",
         "raw",
-        &qemu_name(&test, &ours),
-        &qemu_name(&test, &theirs),
+        &test.qemu_name(&ours),
+        &test.qemu_name(&theirs),
     ]);
     assert_eq!(code, Some(0), "qemu-img compare ours theirs: {said}");
 }

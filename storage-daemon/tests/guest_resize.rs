@@ -99,11 +99,11 @@ fn last_mib_sha256(dir: &Path, image: &Path, format: &str) -> String {
     if format == "rbd" {
         let name = image.to_str().unwrap().strip_prefix("rbd:").unwrap();
         let (spec, conf) = name.split_once(":conf=").unwrap();
-        let out = Command::new("rbd")
-            .args(["-c", conf, "export", spec, raw.to_str().unwrap()])
-            .output()
-            .expect("rbd (ceph-common)");
-        assert!(out.status.success(), "rbd export: {out:?}");
+        aio_rbd::testing::TestCluster::at(Path::new(conf)).rbd(&[
+            "export",
+            spec,
+            raw.to_str().unwrap(),
+        ]);
     } else {
         common::qemu_img(&[
             "convert",

@@ -370,7 +370,7 @@ fn rbd_disk() -> Option<(std::sync::Arc<aio_rbd::testing::TestCluster>, String)>
     let test = TestCluster::get()?;
     let spec = aio_rbd::ImageSpec::new("rbd", &TestCluster::unique_name("restart"));
     aio_rbd::RbdImage::create(&test.connect(), &spec, CAPACITY).unwrap();
-    let name = format!("rbd:{spec}:conf={}:id=admin", test.conf().display());
+    let name = test.qemu_name(&spec);
     Some((test, name))
 }
 

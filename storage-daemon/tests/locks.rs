@@ -19,26 +19,9 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use aio_block::lock::{Access, ImageLock, LockMode};
-use common::{image, qemu_img, Daemon};
+use common::{daemon_refused, ended_within, image, qemu_img, Daemon};
 use qmp::Qmp;
 use serde_json::json;
-
-/// The daemon binary run with `args`, which must end by itself within 20 s (a daemon that
-/// was not refused serves until killed: the test fails then, it does not hang): exit code
-/// and standard error.
-fn daemon_refused(args: &[String]) -> (i32, String) {
-    let child = Command::new(env!("CARGO_BIN_EXE_aio-storage-daemon"))
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = ended_within(child, Duration::from_secs(20));
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 /// One `--disk` on `image` in `dir` (socket `NAME.sock`).
 fn disk_args(dir: &Path, name: &str, image: &Path, extra: &str) -> (Vec<String>, PathBuf) {
@@ -52,20 +35,6 @@ fn disk_args(dir: &Path, name: &str, image: &Path, extra: &str) -> (Vec<String>,
         vec!["--disk".into(), spec, "--engine".into(), "pool".into()],
         socket,
     )
-}
-
-/// `child`'s output once it ends; killed (and the test failed) if it still runs after `limit`.
-fn ended_within(mut child: Child, limit: Duration) -> Output {
-    let deadline = Instant::now() + limit;
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            child.kill().unwrap();
-            let out = child.wait_with_output().unwrap();
-            panic!("still running after {limit:?}: {}", text(&out));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
 }
 
 fn run(program: &str, args: &[&str]) -> Output {
@@ -149,7 +118,7 @@ fn lock_bytes(path: &Path) -> BTreeSet<u64> {
 
 /// The daemon's refusal: exit 2, the image named, the permission in QEMU's words.
 fn assert_refused(args: &[String], image: &Path, permission: &str) {
-    let (code, err) = daemon_refused(args);
+    let (code, err) = daemon_refused(args, Duration::from_secs(20));
     assert_eq!(code, 2, "{err}");
     assert!(
         err.contains(&format!("\"{permission}\" lock")),

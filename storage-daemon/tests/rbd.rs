@@ -10,13 +10,13 @@ mod common;
 mod qmp;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aio_rbd::testing::TestCluster;
 use aio_rbd::{Cluster, ImageSpec, RbdImage};
-use common::Daemon;
+use common::{daemon_refused, Daemon};
 use qmp::Qmp;
 use serde_json::json;
 
@@ -26,7 +26,7 @@ const MIB: u64 = 1 << 20;
 fn new_image(test: &TestCluster, cluster: &Arc<Cluster>, size: u64) -> (ImageSpec, String) {
     let spec = ImageSpec::new("rbd", &TestCluster::unique_name("daemon"));
     RbdImage::create(cluster, &spec, size).unwrap();
-    let name = format!("rbd:{spec}:conf={}:id=admin", test.conf().display());
+    let name = test.qemu_name(&spec);
     (spec, name)
 }
 
@@ -36,33 +36,6 @@ fn read_back(cluster: &Arc<Cluster>, spec: &ImageSpec, offset: u64, len: usize) 
     let mut buf = vec![0u8; len];
     assert_eq!(image.read_at(offset, &mut buf).unwrap(), len);
     buf
-}
-
-/// The daemon run with `args`, which must exit within `limit`: its code and stderr.
-fn refused(args: &[String], limit: Duration) -> (i32, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_aio-storage-daemon"))
-        .args(args)
-        .env(
-            "AIO_STORAGE_DAEMON_RUN_DIR",
-            std::env::temp_dir().join("aio-rbd-test-run"),
-        )
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + limit;
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            child.kill().unwrap();
-            panic!("still running after {limit:?}: {args:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 fn disk_args(dir: &Path, name: &str, image: &str) -> (Vec<String>, std::path::PathBuf) {
@@ -112,7 +85,7 @@ fn our_disk_form_one_writer_and_a_restart_after_sigkill(
 
     // A second daemon on the image is refused, naming the image and the holder.
     let (second, _) = disk_args(dir.path(), "b", &image);
-    let (code, stderr) = refused(&second, Duration::from_secs(30));
+    let (code, stderr) = daemon_refused(&second, Duration::from_secs(30));
     assert_eq!(code, 2, "{stderr}");
     assert!(
         stderr.contains(&spec.to_string()) && stderr.contains("locked by"),
@@ -208,7 +181,7 @@ fn qsd_blockdev_over_nbd_and_qmp(test: &TestCluster, cluster: &Arc<Cluster>) {
             })
             .collect::<Vec<_>>()
     };
-    let direct = format!("rbd:{spec}:conf={}:id=admin", test.conf().display());
+    let direct = test.qemu_name(&spec);
     let (ours, qemus) = (map(&url), map(&direct));
     assert_eq!(
         ours, qemus,
@@ -266,7 +239,7 @@ fn start_up_failures_exit_2_naming_the_cause(test: &TestCluster, cluster: &Arc<C
     ];
     for (image, expected) in cases {
         let (args, _) = disk_args(dir.path(), "f", &image);
-        let (code, stderr) = refused(&args, Duration::from_secs(60));
+        let (code, stderr) = daemon_refused(&args, Duration::from_secs(60));
         assert_eq!(code, 2, "{image}: {stderr}");
         assert!(stderr.contains(expected), "{image}: {stderr}");
     }
@@ -353,36 +326,15 @@ fn requests_wait_out_an_osd_and_a_monitor_restart(test: &TestCluster, cluster: &
 /// `qemu-io` reads the writes.
 fn a_qcow2_image_in_rbd(test: &TestCluster) {
     let dir = tempfile::tempdir().unwrap();
-    let (local, back) = (dir.path().join("in.qcow2"), dir.path().join("out.qcow2"));
+    let back = dir.path().join("out.qcow2");
     let run = |program: &str, args: &[&str]| {
         let out = Command::new(program).args(args).output().unwrap();
         assert!(out.status.success(), "{program} {args:?}: {out:?}");
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    run(
-        "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            local.to_str().unwrap(),
-            "64M",
-        ],
-    );
     let spec = ImageSpec::new("rbd", &TestCluster::unique_name("qcow2"));
-    let conf = test.conf().to_str().unwrap();
-    run(
-        "rbd",
-        &[
-            "-c",
-            conf,
-            "import",
-            local.to_str().unwrap(),
-            &spec.to_string(),
-        ],
-    );
-    let image = format!("rbd:{spec}:conf={conf}:id=admin");
+    test.import_new_qcow2(&spec, "64M");
+    let image = test.qemu_name(&spec);
     let (args, socket) = disk_args(dir.path(), "q", &image);
     let daemon = Daemon::start(&args, vec![socket.clone()]);
     let mut c = common::connect(&socket, 1, 1 << 20).unwrap();
@@ -392,16 +344,7 @@ fn a_qcow2_image_in_rbd(test: &TestCluster) {
     assert_eq!(c.wait(0, 1), [(1, 0)]);
     drop(c);
     assert!(daemon.terminate().success());
-    run(
-        "rbd",
-        &[
-            "-c",
-            conf,
-            "export",
-            &spec.to_string(),
-            back.to_str().unwrap(),
-        ],
-    );
+    test.rbd(&["export", &spec.to_string(), back.to_str().unwrap()]);
     run("qemu-img", &["check", "-q", back.to_str().unwrap()]);
     let read = run(
         "qemu-io",

@@ -161,6 +161,11 @@ fn memory_of(buffers: Buffers) -> Memory {
     Memory::new(iov, Box::new(hold))
 }
 
+/// How much of `[offset, offset + len)` lies inside an image of `size` bytes.
+fn inside(offset: u64, len: u64, size: u64) -> u64 {
+    offset.saturating_add(len).min(size).saturating_sub(offset)
+}
+
 /// Extents of `[offset, offset + len)` from the allocated ones; the rest are holes.
 fn extents_of(allocated: &[(u64, u64)], offset: u64, len: u64) -> Vec<Extent> {
     let mut out = Vec::new();
@@ -186,8 +191,7 @@ impl Driver for RbdDisk {
     /// librbd's allocated objects (whole objects: any byte written makes its object data);
     /// past `size` a hole.
     fn block_status(&self, offset: u64, len: u64, size: u64) -> io::Result<Vec<Extent>> {
-        let inside = offset.saturating_add(len).min(size).saturating_sub(offset);
-        let allocated = match inside {
+        let allocated = match inside(offset, len, size) {
             0 => Vec::new(),
             n => self.image.allocated(offset, n)?,
         };
@@ -204,7 +208,7 @@ impl Driver for RbdDisk {
         L: EventLoop + 'static,
         E: IoEngine + 'static,
     {
-        let inside = offset.saturating_add(len).min(size).saturating_sub(offset);
+        let inside = inside(offset, len, size);
         if inside == 0 {
             return done(Ok(extents_of(&[], offset, len)));
         }

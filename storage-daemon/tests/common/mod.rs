@@ -110,6 +110,41 @@ impl Drop for Daemon {
     }
 }
 
+/// The daemon binary run with `args`, which must end by itself within `limit` (a daemon that
+/// was not refused serves until killed: the test fails then, it does not hang): exit code
+/// and standard error.
+pub fn daemon_refused(args: &[String], limit: Duration) -> (i32, String) {
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_aio-storage-daemon"))
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = ended_within(child, limit);
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `child`'s output once it ends; killed (and the test failed) if it still runs after `limit`.
+pub fn ended_within(mut child: std::process::Child, limit: Duration) -> std::process::Output {
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "still running after {limit:?}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
 /// A client of `socket` with `queues` queues and a region of `region_bytes`.
 pub fn connect(socket: &Path, queues: usize, region_bytes: usize) -> Result<Client, ClientError> {
     Client::connect(&ClientConfig {
