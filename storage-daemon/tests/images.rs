@@ -1,7 +1,7 @@
 //! Images other than a raw file, served by the daemon to a libblkio client: qcow2 images made
 //! by `qemu-img` (left clean by a stop, only leaking clusters after SIGKILL in the middle of
 //! allocating writes, and opened again; a dirty one left by a killed `qemu-io` served read-only
-//! until repaired), and the null device.
+//! until repaired; persistent dirty bitmaps kept, marked in use), and the null device.
 //!
 //! Needs `qemu-img` (Debian's `qemu-utils`; `.ci/run` installs it).
 
@@ -203,4 +203,89 @@ fn a_dirty_qcow2_image_is_served_read_only_until_repaired() {
     assert!(d.terminate().success());
     let after = check(&["check", q]);
     assert_eq!(after.0, Some(0), "{}", after.1);
+}
+
+/// A qcow2 image's persistent dirty bitmaps (libvirt's backup checkpoints, made here by
+/// `qemu-img bitmap --add`) survive the daemon serving and writing the image: the daemon does
+/// not track writes in them, so it marks each one `in-use` (inconsistent, what they are once
+/// it has written) and says so, instead of dropping them all by clearing the bitmaps
+/// autoclear bit (after which `qemu-img check` reported their clusters leaked and QEMU
+/// discarded them). After a stop, `qemu-img check` finds no error and no leak, `qemu-img info`
+/// lists both bitmaps `in-use`, and `qemu-img bitmap --remove` can still remove one. A second
+/// serving finds nothing more to mark.
+#[test]
+fn a_qcow2_images_dirty_bitmaps_are_kept_marked_in_use_when_served_writable() {
+    let (dir, _) = image(1 << 20);
+    let qcow2 = dir.path().join("checkpoints.qcow2");
+    let q = qcow2.to_str().unwrap();
+    qemu_img(&["create", "-q", "-f", "qcow2", q, "64M"]);
+    qemu_img(&["bitmap", "--add", q, "ck1"]);
+    qemu_img(&["bitmap", "--add", "-g", "128K", q, "ck2"]);
+    let before = qemu_img(&["info", "--output=json", q]);
+    assert!(!before.contains("in-use"), "{before}");
+
+    // Served read-only: nothing is written, the bitmaps stay consistent.
+    let d = Daemon::one_disk(dir.path(), &qcow2, "pool", ",readonly=on");
+    drop(connect_read_only(d.socket(), 4096).unwrap());
+    assert!(d.terminate().success());
+    let read_only = qemu_img(&["info", "--output=json", q]);
+    assert!(!read_only.contains("in-use"), "{read_only}");
+
+    let mut d = Daemon::one_disk(dir.path(), &qcow2, "pool", "");
+    let mut c = connect(d.socket(), 1, 1 << 20).unwrap();
+    c.write_buf(0, &[0x5a; 1 << 20]);
+    for (i, offset) in [0u64, 5 << 20, 63 << 20].into_iter().enumerate() {
+        c.write(0, offset, 0, 1 << 20, i);
+        assert_eq!(c.wait(0, 1), [(i, 0)]);
+    }
+    drop(c);
+    let log = d.log();
+    assert!(
+        log.contains("ck1, ck2") && log.contains("marked in use"),
+        "the daemon names the bitmaps it marked: {log}"
+    );
+    assert!(d.terminate().success());
+
+    let check = qemu_img(&["check", q]);
+    assert!(check.contains("No errors were found"), "{check}");
+    assert!(!check.contains("leaked"), "{check}");
+    assert!(!check.contains("bitmap"), "{check}");
+    let info: serde_json::Value =
+        serde_json::from_str(&qemu_img(&["info", "--output=json", q])).unwrap();
+    let bitmaps = info["format-specific"]["data"]["bitmaps"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no bitmaps left: {info}"));
+    let names: Vec<_> = bitmaps.iter().map(|b| b["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["ck1", "ck2"], "{info}");
+    for b in bitmaps {
+        let flags = b["flags"].to_string();
+        assert!(flags.contains("in-use"), "{b}");
+    }
+    assert_eq!(bitmaps[1]["granularity"], 128 << 10, "{info}");
+    qemu_io_reads(q, 0x5a, 63 << 20);
+
+    // Served again: every bitmap is in use already, nothing is marked or said.
+    let mut d = Daemon::one_disk(dir.path(), &qcow2, "pool", "");
+    drop(connect(d.socket(), 1, 4096).unwrap());
+    let log = d.log();
+    assert!(!log.contains("marked in use"), "{log}");
+    assert!(d.terminate().success());
+    qemu_img(&["bitmap", "--remove", q, "ck1"]);
+    let check = qemu_img(&["check", q]);
+    assert!(check.contains("No errors were found"), "{check}");
+}
+
+/// `qemu-io` reads 1 MiB of `pattern` at `offset` of the qcow2 image `path`.
+fn qemu_io_reads(path: &str, pattern: u8, offset: u64) {
+    let cmd = format!("read -P {pattern:#x} {offset} 1M");
+    let out = Command::new("qemu-io")
+        .args(["-f", "qcow2", "-r", "-c", &cmd, path])
+        .output()
+        .expect("qemu-io (install qemu-utils)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("read 1048576/1048576"),
+        "{cmd}: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -87,32 +87,10 @@ apt_update() {
     apt_updated=1
 }
 
-codename="$(. /etc/os-release && echo "${VERSION_CODENAME:-}")"
-
-# The apt target release for qemu-system-x86: bookworm-backports on bookworm, else the default.
-qemu_release=""
-[ "$codename" = bookworm ] && qemu_release="bookworm-backports"
-
-# Adds a bookworm-backports source (deb.debian.org) when no configured source names it.
-ensure_backports_source() {
-    [ -n "$qemu_release" ] || return 0
-    local f
-    for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
-        [ -f "$f" ] || continue
-        if grep -v '^[[:space:]]*#' "$f" | grep -qw "$qemu_release"; then
-            return 0
-        fi
-    done
-    echo "$me: adding the $qemu_release apt source" >&2
-    cat >/etc/apt/sources.list.d/bookworm-backports.sources <<'EOF'
-Types: deb
-URIs: http://deb.debian.org/debian
-Suites: bookworm-backports
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-EOF
-    apt_updated=0
-}
+# QEMU's packages of the same release and version as qemu-utils (bookworm-backports on
+# bookworm, the source added when missing): scripts/lib.sh.
+# shellcheck source=scripts/lib.sh
+source "$script_dir/../../scripts/lib.sh"
 
 # The "major.minor.patch" of the first line of `$1 --version`, or nothing.
 qemu_version_of() {
@@ -126,22 +104,10 @@ ensure_qemu_system() {
         return 0
     fi
     [ "$(id -u)" -eq 0 ] || unavailable "qemu-system-x86_64 is missing and this is not root"
-    local qsd_before="" target=() sim
+    local qsd_before=""
     command -v qemu-storage-daemon >/dev/null 2>&1 &&
         qsd_before="$(qemu_version_of qemu-storage-daemon)"
-    ensure_backports_source
-    apt_update
-    [ -n "$qemu_release" ] && target=(-t "$qemu_release")
-    apt-cache policy qemu-system-x86 qemu-utils >&2
-    sim="$(apt-get install -s -y --no-install-recommends "${target[@]}" qemu-system-x86 2>&1)" ||
-        unavailable "apt-get cannot install qemu-system-x86: $(echo "$sim" | tail -n3)"
-    if echo "$sim" | grep -q '^Remv '; then
-        echo "$sim" | grep '^Remv ' >&2
-        unavailable "installing qemu-system-x86 would remove the packages above; refused"
-    fi
-    echo "$me: apt-get install ${target[*]} qemu-system-x86" >&2
-    apt-get install -y -qq --no-install-recommends "${target[@]}" qemu-system-x86 >&2 ||
-        unavailable "apt-get install qemu-system-x86 failed"
+    ensure_qemu_package qemu-system-x86 || unavailable "qemu-system-x86 cannot be installed"
     local sys_v qsd_after
     sys_v="$(qemu_version_of qemu-system-x86_64)"
     echo "$me: qemu-system-x86_64 $sys_v" >&2
@@ -165,15 +131,8 @@ ensure_host_tool() {
 # QEMU's block modules (qemu-block-extra: rbd, iscsi, ...) of the same QEMU: the RBD tests give
 # qemu-storage-daemon and qemu-img `rbd:` images. Not fatal: only those tests need it.
 ensure_qemu_block_extra() {
-    qemu-img --help 2>/dev/null | grep -qw rbd && return 0
-    [ "$(id -u)" -eq 0 ] || { echo "$me: qemu-block-extra is missing and this is not root" >&2; return 0; }
-    ensure_backports_source
-    apt_update
-    local target=()
-    [ -n "$qemu_release" ] && target=(-t "$qemu_release")
-    echo "$me: apt-get install ${target[*]} qemu-block-extra" >&2
-    apt-get install -y -qq --no-install-recommends "${target[@]}" qemu-block-extra >&2 ||
-        echo "$me: apt-get install qemu-block-extra failed" >&2
+    qemu_has_rbd_module && return 0
+    ensure_qemu_package qemu-block-extra || echo "$me: qemu-block-extra not installed" >&2
 }
 
 ensure_qemu_system

@@ -62,6 +62,11 @@ pub(crate) trait Driver {
         &[]
     }
 
+    /// The persistent dirty bitmaps that opening the image writable marked inconsistent.
+    fn bitmaps_marked_inconsistent(&self) -> &[String] {
+        &[]
+    }
+
     /// Writes what the kind caches and syncs its files.
     fn close(&self) -> io::Result<()> {
         Ok(())

@@ -350,6 +350,20 @@ impl Image {
         dispatch!(&self.backing, d => d.backing_chain())
     }
 
+    /// The persistent dirty bitmaps of a qcow2 image (libvirt's backup checkpoints) that
+    /// opening it writable marked `in_use`, by name; empty for any other open.
+    ///
+    /// The block layer does not track writes in dirty bitmaps yet. Rather than drop them (what
+    /// a qcow2 program that does not know them must do: clear the `bitmaps` autoclear bit, and
+    /// QEMU then discards every bitmap and reports its clusters leaked), a writable open keeps
+    /// the bitmaps and marks each one `in_use`: `qemu-img info` still lists them, flagged
+    /// `in-use`, QEMU reports them inconsistent (they miss this server's writes), `qemu-img
+    /// check` finds nothing leaked, and `qemu-img bitmap --remove` can remove them. A bitmap
+    /// already `in_use` is not listed again.
+    pub fn bitmaps_marked_inconsistent(&self) -> &[String] {
+        dispatch!(&self.backing, d => d.bitmaps_marked_inconsistent())
+    }
+
     /// Writes what the image caches (a qcow2 image's metadata) and syncs its files; a raw
     /// image and the null device have nothing cached. A stopping server calls it after its
     /// exports have stopped (dropping the image does it too).

@@ -66,6 +66,8 @@ pub(crate) struct Qcow2Image {
     path: PathBuf,
     /// The backing files opened, nearest first.
     chain: Vec<PathBuf>,
+    /// The persistent dirty bitmaps the writable open marked `in_use` (imago's `bitmaps.rs`).
+    bitmaps_marked_inconsistent: Vec<String>,
     writable: bool,
     /// The metadata write-back allocating writes wait for.
     write_back: write_back::WriteBack,
@@ -318,6 +320,7 @@ impl Qcow2Image {
             Err(source) => return Err(gate.refusal.take().unwrap_or_else(|| failed(source))),
         };
         let chain = gate.chain.take();
+        let bitmaps_marked_inconsistent = qcow2.bitmaps_marked_in_use().to_vec();
         locks.append(&mut gate.locks.borrow_mut());
         let access = FormatAccess::new(qcow2);
         // The header was checked: qcow2's cluster_bits is 9..=21.
@@ -327,6 +330,7 @@ impl Qcow2Image {
             access: Arc::new(RwLock::new(access)),
             path: path.to_path_buf(),
             chain,
+            bitmaps_marked_inconsistent,
             writable,
             write_back: write_back::WriteBack::default(),
             _locks: locks,

@@ -32,6 +32,10 @@ impl Driver for Arc<Qcow2Image> {
         Qcow2Image::backing_chain(self)
     }
 
+    fn bitmaps_marked_inconsistent(&self) -> &[String] {
+        &self.bitmaps_marked_inconsistent
+    }
+
     fn close(&self) -> io::Result<()> {
         Qcow2Image::close(self)
     }

@@ -309,7 +309,9 @@ fn open_disk(d: &DiskSpec) -> Result<BlockDevice, DaemonError> {
         _ if rbd::is_rbd(&d.image) => rbd::open_image(&d.image, options.image_options())
             .map_err(DeviceError::Image)
             .and_then(|image| BlockDevice::on_image(Arc::new(image), options)),
-        _ => handoff::open_image(d, options),
+        _ => handoff::open_image(d, options).inspect(|device| {
+            rbd::warn_of_bitmaps(&d.image, device.image());
+        }),
     }
     .map_err(|e| DaemonError::Disk {
         spec: d.socket.display().to_string(),

@@ -54,10 +54,28 @@ fn records_dir() -> Option<std::path::PathBuf> {
 
 /// Opens the image `path` names: an RBD image for `rbd:...`, a file or block device else.
 pub(crate) fn open_image(path: &Path, options: ImageOptions) -> Result<Image, OpenError> {
-    if !is_rbd(path) {
-        return Image::open(path, options);
+    let image = if is_rbd(path) {
+        open_rbd(path, options)?
+    } else {
+        Image::open(path, options)?
+    };
+    warn_of_bitmaps(path, &image);
+    Ok(image)
+}
+
+/// Says on stderr which persistent dirty bitmaps (backup checkpoints) opening `image` writable
+/// marked inconsistent, if any ([`Image::bitmaps_marked_inconsistent`]).
+pub(crate) fn warn_of_bitmaps(path: &Path, image: &Image) {
+    let marked = image.bitmaps_marked_inconsistent();
+    if !marked.is_empty() {
+        eprintln!(
+            "aio-storage-daemon: warning: {}: this daemon does not track dirty bitmaps: the \
+             persistent bitmap(s) {} are kept but marked in use (inconsistent); an incremental \
+             backup from them is refused and the next backup is a full one",
+            path.display(),
+            marked.join(", ")
+        );
     }
-    open_rbd(path, options)
 }
 
 #[cfg(feature = "rbd")]

@@ -321,6 +321,9 @@ pub(super) struct Header {
 
     /// Whether an external data file is required.
     external_data_file: bool,
+
+    /// Persistent dirty bitmaps this (writable) open marked `in_use` (aio-rs: `bitmaps.rs`).
+    bitmaps_marked_in_use: Vec<String>,
 }
 
 #[maybe_async]
@@ -519,12 +522,23 @@ impl Header {
             backing_filename,
             extensions,
             external_data_file,
+            bitmaps_marked_in_use: Vec::new(),
         };
 
         // No need to clear autoclear features for read-only images
         if autoclear_features != 0 && writable {
-            header.v3.autoclear_features = 0;
-            header.write(image).await?;
+            // Keep the bitmaps, marked inconsistent, instead of dropping them all
+            // (aio-rs: `bitmaps.rs`).
+            let bitmaps = AutoclearFeatures::Bitmaps as u64;
+            if autoclear_features & bitmaps != 0 {
+                header.bitmaps_marked_in_use =
+                    super::bitmaps::mark_in_use(image, &header.extensions).await?;
+            }
+            let kept = autoclear_features & bitmaps;
+            if autoclear_features != kept {
+                header.v3.autoclear_features = kept;
+                header.write(image).await?;
+            }
         }
 
         // A dirty image's refcounts may be stale after a crash; opened read-only, nothing
@@ -690,6 +704,7 @@ impl Header {
             backing_filename,
             extensions,
             external_data_file: has_external_data_file,
+            bitmaps_marked_in_use: Vec::new(),
         }
     }
 
@@ -770,6 +785,11 @@ impl Header {
         );
 
         Ok(())
+    }
+
+    /// The persistent dirty bitmaps this writable open marked `in_use` (inconsistent).
+    pub fn bitmaps_marked_in_use(&self) -> &[String] {
+        &self.bitmaps_marked_in_use
     }
 
     /// Guest disk size.

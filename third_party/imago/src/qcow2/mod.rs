@@ -1,6 +1,7 @@
 //! Qcow2 implementation.
 
 mod allocation;
+mod bitmaps;
 mod builder;
 mod cache;
 #[cfg(all(test, feature = "async"))]
@@ -213,6 +214,17 @@ impl<S: Storage + 'static, F: WrappedFormat<S> + 'static> Qcow2<S, F> {
     /// Conversely, if this is `false`, this image must not use an external data file.
     pub fn requires_external_data_file(&self) -> bool {
         self.header.external_data_file()
+    }
+
+    /// The persistent dirty bitmaps that opening this image writable marked `in_use`.
+    ///
+    /// imago does not track writes in dirty bitmaps. A writable open keeps the image's bitmaps
+    /// (and the `bitmaps` autoclear bit) but marks each one `in_use`, so that QEMU and
+    /// `qemu-img` report it as inconsistent instead of trusting a bitmap that missed imago's
+    /// writes. Empty for a read-only open, an image without bitmaps, or one whose bitmaps were
+    /// all `in_use` already.
+    pub fn bitmaps_marked_in_use(&self) -> &[String] {
+        self.header.bitmaps_marked_in_use()
     }
 
     /// External data file filename given in the image header.
