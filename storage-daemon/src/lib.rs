@@ -40,6 +40,8 @@
 #![warn(missing_docs)]
 
 #[cfg(feature = "cli")]
+mod blockdev;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod daemon;
 #[cfg(feature = "cli")]

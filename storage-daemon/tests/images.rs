@@ -255,7 +255,10 @@ fn a_qcow2_images_dirty_bitmaps_are_kept_marked_in_use_when_served_writable() {
     let bitmaps = info["format-specific"]["data"]["bitmaps"]
         .as_array()
         .unwrap_or_else(|| panic!("no bitmaps left: {info}"));
-    let names: Vec<_> = bitmaps.iter().map(|b| b["name"].as_str().unwrap()).collect();
+    let names: Vec<_> = bitmaps
+        .iter()
+        .map(|b| b["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["ck1", "ck2"], "{info}");
     for b in bitmaps {
         let flags = b["flags"].to_string();

@@ -544,3 +544,156 @@ fn qemus_own_qmp_client_adds_serves_counts_resizes_and_deletes_an_export() {
     disk_works(&disk);
     assert!(daemon.stop().unwrap().success());
 }
+
+/// qemu-storage-daemon's command line and QMP build the same graph (both are calls of the
+/// daemon's block graph): one daemon is given file, raw and null-co nodes, an iothread, the
+/// NBD server and a vhost-user-blk and an NBD export on its command line; another, with only a
+/// monitor, gets the same through `object-add`, `blockdev-add`, `nbd-server-start` and
+/// `block-export-add`. Their `query-named-block-nodes`, `query-block-exports` and
+/// `query-iothreads` answers are equal, and both serve the disk.
+#[test]
+fn the_command_line_and_qmp_build_the_same_graph() {
+    let (dir, raw) = image();
+    let second = dir.path().join("second.img");
+    std::fs::File::create(&second)
+        .and_then(|f| f.set_len(8 << 20))
+        .unwrap();
+    let (disk, monitor, nbd) = (
+        dir.path().join("disk.sock"),
+        dir.path().join("qmp.sock"),
+        dir.path().join("nbd.sock"),
+    );
+    let monitor_args = [
+        "--chardev".to_string(),
+        format!("socket,id=m0,path={},server=on,wait=off", monitor.display()),
+        "--monitor".to_string(),
+        "chardev=m0".to_string(),
+    ];
+    let file0 = format!(
+        "driver=file,node-name=file0,filename={},aio=threads",
+        raw.display()
+    );
+    let file1 = format!("driver=file,node-name=file1,filename={}", second.display());
+    let vhost = format!(
+        "type=vhost-user-blk,id=exp0,node-name=raw1,addr.type=unix,addr.path={},writable=on,\
+         iothread=io0,num-queues=2",
+        disk.display()
+    );
+    let launch = |args: Vec<String>, sockets: &[&Path]| {
+        let mut l = aio_vhost_user_blk::testing::Launch::new(OURS)
+            .args(args)
+            .label("the daemon")
+            .socket_wait(Duration::from_secs(20));
+        for s in sockets {
+            l = l.socket(s.to_path_buf());
+        }
+        l.start().unwrap_or_else(|e| panic!("{e}"))
+    };
+    let answers = |monitor: &Path| {
+        let (mut q, _) = Qmp::connect(monitor, false);
+        let mut iothreads = q.ok("query-iothreads", json!({}));
+        for t in iothreads.as_array_mut().unwrap() {
+            t.as_object_mut().unwrap().remove("thread-id");
+        }
+        (
+            q.ok("query-named-block-nodes", json!({"flat": true})),
+            q.ok("query-block-exports", json!({})),
+            iothreads,
+        )
+    };
+
+    let mut line: Vec<String> = [
+        "--object",
+        "iothread,id=io0,poll-max-ns=16384",
+        "--blockdev",
+        &file0,
+        "--blockdev",
+        &file1,
+        "--blockdev",
+        "driver=raw,node-name=raw1,file=file1",
+        "--blockdev",
+        "driver=null-co,node-name=null0,size=4M",
+        "--nbd-server",
+        &format!("addr.type=unix,addr.path={}", nbd.display()),
+        "--export",
+        &vhost,
+        "--export",
+        "type=nbd,id=exp1,node-name=null0,name=zeros",
+    ]
+    .map(String::from)
+    .to_vec();
+    line.extend(monitor_args.iter().cloned());
+    let from_line = launch(line, &[&disk, &monitor, &nbd]);
+    let by_line = answers(&monitor);
+    disk_works(&disk);
+    assert!(from_line.stop().unwrap().success());
+
+    let from_qmp = launch(monitor_args.to_vec(), &[&monitor]);
+    let (mut q, _) = Qmp::connect(&monitor, false);
+    let opts = |text: &str| -> Value {
+        let mut map = serde_json::Map::new();
+        for pair in text.split(',') {
+            let (k, v) = pair.split_once('=').unwrap();
+            let value = match v.parse::<u64>() {
+                Ok(n) => json!(n),
+                Err(_) if v == "on" => json!(true),
+                Err(_) => json!(v),
+            };
+            match k.split_once('.') {
+                Some((outer, inner)) => {
+                    let entry = map.entry(outer).or_insert_with(|| json!({}));
+                    entry[inner] = value;
+                }
+                None => {
+                    map.insert(k.to_string(), value);
+                }
+            }
+        }
+        Value::Object(map)
+    };
+    q.ok(
+        "object-add",
+        opts("qom-type=iothread,id=io0,poll-max-ns=16384"),
+    );
+    for node in [
+        file0.as_str(),
+        &file1,
+        "driver=raw,node-name=raw1,file=file1",
+        "driver=null-co,node-name=null0,size=4194304",
+    ] {
+        q.ok("blockdev-add", opts(node));
+    }
+    q.ok(
+        "nbd-server-start",
+        opts(&format!("addr.type=unix,addr.path={}", nbd.display())),
+    );
+    q.ok("block-export-add", opts(&vhost));
+    q.ok(
+        "block-export-add",
+        opts("type=nbd,id=exp1,node-name=null0,name=zeros"),
+    );
+    drop(q);
+    let by_qmp = answers(&monitor);
+    disk_works(&disk);
+    assert!(from_qmp.stop().unwrap().success());
+
+    assert_eq!(by_line.0, by_qmp.0, "query-named-block-nodes");
+    assert_eq!(by_line.1, by_qmp.1, "query-block-exports");
+    assert_eq!(by_line.2, by_qmp.2, "query-iothreads");
+    let names: Vec<_> = by_line
+        .0
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["node-name"].clone())
+        .collect();
+    assert_eq!(names, ["file0", "file1", "null0", "raw1"]);
+    let ids: Vec<_> = by_line
+        .1
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].clone())
+        .collect();
+    assert_eq!(ids, ["exp0", "exp1"]);
+}

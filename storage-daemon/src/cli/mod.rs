@@ -114,7 +114,7 @@ pub fn main(args: Vec<String>) -> i32 {
 fn serve(
     mut config: Config,
     mut process: qsd::Process,
-    mut graph: Option<qsd::command::Graph>,
+    mut graph: Option<crate::blockdev::Graph>,
 ) -> i32 {
     if process.daemonize {
         // The daemon runs in `/` (it keeps no directory busy), so every path given relative
@@ -179,9 +179,9 @@ fn serve(
 fn absolute_paths(
     config: &mut Config,
     process: &mut qsd::Process,
-    graph: Option<&mut qsd::command::Graph>,
+    graph: Option<&mut crate::blockdev::Graph>,
 ) {
-    use qsd::command::absolute;
+    use crate::blockdev::path::absolute;
     for d in &mut config.disks {
         d.socket = absolute(&d.socket);
         if !d.is_null() {

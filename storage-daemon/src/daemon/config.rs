@@ -13,8 +13,13 @@ use aio_core::process::CpuList;
 use aio_core::{PollMaxNs, PollParams};
 use aio_virtio_blk::format::ImageFormat;
 
-/// What [`run`](super::run) serves, and on what.
+use super::values::{on_off, parse_size};
+
+/// What [`run`](crate::daemon::run) serves, and on what: [`Config::new`] with the defaults,
+/// then the fields set (more may come: `#[non_exhaustive]`, so a new option is not a
+/// breaking change).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Config {
     /// The disks, each on its own socket.
     pub disks: Vec<DiskSpec>,
@@ -34,9 +39,9 @@ pub struct Config {
     /// Iothread `k` pinned to the list's CPU `k mod len` (none: not pinned).
     pub cpus: Option<CpuList>,
     /// The NBD server, if any (its clients are served on the iothreads).
-    pub nbd: Option<super::NbdServerSpec>,
+    pub nbd: Option<super::nbd_spec::NbdServerSpec>,
     /// The NBD exports (they need [`nbd`](Config::nbd)).
-    pub nbd_exports: Vec<super::NbdExportSpec>,
+    pub nbd_exports: Vec<super::nbd_spec::NbdExportSpec>,
 }
 
 impl Config {
@@ -56,8 +61,10 @@ impl Config {
     }
 }
 
-/// One `--disk`.
+/// One `--disk`: [`DiskSpec::new`] with the defaults, or parsed from `--disk`'s value; the
+/// fields may be set after (`#[non_exhaustive]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DiskSpec {
     /// Where the vhost-user socket goes.
     pub socket: PathBuf,
@@ -85,26 +92,36 @@ pub struct DiskSpec {
     /// `share-rw=on`: other users may write the image beside this disk (QEMU's device
     /// option of that name; never for a qcow2 image, whose metadata has one writer).
     pub share_rw: bool,
+    /// `id=NAME`: the export's id as QEMU names exports (`--export id=`, `block-export-add
+    /// id=`); its end is announced with `BLOCK_EXPORT_DELETED` (none: not announced).
+    pub id: Option<String>,
 }
 
 impl DiskSpec {
+    /// A disk serving `image` (a path, an `rbd:` name, or `null` with [`size`](Self::size)) on
+    /// the vhost-user socket `socket`: writable, one queue, no serial, its format probed,
+    /// locked as QEMU locks it, its queues on the iothreads in turn.
+    pub fn new(socket: impl Into<PathBuf>, image: impl Into<PathBuf>) -> Self {
+        DiskSpec {
+            socket: socket.into(),
+            image: image.into(),
+            read_only: false,
+            serial: String::new(),
+            queues: 1,
+            format: ImageFormat::Auto,
+            size: None,
+            iothread: None,
+            locking: LockMode::Auto,
+            share_rw: false,
+            id: None,
+        }
+    }
+
     /// Whether the disk is the null device (`image=null`; a file named `null` is
     /// `image=./null`).
     pub fn is_null(&self) -> bool {
         self.image.as_os_str() == "null"
     }
-}
-
-/// `BYTES` with an optional binary suffix (K, M, G, T), as QEMU's sizes.
-pub(crate) fn parse_size(value: &str) -> Option<u64> {
-    let (digits, shift) = match value.char_indices().last()? {
-        (i, 'k' | 'K') => (&value[..i], 10),
-        (i, 'm' | 'M') => (&value[..i], 20),
-        (i, 'g' | 'G') => (&value[..i], 30),
-        (i, 't' | 'T') => (&value[..i], 40),
-        _ => (value, 0),
-    };
-    digits.parse::<u64>().ok()?.checked_mul(1u64 << shift)
 }
 
 impl std::fmt::Display for DiskSpec {
@@ -140,6 +157,9 @@ impl std::fmt::Display for DiskSpec {
         if self.share_rw {
             f.write_str(",share-rw=on")?;
         }
+        if let Some(id) = &self.id {
+            write!(f, ",id={id}")?;
+        }
         Ok(())
     }
 }
@@ -159,18 +179,7 @@ impl FromStr for DiskSpec {
 
 fn parse_disk(s: &str) -> Result<DiskSpec, String> {
     let (mut socket, mut image) = (None, None);
-    let mut spec = DiskSpec {
-        socket: PathBuf::new(),
-        image: PathBuf::new(),
-        read_only: false,
-        serial: String::new(),
-        queues: 1,
-        format: ImageFormat::Auto,
-        size: None,
-        iothread: None,
-        locking: LockMode::Auto,
-        share_rw: false,
-    };
+    let mut spec = DiskSpec::new(PathBuf::new(), PathBuf::new());
     for item in s.split(',') {
         let (key, value) = item
             .split_once('=')
@@ -180,6 +189,7 @@ fn parse_disk(s: &str) -> Result<DiskSpec, String> {
             "image" => image = Some(PathBuf::from(value)),
             "readonly" => spec.read_only = on_off(key, value)?,
             "share-rw" => spec.share_rw = on_off(key, value)?,
+            "id" => spec.id = Some(value.to_string()),
             "locking" => spec.locking = value.parse().map_err(|e| format!("{e}"))?,
             "serial" if value.len() <= 20 => spec.serial = value.to_string(),
             "serial" => return Err(format!("serial '{value}' is longer than 20 bytes")),
@@ -204,7 +214,7 @@ fn parse_disk(s: &str) -> Result<DiskSpec, String> {
             other => {
                 return Err(format!(
                     "unknown key '{other}' (socket, image, readonly, serial, queues, format, \
-                     size, iothread, locking, share-rw)"
+                     size, iothread, locking, share-rw, id)"
                 ))
             }
         }
@@ -219,15 +229,6 @@ fn parse_disk(s: &str) -> Result<DiskSpec, String> {
         _ => {}
     }
     Ok(spec)
-}
-
-/// A boolean key's value: on or off (true/false, yes/no too).
-pub(crate) fn on_off(key: &str, value: &str) -> Result<bool, String> {
-    match value {
-        "on" | "true" | "yes" => Ok(true),
-        "off" | "false" | "no" => Ok(false),
-        _ => Err(format!("{key}={value}: expected on or off")),
-    }
 }
 
 #[cfg(test)]
@@ -274,6 +275,9 @@ mod tests {
         assert!(e.to_string().contains("format=vmdk"), "{e}");
         let q: DiskSpec = "socket=/s,image=/i.qcow2,format=qcow2".parse().unwrap();
         assert_eq!(q.format, ImageFormat::Qcow2);
+        let named: DiskSpec = "socket=/s,image=/i,id=disk0".parse().unwrap();
+        assert_eq!(named.id.as_deref(), Some("disk0"));
+        assert_eq!(named.to_string().parse::<DiskSpec>().unwrap(), named);
         let l: DiskSpec = "socket=/s,image=/i,locking=off,share-rw=on"
             .parse()
             .unwrap();
@@ -304,9 +308,5 @@ mod tests {
             .parse::<DiskSpec>()
             .unwrap()
             .is_null());
-        assert_eq!(parse_size("4096"), Some(4096));
-        assert_eq!(parse_size("64k"), Some(64 << 10));
-        assert_eq!(parse_size("2M"), Some(2 << 20));
-        assert_eq!(parse_size("G"), None);
     }
 }

@@ -7,7 +7,8 @@
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use super::{DaemonError, DiskSpec};
+use super::config::DiskSpec;
+use super::error::DaemonError;
 
 /// Where a socket path leads: the canonical directory and the file name (the socket itself
 /// may not exist yet, or be a stale one that serving replaces).

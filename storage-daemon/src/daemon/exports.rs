@@ -13,9 +13,13 @@ use std::sync::Arc;
 use aio_core::{AioContext, EventLoop, IoEngine};
 use aio_virtio_blk::device::{BlockDevice, ResizeError};
 
-use super::{
-    disk_options, distinct, open_disk, DaemonError, DiskError, DiskSocket, DiskSpec, IoThreadSet,
-};
+use super::config::DiskSpec;
+use super::distinct;
+use super::error::{DaemonError, DiskError};
+use super::events::EventQueue;
+use super::iothreads::IoThreadSet;
+use super::open::{disk_options, open_disk};
+use aio_vhost_user_blk::server::DiskSocket;
 use aio_vhost_user_blk::vhost::DiskIndex;
 
 /// The kinds of export a disk is served through, by the names QEMU gives them
@@ -62,6 +66,8 @@ struct Inner {
     /// By number (a disk's number is its key on the iothreads: never reused); None once ended.
     disks: RefCell<Vec<Option<Served>>>,
     iothreads: IoThreadSet,
+    /// Where a disk's end is announced (`BLOCK_EXPORT_DELETED`, for one with an id).
+    events: EventQueue,
     /// The queues numbered so far (where the next disk's queue 0 takes the iothreads up).
     queues: RefCell<usize>,
 }
@@ -81,10 +87,11 @@ fn disk_index(number: usize, queues_before: usize, spec: &DiskSpec) -> DiskIndex
 pub struct Exports(Rc<Inner>);
 
 impl Exports {
-    pub(super) fn new(iothreads: IoThreadSet) -> Self {
+    pub(super) fn new(iothreads: IoThreadSet, events: EventQueue) -> Self {
         Exports(Rc::new(Inner {
             disks: RefCell::new(Vec::new()),
             iothreads,
+            events,
             queues: RefCell::new(0),
         }))
     }
@@ -222,7 +229,8 @@ impl Exports {
     }
 
     /// Ends disk `number`: its socket closed and removed, its frontend (if any) disconnected
-    /// once its requests completed, its image's cached metadata written. False when there is
+    /// once its requests completed, its image's cached metadata written, and then, for a disk
+    /// with an [`id`](DiskSpec::id), QEMU's `BLOCK_EXPORT_DELETED` sent. False when there is
     /// no such disk being served.
     pub fn remove(&self, ctx: &AioContext<Loop>, number: usize) -> bool {
         let served = match self.0.disks.borrow_mut().get_mut(number) {
@@ -239,6 +247,7 @@ impl Exports {
                 served.spec.image.display()
             );
         }
+        self.0.events.export_deleted(served.spec.id);
         true
     }
 

@@ -22,7 +22,7 @@ use aio_block::image::OpenError;
 use aio_block::lock::LockError;
 use aio_virtio_blk::device::{BlockDevice, DeviceError, DiskOptions};
 
-use super::DiskSpec;
+use super::config::DiskSpec;
 
 /// How long a conflicting lock is retried at start (a killed holder's files closing).
 pub const KILLED_HOLDER_GRACE: Duration = Duration::from_secs(2);

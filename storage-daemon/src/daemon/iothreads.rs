@@ -18,11 +18,22 @@ use std::sync::Arc;
 
 use aio::{Choice, EngineKind, MonitorKind};
 use aio_core::process::CpuList;
-use aio_core::{AioContext, EventLoop, IoEngine, IoThreadError, PollParams};
+use aio_core::{AioContext, EventLoop, IoEngine, IoThread, IoThreadError, PollParams};
 use aio_virtio_blk::dataplane::DataPlane;
 
-use super::{engine_options, Config, DaemonError, Plane, Worker};
+use super::config::Config;
+use super::error::DaemonError;
 use aio_vhost_user_blk::vhost::IoThreads;
+
+pub(super) type Plane = DataPlane<Box<dyn EventLoop>, Box<dyn IoEngine>>;
+/// One of the daemon's iothreads.
+pub(super) type Worker = IoThread<Box<dyn EventLoop>, Plane>;
+
+/// The daemon's engines: each with a thread pool behind it for the discards and write-zeroes
+/// it refuses, as QEMU sends them to its thread pool with `aio=native`.
+pub fn engine_options() -> aio::EngineOptions {
+    aio::EngineOptions::default().with_fallback_pool(true)
+}
 
 /// What every iothread is built with.
 #[derive(Debug, Clone)]

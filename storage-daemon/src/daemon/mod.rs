@@ -15,149 +15,37 @@
 
 mod config;
 mod distinct;
+mod error;
+mod events;
 mod exports;
 mod handoff;
 mod iothreads;
 mod nbd;
 mod nbd_spec;
+mod open;
 pub(crate) mod rbd;
+mod stop;
+mod values;
 
 use std::io;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
-use aio_core::{AioContext, EventLoop, IoEngine, IoThread, NotifyHandle};
+use aio_core::{AioContext, EventLoop};
 
 pub use aio_vhost_user_blk::server::DiskSocket;
-#[cfg(feature = "cli")]
-pub(crate) use config::parse_size;
 pub use config::{BadDiskSpec, Config, DiskSpec};
+pub use error::{DaemonError, DiskError, NbdError};
+pub use events::{Event, EventQueue};
 pub use exports::{ExportKind, Exports};
-pub use iothreads::IoThreadSet;
-pub use nbd::{NbdError, NbdService};
+pub use iothreads::{engine_options, IoThreadSet};
+pub use nbd::NbdService;
 pub use nbd_spec::{NbdExportSpec, NbdServerSpec, NbdTlsSpec};
+pub use stop::StopHandle;
+#[cfg(feature = "cli")]
+pub(crate) use values::parse_size;
 
-use aio_virtio_blk::dataplane::DataPlane;
-use aio_virtio_blk::device::{BlockDevice, DeviceError, DiskOptions};
-
-/// Why the daemon stopped with an error.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum DaemonError {
-    /// A disk's image could not be opened or served as it is.
-    #[error("--disk {spec}: {source}")]
-    Disk {
-        /// The disk's socket path.
-        spec: String,
-        /// Why.
-        #[source]
-        source: DiskError,
-    },
-    /// Two disks collide: one socket, or one image with a writer. It names both.
-    #[error("--disk {first} and --disk {second}: {reason}")]
-    Conflict {
-        /// The earlier disk.
-        first: String,
-        /// The later one.
-        second: String,
-        /// How they collide.
-        reason: String,
-    },
-    /// An iothread could not start (its backends were refused) or failed.
-    #[error("{0}")]
-    IoThread(#[from] aio_core::IoThreadError),
-    /// The NBD server or one of its exports could not be served.
-    #[error(transparent)]
-    Nbd(#[from] NbdError),
-    /// The control loop's backends could not start.
-    #[error("{what}: {source}")]
-    Start {
-        /// What could not start.
-        what: &'static str,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
-}
-
-/// Why one disk could not be served.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum DiskError {
-    /// The image was refused (it cannot be opened, its size, its format).
-    #[error(transparent)]
-    Device(#[from] DeviceError),
-    /// Its socket could not be created or watched.
-    #[error("socket: {0}")]
-    Socket(#[source] io::Error),
-    /// It names an iothread the daemon does not have.
-    #[error("iothread={iothread}: the daemon has {iothreads} iothreads (numbered from 0)")]
-    NoSuchIoThread {
-        /// The iothread named.
-        iothread: u16,
-        /// How many there are.
-        iothreads: u16,
-    },
-}
-
-/// Tells a running [`run`] to stop: `Send + Sync + Clone`, for a signal handler, another
-/// thread, or a test. Stopping before `run` starts makes it return as soon as it has started.
-#[derive(Debug, Clone, Default)]
-pub struct StopHandle {
-    inner: Arc<StopInner>,
-}
-
-#[derive(Debug, Default)]
-struct StopInner {
-    stopped: AtomicBool,
-    /// The control loop's wake-up, once `run` has one.
-    wake: Mutex<Option<NotifyHandle>>,
-}
-
-impl StopHandle {
-    /// A handle that has not said stop.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Says stop and wakes the control loop (async-signal-safe it is not: call it from a
-    /// signal-handling thread, as `ctrlc` does, not from a signal handler).
-    pub fn stop(&self) {
-        self.inner.stopped.store(true, Ordering::SeqCst);
-        let wake = self
-            .inner
-            .wake
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(wake) = wake.as_ref() {
-            wake.notify();
-        }
-    }
-
-    /// Whether stop was said.
-    pub fn is_stopped(&self) -> bool {
-        self.inner.stopped.load(Ordering::SeqCst)
-    }
-
-    fn attach(&self, wake: NotifyHandle) {
-        *self
-            .inner
-            .wake
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(wake);
-    }
-}
-
-type Plane = DataPlane<Box<dyn EventLoop>, Box<dyn IoEngine>>;
-/// One of the daemon's iothreads.
-type Worker = IoThread<Box<dyn EventLoop>, Plane>;
-
-/// The daemon's engines: each with a thread pool behind it for the discards and write-zeroes
-/// it refuses, as QEMU sends them to its thread pool with `aio=native`.
-pub fn engine_options() -> aio::EngineOptions {
-    aio::EngineOptions::default().with_fallback_pool(true)
-}
+use open::open_disk;
 
 fn start_error(what: &'static str) -> impl FnOnce(io::Error) -> DaemonError {
     move |source| DaemonError::Start { what, source }
@@ -182,6 +70,8 @@ pub struct Control<'a> {
     pub stop: StopHandle,
     /// The NBD server, if one runs (a monitor may start and stop one).
     pub nbd: NbdSlot,
+    /// Where any module sends QEMU's events; a monitor attaches to deliver them.
+    pub events: EventQueue,
 }
 
 /// Where the running NBD server is kept: the daemon stops whatever is there when it stops.
@@ -223,7 +113,8 @@ pub fn run_with(
     let ctx = AioContext::new(monitor).map_err(|e| start_error("control loop")(e.into()))?;
     stop.attach(ctx.notify_handle());
 
-    let exports = Exports::new(threads.clone());
+    let events = EventQueue::new();
+    let exports = Exports::new(threads.clone(), events.clone());
     let mut result = Ok(());
     for (d, device) in config.disks.iter().zip(devices) {
         if let Err(e) = exports.serve(&ctx, d.clone(), device) {
@@ -233,7 +124,7 @@ pub fn run_with(
     }
     let nbd: NbdSlot = NbdSlot::default();
     if result.is_ok() {
-        match start_nbd(&ctx, config, &exports, &threads) {
+        match start_nbd(&ctx, config, &exports, &threads, &events) {
             Ok(service) => *nbd.borrow_mut() = service,
             Err(e) => result = Err(e),
         }
@@ -245,6 +136,7 @@ pub fn run_with(
             iothreads: threads.clone(),
             stop: stop.clone(),
             nbd: nbd.clone(),
+            events: events.clone(),
         };
         result = ready(&control).map_err(start_error("monitor"));
     }
@@ -252,7 +144,10 @@ pub fn run_with(
         while !stop.is_stopped() {
             ctx.poll(true);
         }
+        // What the last iteration sent (`quit`'s SHUTDOWN) is delivered before the end.
+        ctx.poll(false);
     }
+    events.detach(&ctx);
     // NBD clients end first (their requests drained), then every disk as one removed at run
     // time does: its queues drain, then what its image caches (qcow2 metadata) is written.
     let service = nbd.borrow_mut().take();
@@ -271,6 +166,7 @@ fn start_nbd(
     config: &Config,
     exports: &Exports,
     threads: &IoThreadSet,
+    events: &EventQueue,
 ) -> Result<Option<Rc<NbdService>>, DaemonError> {
     let Some(spec) = &config.nbd else {
         return match config.nbd_exports.is_empty() {
@@ -278,7 +174,7 @@ fn start_nbd(
             false => Err(NbdError::NoServer.into()),
         };
     };
-    let service = Rc::new(NbdService::start(ctx, spec, threads)?);
+    let service = Rc::new(NbdService::start(ctx, spec, threads, events)?);
     for e in &config.nbd_exports {
         if let Err(err) = service.add(e.clone(), exports) {
             service.stop(ctx);
@@ -286,55 +182,4 @@ fn start_nbd(
         }
     }
     Ok(Some(service))
-}
-
-/// What the device of `d` is made with.
-fn disk_options(d: &DiskSpec) -> DiskOptions {
-    DiskOptions {
-        read_only: d.read_only,
-        serial: d.serial.clone(),
-        queues: d.queues,
-        format: d.format,
-        locking: d.locking,
-        share_rw: d.share_rw,
-    }
-}
-
-/// Opens one `--disk`'s image (or makes the null device), logging a qcow2 image's backing
-/// chain.
-fn open_disk(d: &DiskSpec) -> Result<BlockDevice, DaemonError> {
-    let options = disk_options(d);
-    let device = match d.size {
-        Some(size) if d.is_null() => BlockDevice::null(size, options),
-        _ if rbd::is_rbd(&d.image) => rbd::open_image(&d.image, options.image_options())
-            .map_err(DeviceError::Image)
-            .and_then(|image| BlockDevice::on_image(Arc::new(image), options)),
-        _ => handoff::open_image(d, options).inspect(|device| {
-            rbd::warn_of_bitmaps(&d.image, device.image());
-        }),
-    }
-    .map_err(|e| DaemonError::Disk {
-        spec: d.socket.display().to_string(),
-        source: e.into(),
-    })?;
-    if device.is_dirty() {
-        eprintln!(
-            "aio-storage-daemon: warning: {}: the qcow2 image is dirty (its refcounts are stale \
-             after a crash with lazy_refcounts=on): served read-only; `qemu-img check -r all {}` \
-             repairs it, then it is served writable",
-            d.image.display(),
-            d.image.display()
-        );
-    }
-    let chain = device.backing_chain();
-    if !chain.is_empty() {
-        let names: Vec<_> = chain.iter().map(|p| p.display().to_string()).collect();
-        eprintln!(
-            "aio-storage-daemon: {}: {} image, backing chain {}",
-            d.image.display(),
-            device.format_name(),
-            names.join(" <- ")
-        );
-    }
-    Ok(device)
 }

@@ -12,7 +12,6 @@
 //!   their requests, then closes its image if it is the export's own.
 
 use std::cell::{Cell, RefCell};
-use std::io;
 use std::path::Path;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -23,39 +22,14 @@ use aio_core::{AioContext, EventLoop};
 use aio_nbd::{Limits, NbdExport, NbdServer};
 
 use super::distinct::image_key;
-use super::{Exports, IoThreadSet, NbdExportSpec, NbdServerSpec};
+use super::error::NbdError;
+use super::events::EventQueue;
+use super::exports::Exports;
+use super::iothreads::IoThreadSet;
+use super::nbd_spec::{NbdExportSpec, NbdServerSpec};
 
 /// How long a stop waits for clients' requests in flight.
 const DRAIN: Duration = Duration::from_secs(30);
-
-/// Why the NBD server or an export could not be served.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum NbdError {
-    /// The server's socket could not be made.
-    #[error("NBD server {addr}: {source}")]
-    Listen {
-        /// Where it was to listen.
-        addr: String,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
-    /// An export was refused (its image, its name, its options).
-    #[error("NBD export '{name}': {reason}")]
-    Export {
-        /// The export's name.
-        name: String,
-        /// Why.
-        reason: String,
-    },
-    /// The server's TLS credentials could not be used.
-    #[error("NBD server TLS credentials: {0}")]
-    Tls(#[from] aio_nbd::TlsError),
-    /// Exports were given without a server to offer them.
-    #[error("NBD exports need an NBD server (--nbd ADDR, or --nbd-server)")]
-    NoServer,
-}
 
 /// One export being offered.
 struct Offered {
@@ -74,6 +48,8 @@ pub struct NbdService {
     /// iothread when none is named.
     pins: Rc<RefCell<Vec<usize>>>,
     iothreads: IoThreadSet,
+    /// Where an export's end is announced (`BLOCK_EXPORT_DELETED`, for one with an id).
+    events: EventQueue,
 }
 
 impl std::fmt::Debug for NbdService {
@@ -85,11 +61,13 @@ impl std::fmt::Debug for NbdService {
 }
 
 impl NbdService {
-    /// Listens as `spec` says; clients go to the iothreads in turn.
+    /// Listens as `spec` says; clients go to the iothreads in turn. The end of an export
+    /// with an [`id`](NbdExportSpec::id) is announced on `events` (`BLOCK_EXPORT_DELETED`).
     pub fn start<L: EventLoop + 'static>(
         ctx: &AioContext<L>,
         spec: &NbdServerSpec,
         iothreads: &IoThreadSet,
+        events: &EventQueue,
     ) -> Result<Self, NbdError> {
         let limits = Limits {
             handshake_timeout: spec.handshake,
@@ -137,6 +115,7 @@ impl NbdService {
             offered: RefCell::new(Vec::new()),
             pins,
             iothreads: iothreads.clone(),
+            events: events.clone(),
         })
     }
 
@@ -285,8 +264,10 @@ impl NbdService {
             );
         }
         let offered = self.offered.borrow_mut().remove(at);
+        let id = offered.spec.id.clone();
         self.close_if_unused(offered);
         self.repin();
+        self.events.export_deleted(id);
         true
     }
 
@@ -315,9 +296,13 @@ impl NbdService {
             eprintln!("aio-storage-daemon: NBD clients still busy after {DRAIN:?}");
         }
         let all: Vec<Offered> = self.offered.borrow_mut().drain(..).collect();
+        let ids: Vec<Option<String>> = all.iter().map(|o| o.spec.id.clone()).collect();
         for o in all.into_iter().rev() {
             self.server.exports().remove(&o.spec.name);
             self.close_if_unused(o);
+        }
+        for id in ids {
+            self.events.export_deleted(id);
         }
     }
 }

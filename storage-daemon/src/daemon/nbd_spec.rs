@@ -13,10 +13,12 @@ use aio_block::lock::LockMode;
 use aio_nbd::ListenAddr;
 use aio_virtio_blk::format::ImageFormat;
 
-use super::config::{on_off, parse_size};
+use super::values::{on_off, parse_size};
 
-/// The NBD server.
+/// The NBD server: [`NbdServerSpec::new`] with QEMU's defaults, or parsed from `--nbd`'s
+/// value; the fields may be set after (more may come: `#[non_exhaustive]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct NbdServerSpec {
     /// Where it listens.
     pub addr: ListenAddr,
@@ -28,8 +30,10 @@ pub struct NbdServerSpec {
     pub tls: Option<NbdTlsSpec>,
 }
 
-/// TLS credentials in QEMU's x509 layout (`tls-creds-x509,endpoint=server,dir=`).
+/// TLS credentials in QEMU's x509 layout (`tls-creds-x509,endpoint=server,dir=`):
+/// [`NbdTlsSpec::new`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct NbdTlsSpec {
     /// The directory holding `ca-cert.pem`, `server-cert.pem` and `server-key.pem`.
     pub dir: PathBuf,
@@ -37,8 +41,10 @@ pub struct NbdTlsSpec {
     pub verify_peer: bool,
 }
 
-/// One NBD export.
+/// One NBD export: [`NbdExportSpec::new`] (read-only, QEMU's defaults), or parsed from
+/// `--nbd-export`'s value; the fields may be set after.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct NbdExportSpec {
     /// The name clients ask for.
     pub name: String,
@@ -59,9 +65,51 @@ pub struct NbdExportSpec {
     /// Whether the `qemu:allocation-depth` metadata context is offered (QEMU's
     /// `allocation-depth=on`).
     pub allocation_depth: bool,
+    /// `id=NAME`: the export's id as QEMU names exports; its end is announced with
+    /// `BLOCK_EXPORT_DELETED` (none: not announced).
+    pub id: Option<String>,
+}
+
+impl NbdServerSpec {
+    /// A server listening on `addr`: no bound on clients, QEMU's handshake deadline, no TLS.
+    pub fn new(addr: ListenAddr) -> Self {
+        NbdServerSpec {
+            addr,
+            max_connections: None,
+            handshake: aio_nbd::Limits::default().handshake_timeout,
+            tls: None,
+        }
+    }
+}
+
+impl NbdTlsSpec {
+    /// The credentials in `dir`, client certificates verified (QEMU's default).
+    pub fn new(dir: PathBuf) -> Self {
+        NbdTlsSpec {
+            dir,
+            verify_peer: true,
+        }
+    }
 }
 
 impl NbdExportSpec {
+    /// Export `name` of `image` (a path, an `rbd:` name, or `null` with [`size`](Self::size)),
+    /// read-only, its format probed, locked as QEMU locks it.
+    pub fn new(name: impl Into<String>, image: impl Into<PathBuf>) -> Self {
+        NbdExportSpec {
+            name: name.into(),
+            description: None,
+            image: image.into(),
+            format: ImageFormat::Auto,
+            size: None,
+            writable: false,
+            locking: LockMode::Auto,
+            iothread: None,
+            allocation_depth: false,
+            id: None,
+        }
+    }
+
     /// Whether the export is the null device.
     pub fn is_null(&self) -> bool {
         self.image.as_os_str() == "null"
@@ -96,12 +144,7 @@ impl FromStr for NbdServerSpec {
                 "handshake-max-seconds" => {
                     spec.handshake = Duration::from_secs(u64::from(number()?))
                 }
-                "tls-creds" => {
-                    spec.tls = Some(NbdTlsSpec {
-                        dir: PathBuf::from(value),
-                        verify_peer: true,
-                    })
-                }
+                "tls-creds" => spec.tls = Some(NbdTlsSpec::new(PathBuf::from(value))),
                 "verify-peer" => verify_peer = on_off(key, value)?,
                 other => {
                     return Err(format!(
@@ -124,19 +167,9 @@ impl FromStr for NbdExportSpec {
     type Err = String;
 
     /// `name=NAME,image=PATH[,format=][,writable=on][,description=TEXT][,size=][,locking=]
-    /// [,iothread=K][,allocation-depth=on]`.
+    /// [,iothread=K][,allocation-depth=on][,id=ID]`.
     fn from_str(s: &str) -> Result<Self, String> {
-        let mut spec = NbdExportSpec {
-            name: String::new(),
-            description: None,
-            image: PathBuf::new(),
-            format: ImageFormat::Auto,
-            size: None,
-            writable: false,
-            locking: LockMode::Auto,
-            iothread: None,
-            allocation_depth: false,
-        };
+        let mut spec = NbdExportSpec::new(String::new(), PathBuf::new());
         let (mut name, mut image) = (None, None);
         for part in s.split(',') {
             let (key, value) = part
@@ -146,6 +179,7 @@ impl FromStr for NbdExportSpec {
                 "name" => name = Some(value.to_owned()),
                 "image" => image = Some(PathBuf::from(value)),
                 "description" => spec.description = Some(value.to_owned()),
+                "id" => spec.id = Some(value.to_owned()),
                 "writable" => spec.writable = on_off(key, value)?,
                 "allocation-depth" => spec.allocation_depth = on_off(key, value)?,
                 "format" => {
@@ -168,7 +202,7 @@ impl FromStr for NbdExportSpec {
                 other => {
                     return Err(format!(
                         "unknown key '{other}' (name, image, description, writable, format, \
-                         size, locking, iothread, allocation-depth)"
+                         size, locking, iothread, allocation-depth, id)"
                     ))
                 }
             }

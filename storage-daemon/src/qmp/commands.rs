@@ -6,7 +6,6 @@
 //! graph ([`Graph`]), which `blockdev-add` and `block-export-add` extend as the command line
 //! would; the disks themselves are the daemon's [`Exports`].
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use serde_json::{json, Map, Value};
@@ -16,41 +15,18 @@ use aio_block::lock::{Access, ImageLock};
 use aio_core::{AioContext, EventLoop};
 use aio_virtio_blk::format::ImageFormat;
 
-use super::wire::{self, Args, QmpError, Request};
+use super::wire::{self, Args, QmpError};
+use crate::blockdev::export::Transport;
+use crate::blockdev::keyval::Opts;
+use crate::blockdev::node::Node;
+use crate::blockdev::Graph;
+use crate::daemon::Event;
 use crate::daemon::Exports;
 use crate::daemon::IoThreadSet;
-use crate::qsd::command::{Graph, Node, Transport};
-use crate::qsd::keyval::Opts;
-
-/// The commands served, in `query-commands`' order.
-pub(crate) const COMMANDS: &[&str] = &[
-    "qmp_capabilities",
-    "query-version",
-    "query-commands",
-    "query-iothreads",
-    "qom-get",
-    "qom-set",
-    "query-named-block-nodes",
-    "query-block-exports",
-    "query-blockstats",
-    "block_resize",
-    "block-latency-histogram-set",
-    "blockdev-add",
-    "blockdev-del",
-    "block-export-add",
-    "block-export-del",
-    "nbd-server-start",
-    "nbd-server-stop",
-    "object-add",
-    "object-del",
-    "quit",
-];
 
 /// What the commands see and change.
 pub(crate) struct State {
     pub(crate) graph: Graph,
-    /// Each live export's disk number among the daemon's [`Exports`], by export id.
-    pub(crate) numbers: HashMap<String, usize>,
     pub(crate) exports: Exports,
     pub(crate) iothreads: IoThreadSet,
     /// The engine every disk runs on (a new node must not ask for another).
@@ -61,59 +37,80 @@ pub(crate) struct State {
     pub(crate) stop: crate::daemon::StopHandle,
     /// The NBD server, when one runs.
     pub(crate) nbd: crate::daemon::NbdSlot,
+    /// Where events go (delivered to every client by the monitor).
+    pub(crate) events: crate::daemon::EventQueue,
 }
 
-/// A command's result, and the events it raised.
-pub(crate) type Outcome = (Result<Value, QmpError>, Vec<Value>);
+/// The control loop the commands run on.
+pub(crate) type Ctx = AioContext<Box<dyn EventLoop>>;
+
+/// One QMP command: its name (QEMU's) and what runs it, given its arguments. Each module
+/// lists the commands it serves (its `COMMANDS`); `registry` joins the lists, so a name is
+/// written once.
+pub(crate) struct Command {
+    /// QEMU's name of the command.
+    pub(crate) name: &'static str,
+    /// Runs it (after capabilities negotiation).
+    pub(crate) run: fn(&mut State, &Ctx, Args) -> Result<Value, QmpError>,
+}
+
+/// The commands of the graph's nodes and exports, the version, and `quit`.
+pub(crate) const COMMANDS: &[Command] = &[
+    Command {
+        name: "query-version",
+        run: |_, _, args| args.finish().map(|()| wire::version()),
+    },
+    Command {
+        name: "query-named-block-nodes",
+        run: |state, _, args| state.query_nodes(args),
+    },
+    Command {
+        name: "query-block-exports",
+        run: |state, _, args| args.finish().map(|()| state.query_exports()),
+    },
+    Command {
+        name: "blockdev-add",
+        run: |state, _, args| state.blockdev_add(args),
+    },
+    Command {
+        name: "blockdev-del",
+        run: |state, _, args| state.blockdev_del(args),
+    },
+    Command {
+        name: "block-export-add",
+        run: |state, ctx, args| state.export_add(ctx, args),
+    },
+    Command {
+        name: "block-export-del",
+        run: |state, ctx, args| state.export_del(ctx, args),
+    },
+    // As QEMU: the reply, the SHUTDOWN event, then the daemon stops as on SIGTERM.
+    Command {
+        name: "quit",
+        run: |state, _, args| {
+            args.finish()?;
+            let data = json!({"guest": false, "reason": "host-qmp-quit"});
+            state.events.send(Event::new("SHUTDOWN", data));
+            state.stop.stop();
+            Ok(json!({}))
+        },
+    },
+];
 
 fn qsd_error(e: crate::qsd::QsdError) -> QmpError {
     QmpError::generic(e.to_string())
 }
 
 impl State {
-    /// Runs `request` (after capabilities negotiation).
-    pub(crate) fn execute(&mut self, ctx: &AioContext<Box<dyn EventLoop>>, r: Request) -> Outcome {
-        let args = Args(r.arguments);
-        let mut events = Vec::new();
-        let result = match r.execute.as_str() {
-            "qmp_capabilities" => Err(QmpError::command_not_found(
-                "Capabilities negotiation is already complete, command ignored",
-            )),
-            "query-version" => args.finish().map(|()| wire::version()),
-            "query-commands" => args
-                .finish()
-                .map(|()| Value::Array(COMMANDS.iter().map(|c| json!({"name": c})).collect())),
-            "query-iothreads" => args.finish().map(|()| self.query_iothreads()),
-            "qom-get" => self.qom_get(args),
-            "qom-set" => self.qom_set(args),
-            "query-named-block-nodes" => args.finish().map(|()| self.query_nodes()),
-            "query-block-exports" => args.finish().map(|()| self.query_exports()),
-            "query-blockstats" => self.query_blockstats(args),
-            "block_resize" => self.block_resize(args),
-            "block-latency-histogram-set" => self.latency_histogram_set(args),
-            "blockdev-add" => self.blockdev_add(args),
-            "blockdev-del" => self.blockdev_del(args),
-            "block-export-add" => self.export_add(ctx, args),
-            "block-export-del" => self.export_del(ctx, args, &mut events),
-            "nbd-server-start" => self.nbd_server_start(ctx, args),
-            "nbd-server-stop" => self.nbd_server_stop(ctx, args, &mut events),
-            // As QEMU: the reply, the SHUTDOWN event, then the daemon stops as on SIGTERM.
-            "object-add" => self.object_add(args),
-            "object-del" => self.object_del(args),
-            "quit" => args.finish().map(|()| {
-                let data = json!({"guest": false, "reason": "host-qmp-quit"});
-                events.push(wire::event("SHUTDOWN", data));
-                self.stop.stop();
-                json!({})
-            }),
-            other => Err(QmpError::command_not_found(format!(
-                "The command {other} has not been found"
-            ))),
-        };
-        (result, events)
+    /// `query-named-block-nodes [flat]` (every node is listed as it is: `flat` changes
+    /// nothing while no node has a child of its own in the list).
+    fn query_nodes(&self, mut args: Args) -> Result<Value, QmpError> {
+        args.opt_bool("flat")?;
+        args.finish()?;
+        Ok(self.nodes_info())
     }
 
-    fn query_nodes(&self) -> Value {
+    fn nodes_info(&self) -> Value {
         let mut names: Vec<&String> = self.graph.nodes.keys().collect();
         names.sort();
         Value::Array(
@@ -181,11 +178,7 @@ impl State {
         Ok(json!({}))
     }
 
-    fn export_add(
-        &mut self,
-        ctx: &AioContext<Box<dyn EventLoop>>,
-        args: Args,
-    ) -> Result<Value, QmpError> {
+    fn export_add(&mut self, ctx: &Ctx, args: Args) -> Result<Value, QmpError> {
         let opts = Opts::from_json("block-export-add", &args.0).map_err(qsd_error)?;
         let mut graph = self.graph.clone();
         graph.export(opts).map_err(qsd_error)?;
@@ -220,17 +213,14 @@ impl State {
             .exports
             .add_sharing(ctx, spec, shared)
             .map_err(|e| QmpError::generic(e.to_string()))?;
-        self.numbers.insert(export.id, number);
+        if let Some(added) = graph.exports.last_mut() {
+            added.disk = Some(number);
+        }
         self.graph = graph;
         Ok(json!({}))
     }
 
-    fn export_del(
-        &mut self,
-        ctx: &AioContext<Box<dyn EventLoop>>,
-        mut args: Args,
-        events: &mut Vec<Value>,
-    ) -> Result<Value, QmpError> {
+    fn export_del(&mut self, ctx: &Ctx, mut args: Args) -> Result<Value, QmpError> {
         let id = args.str("id")?;
         let hard = match args.opt_str("mode")?.as_deref() {
             None | Some("safe") => false,
@@ -247,9 +237,10 @@ impl State {
             _ => None,
         });
         if let Some(name) = nbd {
-            return self.nbd_export_del(&id, &name, hard, events);
+            return self.nbd_export_del(&id, &name, hard);
         }
-        let Some(&number) = self.numbers.get(&id) else {
+        let disk = self.graph.exports.iter().find(|e| e.id == id);
+        let Some(number) = disk.and_then(|e| e.disk) else {
             return Err(QmpError::generic(format!("Export '{id}' is not found")));
         };
         if !hard && self.exports.connected(number) == Some(true) {
@@ -257,10 +248,9 @@ impl State {
                 "export '{id}' still in use (a client is connected; mode=hard disconnects it)"
             )));
         }
+        // The export's end is announced by the daemon's exports (BLOCK_EXPORT_DELETED).
         self.exports.remove(ctx, number);
-        self.numbers.remove(&id);
         self.graph.exports.retain(|e| e.id != id);
-        events.push(wire::event("BLOCK_EXPORT_DELETED", json!({"id": id})));
         Ok(json!({}))
     }
 }

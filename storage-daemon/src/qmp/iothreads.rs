@@ -4,16 +4,42 @@
 //! This module owns what those commands answer and change; starting and stopping a thread
 //! is the daemon's [`IoThreadSet`](crate::daemon::IoThreadSet).
 //!
-//! * `object-add` takes `qom-type=iothread` only (QEMU's text for any other type), with
-//!   `poll-max-ns`, `poll-grow`, `poll-shrink`; an export added later may name it.
+//! * `object-add` takes the graph's object types (QEMU's text for any other type): an
+//!   `iothread` (`poll-max-ns`, `poll-grow`, `poll-shrink`) an export added later may name,
+//!   `tls-creds-x509` for `nbd-server-start`.
 //! * `object-del` refuses an iothread a live export names; otherwise its thread stops (and
 //!   is waited for) before the reply.
 
 use serde_json::{json, Value};
 
-use super::commands::State;
+use super::commands::{Command, State};
 use super::wire::{Args, ErrorClass, QmpError};
-use crate::qsd::keyval::Opts;
+use crate::blockdev::keyval::Opts;
+use crate::blockdev::object::{Object, ObjectType};
+
+/// The iothread objects' commands (and `object-add` / `-del` of every object type).
+pub(super) const COMMANDS: &[Command] = &[
+    Command {
+        name: "query-iothreads",
+        run: |state, _, args| args.finish().map(|()| state.query_iothreads()),
+    },
+    Command {
+        name: "qom-get",
+        run: |state, _, args| state.qom_get(args),
+    },
+    Command {
+        name: "qom-set",
+        run: |state, _, args| state.qom_set(args),
+    },
+    Command {
+        name: "object-add",
+        run: |state, _, args| state.object_add(args),
+    },
+    Command {
+        name: "object-del",
+        run: |state, _, args| state.object_del(args),
+    },
+];
 
 /// The calling thread's id (what QEMU reports as an iothread's `thread-id`).
 pub(super) fn gettid() -> i64 {
@@ -22,7 +48,7 @@ pub(super) fn gettid() -> i64 {
 }
 
 impl State {
-    pub(super) fn query_iothreads(&self) -> Value {
+    fn query_iothreads(&self) -> Value {
         Value::Array(
             self.graph
                 .objects
@@ -51,7 +77,7 @@ impl State {
             })
     }
 
-    pub(super) fn qom_get(&self, mut args: Args) -> Result<Value, QmpError> {
+    fn qom_get(&self, mut args: Args) -> Result<Value, QmpError> {
         let path = args.str("path")?;
         let property = args.str("property")?;
         args.finish()?;
@@ -67,7 +93,7 @@ impl State {
         }
     }
 
-    pub(super) fn qom_set(&mut self, mut args: Args) -> Result<Value, QmpError> {
+    fn qom_set(&mut self, mut args: Args) -> Result<Value, QmpError> {
         let path = args.str("path")?;
         let property = args.str("property")?;
         let value = args.value("value")?;
@@ -95,13 +121,11 @@ impl State {
         Ok(json!({}))
     }
 
-    /// `object-add qom-type=iothread id=... [poll-max-ns poll-grow poll-shrink]`.
-    pub(super) fn object_add(&mut self, args: Args) -> Result<Value, QmpError> {
-        let kind = args.0.get("qom-type").cloned();
-        let id = args.0.get("id").cloned();
-        match kind {
-            Some(Value::String(k)) if k == "iothread" => {}
-            Some(Value::String(k)) if k == "tls-creds-x509" => return self.tls_creds_add(args),
+    /// `object-add` of a type in the graph's object table (QEMU's text for any other type);
+    /// an iothread is started, credentials are kept for a later `nbd-server-start`.
+    fn object_add(&mut self, args: Args) -> Result<Value, QmpError> {
+        match args.0.get("qom-type") {
+            Some(Value::String(k)) if ObjectType::find(k).is_some() => {}
             Some(Value::String(k)) => {
                 return Err(QmpError::generic(format!("invalid object type: {k}")))
             }
@@ -112,7 +136,7 @@ impl State {
             }
             None => return Err(QmpError::generic("Parameter 'qom-type' is missing")),
         }
-        if let Some(Value::String(id)) = &id {
+        if let Some(Value::String(id)) = args.0.get("id") {
             if self.graph.objects.iter().any(|t| &t.id == id) {
                 return Err(QmpError::generic(format!(
                     "attempt to add duplicate property '{id}' to object (type 'container')"
@@ -122,36 +146,39 @@ impl State {
         let opts =
             Opts::from_json("object-add", &args.0).map_err(|e| QmpError::generic(e.to_string()))?;
         let mut graph = self.graph.clone();
-        graph
+        let added = graph
             .object(opts)
             .map_err(|e| QmpError::generic(e.to_string()))?;
-        let added = graph.objects.last_mut().expect("just added");
-        let thread = self
-            .iothreads
-            .add(added.poll)
-            .map_err(|e| QmpError::generic(e.to_string()))?;
-        added.thread = thread;
-        let tid = self.iothreads.handles()[thread]
-            .call(|_, _| gettid())
-            .unwrap_or(0);
-        if self.thread_ids.len() <= thread {
-            self.thread_ids.resize(thread + 1, 0);
+        if let Object::IoThread(t) = added {
+            let thread = self
+                .iothreads
+                .add(t.poll)
+                .map_err(|e| QmpError::generic(e.to_string()))?;
+            graph.objects.last_mut().expect("just added").thread = thread;
+            let tid = self.iothreads.handles()[thread]
+                .call(|_, _| gettid())
+                .unwrap_or(0);
+            if self.thread_ids.len() <= thread {
+                self.thread_ids.resize(thread + 1, 0);
+            }
+            self.thread_ids[thread] = tid;
         }
-        self.thread_ids[thread] = tid;
         self.graph = graph;
         Ok(json!({}))
     }
 
     /// `object-del id=...` of an iothread no live export names.
-    pub(super) fn object_del(&mut self, mut args: Args) -> Result<Value, QmpError> {
+    fn object_del(&mut self, mut args: Args) -> Result<Value, QmpError> {
         let id = args.str("id")?;
         args.finish()?;
         let Some(k) = self.graph.objects.iter().position(|t| t.id == id) else {
             return Err(QmpError::generic(format!("object '{id}' not found")));
         };
-        let in_use = self.graph.exports.iter().any(|e| {
-            self.numbers.contains_key(&e.id) && e.iothread.as_deref() == Some(id.as_str())
-        });
+        let in_use = self
+            .graph
+            .exports
+            .iter()
+            .any(|e| e.disk.is_some() && e.iothread.as_deref() == Some(id.as_str()));
         if in_use {
             return Err(QmpError::generic(format!(
                 "object '{id}' is in use, can not be deleted"

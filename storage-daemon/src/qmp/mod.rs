@@ -29,12 +29,12 @@
 mod commands;
 mod iothreads;
 mod nbd;
+mod registry;
 mod resize;
 mod stats;
 mod wire;
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -46,8 +46,8 @@ use serde_json::Value;
 use aio::{Choice, EngineKind};
 use aio_core::{AioContext, EventLoop, FdHandler};
 
-use crate::daemon::{Control, ExportKind};
-use crate::qsd::command::Graph;
+use crate::blockdev::Graph;
+use crate::daemon::{Control, Event};
 use commands::State;
 use wire::{QmpError, Splitter, MAX_MESSAGE};
 
@@ -81,14 +81,6 @@ impl Monitor {
         graph: Graph,
         engine: Choice<EngineKind>,
     ) -> io::Result<Rc<Monitor>> {
-        // The vhost-user-blk exports are the disks, numbered in order; NBD exports are the
-        // NBD server's.
-        let disks = graph
-            .exports
-            .iter()
-            .filter(|e| e.transport.kind() == ExportKind::VhostUserBlk);
-        let numbers: HashMap<String, usize> =
-            (0..).zip(disks).map(|(n, e)| (e.id.clone(), n)).collect();
         let thread_ids = control
             .iothreads
             .handles()
@@ -97,7 +89,6 @@ impl Monitor {
             .collect();
         let state = State {
             graph,
-            numbers,
             exports: control.exports.clone(),
             iothreads: control.iothreads.clone(),
             engine: match engine {
@@ -107,6 +98,7 @@ impl Monitor {
             thread_ids,
             stop: control.stop.clone(),
             nbd: control.nbd.clone(),
+            events: control.events.clone(),
         };
         let mut listeners = Vec::new();
         for path in paths {
@@ -119,6 +111,14 @@ impl Monitor {
             listeners,
             clients: RefCell::new(Vec::new()),
             state: RefCell::new(state),
+        });
+        // Events any module sends reach every client, on this loop. (A weak reference: the
+        // monitor lives as long as its handlers on the loop.)
+        let weak = Rc::downgrade(&monitor);
+        control.events.attach(control.ctx, move |event| {
+            if let Some(m) = weak.upgrade() {
+                m.broadcast(event);
+            }
         });
         for (i, (listener, _)) in monitor.listeners.iter().enumerate() {
             let m = monitor.clone();
@@ -247,17 +247,20 @@ impl Monitor {
             };
             return client.send(&reply);
         }
-        let (result, events) = self.state.borrow_mut().execute(ctx, request);
+        let result = registry::execute(&mut self.state.borrow_mut(), ctx, request);
         client.send(&match result {
             Ok(value) => wire::success(id, value),
             Err(e) => wire::failure(id, &e),
         });
-        for event in events {
-            let clients = self.clients.borrow().clone();
-            for c in clients.iter().filter(|c| c.negotiated.get()) {
-                c.send(&event);
-                c.flush();
-            }
+    }
+
+    /// Sends `event` to every client past negotiation.
+    fn broadcast(&self, event: &Event) {
+        let message = event.to_json();
+        let clients = self.clients.borrow().clone();
+        for c in clients.iter().filter(|c| c.negotiated.get()) {
+            c.send(&message);
+            c.flush();
         }
     }
 

@@ -2,7 +2,7 @@
 //! `block-export-del` of `type=nbd`, with QEMU's errors.
 //!
 //! This module owns what those commands change (the daemon's NBD server and the graph's NBD
-//! exports); the server is the daemon's ([`NbdService`]), the options' meaning `qsd::nbd`'s.
+//! exports); the server is the daemon's ([`NbdService`]), the options' meaning the block graph's.
 //!
 //! * As QEMU: an NBD export needs a running server ("NBD server not running"); stopping the
 //!   server ends every NBD export (each announced with `BLOCK_EXPORT_DELETED`).
@@ -13,13 +13,24 @@ use std::rc::Rc;
 
 use serde_json::{json, Value};
 
-use aio_core::{AioContext, EventLoop};
-
-use super::commands::State;
-use super::wire::{self, Args, QmpError};
+use super::commands::{Command, Ctx, State};
+use super::wire::{Args, QmpError};
+use crate::blockdev::export::{Export, Transport};
+use crate::blockdev::keyval::Opts;
+use crate::blockdev::Graph;
 use crate::daemon::NbdService;
-use crate::qsd::command::{Export, Graph, Transport};
-use crate::qsd::keyval::Opts;
+
+/// The NBD server's commands (its exports are `block-export-add`'s and `-del`'s).
+pub(super) const COMMANDS: &[Command] = &[
+    Command {
+        name: "nbd-server-start",
+        run: |state, ctx, args| state.nbd_server_start(ctx, args),
+    },
+    Command {
+        name: "nbd-server-stop",
+        run: |state, ctx, args| state.nbd_server_stop(ctx, args),
+    },
+];
 
 fn generic(e: impl std::fmt::Display) -> QmpError {
     QmpError::generic(e.to_string())
@@ -27,48 +38,28 @@ fn generic(e: impl std::fmt::Display) -> QmpError {
 
 impl State {
     /// `nbd-server-start`.
-    pub(super) fn nbd_server_start(
-        &mut self,
-        ctx: &AioContext<Box<dyn EventLoop>>,
-        args: Args,
-    ) -> Result<Value, QmpError> {
+    fn nbd_server_start(&mut self, ctx: &Ctx, args: Args) -> Result<Value, QmpError> {
         if self.nbd.borrow().is_some() {
             return Err(QmpError::generic("NBD server already running"));
         }
-        let mut o = Opts::from_json("nbd-server-start", &args.0).map_err(generic)?;
-        let spec = crate::qsd::nbd::server_spec(&mut o, &self.graph.tls_creds).map_err(generic)?;
-        o.finish().map_err(generic)?;
-        let service = NbdService::start(ctx, &spec, &self.iothreads).map_err(generic)?;
+        let o = Opts::from_json("nbd-server-start", &args.0).map_err(generic)?;
+        let spec = self.graph.nbd_server_spec(o).map_err(generic)?;
+        let service =
+            NbdService::start(ctx, &spec, &self.iothreads, &self.events).map_err(generic)?;
         *self.nbd.borrow_mut() = Some(Rc::new(service));
         self.graph.nbd_server = Some(spec);
         Ok(json!({}))
     }
 
-    /// `object-add qom-type=tls-creds-x509`: credentials a later `nbd-server-start` names.
-    pub(super) fn tls_creds_add(&mut self, args: Args) -> Result<Value, QmpError> {
-        let opts = Opts::from_json("object-add", &args.0).map_err(generic)?;
-        let mut graph = self.graph.clone();
-        graph.object(opts).map_err(generic)?;
-        self.graph = graph;
-        Ok(json!({}))
-    }
-
     /// `nbd-server-stop`: every NBD export ends with it.
-    pub(super) fn nbd_server_stop(
-        &mut self,
-        ctx: &AioContext<Box<dyn EventLoop>>,
-        args: Args,
-        events: &mut Vec<Value>,
-    ) -> Result<Value, QmpError> {
+    fn nbd_server_stop(&mut self, ctx: &Ctx, args: Args) -> Result<Value, QmpError> {
         args.finish()?;
         let Some(service) = self.nbd.borrow_mut().take() else {
             return Err(QmpError::generic("NBD server not running"));
         };
+        // Each export's end is announced by the server (BLOCK_EXPORT_DELETED).
         service.stop(ctx);
         let is_nbd = |e: &Export| matches!(e.transport, Transport::Nbd { .. });
-        for e in self.graph.exports.iter().filter(|e| is_nbd(e)) {
-            events.push(wire::event("BLOCK_EXPORT_DELETED", json!({"id": e.id})));
-        }
         self.graph.exports.retain(|e| !is_nbd(e));
         self.graph.nbd_server = None;
         Ok(json!({}))
@@ -96,7 +87,6 @@ impl State {
         id: &str,
         name: &str,
         hard: bool,
-        events: &mut Vec<Value>,
     ) -> Result<Value, QmpError> {
         let service = self.nbd.borrow().clone();
         if let Some(service) = service {
@@ -105,10 +95,12 @@ impl State {
                     "export '{id}' still in use (a client is connected; mode=hard disconnects it)"
                 )));
             }
+            // Announced by the server once its clients are gone (BLOCK_EXPORT_DELETED).
             service.remove(name);
+        } else {
+            self.events.export_deleted(Some(id.to_string()));
         }
         self.graph.exports.retain(|e| e.id != id);
-        events.push(wire::event("BLOCK_EXPORT_DELETED", json!({"id": id})));
         Ok(json!({}))
     }
 }

@@ -20,14 +20,20 @@ use serde_json::{json, Value};
 use aio_virtio_blk::device::DiskOptions;
 use aio_virtio_blk::format::ImageFormat;
 
-use super::commands::State;
+use super::commands::{Command, State};
 use super::wire::{Args, QmpError};
-use crate::qsd::command::Node;
+use crate::blockdev::node::Node;
+
+/// `block_resize`.
+pub(super) const COMMANDS: &[Command] = &[Command {
+    name: "block_resize",
+    run: |state, _, args| state.block_resize(args),
+}];
 
 /// Where a node's size lives.
 enum Target {
-    /// The disk of live export `id`.
-    Export(String),
+    /// The disk (its number) of a live export.
+    Export(usize),
     /// An image file no export serves, opened for the resize: its path, format, and whether
     /// the node (or the file under it) is read-only.
     Image(std::path::PathBuf, ImageFormat, bool),
@@ -37,7 +43,7 @@ enum Target {
 
 impl State {
     /// `block_resize`: `node-name` (or `device`) and `size` in bytes.
-    pub(super) fn block_resize(&mut self, mut args: Args) -> Result<Value, QmpError> {
+    fn block_resize(&mut self, mut args: Args) -> Result<Value, QmpError> {
         let device = args.opt_str("device")?;
         let node_name = args.opt_str("node-name")?;
         let size = args.int("size")?;
@@ -54,14 +60,11 @@ impl State {
         let name = node_name.clone().ok_or_else(not_found)?;
         let node = self.graph.nodes.get(&name).ok_or_else(not_found)?.clone();
         match self.resize_target(&name, &node)? {
-            Target::Export(id) => {
-                let number = self.numbers[&id];
-                match self.exports.resize(number, size) {
-                    Some(Ok(_told)) => {}
-                    Some(Err(e)) => return Err(QmpError::generic(e.to_string())),
-                    None => return Err(not_found()),
-                }
-            }
+            Target::Export(number) => match self.exports.resize(number, size) {
+                Some(Ok(_told)) => {}
+                Some(Err(e)) => return Err(QmpError::generic(e.to_string())),
+                None => return Err(not_found()),
+            },
             Target::Image(path, format, read_only) => {
                 if read_only {
                     return Err(QmpError::generic("Image is read-only"));
@@ -87,17 +90,12 @@ impl State {
 
     /// What resizing node `name` changes.
     fn resize_target(&self, name: &str, node: &Node) -> Result<Target, QmpError> {
-        let live = || {
-            self.graph
-                .exports
-                .iter()
-                .filter(|e| self.numbers.contains_key(&e.id))
-        };
+        let live = || self.graph.exports.iter().filter(|e| e.disk.is_some());
         if let Node::Null { .. } = node {
             return Ok(Target::Null);
         }
         if let Some(e) = live().find(|e| e.node == name) {
-            return Ok(Target::Export(e.id.clone()));
+            return Ok(Target::Export(e.disk.unwrap_or_default()));
         }
         // The file under an exported format node.
         for e in live() {
@@ -112,7 +110,7 @@ impl State {
                         e.node, e.id, e.node
                     )));
                 }
-                return Ok(Target::Export(e.id.clone()));
+                return Ok(Target::Export(e.disk.unwrap_or_default()));
             }
         }
         // Not exported: its image (a format node's file, as the format reads it).

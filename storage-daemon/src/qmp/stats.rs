@@ -19,10 +19,22 @@ use serde_json::{json, Value};
 use aio_block::stats::{BlockStats, IoKind, LatencyHistogram, StatsSnapshot};
 use aio_block::Image;
 
-use crate::qsd::command::{Export, Transport};
+use crate::blockdev::export::{Export, Transport};
 
-use super::commands::State;
+use super::commands::{Command, State};
 use super::wire::{Args, ErrorClass, QmpError};
+
+/// The statistics' commands.
+pub(super) const COMMANDS: &[Command] = &[
+    Command {
+        name: "query-blockstats",
+        run: |state, _, args| state.query_blockstats(args),
+    },
+    Command {
+        name: "block-latency-histogram-set",
+        run: |state, _, args| state.latency_histogram_set(args),
+    },
+];
 
 impl State {
     /// The image of the live export whose id or node name is `id` (a disk's, or an NBD
@@ -41,7 +53,7 @@ impl State {
         match &e.transport {
             Transport::Nbd { name, .. } => self.nbd.borrow().as_ref()?.image(name),
             Transport::VhostUserBlk { .. } => {
-                let number = *self.numbers.get(&e.id)?;
+                let number = e.disk?;
                 Some(self.exports.device(number)?.image().clone())
             }
         }
@@ -49,7 +61,7 @@ impl State {
 
     /// Each export's disk (or, with `query-nodes`, each named node: the counts of the export
     /// serving it, zeros for one no export serves), with QEMU's `BlockDeviceStats` fields.
-    pub(super) fn query_blockstats(&self, mut args: Args) -> Result<Value, QmpError> {
+    fn query_blockstats(&self, mut args: Args) -> Result<Value, QmpError> {
         let nodes = args.opt_bool("query-nodes")?.unwrap_or(false);
         args.finish()?;
         let entry = |node: &str, image: Option<Arc<Image>>| json!({"device": "", "node-name": node, "stats": block_device_stats(image.as_deref().map(Image::stats))});
@@ -70,7 +82,7 @@ impl State {
     }
 
     /// `block-latency-histogram-set`.
-    pub(super) fn latency_histogram_set(&mut self, mut args: Args) -> Result<Value, QmpError> {
+    fn latency_histogram_set(&mut self, mut args: Args) -> Result<Value, QmpError> {
         let id = args.str("id")?;
         let all = args.opt_u64_list("boundaries")?;
         let read = args.opt_u64_list("boundaries-read")?;

@@ -6,8 +6,6 @@
 //! message's shape and of a command's arguments (with QEMU's error texts), and the shape of
 //! what goes back; what a command does is `commands`'.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use serde_json::{json, Map, Value};
 
 /// The longest message a client may send: a larger one is an error and ends the connection
@@ -160,18 +158,6 @@ pub(crate) fn failure(id: Option<Value>, error: &QmpError) -> Value {
         reply.insert("id".into(), id);
     }
     Value::Object(reply)
-}
-
-/// An event, stamped with the time now.
-pub(crate) fn event(name: &str, data: Value) -> Value {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    json!({
-        "event": name,
-        "data": data,
-        "timestamp": {"seconds": now.as_secs(), "microseconds": now.subsec_micros()},
-    })
 }
 
 /// The greeting a client gets on connecting: our version, no capabilities offered.

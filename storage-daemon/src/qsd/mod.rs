@@ -18,7 +18,7 @@
 //!
 //! The rules:
 //!
-//! - `--nbd-server` and `--export type=nbd` (`qsd/nbd.rs`): the NBD server and its exports.
+//! - `--nbd-server` and `--export type=nbd`: the NBD server and its exports.
 //! - Anything else qemu-storage-daemon accepts (a `fuse` export, TLS,
 //!   other drivers and objects, an option value we do not serve such as `cache.direct=off` or
 //!   `detect-zeroes`) is refused: [`QsdError::NotServed`] names it (exit code 2), nothing is
@@ -29,46 +29,16 @@
 //! - The guest sees what qemu-storage-daemon's export gives it: its serial (`GET_ID`) is
 //!   `vhost_user_blk`, as QEMU's.
 //!
-//! This module owns the translation of that command line into a [`Config`](crate::daemon::Config) (and the
-//! process options); it opens nothing. `--disk` is this daemon's own, shorter form; one
+//! This module owns the command line's options and their order; what the block options mean
+//! is the block graph's ([`crate::blockdev`], shared with QMP); it opens nothing. `--disk` is this daemon's own, shorter form; one
 //! command line takes one form or the other.
 
 pub(crate) mod command;
-pub(crate) mod keyval;
-pub(crate) mod nbd;
-pub(crate) mod node;
+mod process;
 
-use std::path::PathBuf;
-
+pub use crate::blockdev::error::QsdError;
 pub use command::QsdCommandLine;
-
-/// What the daemon does not take in a qemu-storage-daemon command line (exit code 2).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum QsdError {
-    /// An option is malformed or inconsistent: it and what is wrong.
-    #[error("{option}: {reason}")]
-    Invalid {
-        /// The option as given (`--blockdev driver=...`).
-        option: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// An option asks for something qemu-storage-daemon serves and this daemon does not.
-    #[error("{option}: {what} is not served by aio-storage-daemon")]
-    NotServed {
-        /// The option as given.
-        option: String,
-        /// What it asks for.
-        what: String,
-    },
-}
-
-impl From<QsdError> for std::io::Error {
-    fn from(e: QsdError) -> Self {
-        std::io::Error::new(std::io::ErrorKind::InvalidInput, e)
-    }
-}
+pub use process::Process;
 
 /// The options that make a command line qemu-storage-daemon's (one is enough).
 pub const OPTIONS: &[&str] = &[
@@ -89,19 +59,6 @@ pub fn is_qsd_command_line(args: &[String]) -> bool {
         let name = a.split_once('=').map_or(a.as_str(), |(n, _)| n);
         OPTIONS.contains(&name)
     })
-}
-
-/// How the process itself runs (the options that are not disks).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Process {
-    /// `--pidfile PATH`: the daemon's PID written there once it serves, removed at exit.
-    pub pidfile: Option<PathBuf>,
-    /// `--daemonize`: the daemon detaches once every socket listens; the command returns
-    /// then, with 0, or with the error that stopped it before.
-    pub daemonize: bool,
-    /// `--monitor chardev=ID` over `--chardev socket,id=ID,path=PATH,server=on,wait=off`: the
-    /// sockets QMP is served on.
-    pub monitors: Vec<PathBuf>,
 }
 
 #[cfg(test)]

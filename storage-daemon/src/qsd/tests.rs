@@ -1,6 +1,9 @@
 //! qemu-storage-daemon command lines read into the daemon's configuration, and refused.
 
+use std::path::PathBuf;
+
 use super::*;
+use crate::blockdev::QEMU_EXPORT_SERIAL;
 use aio::{Choice, EngineKind};
 use aio_virtio_blk::format::ImageFormat;
 
@@ -47,7 +50,7 @@ fn a_qcow2_export_on_an_iothread_with_its_polling_and_the_process_options() {
         (d.format, d.queues, d.read_only, d.iothread),
         (ImageFormat::Qcow2, 2, false, Some(0))
     );
-    assert_eq!(d.serial, command::QEMU_EXPORT_SERIAL);
+    assert_eq!(d.serial, QEMU_EXPORT_SERIAL);
     assert_eq!(c.engine, Choice::Named(EngineKind::Uring));
     // Every export names its iothread, but a monitor may add one that does not: the
     // iothread standing for QEMU's main loop is there too.

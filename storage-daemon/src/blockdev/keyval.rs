@@ -4,11 +4,11 @@
 //! dotted keys, booleans as `on` / `off`).
 //!
 //! This module owns reading one value into keys and typed fields, and the errors that name the
-//! option and the key; it knows nothing of what the keys mean (`super::command` does).
+//! option and the key; it knows nothing of what the keys mean (the drivers' readers do).
 
 use std::collections::BTreeMap;
 
-use super::QsdError;
+use super::error::QsdError;
 
 /// One option's keys and values, taken one by one by the code that knows them; what is left
 /// at the end was not understood and is refused ([`Opts::finish`]).

@@ -1,8 +1,9 @@
-//! A block node of qemu-storage-daemon's command line (`--blockdev`, or one given inline as
-//! `file.*`): its options read, and what the daemon takes from it (the image, its format,
-//! locking, the engine it asks for).
+//! Block nodes (`--blockdev`, `blockdev-add`, or one given inline as `file.*`): the node
+//! drivers, one row each in [`NODE_DRIVERS`], their options read, and what the daemon takes
+//! from a node (the image, its format, locking, the engine it asks for).
 //!
-//! This module owns the drivers' options; the graph of nodes and exports is `command`'s.
+//! This module owns the drivers' options; the graph of nodes and exports is `super`'s.
+//! A new node driver is one reader function here and one row in [`NODE_DRIVERS`].
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -11,9 +12,81 @@ use aio::EngineKind;
 use aio_block::lock::LockMode;
 use aio_virtio_blk::format::ImageFormat;
 
-use super::command::{absolute, Node};
+use super::error::QsdError;
 use super::keyval::Opts;
-use super::QsdError;
+use super::path::absolute;
+
+/// A block node (`--blockdev`, or one given inline as `file.*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Node {
+    /// `file` or `host_device`.
+    Protocol {
+        /// `file` or `host_device`.
+        driver: String,
+        filename: PathBuf,
+        /// `aio=`, as our engine.
+        aio: Option<EngineKind>,
+        read_only: bool,
+        /// `locking=auto|on|off`.
+        locking: LockMode,
+        shown: String,
+    },
+    /// `raw` or `qcow2` over a protocol node.
+    Format {
+        format: ImageFormat,
+        file: Box<Node>,
+        read_only: bool,
+    },
+    /// `null-co` or `null-aio`.
+    Null {
+        driver: String,
+        size: u64,
+        read_only: bool,
+    },
+}
+
+/// Reads a driver's own options: the options (its `driver` and `read-only` taken), the
+/// driver's name, `read-only`, and the nodes given before (for `file=NODE`).
+type ReadNode = fn(&mut Opts, String, bool, &HashMap<String, Node>) -> Result<Node, QsdError>;
+
+/// One node driver: QEMU's name and its reader.
+pub(crate) struct NodeDriver {
+    /// QEMU's name (`--blockdev driver=NAME`).
+    pub(crate) name: &'static str,
+    read: ReadNode,
+}
+
+/// The node drivers served, one row each (QEMU's `BlockdevDriver` names).
+pub(crate) const NODE_DRIVERS: &[NodeDriver] = &[
+    NodeDriver {
+        name: "file",
+        read: protocol_node,
+    },
+    NodeDriver {
+        name: "host_device",
+        read: protocol_node,
+    },
+    NodeDriver {
+        name: "rbd",
+        read: rbd_node,
+    },
+    NodeDriver {
+        name: "raw",
+        read: format_node,
+    },
+    NodeDriver {
+        name: "qcow2",
+        read: format_node,
+    },
+    NodeDriver {
+        name: "null-co",
+        read: null_node,
+    },
+    NodeDriver {
+        name: "null-aio",
+        read: null_node,
+    },
+];
 
 /// Reads one node's options (its `driver` and what that driver takes); an inline child
 /// (`file.*`) is read the same way, and `file=NODE` names a node given before, as QEMU
@@ -21,54 +94,73 @@ use super::QsdError;
 pub(crate) fn node(o: &mut Opts, nodes: &HashMap<String, Node>) -> Result<Node, QsdError> {
     let driver = o.required("driver")?;
     let read_only = o.take_bool("read-only", false)?;
-    match driver.as_str() {
-        "file" | "host_device" => protocol_node(o, driver, read_only),
-        "rbd" => rbd_node(o, driver, read_only),
-        "raw" | "qcow2" => {
-            let format = if driver == "raw" {
-                ImageFormat::Raw
-            } else {
-                ImageFormat::Qcow2
-            };
-            let file = match (o.take("file"), o.take_child("file")) {
-                (Some(_), Some(_)) => return Err(o.invalid("both file= and file.* are given")),
-                (None, None) => return Err(o.invalid("'file' is missing")),
-                (Some(name), None) => nodes.get(&name).cloned().ok_or_else(|| {
-                    o.invalid(format!("file={name} names no --blockdev given before it"))
-                })?,
-                (None, Some(mut child)) => {
-                    let child_node = node(&mut child, nodes)?;
-                    child.finish()?;
-                    child_node
-                }
-            };
-            if !matches!(file, Node::Protocol { .. }) {
-                return Err(o.not_served("a format node over another format or null node"));
-            }
-            Ok(Node::Format {
-                format,
-                file: Box::new(file),
-                read_only,
-            })
-        }
-        "null-co" | "null-aio" => {
-            let text = o.required("size")?;
-            let size = crate::daemon::parse_size(&text)
-                .ok_or_else(|| o.invalid(format!("size={text}: expected a number of bytes")))?;
-            // Zeros are what `read-zeroes=on` asks for, and one of the contents `off` allows.
-            o.take_bool("read-zeroes", false)?;
-            Ok(Node::Null {
-                driver,
-                size,
-                read_only,
-            })
-        }
-        other => Err(o.not_served(format!("the driver '{other}'"))),
+    match NODE_DRIVERS.iter().find(|d| d.name == driver) {
+        Some(d) => (d.read)(o, driver, read_only, nodes),
+        None => Err(o.not_served(format!("the driver '{driver}'"))),
     }
 }
 
+/// Reads a `raw` or `qcow2` node over a protocol node (`file=NODE` or inline `file.*`).
+fn format_node(
+    o: &mut Opts,
+    driver: String,
+    read_only: bool,
+    nodes: &HashMap<String, Node>,
+) -> Result<Node, QsdError> {
+    let format = if driver == "raw" {
+        ImageFormat::Raw
+    } else {
+        ImageFormat::Qcow2
+    };
+    let file = match (o.take("file"), o.take_child("file")) {
+        (Some(_), Some(_)) => return Err(o.invalid("both file= and file.* are given")),
+        (None, None) => return Err(o.invalid("'file' is missing")),
+        (Some(name), None) => nodes
+            .get(&name)
+            .cloned()
+            .ok_or_else(|| o.invalid(format!("file={name} names no --blockdev given before it")))?,
+        (None, Some(mut child)) => {
+            let child_node = node(&mut child, nodes)?;
+            child.finish()?;
+            child_node
+        }
+    };
+    if !matches!(file, Node::Protocol { .. }) {
+        return Err(o.not_served("a format node over another format or null node"));
+    }
+    Ok(Node::Format {
+        format,
+        file: Box::new(file),
+        read_only,
+    })
+}
+
+/// Reads a `null-co` or `null-aio` node.
+fn null_node(
+    o: &mut Opts,
+    driver: String,
+    read_only: bool,
+    _: &HashMap<String, Node>,
+) -> Result<Node, QsdError> {
+    let text = o.required("size")?;
+    let size = crate::daemon::parse_size(&text)
+        .ok_or_else(|| o.invalid(format!("size={text}: expected a number of bytes")))?;
+    // Zeros are what `read-zeroes=on` asks for, and one of the contents `off` allows.
+    o.take_bool("read-zeroes", false)?;
+    Ok(Node::Null {
+        driver,
+        size,
+        read_only,
+    })
+}
+
 /// Reads a `file` or `host_device` node's own options.
-fn protocol_node(o: &mut Opts, driver: String, read_only: bool) -> Result<Node, QsdError> {
+fn protocol_node(
+    o: &mut Opts,
+    driver: String,
+    read_only: bool,
+    _: &HashMap<String, Node>,
+) -> Result<Node, QsdError> {
     let filename = PathBuf::from(o.required("filename")?);
     if let Some(v) = o.take("cache.direct") {
         if v != "on" && v != "true" {
@@ -114,7 +206,12 @@ fn escaped(value: &str) -> String {
 
 /// Reads an `rbd` node (QEMU's `BlockdevOptionsRbd`): the image as QEMU's `rbd:` filename,
 /// which the daemon opens as it opens `--disk image=rbd:...`.
-fn rbd_node(o: &mut Opts, driver: String, read_only: bool) -> Result<Node, QsdError> {
+fn rbd_node(
+    o: &mut Opts,
+    driver: String,
+    read_only: bool,
+    _: &HashMap<String, Node>,
+) -> Result<Node, QsdError> {
     let (pool, image) = (o.required("pool")?, o.required("image")?);
     let mut name = format!("rbd:{}/", escaped(&pool));
     if let Some(ns) = o.take("namespace") {
