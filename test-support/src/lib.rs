@@ -1,0 +1,28 @@
+//! # aio-test-support
+//!
+//! What the integration tests of aio-rs's crates share, written once (a dev-dependency,
+//! `publish = false`):
+//!
+//! - [`tool`]: run a program (`qemu-img`, `qemu-io`, `nbdinfo`, `fio`...) and fail the test
+//!   with its words and the package that has it; whether a program is installed;
+//! - [`images`]: directories where `O_DIRECT` works, raw and qcow2 images made in them;
+//! - [`engines`]: every engine this build and kernel can build, each missing one said
+//!   `skipped:` (a failure under `AIO_REQUIRE_ALL_BACKENDS=1`, as in CI);
+//! - [`child`]: a child process that must end by itself within a limit.
+//!
+//! Protocol clients (NBD's raw client, the QMP client, libblkio's, the Ceph test cluster)
+//! stay with the crates whose protocol they speak.
+//!
+//! ```no_run
+//! use aio_test_support::{images, tool};
+//!
+//! let dir = images::image_dir("my-test");
+//! let image = images::qcow2_image(dir.path(), "disk.qcow2", "64M");
+//! let info = tool::run("qemu-img", &["info", image.to_str().unwrap()]);
+//! assert!(info.contains("virtual size: 64 MiB"));
+//! ```
+
+pub mod child;
+pub mod engines;
+pub mod images;
+pub mod tool;
