@@ -2,7 +2,7 @@
 //! iothreads until a [`StopHandle`] says stop.
 //!
 //! This module owns the daemon's life: open the images, start the iothreads (each an
-//! [`aio_core::IoThread`] with its own engine and fd monitor, busy polling at the
+//! [`aio_loop::IoThread`] with its own engine and fd monitor, busy polling at the
 //! configured window), serve every socket on a control loop on the calling thread, and end
 //! cleanly when stopped (every connection drained, sockets removed). It installs no signal
 //! handler and parses no command line: the binary does ([`crate::cli`]), so a program may
@@ -27,7 +27,8 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use aio_core::{AioContext, EventLoop, IoEngine, IoThread, NotifyHandle};
+use aio_core::{EventLoop, IoEngine};
+use aio_loop::{AioContext, IoThread, NotifyHandle};
 
 pub use aio_vhost_user_blk::server::DiskSocket;
 #[cfg(feature = "cli")]
@@ -66,7 +67,7 @@ pub enum DaemonError {
     },
     /// An iothread could not start (its backends were refused) or failed.
     #[error("{0}")]
-    IoThread(#[from] aio_core::IoThreadError),
+    IoThread(#[from] aio_loop::IoThreadError),
     /// The NBD server or one of its exports could not be served.
     #[error(transparent)]
     Nbd(#[from] NbdError),

@@ -44,7 +44,8 @@ use std::rc::Rc;
 use serde_json::Value;
 
 use aio::{Choice, EngineKind};
-use aio_core::{AioContext, EventLoop, FdHandler};
+use aio_core::EventLoop;
+use aio_loop::{AioContext, FdHandler};
 
 use crate::daemon::{Control, ExportKind};
 use crate::qsd::command::Graph;

@@ -13,7 +13,8 @@ use std::rc::Rc;
 
 use serde_json::{json, Value};
 
-use aio_core::{AioContext, EventLoop};
+use aio_core::EventLoop;
+use aio_loop::AioContext;
 
 use super::commands::State;
 use super::wire::{self, Args, QmpError};

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use aio::{Choice, EngineKind};
 use aio_block::lock::LockMode;
-use aio_core::{PollMaxNs, PollParams};
+use aio_loop::{PollMaxNs, PollParams};
 use aio_virtio_blk::format::ImageFormat;
 
 use super::keyval::Opts;
@@ -276,7 +276,7 @@ impl Graph {
         }
         let id = o.required("id")?;
         let mut poll = PollParams::iothread();
-        poll.max_ns = o.take_u64("poll-max-ns", aio_core::DEFAULT_POLL_MAX_NS)?;
+        poll.max_ns = o.take_u64("poll-max-ns", aio_loop::DEFAULT_POLL_MAX_NS)?;
         poll.grow = o.take_u64("poll-grow", 0)?;
         poll.shrink = o.take_u64("poll-shrink", 0)?;
         if self.objects.iter().any(|t| t.id == id) {
@@ -373,7 +373,7 @@ impl Graph {
         // QEMU's default `aio` is `threads`: our pool.
         config.engine = Choice::Named(engine.map_or(EngineKind::Pool, |(k, _)| k));
         config.iothreads = u16::try_from(iothread_poll.len()).unwrap_or(u16::MAX);
-        config.poll_max_ns = PollMaxNs::Fixed(aio_core::DEFAULT_POLL_MAX_NS);
+        config.poll_max_ns = PollMaxNs::Fixed(aio_loop::DEFAULT_POLL_MAX_NS);
         config.iothread_poll = iothread_poll;
         Ok(QsdCommandLine {
             config,
