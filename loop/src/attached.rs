@@ -32,7 +32,9 @@ use std::fmt;
 use std::os::fd::{AsRawFd, RawFd};
 use std::rc::{Rc, Weak};
 
-use crate::context::{AioContext, BottomHalf, FdHandler};
+use crate::context::bottom_half::BottomHalf;
+use crate::context::handlers::FdHandler;
+use crate::AioContext;
 use aio_core::engine::{Completion, IoEngine, Request, RequestError, SubmitError};
 use aio_core::kit::{SlotId, Slots};
 use aio_core::AioError;

@@ -172,7 +172,7 @@ impl From<std::fs::File> for IoFile {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+mod tests {
     use super::*;
     use std::os::unix::fs::OpenOptionsExt;
 
@@ -200,17 +200,6 @@ pub(super) mod tests {
         assert_eq!(null.kind(), FileKind::Other);
     }
 
-    /// `path` opened read-write with `flags`. (The suite's `TempFile::open` gives the suite's
-    /// own `IoFile`: in these unit tests that is another build of this crate.)
-    pub(crate) fn open(path: &std::path::Path, flags: i32) -> std::io::Result<IoFile> {
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(flags)
-            .open(path)?;
-        Ok(IoFile::from(f))
-    }
-
     /// What `statx` says of `fd`: its type bits and, where reported, the direct-I/O alignment.
     fn reported(fd: BorrowedFd<'_>) -> (libc::mode_t, Option<(usize, usize)>) {
         let stx = statx_of(fd).expect("statx");
@@ -226,7 +215,8 @@ pub(super) mod tests {
     #[test]
     fn the_kind_and_the_alignment_are_what_the_kernel_reports() {
         let tmp = aio_conformance::engine::TempFile::with_len(4096, 0);
-        let file = open(tmp.path(), libc::O_DIRECT).expect("O_DIRECT in the system temp dir");
+        let file = crate::engine::types_tests::open(tmp.path(), libc::O_DIRECT)
+            .expect("O_DIRECT in the system temp dir");
         let (mode, kernel) = reported(file.as_fd());
         assert_eq!(mode, libc::S_IFREG);
         match kernel {
@@ -246,7 +236,7 @@ pub(super) mod tests {
         ) else {
             return;
         };
-        let device = open(dev.path(), libc::O_DIRECT).unwrap();
+        let device = crate::engine::types_tests::open(dev.path(), libc::O_DIRECT).unwrap();
         assert_eq!(device.kind(), FileKind::BlockDevice);
         assert!(
             format!("{device:?}").starts_with("IoFile(fd "),
@@ -260,7 +250,7 @@ pub(super) mod tests {
         ) else {
             return;
         };
-        let big_sectors = open(big.path(), libc::O_DIRECT).unwrap();
+        let big_sectors = crate::engine::types_tests::open(big.path(), libc::O_DIRECT).unwrap();
         let (_, kernel) = reported(big_sectors.as_fd());
         let (memory, offset) = kernel.expect("a block device reports its alignment");
         assert_eq!(offset, 4096, "the sector size");

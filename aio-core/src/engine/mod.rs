@@ -65,7 +65,7 @@ mod guest;
 mod io_engine;
 mod request;
 #[cfg(test)]
-mod types_tests;
+pub(crate) mod types_tests;
 
 pub use buf::{AlignedBuf, BufError, DEFAULT_ALIGN};
 pub use completion::{Completion, IoBuffers, RequestError, IOV_MAX};

@@ -114,8 +114,7 @@ fn a_request_may_end_at_the_largest_file_offset() {
 #[test]
 fn a_vectored_request_on_an_o_direct_file_checks_every_buffer() {
     let tmp = aio_conformance::engine::TempFile::with_len(8192, 0);
-    let file = super::file::tests::open(tmp.path(), libc::O_DIRECT)
-        .expect("O_DIRECT in the system temp dir");
+    let file = open(tmp.path(), libc::O_DIRECT).expect("O_DIRECT in the system temp dir");
     let align = file.direct_io_alignment().expect("direct");
     // The second buffer's length breaks the offset alignment.
     let bufs = vec![
@@ -128,4 +127,16 @@ fn a_vectored_request_on_an_o_direct_file_checks_every_buffer() {
         matches!(e, RequestError::Misaligned { what: "segment length", value, .. } if value == want),
         "{e}"
     );
+}
+
+/// `path` opened read-write with `flags`. (The suite's `TempFile::open` gives the suite's own
+/// `IoFile`: in these unit tests that is another build of this crate.)
+pub(crate) fn open(path: &std::path::Path, flags: i32) -> std::io::Result<IoFile> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(flags)
+        .open(path)?;
+    Ok(IoFile::from(f))
 }

@@ -1,9 +1,8 @@
 //! Bottom halves: callbacks scheduled from any thread, run once per schedule on the loop thread.
 //!
-//! This module owns the cross-thread schedule state of each bottom half, the queue that
-//! carries schedules to the loop ([`BhQueue`], reached by other threads through the context's
-//! shared part), and the loop side ([`BhTable`]: the slots with the callbacks, the schedules
-//! taken off the queue, and those kept for a callback running further up the stack). The
+//! This module owns the cross-thread schedule state of each bottom half and the loop side ([`BhTable`]: the slots with the callbacks, the schedules
+//! taken off the queue (`bh_queue.rs`'s `BhQueue`, reached by other threads through the
+//! context's shared part), and those kept for a callback running further up the stack). The
 //! callbacks themselves never leave the loop thread: the [`BottomHalf`] handle that other
 //! threads hold carries only an id and an atomic state.
 //!
@@ -17,12 +16,13 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
+use super::bh_queue::{BhEntry, DELETE_TICKET};
 use super::handlers::LoopCallback;
 use super::notify::Shared;
-use super::AioContext;
 use crate::sync::AtomicU64;
+use crate::AioContext;
 use aio_core::kit::{SlotId, Slots};
 use aio_core::AioError;
 use aio_core::EventLoop;
@@ -42,48 +42,6 @@ pub(crate) enum Scheduled {
     Already,
     /// Was scheduled idle, is urgent now: queue an urgent entry for this ticket.
     Upgraded(u64),
-}
-
-/// The ticket value of a queue entry that asks the loop to free a deleted bottom half's slot.
-pub(crate) const DELETE_TICKET: u64 = u64::MAX;
-
-/// One schedule (or deletion) on its way to the loop thread.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct BhEntry {
-    pub(crate) id: SlotId,
-    pub(crate) ticket: u64,
-    /// Scheduled with [`BottomHalf::schedule_idle`]: it does not make the wait non-blocking.
-    pub(crate) idle: bool,
-}
-
-/// The schedules (and deletions) on their way from any thread to the loop thread.
-#[derive(Debug, Default)]
-pub(crate) struct BhQueue(Mutex<Vec<BhEntry>>);
-
-impl BhQueue {
-    #[inline]
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<BhEntry>> {
-        // A panic while the lock was held cannot leave a half-pushed entry behind.
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Any thread: queues an entry for the loop.
-    #[inline]
-    pub(crate) fn push(&self, entry: BhEntry) {
-        self.lock().push(entry);
-    }
-
-    /// Loop side: takes every queued entry, oldest first.
-    #[inline]
-    fn take(&self) -> Vec<BhEntry> {
-        std::mem::take(&mut *self.lock())
-    }
-
-    /// Whether `f` holds for a queued entry (it stops at the first).
-    #[inline]
-    fn any(&self, f: impl FnMut(&BhEntry) -> bool) -> bool {
-        self.lock().iter().any(f)
-    }
 }
 
 /// How long an idle bottom half may wait for the loop (QEMU's `qemu_bh_schedule_idle`: the

@@ -11,13 +11,13 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::Duration;
 
+use super::counters::LoopCounters;
 use super::handlers::{FdHandler, PollHook};
-use super::AioContext;
-use super::LoopCounters;
 use crate::polling::auto::{AutoWait, AutoWindow};
 use crate::polling::{
     wake, PollParams, PollRule, PollWindow, Wait, WindowChange, DEFAULT_POLL_IDLE_NS,
 };
+use crate::AioContext;
 use aio_core::{EventLoop, Token};
 
 /// What busy polling remembers between iterations.

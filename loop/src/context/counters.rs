@@ -6,7 +6,7 @@
 use std::io;
 use std::sync::atomic::Ordering;
 
-use super::AioContext;
+use crate::AioContext;
 use aio_core::EventLoop;
 
 /// Declares [`LoopCounters`] from one list of fields, each a `count` (events, summed by a

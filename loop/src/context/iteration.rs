@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use super::bottom_half::{BhWait, IDLE_BH_DELAY_NS};
 use super::handlers::LoopCallback;
-use super::{AioContext, CONTEXT_NOTIFIER};
+use super::notify::CONTEXT_NOTIFIER;
+use crate::AioContext;
 use aio_core::AioError;
 use aio_core::{Event, EventLoop, Token};
 

@@ -8,7 +8,8 @@
 //! | `iteration.rs` | one iteration: timeout, wait, dispatch order | `aio_poll` (`aio-posix.c`) |
 //! | `handlers.rs` | fd handlers and their table | `aio_set_fd_handler` |
 //! | `busy_poll.rs` | busy polling: parameters, window, poll set, polling mode | `try_poll_mode`, `poll_set_started` |
-//! | `bottom_half.rs` | bottom halves: schedule state, queue, loop-side table | `async.c` |
+//! | `bottom_half.rs` | bottom halves: schedule state, loop-side table | `async.c` |
+//! | `bh_queue.rs` | the queue that carries schedules to the loop thread | `async.c` |
 //! | `defer.rs` | deferred calls and defer sections | `defer-call.c` |
 //! | `timers.rs` | timers and their deadline order | `qemu-timer.c` |
 //! | `notify.rs` | [`NotifyHandle`] and what other threads share | `aio_notify` |
@@ -21,14 +22,15 @@
 //! itself, only through the [`EventLoop`] trait. The re-entrancy rules are on [`AioContext`]
 //! itself, where users read them.
 
-mod bottom_half;
+mod bh_queue;
+pub(crate) mod bottom_half;
 mod busy_poll;
 mod counters;
 mod defer;
-mod handlers;
+pub(crate) mod handlers;
 mod iteration;
-mod notify;
-mod timers;
+pub(crate) mod notify;
+pub(crate) mod timers;
 mod wakeup;
 
 use std::cell::RefCell;
@@ -50,19 +52,15 @@ use busy_poll::BusyPoll;
 use defer::DeferState;
 use handlers::HandlerTable;
 use iteration::IterationState;
-use notify::Shared;
+use notify::{Shared, CONTEXT_NOTIFIER};
 use timers::TimerTable;
 use wakeup::Wakeup;
 
 use crate::clock::{Clock, MonotonicClock};
-use crate::task::Executor;
+use crate::task::executor::Executor;
 use aio_core::AioError;
 use aio_core::Notifier;
-use aio_core::{EventLoop, Interest, Token};
-
-/// The token of the context's own notifier in the monitor (never a handler's token: handler
-/// tokens have a generation >= 1 in their high half and an index < 2^32 - 1 in the low half).
-const CONTEXT_NOTIFIER: Token = Token(u64::MAX);
+use aio_core::{EventLoop, Interest};
 
 /// The event loop: fd handlers, bottom halves, timers, cross-thread notify and adaptive busy
 /// polling over a pluggable [`EventLoop`] monitor.

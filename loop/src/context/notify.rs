@@ -1,18 +1,22 @@
 //! Cross-thread wake-ups: the part of a context other threads reach (QEMU's `aio_notify`).
 //!
 //! This module owns [`NotifyHandle`] and the shared state behind it. That state holds the
-//! bottom-half queue, whose type and operations are `bottom_half`'s, and the notify_me
+//! bottom-half queue, whose type and operations are `bh_queue`'s, and the notify_me
 //! handshake, which is `wakeup`'s. It never runs a callback.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::bottom_half::BhQueue;
+use super::bh_queue::BhQueue;
 use super::wakeup::Wakeup;
-use super::AioContext;
-use aio_core::EventLoop;
+use crate::AioContext;
 use aio_core::Notifier;
+use aio_core::{EventLoop, Token};
+
+/// The token of the context's own notifier in the monitor (never a handler's token: handler
+/// tokens have a generation >= 1 in their high half and an index < 2^32 - 1 in the low half).
+pub(super) const CONTEXT_NOTIFIER: Token = Token(u64::MAX);
 
 /// The part of a context that other threads reach.
 pub(crate) struct Shared {

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::rc::Rc;
 use std::time::Duration;
 
-use super::AioContext;
+use crate::AioContext;
 use aio_core::AioError;
 
 use super::handlers::LoopCallback;

@@ -85,6 +85,41 @@ impl Wakeup {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    // The unit tests run without loom; the loom models below replace them under it.
+    #![cfg(not(aio_loom))]
+
+    use super::*;
+
+    #[test]
+    fn the_handshake_asks_for_a_write_only_while_the_loop_is_blocked() {
+        let w = Wakeup::new();
+        // Not blocked: an idle notification leaves nothing; a plain one is pending.
+        assert!(!w.notify_if_blocked());
+        assert!(!w.is_notified());
+        assert!(!w.accept());
+        assert!(!w.notify(), "not blocked: no write");
+        assert!(w.is_notified());
+        assert!(
+            w.block_begin(),
+            "a pending notification keeps the loop awake"
+        );
+        w.block_end();
+        assert!(w.accept());
+        assert!(!w.accept(), "accepted once");
+        assert!(!w.is_notified());
+        // Blocked: both kinds ask for a write and leave a notification to accept.
+        assert!(!w.block_begin());
+        assert!(w.notify_if_blocked());
+        assert!(w.is_notified());
+        assert!(w.notify());
+        w.block_end();
+        assert!(w.accept());
+        assert!(!w.notify_if_blocked(), "no longer blocked");
+    }
+}
+
 #[cfg(all(test, aio_loom))]
 mod loom_models {
     use super::super::bottom_half::BhState;
@@ -207,37 +242,5 @@ mod loom_models {
                 "no schedule is left pending without a queue entry"
             );
         });
-    }
-}
-
-#[cfg(all(test, not(aio_loom)))]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_handshake_asks_for_a_write_only_while_the_loop_is_blocked() {
-        let w = Wakeup::new();
-        // Not blocked: an idle notification leaves nothing; a plain one is pending.
-        assert!(!w.notify_if_blocked());
-        assert!(!w.is_notified());
-        assert!(!w.accept());
-        assert!(!w.notify(), "not blocked: no write");
-        assert!(w.is_notified());
-        assert!(
-            w.block_begin(),
-            "a pending notification keeps the loop awake"
-        );
-        w.block_end();
-        assert!(w.accept());
-        assert!(!w.accept(), "accepted once");
-        assert!(!w.is_notified());
-        // Blocked: both kinds ask for a write and leave a notification to accept.
-        assert!(!w.block_begin());
-        assert!(w.notify_if_blocked());
-        assert!(w.is_notified());
-        assert!(w.notify());
-        w.block_end();
-        assert!(w.accept());
-        assert!(!w.notify_if_blocked(), "no longer blocked");
     }
 }

@@ -12,7 +12,8 @@ use std::cell::Cell;
 use std::io;
 use std::os::fd::{BorrowedFd, RawFd};
 
-use crate::context::{FdHandler, TimerId};
+use crate::context::handlers::FdHandler;
+use crate::context::timers::TimerId;
 use crate::AioContext;
 use aio_core::EventLoop;
 

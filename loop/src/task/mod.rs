@@ -33,7 +33,7 @@
 //! ```
 
 mod current;
-mod executor;
+pub(crate) mod executor;
 mod io;
 mod join;
 mod readiness;
@@ -49,14 +49,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
+use executor::Executor;
 pub use io::RequestFuture;
 pub use join::{join_all, JoinAll};
 pub use readiness::{readable, writable, Readiness};
 pub use time::{sleep, timeout, Elapsed, Sleep, Timeout};
 
-pub(crate) use executor::Executor;
-
-use crate::context::NotifyHandle;
+use crate::context::notify::NotifyHandle;
 use crate::AioContext;
 use aio_core::EventLoop;
 
