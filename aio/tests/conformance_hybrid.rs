@@ -1,4 +1,4 @@
-//! The whole aio-core conformance suite against the hybrid monitor (ppoll below the threshold,
+//! The whole conformance suite (aio-conformance) against the hybrid monitor (ppoll below the threshold,
 //! epoll from it up), at QEMU's threshold of 64 and at a threshold of 2 that makes every test
 //! switch monitors while it runs.
 

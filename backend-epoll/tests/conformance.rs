@@ -1,4 +1,4 @@
-//! The whole aio-core conformance suite against the epoll monitor, and once more where the
+//! The whole conformance suite (aio-conformance) against the epoll monitor, and once more where the
 //! kernel refuses `epoll_pwait2` (millisecond waits).
 
 use std::time::Duration;

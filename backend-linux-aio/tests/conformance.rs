@@ -1,4 +1,4 @@
-//! The whole aio-core engine conformance suite against the Linux AIO engine, alone and behind
+//! The whole engine conformance suite (aio-conformance) against the Linux AIO engine, alone and behind
 //! `WithFallback` with a thread pool.
 aio_conformance::engine_conformance!(
     probe: aio_backend_linux_aio::probe(),

@@ -2,7 +2,7 @@
 //! delivered on the loop thread.
 //!
 //! This module owns the mapping from offload tokens to the closures waiting for their
-//! results. Delivery itself (notifier, `io_poll`, the nested-loop safety net) is aio-core's
+//! results. Delivery itself (notifier, `io_poll`, the nested-loop safety net) is aio-loop's
 //! [`AttachedEngine`]; nothing here duplicates it.
 
 use std::cell::{Cell, RefCell};

@@ -1,4 +1,4 @@
-//! The whole aio-core engine conformance suite against the thread pool.
+//! The whole engine conformance suite (aio-conformance) against the thread pool.
 aio_conformance::engine_conformance!(
     aio_pool::ThreadPool::new(aio_pool::PoolConfig::default()).expect("pool"),
     aio_backend_poll::PollLoop::new()
