@@ -166,7 +166,6 @@ impl<T> Slots<T> {
     }
 
     /// Whether no value is stored.
-    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.live == 0
     }

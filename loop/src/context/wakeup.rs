@@ -85,11 +85,10 @@ impl Wakeup {
     }
 }
 
+// The unit tests run without loom; the loom models below replace them under it.
+#[cfg(not(aio_loom))]
 #[cfg(test)]
 mod tests {
-    // The unit tests run without loom; the loom models below replace them under it.
-    #![cfg(not(aio_loom))]
-
     use super::*;
 
     #[test]
