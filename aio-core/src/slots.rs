@@ -51,7 +51,7 @@ struct Slot<T> {
     value: Option<T>,
 }
 
-/// Values in reusable, generation-numbered slots (see the [module docs](self)).
+/// Values in reusable, generation-numbered slots (see [`kit`](crate::kit)).
 #[derive(Debug)]
 pub struct Slots<T> {
     slots: Vec<Slot<T>>,

@@ -1,7 +1,7 @@
 //! A backend as a user names it: `auto`, or one kind; and what `auto` reports.
 //!
 //! This module owns the parsing of `auto` and the climb down a list of candidates
-//! ([`aio::Ladder`]); the kinds themselves are [`EngineKind`] and [`MonitorKind`].
+//! ([`Ladder`](crate::Ladder)); the kinds themselves are [`EngineKind`] and [`MonitorKind`].
 
 use std::fmt;
 use std::str::FromStr;

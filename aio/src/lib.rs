@@ -79,7 +79,7 @@ pub use aio_loop::{
 };
 
 /// The block I/O contract (`aio-core`'s [`engine`](aio_core::engine) module, whose docs
-/// write it out) and the attachment of an engine to a loop (`aio-loop`'s [`AttachedEngine`]),
+/// write it out) and the attachment of an engine to a loop (`aio-loop`'s [`AttachedEngine`](aio_loop::AttachedEngine)),
 /// in one place as before the split.
 pub mod engine {
     pub use aio_core::engine::{

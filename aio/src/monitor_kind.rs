@@ -20,7 +20,7 @@ pub enum MonitorKind {
     Poll,
     /// `epoll(7)` (`aio-backend-epoll`); feature `epoll`.
     Epoll,
-    /// ppoll below 64 registered fds, epoll from 64 up ([`aio::Hybrid`], QEMU's
+    /// ppoll below 64 registered fds, epoll from 64 up ([`Hybrid`](crate::Hybrid), QEMU's
     /// choice); features `poll` and `epoll`.
     Hybrid,
     /// io_uring `POLL_ADD` on a ring of its own (`aio-backend-uring`); feature `uring`.

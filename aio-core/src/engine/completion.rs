@@ -145,7 +145,7 @@ pub enum RequestError {
         flags: RwFlags,
     },
     /// A token with a bit reserved for the layer's own use: an attached engine's
-    /// per-request completions ([`PER_REQUEST_TOKEN_BIT`](super::PER_REQUEST_TOKEN_BIT), bit
+    /// per-request completions (`aio-loop`'s `PER_REQUEST_TOKEN_BIT`, bit
     /// 62) or the pool's offloaded work (`aio_pool::WORK_TOKEN_BIT`, bit 63).
     #[error("token {token:#x} uses bit {bit}, which {reserved_for} reserves")]
     ReservedToken {

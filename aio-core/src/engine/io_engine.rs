@@ -44,7 +44,7 @@ pub trait IoEngine {
     fn notifier(&self) -> &Notifier;
 
     /// Every notifier the loop must watch: [`notifier`](IoEngine::notifier) first, and for an
-    /// engine that combines others ([`WithFallback`]) theirs after it. The loop registers each one;
+    /// engine that combines others ([`WithFallback`](super::WithFallback)) theirs after it. The loop registers each one;
     /// when the first is readable it calls [`clear_notifier`](IoEngine::clear_notifier), when
     /// another is readable it reads that notifier (`test_and_clear`). Either way it then
     /// collects completions.

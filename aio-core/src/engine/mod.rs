@@ -41,7 +41,7 @@
 //!   already holds (at least 1), so an idle device gets its first request at once and batches
 //!   grow 1, 1, 2, 4, ... (the [batch rule](crate::kit::queue#the-batch-rule), kept by
 //!   [`SubmitQueue`](crate::kit::SubmitQueue)).
-//! * **Signalling.** The engine's [`Notifier`] becomes readable when completions are waiting;
+//! * **Signalling.** The engine's [`Notifier`](crate::Notifier) becomes readable when completions are waiting;
 //!   `has_completions()` says the same without a syscall (the `io_poll` check).
 //! * **Cancel** is best effort: a request still queued in the engine completes with
 //!   `ECANCELED`; one already with the kernel is cancelled where the kernel can stop it
