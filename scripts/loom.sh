@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The loom models of the cross-thread protocols, every interleaving explored:
-#   aio-core: the notify_me handshake and bottom-half scheduling (no lost wake-up, each
-#             schedule runs once)            -> aio-core/src/context/wakeup.rs
+#   aio-loop: the notify_me handshake and bottom-half scheduling (no lost wake-up, each
+#             schedule runs once)            -> loop/src/context/wakeup.rs
 #   aio-pool: the idle accounting and spawn decision (QEMU's thread-pool idle-thread
 #             accounting: no stranded job, the counters return to zero)
 #                                            -> pool/src/loom_model.rs
@@ -15,4 +15,4 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target/loom}"
 # explores without a bound (about 10 minutes).
 export LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS-3}"
 [ -n "$LOOM_MAX_PREEMPTIONS" ] || unset LOOM_MAX_PREEMPTIONS
-exec cargo test --release -p aio-core -p aio-pool --lib loom_model "$@"
+exec cargo test --release -p aio-loop -p aio-pool --lib loom_model "$@"

@@ -1,4 +1,4 @@
-//! Typed errors of the loop.
+//! Typed errors of the loop and of the monitors.
 //!
 //! This module owns [`AioError`] and its conversion to `io::Error`. Every way a caller can hand
 //! the loop bad input ends here, as a value: the loop itself keeps running.
@@ -6,7 +6,8 @@
 use std::io;
 use std::os::fd::RawFd;
 
-/// An error from [`AioContext`](crate::AioContext) or [`Hybrid`](crate::Hybrid).
+/// An error of the loop (`aio-loop`'s `AioContext`, its attached engines and iothreads) or of
+/// a monitor adapter (the facade's `Hybrid`).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum AioError {
@@ -95,7 +96,9 @@ pub enum AioError {
     Notifier(#[source] io::Error),
 }
 
-crate::backend::io_error_from!(AioError, |e| match e {
+// The kit's `io_error_from!`, named at the crate root (where `#[macro_export]` puts it) so
+// that the error does not import the kit's module.
+crate::__io_error_from!(AioError, |e| match e {
     AioError::AlreadyRegistered { .. } => io::ErrorKind::AlreadyExists,
     AioError::InvalidFd { .. } | AioError::NoCallbacks { .. } => {
         io::ErrorKind::InvalidInput

@@ -3,7 +3,7 @@
 //! This module owns the trait and its value types only. A monitor is deliberately small and
 //! dumb: it remembers which fds to watch, for what, under which token, and waits. All policy
 //! (handlers, bottom halves, timers, polling, retrying `EINTR`) lives in
-//! [`AioContext`](crate::AioContext), once, so backends cannot drift apart.
+//! `aio-loop`'s `AioContext`, once, so backends cannot drift apart.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};

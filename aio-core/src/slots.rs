@@ -14,30 +14,30 @@
 
 /// Identifies a value in a [`Slots`]: its slot and the generation of that slot's use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct SlotId {
+pub struct SlotId {
     index: u32,
     generation: u32,
 }
 
 impl SlotId {
     /// The slot's index.
-    pub(crate) fn index(self) -> u32 {
+    pub fn index(self) -> u32 {
         self.index
     }
 
     /// The generation (never 0).
     #[cfg(test)]
-    pub(crate) fn generation(self) -> u32 {
+    pub fn generation(self) -> u32 {
         self.generation
     }
 
     /// Both halves in one `u64`: the generation high, the index low.
-    pub(crate) fn to_u64(self) -> u64 {
+    pub fn to_u64(self) -> u64 {
         ((self.generation as u64) << 32) | self.index as u64
     }
 
     /// The inverse of [`SlotId::to_u64`].
-    pub(crate) fn from_u64(raw: u64) -> SlotId {
+    pub fn from_u64(raw: u64) -> SlotId {
         SlotId {
             index: raw as u32,
             generation: (raw >> 32) as u32,
@@ -51,9 +51,9 @@ struct Slot<T> {
     value: Option<T>,
 }
 
-/// Values in reusable, generation-numbered slots (see the [module docs](self)).
+/// Values in reusable, generation-numbered slots (see [`kit`](crate::kit)).
 #[derive(Debug)]
-pub(crate) struct Slots<T> {
+pub struct Slots<T> {
     slots: Vec<Slot<T>>,
     free: Vec<u32>,
     live: usize,
@@ -71,12 +71,12 @@ impl<T> Default for Slots<T> {
 
 impl<T> Slots<T> {
     /// An empty store.
-    pub(crate) fn new() -> Self {
+    pub fn new() -> Self {
         Self::default()
     }
 
     /// The id the next [`Slots::insert`] will return.
-    pub(crate) fn next_id(&self) -> SlotId {
+    pub fn next_id(&self) -> SlotId {
         match self.free.last() {
             Some(&index) => SlotId {
                 index,
@@ -90,7 +90,7 @@ impl<T> Slots<T> {
     }
 
     /// Stores `value` in a free slot.
-    pub(crate) fn insert(&mut self, value: T) -> SlotId {
+    pub fn insert(&mut self, value: T) -> SlotId {
         let id = self.next_id();
         match self.free.pop() {
             Some(index) => {
@@ -108,7 +108,7 @@ impl<T> Slots<T> {
     }
 
     /// The value of `id`, if it is still the slot's current one.
-    pub(crate) fn get(&self, id: SlotId) -> Option<&T> {
+    pub fn get(&self, id: SlotId) -> Option<&T> {
         match self.slots.get(id.index as usize) {
             Some(s) if s.generation == id.generation => s.value.as_ref(),
             _ => None,
@@ -116,7 +116,7 @@ impl<T> Slots<T> {
     }
 
     /// The value of `id`, mutably, if it is still the slot's current one.
-    pub(crate) fn get_mut(&mut self, id: SlotId) -> Option<&mut T> {
+    pub fn get_mut(&mut self, id: SlotId) -> Option<&mut T> {
         match self.slots.get_mut(id.index as usize) {
             Some(s) if s.generation == id.generation => s.value.as_mut(),
             _ => None,
@@ -124,7 +124,7 @@ impl<T> Slots<T> {
     }
 
     /// Takes the value of `id` out and frees its slot; `None` for a stale or unknown id.
-    pub(crate) fn remove(&mut self, id: SlotId) -> Option<T> {
+    pub fn remove(&mut self, id: SlotId) -> Option<T> {
         let slot = self.slots.get_mut(id.index as usize)?;
         if slot.generation != id.generation {
             return None;
@@ -136,17 +136,17 @@ impl<T> Slots<T> {
     }
 
     /// The value in slot `index`, whatever its generation.
-    pub(crate) fn get_index(&self, index: u32) -> Option<&T> {
+    pub fn get_index(&self, index: u32) -> Option<&T> {
         self.slots.get(index as usize)?.value.as_ref()
     }
 
     /// The value in slot `index`, mutably, whatever its generation.
-    pub(crate) fn get_index_mut(&mut self, index: u32) -> Option<&mut T> {
+    pub fn get_index_mut(&mut self, index: u32) -> Option<&mut T> {
         self.slots.get_mut(index as usize)?.value.as_mut()
     }
 
     /// The current id of slot `index`, if it holds a value.
-    pub(crate) fn id_of_index(&self, index: u32) -> Option<SlotId> {
+    pub fn id_of_index(&self, index: u32) -> Option<SlotId> {
         let slot = self.slots.get(index as usize)?;
         slot.value.as_ref().map(|_| SlotId {
             index,
@@ -155,24 +155,23 @@ impl<T> Slots<T> {
     }
 
     /// Takes the value out of slot `index` and frees the slot.
-    pub(crate) fn remove_index(&mut self, index: u32) -> Option<T> {
+    pub fn remove_index(&mut self, index: u32) -> Option<T> {
         let id = self.id_of_index(index)?;
         self.remove(id)
     }
 
     /// How many values are stored.
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.live
     }
 
     /// Whether no value is stored.
-    #[cfg(test)]
-    pub(crate) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.live == 0
     }
 
     /// Every stored value with its id, in slot order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (SlotId, &T)> {
+    pub fn iter(&self) -> impl Iterator<Item = (SlotId, &T)> {
         self.slots.iter().enumerate().filter_map(|(i, s)| {
             s.value.as_ref().map(|v| {
                 (
@@ -187,7 +186,7 @@ impl<T> Slots<T> {
     }
 
     /// Every stored value, mutably, in slot order.
-    pub(crate) fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
         self.slots.iter_mut().filter_map(|s| s.value.as_mut())
     }
 }

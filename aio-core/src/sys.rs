@@ -58,7 +58,7 @@ pub fn timeout_ms_round_up(timeout: Option<Duration>) -> libc::c_int {
 
 /// Raises the soft limit of open fds to the hard limit (hundreds of registered fds need
 /// more than the usual 1024) and returns the new soft limit.
-pub(crate) fn raise_fd_limit() -> u64 {
+pub fn raise_fd_limit() -> u64 {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
         return 0;

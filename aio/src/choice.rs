@@ -1,12 +1,13 @@
 //! A backend as a user names it: `auto`, or one kind; and what `auto` reports.
 //!
 //! This module owns the parsing of `auto` and the climb down a list of candidates
-//! ([`aio_core::Ladder`]); the kinds themselves are [`EngineKind`] and [`MonitorKind`].
+//! ([`Ladder`](crate::Ladder)); the kinds themselves are [`EngineKind`] and [`MonitorKind`].
 
 use std::fmt;
 use std::str::FromStr;
 
-use aio_core::{EventLoop, IoEngine, Ladder, RungReport};
+use crate::{Ladder, RungReport};
+use aio_core::{EventLoop, IoEngine};
 
 use crate::{BuildError, EngineKind, EngineOptions, MonitorKind};
 

@@ -229,7 +229,7 @@ mod tests {
                     assert_eq!(feature, k.feature());
                 }
                 // Where the kernel refuses a kind (io_uring switched off), it says why.
-                Err(e) => aio_core::testing::skip(&format!("{k}: {e}")),
+                Err(e) => aio_conformance::skip(&format!("{k}: {e}")),
             }
         }
         let e = "spdk".parse::<EngineKind>().unwrap_err();
@@ -269,7 +269,7 @@ mod tests {
                 assert_eq!(plain.notifiers().len(), 1);
                 assert_eq!(behind.notifiers().len(), 2);
             }
-            (Err(e), _) | (_, Err(e)) => aio_core::testing::skip(&format!("linux-aio: {e}")),
+            (Err(e), _) | (_, Err(e)) => aio_conformance::skip(&format!("linux-aio: {e}")),
         }
     }
 }

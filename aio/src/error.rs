@@ -45,7 +45,7 @@ pub enum BuildError {
     SharedRingNeedsUring(EngineKind),
     /// `auto` found no candidate usable; the reports say why for each.
     #[error(transparent)]
-    NoneUsable(#[from] aio_core::NoneUsable),
+    NoneUsable(#[from] crate::NoneUsable),
 }
 
 impl BuildError {
@@ -81,7 +81,7 @@ impl BuildError {
     }
 }
 
-aio_core::backend::io_error_from!(BuildError, BuildError::kind);
+aio_core::kit::io_error_from!(BuildError, BuildError::kind);
 
 /// A backend name this crate does not know (whether or not its feature is on, every name is
 /// known; see [`BuildError::NotInBuild`]).
@@ -96,4 +96,4 @@ pub struct UnknownBackend {
     pub expected: &'static str,
 }
 
-aio_core::backend::io_error_from!(UnknownBackend, |_| io::ErrorKind::InvalidInput);
+aio_core::kit::io_error_from!(UnknownBackend, |_| io::ErrorKind::InvalidInput);

@@ -20,7 +20,7 @@ pub enum MonitorKind {
     Poll,
     /// `epoll(7)` (`aio-backend-epoll`); feature `epoll`.
     Epoll,
-    /// ppoll below 64 registered fds, epoll from 64 up ([`aio_core::Hybrid`], QEMU's
+    /// ppoll below 64 registered fds, epoll from 64 up ([`Hybrid`](crate::Hybrid), QEMU's
     /// choice); features `poll` and `epoll`.
     Hybrid,
     /// io_uring `POLL_ADD` on a ring of its own (`aio-backend-uring`); feature `uring`.
@@ -87,7 +87,7 @@ impl MonitorKind {
                     .map_err(BuildError::refused("fd monitor", self.name()))?,
             )),
             #[cfg(all(feature = "poll", feature = "epoll"))]
-            MonitorKind::Hybrid => Ok(Box::new(aio_core::Hybrid::new(
+            MonitorKind::Hybrid => Ok(Box::new(crate::Hybrid::new(
                 aio_backend_poll::PollLoop::new(),
                 aio_backend_epoll::EpollLoop::new()
                     .map_err(BuildError::refused("fd monitor", self.name()))?,
@@ -149,7 +149,7 @@ mod tests {
                 Ok(built) => assert_eq!(built.name(), k.name()),
                 Err(BuildError::NotInBuild { .. }) => assert!(!k.in_build()),
                 // Where the kernel refuses a kind (io_uring switched off), it says why.
-                Err(e) => aio_core::testing::skip(&format!("{k}: {e}")),
+                Err(e) => aio_conformance::skip(&format!("{k}: {e}")),
             }
         }
         let e = "kqueue".parse::<MonitorKind>().unwrap_err();

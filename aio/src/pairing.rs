@@ -173,7 +173,7 @@ mod tests {
                 assert_eq!(pair.engine.built.name(), "uring");
             }
             Err(BuildError::NotInBuild { .. }) => assert!(!EngineKind::Uring.in_build()),
-            Err(e) => aio_core::testing::skip(&format!("shared ring: {e}")),
+            Err(e) => aio_conformance::skip(&format!("shared ring: {e}")),
         }
     }
 

@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use aio_core::RungReport;
+use crate::RungReport;
 
 use crate::{BuildError, EngineKind, EngineOptions, MonitorKind};
 

@@ -11,7 +11,8 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use aio_backend_epoll::EpollLoop;
-use aio_core::{AioContext, FdHandler, Notifier};
+use aio_core::Notifier;
+use aio_loop::{AioContext, FdHandler};
 
 fn main() {
     let disks: usize = std::env::args()

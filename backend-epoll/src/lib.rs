@@ -15,7 +15,7 @@
 //!
 //! ```
 //! use aio_backend_epoll::EpollLoop;
-//! use aio_core::AioContext;
+//! use aio_loop::AioContext;
 //! let ctx = AioContext::new(EpollLoop::new().unwrap()).unwrap();
 //! assert_eq!(ctx.monitor_name(), "epoll");
 //! ```
@@ -25,7 +25,7 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
-use aio_core::backend::{
+use aio_core::kit::{
     cvt, ensure_known, ensure_new, timeout_ms_round_up, timespec_from, timespec_ptr,
 };
 use aio_core::{Event, EventLoop, Interest, Token};
@@ -59,7 +59,7 @@ fn epoll_event(token: Token, interest: Interest) -> libc::epoll_event {
 }
 
 /// Whether this kernel allows epoll here: creates and closes an epoll instance (a seccomp
-/// filter may refuse `epoll_create1`). For [`aio_core::Ladder`] rungs.
+/// filter may refuse `epoll_create1`). For the facade's `aio::Ladder` rungs.
 pub fn probe() -> io::Result<()> {
     EpollLoop::new().map(drop)
 }

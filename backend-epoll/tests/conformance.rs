@@ -1,4 +1,4 @@
-//! The whole aio-core conformance suite against the epoll monitor, and once more where the
+//! The whole conformance suite (aio-conformance) against the epoll monitor, and once more where the
 //! kernel refuses `epoll_pwait2` (millisecond waits).
 
 use std::time::Duration;
@@ -6,10 +6,12 @@ use std::time::Duration;
 use aio_backend_epoll::EpollLoop;
 use aio_core::EventLoop;
 
-aio_core::event_loop_conformance!(aio_backend_epoll::EpollLoop::new().expect("epoll_create1"));
+aio_conformance::event_loop_conformance!(
+    aio_backend_epoll::EpollLoop::new().expect("epoll_create1")
+);
 
 // A monitor is plain data and an fd: it may be built on one thread and run on another.
-aio_core::assert_thread_safe!(send_sync: aio_backend_epoll::EpollLoop);
+aio_conformance::assert_thread_safe!(send_sync: aio_backend_epoll::EpollLoop);
 
 /// Whether this kernel (and seccomp profile) runs `epoll_pwait2`: asked directly, with a bad
 /// fd (EBADF when it exists; ENOSYS or the filter's EPERM when not).
@@ -52,7 +54,7 @@ fn timed_waits_use_epoll_pwait2_exactly_where_the_kernel_runs_it() {
 /// refuses it with EPERM, on millisecond waits.
 #[test]
 fn without_epoll_pwait2_every_test_passes_on_millisecond_waits() {
-    let text = aio_core::testing::seccomp::suite_passes_refusing(
+    let text = aio_conformance::seccomp::suite_passes_refusing(
         &[libc::SYS_epoll_pwait2],
         "without_epoll_pwait2",
         0,

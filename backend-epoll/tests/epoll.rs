@@ -7,8 +7,8 @@ use std::os::fd::AsFd;
 use std::rc::Rc;
 
 use aio_backend_epoll::{EpollLoop, EVENTS_PER_WAIT};
-use aio_core::testing::{raise_fd_limit, write_byte, Pipe};
-use aio_core::{AioContext, FdHandler};
+use aio_conformance::{raise_fd_limit, write_byte, Pipe};
+use aio_loop::{AioContext, FdHandler};
 
 /// 300 fds ready at once (more than the 128 events one `epoll_wait` returns) are all dispatched
 /// in one iteration: the monitor asks again without blocking when a wait fills its buffer.

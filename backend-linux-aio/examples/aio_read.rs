@@ -17,8 +17,10 @@ use std::time::Instant;
 
 use aio_backend_epoll::EpollLoop;
 use aio_backend_linux_aio::{LinuxAio, LinuxAioConfig};
-use aio_core::engine::{AlignedBuf, AttachedEngine, IoFile, Request, SubmitError};
-use aio_core::{AioContext, EventLoop};
+use aio_core::engine::{AlignedBuf, IoFile, Request, SubmitError};
+use aio_core::EventLoop;
+use aio_loop::AioContext;
+use aio_loop::AttachedEngine;
 
 const BS: usize = 64 * 1024;
 const DEPTH: u64 = 32;

@@ -133,7 +133,7 @@ pub fn io_getevents(
     events: &mut [IoEvent],
     timeout: Option<libc::timespec>,
 ) -> io::Result<usize> {
-    let ts_ptr = aio_core::backend::timespec_ptr(timeout.as_ref());
+    let ts_ptr = aio_core::kit::timespec_ptr(timeout.as_ref());
     // SAFETY: `events` is writable for its length; `ts_ptr` is null or points to a live timespec.
     let r = unsafe {
         libc::syscall(

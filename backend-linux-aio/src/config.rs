@@ -37,7 +37,7 @@ impl Default for LinuxAioConfig {
     }
 }
 
-aio_core::backend::with_setters!(LinuxAioConfig {
+aio_core::kit::with_setters!(LinuxAioConfig {
     /// With a completion ring of `ring_size` events (at least 1).
     with_ring_size => ring_size: u32,
     /// With at most `max_batch` iocbs per `io_submit` (at least 1).

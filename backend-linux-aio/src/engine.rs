@@ -5,8 +5,8 @@
 
 use std::collections::VecDeque;
 
-use aio_core::backend::{BadConfig, EngineCore, Flush, Outcome, Prepared};
 use aio_core::engine::{Completion, IoEngine, Op, Request, RequestError, RwFlags};
+use aio_core::kit::{BadConfig, EngineCore, Flush, Outcome, Prepared};
 use aio_core::Notifier;
 
 use crate::abi::{self, AioContextId, IoEvent, Iocb, Ring};
@@ -344,7 +344,7 @@ impl IoEngine for LinuxAio {
         "linux-aio"
     }
 
-    aio_core::backend::engine_queue_methods!(core: core, send: submit_pending, check: check_request);
+    aio_core::kit::engine_queue_methods!(core: core, send: submit_pending, check: check_request);
 
     fn poll_completions(&mut self, out: &mut VecDeque<Completion>) -> usize {
         self.reap();
@@ -419,7 +419,7 @@ impl Drop for LinuxAio {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use aio_core::testing::engine::{wait_for, TempFile, BLOCK};
+    use aio_conformance::engine::{wait_for, TempFile, BLOCK};
 
     /// A request's flags are the iocb's `aio_rw_flags` that `io_submit` gets: a FUA write
     /// carries `RWF_DSYNC`, a NOWAIT read `RWF_NOWAIT`, a request without flags none, and a
@@ -428,13 +428,13 @@ mod tests {
     /// NOWAIT read would block depends on the page cache.)
     #[test]
     fn request_flags_reach_the_iocb() {
-        if aio_core::testing::available("Linux AIO unavailable", crate::probe()).is_none() {
+        if aio_conformance::available("Linux AIO unavailable", crate::probe()).is_none() {
             return;
         }
         let mut engine = LinuxAio::new(LinuxAioConfig::default()).unwrap();
         let tmp = TempFile::with_len(4 * BLOCK, 1);
         let file = tmp.open_direct_or_say();
-        let mut cases = aio_core::testing::engine::requests_with_rw_flags(&file);
+        let mut cases = aio_conformance::engine::requests_with_rw_flags(&file);
         cases.push((Request::fdatasync(&file, 7), 0));
         for (request, rwf) in cases {
             let token = request.token;

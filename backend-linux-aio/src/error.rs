@@ -4,7 +4,7 @@
 
 use std::io;
 
-use aio_core::backend::BadConfig;
+use aio_core::kit::BadConfig;
 
 /// Why a Linux AIO engine cannot be created.
 #[derive(Debug, thiserror::Error)]
@@ -34,7 +34,7 @@ pub enum LinuxAioError {
     Io(#[source] io::Error),
 }
 
-aio_core::backend::io_error_from!(LinuxAioError, |e| match e {
+aio_core::kit::io_error_from!(LinuxAioError, |e| match e {
     LinuxAioError::AioMaxNr { .. } => io::ErrorKind::WouldBlock,
     LinuxAioError::Unavailable(s) | LinuxAioError::Io(s) => s.kind(),
     LinuxAioError::BadConfig(_) => io::ErrorKind::InvalidInput,

@@ -10,7 +10,7 @@
 //! * **Capacity**: a ring of 1024 events by default ([`LinuxAioConfig::ring_size`]); requests
 //!   beyond what the ring can hold queue and go out as completions free slots. Submission is
 //!   batched: at most `max_batch` (32) iocbs per `io_submit`, never more than the free slots,
-//!   sized by aio-core's batch rule ([`aio_core::backend::queue`], "The batch rule": no larger than the kernel's work).
+//!   sized by aio-core's batch rule ([`aio_core::kit::queue`], "The batch rule": no larger than the kernel's work).
 //! * **io_submit errors**: `EAGAIN` leaves everything queued and retries on the next
 //!   completion (or the next `poll_completions`); any other error fails only the request at the
 //!   head, and the rest go on. A partial submission keeps the unsent tail, in order.

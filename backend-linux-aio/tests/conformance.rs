@@ -1,6 +1,6 @@
-//! The whole aio-core engine conformance suite against the Linux AIO engine, alone and behind
+//! The whole engine conformance suite (aio-conformance) against the Linux AIO engine, alone and behind
 //! `WithFallback` with a thread pool.
-aio_core::engine_conformance!(
+aio_conformance::engine_conformance!(
     probe: aio_backend_linux_aio::probe(),
     aio_backend_linux_aio::LinuxAio::new(Default::default()).expect("io_setup"),
     aio_backend_poll::PollLoop::new()
@@ -9,7 +9,7 @@ aio_core::engine_conformance!(
 /// The suite once more behind `WithFallback` with a thread pool, the way a user of Linux AIO gets
 /// discard and write-zeroes (the kernel's AIO has no `fallocate`).
 mod routed_to_a_pool {
-    aio_core::engine_conformance!(
+    aio_conformance::engine_conformance!(
         probe: aio_backend_linux_aio::probe(),
         aio_core::engine::WithFallback::new(
             aio_backend_linux_aio::LinuxAio::new(Default::default()).expect("io_setup"),
@@ -21,10 +21,10 @@ mod routed_to_a_pool {
 
 /// The suite once more with the loop on the hybrid monitor (ppoll below 64 fds, epoll above).
 mod on_hybrid {
-    aio_core::engine_conformance!(
+    aio_conformance::engine_conformance!(
         probe: aio_backend_linux_aio::probe(),
         aio_backend_linux_aio::LinuxAio::new(Default::default()).expect("io_setup"),
-        aio_core::Hybrid::new(
+        aio::Hybrid::new(
             aio_backend_poll::PollLoop::new(),
             aio_backend_epoll::EpollLoop::new().expect("epoll"),
         )
@@ -37,7 +37,7 @@ mod on_hybrid {
 /// `io_setup`.
 #[test]
 fn refused_kernel_makes_every_test_skip_not_panic() {
-    let text = aio_core::testing::seccomp::suite_passes_refusing(
+    let text = aio_conformance::seccomp::suite_passes_refusing(
         &[libc::SYS_io_setup],
         "refused_kernel",
         40,

@@ -2,14 +2,14 @@
 //! policy, io_submit errors, short transfers and the aio-max-nr error.
 
 use aio_backend_linux_aio::{probe, BufferedPolicy, LinuxAio, LinuxAioConfig, LinuxAioError};
+use aio_conformance::engine::{read_block, wait_for, TempFile};
+use aio_conformance::seccomp::fail_on_this_thread;
 use aio_core::engine::{AlignedBuf, IoEngine, Request, RequestError, RwFlags};
-use aio_core::testing::engine::{read_block, wait_for, TempFile};
-use aio_core::testing::seccomp::fail_on_this_thread;
 
-use aio_core::testing::engine::BLOCK;
+use aio_conformance::engine::BLOCK;
 
 fn available() -> bool {
-    aio_core::testing::available("Linux AIO unavailable", probe()).is_some()
+    aio_conformance::available("Linux AIO unavailable", probe()).is_some()
 }
 
 #[test]
@@ -382,7 +382,7 @@ fn exhausting_aio_max_nr_is_a_typed_error_naming_the_limit() {
         .unwrap_or(65536);
     // The kernel refuses more than 2^28 / 32 events with EINVAL before it checks the limit.
     if max >= (1 << 23) - 1 {
-        aio_core::testing::skip(&format!(
+        aio_conformance::skip(&format!(
             "aio-max-nr is {max}: too large to exhaust from a test"
         ));
         return;
@@ -446,15 +446,15 @@ fn discard_is_refused_as_unsupported_and_fua_writes_are_counted() {
 }
 
 // Moves to the thread that runs it; used by one thread at a time.
-aio_core::assert_thread_safe!(send: LinuxAio);
-aio_core::assert_not_thread_safe!(not_sync: LinuxAio);
+aio_conformance::assert_thread_safe!(send: LinuxAio);
+aio_conformance::assert_not_thread_safe!(not_sync: LinuxAio);
 
 #[test]
 fn signals_interrupt_the_engines_waits_and_are_retried() {
     if !available() {
         return;
     }
-    aio_core::testing::run_test(
+    aio_conformance::run_test(
         "signals_interrupt_the_engines_waits_and_are_retried",
         || {
             let tmp = TempFile::with_len(64 * BLOCK, 7);
@@ -468,11 +468,11 @@ fn signals_interrupt_the_engines_waits_and_are_retried() {
                 st.f_type
             };
             if f_type == libc::TMPFS_MAGIC {
-                aio_core::testing::skip_test("the temp dir is tmpfs, whose O_DIRECT never waits");
+                aio_conformance::skip_test("the temp dir is tmpfs, whose O_DIRECT never waits");
             }
             let file = tmp
                 .open(libc::O_DIRECT)
-                .unwrap_or_else(|e| aio_core::testing::skip_test(format!("O_DIRECT: {e}")));
+                .unwrap_or_else(|e| aio_conformance::skip_test(format!("O_DIRECT: {e}")));
             let mut engine = LinuxAio::new(LinuxAioConfig::default()).unwrap();
             // Whether a signal finds the engine inside io_getevents depends on how the storm's
             // thread is scheduled: storms go on until one has, for up to a minute.
@@ -484,10 +484,8 @@ fn signals_interrupt_the_engines_waits_and_are_retried() {
                     "{sent} signals in a minute, none interrupted a call: {:?}",
                     engine.stats()
                 );
-                sent += aio_core::testing::interruptions::read_through_a_signal_storm(
-                    &mut engine,
-                    &file,
-                );
+                sent +=
+                    aio_conformance::interruptions::read_through_a_signal_storm(&mut engine, &file);
             }
         },
     );

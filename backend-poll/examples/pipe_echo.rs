@@ -12,7 +12,7 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
 
 use aio_backend_poll::PollLoop;
-use aio_core::{AioContext, FdHandler};
+use aio_loop::{AioContext, FdHandler};
 
 fn pipe() -> (OwnedFd, OwnedFd) {
     let mut fds = [0 as RawFd; 2];

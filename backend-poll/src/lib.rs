@@ -9,7 +9,8 @@
 //!
 //! ```
 //! use aio_backend_poll::PollLoop;
-//! use aio_core::{AioContext, EventLoop};
+//! use aio_loop::AioContext;
+//! use aio_core::EventLoop;
 //! let ctx = AioContext::new(PollLoop::new()).unwrap();
 //! assert_eq!(ctx.monitor_name(), "poll");
 //! ```
@@ -19,7 +20,7 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::time::Duration;
 
-use aio_core::backend::{ensure_new, timespec_from, timespec_ptr};
+use aio_core::kit::{ensure_new, timespec_from, timespec_ptr};
 use aio_core::{Event, EventLoop, Interest, Token};
 
 /// The `ppoll(2)` monitor.
@@ -41,7 +42,7 @@ impl PollLoop {
 }
 
 /// Whether this kernel allows `ppoll` here (a seccomp filter could refuse it): one wait on
-/// no fds with a zero timeout. For [`aio_core::Ladder`] rungs, where ppoll is the last one.
+/// no fds with a zero timeout. For the facade's `aio::Ladder` rungs, where ppoll is the last one.
 pub fn probe() -> io::Result<()> {
     PollLoop::new().wait(Some(Duration::ZERO), &mut Vec::new())
 }
@@ -68,7 +69,7 @@ impl EventLoop for PollLoop {
         let i = *self
             .index
             .get(&fd)
-            .ok_or_else(|| aio_core::backend::not_registered(fd))?;
+            .ok_or_else(|| aio_core::kit::not_registered(fd))?;
         self.pollfds[i].events = interest.to_poll_events();
         self.tokens[i] = token;
         Ok(())
@@ -83,7 +84,7 @@ impl EventLoop for PollLoop {
         let i = self
             .index
             .remove(&fd)
-            .ok_or_else(|| aio_core::backend::not_registered(fd))?;
+            .ok_or_else(|| aio_core::kit::not_registered(fd))?;
         self.pollfds.swap_remove(i);
         self.tokens.swap_remove(i);
         if let Some(moved) = self.pollfds.get(i) {

@@ -1,5 +1,5 @@
-//! The whole aio-core conformance suite against the ppoll monitor.
-aio_core::event_loop_conformance!(aio_backend_poll::PollLoop::new());
+//! The whole conformance suite (aio-conformance) against the ppoll monitor.
+aio_conformance::event_loop_conformance!(aio_backend_poll::PollLoop::new());
 
 // A monitor is plain data and an fd: it may be built on one thread and run on another.
-aio_core::assert_thread_safe!(send_sync: aio_backend_poll::PollLoop);
+aio_conformance::assert_thread_safe!(send_sync: aio_backend_poll::PollLoop);

@@ -8,13 +8,13 @@ use std::process::Command;
 /// The whole loop suite; the driver tests below run it in children. Run directly (no
 /// variable, no filter) it runs on eventfd, as the main conformance binary does.
 mod suite {
-    aio_core::event_loop_conformance!(aio_backend_poll::PollLoop::new());
+    aio_conformance::event_loop_conformance!(aio_backend_poll::PollLoop::new());
 
     /// The notifier is the kind the driver expects (`EXPECT_NOTIFIER`), so a run that
     /// silently stayed on eventfd fails.
     #[test]
     fn the_notifier_is_the_expected_kind() {
-        let ctx = aio_core::AioContext::new(aio_backend_poll::PollLoop::new()).unwrap();
+        let ctx = aio_loop::AioContext::new(aio_backend_poll::PollLoop::new()).unwrap();
         let kind = format!("{:?}", ctx.notifier_kind());
         if let Ok(expected) = std::env::var("EXPECT_NOTIFIER") {
             assert_eq!(kind, expected);
@@ -54,6 +54,6 @@ fn the_loop_suite_passes_on_a_forced_pipe_notifier() {
 fn the_loop_suite_passes_when_seccomp_refuses_eventfd() {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.env_remove("AIO_NOTIFIER");
-    aio_core::testing::seccomp::refuse_syscalls(&mut cmd, &[libc::SYS_eventfd2, libc::SYS_eventfd]);
+    aio_conformance::seccomp::refuse_syscalls(&mut cmd, &[libc::SYS_eventfd2, libc::SYS_eventfd]);
     run_suite(&mut cmd);
 }

@@ -15,8 +15,8 @@ use std::time::Instant;
 use aio_backend_epoll::EpollLoop;
 use aio_backend_uring::UringEngine;
 use aio_core::engine::{AlignedBuf, IoFile};
-use aio_core::task::join_all;
-use aio_core::AioContext;
+use aio_loop::task::join_all;
+use aio_loop::AioContext;
 
 const BS: usize = 64 * 1024;
 const DEPTH: u64 = 32;

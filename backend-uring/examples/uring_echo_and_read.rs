@@ -13,7 +13,7 @@ use std::rc::Rc;
 
 use aio_backend_uring::{probe, UringConfig, UringEngine, UringLoop};
 use aio_core::engine::{AlignedBuf, IoFile, Request};
-use aio_core::{AioContext, FdHandler};
+use aio_loop::{AioContext, FdHandler};
 
 fn main() {
     let support = match probe() {

@@ -14,7 +14,7 @@ use std::rc::Rc;
 use aio_backend_poll::PollLoop;
 use aio_backend_uring::UringEngine;
 use aio_core::engine::{GuestIovecs, IoFile, Request, RwFlags, WithFallback};
-use aio_core::AioContext;
+use aio_loop::AioContext;
 use aio_pool::ThreadPool;
 
 const MIB: usize = 1 << 20;

@@ -13,7 +13,7 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::time::Duration;
 
-use aio_core::backend::ensure_new;
+use aio_core::kit::ensure_new;
 use aio_core::{Event, EventLoop, Interest, Token};
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -237,7 +237,7 @@ impl UringLoop {
 
 /// One io_uring for both the fd monitor and block I/O (QEMU's newest design): the engine's
 /// completions arrive in the completion queue the monitor waits on, so they need no eventfd
-/// and no extra wakeup. Use the monitor for the [`AioContext`](aio_core::AioContext) and
+/// and no extra wakeup. Use the monitor for the `AioContext` (`aio-loop`) and
 /// attach the engine to that same context.
 ///
 /// The ring runs in [`UringConfig::task_run`]'s mode; with the flag modes (the default), the
@@ -271,7 +271,7 @@ impl EventLoop for UringLoop {
     fn modify(&mut self, fd: BorrowedFd<'_>, token: Token, interest: Interest) -> io::Result<()> {
         let fd = fd.as_raw_fd();
         let Some(reg) = self.registrations.get(&fd).copied() else {
-            return Err(aio_core::backend::not_registered(fd));
+            return Err(aio_core::kit::not_registered(fd));
         };
         self.remove_poll(fd, &reg)?;
         self.arm_new(fd, token, interest, reg.dead);
@@ -285,7 +285,7 @@ impl EventLoop for UringLoop {
     fn forget_closed(&mut self, fd: RawFd) -> io::Result<()> {
         // A poll is cancelled by its user data, never through the fd number.
         let Some(reg) = self.registrations.remove(&fd) else {
-            return Err(aio_core::backend::not_registered(fd));
+            return Err(aio_core::kit::not_registered(fd));
         };
         // Its poll (if any) is cancelled; the completion that follows has a generation no
         // registration has any more and is ignored.

@@ -34,13 +34,13 @@ pub enum UringUnavailable {
     },
     /// A setting of [`UringConfig`](crate::UringConfig) that cannot work, named.
     #[error(transparent)]
-    BadConfig(#[from] aio_core::backend::BadConfig),
+    BadConfig(#[from] aio_core::kit::BadConfig),
     /// Another error.
     #[error("io_uring_setup failed: {0}")]
     Other(#[source] io::Error),
 }
 
-aio_core::backend::io_error_from!(UringUnavailable, |e| match e {
+aio_core::kit::io_error_from!(UringUnavailable, |e| match e {
     UringUnavailable::DisabledBySysctl { .. } | UringUnavailable::PermissionDenied => {
         io::ErrorKind::PermissionDenied
     }

@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::io;
 
-use aio_core::backend::WholeBuffer;
+use aio_core::kit::WholeBuffer;
 
 /// The kernel's limit on registered buffers (`IORING_MAX_REG_BUFFERS`).
 pub const MAX_REGISTERED_BUFFERS: u32 = 1 << 14;

@@ -8,7 +8,7 @@
 mod common;
 
 mod engine {
-    aio_core::engine_conformance!(
+    aio_conformance::engine_conformance!(
         probe: aio_backend_uring::probe().map(drop),
         crate::common::engine(Default::default()),
         aio_backend_poll::PollLoop::new()
@@ -16,7 +16,7 @@ mod engine {
 }
 
 mod engine_registered_files {
-    aio_core::engine_conformance!(
+    aio_conformance::engine_conformance!(
         probe: aio_backend_uring::probe().map(drop),
         crate::common::engine(aio_backend_uring::UringConfig::default().with_register_files(true)),
         aio_backend_poll::PollLoop::new()
@@ -26,7 +26,7 @@ mod engine_registered_files {
 mod engine_fixed_buffers {
     // 8 slots: the suites keep more buffers than that in flight, so registration, reuse,
     // replacement of idle slots and requests going without a slot all happen.
-    aio_core::engine_conformance!(
+    aio_conformance::engine_conformance!(
         probe: aio_backend_uring::probe().map(drop),
         crate::common::engine(aio_backend_uring::UringConfig::default().with_fixed_buffers(8).with_register_files(true)),
         aio_backend_poll::PollLoop::new()
@@ -36,7 +36,7 @@ mod engine_fixed_buffers {
 // The default (`TaskRun::Auto`) is deferred task work on this project's kernels; the other two
 // modes post completions differently (an interrupt, a flag the `io_poll` check reads).
 mod engine_task_run_signal {
-    aio_core::engine_conformance!(
+    aio_conformance::engine_conformance!(
         probe: aio_backend_uring::probe().map(drop),
         crate::common::engine(aio_backend_uring::UringConfig::default().with_task_run(aio_backend_uring::TaskRun::Signal)),
         aio_backend_poll::PollLoop::new()
@@ -44,7 +44,7 @@ mod engine_task_run_signal {
 }
 
 mod engine_task_run_cooperative {
-    aio_core::engine_conformance!(
+    aio_conformance::engine_conformance!(
         probe: aio_backend_uring::probe().map(drop),
         crate::common::engine(aio_backend_uring::UringConfig::default().with_task_run(aio_backend_uring::TaskRun::Cooperative)),
         aio_backend_poll::PollLoop::new()
@@ -52,7 +52,7 @@ mod engine_task_run_cooperative {
 }
 
 mod engine_on_uring_monitor {
-    aio_core::engine_conformance!(
+    aio_conformance::engine_conformance!(
         probe: aio_backend_uring::probe().map(drop),
         crate::common::engine(Default::default()),
         crate::common::monitor()
@@ -61,7 +61,7 @@ mod engine_on_uring_monitor {
 
 // Behind `WithFallback` with a thread pool: a block device's discard (an ioctl) goes to the pool.
 mod engine_routed_to_a_pool {
-    aio_core::engine_conformance!(
+    aio_conformance::engine_conformance!(
         probe: aio_backend_uring::probe().map(drop),
         aio_core::engine::WithFallback::new(
             crate::common::engine(Default::default()),

@@ -1,17 +1,17 @@
 //! What the engine does when the kernel refuses a call: a submitting enter interrupted, a
 //! drop whose wait fails, a buffer registration refused for lack of lockable memory or for
 //! that buffer alone. The faults come from seccomp filters on a thread of the test's own
-//! (`aio_core::testing::seccomp::fail_on_this_thread`), chosen by the call's arguments.
+//! (`aio_conformance::seccomp::fail_on_this_thread`), chosen by the call's arguments.
 
 use aio_backend_uring::{probe, UringConfig};
+use aio_conformance::engine::{read_block, wait_for, TempFile, BLOCK};
+use aio_conformance::seccomp::fail_on_this_thread;
 use aio_core::engine::{IoEngine, IoFile};
-use aio_core::testing::engine::{read_block, wait_for, TempFile, BLOCK};
-use aio_core::testing::seccomp::fail_on_this_thread;
 
 mod common;
 
 fn available() -> bool {
-    aio_core::testing::available("io_uring unusable", probe()).is_some()
+    aio_conformance::available("io_uring unusable", probe()).is_some()
 }
 
 /// Closes the write end: every read still waiting completes with 0 bytes (end of file).

@@ -3,7 +3,7 @@
 //! limit) every test says why (`skipped: ...`), and fails under `AIO_REQUIRE_ALL_BACKENDS=1`.
 mod common;
 
-aio_core::event_loop_conformance!(
+aio_conformance::event_loop_conformance!(
     probe: aio_backend_uring::probe().map(drop),
     crate::common::monitor()
 );
@@ -13,7 +13,7 @@ aio_core::event_loop_conformance!(
 /// again, in a child whose seccomp filter refuses `io_uring_setup`.
 #[test]
 fn refused_kernel_makes_every_test_skip_not_panic() {
-    let text = aio_core::testing::seccomp::suite_passes_refusing(
+    let text = aio_conformance::seccomp::suite_passes_refusing(
         &[libc::SYS_io_uring_setup],
         "refused_kernel",
         20,

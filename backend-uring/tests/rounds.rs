@@ -9,13 +9,13 @@
 use std::fs::File;
 
 use aio_backend_uring::{probe, UringConfig, UringEngine};
+use aio_conformance::engine::{wait_for, BLOCK};
 use aio_core::engine::{AlignedBuf, IoEngine, IoFile, Request};
-use aio_core::testing::engine::{wait_for, BLOCK};
 
 mod common;
 
 fn available() -> bool {
-    aio_core::testing::available("io_uring unusable", probe()).is_some()
+    aio_conformance::available("io_uring unusable", probe()).is_some()
 }
 
 /// Closes the write end: every read still waiting completes with 0 bytes (end of file).
@@ -110,7 +110,7 @@ fn a_vector_goes_out_as_one_entry() {
     // One readv of four blocks: one READV entry and one completion, not the first block and
     // then the rest as a remainder.
     let mut engine = common::engine(UringConfig::default());
-    let tmp = aio_core::testing::engine::TempFile::with_len(4 * BLOCK, 6);
+    let tmp = aio_conformance::engine::TempFile::with_len(4 * BLOCK, 6);
     let file = tmp.open(0).unwrap();
     let bufs = (0..4).map(|_| AlignedBuf::new(BLOCK)).collect();
     engine.submit(Request::readv(&file, 0, bufs, 9)).unwrap();
@@ -129,7 +129,7 @@ fn a_short_read_at_the_end_of_a_file_goes_back_for_the_rest() {
     // Five blocks asked for where two exist: the kernel's short read is resubmitted once for
     // the remainder, which finds the end of the file.
     let mut engine = common::engine(UringConfig::default());
-    let tmp = aio_core::testing::engine::TempFile::with_len(3 * BLOCK, 9);
+    let tmp = aio_conformance::engine::TempFile::with_len(3 * BLOCK, 9);
     let file = tmp.open(libc::O_DIRECT).unwrap();
     let bufs = vec![AlignedBuf::new(BLOCK), AlignedBuf::new(4 * BLOCK)];
     engine

@@ -13,7 +13,7 @@ mod common;
 /// asked for was already given out (tests that build an engine or a context per round; the
 /// engine-only tests never ask for the monitor).
 fn pair() -> Option<(impl Fn() -> UringEngine, impl Fn() -> UringLoop)> {
-    aio_core::testing::available("io_uring unusable", probe())?;
+    aio_conformance::available("io_uring unusable", probe())?;
     type Halves = (Option<UringLoop>, Option<UringEngine>);
     let halves: Rc<RefCell<Option<Halves>>> = Rc::default();
     let build = |halves: &Rc<RefCell<Option<Halves>>>, want_engine: bool| {
@@ -47,15 +47,15 @@ fn pair() -> Option<(impl Fn() -> UringEngine, impl Fn() -> UringLoop)> {
 // shared ring, built with its monitor on this one, cannot be; and a shared ring's engine never
 // writes its notifier (the monitor reports the engine's completions from the one completion
 // queue), which `notifier_signals_every_completion_batch` checks for.
-aio_core::engine_conformance!(pair: crate::pair());
+aio_conformance::engine_conformance!(pair: crate::pair());
 
 /// The engine of a shared ring says completions wait exactly while its completion queue holds
 /// some: the fd monitor reports the engine ready from it, with no eventfd to read.
 #[test]
 fn a_shared_ring_says_when_completions_wait() {
+    use aio_conformance::engine::{read_block, TempFile, BLOCK};
     use aio_core::engine::IoEngine;
-    use aio_core::testing::engine::{read_block, TempFile, BLOCK};
-    if aio_core::testing::available("io_uring unusable", probe()).is_none() {
+    if aio_conformance::available("io_uring unusable", probe()).is_none() {
         return;
     }
     let (_monitor, mut engine) = common::shared(UringConfig::default());
@@ -72,7 +72,7 @@ fn a_shared_ring_says_when_completions_wait() {
         );
         std::thread::yield_now();
     }
-    let done = aio_core::testing::engine::wait_for(&mut engine, 1);
+    let done = aio_conformance::engine::wait_for(&mut engine, 1);
     assert_eq!(done[0].result.as_ref().ok(), Some(&BLOCK));
     assert!(!engine.has_completions(), "all reaped");
 }

@@ -6,13 +6,13 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use aio_backend_uring::{probe, TaskRun, UringConfig};
+use aio_conformance::engine::wait_readable;
 use aio_core::engine::{AlignedBuf, IoEngine, IoFile, Request};
-use aio_core::testing::engine::wait_readable;
 
 mod common;
 
 fn available() -> bool {
-    aio_core::testing::available("io_uring unusable", probe()).is_some()
+    aio_conformance::available("io_uring unusable", probe()).is_some()
 }
 
 #[test]
@@ -20,7 +20,7 @@ fn auto_takes_deferred_task_work_where_the_kernel_has_it() {
     if !available() {
         return;
     }
-    aio_core::testing::run_test(
+    aio_conformance::run_test(
         "auto_takes_deferred_task_work_where_the_kernel_has_it",
         || {
             let engine = common::engine(UringConfig::default());

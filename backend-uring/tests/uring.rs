@@ -5,15 +5,15 @@
 use std::collections::VecDeque;
 
 use aio_backend_uring::{probe, UringConfig, UringEngine};
+use aio_conformance::engine::{read_block, wait_for, TempFile};
 use aio_core::engine::{AlignedBuf, IoEngine, IoFile, Request, RwFlags};
-use aio_core::testing::engine::{read_block, wait_for, TempFile};
 
-use aio_core::testing::engine::BLOCK;
+use aio_conformance::engine::BLOCK;
 
 mod common;
 
 fn available() -> bool {
-    aio_core::testing::available("io_uring unusable", probe()).is_some()
+    aio_conformance::available("io_uring unusable", probe()).is_some()
 }
 
 #[test]
@@ -21,7 +21,7 @@ fn probe_reports_the_opcodes_this_project_uses() {
     if !available() {
         return;
     }
-    aio_core::testing::run_test("probe_reports_the_opcodes_this_project_uses", || {
+    aio_conformance::run_test("probe_reports_the_opcodes_this_project_uses", || {
         let support = probe().unwrap();
         for op in [
             "READ",
@@ -44,7 +44,7 @@ fn a_tiny_ring_overflows_its_completion_queue_and_loses_nothing() {
     if !available() {
         return;
     }
-    aio_core::testing::run_test(
+    aio_conformance::run_test(
         "a_tiny_ring_overflows_its_completion_queue_and_loses_nothing",
         || {
             let mut engine = common::engine(UringConfig::default().with_entries(2));
@@ -80,7 +80,7 @@ fn a_full_submission_queue_queues_instead_of_failing() {
     if !available() {
         return;
     }
-    aio_core::testing::run_test("a_full_submission_queue_queues_instead_of_failing", || {
+    aio_conformance::run_test("a_full_submission_queue_queues_instead_of_failing", || {
         let mut engine = common::engine(UringConfig::default().with_entries(4));
         let tmp = TempFile::with_len(64 * BLOCK, 5);
         let file = tmp.open(0).unwrap();
@@ -100,7 +100,7 @@ fn registered_files_are_used_when_asked_for() {
     if !available() {
         return;
     }
-    aio_core::testing::run_test("registered_files_are_used_when_asked_for", || {
+    aio_conformance::run_test("registered_files_are_used_when_asked_for", || {
         let mut engine = common::engine(UringConfig::default().with_register_files(true));
         let tmp = TempFile::with_len(8 * BLOCK, 5);
         let file = tmp.open(0).unwrap();
@@ -124,7 +124,7 @@ fn clear_notifier_reads_the_eventfd_of_an_engine_with_its_own_ring() {
     if !available() {
         return;
     }
-    aio_core::testing::run_test(
+    aio_conformance::run_test(
         "clear_notifier_reads_the_eventfd_of_an_engine_with_its_own_ring",
         || {
             let engine = common::engine(UringConfig::default());
@@ -143,7 +143,7 @@ fn registered_buffers_are_registered_once_and_reused() {
     if !available() {
         return;
     }
-    aio_core::testing::run_test("registered_buffers_are_registered_once_and_reused", || {
+    aio_conformance::run_test("registered_buffers_are_registered_once_and_reused", || {
         let mut engine = common::engine(UringConfig::default().with_fixed_buffers(2));
         let tmp = TempFile::with_len(8 * BLOCK, 0);
         let file = tmp.open(libc::O_DIRECT).unwrap();
@@ -174,7 +174,7 @@ fn registered_buffers_are_registered_once_and_reused() {
             // user that the tests beside this one share (an unprivileged container's 64
             // KiB): the kernel refused the registration, and the reads went unregistered.
             if e.raw_os_error() == Some(libc::ENOMEM) {
-                aio_core::testing::skip_test(format!("registered buffers: {e}"));
+                aio_conformance::skip_test(format!("registered buffers: {e}"));
             }
             panic!("registered buffers refused: {e}");
         }
@@ -198,7 +198,7 @@ fn more_buffers_in_flight_than_slots_go_without_and_all_complete() {
     if !available() {
         return;
     }
-    aio_core::testing::run_test(
+    aio_conformance::run_test(
         "more_buffers_in_flight_than_slots_go_without_and_all_complete",
         || {
             let mut engine = common::engine(UringConfig::default().with_fixed_buffers(4));
@@ -260,7 +260,7 @@ fn bad_settings_are_errors_that_name_the_field() {
     let e = aio_backend_uring::shared_ring(UringConfig::default().with_entries(0)).unwrap_err();
     assert!(matches!(e, UringUnavailable::BadConfig(_)), "{e}");
     if available() {
-        aio_core::testing::run_test("the settings the kernel takes", || {
+        aio_conformance::run_test("the settings the kernel takes", || {
             // Its CQ (four entries per SQ entry) is capped at the kernel's limit.
             let big = UringConfig::default().with_entries(aio_backend_uring::MAX_ENTRIES);
             drop(common::shared(big));
@@ -277,7 +277,7 @@ fn range_ops_on_one_file_are_linked_and_all_complete() {
     if !available() {
         return;
     }
-    aio_core::testing::run_test("range_ops_on_one_file_are_linked_and_all_complete", || {
+    aio_conformance::run_test("range_ops_on_one_file_are_linked_and_all_complete", || {
         // One io-wq worker, and the discards hard-linked in submission batches: every one
         // completes, each with its length, also when one in the middle fails.
         let mut engine = common::engine(UringConfig::default().with_io_workers(Some(1)));
@@ -395,14 +395,14 @@ fn a_signal_that_interrupts_the_engines_wait_is_counted_and_retried() {
     engine
         .submit(Request::read(&file, 0, AlignedBuf::new(512), 9))
         .unwrap();
-    let storm = aio_core::testing::SignalStorm::start(Duration::from_micros(20));
+    let storm = aio_conformance::SignalStorm::start(Duration::from_micros(20));
     // SAFETY: gettid has no preconditions.
     let (reader, pid) = unsafe { (libc::gettid(), libc::getpid()) };
     let writer = std::thread::spawn(move || {
         // The reader's one sleep from here on is the engine's wait in io_uring_enter. Once it
         // is there, a signal of the writer's own interrupts it whatever the storm's thread got
         // to do; once it sleeps again, the interruption has been retried.
-        let sleeping = || aio_core::testing::wait_until_sleeping(reader, Duration::from_secs(30));
+        let sleeping = || aio_conformance::wait_until_sleeping(reader, Duration::from_secs(30));
         assert!(sleeping(), "the engine never waited");
         // SAFETY: tgkill to a thread of this process, which has a SIGURG handler (the storm's).
         unsafe { libc::syscall(libc::SYS_tgkill, pid, reader, libc::SIGURG) };
@@ -432,7 +432,7 @@ fn fua_writes_are_counted_and_a_file_discard_is_fallocate() {
     if !available() {
         return;
     }
-    aio_core::testing::run_test(
+    aio_conformance::run_test(
         "fua_writes_are_counted_and_a_file_discard_is_fallocate",
         || {
             let mut engine = common::engine(UringConfig::default());
@@ -469,11 +469,11 @@ fn a_request_in_the_kernel_is_cancelled_with_async_cancel() {
     if !available() {
         return;
     }
-    aio_core::testing::run_test(
+    aio_conformance::run_test(
         "a_request_in_the_kernel_is_cancelled_with_async_cancel",
         || {
             // A read of an empty pipe waits in the kernel until cancelled.
-            let pipe = aio_core::testing::Pipe::new();
+            let pipe = aio_conformance::Pipe::new();
             let read_end = IoFile::new(pipe.read);
             let mut engine = common::engine(UringConfig::default());
             engine
@@ -507,7 +507,7 @@ fn a_request_in_the_kernel_is_cancelled_with_async_cancel() {
 // Built on the loop's thread and kept there: the ring may be shared by the monitor and the
 // engine of one loop (`Rc`), and with deferred task work only the thread that set it up may
 // enter it (`IORING_SETUP_SINGLE_ISSUER`).
-aio_core::assert_not_thread_safe!(not_send: UringEngine, aio_backend_uring::UringLoop);
+aio_conformance::assert_not_thread_safe!(not_send: UringEngine, aio_backend_uring::UringLoop);
 
 /// A dropped engine future cancels its request in the kernel: a read of an empty pipe (which
 /// would wait forever) leaves the engine once the future is gone, with one
@@ -540,7 +540,7 @@ fn a_dropped_future_cancels_its_read_in_the_kernel() {
     if !available() {
         return;
     }
-    let ctx = aio_core::AioContext::new(aio_backend_poll::PollLoop::new()).unwrap();
+    let ctx = aio_loop::AioContext::new(aio_backend_poll::PollLoop::new()).unwrap();
     let attached = ctx
         .attach_engine(common::engine(UringConfig::default()), |_, _| {})
         .unwrap();

@@ -28,13 +28,15 @@ use std::os::fd::AsRawFd;
 use std::rc::Rc;
 
 use aio::EngineKind;
+use aio::Hybrid;
 use aio_backend_epoll::EpollLoop;
 use aio_backend_poll::PollLoop;
 use aio_bench::targets::image::DiskImage;
 use aio_bench::targets::loopdev::{LoopDevice, LoopSpec};
+use aio_conformance::{drain_fd, raise_fd_limit, write_byte, Pipe};
 use aio_core::engine::{AlignedBuf, IoEngine, Request};
-use aio_core::testing::{drain_fd, raise_fd_limit, write_byte, Pipe};
-use aio_core::{AioContext, EventLoop, FdHandler, Hybrid, Notifier, PollParams};
+use aio_core::{EventLoop, Notifier};
+use aio_loop::{AioContext, FdHandler, PollParams};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 
 const FD_COUNTS: [usize; 4] = [1, 64, 256, 1024];
@@ -310,7 +312,7 @@ fn registrations(c: &mut Criterion) {
                     engine.submit(req).unwrap();
                 }
                 engine.unplug();
-                for c in aio_core::testing::engine::wait_for(&mut engine, BATCH) {
+                for c in aio_conformance::engine::wait_for(&mut engine, BATCH) {
                     assert_eq!(c.result.as_ref().ok(), Some(&BLOCK));
                     bufs.push(c.buf.into_one().unwrap());
                 }

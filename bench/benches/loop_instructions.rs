@@ -11,8 +11,8 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use aio_backend_epoll::EpollLoop;
-use aio_core::testing::{drain_fd, write_byte, Pipe};
-use aio_core::{AioContext, FdHandler};
+use aio_conformance::{drain_fd, write_byte, Pipe};
+use aio_loop::{AioContext, FdHandler};
 
 fn main() {
     // `cargo bench` passes `--bench`; a number among the arguments is the count.

@@ -46,12 +46,12 @@ fn cpu_seconds(who: UsageWho) -> f64 {
 }
 
 /// CPU numbers given with `--cpus`: aio-core's list, shared with the daemon.
-pub use aio_core::process::CpuList;
+pub use aio::process::CpuList;
 
 /// Pins the calling thread (and so every thread it starts later) to `cpus`
-/// ([`aio_core::process::pin_current_thread`]), with the error as `--cpus`'s message.
+/// ([`aio::process::pin_current_thread`]), with the error as `--cpus`'s message.
 pub fn pin_to(cpus: &[usize]) -> Result<(), String> {
-    aio_core::process::pin_current_thread(cpus).map_err(|e| format!("--cpus: {e}"))
+    aio::process::pin_current_thread(cpus).map_err(|e| format!("--cpus: {e}"))
 }
 
 /// The CPU iothread `t` is pinned to under the placement rule: `cpus[t % cpus.len()]`, or

@@ -25,7 +25,7 @@ use aio_bench::load::Pattern;
 use aio_bench::matrix::Workload;
 use aio_bench::targets::loopdev::LoopSpec;
 use aio_bench::units::{parse_duration, parse_poll_max_ns, parse_runtime, parse_size};
-use aio_core::PollMaxNs;
+use aio_loop::PollMaxNs;
 use clap::{Parser, Subcommand};
 
 use crate::cmd::values::{parse_engine_or_auto, parse_monitor, parse_monitor_or_auto};

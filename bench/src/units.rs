@@ -24,7 +24,7 @@ pub enum UnitError {
     ZeroRuntime(String),
     /// Not a polling limit: a number of ns, or `auto`.
     #[error(transparent)]
-    PollMaxNs(#[from] aio_core::BadPollMaxNs),
+    PollMaxNs(#[from] aio_loop::BadPollMaxNs),
     /// A polling limit over 1 s.
     #[error("{0} ns is more than 1 s")]
     PollMaxNsTooLong(u64),
@@ -91,9 +91,9 @@ pub fn parse_runtime(s: &str) -> Result<Duration, UnitError> {
 }
 
 /// Parses a `--poll-max-ns`: ns (0 turns polling off, at most 1 s) or `auto`.
-pub fn parse_poll_max_ns(s: &str) -> Result<aio_core::PollMaxNs, UnitError> {
-    match s.parse::<aio_core::PollMaxNs>()? {
-        aio_core::PollMaxNs::Fixed(ns) if ns > 1_000_000_000 => {
+pub fn parse_poll_max_ns(s: &str) -> Result<aio_loop::PollMaxNs, UnitError> {
+    match s.parse::<aio_loop::PollMaxNs>()? {
+        aio_loop::PollMaxNs::Fixed(ns) if ns > 1_000_000_000 => {
             Err(UnitError::PollMaxNsTooLong(ns))
         }
         p => Ok(p),
@@ -139,7 +139,7 @@ mod tests {
     /// an overflow (never wrapped).
     #[test]
     fn random_input_never_panics_and_units_multiply_exactly() {
-        let mut rng = aio_core::testing::engine::Rng::new(11);
+        let mut rng = aio_conformance::engine::Rng::new(11);
         let alphabet: Vec<char> = "0123456789kKmMgGtTbBiIsSuUhHdD .-+x\u{e9}"
             .chars()
             .collect();

@@ -233,7 +233,7 @@ fn a_randtrim_job_fills_the_trim_section_and_frees_the_blocks() {
 fn probe_under(syscalls: &'static [libc::c_long]) -> String {
     let mut cmd = bench();
     cmd.arg("probe");
-    aio_core::testing::seccomp::refuse_syscalls(&mut cmd, syscalls);
+    aio_conformance::seccomp::refuse_syscalls(&mut cmd, syscalls);
     let o = cmd.output().unwrap();
     let t = text(&o);
     assert!(o.status.success(), "{t}");
@@ -285,7 +285,7 @@ fn auto_falls_back_when_seccomp_refuses_io_uring_and_linux_aio() {
         "--dir",
         dir.0.to_str().unwrap(),
     ]);
-    aio_core::testing::seccomp::refuse_syscalls(&mut cmd, BOTH);
+    aio_conformance::seccomp::refuse_syscalls(&mut cmd, BOTH);
     let o = cmd.output().unwrap();
     let t = text(&o);
     assert!(o.status.success(), "{t}");
@@ -417,7 +417,7 @@ impl Drop for MountedExt4 {
 fn writing_over_a_mounted_file_system_is_refused() {
     let fs = match MountedExt4::new() {
         Ok(fs) => fs,
-        Err(reason) => return aio_core::testing::skip(&format!("no mounted ext4: {reason}")),
+        Err(reason) => return aio_conformance::skip(&format!("no mounted ext4: {reason}")),
     };
     let dir = TempDir::new("mounted");
     let job = |rw: &str| {
@@ -483,7 +483,7 @@ fn failed_requests_are_reported_with_their_errno_and_fail_the_run() {
     // A full disk mid-run (root: a small tmpfs).
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        return aio_core::testing::skip("mounting a small tmpfs needs root");
+        return aio_conformance::skip("mounting a small tmpfs needs root");
     }
     let mnt = dir.0.join("small");
     std::fs::create_dir_all(&mnt).unwrap();
@@ -494,7 +494,7 @@ fn failed_requests_are_reported_with_their_errno_and_fail_the_run() {
         .unwrap();
     if !mounted.success() {
         // Root without CAP_SYS_ADMIN (a container).
-        return aio_core::testing::skip("mount refused a small tmpfs");
+        return aio_conformance::skip("mount refused a small tmpfs");
     }
     let file = mnt.join("disk.img");
     std::fs::File::create(&file)

@@ -10,8 +10,8 @@ use std::time::Duration;
 use aio_bench::load::Pattern;
 use aio_bench::scsi::{run_cell, CellResult, CellSpec, MemoryPath};
 use aio_bench::targets::image::DiskImage;
+use aio_conformance::faults::{FaultPlan, FaultyEngine};
 use aio_core::engine::{Completion, IoEngine, Request, SubmitError};
-use aio_core::testing::faults::{FaultPlan, FaultyEngine};
 use aio_core::Notifier;
 
 /// Runs the fault cell with `engine` on fresh stamped images (`tag` keeps them apart).

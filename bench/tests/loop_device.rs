@@ -35,7 +35,7 @@ fn device_bad_input_exits_2_and_says_what() {
 #[cfg(all(feature = "linux-aio", feature = "pool"))]
 fn run_on_the_loop_device_detaches_it_afterwards() {
     if let Some(reason) = loop_device_unusable() {
-        aio_core::testing::skip(&reason);
+        aio_conformance::skip(&reason);
         return;
     }
     let dir = TempDir::new("device-run");
@@ -142,7 +142,7 @@ fn latency_run_on_the_loop_device() -> (std::process::Child, PathBuf) {
 #[test]
 fn a_signal_detaches_the_loop_device() {
     if let Some(reason) = loop_device_unusable() {
-        aio_core::testing::skip(&reason);
+        aio_conformance::skip(&reason);
         return;
     }
     let (child, backing) = latency_run_on_the_loop_device();
@@ -162,11 +162,11 @@ fn a_signal_detaches_the_loop_device() {
 #[test]
 fn kill_9_detaches_the_loop_device() {
     if let Some(reason) = loop_device_unusable() {
-        aio_core::testing::skip(&reason);
+        aio_conformance::skip(&reason);
         return;
     }
     if !may_set_autoclear() {
-        aio_core::testing::skip("autoclear on a loop device needs CAP_SYS_ADMIN");
+        aio_conformance::skip("autoclear on a loop device needs CAP_SYS_ADMIN");
         return;
     }
     let (mut child, backing) = latency_run_on_the_loop_device();

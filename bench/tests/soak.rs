@@ -52,7 +52,7 @@ fn soak_256_disks_all_active_with_verify() {
     spec.cell.runtime = Duration::from_secs((secs / cells).max(1));
     let dir = std::env::temp_dir().join(format!("aio-bench-soak-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    aio_core::process::raise_fd_limit();
+    aio::process::raise_fd_limit();
     let (fds0, rss0) = (open_fds(), rss_kib());
     let start = Instant::now();
     let mut rss_warm = 0;

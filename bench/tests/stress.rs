@@ -19,9 +19,10 @@ use std::time::{Duration, Instant};
 
 use aio::EngineKind;
 use aio_backend_epoll::EpollLoop;
-use aio_core::engine::{AlignedBuf, AttachedEngine, IoEngine, IoFile};
-use aio_core::task::join_all;
-use aio_core::{AioContext, IoThread};
+use aio_core::engine::{AlignedBuf, IoEngine, IoFile};
+use aio_loop::task::join_all;
+use aio_loop::AttachedEngine;
+use aio_loop::{AioContext, IoThread};
 
 const BLOCK: usize = 4096;
 const BLOCKS: u64 = 256;

@@ -175,7 +175,7 @@ fn our_daemon_failing_to_start_is_reported() {
         .output()
         .is_ok_and(|o| o.status.success());
     if !have_qsd || !std::path::Path::new("/dev/shm").is_dir() {
-        aio_core::testing::skip("qemu-storage-daemon and /dev/shm (O_DIRECT on tmpfs)");
+        aio_conformance::skip("qemu-storage-daemon and /dev/shm (O_DIRECT on tmpfs)");
         return;
     }
     let img = PathBuf::from(format!("/dev/shm/aio-vhost-cli-{}.img", std::process::id()));

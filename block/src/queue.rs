@@ -15,8 +15,10 @@
 use std::rc::Rc;
 use std::sync::Arc;
 
-use aio_core::engine::{AttachedEngine, IoEngine};
-use aio_core::{AioContext, EventLoop};
+use aio_core::engine::IoEngine;
+use aio_core::EventLoop;
+use aio_loop::AioContext;
+use aio_loop::AttachedEngine;
 
 use crate::image::driver::{Driver, QueueIo};
 use crate::image::{dispatch, Image};

@@ -19,7 +19,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use aio_core::{AioContext, EventLoop, FdHandler};
+use aio_core::EventLoop;
+use aio_loop::{AioContext, FdHandler};
 
 use crate::export::ExportSet;
 use crate::stream::Stream;

@@ -51,7 +51,7 @@ fn main() -> ExitCode {
         qd,
         ramp: Duration::from_millis(200),
         secs: Duration::from_secs(1),
-        poll_max_ns: aio_core::PollMaxNs::Fixed(aio_core::DEFAULT_POLL_MAX_NS),
+        poll_max_ns: aio_loop::PollMaxNs::Fixed(aio_loop::DEFAULT_POLL_MAX_NS),
         fdmon: Pairing::Apart(Choice::Named(MonitorKind::Epoll)),
         uring_registered: false,
     };

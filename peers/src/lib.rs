@@ -129,7 +129,7 @@ pub struct Job {
     /// The measured window.
     pub secs: Duration,
     /// aio-rs's adaptive polling limit (`PollParams::with_max_ns`); the peers have no such knob.
-    pub poll_max_ns: aio_core::PollMaxNs,
+    pub poll_max_ns: aio_loop::PollMaxNs,
     /// aio-rs's fd monitor, or the io_uring engine's ring shared with it.
     pub fdmon: Pairing,
     /// aio-rs's io_uring engine registers the file and each worker's buffer with its ring.
@@ -343,7 +343,7 @@ mod tests {
             qd,
             ramp: Duration::ZERO,
             secs: Duration::from_secs(60),
-            poll_max_ns: aio_core::PollMaxNs::Fixed(0),
+            poll_max_ns: aio_loop::PollMaxNs::Fixed(0),
             fdmon: Pairing::Apart(Choice::Named(MonitorKind::Epoll)),
             uring_registered: false,
         }

@@ -68,7 +68,7 @@ struct PeersArgs {
     /// aio-rs's adaptive polling limit (the default is QEMU's IOThread value, as `run` and
     /// `matrix` use; 0 turns polling off, as `vs-fio` does by default).
     #[arg(long, default_value = "32768", value_parser = parse_poll_max_ns)]
-    poll_max_ns: aio_core::PollMaxNs,
+    poll_max_ns: aio_loop::PollMaxNs,
     /// aio-rs's fd monitor: `auto` (the probe's ladder, uring -> hybrid -> poll, as `run` and
     /// `matrix` pick; the one taken is printed), `uring`, `epoll` (`vs-fio`'s default),
     /// `shared-ring` (one io_uring for the monitor and the io_uring engine), `poll`, `hybrid`.

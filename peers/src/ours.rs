@@ -12,9 +12,11 @@ use std::time::Instant;
 
 use aio_backend_epoll::EpollLoop;
 use aio_backend_uring::{shared_ring, UringConfig, UringLoop, MAX_REGISTERED_BUFFERS};
-use aio_core::engine::{AlignedBuf, AttachedEngine, IoEngine, IoFile, Request, SubmitError};
-use aio_core::task::join_all;
-use aio_core::{AioContext, EventLoop};
+use aio_core::engine::{AlignedBuf, IoEngine, IoFile, Request, SubmitError};
+use aio_core::EventLoop;
+use aio_loop::task::join_all;
+use aio_loop::AioContext;
+use aio_loop::AttachedEngine;
 use aio_pool::{PoolConfig, PoolContext, ThreadPool};
 
 use aio::{Choice, EngineKind, EngineOptions, MonitorKind, Pairing};

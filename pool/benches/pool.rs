@@ -20,9 +20,9 @@ use std::cell::Cell;
 use std::rc::Rc;
 
 use aio_backend_epoll::EpollLoop;
+use aio_conformance::engine::{Rng, TempFile};
 use aio_core::engine::{AlignedBuf, Request};
-use aio_core::testing::engine::{Rng, TempFile};
-use aio_core::{AioContext, PollParams};
+use aio_loop::{AioContext, PollParams};
 use aio_pool::{PoolConfig, PoolContext, ThreadPool};
 use criterion::{criterion_group, criterion_main, Criterion};
 

@@ -12,7 +12,7 @@ use std::rc::Rc;
 
 use aio_backend_epoll::EpollLoop;
 use aio_core::engine::{AlignedBuf, IoFile, Request};
-use aio_core::AioContext;
+use aio_loop::AioContext;
 use aio_pool::{PoolConfig, PoolContext, ThreadPool};
 
 fn main() {

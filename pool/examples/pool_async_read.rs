@@ -14,8 +14,8 @@ use std::time::Instant;
 
 use aio_backend_epoll::EpollLoop;
 use aio_core::engine::{AlignedBuf, IoFile};
-use aio_core::task::join_all;
-use aio_core::AioContext;
+use aio_loop::task::join_all;
+use aio_loop::AioContext;
 use aio_pool::{PoolConfig, PoolContext, ThreadPool};
 
 const BLOCK: usize = 256 * 1024;

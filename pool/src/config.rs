@@ -37,7 +37,7 @@ impl Default for PoolConfig {
     }
 }
 
-aio_core::backend::with_setters!(PoolConfig {
+aio_core::kit::with_setters!(PoolConfig {
     /// With at most `max_threads` threads (at least 1, and at least `min_threads`).
     with_max_threads => max_threads: usize,
     /// With `min_threads` threads kept when idle.
@@ -68,7 +68,7 @@ pub enum PoolError {
     Spawn(#[source] io::Error),
 }
 
-aio_core::backend::io_error_from!(PoolError, |e| match e {
+aio_core::kit::io_error_from!(PoolError, |e| match e {
     PoolError::InvalidLimits { .. } => io::ErrorKind::InvalidInput,
     PoolError::Notifier(s) | PoolError::Spawn(s) => s.kind(),
 });

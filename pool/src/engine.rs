@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
-use aio_core::backend::SubmitQueue;
 use aio_core::engine::{Completion, IoEngine, Request, RequestError, RwFlags, SubmitError};
+use aio_core::kit::SubmitQueue;
 use aio_core::Notifier;
 
 use crate::config::check;

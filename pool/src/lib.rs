@@ -24,7 +24,7 @@
 //!
 //! ```
 //! use aio_backend_poll::PollLoop;
-//! use aio_core::AioContext;
+//! use aio_loop::AioContext;
 //! use aio_pool::{PoolConfig, PoolContext, ThreadPool};
 //! use std::cell::Cell;
 //! use std::rc::Rc;

@@ -2,7 +2,7 @@
 //! delivered on the loop thread.
 //!
 //! This module owns the mapping from offload tokens to the closures waiting for their
-//! results. Delivery itself (notifier, `io_poll`, the nested-loop safety net) is aio-core's
+//! results. Delivery itself (notifier, `io_poll`, the nested-loop safety net) is aio-loop's
 //! [`AttachedEngine`]; nothing here duplicates it.
 
 use std::cell::{Cell, RefCell};
@@ -14,8 +14,10 @@ use std::rc::Rc;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Poll, Waker};
 
-use aio_core::engine::{AttachedEngine, Completion, Request, RequestError, SubmitError};
-use aio_core::{AioContext, AioError, EventLoop};
+use aio_core::engine::{Completion, Request, RequestError, SubmitError};
+use aio_core::{AioError, EventLoop};
+use aio_loop::AioContext;
+use aio_loop::AttachedEngine;
 
 use crate::ThreadPool;
 
@@ -60,7 +62,7 @@ impl<L: EventLoop, T> Drop for CancelOnDrop<L, T> {
 /// a pool thread and get its result back in the loop.
 ///
 /// `!Send`: it is the pool attached to one loop; from other threads, send closures to that
-/// loop's thread ([`IoThreadHandle::run`](aio_core::IoThreadHandle::run)).
+/// loop's thread ([`IoThreadHandle::run`](aio_loop::IoThreadHandle::run)).
 pub struct PoolContext<L: EventLoop> {
     engine: AttachedEngine<L, ThreadPool>,
     waiting: Rc<RefCell<HashMap<u64, Continuation<L>>>>,

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use aio_core::backend::run_blocking;
+use aio_core::kit::run_blocking;
 
 use crate::{Job, Shared, State};
 

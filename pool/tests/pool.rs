@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aio_backend_poll::PollLoop;
+use aio_conformance::engine::{wait_for, wait_readable, TempFile};
+use aio_conformance::poll_until;
 use aio_core::engine::{AlignedBuf, IoEngine, Request, RequestError, RwFlags};
-use aio_core::testing::engine::{wait_for, wait_readable, TempFile};
-use aio_core::testing::poll_until;
-use aio_core::AioContext;
+use aio_loop::AioContext;
 use aio_pool::{PoolConfig, PoolContext, ThreadPool, WORK_TOKEN_BIT};
 
 /// Work that blocks until `concurrency` of its kind run at once (or 10 s pass) and records the

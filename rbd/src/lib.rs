@@ -34,7 +34,7 @@
 //! ```no_run
 //! use std::sync::Arc;
 //! use aio_rbd::{Cluster, ClusterOptions, ImageSpec, Memory, RbdImage, RbdQueue};
-//! # fn demo<L: aio_core::EventLoop + 'static>(ctx: &aio_core::AioContext<L>) -> Result<(), aio_rbd::RbdError> {
+//! # fn demo<L: aio_core::EventLoop + 'static>(ctx: &aio_loop::AioContext<L>) -> Result<(), aio_rbd::RbdError> {
 //! let cluster = Cluster::connect(&ClusterOptions::from_conf("/etc/ceph/ceph.conf", "admin"))?;
 //! let image = RbdImage::open(&cluster, &"rbd/disk0".parse::<ImageSpec>()?, false)?;
 //! let queue = RbdQueue::new(image, ctx);

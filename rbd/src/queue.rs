@@ -26,7 +26,8 @@ use std::io;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 
-use aio_core::{AioContext, BottomHalf, EventLoop};
+use aio_core::EventLoop;
+use aio_loop::{AioContext, BottomHalf};
 
 use crate::error::{check, RbdError};
 use crate::image::RbdImage;

@@ -17,7 +17,7 @@
 //! vhost-user-blk export, as the reference the daemon is measured against:
 //! `cargo test -p aio-storage-daemon --test guest -- --ignored`.
 
-use aio_core::testing::skip;
+use aio_conformance::skip;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::process::Command;

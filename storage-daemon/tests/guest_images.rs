@@ -17,7 +17,7 @@
 //! packages cannot be had the tests print `skipped: <reason>` and pass, unless
 //! `AIO_REQUIRE_ALL_BACKENDS=1` says nothing may be skipped.
 
-use aio_core::testing::skip;
+use aio_conformance::skip;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;

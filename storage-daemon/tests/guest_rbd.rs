@@ -18,7 +18,7 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Mutex;
 
-use aio_core::testing::skip;
+use aio_conformance::skip;
 use aio_rbd::testing::TestCluster;
 use aio_rbd::{ImageSpec, RbdImage};
 

@@ -27,7 +27,7 @@ mod qmp_client;
 #[allow(dead_code)] // the harness's; this file starts its daemons through `Launch`
 mod reaped;
 
-use aio_core::testing::skip;
+use aio_conformance::skip;
 use aio_vhost_user_blk::testing::Launch;
 use harness::{guest_image, run_guest, runnable, GuestSpec};
 use qmp_client::Qmp;

@@ -415,7 +415,7 @@ fn common_fields(ours: &Value, theirs: &Value, fields: &[&str]) -> (Vec<Value>, 
 #[test]
 fn the_replies_match_qemu_storage_daemons_field_by_field() {
     if !common::runnable("qemu-storage-daemon") {
-        aio_core::testing::skip("qemu-storage-daemon is not installed (Debian package qemu-utils)");
+        aio_conformance::skip("qemu-storage-daemon is not installed (Debian package qemu-utils)");
         return;
     }
     let mut replies = Vec::new();
@@ -487,7 +487,7 @@ fn qmp_python() -> Option<PathBuf> {
     match out.status.code() {
         Some(0) => Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())),
         Some(2) => {
-            aio_core::testing::skip(&String::from_utf8_lossy(&out.stderr));
+            aio_conformance::skip(&String::from_utf8_lossy(&out.stderr));
             None
         }
         _ => panic!("qmp-venv.sh: {}", String::from_utf8_lossy(&out.stderr)),

@@ -109,7 +109,7 @@ fn an_iothread_added_at_run_time_serves_an_export_and_goes_when_removed() {
 #[test]
 fn object_commands_answer_as_qemu_storage_daemon_does() {
     if !common::runnable("qemu-storage-daemon") {
-        aio_core::testing::skip("qemu-storage-daemon is not installed (Debian package qemu-utils)");
+        aio_conformance::skip("qemu-storage-daemon is not installed (Debian package qemu-utils)");
         return;
     }
     let mut replies: Vec<Vec<Value>> = Vec::new();

@@ -248,7 +248,7 @@ fn unexported_nodes_resize_and_refusals_name_why() {
 #[test]
 fn the_same_resizes_leave_the_same_sizes_and_errors_as_qemu_storage_daemon() {
     if !common::runnable("qemu-storage-daemon") {
-        aio_core::testing::skip("qemu-storage-daemon is not installed (Debian package qemu-utils)");
+        aio_conformance::skip("qemu-storage-daemon is not installed (Debian package qemu-utils)");
         return;
     }
     let mut runs = Vec::new();

@@ -20,7 +20,7 @@ pub fn engines() -> Vec<(EngineKind, Box<dyn IoEngine>)> {
         .filter_map(|kind| match kind.build(&options()) {
             Ok(engine) => Some((kind, engine)),
             Err(why) => {
-                aio_core::testing::skip(&format!("engine {kind}: {why}"));
+                aio_conformance::skip(&format!("engine {kind}: {why}"));
                 None
             }
         })

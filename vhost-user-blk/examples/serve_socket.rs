@@ -18,7 +18,8 @@ use std::io;
 use std::sync::Arc;
 
 use aio::{EngineKind, EngineOptions, MonitorKind};
-use aio_core::{AioContext, EventLoop, IoEngine, IoThread};
+use aio_core::{EventLoop, IoEngine};
+use aio_loop::{AioContext, IoThread};
 use aio_vhost_user_blk::server::DiskSocket;
 use aio_vhost_user_blk::vhost::DiskIndex;
 use aio_virtio_blk::dataplane::DataPlane;

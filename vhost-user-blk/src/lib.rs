@@ -5,7 +5,7 @@
 //! vhost-user socket to QEMU, cloud-hypervisor or libblkio. The protocol comes from the
 //! rust-vmm `vhost` crate; the loop is aio-rs's: a disk's socket is a handler of a control
 //! `AioContext`, and every queue's kick eventfd and every engine's completions are handlers
-//! of one `AioContext` per iothread ([`aio_core::IoThread`]). The daemon that serves disks
+//! of one `AioContext` per iothread ([`aio_loop::IoThread`]). The daemon that serves disks
 //! this way, with its command lines and QMP, is `aio-storage-daemon`.
 //!
 //! * [`server::DiskSocket`]: one disk's socket on a control loop: a frontend accepted at a

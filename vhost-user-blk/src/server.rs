@@ -16,7 +16,8 @@ use std::rc::Rc;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use aio_core::engine::IoEngine;
-use aio_core::{AioContext, EventLoop, FdHandler};
+use aio_core::EventLoop;
+use aio_loop::{AioContext, FdHandler};
 use vhost::vhost_user::{BackendReqHandler, Error as VuError};
 
 use crate::vhost::{BlkBackend, DiskIndex, IoThreads};

@@ -8,8 +8,10 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fs::File;
 
-use aio_core::engine::{AttachedEngine, IoEngine};
-use aio_core::{AioContext, EventLoop};
+use aio_core::engine::IoEngine;
+use aio_core::EventLoop;
+use aio_loop::AioContext;
+use aio_loop::AttachedEngine;
 
 pub use crate::queue::QueueSetup;
 use crate::queue::{GuestMemory, QueueError, QueueStats, VirtioBlkQueue};

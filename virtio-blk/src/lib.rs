@@ -20,7 +20,7 @@
 //!   `VIRTIO_BLK_S_IOERR` (an unknown type `VIRTIO_BLK_S_UNSUPP`), never a panic.
 //! * [`queue::VirtioBlkQueue`]: one virtqueue served on one context: kicks as fd handlers,
 //!   `io_poll` on the avail index and guest notifications off while the iothread polls; one
-//!   interrupt per batch of completions through [`aio_core::AioContext::deferred_call`]. The
+//!   interrupt per batch of completions through [`aio_loop::AioContext::deferred_call`]. The
 //!   requests themselves run on the disk's image through `aio-block`'s
 //!   [`ImageQueue`](aio_block::ImageQueue) (`request.rs`: `IN`/`OUT` straight into and out of
 //!   guest memory, `FLUSH`, `DISCARD`, `WRITE_ZEROES`; `GET_ID` answered here).
@@ -38,7 +38,8 @@
 //!
 //! ```no_run
 //! # use std::sync::Arc;
-//! # use aio_core::{AioContext, EventLoop, IoEngine};
+//! # use aio_loop::AioContext;
+//! # use aio_core::{EventLoop, IoEngine};
 //! # use aio_virtio_blk::{device::BlockDevice, queue::VirtioBlkQueue};
 //! # fn demo<L: EventLoop + 'static, E: IoEngine + 'static>(
 //! #     ctx: &AioContext<L>, engine: E, disk: BlockDevice, queue: virtio_queue::Queue,

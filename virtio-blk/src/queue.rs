@@ -44,8 +44,10 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use aio_core::engine::{AttachedEngine, IoEngine};
-use aio_core::{AioContext, DeferredCall, EventLoop, FdHandler};
+use aio_core::engine::IoEngine;
+use aio_core::EventLoop;
+use aio_loop::AttachedEngine;
+use aio_loop::{AioContext, DeferredCall, FdHandler};
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 

@@ -14,8 +14,10 @@ use std::sync::Arc;
 use aio_block::request::{BlockRequest, Buffers, MemoryHold, Reply};
 use aio_block::stats::{Accounted, IoKind, Recorder};
 use aio_block::ImageQueue;
-use aio_core::engine::{AttachedEngine, IoEngine};
-use aio_core::{AioContext, EventLoop};
+use aio_core::engine::IoEngine;
+use aio_core::EventLoop;
+use aio_loop::AioContext;
+use aio_loop::AttachedEngine;
 use vm_memory::{Bytes, GuestMemoryBackend};
 
 use crate::chain::{segments_len, BlkOp, BlkRequest, GuestMemory, Segment};

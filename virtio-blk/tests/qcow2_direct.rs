@@ -46,7 +46,7 @@ fn assert_cluster(d: &mut aio_virtio_blk::driver::SplitRingDriver, c: u64, byte:
 fn clusters_freed_zeroed_or_cut_off_are_never_served_from_their_old_place() {
     for kind in EngineKind::available() {
         let Ok(engine) = kind.build(&options()) else {
-            aio_core::testing::skip(&format!("engine {kind}: refused here"));
+            aio_conformance::skip(&format!("engine {kind}: refused here"));
             continue;
         };
         let (dir, device) = new_image();

@@ -17,7 +17,7 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 #[cfg(feature = "testing")]
 thread_local! {
     /// Buffers allocated minus buffers freed on this thread (feature `testing`): what
-    /// [`testing::live_buffers`](crate::testing::live_buffers) reads.
+    /// [`kit::live_buffers`](crate::kit::live_buffers) reads.
     pub(crate) static LIVE_ON_THREAD: std::cell::Cell<isize> = const { std::cell::Cell::new(0) };
 }
 

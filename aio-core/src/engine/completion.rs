@@ -1,15 +1,16 @@
 //! Completions and refusals: what comes back from an engine.
 //!
 //! This module owns [`Completion`] (a request's result with its memory handed back),
-//! [`IoBuffers`], and the typed refusals of a request before it runs ([`RequestError`],
-//! [`SubmitError`]). It performs no I/O.
+//! [`IoBuffers`], and the typed reasons a request is refused before it runs
+//! ([`RequestError`]); the refusal that hands the request back, `SubmitError`, is
+//! `request.rs`'s (it holds a request). It performs no I/O.
 
 use std::io;
 
 use super::buf::AlignedBuf;
 use super::file::DirectIoAlignment;
+use super::flags::RwFlags;
 use super::guest::GuestIovecs;
-use super::request::{Request, RwFlags};
 
 /// The kernel's limit on buffers per vectored request.
 pub const IOV_MAX: usize = 1024;
@@ -144,7 +145,7 @@ pub enum RequestError {
         flags: RwFlags,
     },
     /// A token with a bit reserved for the layer's own use: an attached engine's
-    /// per-request completions ([`PER_REQUEST_TOKEN_BIT`](super::PER_REQUEST_TOKEN_BIT), bit
+    /// per-request completions (`aio-loop`'s `PER_REQUEST_TOKEN_BIT`, bit
     /// 62) or the pool's offloaded work (`aio_pool::WORK_TOKEN_BIT`, bit 63).
     #[error("token {token:#x} uses bit {bit}, which {reserved_for} reserves")]
     ReservedToken {
@@ -179,35 +180,8 @@ pub enum RequestError {
     },
 }
 
-crate::backend::io_error_from!(RequestError, |e| match e {
+crate::__io_error_from!(RequestError, |e| match e {
     RequestError::ShutDown { .. } => io::ErrorKind::BrokenPipe,
     RequestError::Unsupported { .. } => io::ErrorKind::Unsupported,
     _ => io::ErrorKind::InvalidInput,
 });
-
-/// A refused request, with the request (and so its buffers) handed back.
-#[derive(Debug, thiserror::Error)]
-#[error("request {} refused: {error}", request.token)]
-pub struct SubmitError {
-    /// Why.
-    #[source]
-    pub error: RequestError,
-    /// The request, untouched.
-    pub request: Box<Request>,
-}
-
-impl SubmitError {
-    /// Wraps a refusal.
-    pub fn new(error: RequestError, request: Request) -> Self {
-        SubmitError {
-            error,
-            request: Box::new(request),
-        }
-    }
-}
-
-impl From<SubmitError> for io::Error {
-    fn from(e: SubmitError) -> io::Error {
-        e.error.into()
-    }
-}

@@ -5,14 +5,14 @@
 
 use std::collections::VecDeque;
 
-use super::completion::{Completion, RequestError, SubmitError};
-use super::request::Request;
-use super::IoEngine;
+use super::completion::{Completion, RequestError};
+use super::io_engine::IoEngine;
+use super::request::{Request, SubmitError};
 use crate::notifier::Notifier;
 
 /// Two engines behind one: every request goes to `primary`, and a request `primary` refuses
 /// as [`RequestError::Unsupported`] goes to `fallback` instead. Both signal the same loop
-/// (an [`AioContext`](crate::AioContext) watches both notifiers) and their completions come
+/// (the loop, `aio-loop`'s `AioContext`, watches both notifiers) and their completions come
 /// out of one [`poll_completions`](IoEngine::poll_completions).
 ///
 /// QEMU sends discard and write-zeroes to its thread pool even with `aio=native`, because

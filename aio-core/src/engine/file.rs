@@ -214,9 +214,8 @@ mod tests {
     /// system reports `STATX_DIOALIGN` on this project's kernels) and a loop device.
     #[test]
     fn the_kind_and_the_alignment_are_what_the_kernel_reports() {
-        let tmp = crate::testing::engine::TempFile::with_len(4096, 0);
-        let file = tmp
-            .open(libc::O_DIRECT)
+        let tmp = aio_conformance::engine::TempFile::with_len(4096, 0);
+        let file = crate::engine::types_tests::open(tmp.path(), libc::O_DIRECT)
             .expect("O_DIRECT in the system temp dir");
         let (mode, kernel) = reported(file.as_fd());
         assert_eq!(mode, libc::S_IFREG);
@@ -227,17 +226,17 @@ mod tests {
                     Some(DirectIoAlignment { memory, offset })
                 );
             }
-            other => crate::testing::skip(&format!(
+            other => aio_conformance::skip(&format!(
                 "the temp dir's file system reports no direct-I/O alignment ({other:?})"
             )),
         }
-        let Some(dev) = crate::testing::available(
+        let Some(dev) = aio_conformance::available(
             "a loop device",
-            crate::testing::engine::TempFile::on_a_loop_device(4096, 0),
+            aio_conformance::engine::TempFile::on_a_loop_device(4096, 0),
         ) else {
             return;
         };
-        let device = dev.open(libc::O_DIRECT).unwrap();
+        let device = crate::engine::types_tests::open(dev.path(), libc::O_DIRECT).unwrap();
         assert_eq!(device.kind(), FileKind::BlockDevice);
         assert!(
             format!("{device:?}").starts_with("IoFile(fd "),
@@ -245,13 +244,13 @@ mod tests {
         );
         // Where the kernel's alignment is the fallback's (512 on this project's machines),
         // only a device with larger sectors tells them apart.
-        let Some(big) = crate::testing::available(
+        let Some(big) = aio_conformance::available(
             "a loop device with 4 KiB sectors",
-            crate::testing::engine::TempFile::on_a_loop_device_with_sectors(4096, 0, 4096),
+            aio_conformance::engine::TempFile::on_a_loop_device_with_sectors(4096, 0, 4096),
         ) else {
             return;
         };
-        let big_sectors = big.open(libc::O_DIRECT).unwrap();
+        let big_sectors = crate::engine::types_tests::open(big.path(), libc::O_DIRECT).unwrap();
         let (_, kernel) = reported(big_sectors.as_fd());
         let (memory, offset) = kernel.expect("a block device reports its alignment");
         assert_eq!(offset, 4096, "the sector size");

@@ -21,13 +21,12 @@ use super::file::DirectIoAlignment;
 /// Dropping a `GuestIovecs` releases nothing (the memory is the caller's). An engine holds the
 /// value while the kernel or a worker may touch the memory and hands it back in the request's
 /// [`Completion`](super::Completion), so the promise of [`GuestIovecs::new`] ends when the
-/// completion is returned. If the engine is dropped first (or the [`AioContext`] it is
+/// completion is returned. If the engine is dropped first (or the `AioContext` it is
 /// attached to, which drops it), the drop waits until the kernel and the workers are done with
 /// every request, and requests still queued are never started. An engine that cannot learn
 /// whether the kernel is done (its wait fails, which a working kernel never does) aborts the
 /// process rather than return while the kernel may still write caller memory.
 ///
-/// [`AioContext`]: crate::AioContext
 pub struct GuestIovecs {
     iovecs: Vec<libc::iovec>,
     len: usize,

@@ -3,11 +3,11 @@
 //! This module owns the trait, its documentation and the types a user of an engine handles:
 //! requests and completions ([`Request`], [`Op`], [`RwFlags`], [`Completion`], [`IoFile`]),
 //! O_DIRECT buffers ([`AlignedBuf`]), caller-owned memory ([`GuestIovecs`]), the routing of
-//! ops one engine lacks to another ([`WithFallback`]) and the attachment of an engine to an
-//! [`AioContext`](crate::AioContext) ([`AttachedEngine`], with per-request completion
-//! callbacks). It performs no I/O itself. What only an engine author needs (the
+//! ops one engine lacks to another ([`WithFallback`]). The attachment of an engine to a loop
+//! (`AttachedEngine`, with per-request completion callbacks) is `aio-loop`'s. It performs no
+//! I/O itself. What only an engine author needs (the
 //! plug/batch queue, the in-flight table, short-transfer arithmetic) is in
-//! [`backend`](crate::backend).
+//! [`kit`](crate::kit).
 //!
 //! # The contract an engine keeps
 //!
@@ -26,7 +26,7 @@
 //! * **Never full.** What does not fit the kernel or the workers right now is queued, not
 //!   refused. `EAGAIN` and `EINTR` are retried, never reported.
 //! * **Whole transfers.** Short reads and writes are resubmitted for the remainder
-//!   ([`Transfer`](crate::backend::Transfer)); a read that reaches end of file completes with
+//!   ([`Transfer`](crate::kit::Transfer)); a read that reaches end of file completes with
 //!   the bytes that exist (0 at or past EOF). A discard or write-zeroes completes with its
 //!   length.
 //! * **Ops.** Every engine runs reads and writes of [`AlignedBuf`]s and of caller-owned
@@ -39,9 +39,9 @@
 //!   batch is queued; `unplug()` sends the rest. A batch is at most `max_batch` (default
 //!   [`DEFAULT_MAX_BATCH`], QEMU's aio-max-batch) and never larger than the work the kernel
 //!   already holds (at least 1), so an idle device gets its first request at once and batches
-//!   grow 1, 1, 2, 4, ... (the [batch rule](crate::backend::queue#the-batch-rule), kept by
-//!   [`SubmitQueue`](crate::backend::SubmitQueue)).
-//! * **Signalling.** The engine's [`Notifier`] becomes readable when completions are waiting;
+//!   grow 1, 1, 2, 4, ... (the [batch rule](crate::kit::queue#the-batch-rule), kept by
+//!   [`SubmitQueue`](crate::kit::SubmitQueue)).
+//! * **Signalling.** The engine's [`Notifier`](crate::Notifier) becomes readable when completions are waiting;
 //!   `has_completions()` says the same without a syscall (the `io_poll` check).
 //! * **Cancel** is best effort: a request still queued in the engine completes with
 //!   `ECANCELED`; one already with the kernel is cancelled where the kernel can stop it
@@ -56,130 +56,22 @@
 //!   that memory is a caller's ([`GuestIovecs`]). `drain()` does the same and
 //!   hands every outstanding completion back.
 
-pub(crate) mod attached;
 pub(crate) mod buf;
 mod completion;
 mod fallback;
 mod file;
+mod flags;
 mod guest;
+mod io_engine;
 mod request;
 #[cfg(test)]
-mod types_tests;
+pub(crate) mod types_tests;
 
-use std::collections::VecDeque;
-
-pub use attached::{AttachedEngine, RequestId, PER_REQUEST_TOKEN_BIT};
 pub use buf::{AlignedBuf, BufError, DEFAULT_ALIGN};
-pub use completion::{Completion, IoBuffers, RequestError, SubmitError, IOV_MAX};
+pub use completion::{Completion, IoBuffers, RequestError, IOV_MAX};
 pub use fallback::WithFallback;
 pub use file::{DirectIoAlignment, FileKind, IoFile};
+pub use flags::RwFlags;
 pub use guest::GuestIovecs;
-pub use request::{Op, Request, RwFlags};
-
-use crate::notifier::Notifier;
-
-/// QEMU's default aio-max-batch: requests sent to the kernel per submission call.
-pub const DEFAULT_MAX_BATCH: usize = 32;
-
-/// A block I/O engine. See the [module documentation](self) for the contract.
-pub trait IoEngine {
-    /// A short, stable name (`"pool"`, `"linux-aio"`, `"uring"`).
-    fn name(&self) -> &'static str;
-
-    /// Accepts a request, or refuses it (handing it back) if it can never run.
-    fn submit(&mut self, request: Request) -> Result<(), SubmitError>;
-
-    /// Starts (or nests) a batch: submissions queue until the matching `unplug`, or until a
-    /// whole batch is queued, which goes out at once (QEMU's rule). A whole batch is
-    /// `set_max_batch` requests, or fewer while the kernel holds fewer (the
-    /// [batch rule](crate::backend::queue#the-batch-rule)): on an idle device the first request goes at once.
-    fn plug(&mut self);
-
-    /// Ends a batch; at the outermost level, sends what queued.
-    fn unplug(&mut self);
-
-    /// Sets the largest batch sent per submission (at least 1).
-    fn set_max_batch(&mut self, max: usize);
-
-    /// Moves finished requests to `out` (no syscall where the engine can avoid one) and sends
-    /// queued requests that now fit. Returns how many were moved.
-    fn poll_completions(&mut self, out: &mut VecDeque<Completion>) -> usize;
-
-    /// Whether completions are waiting, without a syscall.
-    fn has_completions(&self) -> bool;
-
-    /// The notifier that becomes readable when completions are waiting.
-    fn notifier(&self) -> &Notifier;
-
-    /// Every notifier the loop must watch: [`notifier`](IoEngine::notifier) first, and for an
-    /// engine that combines others ([`WithFallback`]) theirs after it. The loop registers each one;
-    /// when the first is readable it calls [`clear_notifier`](IoEngine::clear_notifier), when
-    /// another is readable it reads that notifier (`test_and_clear`). Either way it then
-    /// collects completions.
-    fn notifiers(&self) -> Vec<&Notifier> {
-        vec![self.notifier()]
-    }
-
-    /// Clears the notifier's signal; the loop calls it when the notifier is reported readable,
-    /// before it collects completions. The default reads the notifier. An engine whose
-    /// readiness is reported without the notifier being written (io_uring on a ring shared
-    /// with the fd monitor) overrides it and skips a syscall that would find nothing.
-    fn clear_notifier(&self) {
-        self.notifier().test_and_clear();
-    }
-
-    /// Cancels the request with `token`: if it is still queued in the engine it completes with
-    /// `ECANCELED`; if it is in the kernel, the engine asks the kernel to stop it where the
-    /// kernel can (see the module docs). Returns whether a cancel was done or requested; the
-    /// request's completion comes either way.
-    fn cancel(&mut self, token: u64) -> bool;
-
-    /// Requests accepted whose completion has not been returned yet.
-    fn in_flight(&self) -> usize;
-
-    /// Waits for every accepted request to finish and returns all completions not yet
-    /// returned (queued requests are sent, not cancelled).
-    fn drain(&mut self) -> Vec<Completion>;
-}
-
-impl<E: IoEngine + ?Sized> IoEngine for Box<E> {
-    fn name(&self) -> &'static str {
-        (**self).name()
-    }
-    fn submit(&mut self, request: Request) -> Result<(), SubmitError> {
-        (**self).submit(request)
-    }
-    fn plug(&mut self) {
-        (**self).plug()
-    }
-    fn unplug(&mut self) {
-        (**self).unplug()
-    }
-    fn set_max_batch(&mut self, max: usize) {
-        (**self).set_max_batch(max)
-    }
-    fn poll_completions(&mut self, out: &mut VecDeque<Completion>) -> usize {
-        (**self).poll_completions(out)
-    }
-    fn has_completions(&self) -> bool {
-        (**self).has_completions()
-    }
-    fn notifier(&self) -> &Notifier {
-        (**self).notifier()
-    }
-    fn notifiers(&self) -> Vec<&Notifier> {
-        (**self).notifiers()
-    }
-    fn clear_notifier(&self) {
-        (**self).clear_notifier()
-    }
-    fn cancel(&mut self, token: u64) -> bool {
-        (**self).cancel(token)
-    }
-    fn in_flight(&self) -> usize {
-        (**self).in_flight()
-    }
-    fn drain(&mut self) -> Vec<Completion> {
-        (**self).drain()
-    }
-}
+pub use io_engine::{IoEngine, DEFAULT_MAX_BATCH};
+pub use request::{Op, Request, SubmitError};

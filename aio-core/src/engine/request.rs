@@ -1,15 +1,16 @@
 //! Requests: what an engine is asked to do, and the checks made before it is accepted.
 //!
-//! This module owns the value types of a request ([`Request`], [`Op`], [`RwFlags`]) and their
-//! validation ([`Request::validate`]). It performs no I/O; completions and errors are in
-//! `completion.rs`, the file in `file.rs`, caller-owned memory in `guest.rs`.
+//! This module owns the value types of a request ([`Request`], [`Op`]), their validation
+//! ([`Request::validate`]) and the refusal that hands a request back ([`SubmitError`]). It
+//! performs no I/O; completions and the reasons of a refusal are in `completion.rs`, the flags
+//! in `flags.rs`, the file in `file.rs`, caller-owned memory in `guest.rs`.
 
-use std::fmt;
-use std::ops::BitOr;
+use std::io;
 
 use super::buf::AlignedBuf;
 use super::completion::{Completion, IoBuffers, RequestError, IOV_MAX};
 use super::file::IoFile;
+use super::flags::RwFlags;
 use super::guest::GuestIovecs;
 
 /// What a request does.
@@ -209,60 +210,6 @@ impl Op {
     }
 }
 
-/// Per-request flags of a read or write (the kernel's `RWF_*`): an opaque set, combined with
-/// `|`.
-#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub struct RwFlags(libc::c_int);
-
-impl RwFlags {
-    /// No flags.
-    pub const NONE: RwFlags = RwFlags(0);
-    /// Forced unit access, as a virtio-blk or SCSI device means it: the write is on stable
-    /// storage when it completes (`RWF_DSYNC`, like `O_DSYNC` for this write only). Writes
-    /// only.
-    pub const FUA: RwFlags = RwFlags(libc::RWF_DSYNC);
-    /// Fail with `EAGAIN` (kind `WouldBlock`) instead of waiting for a lock, a page or a
-    /// block allocation (`RWF_NOWAIT`). Engines then report `EAGAIN` instead of retrying it;
-    /// a file that cannot honour it completes with kind `Unsupported`.
-    pub const NOWAIT: RwFlags = RwFlags(libc::RWF_NOWAIT);
-
-    /// Whether every flag of `other` is set.
-    pub fn contains(self, other: RwFlags) -> bool {
-        self.0 & other.0 == other.0
-    }
-
-    /// Whether no flag is set.
-    pub fn is_empty(self) -> bool {
-        self.0 == 0
-    }
-
-    /// The kernel's `RWF_*` bits, for an engine to hand over (`aio_rw_flags`, an SQE's
-    /// `rw_flags`, `preadv2` / `pwritev2`).
-    pub fn to_rwf(self) -> libc::c_int {
-        self.0
-    }
-}
-
-impl BitOr for RwFlags {
-    type Output = RwFlags;
-    fn bitor(self, rhs: RwFlags) -> RwFlags {
-        RwFlags(self.0 | rhs.0)
-    }
-}
-
-impl fmt::Debug for RwFlags {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut names = Vec::new();
-        if self.contains(RwFlags::FUA) {
-            names.push("FUA");
-        }
-        if self.contains(RwFlags::NOWAIT) {
-            names.push("NOWAIT");
-        }
-        write!(f, "RwFlags({})", names.join(" | "))
-    }
-}
-
 /// One block I/O request: a file, an op, per-request flags, and a caller-chosen token echoed
 /// in its completion.
 ///
@@ -436,6 +383,33 @@ impl Request {
             result,
             buf: self.op.into_buffers(),
         }
+    }
+}
+
+/// A refused request, with the request (and so its buffers) handed back.
+#[derive(Debug, thiserror::Error)]
+#[error("request {} refused: {error}", request.token)]
+pub struct SubmitError {
+    /// Why.
+    #[source]
+    pub error: RequestError,
+    /// The request, untouched.
+    pub request: Box<Request>,
+}
+
+impl SubmitError {
+    /// Wraps a refusal.
+    pub fn new(error: RequestError, request: Request) -> Self {
+        SubmitError {
+            error,
+            request: Box::new(request),
+        }
+    }
+}
+
+impl From<SubmitError> for io::Error {
+    fn from(e: SubmitError) -> io::Error {
+        e.error.into()
     }
 }
 

@@ -11,11 +11,11 @@ fn a_buffer_has_its_alignment_equality_by_content_and_counts_while_it_lives() {
     assert_eq!(b.alignment(), 65536);
     assert_eq!(AlignedBuf::from_slice(b"ab"), AlignedBuf::from_slice(b"ab"));
     assert_ne!(AlignedBuf::from_slice(b"ab"), AlignedBuf::from_slice(b"ac"));
-    let before = crate::testing::live_buffers();
+    let before = crate::kit::live_buffers();
     let c = AlignedBuf::new(1);
-    assert_eq!(crate::testing::live_buffers(), before + 1);
+    assert_eq!(crate::kit::live_buffers(), before + 1);
     drop(c);
-    assert_eq!(crate::testing::live_buffers(), before);
+    assert_eq!(crate::kit::live_buffers(), before);
 }
 
 /// Two segments of `mem` (100 bytes at 0, 300 at 200).
@@ -113,10 +113,8 @@ fn a_request_may_end_at_the_largest_file_offset() {
 
 #[test]
 fn a_vectored_request_on_an_o_direct_file_checks_every_buffer() {
-    let tmp = crate::testing::engine::TempFile::with_len(8192, 0);
-    let file = tmp
-        .open(libc::O_DIRECT)
-        .expect("O_DIRECT in the system temp dir");
+    let tmp = aio_conformance::engine::TempFile::with_len(8192, 0);
+    let file = open(tmp.path(), libc::O_DIRECT).expect("O_DIRECT in the system temp dir");
     let align = file.direct_io_alignment().expect("direct");
     // The second buffer's length breaks the offset alignment.
     let bufs = vec![
@@ -129,4 +127,16 @@ fn a_vectored_request_on_an_o_direct_file_checks_every_buffer() {
         matches!(e, RequestError::Misaligned { what: "segment length", value, .. } if value == want),
         "{e}"
     );
+}
+
+/// `path` opened read-write with `flags`. (The suite's `TempFile::open` gives the suite's own
+/// `IoFile`: in these unit tests that is another build of this crate.)
+pub(crate) fn open(path: &std::path::Path, flags: i32) -> std::io::Result<IoFile> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(flags)
+        .open(path)?;
+    Ok(IoFile::from(f))
 }

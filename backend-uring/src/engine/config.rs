@@ -3,8 +3,8 @@
 //!
 //! This module owns what a caller sets and reads; the ring's use is `mod.rs`'s.
 
-use aio_core::backend::BadConfig;
 use aio_core::engine::DEFAULT_MAX_BATCH;
+use aio_core::kit::BadConfig;
 
 use crate::probe::UringUnavailable;
 use crate::registered_buffers::MAX_REGISTERED_BUFFERS;
@@ -69,7 +69,7 @@ impl Default for UringConfig {
     }
 }
 
-aio_core::backend::with_setters!(UringConfig {
+aio_core::kit::with_setters!(UringConfig {
     /// With `entries` submission-queue entries (1..=32768; the CQ is twice as large).
     with_entries => entries: u32,
     /// With at most `max_batch` entries per `io_uring_enter` (at least 1).

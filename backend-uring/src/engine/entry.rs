@@ -7,7 +7,7 @@
 
 use std::os::fd::RawFd;
 
-use aio_core::backend::{Prepared, PreparedRw, RangeOp};
+use aio_core::kit::{Prepared, PreparedRw, RangeOp};
 use io_uring::{opcode, squeue, types};
 
 use super::{UringEngine, REGISTERED_FILES};
@@ -228,7 +228,7 @@ impl UringEngine {
 
 #[cfg(test)]
 mod tests {
-    use aio_core::testing::engine::{TempFile, BLOCK};
+    use aio_conformance::engine::{TempFile, BLOCK};
     use io_uring::squeue;
 
     use crate::{UringConfig, UringEngine};
@@ -250,7 +250,7 @@ mod tests {
     /// `READV` / `WRITEV`; a request without flags has none.
     #[test]
     fn request_flags_reach_the_sqe() {
-        if aio_core::testing::available("io_uring unavailable", crate::probe()).is_none() {
+        if aio_conformance::available("io_uring unavailable", crate::probe()).is_none() {
             return;
         }
         let tmp = TempFile::with_len(4 * BLOCK, 1);
@@ -258,7 +258,7 @@ mod tests {
         for fixed_buffers in [0, 8] {
             let config = UringConfig::default().with_fixed_buffers(fixed_buffers);
             let mut engine = UringEngine::new(config).unwrap();
-            let cases = aio_core::testing::engine::requests_with_rw_flags(&file);
+            let cases = aio_conformance::engine::requests_with_rw_flags(&file);
             for (request, rwf) in cases {
                 let token = request.token;
                 // Built, never submitted: the table keeps the request until the engine drops.

@@ -1,7 +1,7 @@
 //! The io_uring block I/O engine.
 //!
 //! This module owns one ring used for block I/O: building submission entries from the shared
-//! [`InFlightTable`](aio_core::backend::InFlightTable), submitting in batches, reaping the
+//! [`InFlightTable`](aio_core::kit::InFlightTable), submitting in batches, reaping the
 //! completion queue (in user space; the `io_poll` check is a CQ peek), flushing overflowed
 //! completions, and the optional registered file table. Request bookkeeping (remainders, `-EAGAIN`, completions) is aio-core's.
 
@@ -9,10 +9,10 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 
-use aio_core::backend::{EngineCore, Flush, Outcome};
 use aio_core::engine::{
     Completion, FileKind, IoEngine, IoFile, Op, Request, RequestError, RwFlags,
 };
+use aio_core::kit::{EngineCore, Flush, Outcome};
 use aio_core::Notifier;
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -33,7 +33,7 @@ use crate::task_run::{build_ring, TaskRun};
 
 /// The io_uring engine. See the [crate docs](crate).
 ///
-/// `!Send`: build it on the thread that runs its loop (an [`IoThread`](aio_core::IoThread)
+/// `!Send`: build it on the thread that runs its loop (an `aio_loop::IoThread`
 /// does). Its ring may be shared with the loop's monitor (an `Rc`), and with deferred task
 /// work (the default) only the thread that set the ring up may enter it
 /// (`IORING_SETUP_SINGLE_ISSUER`).
@@ -389,7 +389,7 @@ impl IoEngine for UringEngine {
         "uring"
     }
 
-    aio_core::backend::engine_queue_methods!(core: core, send: submit_pending, check: check_request);
+    aio_core::kit::engine_queue_methods!(core: core, send: submit_pending, check: check_request);
 
     fn poll_completions(&mut self, out: &mut VecDeque<Completion>) -> usize {
         let reaped = self.reap();

@@ -13,21 +13,17 @@ fn is_memlock(e: &UringUnavailable) -> bool {
 
 /// An engine with `config`.
 pub fn engine(config: UringConfig) -> UringEngine {
-    aio_core::testing::build_within_limits(
-        "io_uring_setup",
-        || UringEngine::new(config),
-        is_memlock,
-    )
+    aio_conformance::build_within_limits("io_uring_setup", || UringEngine::new(config), is_memlock)
 }
 
 /// An fd monitor on its own ring.
 pub fn monitor() -> UringLoop {
-    aio_core::testing::build_within_limits("io_uring_setup", UringLoop::new, is_memlock)
+    aio_conformance::build_within_limits("io_uring_setup", UringLoop::new, is_memlock)
 }
 
 /// A monitor and an engine on one ring.
 pub fn shared(config: UringConfig) -> (UringLoop, UringEngine) {
-    aio_core::testing::build_within_limits("shared ring", || shared_ring(config), is_memlock)
+    aio_conformance::build_within_limits("shared ring", || shared_ring(config), is_memlock)
 }
 
 /// A pipe (read end, write end) as files; the read end is what the engine reads.

@@ -12,7 +12,7 @@ use aio::{EngineKind, EngineOptions};
 use aio_bench::error::BenchError;
 use aio_bench::fio::job::{run_job, JobSpec};
 use aio_core::engine::IoFile;
-use aio_core::PollMaxNs;
+use aio_loop::PollMaxNs;
 
 use crate::LatencyArgs;
 
@@ -29,7 +29,7 @@ pub fn run(mut args: LatencyArgs) -> Result<(), BenchError> {
     // Off and QEMU's IOThread default, then the values given.
     let mut polls = vec![
         PollMaxNs::Fixed(0),
-        PollMaxNs::Fixed(aio_core::DEFAULT_POLL_MAX_NS),
+        PollMaxNs::Fixed(aio_loop::DEFAULT_POLL_MAX_NS),
     ];
     for &p in &args.poll_max_ns {
         if !polls.contains(&p) {

@@ -90,7 +90,7 @@ pub struct VhostArgs {
     /// With --vs-qsd: both iothreads' adaptive polling limit (default 32768, QEMU's); `auto`
     /// gives ours the automatic window and qemu-storage-daemon its default.
     #[arg(long, value_parser = parse_poll_max_ns)]
-    pub poll_max_ns: Option<aio_core::PollMaxNs>,
+    pub poll_max_ns: Option<aio_loop::PollMaxNs>,
     /// With --vs-qsd: disk counts, comma-separated (the scsi-disk scaling test: N disks on
     /// each daemon's one iothread, the first driven; default 1).
     #[arg(long, value_delimiter = ',',
@@ -163,7 +163,7 @@ pub fn run(args: VhostArgs) -> Result<(), BenchError> {
         engine: args.engine.unwrap_or(EngineKind::Uring),
         poll_max_ns: args
             .poll_max_ns
-            .unwrap_or(aio_core::PollMaxNs::Fixed(aio_core::DEFAULT_POLL_MAX_NS)),
+            .unwrap_or(aio_loop::PollMaxNs::Fixed(aio_loop::DEFAULT_POLL_MAX_NS)),
         rounds: args.rounds.unwrap_or(2) as usize,
         disks: if scaling {
             args.disks.iter().map(|&d| d as usize).collect()
@@ -240,7 +240,7 @@ fn one_socket(socket: &Path, client: &ClientSpec, args: &VhostArgs) -> Result<()
         )));
     }
     if let Some(pid) = args.daemon_pid {
-        aio_core::process::cpu_time(pid).map_err(|e| {
+        aio::process::cpu_time(pid).map_err(|e| {
             BenchError::bad_input(format!("--daemon-pid {pid}: no such process ({e})"))
         })?;
     }

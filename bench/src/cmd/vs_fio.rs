@@ -12,7 +12,7 @@ use aio_bench::fio::job::{run_job, JobResult, JobSpec};
 use aio_bench::fio::{self, FioResult};
 use aio_bench::targets::image::DiskImage;
 use aio_core::engine::IoFile;
-use aio_core::PollMaxNs;
+use aio_loop::PollMaxNs;
 
 use crate::VsFioArgs;
 

@@ -13,12 +13,10 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use aio_core::engine::{
-    AlignedBuf, AttachedEngine, Completion, IoEngine, IoFile, Request, RwFlags,
-};
-use aio_core::{
-    AioContext, EventLoop, FdHandler, LoopCounters, Notifier, PollMaxNs, PollParams, PollRule,
-};
+use aio_core::engine::{AlignedBuf, Completion, IoEngine, IoFile, Request, RwFlags};
+use aio_core::{EventLoop, Notifier};
+use aio_loop::AttachedEngine;
+use aio_loop::{AioContext, FdHandler, LoopCounters, PollMaxNs, PollParams, PollRule};
 
 use crate::cpus::thread_cpu_seconds;
 use crate::load::generator::transferred;
@@ -66,7 +64,7 @@ impl JobSpec {
             iodepth,
             runtime,
             ramp: Duration::ZERO,
-            poll_max_ns: PollMaxNs::Fixed(aio_core::DEFAULT_POLL_MAX_NS),
+            poll_max_ns: PollMaxNs::Fixed(aio_loop::DEFAULT_POLL_MAX_NS),
             poll_rule: PollRule::default(),
             io_limit: None,
             idle_fds: 0,

@@ -9,11 +9,11 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use aio_core::LoopCounters;
+use aio_loop::LoopCounters;
 use hdrhistogram::Histogram;
 use serde_json::{json, Map, Value};
 
-use aio_core::PollMaxNs;
+use aio_loop::PollMaxNs;
 
 use super::runner::JobReport;
 use crate::load::Tally;

@@ -207,7 +207,7 @@ pub fn run(
 /// `verify`), idle ones at 1 MiB; each removed when dropped.
 pub fn create_images(spec: &MatrixSpec, dir: &Path) -> io::Result<Vec<DiskImage>> {
     // 256 disks need an image each.
-    aio_core::process::raise_fd_limit();
+    aio::process::raise_fd_limit();
     let max_disks = spec.max_disks();
     let mut images = Vec::with_capacity(max_disks);
     for i in 0..max_disks {
@@ -231,7 +231,7 @@ pub fn run_on(
     mut progress: impl FnMut(usize, usize, &Cell),
 ) -> io::Result<Vec<Cell>> {
     // 256 disks need two notifiers and an image each.
-    aio_core::process::raise_fd_limit();
+    aio::process::raise_fd_limit();
     if images.len() < spec.max_disks() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,

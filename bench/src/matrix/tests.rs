@@ -147,7 +147,7 @@ fn threaded(
         .iter()
         .copied()
         .filter(|&k| {
-            aio_core::testing::available(
+            aio_conformance::available(
                 &format!("engine {k}"),
                 k.build(&aio::EngineOptions::default()),
             )

@@ -50,14 +50,14 @@ pub(super) struct GuestStats {
 /// also when the guest panics, so the iothread never waits for a guest that is gone.
 pub(super) struct GuestDone {
     finished: Arc<AtomicUsize>,
-    wake_iothread: Option<aio_core::NotifyHandle>,
+    wake_iothread: Option<aio_loop::NotifyHandle>,
 }
 
 impl GuestDone {
     /// Counts into `finished`, wakes through `wake_iothread`.
     pub(super) fn new(
         finished: Arc<AtomicUsize>,
-        wake_iothread: Option<aio_core::NotifyHandle>,
+        wake_iothread: Option<aio_loop::NotifyHandle>,
     ) -> Self {
         GuestDone {
             finished,

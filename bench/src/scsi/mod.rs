@@ -14,11 +14,11 @@
 //!   flight, as fio does in the guest, through the disk's
 //!   [`SplitRingDriver`](aio_virtio_blk::driver::SplitRingDriver)s: descriptors and the avail
 //!   ring written in guest memory, kicks, interrupts, the used ring (`scsi/guest.rs`);
-//! * an **iothread** is one [`AioContext`](aio_core::AioContext) over the chosen monitor with
+//! * an **iothread** is one [`AioContext`](aio_loop::AioContext) over the chosen monitor with
 //!   the chosen engine attached through a [`DataPlane`](aio_virtio_blk::dataplane::DataPlane),
 //!   as the daemon runs one. With `iothreads` K, queue `q` of disk `d` is served by iothread
 //!   `(d * queues + q) % K` ([`iothread_of`], the daemon's rule), each iothread an
-//!   [`aio_core::IoThread`] that builds its monitor and engine on itself.
+//!   [`aio_loop::IoThread`] that builds its monitor and engine on itself.
 //!
 //! A cell is three steps (`scsi/run.rs`): set up (the devices and both sides of every queue,
 //! the iothreads with their engines attached and their queues started, then the guests),
@@ -37,7 +37,7 @@ use std::str::FromStr;
 use std::sync::PoisonError;
 use std::time::Duration;
 
-use aio_core::LoopCounters;
+use aio_loop::LoopCounters;
 use hdrhistogram::Histogram;
 
 use self::guest::GuestStats;
@@ -112,7 +112,7 @@ pub struct CellSpec {
     /// Warm-up.
     pub ramp: Duration,
     /// Each iothread's adaptive polling limit.
-    pub poll_max_ns: aio_core::PollMaxNs,
+    pub poll_max_ns: aio_loop::PollMaxNs,
     /// How long a disk may stay idle before its doorbell leaves the poll set (QEMU: 7 s).
     pub poll_idle: Duration,
     /// Stamp every block written and check every block read ([`crate::load::verify`]); the images
@@ -148,7 +148,7 @@ impl CellSpec {
             iodepth: 8,
             runtime: Duration::from_secs(1),
             ramp: Duration::from_millis(200),
-            poll_max_ns: aio_core::PollMaxNs::Fixed(aio_core::DEFAULT_POLL_MAX_NS),
+            poll_max_ns: aio_loop::PollMaxNs::Fixed(aio_loop::DEFAULT_POLL_MAX_NS),
             poll_idle: Duration::from_millis(100),
             verify: false,
             memory: MemoryPath::Guest,

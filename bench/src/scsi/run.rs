@@ -14,7 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use aio_core::{AioContext, EventLoop, IoEngine, IoThread, NotifyHandle};
+use aio_core::{EventLoop, IoEngine};
+use aio_loop::{AioContext, IoThread, NotifyHandle};
 use aio_virtio_blk::dataplane::{DataPlane, QueueKey, QueueSetup};
 use aio_virtio_blk::device::{BlockDevice, DiskOptions};
 use aio_virtio_blk::driver::{DeviceSide, SplitRingDriver};
@@ -263,7 +264,7 @@ where
 }
 
 /// Runs one cell on `images` (at least `spec.disks`; the first `spec.active` are driven) with
-/// `spec.iothreads` iothreads ([`aio_core::IoThread`]s named `iothread0`, `iothread1`, ...):
+/// `spec.iothreads` iothreads ([`aio_loop::IoThread`]s named `iothread0`, `iothread1`, ...):
 /// `build(t)` makes iothread `t`'s monitor and engine on that thread (so `!Send` ones work),
 /// and the queues are spread over them by [`iothread_of`]. With `cpus` non-empty, iothread `t`
 /// is pinned to CPU `cpus[t % cpus.len()]` ([`crate::cpus::iothread_cpu`]) before it builds

@@ -58,7 +58,7 @@ fn a_drop_detaches_while_children_are_spawned() {
     use std::sync::Arc;
 
     let spec = LoopSpec { size: 4 << 20 };
-    let Some(first) = aio_core::testing::available(
+    let Some(first) = aio_conformance::available(
         "the fast device (root, losetup, O_DIRECT in /dev/shm)",
         LoopDevice::attach(spec),
     ) else {
@@ -115,7 +115,7 @@ fn matrix_disks_share_the_device_and_verify() {
     use aio::MonitorKind;
 
     let loop_spec = LoopSpec { size: 16 << 20 };
-    let Some(dev) = aio_core::testing::available(
+    let Some(dev) = aio_conformance::available(
         "the fast device (root, losetup, O_DIRECT in /dev/shm)",
         LoopDevice::attach(loop_spec),
     ) else {

@@ -237,7 +237,7 @@ fn measure_cpu(
     failed: &AtomicBool,
 ) -> Result<Duration, BenchError> {
     let gone = |e: std::io::Error| BenchError::failed(format!("the daemon (PID {daemon}): {e}"));
-    let read = || aio_core::process::cpu_time(daemon).map_err(gone);
+    let read = || aio::process::cpu_time(daemon).map_err(gone);
     let sleep_until = |t: Instant| {
         while !failed.load(Ordering::Relaxed) {
             let now = Instant::now();

@@ -31,7 +31,7 @@ pub struct CompareSpec {
     /// The kind of I/O (QEMU's `aio=` to match, [`qemu_aio`]).
     pub engine: EngineKind,
     /// Both iothreads' `poll-max-ns`.
-    pub poll_max_ns: aio_core::PollMaxNs,
+    pub poll_max_ns: aio_loop::PollMaxNs,
     /// A B pairs.
     pub rounds: usize,
     /// Disk counts (each daemon serves N disks, the client drives the first).

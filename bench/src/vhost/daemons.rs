@@ -76,7 +76,7 @@ pub struct DaemonSpec {
     /// The kind of I/O.
     pub engine: EngineKind,
     /// The iothread's adaptive polling limit.
-    pub poll_max_ns: aio_core::PollMaxNs,
+    pub poll_max_ns: aio_loop::PollMaxNs,
     /// Virtqueues per disk.
     pub queues: usize,
     /// Disks (sockets), all on the one iothread.
@@ -110,7 +110,7 @@ impl DaemonSpec {
                         "iothread,id=io0,poll-max-ns={}",
                         self.poll_max_ns
                             .fixed()
-                            .unwrap_or(aio_core::DEFAULT_POLL_MAX_NS)
+                            .unwrap_or(aio_loop::DEFAULT_POLL_MAX_NS)
                     ),
                 ];
                 let driver = if self.block_device {
@@ -280,7 +280,7 @@ mod tests {
             image: "/dev/shm/x.img".into(),
             block_device: false,
             engine: EngineKind::LinuxAio,
-            poll_max_ns: aio_core::PollMaxNs::Fixed(aio_core::DEFAULT_POLL_MAX_NS),
+            poll_max_ns: aio_loop::PollMaxNs::Fixed(aio_loop::DEFAULT_POLL_MAX_NS),
             queues: 2,
             disks: 2,
             cpu: Some(0),

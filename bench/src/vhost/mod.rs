@@ -7,7 +7,7 @@
 //! daemon, and waits for completions on the queue's completion fd (`poll(2)`, then a
 //! non-blocking `do_io`: QEMU's `block/blkio.c` interrupt mode, never busy polling). It reports
 //! IOPS, MB/s, latency (mean, p50, p99) and the daemon's CPU time per request, read from
-//! `/proc/PID/stat` ([`aio_core::process::cpu_time`]) around the measured window.
+//! `/proc/PID/stat` ([`aio::process::cpu_time`]) around the measured window.
 //!
 //! [`daemons`] starts and stops the two daemons on the same image (qemu-storage-daemon with
 //! one IOThread and a vhost-user-blk export per disk, and ours, the `aio-bench` binary

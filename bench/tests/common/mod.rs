@@ -64,7 +64,7 @@ pub fn usable(wanted: &[&'static str]) -> Vec<&'static str> {
             .expect("a fio ioengine name");
         match kind.build(&aio::EngineOptions::default()) {
             Ok(_) => out.push(w),
-            Err(e) => aio_core::testing::skip(&format!("ioengine={w}: {e}")),
+            Err(e) => aio_conformance::skip(&format!("ioengine={w}: {e}")),
         }
     }
     out

@@ -8,8 +8,10 @@ use std::io;
 use std::path::PathBuf;
 use std::rc::Rc;
 
-use aio_core::engine::{AttachedEngine, IoEngine};
-use aio_core::{AioContext, EventLoop};
+use aio_core::engine::IoEngine;
+use aio_core::EventLoop;
+use aio_loop::AioContext;
+use aio_loop::AttachedEngine;
 
 use super::error::ResizeError;
 use crate::request::{BlockRequest, Reply};

@@ -8,7 +8,8 @@ use std::io;
 use std::rc::Rc;
 
 use aio_core::engine::IoEngine;
-use aio_core::{AioContext, EventLoop};
+use aio_core::EventLoop;
+use aio_loop::AioContext;
 
 use super::driver::{Driver, QueueIo};
 use super::error::ResizeError;

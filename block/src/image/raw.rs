@@ -16,7 +16,8 @@ use std::sync::Arc;
 
 use aio_core::engine::{AlignedBuf, FileKind, GuestIovecs, IoBuffers, IoEngine};
 use aio_core::engine::{IoFile, Request, RequestError, RwFlags};
-use aio_core::{AioContext, EventLoop};
+use aio_core::EventLoop;
+use aio_loop::AioContext;
 
 use super::driver::{Driver, QueueIo};
 use super::error::ResizeError;

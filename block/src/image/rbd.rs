@@ -20,7 +20,8 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use aio_core::engine::IoEngine;
-use aio_core::{AioContext, EventLoop};
+use aio_core::EventLoop;
+use aio_loop::AioContext;
 use aio_rbd::{Cluster, LockRecords, LockTaken, Memory, RbdImage, RbdQueue, RbdTarget};
 
 use super::driver::{Driver, QueueIo, StatusDone};

@@ -21,9 +21,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::Thread;
 
-use aio_core::engine::{AttachedEngine, GuestIovecs, IoEngine, Request};
-use aio_core::task::RequestFuture;
+use aio_core::engine::{GuestIovecs, IoEngine, Request};
 use aio_core::EventLoop;
+use aio_loop::task::RequestFuture;
+use aio_loop::AttachedEngine;
 use smallvec::SmallVec;
 
 use super::settle::WriteInFlight;

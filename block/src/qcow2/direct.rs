@@ -27,8 +27,9 @@
 use std::rc::Rc;
 use std::sync::Arc;
 
-use aio_core::engine::{AttachedEngine, IoBuffers, IoEngine, Request};
+use aio_core::engine::{IoBuffers, IoEngine, Request};
 use aio_core::EventLoop;
+use aio_loop::AttachedEngine;
 
 use super::Qcow2Image;
 use crate::request::{BlockRequest, Buffers, Reply};

@@ -11,7 +11,8 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use aio_core::engine::{GuestIovecs, IoEngine};
-use aio_core::{AioContext, EventLoop};
+use aio_core::EventLoop;
+use aio_loop::AioContext;
 use imago::io_buffers::{IoVector, IoVectorMut};
 use imago::{FormatAccess, Mapping, StorageExt};
 

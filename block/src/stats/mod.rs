@@ -17,7 +17,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use aio_core::{Clock, MonotonicClock};
+use aio_loop::{Clock, MonotonicClock};
 
 use crate::request::BlockRequest;
 

@@ -24,8 +24,10 @@ use std::cell::{Cell, OnceCell, RefCell};
 use std::io;
 use std::rc::{Rc, Weak};
 
-use aio_core::engine::{AttachedEngine, IoEngine};
-use aio_core::{AioContext, EventLoop, FdHandler};
+use aio_core::engine::IoEngine;
+use aio_core::EventLoop;
+use aio_loop::AttachedEngine;
+use aio_loop::{AioContext, FdHandler};
 
 use crate::negotiate::{self, Negotiation, Step};
 use crate::request;

@@ -12,8 +12,10 @@ use std::sync::Arc;
 use aio_block::request::ReturnedBuf;
 use aio_block::stats::{Accounted, Recorder};
 use aio_block::{BlockRequest, ImageQueue};
-use aio_core::engine::{AlignedBuf, AttachedEngine, IoEngine};
-use aio_core::{BottomHalf, DeferredCall, EventLoop, TimerId};
+use aio_core::engine::{AlignedBuf, IoEngine};
+use aio_core::EventLoop;
+use aio_loop::AttachedEngine;
+use aio_loop::{BottomHalf, DeferredCall, TimerId};
 
 use super::outbox::Outbox;
 use super::tls::TlsSession;

@@ -22,7 +22,8 @@ use aio_block::status::ExtentKind;
 use aio_block::{BlockRequest, Buffers, Image, Reply};
 use aio_core::engine::FileKind;
 use aio_core::engine::IoEngine;
-use aio_core::{AioContext, EventLoop};
+use aio_core::EventLoop;
+use aio_loop::AioContext;
 
 use super::state::{
     Action, Advance, Connection, InFlight, Kind, PendingWrite, Phase, Serving, State,

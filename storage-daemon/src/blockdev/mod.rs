@@ -31,7 +31,7 @@ pub(crate) mod path;
 use std::collections::HashMap;
 
 use aio::{Choice, EngineKind};
-use aio_core::{PollMaxNs, PollParams};
+use aio_loop::{PollMaxNs, PollParams};
 
 use crate::daemon::{Config, DiskSpec, NbdExportSpec, NbdServerSpec, NbdTlsSpec};
 use error::QsdError;
@@ -191,7 +191,7 @@ impl Graph {
         // QEMU's default `aio` is `threads`: our pool.
         config.engine = Choice::Named(engine.map_or(EngineKind::Pool, |(k, _)| k));
         config.iothreads = u16::try_from(iothread_poll.len()).unwrap_or(u16::MAX);
-        config.poll_max_ns = PollMaxNs::Fixed(aio_core::DEFAULT_POLL_MAX_NS);
+        config.poll_max_ns = PollMaxNs::Fixed(aio_loop::DEFAULT_POLL_MAX_NS);
         config.iothread_poll = iothread_poll;
         Ok(config)
     }

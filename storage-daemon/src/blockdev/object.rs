@@ -5,7 +5,7 @@
 //! credentials kept for the NBD server) is the graph's (`super`) and the monitor's.
 //! A new object type is one reader here, one [`Object`] variant and one row.
 
-use aio_core::PollParams;
+use aio_loop::PollParams;
 
 use super::error::QsdError;
 use super::keyval::Opts;
@@ -79,7 +79,7 @@ pub(crate) fn object(o: &mut Opts) -> Result<Object, QsdError> {
 fn iothread(o: &mut Opts) -> Result<Object, QsdError> {
     let id = o.required("id")?;
     let mut poll = PollParams::iothread();
-    poll.max_ns = o.take_u64("poll-max-ns", aio_core::DEFAULT_POLL_MAX_NS)?;
+    poll.max_ns = o.take_u64("poll-max-ns", aio_loop::DEFAULT_POLL_MAX_NS)?;
     poll.grow = o.take_u64("poll-grow", 0)?;
     poll.shrink = o.take_u64("poll-shrink", 0)?;
     Ok(Object::IoThread(IoThreadObject {

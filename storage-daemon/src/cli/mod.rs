@@ -11,8 +11,8 @@ mod process;
 
 use clap::Parser;
 
+use aio::process::CpuList;
 use aio::{Choice, EngineKind, MonitorKind};
-use aio_core::process::CpuList;
 
 use crate::daemon::{
     run_with, Config, DaemonError, DiskSpec, NbdExportSpec, NbdServerSpec, StopHandle,
@@ -55,7 +55,7 @@ pub struct Args {
     /// The iothreads' longest busy-poll window in ns (0: off; default QEMU's IOThread 32768),
     /// or `auto`: the window chosen from the waits each iothread sees.
     #[arg(long, default_value = "32768", value_parser = parse_poll_max_ns)]
-    pub poll_max_ns: aio_core::PollMaxNs,
+    pub poll_max_ns: aio_loop::PollMaxNs,
     /// CPUs to run on, e.g. `0` or `0-1,3`: iothread k on the k-th (mod the count).
     #[arg(long)]
     pub cpus: Option<CpuList>,
@@ -79,8 +79,8 @@ impl Args {
 }
 
 /// `--poll-max-ns`: ns or `auto`.
-fn parse_poll_max_ns(s: &str) -> Result<aio_core::PollMaxNs, String> {
-    s.parse().map_err(|e: aio_core::BadPollMaxNs| e.to_string())
+fn parse_poll_max_ns(s: &str) -> Result<aio_loop::PollMaxNs, String> {
+    s.parse().map_err(|e: aio_loop::BadPollMaxNs| e.to_string())
 }
 
 /// Runs the daemon with command-line arguments (without the program name) until SIGINT or
@@ -221,12 +221,12 @@ mod tests {
             .unwrap();
         assert_eq!(
             (a.iothreads, a.poll_max_ns, a.engine),
-            (2, aio_core::PollMaxNs::Fixed(32768), Choice::Auto)
+            (2, aio_loop::PollMaxNs::Fixed(32768), Choice::Auto)
         );
         let a =
             Args::try_parse_from(["x", "--disk", "socket=/s,image=/i", "--poll-max-ns", "auto"])
                 .unwrap();
-        assert_eq!(a.poll_max_ns, aio_core::PollMaxNs::Auto);
+        assert_eq!(a.poll_max_ns, aio_loop::PollMaxNs::Auto);
         let e =
             Args::try_parse_from(["x", "--disk", "socket=/s,image=/i", "--poll-max-ns", "soon"])
                 .unwrap_err();

@@ -7,10 +7,10 @@
 use std::path::PathBuf;
 use std::str::FromStr;
 
+use aio::process::CpuList;
 use aio::{Choice, EngineKind, MonitorKind};
 use aio_block::lock::LockMode;
-use aio_core::process::CpuList;
-use aio_core::{PollMaxNs, PollParams};
+use aio_loop::{PollMaxNs, PollParams};
 use aio_virtio_blk::format::ImageFormat;
 
 use super::values::{on_off, parse_size};
@@ -52,7 +52,7 @@ impl Config {
             engine: Choice::Auto,
             fdmon: Choice::Auto,
             iothreads: 1,
-            poll_max_ns: PollMaxNs::Fixed(aio_core::DEFAULT_POLL_MAX_NS),
+            poll_max_ns: PollMaxNs::Fixed(aio_loop::DEFAULT_POLL_MAX_NS),
             iothread_poll: Vec::new(),
             cpus: None,
             nbd: None,

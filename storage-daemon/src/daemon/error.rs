@@ -33,7 +33,7 @@ pub enum DaemonError {
     },
     /// An iothread could not start (its backends were refused) or failed.
     #[error("{0}")]
-    IoThread(#[from] aio_core::IoThreadError),
+    IoThread(#[from] aio_loop::IoThreadError),
     /// The NBD server or one of its exports could not be served.
     #[error(transparent)]
     Nbd(#[from] NbdError),

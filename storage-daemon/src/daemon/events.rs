@@ -17,7 +17,8 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use aio_core::{AioContext, BottomHalf, EventLoop};
+use aio_core::EventLoop;
+use aio_loop::{AioContext, BottomHalf};
 use serde_json::{json, Value};
 
 /// One event: QEMU's name, its `data`, and when it happened.

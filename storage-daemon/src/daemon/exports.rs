@@ -10,7 +10,8 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use aio_core::{AioContext, EventLoop, IoEngine};
+use aio_core::{EventLoop, IoEngine};
+use aio_loop::AioContext;
 use aio_virtio_blk::device::{BlockDevice, ResizeError};
 
 use super::config::DiskSpec;

@@ -17,8 +17,9 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use aio::{Choice, EngineKind, MonitorKind};
-use aio_core::process::CpuList;
-use aio_core::{AioContext, EventLoop, IoEngine, IoThread, IoThreadError, PollParams};
+use aio::process::CpuList;
+use aio_core::{EventLoop, IoEngine};
+use aio_loop::{AioContext, IoThread, IoThreadError, PollParams};
 use aio_virtio_blk::dataplane::DataPlane;
 
 use super::config::Config;
@@ -110,9 +111,9 @@ impl IoThreadSet {
         };
         let cpu = recipe.cpus.as_ref().and_then(|c| c.nth_wrapping(k));
         let (engine, fdmon) = (recipe.engine, recipe.fdmon);
-        let worker = aio_core::IoThread::spawn(&format!("iothread{k}"), move || {
+        let worker = aio_loop::IoThread::spawn(&format!("iothread{k}"), move || {
             if let Some(cpu) = cpu {
-                aio_core::process::pin_current_thread(&[cpu])?;
+                aio::process::pin_current_thread(&[cpu])?;
             }
             let ctx = AioContext::new(fdmon.build()?.built).map_err(io::Error::from)?;
             ctx.set_poll_params(poll);

@@ -2,7 +2,7 @@
 //! iothreads until a [`StopHandle`] says stop.
 //!
 //! This module owns the daemon's life: open the images, start the iothreads (each an
-//! [`aio_core::IoThread`] with its own engine and fd monitor, busy polling at the
+//! [`aio_loop::IoThread`] with its own engine and fd monitor, busy polling at the
 //! configured window), serve every socket on a control loop on the calling thread, and end
 //! cleanly when stopped (every connection drained, sockets removed). It installs no signal
 //! handler and parses no command line: the binary does ([`crate::cli`]), so a program may
@@ -31,7 +31,8 @@ use std::io;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use aio_core::{AioContext, EventLoop};
+use aio_core::EventLoop;
+use aio_loop::AioContext;
 
 pub use aio_vhost_user_blk::server::DiskSocket;
 pub use config::{BadDiskSpec, Config, DiskSpec};

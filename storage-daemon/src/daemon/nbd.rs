@@ -18,7 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aio_block::{Image, ImageOptions};
-use aio_core::{AioContext, EventLoop};
+use aio_core::EventLoop;
+use aio_loop::AioContext;
 use aio_nbd::{Limits, NbdExport, NbdServer};
 
 use super::distinct::image_key;

@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use aio_core::NotifyHandle;
+use aio_loop::NotifyHandle;
 
 /// Tells a running [`run`] to stop: `Send + Sync + Clone`, for a signal handler, another
 /// thread, or a test. Stopping before `run` starts makes it return as soon as it has started.

@@ -12,7 +12,8 @@ use serde_json::{json, Map, Value};
 
 use aio::EngineKind;
 use aio_block::lock::{Access, ImageLock};
-use aio_core::{AioContext, EventLoop};
+use aio_core::EventLoop;
+use aio_loop::AioContext;
 use aio_virtio_blk::format::ImageFormat;
 
 use super::wire::{self, Args, QmpError};

@@ -44,7 +44,8 @@ use std::rc::Rc;
 use serde_json::Value;
 
 use aio::{Choice, EngineKind};
-use aio_core::{AioContext, EventLoop, FdHandler};
+use aio_core::EventLoop;
+use aio_loop::{AioContext, FdHandler};
 
 use crate::blockdev::Graph;
 use crate::daemon::{Control, Event};

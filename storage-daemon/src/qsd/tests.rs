@@ -136,7 +136,7 @@ fn null_nodes_and_exports_beside_iothreads_take_their_own_iothread() {
     .unwrap();
     let c = &line.config;
     assert_eq!(c.iothreads, 2);
-    assert_eq!(c.iothread_poll[0].max_ns, aio_core::DEFAULT_POLL_MAX_NS);
+    assert_eq!(c.iothread_poll[0].max_ns, aio_loop::DEFAULT_POLL_MAX_NS);
     assert_eq!(c.iothread_poll[1].max_ns, 0);
     assert!(c.disks[0].is_null() && c.disks[1].is_null());
     assert_eq!(c.disks[0].size, Some(1 << 30));

@@ -192,7 +192,7 @@ pub fn engines() -> Vec<&'static str> {
             match kind.build(&aio_storage_daemon::daemon::engine_options()) {
                 Ok(_) => true,
                 Err(why) => {
-                    aio_core::testing::skip(&format!("engine {e}: {why}"));
+                    aio_conformance::skip(&format!("engine {e}: {why}"));
                     false
                 }
             }

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::sync::{mpsc, OnceLock};
 use std::time::{Duration, Instant};
 
-use aio_core::testing::skip;
+use aio_conformance::skip;
 
 use super::reaped::Reaped;
 

@@ -27,7 +27,8 @@ use std::sync::Arc;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use aio_core::engine::IoEngine;
-use aio_core::{EventLoop, IoThreadHandle};
+use aio_core::EventLoop;
+use aio_loop::IoThreadHandle;
 use vhost::vhost_user::message::VhostUserVirtioFeatures;
 use vhost::vhost_user::{Backend, VhostUserFrontendReqHandler};
 use vhost::vhost_user::{Error as VuError, Result as VuResult};

@@ -34,7 +34,7 @@ use std::time::Duration;
 use crate::load::Pattern;
 use crate::units::{parse_duration, parse_size};
 use aio::{Choice, EngineKind, MonitorKind};
-use aio_core::{PollMaxNs, PollRule};
+use aio_loop::{PollMaxNs, PollRule};
 
 /// The names `uring_taskrun=` takes (io_uring's task-work modes, `TaskRun`'s names).
 pub const URING_TASK_RUN_MODES: [&str; 4] = ["auto", "signal", "coop", "defer"];
@@ -145,7 +145,7 @@ impl JobDef {
             fdmon: Choice::Auto,
             disks: 1,
             iothreads: 1,
-            poll_max_ns: PollMaxNs::Fixed(aio_core::DEFAULT_POLL_MAX_NS),
+            poll_max_ns: PollMaxNs::Fixed(aio_loop::DEFAULT_POLL_MAX_NS),
             poll_rule: PollRule::default(),
             uring_task_run: URING_TASK_RUN_MODES[0],
             batch_submit: None,

@@ -2,7 +2,7 @@
 //! their lines, and mutated files that must never panic.
 
 use super::*;
-use aio_core::testing::engine::Rng;
+use aio_conformance::engine::Rng;
 
 fn p(text: &str) -> Result<JobFile, JobFileError> {
     parse(text, Path::new("t.fio"))
@@ -65,7 +65,7 @@ fn globals_apply_to_later_jobs_only_and_jobs_override_them() {
     assert_eq!(c.fdmon, Choice::Named(MonitorKind::Epoll));
     assert_eq!(
         (c.disks, c.poll_max_ns),
-        (64, aio_core::PollMaxNs::Fixed(0))
+        (64, aio_loop::PollMaxNs::Fixed(0))
     );
 }
 

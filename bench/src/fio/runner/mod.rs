@@ -354,7 +354,7 @@ fn shares(def: &JobDef, size: u64, iothreads: usize) -> Vec<Share> {
 /// their own loop and engine.
 pub fn run_one(def: &JobDef) -> Result<JobReport, RunError> {
     // `disks=` registers a notifier per idle disk in each clone's loop.
-    aio_core::process::raise_fd_limit();
+    aio::process::raise_fd_limit();
     let (engine, fdmon) = backends(def)?;
     let failed = |reason: String| RunError::Run {
         job: def.name.clone(),
