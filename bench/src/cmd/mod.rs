@@ -23,10 +23,9 @@ pub mod values;
 pub mod vhost;
 pub mod vs_fio;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use aio_bench::error::BenchError;
-use aio_bench::targets::check_target;
 use aio_bench::targets::image::DiskImage;
 use aio_bench::targets::loopdev::LoopDevice;
 
@@ -48,6 +47,36 @@ impl crate::TestTarget {
         })?;
         Ok((None, image))
     }
+}
+
+/// Checks `--dir` (default: the system temp dir), `--bs` and the image size (`size_flag`
+/// names its flag); bad input names the flag.
+pub fn check_target(
+    dir: Option<&Path>,
+    bs: u64,
+    size: u64,
+    size_flag: &str,
+) -> Result<PathBuf, BenchError> {
+    let dir = dir
+        .map(Path::to_path_buf)
+        .unwrap_or_else(std::env::temp_dir);
+    if !dir.is_dir() {
+        return Err(BenchError::bad_input(format!(
+            "--dir {}: not an existing directory",
+            dir.display()
+        )));
+    }
+    if bs == 0 || bs % 512 != 0 {
+        return Err(BenchError::bad_input(format!(
+            "--bs {bs}: must be a non-zero multiple of 512 (O_DIRECT)"
+        )));
+    }
+    if size < bs {
+        return Err(BenchError::bad_input(format!(
+            "{size_flag} {size} is smaller than --bs {bs}"
+        )));
+    }
+    Ok(dir)
 }
 
 /// Checks, before anything runs, that each output file given (`--json`, `--csv`, `--svg`) can
