@@ -6,7 +6,7 @@
 //! found before a run starts, and nothing is left behind), 1 for a run that failed or found
 //! errors (a backend refused, a request failed, `--verify` found mismatches, a report could
 //! not be written). The other modules' errors ([`JobFileError`], [`LoopError`], [`FioError`],
-//! [`RunError`]) convert into it with `?`. It never prints: the binary prints
+//! [`RunError`], [`VhostError`]) convert into it with `?`; they never name it. It never prints: the binary prints
 //! `aio-bench SUBCOMMAND: MESSAGE` and exits with [`BenchError::exit_code`]. (A signal's exit,
 //! code 130, is [`crate::targets::cleanup`]'s.)
 
@@ -16,6 +16,7 @@ use crate::fio::jobfile::JobFileError;
 use crate::fio::runner::RunError;
 use crate::fio::FioError;
 use crate::targets::loopdev::LoopError;
+use crate::vhost::VhostError;
 
 /// Why an `aio-bench` subcommand failed; [`exit_code`](BenchError::exit_code) says with which
 /// code the binary exits.
@@ -38,6 +39,10 @@ pub enum BenchError {
     /// A job of a job file could not run (exit code 1).
     #[error(transparent)]
     Job(#[from] RunError),
+    /// `aio-bench vhost`: bad input (a block size or queue count the device refuses, a daemon
+    /// not installed, a CPU out of range: exit code 2) or a run that failed (exit code 1).
+    #[error(transparent)]
+    Vhost(#[from] VhostError),
     /// An I/O error while running or writing a report, with what was being done (exit code 1).
     #[error("{what}: {source}")]
     Io {
@@ -86,30 +91,12 @@ impl BenchError {
             | BenchError::Job(RunError::InUse { .. })
             | BenchError::Job(RunError::NoSpace { .. })
             | BenchError::Fio(FioError::Missing) => EXIT_BAD_INPUT,
+            BenchError::Vhost(e) if e.is_bad_input() => EXIT_BAD_INPUT,
             BenchError::Fio(_)
+            | BenchError::Vhost(_)
             | BenchError::Job(_)
             | BenchError::Io { .. }
             | BenchError::Failed(_) => EXIT_FAILED,
-        }
-    }
-}
-
-impl From<aio_vhost_user_blk::testing::LaunchError> for BenchError {
-    fn from(e: aio_vhost_user_blk::testing::LaunchError) -> BenchError {
-        use aio_vhost_user_blk::testing::LaunchError as L;
-        match e {
-            L::NotInstalled { .. } | L::BadCpu { .. } => BenchError::bad_input(e.to_string()),
-            L::Io { .. } | L::Failed { .. } => BenchError::failed(e.to_string()),
-        }
-    }
-}
-
-impl From<aio_vhost_user_blk::testing::ClientError> for BenchError {
-    fn from(e: aio_vhost_user_blk::testing::ClientError) -> BenchError {
-        use aio_vhost_user_blk::testing::ClientError as C;
-        match e {
-            C::TooManyQueues { .. } => BenchError::bad_input(format!("--queues: {e}")),
-            C::Blkio { .. } | C::NoAnswer { .. } => BenchError::failed(e.to_string()),
         }
     }
 }
@@ -158,6 +145,26 @@ mod tests {
                 BenchError::io("--csv out.csv", io::Error::other("disk full")),
                 1,
                 "--csv out.csv: disk full".into(),
+            ),
+            (
+                VhostError::from(aio_vhost_user_blk::testing::ClientError::TooManyQueues {
+                    socket: "/run/s.sock".into(),
+                    asked: 4,
+                    max: 2,
+                })
+                .into(),
+                2,
+                "--queues: 4 queue(s) asked for: the device at /run/s.sock has 2".into(),
+            ),
+            (
+                VhostError::bad_input("--bs 1024: the device at s needs multiples of 4096").into(),
+                2,
+                "--bs 1024: the device at s needs multiples of 4096".into(),
+            ),
+            (
+                VhostError::failed("queue 0: poll on the completion fd: EBADF").into(),
+                1,
+                "queue 0: poll on the completion fd: EBADF".into(),
             ),
             (
                 BenchError::failed("verify found 3 mismatches"),

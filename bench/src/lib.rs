@@ -20,6 +20,7 @@
 pub mod cpus;
 pub mod error;
 pub mod fio;
+pub mod flags;
 pub mod load;
 pub mod matrix;
 pub mod progress;

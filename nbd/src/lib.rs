@@ -60,10 +60,22 @@
 
 mod connection;
 pub mod export;
+// The wire's pieces the connection is made of: public only for the fuzz target (`nbd/fuzz`,
+// feature `fuzzing`), which drives them without a socket. `proto` (the wire's numbers) is
+// public API: clients and tests of NBD servers name its constants.
+#[cfg(feature = "fuzzing")]
 pub mod negotiate;
+#[cfg(not(feature = "fuzzing"))]
+mod negotiate;
 pub mod proto;
+#[cfg(feature = "fuzzing")]
 pub mod reply;
+#[cfg(not(feature = "fuzzing"))]
+mod reply;
+#[cfg(feature = "fuzzing")]
 pub mod request;
+#[cfg(not(feature = "fuzzing"))]
+mod request;
 mod server;
 mod stream;
 #[cfg(feature = "testing")]

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use aio_bench::error::BenchError;
-use aio_bench::targets::check_target;
+use aio_bench::flags::check_target;
 use aio_bench::targets::image::DiskImage;
 use aio_bench::targets::loopdev::{LoopDevice, LoopSpec};
 use aio_bench::units::{parse_duration, parse_poll_max_ns, parse_size};

@@ -7,7 +7,10 @@ use aio_test_support::{images, tool};
 
 fn main() {
     if !tool::installed("qemu-img") {
-        eprintln!("qemu-img is missing (install {})", tool::package_of("qemu-img"));
+        eprintln!(
+            "qemu-img is missing (install {})",
+            tool::package_of("qemu-img")
+        );
         std::process::exit(2);
     }
     let dir = images::image_dir("example");

@@ -30,7 +30,11 @@ pub fn raw_image(dir: &Path, name: &str, size: u64, byte: u8, filled: usize) -> 
 /// A new qcow2 image `name` of `size` (`64M`, `1G`: qemu-img's sizes) in `dir`, made by
 /// `qemu-img create`.
 pub fn qcow2_image(dir: &Path, name: &str, size: &str) -> PathBuf {
-    tool::run_in(dir, "qemu-img", &["create", "-q", "-f", "qcow2", name, size]);
+    tool::run_in(
+        dir,
+        "qemu-img",
+        &["create", "-q", "-f", "qcow2", name, size],
+    );
     dir.join(name)
 }
 

@@ -29,9 +29,9 @@
 //!   resubmits at its start, for a transport whose backend restarts under a running guest.
 //! * [`dataplane::DataPlane`]: what one iothread holds (its engine, its queues), and
 //!   [`dataplane::iothread_of`], the rule that spreads queues over iothreads.
-//! * [`driver::SplitRingDriver`]: the guest's side of a queue in this process (descriptors,
-//!   avail ring, kick, interrupt, used ring), for tests, benchmarks and examples that run
-//!   the real device without a guest.
+//! * `driver::SplitRingDriver` (feature `test-utils`, off by default): the guest's side of a
+//!   queue in this process (descriptors, avail ring, kick, interrupt, used ring), for tests,
+//!   benchmarks and examples that run the real device without a guest.
 //!
 //! A VMM serves a queue it set up itself (the guest memory as `vm-memory` regions, the ring
 //! addresses, the kick and call eventfds):
@@ -57,6 +57,7 @@
 pub mod chain;
 pub mod dataplane;
 pub mod device;
+#[cfg(feature = "test-utils")]
 pub mod driver;
 /// The image format probe: moved to [`aio_block::format`], re-exported here.
 pub use aio_block::format;

@@ -16,10 +16,10 @@ use aio_bench::error::BenchError;
 use aio_bench::matrix::{self, Cell, MatrixSpec};
 use aio_bench::progress::Progress;
 use aio_bench::scsi::{CellSpec, MemoryPath};
-use aio_bench::targets::check_target;
 use aio_bench::targets::image::{free_bytes, DiskImage};
 use aio_bench::targets::loopdev::{LoopDevice, LoopSpec};
 
+use super::check_target;
 use crate::MatrixArgs;
 
 /// Runs `matrix`.

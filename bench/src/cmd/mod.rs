@@ -26,7 +26,6 @@ pub mod vs_fio;
 use std::path::Path;
 
 use aio_bench::error::BenchError;
-use aio_bench::targets::check_target;
 use aio_bench::targets::image::DiskImage;
 use aio_bench::targets::loopdev::LoopDevice;
 
@@ -49,6 +48,8 @@ impl crate::TestTarget {
         Ok((None, image))
     }
 }
+
+pub use aio_bench::flags::check_target;
 
 /// Checks, before anything runs, that each output file given (`--json`, `--csv`, `--svg`) can
 /// be written: its directory exists and is writable, and the file, if it exists, is a file.

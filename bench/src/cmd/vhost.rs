@@ -16,9 +16,9 @@ use aio_bench::error::BenchError;
 use aio_bench::load::Pattern;
 use aio_bench::targets::loopdev::{LoopDevice, LoopSpec};
 use aio_bench::units::{parse_duration, parse_poll_max_ns, parse_runtime, parse_size};
-use aio_bench::vhost::client::MAX_IODEPTH;
 use aio_bench::vhost::compare::{self, CompareSpec};
 use aio_bench::vhost::daemons::QSD;
+use aio_bench::vhost::MAX_IODEPTH;
 use aio_bench::vhost::{run_client, ClientResult, ClientSpec};
 
 use super::values::parse_monitor_or_auto;
@@ -175,7 +175,7 @@ pub fn run(args: VhostArgs) -> Result<(), BenchError> {
         client,
         exe,
     };
-    compare::run(&spec)
+    Ok(compare::run(&spec)?)
 }
 
 /// With `--socket`, no flag of `--vs-qsd`'s (clap's `requires` cannot tell a flag's default

@@ -7,7 +7,6 @@
 use std::time::{Duration, Instant};
 
 use super::generator::{Generator, Issued};
-use crate::error::BenchError;
 
 /// How a [`Generator`]'s requests reach a disk: queue one, send what was queued, take what
 /// completed, wait for more.
@@ -21,20 +20,24 @@ use crate::error::BenchError;
 /// - a target whose slots have memory returns it from `slot_memory` (a verifying generator
 ///   stamps and checks there).
 pub trait Target {
+    /// Why the target failed (its own error: a queue that cannot be kicked, a poll that
+    /// failed); [`drive`] ends with it as [`DriveError::Target`].
+    type Error: std::error::Error + 'static;
+
     /// Queues `request`, or refuses it with an errno.
     fn submit(&mut self, request: Issued) -> Result<(), i32>;
 
     /// Sends what `submit` queued (rings doorbells, ends a plugged batch). The default does
     /// nothing: `submit` sent it.
-    fn flush(&mut self) -> Result<(), BenchError> {
+    fn flush(&mut self) -> Result<(), Self::Error> {
         Ok(())
     }
 
     /// Moves the completions there are into `done`, without waiting.
-    fn reap(&mut self, done: &mut Vec<(usize, Result<u64, i32>)>) -> Result<(), BenchError>;
+    fn reap(&mut self, done: &mut Vec<(usize, Result<u64, i32>)>) -> Result<(), Self::Error>;
 
     /// Waits until something may have completed, or for about `limit`.
-    fn wait(&mut self, limit: Duration) -> Result<(), BenchError>;
+    fn wait(&mut self, limit: Duration) -> Result<(), Self::Error>;
 
     /// Whether to stop issuing before the deadline (another part of the run failed). The
     /// default never stops.
@@ -52,9 +55,9 @@ pub trait Target {
     unsafe fn slot_memory(&mut self, slot: usize) -> Option<&mut [u8]>;
 }
 
-/// Why [`drive`] ended before the load did.
+/// Why [`drive`] ended before the load did; `E` is the target's [`Target::Error`].
 #[derive(Debug, thiserror::Error)]
-pub enum DriveError {
+pub enum DriveError<E: std::error::Error + 'static> {
     /// No completion came for `after` with requests in flight; they were given up
     /// ([`Generator::abandon`]).
     #[error(
@@ -70,7 +73,7 @@ pub enum DriveError {
     },
     /// The target failed.
     #[error(transparent)]
-    Target(#[from] BenchError),
+    Target(#[from] E),
 }
 
 /// Runs `generator` against `target`: every slot filled, then each completion counted and its
@@ -81,7 +84,7 @@ pub fn drive<T: Target>(
     generator: &mut Generator<'_>,
     target: &mut T,
     stall: Duration,
-) -> Result<(), DriveError> {
+) -> Result<(), DriveError<T::Error>> {
     let mut done = Vec::with_capacity(generator.slots());
     let start = Instant::now();
     for slot in 0..generator.slots() {

@@ -19,8 +19,9 @@ use std::fmt;
 use std::io;
 use std::time::Instant;
 
+use super::pattern::{Direction, OffsetStream, Pattern};
+use super::tally::{Tally, Window};
 use super::verify::{self, Ledger, ReadVerdict};
-use super::{Direction, OffsetStream, Pattern, Tally, Window};
 
 /// Mismatch reports a generator keeps in full (the count is always exact).
 const MAX_REPORTS: usize = 10;

@@ -3,9 +3,9 @@
 //! failures, refusals, a target that stops answering, the I/O limit.
 
 use super::*;
+use std::convert::Infallible;
 use std::time::Duration;
 
-use crate::error::BenchError;
 use crate::load::verify::{self, Ledger};
 use crate::load::{drive, DriveError, Target};
 
@@ -72,6 +72,8 @@ impl MemoryDisk {
 }
 
 impl Target for MemoryDisk {
+    type Error = Infallible;
+
     fn submit(&mut self, request: Issued) -> Result<(), i32> {
         if let Some(errno) = self.refuse {
             return Err(errno);
@@ -90,13 +92,13 @@ impl Target for MemoryDisk {
         Ok(())
     }
 
-    fn flush(&mut self) -> Result<(), BenchError> {
+    fn flush(&mut self) -> Result<(), Infallible> {
         self.in_device.append(&mut self.queued);
         self.most_in_device = self.most_in_device.max(self.in_device.len());
         Ok(())
     }
 
-    fn reap(&mut self, done: &mut Vec<(usize, Result<u64, i32>)>) -> Result<(), BenchError> {
+    fn reap(&mut self, done: &mut Vec<(usize, Result<u64, i32>)>) -> Result<(), Infallible> {
         if self.deaf {
             return Ok(());
         }
@@ -121,7 +123,7 @@ impl Target for MemoryDisk {
         Ok(())
     }
 
-    fn wait(&mut self, limit: Duration) -> Result<(), BenchError> {
+    fn wait(&mut self, limit: Duration) -> Result<(), Infallible> {
         self.waits.push((Instant::now(), limit));
         std::thread::sleep(limit.min(Duration::from_millis(2)));
         Ok(())

@@ -16,7 +16,7 @@
 //! | 28..32  | zero                                               |
 //! | 32..end | payload derived from offset and generation        |
 
-use super::Direction;
+use super::pattern::Direction;
 
 /// The stamp's magic.
 const MAGIC: &[u8; 8] = b"aio-rsV1";

@@ -7,7 +7,8 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::{Cell, MatrixSpec};
+use super::cell::Cell;
+use super::spec::MatrixSpec;
 use crate::scsi::GuestSched;
 
 /// The scsi-disk scaling table, shaped as in the QEMU epoll discussion: one per engine, a row
@@ -238,7 +239,7 @@ pub fn to_svg(spec: &MatrixSpec, cells: &[Cell]) -> Result<String, String> {
 /// The JSON report (`{"machine": {...}, "cells": [...], "scaling": [...]}`: the cells with the
 /// issue's field names, and with `--iothreads 1,K` each K cell against its one-iothread cell).
 pub fn to_json(spec: &MatrixSpec, cells: &[Cell]) -> serde_json::Value {
-    let scaling = super::scaling(spec, cells);
+    let scaling = super::scaling::scaling(spec, cells);
     let report = Report {
         machine: Machine {
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -271,7 +272,7 @@ struct Report<'a> {
 #[derive(Serialize)]
 struct ScalingRecord<'a> {
     #[serde(flatten)]
-    row: &'a super::Scaling,
+    row: &'a super::scaling::Scaling,
     of_ceiling: f64,
     of_ceiling_all_threads: f64,
 }

@@ -20,7 +20,8 @@
 
 use std::fmt::Write as _;
 
-use super::{Cell, MatrixSpec};
+use super::cell::Cell;
+use super::spec::MatrixSpec;
 
 /// A cell at K iothreads against the same cell at one (in the JSON report under these names,
 /// but `cell` for the label and `one_iothread_busy` for the iothread's busy share, with the

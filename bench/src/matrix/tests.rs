@@ -1,6 +1,7 @@
 //! The matrix's own tests: small matrices through every path, and their reports.
 
 use super::*;
+use crate::scsi::CellSpec;
 #[allow(unused_imports)]
 use std::time::Duration;
 

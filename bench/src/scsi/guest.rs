@@ -14,13 +14,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use aio_virtio_blk::driver::{DriverRequest, Finished, SplitRingDriver};
+use aio_virtio_blk::driver::{DriverError, DriverRequest, Finished, SplitRingDriver};
 use aio_virtio_blk::spec;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
-use super::CellSpec;
+use super::spec::CellSpec;
 use crate::cpus::thread_cpu_seconds;
-use crate::error::BenchError;
 use crate::load::verify::Ledger;
 use crate::load::{drive, Direction, Generator, Issued, Layout, LoadSpec, Tally, Target, Window};
 
@@ -166,6 +165,17 @@ pub(super) fn spawn(
         })
 }
 
+/// Why a guest's queues failed: [`drive`] then ends, and the guest counts what it had.
+#[derive(Debug, thiserror::Error)]
+enum GuestError {
+    /// A queue's kick eventfd could not be written.
+    #[error("kicking a queue: {0}")]
+    Kick(#[source] io::Error),
+    /// A queue's used ring held what the driver refuses.
+    #[error("the used ring: {0}")]
+    UsedRing(#[source] DriverError),
+}
+
 /// The guest's target: the disk's queues through their drivers, slot `s` on queue
 /// `s % queues` (its slot `s / queues` there).
 struct DriverTarget {
@@ -190,6 +200,8 @@ impl DriverTarget {
 }
 
 impl Target for DriverTarget {
+    type Error = GuestError;
+
     fn submit(&mut self, request: Issued) -> Result<(), i32> {
         let (q, local) = self.place(request.slot);
         let kind = match request.direction {
@@ -211,24 +223,22 @@ impl Target for DriverTarget {
     }
 
     /// Kicks every queue that got a request, unless its device is polling it.
-    fn flush(&mut self) -> Result<(), BenchError> {
+    fn flush(&mut self) -> Result<(), GuestError> {
         for (driver, kick) in self.drivers.iter().zip(&mut self.kick) {
             if std::mem::take(kick) {
-                driver
-                    .notify()
-                    .map_err(|e| BenchError::io("kicking a queue", e))?;
+                driver.notify().map_err(GuestError::Kick)?;
             }
         }
         Ok(())
     }
 
-    fn reap(&mut self, done: &mut Vec<(usize, Result<u64, i32>)>) -> Result<(), BenchError> {
+    fn reap(&mut self, done: &mut Vec<(usize, Result<u64, i32>)>) -> Result<(), GuestError> {
         let queues = self.drivers.len();
         for (q, driver) in self.drivers.iter_mut().enumerate() {
             self.used.clear();
             driver
                 .take_used(&mut self.used)
-                .map_err(|e| BenchError::failed(format!("the used ring: {e}")))?;
+                .map_err(GuestError::UsedRing)?;
             for f in &self.used {
                 let slot = usize::from(f.slot) * queues + q;
                 let result = match f.status {
@@ -243,7 +253,7 @@ impl Target for DriverTarget {
 
     /// Waits for an interrupt of any of the disk's queues (at most 100 ms, so a lost one
     /// costs no more).
-    fn wait(&mut self, limit: Duration) -> Result<(), BenchError> {
+    fn wait(&mut self, limit: Duration) -> Result<(), GuestError> {
         self.waits += 1;
         let ms = limit.as_millis().clamp(1, 100) as u16;
         let mut pfds: Vec<PollFd<'_>> = (self.drivers.iter())

@@ -21,7 +21,8 @@ use aio_virtio_blk::device::{BlockDevice, DiskOptions};
 use aio_virtio_blk::driver::{DeviceSide, SplitRingDriver};
 
 use super::guest::{self, GuestDone, GuestPlace, GuestStats};
-use super::{check, iothread_of, CellResult, CellSpec, IothreadFigures, MemoryPath};
+use super::result::{CellResult, IothreadFigures};
+use super::spec::{check, iothread_of, CellSpec, MemoryPath};
 use crate::cpus::{process_cpu_seconds, thread_cpu_seconds};
 use crate::targets::image::DiskImage;
 

@@ -23,37 +23,11 @@ use std::time::{Duration, Instant};
 use aio_vhost_user_blk::testing::{Client, ClientConfig};
 use hdrhistogram::Histogram;
 
-use crate::error::BenchError;
-use crate::load::{Pattern, Window};
+use crate::load::Window;
 
+use super::error::VhostError;
 use super::queue::{run_queue, QueueStats};
-
-/// The largest `--iodepth` per queue: libblkio's default virtqueue size (256 descriptors, one
-/// per request of one buffer).
-pub const MAX_IODEPTH: usize = 256;
-
-/// What the client runs against one socket.
-#[derive(Debug, Clone)]
-pub struct ClientSpec {
-    /// The pattern: randread, randwrite, randrw (or the sequential read, write, rw).
-    pub rw: Pattern,
-    /// The percentage of reads with randrw and rw (fio's `rwmixread`).
-    pub rwmixread: u8,
-    /// Bytes per request.
-    pub bs: usize,
-    /// Requests in flight per queue (1..=[`MAX_IODEPTH`]).
-    pub iodepth: usize,
-    /// Virtqueues used (libblkio's `num-queues`), one client thread each.
-    pub queues: usize,
-    /// The measured window.
-    pub runtime: Duration,
-    /// The warm-up before it.
-    pub ramp: Duration,
-    /// Stamp writes and check reads; a mismatch fails the run.
-    pub verify: bool,
-    /// Pin the client threads to this CPU.
-    pub cpu: Option<usize>,
-}
+use super::spec::ClientSpec;
 
 /// The figures of one client run, over the measured window.
 #[derive(Debug, Clone)]
@@ -118,7 +92,7 @@ pub fn run_client(
     socket: &Path,
     spec: &ClientSpec,
     daemon: Option<u32>,
-) -> Result<ClientResult, BenchError> {
+) -> Result<ClientResult, VhostError> {
     let sock = socket.display().to_string();
     let mut client = Client::connect(&ClientConfig {
         queues: spec.queues,
@@ -128,7 +102,7 @@ pub fn run_client(
     let capacity = client.capacity()?;
     let req_align = client.request_alignment()?;
     if spec.bs as u64 % req_align != 0 {
-        return Err(BenchError::bad_input(format!(
+        return Err(VhostError::bad_input(format!(
             "--bs {}: the device at {sock} needs multiples of {req_align}",
             spec.bs
         )));
@@ -140,7 +114,7 @@ pub fn run_client(
         1
     };
     if blocks_per_queue < least {
-        return Err(BenchError::bad_input(format!(
+        return Err(VhostError::bad_input(format!(
             "the device at {sock} has {capacity} bytes: too small for --bs {} x --queues {}{}",
             spec.bs,
             spec.queues,
@@ -157,7 +131,7 @@ pub fn run_client(
     let start = Instant::now();
     let window = Window::new(start, spec.ramp, spec.runtime);
     let failed = AtomicBool::new(false);
-    let results: Vec<Result<QueueStats, BenchError>> = std::thread::scope(|s| {
+    let results: Vec<Result<QueueStats, VhostError>> = std::thread::scope(|s| {
         let handles: Vec<_> = queues
             .into_iter()
             .enumerate()
@@ -196,19 +170,19 @@ pub fn run_client(
         }
     }
     if !errors.is_empty() {
-        return Err(BenchError::failed(errors.join("; ")));
+        return Err(VhostError::failed(errors.join("; ")));
     }
     let f = total.figures;
     let t = f.total();
     if t.errors > 0 {
-        return Err(BenchError::failed(format!(
+        return Err(VhostError::failed(format!(
             "{} request(s) failed on {sock}; first: {}",
             t.errors,
             f.first_failure.map(|e| e.to_string()).unwrap_or_default()
         )));
     }
     if f.verify.mismatches > 0 {
-        return Err(BenchError::failed(format!(
+        return Err(VhostError::failed(format!(
             "--verify: {} mismatch(es) on {sock}: {}",
             f.verify.mismatches,
             f.verify.reports.join("; ")
@@ -235,8 +209,8 @@ fn measure_cpu(
     from: Instant,
     to: Instant,
     failed: &AtomicBool,
-) -> Result<Duration, BenchError> {
-    let gone = |e: std::io::Error| BenchError::failed(format!("the daemon (PID {daemon}): {e}"));
+) -> Result<Duration, VhostError> {
+    let gone = |e: std::io::Error| VhostError::failed(format!("the daemon (PID {daemon}): {e}"));
     let read = || aio::process::cpu_time(daemon).map_err(gone);
     let sleep_until = |t: Instant| {
         while !failed.load(Ordering::Relaxed) {

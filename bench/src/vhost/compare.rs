@@ -13,12 +13,13 @@
 
 use std::path::PathBuf;
 
-use crate::error::BenchError;
 use aio::EngineKind;
 use aio::MonitorKind;
 
-use super::client::{run_client, ClientResult, ClientSpec};
+use super::client::{run_client, ClientResult};
 use super::daemons::{qemu_aio, Daemon, DaemonKind, DaemonSpec, RunDir};
+use super::error::VhostError;
+use super::spec::ClientSpec;
 use crate::rounds::median;
 
 /// What `--vs-qsd` runs.
@@ -85,7 +86,7 @@ impl Cell {
 
 /// Runs the comparison and prints each run and the summary. The first daemon that fails (to
 /// start, or during its run) ends it with that daemon's error; nothing is left running.
-pub fn run(spec: &CompareSpec) -> Result<(), BenchError> {
+pub fn run(spec: &CompareSpec) -> Result<(), VhostError> {
     let dir = RunDir::new()?;
     let c = &spec.client;
     println!(
@@ -158,12 +159,12 @@ fn one_run(
     daemon: &DaemonSpec,
     dir: &std::path::Path,
     spec: &CompareSpec,
-) -> Result<ClientResult, BenchError> {
+) -> Result<ClientResult, VhostError> {
     let mut d = Daemon::start(daemon, dir, &spec.exe)?;
     let result = run_client(d.socket(0), &spec.client, Some(d.pid()));
     // A daemon that died explains a failed run better than the client's error does.
     d.check_running()?;
-    let result = result.map_err(|e| BenchError::failed(format!("{}: {e}", d.label())))?;
+    let result = result.map_err(|e| VhostError::failed(format!("{}: {e}", d.label())))?;
     d.stop()?;
     Ok(result)
 }

@@ -16,12 +16,19 @@
 //! prints the medians and the ratios ours/QEMU (and, with several disk counts, each count
 //! against one disk).
 //!
+//! What the client runs is [`spec`]'s [`ClientSpec`]; what fails is [`error`]'s
+//! [`VhostError`].
+//!
 //! This module owns the vhost-user side of the bench only; the command line is
 //! `cmd::vhost` in the binary.
 
 pub mod client;
 pub mod compare;
 pub mod daemons;
+pub mod error;
 pub mod queue;
+pub mod spec;
 
-pub use client::{run_client, ClientResult, ClientSpec};
+pub use client::{run_client, ClientResult};
+pub use error::VhostError;
+pub use spec::{ClientSpec, MAX_IODEPTH};

@@ -21,14 +21,14 @@ use aio_vhost_user_blk::testing::blkio::{Blkioq, Completion, ReqFlags};
 use aio_vhost_user_blk::testing::ClientError;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
-use crate::error::BenchError;
 use crate::load::verify::Ledger;
 use crate::load::DriveError;
 use crate::load::{
     drive, Direction, Generator, Issued, Layout, LoadFigures, LoadSpec, Target, Window,
 };
 
-use super::client::ClientSpec;
+use super::error::VhostError;
+use super::spec::ClientSpec;
 
 /// How long a queue may go without a completion while requests are in flight before the run
 /// fails (the daemon stopped answering).
@@ -81,6 +81,8 @@ impl QueueTarget<'_> {
 }
 
 impl Target for QueueTarget<'_> {
+    type Error = VhostError;
+
     /// Queued; the next `do_io` (in `reap`) kicks the device.
     fn submit(&mut self, request: Issued) -> Result<(), i32> {
         let (buf, len) = (self.buf(request.slot), request.len);
@@ -102,7 +104,7 @@ impl Target for QueueTarget<'_> {
     }
 
     /// Kicks the device for what was queued and takes what completed, never waiting.
-    fn reap(&mut self, done: &mut Vec<(usize, Result<u64, i32>)>) -> Result<(), BenchError> {
+    fn reap(&mut self, done: &mut Vec<(usize, Result<u64, i32>)>) -> Result<(), VhostError> {
         let n = self
             .queue
             .do_io(&mut self.completions, 0, None, None)
@@ -126,7 +128,7 @@ impl Target for QueueTarget<'_> {
 
     /// Sleeps in poll(2) on the completion fd (at most `limit`, and at most a second, so a
     /// stalled daemon and the window's end are noticed), then clears the eventfd.
-    fn wait(&mut self, limit: Duration) -> Result<(), BenchError> {
+    fn wait(&mut self, limit: Duration) -> Result<(), VhostError> {
         // SAFETY: the completion fd belongs to the queue, which outlives this borrow.
         let fd = unsafe { BorrowedFd::borrow_raw(self.fd) };
         let ms = limit.min(Duration::from_secs(1)).as_millis().max(1) as u16;
@@ -134,7 +136,7 @@ impl Target for QueueTarget<'_> {
         match poll(&mut pfd, PollTimeout::from(ms)) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(e) => {
-                return Err(BenchError::failed(format!(
+                return Err(VhostError::failed(format!(
                     "queue {}: poll on the completion fd: {}",
                     self.q,
                     std::io::Error::from(e)
@@ -171,13 +173,13 @@ pub(super) fn run_queue(
     base: usize,
     window: Window,
     failed: &AtomicBool,
-) -> Result<QueueStats, BenchError> {
+) -> Result<QueueStats, VhostError> {
     if let Some(cpu) = spec.cpu {
-        crate::cpus::pin_to(&[cpu]).map_err(BenchError::failed)?;
+        crate::cpus::pin_to(&[cpu]).map_err(VhostError::failed)?;
     }
     let fd = queue
         .get_completion_fd()
-        .ok_or_else(|| BenchError::failed(format!("libblkio: queue {q} has no completion fd")))?;
+        .ok_or_else(|| VhostError::failed(format!("libblkio: queue {q} has no completion fd")))?;
     queue.set_completion_fd_enabled(true);
     let load = LoadSpec {
         pattern: spec.rw,
@@ -193,7 +195,7 @@ pub(super) fn run_queue(
     // The disk's contents are not this run's: a block not written yet may hold anything.
     let mut ledger = spec.verify.then(|| Ledger::unknown(blocks, spec.bs));
     let mut generator = match ledger.as_mut() {
-        Some(l) => Generator::verifying(&load, l).map_err(BenchError::bad_input)?,
+        Some(l) => Generator::verifying(&load, l).map_err(VhostError::bad_input)?,
         None => Generator::new(&load),
     };
     let mut target = QueueTarget {
@@ -207,7 +209,7 @@ pub(super) fn run_queue(
     };
     drive(&mut generator, &mut target, STALL).map_err(|e| match e {
         DriveError::Stalled { .. } => {
-            BenchError::failed(format!("queue {q}: {e} (the daemon stopped answering)"))
+            VhostError::failed(format!("queue {q}: {e} (the daemon stopped answering)"))
         }
         DriveError::Target(e) => e,
     })?;

@@ -16,8 +16,8 @@ use std::io;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use aio::{Choice, EngineKind, MonitorKind};
 use aio::process::CpuList;
+use aio::{Choice, EngineKind, MonitorKind};
 use aio_core::{EventLoop, IoEngine};
 use aio_loop::{AioContext, IoThread, IoThreadError, PollParams};
 use aio_virtio_blk::dataplane::DataPlane;

@@ -25,7 +25,9 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{InflightError, QueueRegion, RegionLog, VERSION};
+use super::error::InflightError;
+use super::layout::{Entry, VERSION};
+use super::region::{QueueRegion, RegionLog};
 
 /// What the ring says when its queue starts, read from guest memory (and the frontend's
 /// vring base).
@@ -143,7 +145,7 @@ impl QueueRegion {
     /// torn last batch) and brings `used_idx` to the ring's; gives how many were cleared.
     fn repair_last_batch(
         &self,
-        entries: &[super::Entry],
+        entries: &[Entry],
         ring: &RingState,
         used_head: impl Fn(u16) -> Option<u16>,
     ) -> Result<u16, InflightError> {
@@ -202,7 +204,7 @@ impl QueueRegion {
 
 /// The heads marked in flight below `ring_size`, as (counter, head); an entry not 0 or 1, or
 /// a head beyond the ring, is cleared and counted as ignored.
-fn marked_heads(entries: &[super::Entry], ring_size: u16) -> (Vec<(u64, u16)>, usize) {
+fn marked_heads(entries: &[Entry], ring_size: u16) -> (Vec<(u64, u16)>, usize) {
     let mut marked = Vec::new();
     let mut ignored = 0;
     for (head, entry) in entries.iter().enumerate() {

@@ -1,5 +1,7 @@
 //! The region's geometry checks, its log and its recovery, on real memfds.
 
+use std::fs::File;
+use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
