@@ -19,7 +19,7 @@ fn refusal(path: &Path, format: ImageFormat) -> OpenError {
 
 #[test]
 fn encrypted_and_foreign_images_and_backing_loops_are_refused_by_name() {
-    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let dir = aio_test_support::images::image_dir("block-test");
     let at = dir.path();
     let secret = ["--object", "secret,id=s0,data=hunter2"];
     let luks_qcow2 = ["-o", "encrypt.format=luks,encrypt.key-secret=s0"];

@@ -156,7 +156,7 @@ fn exercise(s: &Session, name: &str) {
 #[test]
 fn a_raw_image_serves_every_op_on_every_engine_straight_to_its_file() {
     for (kind, engine) in common::engines() {
-        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let dir = aio_test_support::images::image_dir("block-test");
         let path = dir.path().join("disk.img");
         std::fs::write(&path, vec![0u8; 4 << 20]).unwrap();
         let image = Arc::new(Image::open(&path, ImageOptions::new(ImageFormat::Raw)).unwrap());
@@ -179,7 +179,7 @@ fn a_raw_image_serves_every_op_on_every_engine_straight_to_its_file() {
 #[test]
 fn a_qcow2_image_serves_every_op_and_qemu_reads_back_what_was_written() {
     for (kind, engine) in common::engines() {
-        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let dir = aio_test_support::images::image_dir("block-test");
         qemu_img(
             dir.path(),
             &["create", "-q", "-f", "qcow2", "disk.qcow2", "4M"],
@@ -240,7 +240,7 @@ unsafe impl Sync for Unaligned {}
 
 #[test]
 fn misaligned_memory_goes_through_a_bounce_buffer_with_the_same_data() {
-    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let dir = aio_test_support::images::image_dir("block-test");
     let path = dir.path().join("disk.img");
     std::fs::write(&path, vec![0x5au8; MIB as usize]).unwrap();
     let image = Arc::new(Image::open(&path, ImageOptions::new(ImageFormat::Raw)).unwrap());
@@ -270,7 +270,7 @@ fn misaligned_memory_goes_through_a_bounce_buffer_with_the_same_data() {
 
 #[test]
 fn refusals_leave_the_image_untouched() {
-    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let dir = aio_test_support::images::image_dir("block-test");
     let path = dir.path().join("disk.img");
     std::fs::write(&path, vec![0u8; MIB as usize]).unwrap();
     let (_, engine) = common::engines().remove(0);

@@ -93,7 +93,7 @@ fn status_on_queue(
 /// A directory for images opened `O_DIRECT` whose file system keeps holes (`/var/tmp`, as the
 /// other image tests use).
 fn holey_dir() -> tempfile::TempDir {
-    tempfile::tempdir_in("/var/tmp").unwrap()
+    aio_test_support::images::image_dir("block-test")
 }
 
 #[cfg(feature = "qcow2")]

@@ -133,7 +133,7 @@ fn resize_under_a_guest(program: &str, format: &str, name: &str) {
         skip("qemu-img is not installed (Debian package qemu-utils)");
         return;
     }
-    let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+    let dir = aio_test_support::images::image_dir("storage-daemon-test");
     let mut image = dir.path().join(format!("disk.{format}"));
     let cluster = match format {
         "rbd" => {

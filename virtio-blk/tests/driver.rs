@@ -21,7 +21,7 @@ fn serve<T: Send + 'static>(
     slots: u16,
     guest: impl FnOnce(&mut SplitRingDriver) -> T + Send + 'static,
 ) -> (T, u16) {
-    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let dir = aio_test_support::images::image_dir("virtio-blk-test");
     let path = dir.path().join("disk.img");
     std::fs::File::create(&path)
         .unwrap()
@@ -182,7 +182,7 @@ fn bad_sizes_and_slots_are_refused() {
 #[test]
 fn a_window_of_an_image_is_a_disk_of_its_own() {
     use std::os::unix::fs::FileExt;
-    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let dir = aio_test_support::images::image_dir("virtio-blk-test");
     let path = dir.path().join("shared.img");
     std::fs::File::create(&path)
         .unwrap()

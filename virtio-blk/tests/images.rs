@@ -49,7 +49,7 @@ fn engines() -> Vec<(EngineKind, Box<dyn IoEngine>)> {
 #[test]
 fn a_qcow2_overlay_serves_its_backing_file_and_keeps_the_guests_writes_on_every_engine() {
     for (kind, engine) in engines() {
-        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let dir = aio_test_support::images::image_dir("virtio-blk-test");
         let at = dir.path();
         qemu(
             at,
@@ -182,7 +182,7 @@ fn one_qcow2_image_is_served_by_queues_on_two_iothreads_at_once() {
 /// Each reads back what `qemu-io` wrote, takes the guest's writes, and is left clean.
 #[test]
 fn images_made_by_qemu_img_read_back_qemus_data_and_take_the_guests() {
-    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let dir = aio_test_support::images::image_dir("virtio-blk-test");
     let at = dir.path();
     // A raw file holding QEMU's pattern, to convert (compressed) into qcow2.
     qemu(
@@ -248,7 +248,7 @@ fn images_made_by_qemu_img_read_back_qemus_data_and_take_the_guests() {
 
 #[test]
 fn a_probed_raw_image_refuses_a_format_header_in_sector_0_unless_said_raw() {
-    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let dir = aio_test_support::images::image_dir("virtio-blk-test");
     let path = dir.path().join("disk.img");
     std::fs::File::create(&path).unwrap().set_len(MIB).unwrap();
     let mut header = [0u8; 4096];
@@ -299,7 +299,7 @@ fn the_null_device_reads_zeros_and_drops_writes() {
 /// cluster inside the file that held the guest's old data (where it must be zeroed).
 #[test]
 fn a_small_write_into_a_new_cluster_reads_zeros_around_it_even_in_a_reused_cluster() {
-    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let dir = aio_test_support::images::image_dir("virtio-blk-test");
     let at = dir.path();
     qemu(
         at,

@@ -29,7 +29,7 @@ fn qcow2_16m() -> (tempfile::TempDir, std::path::PathBuf) {
 /// the size of the moment.
 #[test]
 fn a_served_raw_disk_takes_requests_up_to_its_new_end() {
-    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let dir = aio_test_support::images::image_dir("virtio-blk-test");
     let path = dir.path().join("disk.img");
     std::fs::File::create(&path)
         .and_then(|f| f.set_len(4 * MIB))

@@ -1,10 +1,9 @@
 //! What the NBD server's integration tests share: a server on a thread of its own, a raw
 //! protocol client for what no real client sends, and the client tools run to completion.
-#![allow(dead_code)]
+// Each test file uses part of it.
+#![allow(dead_code, unused_imports)]
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
@@ -124,57 +123,10 @@ impl Drop for TestServer {
     }
 }
 
-/// Runs `program` with `args`; its standard output. A failure is the test's, with the
-/// tool's words and the package that has it.
-pub fn run(program: &str, args: &[&str]) -> String {
-    let out = tool(program, args);
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Runs `program` with `args` whatever its exit status.
-pub fn tool(program: &str, args: &[&str]) -> std::process::Output {
-    let package = match program {
-        "nbdinfo" | "nbdcopy" => "libnbd-bin",
-        "nbdsh" => "python3-libnbd",
-        "fio" => "fio",
-        _ => "qemu-utils",
-    };
-    // nbdsh is `python3 -m nbd` of the system's Python (python3-libnbd): run with that one,
-    // whatever `python3` a user's PATH finds first.
-    let mut command = match program {
-        "nbdsh" if Path::new("/usr/bin/nbdsh").exists() => {
-            let mut c = Command::new("/usr/bin/python3");
-            c.args(["-m", "nbd"]);
-            c
-        }
-        _ => Command::new(program),
-    };
-    command
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{program}: {e} (install {package}; .ci/run does)"))
-}
-
-/// A raw image of `size` bytes in a directory that has `O_DIRECT` (not tmpfs), filled with
-/// `byte` over its first `filled` bytes.
-pub fn raw_image(dir: &Path, name: &str, size: u64, byte: u8, filled: usize) -> PathBuf {
-    let path = dir.join(name);
-    let mut f = std::fs::File::create(&path).unwrap();
-    f.write_all(&vec![byte; filled]).unwrap();
-    f.set_len(size).unwrap();
-    path
-}
+pub use aio_test_support::images::raw_image;
+pub use aio_test_support::tool::{output as tool, run};
 
 /// A directory for images, where `O_DIRECT` works.
 pub fn image_dir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("aio-nbd-test")
-        .tempdir_in("/var/tmp")
-        .unwrap()
+    aio_test_support::images::image_dir("nbd-test")
 }

@@ -1,7 +1,7 @@
 //! Shared by the integration tests: the daemon binary started through
 //! `aio_vhost_user_blk::testing`, its image, and the engines this kernel offers.
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -127,23 +127,7 @@ pub fn daemon_refused(args: &[String], limit: Duration) -> (i32, String) {
     )
 }
 
-/// `child`'s output once it ends; killed (and the test failed) if it still runs after `limit`.
-pub fn ended_within(mut child: std::process::Child, limit: Duration) -> std::process::Output {
-    let deadline = Instant::now() + limit;
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            child.kill().unwrap();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "still running after {limit:?}: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
-}
+pub use aio_test_support::child::ended_within;
 
 /// A client of `socket` with `queues` queues and a region of `region_bytes`.
 pub fn connect(socket: &Path, queues: usize, region_bytes: usize) -> Result<Client, ClientError> {
@@ -185,42 +169,15 @@ pub fn image(bytes: u64) -> (tempfile::TempDir, PathBuf) {
 /// The engines this kernel offers, by the daemon's names; each one refused says `skipped:`
 /// why (a failure under `AIO_REQUIRE_ALL_BACKENDS=1`).
 pub fn engines() -> Vec<&'static str> {
-    ["uring", "linux-aio", "pool"]
+    aio_test_support::engines::engine_kinds()
         .into_iter()
-        .filter(|e| {
-            let kind: aio::EngineKind = e.parse().expect("an engine's name");
-            match kind.build(&aio_storage_daemon::daemon::engine_options()) {
-                Ok(_) => true,
-                Err(why) => {
-                    aio_conformance::skip(&format!("engine {e}: {why}"));
-                    false
-                }
-            }
-        })
+        .map(|k| k.name())
         .collect()
 }
 
-/// Whether `program --version` runs here.
-pub fn runnable(program: &str) -> bool {
-    std::process::Command::new(program)
-        .arg("--version")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
+pub use aio_test_support::tool::installed as runnable;
 
 /// Runs `qemu-img` with `args`; panics with its output if it fails, else returns its output.
 pub fn qemu_img(args: &[&str]) -> String {
-    let out = std::process::Command::new("qemu-img")
-        .args(args)
-        .output()
-        .expect("qemu-img (install qemu-utils)");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "qemu-img {args:?}: {text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
+    aio_test_support::tool::run("qemu-img", args)
 }

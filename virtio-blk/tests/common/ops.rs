@@ -3,7 +3,6 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,39 +16,23 @@ use crate::common::{self, Ring};
 /// Each slot's data buffer: the largest request the tests post.
 pub const SLOT_BYTES: u32 = 64 << 10;
 
-/// Runs a QEMU tool in `dir`; panics with its output if it fails.
+/// Runs a QEMU tool in `dir`; its standard output (a failure fails the test with its words).
 pub fn qemu(dir: &Path, tool: &str, args: &[&str]) -> String {
-    let out = Command::new(tool)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap_or_else(|e| panic!("{tool}: {e} (install qemu-utils)"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{tool} {args:?} failed: {text}");
-    text
+    aio_test_support::tool::run_in(dir, tool, args)
 }
 
 /// A new directory in `/var/tmp` (O_DIRECT works there, not on tmpfs) holding `name`, a new
 /// qcow2 image of `size` (`16M`, `64M`) made by `qemu-img`; the image's path.
 pub fn new_qcow2(name: &str, size: &str) -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
-    qemu(
-        dir.path(),
-        "qemu-img",
-        &["create", "-q", "-f", "qcow2", name, size],
-    );
-    let path = dir.path().join(name);
+    let dir = aio_test_support::images::image_dir("virtio-blk-test");
+    let path = aio_test_support::images::qcow2_image(dir.path(), name, size);
     (dir, path)
 }
 
 /// What the engines are built with: discard and write-zeroes on a thread pool behind Linux
 /// AIO, as the daemon builds them.
 pub fn options() -> EngineOptions {
-    EngineOptions::default().with_fallback_pool(true)
+    aio_test_support::engines::options()
 }
 
 /// Posts one request in slot 0 and waits for its status.
