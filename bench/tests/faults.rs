@@ -2,17 +2,13 @@
 //! reports the failures; one whose engine loses writes is caught by `--verify`, on the
 //! guest-memory path and on the copy path alike.
 
-use std::cell::Cell;
-use std::collections::VecDeque;
-use std::rc::Rc;
 use std::time::Duration;
 
 use aio_bench::load::Pattern;
 use aio_bench::scsi::{run_cell, CellResult, CellSpec, MemoryPath};
 use aio_bench::targets::image::DiskImage;
 use aio_conformance::faults::{FaultPlan, FaultyEngine};
-use aio_core::engine::{Completion, IoEngine, Request, SubmitError};
-use aio_core::Notifier;
+use aio_core::engine::IoEngine;
 
 /// Runs the fault cell with `engine` on fresh stamped images (`tag` keeps them apart).
 fn cell(tag: &str, memory: MemoryPath, engine: impl IoEngine + 'static) -> CellResult {
@@ -80,10 +76,15 @@ fn a_cell_survives_failed_requests_and_reports_them() {
 #[test]
 fn verify_catches_lost_writes_and_names_their_offsets() {
     for memory in MemoryPath::ALL {
-        let engine = LoseWrites::new(pool(), 5);
-        let lost = engine.lost.clone();
+        // Every 5th write, from an `AlignedBuf` or from guest memory, acknowledged undone.
+        let plan = FaultPlan {
+            lose_write_every: Some(5),
+            ..FaultPlan::default()
+        };
+        let engine = FaultyEngine::new(pool(), plan).unwrap();
+        let stats = engine.stats_handle();
         let r = cell(&format!("lose-{memory}"), memory, engine);
-        assert!(lost.get() > 0, "{memory}: no write was lost");
+        assert!(stats.get().lost_writes > 0, "{memory}: no write was lost");
         assert_eq!(r.errors, 0, "{memory}: a lost write looks like a success");
         assert!(r.verify_errors > 0, "{memory}: verify notices: {r:?}");
         assert!(
@@ -91,77 +92,5 @@ fn verify_catches_lost_writes_and_names_their_offsets() {
             "{memory}: {:?}",
             r.verify_reports
         );
-    }
-}
-
-/// An engine that reports every `every`-th write of any kind (from an `AlignedBuf` or from
-/// guest memory) as done without sending it: a lost write.
-struct LoseWrites<E> {
-    inner: E,
-    every: u64,
-    writes: u64,
-    lost: Rc<Cell<u64>>,
-    held: VecDeque<Completion>,
-}
-
-impl<E: IoEngine> LoseWrites<E> {
-    fn new(inner: E, every: u64) -> Self {
-        LoseWrites {
-            inner,
-            every,
-            writes: 0,
-            lost: Rc::default(),
-            held: VecDeque::new(),
-        }
-    }
-}
-
-impl<E: IoEngine> IoEngine for LoseWrites<E> {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-    fn submit(&mut self, request: Request) -> Result<(), SubmitError> {
-        if request.op.is_write() {
-            self.writes += 1;
-            if self.writes % self.every == 0 {
-                self.lost.set(self.lost.get() + 1);
-                let len = request.op.len();
-                self.held.push_back(request.complete(Ok(len)));
-                let _ = self.inner.notifier().notify();
-                return Ok(());
-            }
-        }
-        self.inner.submit(request)
-    }
-    fn plug(&mut self) {
-        self.inner.plug()
-    }
-    fn unplug(&mut self) {
-        self.inner.unplug()
-    }
-    fn set_max_batch(&mut self, max: usize) {
-        self.inner.set_max_batch(max)
-    }
-    fn poll_completions(&mut self, out: &mut VecDeque<Completion>) -> usize {
-        let n = self.held.len();
-        out.extend(self.held.drain(..));
-        n + self.inner.poll_completions(out)
-    }
-    fn has_completions(&self) -> bool {
-        !self.held.is_empty() || self.inner.has_completions()
-    }
-    fn notifier(&self) -> &Notifier {
-        self.inner.notifier()
-    }
-    fn cancel(&mut self, token: u64) -> bool {
-        self.inner.cancel(token)
-    }
-    fn in_flight(&self) -> usize {
-        self.inner.in_flight() + self.held.len()
-    }
-    fn drain(&mut self) -> Vec<Completion> {
-        let mut all: Vec<Completion> = self.held.drain(..).collect();
-        all.extend(self.inner.drain());
-        all
     }
 }

@@ -34,16 +34,7 @@ fn assert_pattern(dir: &Path, image: &str, format: &str, offset: u64, len: u64, 
 /// reported skip): a ring built, dropped and built again can be refused under a small
 /// `RLIMIT_MEMLOCK`, since the kernel frees the first one's locked memory later.
 fn engines() -> Vec<(EngineKind, Box<dyn IoEngine>)> {
-    EngineKind::available()
-        .into_iter()
-        .filter_map(|kind| match kind.build(&options()) {
-            Ok(engine) => Some((kind, engine)),
-            Err(why) => {
-                aio_conformance::skip(&format!("engine {kind}: {why}"));
-                None
-            }
-        })
-        .collect()
+    aio_test_support::engines::engines()
 }
 
 #[test]
