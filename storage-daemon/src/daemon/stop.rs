@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use aio_loop::NotifyHandle;
 
-/// Tells a running [`run`] to stop: `Send + Sync + Clone`, for a signal handler, another
+/// Tells a running [`run`](super::run) to stop: `Send + Sync + Clone`, for a signal handler, another
 /// thread, or a test. Stopping before `run` starts makes it return as soon as it has started.
 #[derive(Debug, Clone, Default)]
 pub struct StopHandle {

@@ -30,8 +30,8 @@
 //!   `vhost_user_blk`, as QEMU's.
 //!
 //! This module owns the command line's options and their order; what the block options mean
-//! is the block graph's ([`crate::blockdev`], shared with QMP); it opens nothing. `--disk` is this daemon's own, shorter form; one
-//! command line takes one form or the other.
+//! is the block graph's (the crate's `blockdev/`, shared with QMP); it opens nothing. `--disk`
+//! is this daemon's own, shorter form; one command line takes one form or the other.
 
 pub(crate) mod command;
 mod process;
