@@ -107,13 +107,11 @@ impl Graph {
     }
 
     /// Adds a `--nbd-server` (one only).
-    pub(crate) fn nbd_server(&mut self, mut o: Opts) -> Result<(), QsdError> {
+    pub(crate) fn nbd_server(&mut self, o: Opts) -> Result<(), QsdError> {
         if self.nbd_server.is_some() {
             return Err(o.invalid("an NBD server is already given"));
         }
-        let spec = nbd_server::server_spec(&mut o, &self.tls_creds)?;
-        o.finish()?;
-        self.nbd_server = Some(spec);
+        self.nbd_server = Some(self.nbd_server_spec(o)?);
         Ok(())
     }
 

@@ -90,15 +90,16 @@ impl State {
 
     /// What resizing node `name` changes.
     fn resize_target(&self, name: &str, node: &Node) -> Result<Target, QmpError> {
-        let live = || self.graph.exports.iter().filter(|e| e.disk.is_some());
+        // The live exports, each with its disk's number.
+        let live = || self.graph.exports.iter().filter_map(|e| Some((e, e.disk?)));
         if let Node::Null { .. } = node {
             return Ok(Target::Null);
         }
-        if let Some(e) = live().find(|e| e.node == name) {
-            return Ok(Target::Export(e.disk.unwrap_or_default()));
+        if let Some((_, disk)) = live().find(|(e, _)| e.node == name) {
+            return Ok(Target::Export(disk));
         }
         // The file under an exported format node.
-        for e in live() {
+        for (e, disk) in live() {
             if let Some(Node::Format { format, file, .. }) = self.graph.nodes.get(&e.node) {
                 if **file != *node {
                     continue;
@@ -110,7 +111,7 @@ impl State {
                         e.node, e.id, e.node
                     )));
                 }
-                return Ok(Target::Export(e.disk.unwrap_or_default()));
+                return Ok(Target::Export(disk));
             }
         }
         // Not exported: its image (a format node's file, as the format reads it).
