@@ -98,10 +98,6 @@ pub(crate) const COMMANDS: &[Command] = &[
     },
 ];
 
-fn qsd_error(e: crate::qsd::QsdError) -> QmpError {
-    QmpError::generic(e.to_string())
-}
-
 impl State {
     /// `query-named-block-nodes [flat]` (every node is listed as it is: `flat` changes
     /// nothing while no node has a child of its own in the list).
@@ -140,9 +136,9 @@ impl State {
     }
 
     fn blockdev_add(&mut self, args: Args) -> Result<Value, QmpError> {
-        let opts = Opts::from_json("blockdev-add", &args.0).map_err(qsd_error)?;
+        let opts = Opts::from_json("blockdev-add", &args.0)?;
         let mut graph = self.graph.clone();
-        graph.blockdev(opts).map_err(qsd_error)?;
+        graph.blockdev(opts)?;
         let added = graph
             .nodes
             .iter()
@@ -180,9 +176,9 @@ impl State {
     }
 
     fn export_add(&mut self, ctx: &Ctx, args: Args) -> Result<Value, QmpError> {
-        let opts = Opts::from_json("block-export-add", &args.0).map_err(qsd_error)?;
+        let opts = Opts::from_json("block-export-add", &args.0)?;
         let mut graph = self.graph.clone();
-        graph.export(opts).map_err(qsd_error)?;
+        graph.export(opts)?;
         let Some(export) = graph.exports.last().cloned() else {
             return Err(QmpError::generic("no export was given"));
         };
@@ -195,7 +191,7 @@ impl State {
         if let Transport::Nbd { .. } = export.transport {
             return self.nbd_export_add(graph, &export);
         }
-        let (spec, aio) = graph.disk_spec(&export).map_err(qsd_error)?;
+        let (spec, aio) = graph.disk_spec(&export)?;
         if let (Some((kind, _)), Some(running)) = (aio, self.engine) {
             if kind != running {
                 return Err(QmpError::generic(format!(
@@ -210,10 +206,7 @@ impl State {
             Some(n) if !spec.is_null() => n.image_of(&spec.image),
             _ => None,
         };
-        let number = self
-            .exports
-            .add_sharing(ctx, spec, shared)
-            .map_err(|e| QmpError::generic(e.to_string()))?;
+        let number = self.exports.add_sharing(ctx, spec, shared)?;
         if let Some(added) = graph.exports.last_mut() {
             added.disk = Some(number);
         }

@@ -114,9 +114,7 @@ impl State {
             }
         }
         let thread = self.graph.objects[k].thread;
-        self.iothreads.handles()[thread]
-            .set_poll_params(poll)
-            .map_err(|e| QmpError::generic(e.to_string()))?;
+        self.iothreads.handles()[thread].set_poll_params(poll)?;
         self.graph.objects[k].poll = poll;
         Ok(json!({}))
     }
@@ -143,17 +141,11 @@ impl State {
                 )));
             }
         }
-        let opts =
-            Opts::from_json("object-add", &args.0).map_err(|e| QmpError::generic(e.to_string()))?;
+        let opts = Opts::from_json("object-add", &args.0)?;
         let mut graph = self.graph.clone();
-        let added = graph
-            .object(opts)
-            .map_err(|e| QmpError::generic(e.to_string()))?;
+        let added = graph.object(opts)?;
         if let Object::IoThread(t) = added {
-            let thread = self
-                .iothreads
-                .add(t.poll)
-                .map_err(|e| QmpError::generic(e.to_string()))?;
+            let thread = self.iothreads.add(t.poll)?;
             graph.objects.last_mut().expect("just added").thread = thread;
             let tid = self.iothreads.handles()[thread]
                 .call(|_, _| gettid())
@@ -185,9 +177,7 @@ impl State {
             )));
         }
         let removed = self.graph.objects.remove(k);
-        self.iothreads
-            .remove(removed.thread)
-            .map_err(|e| QmpError::generic(e.to_string()))?;
+        self.iothreads.remove(removed.thread)?;
         Ok(json!({}))
     }
 }

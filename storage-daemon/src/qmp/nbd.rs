@@ -32,20 +32,15 @@ pub(super) const COMMANDS: &[Command] = &[
     },
 ];
 
-fn generic(e: impl std::fmt::Display) -> QmpError {
-    QmpError::generic(e.to_string())
-}
-
 impl State {
     /// `nbd-server-start`.
     fn nbd_server_start(&mut self, ctx: &Ctx, args: Args) -> Result<Value, QmpError> {
         if self.nbd.borrow().is_some() {
             return Err(QmpError::generic("NBD server already running"));
         }
-        let o = Opts::from_json("nbd-server-start", &args.0).map_err(generic)?;
-        let spec = self.graph.nbd_server_spec(o).map_err(generic)?;
-        let service =
-            NbdService::start(ctx, &spec, &self.iothreads, &self.events).map_err(generic)?;
+        let o = Opts::from_json("nbd-server-start", &args.0)?;
+        let spec = self.graph.nbd_server_spec(o)?;
+        let service = NbdService::start(ctx, &spec, &self.iothreads, &self.events)?;
         *self.nbd.borrow_mut() = Some(Rc::new(service));
         self.graph.nbd_server = Some(spec);
         Ok(json!({}))
@@ -71,12 +66,12 @@ impl State {
         graph: Graph,
         export: &Export,
     ) -> Result<Value, QmpError> {
-        let spec = graph.nbd_export_spec(export).map_err(generic)?;
+        let spec = graph.nbd_export_spec(export)?;
         let service = self.nbd.borrow().clone();
         let Some(service) = service else {
             return Err(QmpError::generic("NBD server not running"));
         };
-        service.add(spec, &self.exports).map_err(generic)?;
+        service.add(spec, &self.exports)?;
         self.graph = graph;
         Ok(json!({}))
     }

@@ -62,7 +62,7 @@ impl State {
         match self.resize_target(&name, &node)? {
             Target::Export(number) => match self.exports.resize(number, size) {
                 Some(Ok(_told)) => {}
-                Some(Err(e)) => return Err(QmpError::generic(e.to_string())),
+                Some(Err(e)) => return Err(e.into()),
                 None => return Err(not_found()),
             },
             Target::Image(path, format, read_only) => {
@@ -73,11 +73,8 @@ impl State {
                     format,
                     ..DiskOptions::default()
                 };
-                let image = crate::daemon::rbd::open_image(&path, options.image_options())
-                    .map_err(|e| QmpError::generic(e.to_string()))?;
-                image
-                    .resize(size)
-                    .map_err(|e| QmpError::generic(e.to_string()))?;
+                let image = crate::daemon::rbd::open_image(&path, options.image_options())?;
+                image.resize(size)?;
             }
             Target::Null => {
                 return Err(QmpError::generic(

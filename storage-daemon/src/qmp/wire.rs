@@ -30,6 +30,14 @@ pub(crate) struct QmpError {
     pub(crate) desc: String,
 }
 
+/// An error of a layer under QMP (the graph's, the daemon's, the system's) is a
+/// `GenericError` with its text, as QEMU's `error_setg` makes one.
+impl<E: std::error::Error> From<E> for QmpError {
+    fn from(e: E) -> Self {
+        QmpError::generic(e.to_string())
+    }
+}
+
 impl QmpError {
     /// A `GenericError`.
     pub(crate) fn generic(desc: impl Into<String>) -> Self {
