@@ -239,6 +239,13 @@ fn rbd_node(
     if !monitors.is_empty() {
         name += &format!(":mon_host={}", escaped(&monitors.join(",")));
     }
+    // QEMU's rbd driver turns librbd's cache off for `cache.direct=on` (`cache=none`) and on
+    // otherwise, which is librbd's own default.
+    match o.take("cache.direct").as_deref() {
+        None | Some("off" | "false" | "no") => {}
+        Some("on" | "true" | "yes") => name += ":rbd_cache=false",
+        Some(v) => return Err(o.invalid(format!("cache.direct={v}: expected on or off"))),
+    }
     take_discard(o)?;
     for unserved in ["encrypt", "key-secret", "auth-client-required"] {
         if o.take(unserved).is_some() {

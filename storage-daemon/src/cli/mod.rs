@@ -59,9 +59,26 @@ pub struct Args {
     /// CPUs to run on, e.g. `0` or `0-1,3`: iothread k on the k-th (mod the count).
     #[arg(long)]
     pub cpus: Option<CpuList>,
+    /// Detach once every socket listens, as qemu-storage-daemon's `--daemonize`: the command
+    /// returns then, with 0, or with the error that stopped the daemon before.
+    #[arg(long)]
+    pub daemonize: bool,
+    /// Write the daemon's PID to this file once it serves (removed at exit), as
+    /// qemu-storage-daemon's `--pidfile`.
+    #[arg(long, value_name = "PATH")]
+    pub pidfile: Option<std::path::PathBuf>,
 }
 
 impl Args {
+    /// How the process runs: `--daemonize` and `--pidfile` (this form has no monitor).
+    pub fn process(&self) -> qsd::Process {
+        qsd::Process {
+            daemonize: self.daemonize,
+            pidfile: self.pidfile.clone(),
+            ..qsd::Process::default()
+        }
+    }
+
     /// The configuration these arguments ask for.
     pub fn config(&self) -> Config {
         Config {
@@ -106,7 +123,7 @@ pub fn main(args: Vec<String>) -> i32 {
                 return code;
             }
         };
-    serve(args.config(), qsd::Process::default(), None)
+    serve(args.config(), args.process(), None)
 }
 
 /// Serves `config` as `process` says (QMP over `graph`, the command line's names, on its

@@ -145,7 +145,7 @@ pub fn run_with(
         while !stop.is_stopped() {
             ctx.poll(true);
         }
-        // What the last iteration sent (`quit`'s SHUTDOWN) is delivered before the end.
+        // What the last iteration sent is delivered before the end.
         ctx.poll(false);
     }
     events.detach(&ctx);

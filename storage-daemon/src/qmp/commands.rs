@@ -21,7 +21,6 @@ use crate::blockdev::export::Transport;
 use crate::blockdev::keyval::Opts;
 use crate::blockdev::node::Node;
 use crate::blockdev::Graph;
-use crate::daemon::Event;
 use crate::daemon::Exports;
 use crate::daemon::IoThreadSet;
 
@@ -85,13 +84,12 @@ pub(crate) const COMMANDS: &[Command] = &[
         name: "block-export-del",
         run: |state, ctx, args| state.export_del(ctx, args),
     },
-    // As QEMU: the reply, the SHUTDOWN event, then the daemon stops as on SIGTERM.
+    // As qemu-storage-daemon's: the reply, then the daemon stops as on SIGTERM (no SHUTDOWN
+    // event: that is the system emulator's; its exports' BLOCK_EXPORT_DELETED go out).
     Command {
         name: "quit",
         run: |state, _, args| {
             args.finish()?;
-            let data = json!({"guest": false, "reason": "host-qmp-quit"});
-            state.events.send(Event::new("SHUTDOWN", data));
             state.stop.stop();
             Ok(json!({}))
         },

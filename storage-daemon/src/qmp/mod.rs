@@ -15,7 +15,8 @@
 //!   disconnects it once its requests completed), `query-blockstats`,
 //!   `block-latency-histogram-set`, `block_resize` (the
 //!   guest told through vhost-user's config-change message), `object-add` / `object-del` of
-//!   iothreads, `quit` (the `SHUTDOWN` event, then the daemon stops as on SIGTERM).
+//!   iothreads, `quit` (the daemon stops as on SIGTERM, with no `SHUTDOWN` event: qemu-storage-daemon
+//!   sends none).
 //! - A bad client cannot stop the daemon or its disks: malformed JSON, a message that is not
 //!   an object, unknown commands and wrong argument types get QEMU's error replies; a message
 //!   over 1 MiB, or a client that leaves more than 1 MiB of replies unread, is disconnected;
@@ -35,8 +36,9 @@ mod stats;
 mod wire;
 
 use std::cell::{Cell, RefCell};
+use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -49,6 +51,7 @@ use aio_loop::{AioContext, FdHandler};
 
 use crate::blockdev::Graph;
 use crate::daemon::{Control, Event};
+use crate::qsd::Chardev;
 use commands::State;
 use wire::{QmpError, Splitter, MAX_MESSAGE};
 
@@ -61,9 +64,86 @@ pub struct Monitor {
     state: RefCell<State>,
 }
 
+/// What a client's messages come in on and its replies go out on.
+enum Conn {
+    /// A socket: accepted on a listening chardev, or connected to a listening client.
+    Socket(UnixStream),
+    /// The daemon's standard input (non-blocking) and output (blocking: a reply is written
+    /// whole, as QEMU's stdio chardev writes it).
+    Stdio { input: File, output: File },
+}
+
+impl Conn {
+    /// The standard input and output, as a client's connection.
+    fn stdio() -> io::Result<Conn> {
+        let input = File::from(io::stdin().as_fd().try_clone_to_owned()?);
+        let output = File::from(io::stdout().as_fd().try_clone_to_owned()?);
+        set_nonblocking(input.as_fd())?;
+        Ok(Conn::Stdio { input, output })
+    }
+
+    fn input(&self) -> BorrowedFd<'_> {
+        match self {
+            Conn::Socket(s) => s.as_fd(),
+            Conn::Stdio { input, .. } => input.as_fd(),
+        }
+    }
+
+    fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Conn::Socket(s) => (&*s).read(buf),
+            Conn::Stdio { input, .. } => (&*input).read(buf),
+        }
+    }
+
+    fn write(&self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Conn::Socket(s) => (&*s).write(buf),
+            Conn::Stdio { output, .. } => (&*output).write(buf),
+        }
+    }
+
+    /// Whether replies may wait for the connection to take them (a write handler); the
+    /// standard output is written whole instead.
+    fn buffers_output(&self) -> bool {
+        matches!(self, Conn::Socket(_))
+    }
+
+    fn shutdown(&self) {
+        if let Conn::Socket(s) = self {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+/// Sets `O_NONBLOCK` on `fd`'s open file description.
+fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let fd = fd.as_raw_fd();
+    // SAFETY: F_GETFL reads the status flags of a descriptor the borrow keeps open; no memory
+    // is passed.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above, F_SETFL sets them.
+    let set = unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) };
+    if set < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether `fd` is a regular file (which an fd monitor cannot watch: it is always readable).
+fn is_regular_file(fd: BorrowedFd<'_>) -> bool {
+    fd.try_clone_to_owned()
+        .and_then(|fd| File::from(fd).metadata())
+        .is_ok_and(|m| m.is_file())
+}
+
 /// One connected client.
 struct Client {
-    stream: UnixStream,
+    conn: Conn,
     input: RefCell<Splitter>,
     output: RefCell<Vec<u8>>,
     negotiated: Cell<bool>,
@@ -73,12 +153,13 @@ struct Client {
 }
 
 impl Monitor {
-    /// Serves QMP on each of `paths` (replacing a stale socket file) on `control`'s loop,
-    /// over the command line's `graph` (its exports served, in order, as the disks numbered
-    /// from 0) and the daemon's `engine`.
+    /// Serves QMP on each of `chardevs` on `control`'s loop (a listening socket replaces a
+    /// stale socket file; a client socket is connected to now), over the command line's
+    /// `graph` (its exports served, in order, as the disks numbered from 0) and the daemon's
+    /// `engine`.
     pub(crate) fn serve(
         control: &Control,
-        paths: &[PathBuf],
+        chardevs: &[Chardev],
         graph: Graph,
         engine: Choice<EngineKind>,
     ) -> io::Result<Rc<Monitor>> {
@@ -102,11 +183,27 @@ impl Monitor {
             events: control.events.clone(),
         };
         let mut listeners = Vec::new();
-        for path in paths {
-            let _ = std::fs::remove_file(path);
-            let listener = UnixListener::bind(path)?;
-            listener.set_nonblocking(true)?;
-            listeners.push((listener, path.clone()));
+        let mut connected = Vec::new();
+        for chardev in chardevs {
+            match chardev {
+                Chardev::Listen(path) => {
+                    let _ = std::fs::remove_file(path);
+                    let listener = UnixListener::bind(path)?;
+                    listener.set_nonblocking(true)?;
+                    listeners.push((listener, path.clone()));
+                }
+                Chardev::Connect(path) => {
+                    let stream = UnixStream::connect(path).map_err(|e| {
+                        io::Error::new(
+                            e.kind(),
+                            format!("Failed to connect to '{}': {e}", path.display()),
+                        )
+                    })?;
+                    stream.set_nonblocking(true)?;
+                    connected.push(Conn::Socket(stream));
+                }
+                Chardev::Stdio => connected.push(Conn::stdio()?),
+            }
         }
         let monitor = Rc::new(Monitor {
             listeners,
@@ -131,7 +228,32 @@ impl Monitor {
                 )
                 .map_err(io::Error::from)?;
         }
+        for conn in connected {
+            monitor.add_client(control.ctx, conn);
+        }
         Ok(monitor)
+    }
+
+    /// Greets a new client and watches its input. Input from a regular file (`stdio` given
+    /// `< commands`), which no fd monitor watches, is read whole now.
+    fn add_client(self: &Rc<Self>, ctx: &Ctx, conn: Conn) {
+        let from_file = is_regular_file(conn.input());
+        let client = Rc::new(Client {
+            conn,
+            input: RefCell::default(),
+            output: RefCell::default(),
+            negotiated: Cell::new(false),
+            watched: Cell::new(false),
+            closed: Cell::new(false),
+        });
+        self.clients.borrow_mut().push(client.clone());
+        client.send(&wire::greeting());
+        client.flush();
+        if from_file {
+            self.on_readable(ctx, &client);
+        } else {
+            self.watch(ctx, &client);
+        }
     }
 
     fn accept(self: &Rc<Self>, ctx: &Ctx, i: usize) {
@@ -139,17 +261,7 @@ impl Monitor {
             if stream.set_nonblocking(true).is_err() {
                 continue;
             }
-            let client = Rc::new(Client {
-                stream,
-                input: RefCell::default(),
-                output: RefCell::default(),
-                negotiated: Cell::new(false),
-                watched: Cell::new(false),
-                closed: Cell::new(false),
-            });
-            self.clients.borrow_mut().push(client.clone());
-            client.send(&wire::greeting());
-            self.watch(ctx, &client);
+            self.add_client(ctx, Conn::Socket(stream));
         }
     }
 
@@ -160,14 +272,14 @@ impl Monitor {
         }
         let (m, c) = (self.clone(), client.clone());
         let mut handler = FdHandler::new().on_read(move |ctx| m.on_readable(ctx, &c));
-        if !client.output.borrow().is_empty() {
+        if client.conn.buffers_output() && !client.output.borrow().is_empty() {
             let (m, c) = (self.clone(), client.clone());
             handler = handler.on_write(move |ctx| {
                 c.flush();
                 m.watch(ctx, &c);
             });
         }
-        let fd = client.stream.as_fd();
+        let fd = client.conn.input();
         let done = if client.watched.replace(true) {
             ctx.update_fd_handler(fd, handler)
         } else {
@@ -182,7 +294,7 @@ impl Monitor {
         let mut buf = [0u8; 16 << 10];
         let mut gone = false;
         loop {
-            match (&client.stream).read(&mut buf) {
+            match client.conn.read(&mut buf) {
                 Ok(0) => {
                     gone = true;
                     break;
@@ -293,7 +405,7 @@ impl Client {
     fn flush(&self) {
         let mut out = self.output.borrow_mut();
         while !out.is_empty() {
-            match (&self.stream).write(&out) {
+            match self.conn.write(&out) {
                 Ok(0) => break,
                 Ok(n) => {
                     out.drain(..n);
@@ -307,9 +419,9 @@ impl Client {
     fn close(&self, ctx: &Ctx) {
         if !self.closed.replace(true) {
             if self.watched.get() {
-                let _ = ctx.remove_fd_handler(self.stream.as_fd());
+                let _ = ctx.remove_fd_handler(self.conn.input());
             }
-            let _ = self.stream.shutdown(std::net::Shutdown::Both);
+            self.conn.shutdown();
         }
     }
 }

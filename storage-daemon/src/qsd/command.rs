@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use super::process::Process;
+use super::process::{Chardev, Process};
 use crate::blockdev::error::QsdError;
 use crate::blockdev::keyval::Opts;
 use crate::blockdev::Graph;
@@ -31,8 +31,8 @@ pub struct QsdCommandLine {
 #[derive(Default)]
 struct Reader {
     graph: Graph,
-    /// `--chardev socket` paths by id.
-    chardevs: HashMap<String, PathBuf>,
+    /// `--chardev`s by id.
+    chardevs: HashMap<String, Chardev>,
     process: Process,
 }
 
@@ -57,13 +57,21 @@ impl QsdCommandLine {
                     })
             };
             match name {
-                "--blockdev" => reader.graph.blockdev(Opts::parse(name, &value()?, None)?)?,
+                // QEMU's implied first keys: `--blockdev file,...` is `driver=file`, `--export
+                // nbd,...` is `type=nbd` (qemu-storage-daemon.c's visitors).
+                "--blockdev" => {
+                    reader
+                        .graph
+                        .blockdev(Opts::parse(name, &value()?, Some("driver"))?)?
+                }
                 "--object" => {
                     reader
                         .graph
                         .object(Opts::parse(name, &value()?, Some("qom-type"))?)?;
                 }
-                "--export" => reader.graph.export(Opts::parse(name, &value()?, None)?)?,
+                "--export" => reader
+                    .graph
+                    .export(Opts::parse(name, &value()?, Some("type"))?)?,
                 "--pidfile" => reader.process.pidfile = Some(PathBuf::from(value()?)),
                 "--daemonize" => reader.process.daemonize = true,
                 "--chardev" => reader.chardev(Opts::parse(name, &value()?, Some("backend"))?)?,
@@ -103,22 +111,43 @@ fn not_served(option: &str, what: &str) -> QsdError {
 }
 
 impl Reader {
-    /// Adds a `--chardev socket,id=,path=,server=on,wait=off` (a listening unix socket).
+    /// Adds a `--chardev`: `socket,id=,path=` (listening with `server=on,wait=off`,
+    /// connecting with `server=off`, QEMU's default) or `stdio,id=`.
     fn chardev(&mut self, mut o: Opts) -> Result<(), QsdError> {
         let backend = o.required("backend")?;
-        if backend != "socket" {
-            return Err(o.not_served(format!("a '{backend}' chardev (socket only)")));
-        }
         let id = o.required("id")?;
-        let path = PathBuf::from(o.required("path")?);
-        if !o.take_bool("server", false)? {
-            return Err(o.not_served("a client chardev (server=on only)"));
-        }
-        if o.take_bool("wait", true)? {
-            return Err(o.not_served("wait=on (waiting for a client at start; give wait=off)"));
-        }
+        let chardev = match backend.as_str() {
+            "socket" => {
+                let path = PathBuf::from(o.required("path")?);
+                if o.take_bool("server", false)? {
+                    if o.take_bool("wait", true)? {
+                        return Err(
+                            o.not_served("wait=on (waiting for a client at start; give wait=off)")
+                        );
+                    }
+                    Chardev::Listen(path)
+                } else {
+                    if o.take("reconnect").is_some() || o.take("reconnect-ms").is_some() {
+                        return Err(o.not_served("reconnect (a client chardev connects once)"));
+                    }
+                    Chardev::Connect(path)
+                }
+            }
+            "stdio" => {
+                // `signal=off` only: a monitor's input is QMP, never a terminal's ^C.
+                o.take_bool("signal", false)?;
+                o.take_bool("mux", false)?;
+                if self.chardevs.values().any(|c| *c == Chardev::Stdio) {
+                    return Err(o.invalid("cannot use stdio by multiple character devices"));
+                }
+                Chardev::Stdio
+            }
+            other => {
+                return Err(o.not_served(format!("a '{other}' chardev (socket and stdio only)")))
+            }
+        };
         o.finish()?;
-        if self.chardevs.insert(id.clone(), path).is_some() {
+        if self.chardevs.insert(id.clone(), chardev).is_some() {
             return Err(QsdError::Invalid {
                 option: "--chardev".into(),
                 reason: format!("id '{id}' is given twice"),
@@ -136,7 +165,7 @@ impl Reader {
         }
         o.take_bool("pretty", false)?;
         o.finish()?;
-        let path = self
+        let chardev = self
             .chardevs
             .get(&id)
             .cloned()
@@ -144,7 +173,7 @@ impl Reader {
                 option: "--monitor".into(),
                 reason: format!("chardev '{id}' names no --chardev given before it"),
             })?;
-        self.process.monitors.push(path);
+        self.process.monitors.push(chardev);
         Ok(())
     }
 }

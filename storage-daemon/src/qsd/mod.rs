@@ -13,8 +13,13 @@
 //! - `--export type=vhost-user-blk,id=,node-name=,addr.type=unix,addr.path=,writable=,
 //!   num-queues=,iothread=,logical-block-size=512`; an export without `iothread=` runs on an
 //!   iothread of its own (QEMU's main loop, which does not busy-poll);
-//! - `--chardev socket,id=,path=,server=on,wait=off` with `--monitor chardev=` (QMP on that
-//!   socket, [`crate::qmp`]), `--pidfile PATH` and `--daemonize`.
+//! - `--chardev socket,id=,path=,server=on,wait=off` (a socket the daemon listens on),
+//!   `--chardev socket,id=,path=` (one the daemon connects to, `server=off`) or `--chardev
+//!   stdio,id=`, with `--monitor chardev=` (QMP there, [`crate::qmp`]); `--pidfile PATH` and
+//!   `--daemonize`;
+//! - QEMU's implied first keys: `--blockdev file,...` is `driver=file`, `--export nbd,...`
+//!   `type=nbd`, `--object iothread,...` `qom-type=iothread`, `--chardev socket,...` the
+//!   backend, `--monitor ID` `chardev=ID`.
 //!
 //! The rules:
 //!
@@ -38,9 +43,10 @@ mod process;
 
 pub use crate::blockdev::error::QsdError;
 pub use command::QsdCommandLine;
-pub use process::Process;
+pub use process::{Chardev, Process};
 
-/// The options that make a command line qemu-storage-daemon's (one is enough).
+/// The options that make a command line qemu-storage-daemon's (one is enough). `--pidfile`
+/// and `--daemonize` are not among them: both forms take those.
 pub const OPTIONS: &[&str] = &[
     "--blockdev",
     "--export",
@@ -48,8 +54,6 @@ pub const OPTIONS: &[&str] = &[
     "--chardev",
     "--monitor",
     "--nbd-server",
-    "--pidfile",
-    "--daemonize",
     "--trace",
 ];
 

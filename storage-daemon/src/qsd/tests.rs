@@ -59,7 +59,10 @@ fn a_qcow2_export_on_an_iothread_with_its_polling_and_the_process_options() {
     let p = c.iothread_poll[0];
     assert_eq!((p.max_ns, p.grow, p.shrink), (16384, 4, 2));
     assert_eq!(line.process.pidfile, Some(PathBuf::from("/run/d.pid")));
-    assert_eq!(line.process.monitors, [PathBuf::from("/run/qmp.sock")]);
+    assert_eq!(
+        line.process.monitors,
+        [super::Chardev::Listen(PathBuf::from("/run/qmp.sock"))]
+    );
     assert!(line.process.daemonize);
 }
 
@@ -192,9 +195,12 @@ fn what_is_not_served_is_refused_by_name() {
             "locking=maybe",
         ),
         (&["--object", "secret,id=s,data=x"], "type 'secret'"),
-        (&["--chardev", "socket,id=m,path=/m"], "client chardev"),
         (&["--chardev", "socket,id=m,path=/m,server=on"], "wait=on"),
         (&["--chardev", "file,id=m,path=/m"], "'file' chardev"),
+        (
+            &["--chardev", "socket,id=m,path=/m,reconnect=1"],
+            "reconnect",
+        ),
         (&["--monitor", "chardev=m"], "names no --chardev"),
         (&["--fuse"], "'--fuse'"),
         (
@@ -318,6 +324,14 @@ fn a_command_line_is_qemu_storage_daemons_when_it_has_one_of_its_options() {
         "--disk",
         "socket=/s,image=/i"
     ])));
+    // Both forms take --pidfile and --daemonize.
+    assert!(!is_qsd_command_line(&args(&[
+        "--disk",
+        "socket=/s,image=/i",
+        "--pidfile",
+        "/p",
+        "--daemonize"
+    ])));
 }
 
 #[test]
@@ -360,4 +374,95 @@ fn nbd_servers_and_exports_are_read_into_the_daemons_nbd_config() {
     ])
     .unwrap_err();
     assert!(e.to_string().contains("NBD server not running"), "{e}");
+}
+
+#[test]
+fn implied_first_keys_read_as_the_keys_they_stand_for() {
+    let explicit = parse(&[
+        "--blockdev",
+        "driver=file,node-name=f,filename=/x.img",
+        "--blockdev",
+        "driver=raw,node-name=disk0,file=f",
+        "--nbd-server",
+        "addr.type=unix,addr.path=/n.sock",
+        "--export",
+        "type=nbd,id=e1,node-name=disk0,writable=true",
+        "--export",
+        EXPORT,
+    ])
+    .unwrap();
+    let implied = parse(&[
+        "--blockdev",
+        "file,node-name=f,filename=/x.img",
+        "--blockdev",
+        "raw,node-name=disk0,file=f",
+        "--nbd-server",
+        "addr.type=unix,addr.path=/n.sock",
+        "--export",
+        "nbd,id=e1,node-name=disk0,writable=true",
+        "--export",
+        &EXPORT.replace("type=vhost-user-blk", "vhost-user-blk"),
+    ])
+    .unwrap();
+    // (The graphs differ only in the option text each node keeps for its errors.)
+    assert_eq!(
+        (&explicit.config, &explicit.process),
+        (&implied.config, &implied.process)
+    );
+    assert_eq!(implied.config.nbd_exports.len(), 1);
+    assert_eq!(implied.config.disks.len(), 1);
+    assert!(refusal(&["--blockdev", "nfs,node-name=f"]).contains("'nfs'"));
+}
+
+#[test]
+fn monitors_are_served_on_listening_client_and_stdio_chardevs() {
+    let line = parse(&[
+        "--blockdev",
+        "null-co,node-name=n0,size=1M",
+        "--chardev",
+        "socket,id=a,path=/a.sock,server=on,wait=off",
+        "--chardev",
+        "socket,id=b,path=/b.sock",
+        "--chardev",
+        "stdio,id=c",
+        "--monitor",
+        "chardev=a",
+        "--monitor",
+        "b",
+        "--monitor",
+        "chardev=c,mode=control",
+    ])
+    .unwrap();
+    assert_eq!(
+        line.process.monitors,
+        [
+            Chardev::Listen(PathBuf::from("/a.sock")),
+            Chardev::Connect(PathBuf::from("/b.sock")),
+            Chardev::Stdio,
+        ]
+    );
+    let twice = refusal(&["--chardev", "stdio,id=a", "--chardev", "stdio,id=b"]);
+    assert!(twice.contains("cannot use stdio by multiple"), "{twice}");
+}
+
+#[test]
+fn an_rbd_node_with_cache_direct_on_turns_librbds_cache_off() {
+    let graph = |opts: &str| {
+        let mut line = parse(&["--blockdev", opts, "--export", EXPORT]).unwrap();
+        line.config.disks.remove(0).image
+    };
+    let direct = graph("rbd,node-name=disk0,pool=p,image=i,cache.direct=on");
+    assert_eq!(direct, PathBuf::from("rbd:p/i:rbd_cache=false"));
+    // librbd's default (its cache on) is QEMU's for cache.direct=off.
+    assert_eq!(
+        graph("rbd,node-name=disk0,pool=p,image=i,cache.direct=off"),
+        PathBuf::from("rbd:p/i")
+    );
+    assert!(refusal(&[
+        "--blockdev",
+        "rbd,node-name=disk0,pool=p,image=i,cache.direct=maybe",
+        "--export",
+        EXPORT
+    ])
+    .contains("cache.direct=maybe"));
 }

@@ -28,6 +28,12 @@ impl Qmp {
     /// Connects and reads the greeting; negotiates unless `raw`.
     pub fn connect(path: &Path, raw: bool) -> (Qmp, Value) {
         let stream = UnixStream::connect(path).expect("connect to the monitor");
+        Qmp::over(stream, raw)
+    }
+
+    /// Reads the greeting on a connection made otherwise (the daemon connected to a socket
+    /// the test listens on); negotiates unless `raw`.
+    pub fn over(stream: UnixStream, raw: bool) -> (Qmp, Value) {
         stream
             .set_read_timeout(Some(Duration::from_secs(20)))
             .unwrap();
