@@ -14,7 +14,7 @@ use aio::poll::PollLoop;
 use aio::{AioContext, IoEngine};
 use aio_block::format::ImageFormat;
 use aio_block::request::ReturnedBuf;
-use aio_block::{BlockRequest, Buffers, Image, ImageOptions, ImageQueue, Reply};
+use aio_block::{BlockRequest, Image, ImageOptions, ImageQueue, LentMemory, Reply};
 use aio_core::engine::AlignedBuf;
 
 /// Each request's end, by tag, and the bounces counted.
@@ -76,13 +76,13 @@ impl Session {
     fn read(&self, offset: u64, len: usize) -> (io::Result<()>, Vec<u8>) {
         let mut buf = AlignedBuf::new(len);
         buf.fill(0xee);
-        let (buffers, back) = Buffers::from_aligned(buf);
+        let (buffers, back) = LentMemory::from_aligned(buf);
         let result = self.run(BlockRequest::Read { offset, buffers });
         (result, taken(back))
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {
-        let (buffers, _) = Buffers::from_aligned(AlignedBuf::from_slice(data));
+        let (buffers, _) = LentMemory::from_aligned(AlignedBuf::from_slice(data));
         self.run(BlockRequest::Write {
             offset,
             buffers,
@@ -251,7 +251,7 @@ fn misaligned_memory_goes_through_a_bounce_buffer_with_the_same_data() {
     let base = unsafe { (*cell.0.get()).as_mut_ptr() }.wrapping_add(1);
     // SAFETY: 4096 bytes from `base` lie inside the buffer, which `cell` keeps alive; nothing
     // else touches them until the request has ended.
-    let buffers = unsafe { Buffers::new([(base, 4096)], cell.clone()) };
+    let buffers = unsafe { LentMemory::new([(base, 4096)], Some(cell.clone())) };
     s.run(BlockRequest::Read {
         offset: 4096,
         buffers,

@@ -19,7 +19,7 @@ use std::rc::Rc;
 
 use super::fixtures::{wait_for, Rng, TempFile, BLOCK};
 use aio_core::engine::{
-    AlignedBuf, Completion, GuestIovecs, IoEngine, IoFile, Request, RequestError, RwFlags,
+    AlignedBuf, Completion, IoEngine, IoFile, LentMemory, Request, RequestError, RwFlags,
 };
 use aio_core::EventLoop;
 use aio_loop::AioContext;
@@ -264,13 +264,13 @@ struct GuestRam {
 
 impl GuestRam {
     /// `len` bytes at `offset` of the region, for one request.
-    fn iovecs(&mut self, offset: usize, len: usize) -> GuestIovecs {
+    fn iovecs(&mut self, offset: usize, len: usize) -> LentMemory {
         assert!(offset + len <= self.mem.len());
         let base = self.mem.as_mut_ptr().wrapping_add(offset);
         // SAFETY: the segment lies inside `mem`, which outlives every request of the test
         // (each test waits for all its completions before `GuestRam` is dropped), and the
         // test touches a segment only after the request using it has completed.
-        unsafe { GuestIovecs::from_raw_parts(base, len) }
+        unsafe { LentMemory::new([(base, len)], None) }
     }
 }
 
@@ -321,13 +321,13 @@ pub fn guest_memory_reads_and_writes_at_many_offsets<E: IoEngine, L: EventLoop>(
                 let segs = [(base.wrapping_add(BLOCK), BLOCK), (base, BLOCK)];
                 // SAFETY: both segments lie in the second half of `mem`, untouched until the
                 // completions below; `ram` outlives them.
-                let mem = unsafe { GuestIovecs::new(segs) };
+                let mem = unsafe { LentMemory::new(segs, None) };
                 let r = Request::read_guest(&file, (2 * p * BLOCK) as u64, mem, p as u64);
                 engine.submit(r).expect("submit read");
             }
             for c in wait_for(&mut engine, chunk.len()) {
                 assert_eq!(c.result.as_ref().ok(), Some(&(2 * BLOCK)));
-                let back = c.buf.into_guest().expect("the guest iovecs come back");
+                let back = c.buf.into_guest().expect("the lent memory comes back");
                 assert_eq!(back.count(), 2);
             }
         }
