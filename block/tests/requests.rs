@@ -307,3 +307,66 @@ fn refusals_leave_the_image_untouched() {
     assert!(file[..512].iter().all(|&b| b == 0));
     assert_eq!(&file[512..516], b"QFI\xfb");
 }
+
+/// Memory the test lends without a hold, `len` bytes of `buf` from `at`.
+fn unheld(buf: &mut AlignedBuf, at: usize, len: usize) -> LentMemory {
+    assert!(at + len <= buf.len());
+    // SAFETY: the segment lies inside `buf`, which the test keeps alive and untouched until
+    // the request it goes to has ended (`Session::run` returns only then).
+    unsafe { LentMemory::new([(buf.as_mut_ptr().wrapping_add(at), len)], None) }
+}
+
+#[test]
+fn memory_lent_without_a_hold_is_served_by_every_image_kind() {
+    let dir = aio_test_support::images::image_dir("block-test");
+    let raw = dir.path().join("disk.img");
+    std::fs::write(&raw, vec![0u8; MIB as usize]).unwrap();
+    #[cfg_attr(not(feature = "qcow2"), allow(unused_mut))]
+    let mut paths = vec![(raw, ImageFormat::Raw)];
+    #[cfg(feature = "qcow2")]
+    {
+        qemu_img(
+            dir.path(),
+            &["create", "-q", "-f", "qcow2", "disk.qcow2", "1M"],
+        );
+        paths.push((dir.path().join("disk.qcow2"), ImageFormat::Qcow2));
+    }
+    for (path, format) in paths {
+        let image = Arc::new(Image::open(&path, ImageOptions::new(format)).unwrap());
+        let (kind, engine) = common::engines().remove(0);
+        let s = Session::new(&image, engine);
+        let mut buf = AlignedBuf::from_slice(&[0x3c; 8192]);
+        // Twice: a qcow2 image's first write allocates (its storage path, which copies memory
+        // lent without a hold), the second finds its clusters (the direct path).
+        for _ in 0..2 {
+            let buffers = unheld(&mut buf, 0, 8192);
+            let write = BlockRequest::Write {
+                offset: 65536,
+                buffers,
+                fua: false,
+            };
+            s.run(write).unwrap();
+        }
+        buf.fill(0);
+        let buffers = unheld(&mut buf, 4096, 4096);
+        s.run(BlockRequest::Read {
+            offset: 65536 + 4096,
+            buffers,
+        })
+        .unwrap();
+        assert!(buf[..4096].iter().all(|&b| b == 0), "{kind} {format:?}");
+        assert!(buf[4096..].iter().all(|&b| b == 0x3c), "{kind} {format:?}");
+        drop(s);
+        image.close().unwrap();
+    }
+}
+
+#[test]
+#[allow(deprecated)]
+fn the_old_names_are_the_one_type() {
+    let (old, back): (aio_block::Buffers, _) = LentMemory::from_aligned(AlignedBuf::new(512));
+    let old: aio_rbd::Memory = old;
+    let old: aio_core::engine::GuestIovecs = old;
+    drop::<aio_block::request::Buffers>(old);
+    assert_eq!(taken(back).len(), 512, "dropped: the buffer comes back");
+}

@@ -158,3 +158,10 @@ fn the_hold_lives_until_the_completion_that_hands_the_memory_back_is_dropped() {
     );
     drop(mem);
 }
+
+#[test]
+#[allow(deprecated)]
+fn the_old_name_is_the_one_type() {
+    let old: GuestIovecs = LentMemory::from_vec(vec![1, 2, 3]);
+    assert_eq!(old.into_vec().expect("the vector back"), [1, 2, 3]);
+}
