@@ -91,7 +91,7 @@ group() {
         # suite adds 13 s a mutant: run it on what this misses, with --test-package and --re).
         MUTANTS_ARGS="${MUTANTS_ARGS:-} -- --lib --tests" \
             run types aio-core aio-core/src/engine/buf.rs aio-core/src/engine/completion.rs \
-            aio-core/src/engine/file.rs aio-core/src/engine/guest.rs aio-core/src/engine/mod.rs \
+            aio-core/src/engine/file.rs aio-core/src/engine/lent.rs aio-core/src/engine/mod.rs \
             aio-core/src/engine/request.rs aio-core/src/backend/transfer.rs
         ;;
     polling)

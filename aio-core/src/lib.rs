@@ -10,7 +10,7 @@
 //! * [`engine`]: the block I/O contract, [`IoEngine`] and [`Completion`] (read, write, readv,
 //!   writev, fsync, fdatasync, discard, write-zeroes on an [`IoFile`](engine::IoFile), FUA and
 //!   NOWAIT as [`RwFlags`](engine::RwFlags); buffers owned by the engine while in flight, or
-//!   guest memory the caller lends with [`GuestIovecs`](engine::GuestIovecs)), written out in
+//!   memory the caller lends with [`LentMemory`](engine::LentMemory)), written out in
 //!   the module docs; [`WithFallback`](engine::WithFallback) sends what one engine lacks to
 //!   another.
 //! * [`AioError`]: the typed errors of the loop and of the monitors.

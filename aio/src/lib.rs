@@ -82,10 +82,12 @@ pub use aio_loop::{
 /// write it out) and the attachment of an engine to a loop (`aio-loop`'s [`AttachedEngine`](aio_loop::AttachedEngine)),
 /// in one place as before the split.
 pub mod engine {
+    #[allow(deprecated)]
+    pub use aio_core::engine::GuestIovecs;
     pub use aio_core::engine::{
-        AlignedBuf, BufError, Completion, DirectIoAlignment, FileKind, GuestIovecs, IoBuffers,
-        IoEngine, IoFile, Op, Request, RequestError, RwFlags, SubmitError, WithFallback,
-        DEFAULT_ALIGN, DEFAULT_MAX_BATCH, IOV_MAX,
+        AlignedBuf, BufError, Completion, DirectIoAlignment, FileKind, IoBuffers, IoEngine, IoFile,
+        LentMemory, MemoryHold, Op, Request, RequestError, ReturnedBuf, RwFlags, SubmitError,
+        WithFallback, DEFAULT_ALIGN, DEFAULT_MAX_BATCH, IOV_MAX,
     };
     pub use aio_loop::{AttachedEngine, RequestId, PER_REQUEST_TOKEN_BIT};
 }

@@ -17,8 +17,8 @@
 //! * **Whole transfers**: short reads and writes are resubmitted for the remainder (a read at
 //!   EOF completes with what exists); `-EAGAIN` / `-EINTR` results are resubmitted. Vectored
 //!   requests use `IOCB_CMD_PREADV` / `PWRITEV`.
-//! * **Guest memory and flags**: reads and writes of caller-owned memory
-//!   ([`GuestIovecs`](aio_core::engine::GuestIovecs)) go to the kernel as they are, with no copy;
+//! * **Guest memory and flags**: reads and writes of memory the caller lends
+//!   ([`LentMemory`](aio_core::engine::LentMemory)) go to the kernel as they are, with no copy;
 //!   [`RwFlags`](aio_core::engine::RwFlags) become `aio_rw_flags` (`RWF_DSYNC` for FUA, `RWF_NOWAIT`; a kernel or file
 //!   that refuses one completes the request with `EOPNOTSUPP`, kind `Unsupported`).
 //! * **Discard and write-zeroes**: the kernel's AIO has no `fallocate`, so they are refused

@@ -13,7 +13,7 @@ use std::rc::Rc;
 
 use aio_backend_poll::PollLoop;
 use aio_backend_uring::UringEngine;
-use aio_core::engine::{GuestIovecs, IoFile, Request, RwFlags, WithFallback};
+use aio_core::engine::{IoFile, LentMemory, Request, RwFlags, WithFallback};
 use aio_loop::AioContext;
 use aio_pool::ThreadPool;
 
@@ -60,9 +60,9 @@ fn main() -> std::io::Result<()> {
 
     // SAFETY: the first MiB of the mapping stays mapped until the end of main, after the loop
     // has delivered every completion, and nothing writes it meanwhile.
-    let first_mib = unsafe { GuestIovecs::from_raw_parts(ram, MIB) };
+    let first_mib = unsafe { LentMemory::new([(ram, MIB)], None) };
     // SAFETY: the second MiB likewise, and nothing reads it until the read below completes.
-    let second_mib = unsafe { GuestIovecs::from_raw_parts(ram.wrapping_add(MIB), MIB) };
+    let second_mib = unsafe { LentMemory::new([(ram.wrapping_add(MIB), MIB)], None) };
     let write = Request::write_guest(&disk, 0, first_mib, 1).with_flags(RwFlags::FUA);
     let (read, d) = (Request::read_guest(&disk, 0, second_mib, 2), done.clone());
     engine

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use aio::poll::PollLoop;
 use aio::{AioContext, Choice, EngineKind, EngineOptions};
 use aio_block::format::ImageFormat;
-use aio_block::{BlockRequest, Buffers, Image, ImageOptions, ImageQueue, Reply};
+use aio_block::{BlockRequest, Image, ImageOptions, ImageQueue, LentMemory, Reply};
 use aio_core::engine::{AlignedBuf, IoEngine};
 
 /// Where requests end: here, a slot per request the example waits on.
@@ -82,14 +82,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The block layer reads and writes straight from and into the memory it is given: here
     // an aligned buffer it hands back once the request has ended.
     let offset = 1 << 20;
-    let (buffers, _) = Buffers::from_aligned(AlignedBuf::from_slice(&[0x5a; 64 << 10]));
+    let (buffers, _) = LentMemory::from_aligned(AlignedBuf::from_slice(&[0x5a; 64 << 10]));
     let write = BlockRequest::Write {
         offset,
         buffers,
         fua: false,
     };
     run(&ctx, &queue, &ends, "write 64 KiB at 1 MiB", write)?;
-    let (buffers, back) = Buffers::from_aligned(AlignedBuf::new(64 << 10));
+    let (buffers, back) = LentMemory::from_aligned(AlignedBuf::new(64 << 10));
     let read = BlockRequest::Read { offset, buffers };
     run(&ctx, &queue, &ends, "read it back", read)?;
     let data = back.take().map_err(|_| "the read's buffer is still held")?;

@@ -22,7 +22,7 @@
 //!   resize, inactive opening for an upgrade's handoff, closing.
 //! * [`ImageQueue`]: an image's requests from one context ([`BlockRequest`]: read, write
 //!   with FUA, flush, discard, write-zeroes), on the engine attached there: straight into and
-//!   out of the caller's memory ([`Buffers`]), each request's end told to the caller's
+//!   out of the memory the caller lends ([`LentMemory`]), each request's end told to the caller's
 //!   [`Reply`]. A qcow2 image's reads and writes inside clusters it owns go to the engine as
 //!   a raw image's do (a mapping cache); the rest run as tasks through imago.
 //! * [`stats`]: QEMU's accounting per image (`query-blockstats`) and latency histograms.
@@ -52,4 +52,6 @@ pub mod status;
 
 pub use image::{Image, ImageOptions};
 pub use queue::ImageQueue;
-pub use request::{BlockRequest, Buffers, Reply};
+#[allow(deprecated)]
+pub use request::Buffers;
+pub use request::{BlockRequest, LentMemory, Reply};

@@ -13,7 +13,7 @@ use aio::{AioContext, IoEngine};
 use aio_block::format::ImageFormat;
 use aio_block::image::OpenError;
 use aio_block::status::ExtentKind;
-use aio_block::{BlockRequest, Buffers, Image, ImageOptions, ImageQueue, Reply};
+use aio_block::{BlockRequest, Image, ImageOptions, ImageQueue, LentMemory, Reply};
 use aio_core::engine::AlignedBuf;
 use aio_rbd::testing::TestCluster;
 use aio_rbd::{ImageSpec, RbdError, RbdImage, RbdTarget};
@@ -61,7 +61,7 @@ impl Session {
     fn write(&self, offset: u64, byte: u8, len: usize, fua: bool) -> io::Result<()> {
         let mut buf = AlignedBuf::new(len);
         buf.fill(byte);
-        let (buffers, _back) = Buffers::from_aligned(buf);
+        let (buffers, _back) = LentMemory::from_aligned(buf);
         self.run(BlockRequest::Write {
             offset,
             buffers,
@@ -70,7 +70,7 @@ impl Session {
     }
 
     fn read(&self, offset: u64, len: usize) -> Vec<u8> {
-        let (buffers, back) = Buffers::from_aligned(AlignedBuf::new(len));
+        let (buffers, back) = LentMemory::from_aligned(AlignedBuf::new(len));
         self.run(BlockRequest::Read { offset, buffers }).unwrap();
         back.take().expect("the memory came back").to_vec()
     }
@@ -145,7 +145,7 @@ fn an_rbd_disk_is_served_as_a_file_is() {
     // A probed raw image keeps sector 0 free of a format's magic.
     let mut qcow = AlignedBuf::new(4096);
     qcow[..4].copy_from_slice(b"QFI\xfb");
-    let (buffers, _back) = Buffers::from_aligned(qcow);
+    let (buffers, _back) = LentMemory::from_aligned(qcow);
     let e = s
         .run(BlockRequest::Write {
             offset: 0,
@@ -260,7 +260,7 @@ fn a_qcow2_image_in_rbd_with_a_backing_file_is_refused() {
     // Header length (version 3): 104 bytes.
     header[103] = 104;
     let s = Session::new(&Arc::new(raw));
-    let (buffers, _back) = Buffers::from_aligned({
+    let (buffers, _back) = LentMemory::from_aligned({
         let mut b = AlignedBuf::new(512);
         b.copy_from_slice(&header);
         b

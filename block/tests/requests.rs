@@ -14,7 +14,7 @@ use aio::poll::PollLoop;
 use aio::{AioContext, IoEngine};
 use aio_block::format::ImageFormat;
 use aio_block::request::ReturnedBuf;
-use aio_block::{BlockRequest, Buffers, Image, ImageOptions, ImageQueue, Reply};
+use aio_block::{BlockRequest, Image, ImageOptions, ImageQueue, LentMemory, Reply};
 use aio_core::engine::AlignedBuf;
 
 /// Each request's end, by tag, and the bounces counted.
@@ -76,13 +76,13 @@ impl Session {
     fn read(&self, offset: u64, len: usize) -> (io::Result<()>, Vec<u8>) {
         let mut buf = AlignedBuf::new(len);
         buf.fill(0xee);
-        let (buffers, back) = Buffers::from_aligned(buf);
+        let (buffers, back) = LentMemory::from_aligned(buf);
         let result = self.run(BlockRequest::Read { offset, buffers });
         (result, taken(back))
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {
-        let (buffers, _) = Buffers::from_aligned(AlignedBuf::from_slice(data));
+        let (buffers, _) = LentMemory::from_aligned(AlignedBuf::from_slice(data));
         self.run(BlockRequest::Write {
             offset,
             buffers,
@@ -251,7 +251,7 @@ fn misaligned_memory_goes_through_a_bounce_buffer_with_the_same_data() {
     let base = unsafe { (*cell.0.get()).as_mut_ptr() }.wrapping_add(1);
     // SAFETY: 4096 bytes from `base` lie inside the buffer, which `cell` keeps alive; nothing
     // else touches them until the request has ended.
-    let buffers = unsafe { Buffers::new([(base, 4096)], cell.clone()) };
+    let buffers = unsafe { LentMemory::new([(base, 4096)], Some(cell.clone())) };
     s.run(BlockRequest::Read {
         offset: 4096,
         buffers,
@@ -306,4 +306,67 @@ fn refusals_leave_the_image_untouched() {
     let file = std::fs::read(&path).unwrap();
     assert!(file[..512].iter().all(|&b| b == 0));
     assert_eq!(&file[512..516], b"QFI\xfb");
+}
+
+/// Memory the test lends without a hold, `len` bytes of `buf` from `at`.
+fn unheld(buf: &mut AlignedBuf, at: usize, len: usize) -> LentMemory {
+    assert!(at + len <= buf.len());
+    // SAFETY: the segment lies inside `buf`, which the test keeps alive and untouched until
+    // the request it goes to has ended (`Session::run` returns only then).
+    unsafe { LentMemory::new([(buf.as_mut_ptr().wrapping_add(at), len)], None) }
+}
+
+#[test]
+fn memory_lent_without_a_hold_is_served_by_every_image_kind() {
+    let dir = aio_test_support::images::image_dir("block-test");
+    let raw = dir.path().join("disk.img");
+    std::fs::write(&raw, vec![0u8; MIB as usize]).unwrap();
+    #[cfg_attr(not(feature = "qcow2"), allow(unused_mut))]
+    let mut paths = vec![(raw, ImageFormat::Raw)];
+    #[cfg(feature = "qcow2")]
+    {
+        qemu_img(
+            dir.path(),
+            &["create", "-q", "-f", "qcow2", "disk.qcow2", "1M"],
+        );
+        paths.push((dir.path().join("disk.qcow2"), ImageFormat::Qcow2));
+    }
+    for (path, format) in paths {
+        let image = Arc::new(Image::open(&path, ImageOptions::new(format)).unwrap());
+        let (kind, engine) = common::engines().remove(0);
+        let s = Session::new(&image, engine);
+        let mut buf = AlignedBuf::from_slice(&[0x3c; 8192]);
+        // Twice: a qcow2 image's first write allocates (its storage path, which copies memory
+        // lent without a hold), the second finds its clusters (the direct path).
+        for _ in 0..2 {
+            let buffers = unheld(&mut buf, 0, 8192);
+            let write = BlockRequest::Write {
+                offset: 65536,
+                buffers,
+                fua: false,
+            };
+            s.run(write).unwrap();
+        }
+        buf.fill(0);
+        let buffers = unheld(&mut buf, 4096, 4096);
+        s.run(BlockRequest::Read {
+            offset: 65536 + 4096,
+            buffers,
+        })
+        .unwrap();
+        assert!(buf[..4096].iter().all(|&b| b == 0), "{kind} {format:?}");
+        assert!(buf[4096..].iter().all(|&b| b == 0x3c), "{kind} {format:?}");
+        drop(s);
+        image.close().unwrap();
+    }
+}
+
+#[test]
+#[allow(deprecated)]
+fn the_old_names_are_the_one_type() {
+    let (old, back): (aio_block::Buffers, _) = LentMemory::from_aligned(AlignedBuf::new(512));
+    let old: aio_rbd::Memory = old;
+    let old: aio_core::engine::GuestIovecs = old;
+    drop::<aio_block::request::Buffers>(old);
+    assert_eq!(taken(back).len(), 512, "dropped: the buffer comes back");
 }

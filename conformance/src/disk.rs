@@ -1,9 +1,8 @@
-//! The virtual-disk part of the engine conformance suite: guest-memory requests, discard and
-//! write-zeroes, FUA and NOWAIT, per-request completion callbacks and a full file system (a
-//! real block device's are in `block_device`).
+//! The virtual-disk part of the engine conformance suite: discard and write-zeroes, FUA and
+//! NOWAIT, per-request completion callbacks and a full file system (a real block device's are
+//! in `block_device`, requests over lent memory in `lent`).
 //!
-//! This module owns those tests and their fixtures (a guest-memory region, a ramfs mount, a
-//! full 1 MiB tmpfs). [`engine_conformance!`](crate::engine_conformance) runs them with the rest.
+//! This module owns those tests and their fixtures (a ramfs mount, a full 1 MiB tmpfs). [`engine_conformance!`](crate::engine_conformance) runs them with the rest.
 //!
 //! An engine may refuse a discard or write-zeroes at `submit` with a typed
 //! [`RequestError::Unsupported`] (Linux AIO has no `fallocate`; io_uring runs no ioctl): the
@@ -17,10 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::rc::Rc;
 
-use super::fixtures::{wait_for, Rng, TempFile, BLOCK};
-use aio_core::engine::{
-    AlignedBuf, Completion, GuestIovecs, IoEngine, IoFile, Request, RequestError, RwFlags,
-};
+use super::fixtures::{wait_for, TempFile, BLOCK};
+use aio_core::engine::{AlignedBuf, Completion, IoEngine, IoFile, Request, RequestError, RwFlags};
 use aio_core::EventLoop;
 use aio_loop::AioContext;
 use aio_loop::AttachedEngine;
@@ -255,132 +252,6 @@ pub fn discard_refused_by_the_file_system_is_a_typed_error<E: IoEngine, L: Event
     let done = wait_for(&mut engine, 1);
     assert_eq!(done[0].result.as_ref().ok(), Some(&BLOCK));
     assert!(done[0].buf.first().unwrap().iter().all(|&b| b == 3));
-}
-
-/// Caller-owned memory that a test hands out as guest RAM.
-struct GuestRam {
-    mem: AlignedBuf,
-}
-
-impl GuestRam {
-    /// `len` bytes at `offset` of the region, for one request.
-    fn iovecs(&mut self, offset: usize, len: usize) -> GuestIovecs {
-        assert!(offset + len <= self.mem.len());
-        let base = self.mem.as_mut_ptr().wrapping_add(offset);
-        // SAFETY: the segment lies inside `mem`, which outlives every request of the test
-        // (each test waits for all its completions before `GuestRam` is dropped), and the
-        // test touches a segment only after the request using it has completed.
-        unsafe { GuestIovecs::from_raw_parts(base, len) }
-    }
-}
-
-/// Guest-memory writes and reads at many offsets inside one region, at QD 1 and QD 32, mixed
-/// with `AlignedBuf` requests on the same engine: every byte checked.
-pub fn guest_memory_reads_and_writes_at_many_offsets<E: IoEngine, L: EventLoop>(
-    engine: impl Fn() -> E,
-    _monitor: impl Fn() -> L,
-) {
-    let mut engine = engine();
-    const BLOCKS: usize = 64;
-    let tmp = TempFile::with_len(BLOCKS * BLOCK, 0);
-    let file = tmp.open_direct_or_say();
-    let mut rng = Rng::new(14);
-    let mut ram = GuestRam {
-        mem: rng.buf(2 * BLOCKS * BLOCK),
-    };
-    let expected: Vec<u8> = ram.mem[..BLOCKS * BLOCK].to_vec();
-    for depth in [1, 32] {
-        // Guest block g (in the first half of the region) goes to file block BLOCKS-1-g; every
-        // fourth one through an AlignedBuf copy instead.
-        let mut token = 0;
-        for chunk in (0..BLOCKS).collect::<Vec<_>>().chunks(depth) {
-            engine.plug();
-            for &g in chunk {
-                let at = ((BLOCKS - 1 - g) * BLOCK) as u64;
-                let r = if g % 4 == 3 {
-                    let buf = AlignedBuf::from_slice(&expected[g * BLOCK..(g + 1) * BLOCK]);
-                    Request::write(&file, at, buf, token)
-                } else {
-                    Request::write_guest(&file, at, ram.iovecs(g * BLOCK, BLOCK), token)
-                };
-                engine.submit(r).expect("submit write");
-                token += 1;
-            }
-            engine.unplug();
-            for c in wait_for(&mut engine, chunk.len()) {
-                assert_eq!(c.result.as_ref().ok(), Some(&BLOCK), "{c:?}");
-            }
-        }
-        // Read the file back into the second half, in two-segment requests of two blocks.
-        let half = BLOCKS * BLOCK;
-        ram.mem[half..].fill(0);
-        let pairs: Vec<usize> = (0..BLOCKS / 2).collect();
-        for chunk in pairs.chunks(depth) {
-            for &p in chunk {
-                let base = ram.mem.as_mut_ptr().wrapping_add(half + 2 * p * BLOCK);
-                let segs = [(base.wrapping_add(BLOCK), BLOCK), (base, BLOCK)];
-                // SAFETY: both segments lie in the second half of `mem`, untouched until the
-                // completions below; `ram` outlives them.
-                let mem = unsafe { GuestIovecs::new(segs) };
-                let r = Request::read_guest(&file, (2 * p * BLOCK) as u64, mem, p as u64);
-                engine.submit(r).expect("submit read");
-            }
-            for c in wait_for(&mut engine, chunk.len()) {
-                assert_eq!(c.result.as_ref().ok(), Some(&(2 * BLOCK)));
-                let back = c.buf.into_guest().expect("the guest iovecs come back");
-                assert_eq!(back.count(), 2);
-            }
-        }
-        // File block b holds guest block BLOCKS-1-b; the read swapped each pair of blocks.
-        for p in 0..BLOCKS / 2 {
-            for (file_block, slot) in [(2 * p, 2 * p + 1), (2 * p + 1, 2 * p)] {
-                let g = BLOCKS - 1 - file_block;
-                let got = &ram.mem[half + slot * BLOCK..half + (slot + 1) * BLOCK];
-                assert!(
-                    got == &expected[g * BLOCK..(g + 1) * BLOCK],
-                    "depth {depth}: file block {file_block} read wrong"
-                );
-            }
-        }
-    }
-    assert_eq!(engine.in_flight(), 0);
-}
-
-/// A guest iovec that breaks `O_DIRECT` alignment is refused at `submit`, typed, with the
-/// request handed back; the engine goes on.
-pub fn misaligned_guest_iovec_is_refused_at_submit<E: IoEngine, L: EventLoop>(
-    engine: impl Fn() -> E,
-    _monitor: impl Fn() -> L,
-) {
-    let mut engine = engine();
-    let tmp = TempFile::with_len(4 * BLOCK, 1);
-    let Ok(file) = tmp.open(libc::O_DIRECT) else {
-        return super::skip("O_DIRECT is not supported in the temp dir");
-    };
-    let mut ram = GuestRam {
-        mem: AlignedBuf::new(4 * BLOCK),
-    };
-    let e = engine
-        .submit(Request::read_guest(&file, 0, ram.iovecs(1, BLOCK), 5))
-        .expect_err("misaligned address");
-    assert!(
-        matches!(e.error, RequestError::Misaligned { .. }),
-        "{}",
-        e.error
-    );
-    assert_eq!(e.request.token, 5);
-    assert!(e.request.op.into_buffers().into_guest().is_some());
-    let e = engine
-        .submit(Request::write_guest(&file, 100, ram.iovecs(0, BLOCK), 6))
-        .expect_err("misaligned offset");
-    assert!(matches!(e.error, RequestError::Misaligned { .. }));
-    assert_eq!(engine.in_flight(), 0);
-    engine
-        .submit(Request::read_guest(&file, 0, ram.iovecs(0, BLOCK), 7))
-        .unwrap();
-    let done = wait_for(&mut engine, 1);
-    assert_eq!(done[0].result.as_ref().ok(), Some(&BLOCK));
-    assert!(ram.mem[..BLOCK].iter().all(|&b| b == 1));
 }
 
 /// FUA writes complete and their data is there; NOWAIT reads complete, or fail with

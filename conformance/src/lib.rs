@@ -46,6 +46,7 @@ pub mod fixtures;
 pub mod interruptions;
 pub mod iothread;
 pub mod leftovers;
+pub mod lent;
 pub mod seccomp;
 pub mod send_sync;
 mod suite;

@@ -73,9 +73,12 @@ macro_rules! engine_conformance {
     };
     // The tests that run on files and on loop devices alike, but for `@own_notifier`'s.
     (@anywhere $how:tt) => {
-        $crate::engine_conformance!(@tests $how; disk:
+        $crate::engine_conformance!(@tests $how; lent:
             guest_memory_reads_and_writes_at_many_offsets,
             misaligned_guest_iovec_is_refused_at_submit,
+            lent_memory_is_held_until_its_completion_hands_it_back,
+        );
+        $crate::engine_conformance!(@tests $how; disk:
             fua_and_nowait_requests_complete,
             per_request_callbacks_submit_from_inside,
         );

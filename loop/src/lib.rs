@@ -40,15 +40,15 @@
 //! A virtual disk's requests, straight into guest memory and back, with their own callbacks:
 //!
 //! ```no_run
-//! use aio_core::engine::{GuestIovecs, IoEngine, IoFile, Request, RwFlags};
+//! use aio_core::engine::{IoEngine, IoFile, LentMemory, Request, RwFlags};
 //! use aio_core::EventLoop;
 //! use aio_loop::AttachedEngine;
 //! # fn demo<L: EventLoop + 'static, E: IoEngine + 'static>(
 //! #     engine: &AttachedEngine<L, E>, disk: &IoFile, guest_ram: *mut u8,
 //! # ) -> Result<(), aio_core::engine::SubmitError> {
 //! // SAFETY: these 4 KiB of guest RAM stay mapped, and the guest does not touch them, until
-//! // the completion hands the iovecs back.
-//! let mem = unsafe { GuestIovecs::from_raw_parts(guest_ram, 4096) };
+//! // the completion hands the memory back.
+//! let mem = unsafe { LentMemory::new([(guest_ram, 4096)], None) };
 //! let disk2 = disk.clone();
 //! engine.submit_with(Request::read_guest(disk, 0, mem, 1), move |_ctx, engine, done| {
 //!     let _bytes = done.result; // the errno, if any, is this request's

@@ -2,8 +2,8 @@
 
 use aio_backend_poll::PollLoop;
 use aio_core::engine::{
-    AlignedBuf, Completion, GuestIovecs, IoFile, Request, RequestError, RwFlags, SubmitError,
-    WithFallback,
+    AlignedBuf, Completion, IoFile, LentMemory, Request, RequestError, ReturnedBuf, RwFlags,
+    SubmitError, WithFallback,
 };
 use aio_core::{AioError, Notifier};
 use aio_loop::task::{JoinHandle, RequestFuture, Sleep};
@@ -15,7 +15,7 @@ use aio_pool::ThreadPool;
 
 // Cross-thread by design: the ways other threads reach a loop, and request data.
 aio_conformance::assert_thread_safe!(send_sync:
-    Notifier, NotifyHandle, BottomHalf, IoFile, AlignedBuf, GuestIovecs, Request, Completion,
+    Notifier, NotifyHandle, BottomHalf, IoFile, AlignedBuf, LentMemory, ReturnedBuf, Request, Completion,
     RwFlags, RequestError, SubmitError, AioError, LoopCounters, PollParams,
     IoThread<PollLoop, ()>, IoThreadHandle<PollLoop, ()>,
 );

@@ -10,7 +10,7 @@ use std::rc::Rc;
 
 use aio::poll::PollLoop;
 use aio::AioContext;
-use aio_rbd::{Cluster, ClusterOptions, ImageSpec, Memory, RbdImage, RbdQueue};
+use aio_rbd::{Cluster, ClusterOptions, ImageSpec, LentMemory, RbdImage, RbdQueue};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
@@ -36,13 +36,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let q = reader.clone();
     reader.write(
         0,
-        Memory::from_vec(vec![0x5a; 64 << 10]),
+        LentMemory::from_vec(vec![0x5a; 64 << 10]),
         true,
         move |result, _memory| {
             result.expect("write");
             q.read(
                 0,
-                Memory::from_vec(vec![0; 64 << 10]),
+                LentMemory::from_vec(vec![0; 64 << 10]),
                 move |result, memory| {
                     let n = result.expect("read");
                     let data = memory.into_vec().expect("our buffer");

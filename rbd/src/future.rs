@@ -11,12 +11,13 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
+use aio_core::engine::LentMemory;
+
 use crate::image::RbdImage;
-use crate::memory::Memory;
 use crate::submit::{submit, Deliver, RbdOp};
 
 /// librbd's return value and the request's memory.
-type Ended = (i64, Option<Memory>);
+type Ended = (i64, Option<LentMemory>);
 
 /// The end of a request, once librbd has told it, and who waits for it.
 #[derive(Default)]
@@ -25,7 +26,7 @@ struct Slot {
 }
 
 impl Deliver for Slot {
-    fn deliver(&self, _token: u64, ret: i64, memory: Option<Memory>) {
+    fn deliver(&self, _token: u64, ret: i64, memory: Option<LentMemory>) {
         let waker = {
             let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
             state.0 = Some((ret, memory));
@@ -49,7 +50,7 @@ impl std::fmt::Debug for RbdFuture {
 }
 
 impl Future for RbdFuture {
-    type Output = (io::Result<u64>, Option<Memory>);
+    type Output = (io::Result<u64>, Option<LentMemory>);
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut state = self.slot.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -73,7 +74,7 @@ impl RbdImage {
     /// Submits `op` (with `memory` for a read or write) and returns its end as a future,
     /// woken from librbd's thread: for an executor of the caller's. A loop's requests are
     /// better on an [`RbdQueue`](crate::RbdQueue), whose ends come in batches.
-    pub fn submit(&self, op: RbdOp, memory: Option<Memory>) -> RbdFuture {
+    pub fn submit(&self, op: RbdOp, memory: Option<LentMemory>) -> RbdFuture {
         let slot = Arc::new(Slot::default());
         submit(self, slot.clone(), 0, op, memory);
         RbdFuture { slot }

@@ -12,7 +12,8 @@
 //!   status ([`RbdImage::allocated`]), the exclusive lock ([`RbdImage::lock_exclusive`],
 //!   [`LockRecords`]), and a close that waits for every request in flight first.
 //! * [`RbdQueue`]: one context's requests (read and write straight from and into the
-//!   caller's [`Memory`], FUA, flush, discard, write-zeroes) on that context's loop.
+//!   memory the caller lends, [`LentMemory`], FUA, flush, discard, write-zeroes) on that
+//!   context's loop.
 //! * [`RbdImage::submit`]: one request ([`RbdOp`]) as a future ([`RbdFuture`]) for an
 //!   executor of the caller's, woken from librbd's thread.
 //!
@@ -23,7 +24,7 @@
 //!   [`RbdError::LibraryMissing`] naming the package (`librbd1`), never a link error.
 //! * **Ends come home.** A request submitted on a queue ends on that queue's context, in a
 //!   bottom half, never inside the submitting call and never on librbd's threads.
-//! * **Memory librbd may write is never freed early.** A request's [`Memory`] is held by the
+//! * **Memory librbd may write is never freed early.** A request's [`LentMemory`] is held by the
 //!   request until librbd's callback, whatever happens to the queue meanwhile.
 //! * **No close under requests.** An image closes (explicitly or dropped) only after every
 //!   request librbd holds has called back.
@@ -33,12 +34,12 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use aio_rbd::{Cluster, ClusterOptions, ImageSpec, Memory, RbdImage, RbdQueue};
+//! use aio_rbd::{Cluster, ClusterOptions, ImageSpec, LentMemory, RbdImage, RbdQueue};
 //! # fn demo<L: aio_core::EventLoop + 'static>(ctx: &aio_loop::AioContext<L>) -> Result<(), aio_rbd::RbdError> {
 //! let cluster = Cluster::connect(&ClusterOptions::from_conf("/etc/ceph/ceph.conf", "admin"))?;
 //! let image = RbdImage::open(&cluster, &"rbd/disk0".parse::<ImageSpec>()?, false)?;
 //! let queue = RbdQueue::new(image, ctx);
-//! queue.write(0, Memory::from_vec(vec![0x5a; 4096]), true, |result, _memory| {
+//! queue.write(0, LentMemory::from_vec(vec![0x5a; 4096]), true, |result, _memory| {
 //!     result.expect("written and flushed");
 //! });
 //! # Ok(()) }
@@ -52,7 +53,6 @@ mod error;
 mod future;
 mod image;
 mod lock;
-mod memory;
 mod queue;
 mod spec;
 mod submit;
@@ -60,12 +60,20 @@ mod sys;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use aio_core::engine::LentMemory;
 pub use cluster::Cluster;
 pub use error::RbdError;
 pub use future::RbdFuture;
 pub use image::RbdImage;
 pub use lock::{LockRecords, LockTaken};
-pub use memory::Memory;
+
+/// The old name of a request's memory, for one release: it is [`LentMemory`] now (aio-core's,
+/// the one type every layer lends memory with). `Memory::new(iov, owner)` is
+/// `LentMemory::new(segments, Some(hold))` with the owner as an `Arc` hold; `into_vec` returns
+/// a `Result` (the memory back when it is no vector, or still held elsewhere), and
+/// `into_parts` is gone (`hold()` lends the hold on).
+#[deprecated(note = "use `LentMemory` (aio_core::engine::LentMemory)")]
+pub type Memory = LentMemory;
 pub use queue::RbdQueue;
 pub use spec::{ClusterOptions, ImageSpec, RbdTarget};
 pub use submit::RbdOp;

@@ -13,7 +13,7 @@
 //!   however many arrived. Several contexts serving one image each have their own queue, so a
 //!   completion always returns to the context that submitted it (an image's single
 //!   notification eventfd, `rbd_set_image_notification`, could not tell them apart).
-//! * **Memory librbd may write stays alive.** A read's or write's [`Memory`] travels with the
+//! * **Memory librbd may write stays alive.** A read's or write's [`LentMemory`] travels with the
 //!   request into librbd and comes back only from the callback, after librbd is done with
 //!   it; a queue dropped with requests in flight leaves their memory to the callbacks, which
 //!   free it then. The image's close waits for every callback.
@@ -26,18 +26,18 @@ use std::io;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 
+use aio_core::engine::LentMemory;
 use aio_core::EventLoop;
 use aio_loop::{AioContext, BottomHalf};
 
 use crate::error::{check, RbdError};
 use crate::image::RbdImage;
-use crate::memory::Memory;
 use crate::submit::{submit, Deliver, RbdOp};
 
 /// What came back with a finished request.
 pub(crate) enum Payload {
     None,
-    Memory(Memory),
+    Memory(LentMemory),
     Extents(Result<Vec<(u64, u64)>, RbdError>),
 }
 
@@ -55,7 +55,7 @@ pub(crate) struct Mailbox {
 }
 
 impl Deliver for Mailbox {
-    fn deliver(&self, token: u64, ret: i64, memory: Option<Memory>) {
+    fn deliver(&self, token: u64, ret: i64, memory: Option<LentMemory>) {
         self.post(token, ret, memory.map_or(Payload::None, Payload::Memory));
     }
 }
@@ -150,8 +150,8 @@ impl RbdQueue {
     pub fn read(
         &self,
         offset: u64,
-        memory: Memory,
-        done: impl FnOnce(io::Result<usize>, Memory) + 'static,
+        memory: LentMemory,
+        done: impl FnOnce(io::Result<usize>, LentMemory) + 'static,
     ) {
         let waiter = Waiter::Done(Box::new(move |r, payload| {
             let Payload::Memory(m) = payload else {
@@ -167,9 +167,9 @@ impl RbdQueue {
     pub fn write(
         &self,
         offset: u64,
-        memory: Memory,
+        memory: LentMemory,
         fua: bool,
-        done: impl FnOnce(io::Result<()>, Memory) + 'static,
+        done: impl FnOnce(io::Result<()>, LentMemory) + 'static,
     ) {
         let done: Box<dyn FnOnce(Result<u64, i32>, Payload)> = Box::new(move |r, payload| {
             let Payload::Memory(m) = payload else {
@@ -240,7 +240,7 @@ impl RbdQueue {
         token
     }
 
-    fn submit(&self, op: RbdOp, memory: Option<Memory>, waiter: Waiter) {
+    fn submit(&self, op: RbdOp, memory: Option<LentMemory>, waiter: Waiter) {
         let token = self.wait_for(waiter);
         submit(&self.image, self.mailbox.clone(), token, op, memory);
     }

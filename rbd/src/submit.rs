@@ -9,8 +9,9 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
+use aio_core::engine::LentMemory;
+
 use crate::image::RbdImage;
-use crate::memory::Memory;
 use crate::sys;
 
 /// A request librbd runs.
@@ -38,7 +39,7 @@ pub enum RbdOp {
 /// Where a request's end goes: called once, on librbd's thread (or the submitting one, for a
 /// refusal), with the request's token, librbd's return value and its memory.
 pub(crate) trait Deliver: Send + Sync {
-    fn deliver(&self, token: u64, ret: i64, memory: Option<Memory>);
+    fn deliver(&self, token: u64, ret: i64, memory: Option<LentMemory>);
 }
 
 /// What librbd holds while a request runs: freed by the callback.
@@ -48,7 +49,7 @@ struct InFlight {
     /// waits for the count this request holds).
     image: *const RbdImage,
     token: u64,
-    memory: Option<Memory>,
+    memory: Option<LentMemory>,
 }
 
 /// librbd's completion callback, on one of librbd's threads.
@@ -81,13 +82,13 @@ pub(crate) fn submit(
     to: Arc<dyn Deliver>,
     token: u64,
     op: RbdOp,
-    memory: Option<Memory>,
+    memory: Option<LentMemory>,
 ) {
     if !image.begin_request() {
         return to.deliver(token, -i64::from(libc::EBADF), memory);
     }
     let lib = image.lib;
-    let iov = memory.as_ref().map_or(&[][..], |m| m.iovecs());
+    let iov = memory.as_ref().map_or(&[][..], |m| m.as_iovecs());
     let (iov, iovcnt) = (iov.as_ptr(), iov.len() as i32);
     let flight = Box::into_raw(Box::new(InFlight {
         to,
@@ -103,7 +104,7 @@ pub(crate) fn submit(
         let h = image.handle;
         // SAFETY: an open image (counted in flight, so not closed); the iovecs are the
         // memory's, which lives in `flight` until the callback (the promise of
-        // `GuestIovecs::new`), and moving the box did not move the segments; `c` is fresh and
+        // `LentMemory::new`), and moving the box did not move the segments; `c` is fresh and
         // given to exactly one request.
         ret = unsafe {
             match op {

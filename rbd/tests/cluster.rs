@@ -11,7 +11,7 @@ use aio::poll::PollLoop;
 use aio::AioContext;
 use aio_rbd::testing::TestCluster;
 use aio_rbd::{
-    Cluster, ClusterOptions, ImageSpec, LockRecords, LockTaken, Memory, RbdError, RbdImage,
+    Cluster, ClusterOptions, ImageSpec, LentMemory, LockRecords, LockTaken, RbdError, RbdImage,
     RbdQueue,
 };
 
@@ -61,7 +61,7 @@ fn a_namespace_and_a_snapshot(test: &TestCluster, cluster: &Arc<Cluster>) {
     let image = RbdImage::open(cluster, &spec, false).unwrap();
     let (r, _) = block_on(image.submit(
         aio_rbd::RbdOp::Write(0),
-        Some(Memory::from_vec(vec![1; 4096])),
+        Some(LentMemory::from_vec(vec![1; 4096])),
     ));
     r.unwrap();
     image.close().unwrap();
@@ -69,7 +69,7 @@ fn a_namespace_and_a_snapshot(test: &TestCluster, cluster: &Arc<Cluster>) {
     let image = RbdImage::open(cluster, &spec, false).unwrap();
     let (r, _) = block_on(image.submit(
         aio_rbd::RbdOp::Write(0),
-        Some(Memory::from_vec(vec![2; 4096])),
+        Some(LentMemory::from_vec(vec![2; 4096])),
     ));
     r.unwrap();
     image.close().unwrap();
@@ -83,7 +83,7 @@ fn a_namespace_and_a_snapshot(test: &TestCluster, cluster: &Arc<Cluster>) {
     assert!(head.iter().all(|&b| b == 1), "the snapshot keeps its bytes");
     let (r, _) = block_on(snap.submit(
         aio_rbd::RbdOp::Write(0),
-        Some(Memory::from_vec(vec![3; 4096])),
+        Some(LentMemory::from_vec(vec![3; 4096])),
     ));
     assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EROFS));
     let e = RbdImage::open(cluster, &spec.clone().snapshot("nope"), false).unwrap_err();
@@ -113,14 +113,18 @@ fn requests_as_futures(cluster: &Arc<Cluster>) {
     use aio_rbd::RbdOp;
     let spec = new_image(cluster, 16 * MIB);
     let image = RbdImage::open(cluster, &spec, false).unwrap();
-    let (r, m) = block_on(image.submit(RbdOp::Write(4096), Some(Memory::from_vec(vec![9; 8192]))));
+    let (r, m) = block_on(image.submit(
+        RbdOp::Write(4096),
+        Some(LentMemory::from_vec(vec![9; 8192])),
+    ));
     assert_eq!(r.unwrap(), 0);
     assert_eq!(
         m.unwrap().into_vec().unwrap().len(),
         8192,
         "the memory comes back"
     );
-    let (r, m) = block_on(image.submit(RbdOp::Read(4096), Some(Memory::from_vec(vec![0; 8192]))));
+    let (r, m) =
+        block_on(image.submit(RbdOp::Read(4096), Some(LentMemory::from_vec(vec![0; 8192]))));
     assert_eq!(r.unwrap(), 8192);
     assert!(m.unwrap().into_vec().unwrap().iter().all(|&b| b == 9));
     let (r, _) = block_on(image.submit(RbdOp::Flush, None));
@@ -129,7 +133,7 @@ fn requests_as_futures(cluster: &Arc<Cluster>) {
     // which the close waits for.
     drop(image.submit(
         RbdOp::Read(0),
-        Some(Memory::from_vec(vec![0; MIB as usize])),
+        Some(LentMemory::from_vec(vec![0; MIB as usize])),
     ));
     image.close().unwrap();
     assert_eq!(image.in_flight(), 0);
@@ -153,10 +157,15 @@ fn requests_end_on_the_submitting_loop_with_the_data(cluster: &Arc<Cluster>) {
         .enumerate()
         .for_each(|(i, b)| *b = (i % 251) as u8);
     let e = ends.clone();
-    queue.write(MIB, Memory::from_vec(data.clone()), true, move |r, _| {
-        assert_eq!(std::thread::current().id(), loop_thread);
-        e.borrow_mut().push(("write", r.map(|()| 0)));
-    });
+    queue.write(
+        MIB,
+        LentMemory::from_vec(data.clone()),
+        true,
+        move |r, _| {
+            assert_eq!(std::thread::current().id(), loop_thread);
+            e.borrow_mut().push(("write", r.map(|()| 0)));
+        },
+    );
     assert!(
         ends.borrow().is_empty(),
         "a request never ends inside its submission"
@@ -164,10 +173,14 @@ fn requests_end_on_the_submitting_loop_with_the_data(cluster: &Arc<Cluster>) {
     run_until(&ctx, || ends.borrow().len() == 1);
     let back = Rc::new(RefCell::new(None));
     let b = back.clone();
-    queue.read(MIB, Memory::from_vec(vec![0; 128 << 10]), move |r, m| {
-        assert_eq!(r.unwrap(), 128 << 10);
-        *b.borrow_mut() = m.into_vec();
-    });
+    queue.read(
+        MIB,
+        LentMemory::from_vec(vec![0; 128 << 10]),
+        move |r, m| {
+            assert_eq!(r.unwrap(), 128 << 10);
+            *b.borrow_mut() = Some(m.into_vec().expect("our vector"));
+        },
+    );
     run_until(&ctx, || back.borrow().is_some());
     assert!(
         back.borrow().as_deref() == Some(&data[..]),
@@ -205,9 +218,11 @@ fn requests_end_on_the_submitting_loop_with_the_data(cluster: &Arc<Cluster>) {
     assert_eq!(image.size().unwrap(), 32 * MIB);
     let failed = Rc::new(RefCell::new(None));
     let f = failed.clone();
-    queue.read(48 * MIB, Memory::from_vec(vec![0; 4096]), move |r, _| {
-        *f.borrow_mut() = Some(r)
-    });
+    queue.read(
+        48 * MIB,
+        LentMemory::from_vec(vec![0; 4096]),
+        move |r, _| *f.borrow_mut() = Some(r),
+    );
     run_until(&ctx, || failed.borrow().is_some());
     assert!(
         failed.borrow_mut().take().unwrap().is_err(),
@@ -234,7 +249,7 @@ fn several_loops_share_one_image_each_hearing_its_own(cluster: &Arc<Cluster>) {
                     let at = (u64::from(t) * 32 + i) * 4096;
                     queue.write(
                         at,
-                        Memory::from_vec(vec![t + 1; 4096]),
+                        LentMemory::from_vec(vec![t + 1; 4096]),
                         false,
                         move |r, _| {
                             r.unwrap();
@@ -272,10 +287,15 @@ fn block_status_reports_written_objects_only(cluster: &Arc<Cluster>) {
     let done = Rc::new(RefCell::new(0));
     for at in [object + 4096, 5 * object] {
         let d = done.clone();
-        queue.write(at, Memory::from_vec(vec![1; 4096]), false, move |r, _| {
-            r.unwrap();
-            *d.borrow_mut() += 1;
-        });
+        queue.write(
+            at,
+            LentMemory::from_vec(vec![1; 4096]),
+            false,
+            move |r, _| {
+                r.unwrap();
+                *d.borrow_mut() += 1;
+            },
+        );
     }
     run_until(&ctx, || *done.borrow() == 2);
     // Whole objects, cut to the range asked, which starts inside an object (the case librbd
@@ -359,9 +379,12 @@ fn the_exclusive_lock_keeps_one_writer_and_a_dead_holder_is_broken(
     let queue = RbdQueue::new(second.clone(), &ctx);
     let refused = Rc::new(RefCell::new(None));
     let r = refused.clone();
-    queue.write(0, Memory::from_vec(vec![1; 4096]), false, move |res, _| {
-        *r.borrow_mut() = Some(res)
-    });
+    queue.write(
+        0,
+        LentMemory::from_vec(vec![1; 4096]),
+        false,
+        move |res, _| *r.borrow_mut() = Some(res),
+    );
     run_until(&ctx, || refused.borrow().is_some());
     let e = refused.borrow_mut().take().unwrap().unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
@@ -446,7 +469,7 @@ fn a_close_waits_for_the_requests_in_flight(cluster: &Arc<Cluster>) {
     for i in 0..64 {
         queue.write(
             i * MIB,
-            Memory::from_vec(vec![7; MIB as usize]),
+            LentMemory::from_vec(vec![7; MIB as usize]),
             false,
             |_, _| {},
         );

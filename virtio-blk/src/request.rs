@@ -11,7 +11,7 @@
 use std::rc::Rc;
 use std::sync::Arc;
 
-use aio_block::request::{BlockRequest, Buffers, MemoryHold, Reply};
+use aio_block::request::{BlockRequest, LentMemory, MemoryHold, Reply};
 use aio_block::stats::{Accounted, IoKind, Recorder};
 use aio_block::ImageQueue;
 use aio_core::engine::IoEngine;
@@ -110,24 +110,24 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Store<L, E> {
     }
 }
 
-/// `segments` of `mem` as the block layer's buffers (each segment may span regions), held by
-/// the memory table; None if one is not mapped (the chain parser checked it; a new table
+/// `segments` of `mem` as memory lent to the block layer (each segment may span regions),
+/// held by the memory table; None if one is not mapped (the chain parser checked it; a new table
 /// could not have been swapped in since, since `mem` is the table the chain was parsed
 /// against).
-fn guest_buffers(mem: &GuestMemory, segments: &[Segment]) -> Option<Buffers> {
-    // Each segment pushed lies in a mapping of `mem`, and the buffers' hold is a clone of
-    // `mem` (an `Arc` of the mappings): the block layer keeps a clone of it until the engine
-    // is done with the memory, so the mappings stay while the kernel may touch them. This
+fn guest_buffers(mem: &GuestMemory, segments: &[Segment]) -> Option<LentMemory> {
+    // Each segment pushed lies in a mapping of `mem`, and the memory's hold is a clone of
+    // `mem` (an `Arc` of the mappings): the block layer keeps it, or a clone of it, until the
+    // engine is done with the memory, so the mappings stay while the kernel may touch them. This
     // process never makes Rust references to guest memory elsewhere (vm-memory's accesses
     // are volatile), and a chain's data descriptors are the device's alone while it runs the
     // request; the driver writing its own buffer meanwhile is a race only for the guest.
     let hold: MemoryHold = mem.clone();
-    let mut buffers = Buffers::empty(hold);
+    let mut buffers = LentMemory::empty(Some(hold));
     for s in segments {
         // Nearly every segment lies in one region: its slice, not vm-memory's iterator over
         // regions (which the compiler leaves out of line on this hot path).
         if let Ok(slice) = mem.get_slice(s.addr, s.len as usize) {
-            // SAFETY: the slice is in `mem`, held by the buffers (see above).
+            // SAFETY: the slice is in `mem`, held by the lent memory (see above).
             unsafe { buffers.push(slice.ptr_guard_mut().as_ptr(), slice.len()) };
             continue;
         }

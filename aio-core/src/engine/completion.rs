@@ -10,7 +10,7 @@ use std::io;
 use super::buf::AlignedBuf;
 use super::file::DirectIoAlignment;
 use super::flags::RwFlags;
-use super::guest::GuestIovecs;
+use super::lent::LentMemory;
 
 /// The kernel's limit on buffers per vectored request.
 pub const IOV_MAX: usize = 1024;
@@ -25,9 +25,9 @@ pub enum IoBuffers {
     One(AlignedBuf),
     /// A readv or writev.
     Many(Vec<AlignedBuf>),
-    /// A read or write of caller-owned memory: the iovecs, handed back so that the caller
-    /// knows the engine is done with that memory.
-    Guest(GuestIovecs),
+    /// A read or write of lent memory, handed back (with its hold) so that the caller knows
+    /// the engine is done with that memory.
+    Guest(LentMemory),
 }
 
 impl IoBuffers {
@@ -67,8 +67,8 @@ impl IoBuffers {
         }
     }
 
-    /// The guest iovecs of a read or write of caller-owned memory.
-    pub fn into_guest(self) -> Option<GuestIovecs> {
+    /// The memory of a read or write of lent memory.
+    pub fn into_guest(self) -> Option<LentMemory> {
         match self {
             IoBuffers::Guest(g) => Some(g),
             _ => None,

@@ -2,7 +2,7 @@
 //!
 //! This module owns the trait, its documentation and the types a user of an engine handles:
 //! requests and completions ([`Request`], [`Op`], [`RwFlags`], [`Completion`], [`IoFile`]),
-//! O_DIRECT buffers ([`AlignedBuf`]), caller-owned memory ([`GuestIovecs`]), the routing of
+//! O_DIRECT buffers ([`AlignedBuf`]), memory a caller lends ([`LentMemory`]), the routing of
 //! ops one engine lacks to another ([`WithFallback`]). The attachment of an engine to a loop
 //! (`AttachedEngine`, with per-request completion callbacks) is `aio-loop`'s. It performs no
 //! I/O itself. What only an engine author needs (the
@@ -30,7 +30,7 @@
 //!   the bytes that exist (0 at or past EOF). A discard or write-zeroes completes with its
 //!   length.
 //! * **Ops.** Every engine runs reads and writes of [`AlignedBuf`]s and of caller-owned
-//!   memory ([`GuestIovecs`]), `fsync` and `fdatasync`, with [`RwFlags`] (`RWF_DSYNC` for FUA,
+//!   memory ([`LentMemory`]), `fsync` and `fdatasync`, with [`RwFlags`] (`RWF_DSYNC` for FUA,
 //!   `RWF_NOWAIT`; a request with `NOWAIT` gets `EAGAIN` reported, not retried). Discard and
 //!   write-zeroes ([`Op::Discard`], [`Op::WriteZeroes`]) run where the engine's kernel
 //!   interface has them; an engine without them refuses them with
@@ -53,7 +53,7 @@
 //! * **Drop** with requests in flight waits until the kernel or the workers are done with their
 //!   buffers and guest memory (queued requests are cancelled), then frees them. An engine that
 //!   cannot learn that the kernel is done leaks its buffers, and aborts the process if any of
-//!   that memory is a caller's ([`GuestIovecs`]). `drain()` does the same and
+//!   that memory is a caller's ([`LentMemory`]). `drain()` does the same and
 //!   hands every outstanding completion back.
 
 pub(crate) mod buf;
@@ -61,8 +61,8 @@ mod completion;
 mod fallback;
 mod file;
 mod flags;
-mod guest;
 mod io_engine;
+mod lent;
 mod request;
 #[cfg(test)]
 pub(crate) mod types_tests;
@@ -72,6 +72,8 @@ pub use completion::{Completion, IoBuffers, RequestError, IOV_MAX};
 pub use fallback::WithFallback;
 pub use file::{DirectIoAlignment, FileKind, IoFile};
 pub use flags::RwFlags;
-pub use guest::GuestIovecs;
 pub use io_engine::{IoEngine, DEFAULT_MAX_BATCH};
+#[allow(deprecated)]
+pub use lent::GuestIovecs;
+pub use lent::{LentMemory, MemoryHold, ReturnedBuf};
 pub use request::{Op, Request, SubmitError};

@@ -3,7 +3,7 @@
 //! This module owns the value types of a request ([`Request`], [`Op`]), their validation
 //! ([`Request::validate`]) and the refusal that hands a request back ([`SubmitError`]). It
 //! performs no I/O; completions and the reasons of a refusal are in `completion.rs`, the flags
-//! in `flags.rs`, the file in `file.rs`, caller-owned memory in `guest.rs`.
+//! in `flags.rs`, the file in `file.rs`, lent memory in `lent.rs`.
 
 use std::io;
 
@@ -11,7 +11,7 @@ use super::buf::AlignedBuf;
 use super::completion::{Completion, IoBuffers, RequestError, IOV_MAX};
 use super::file::IoFile;
 use super::flags::RwFlags;
-use super::guest::GuestIovecs;
+use super::lent::LentMemory;
 
 /// What a request does.
 #[derive(Debug)]
@@ -49,14 +49,14 @@ pub enum Op {
         /// File offset.
         offset: u64,
         /// Destinations.
-        mem: GuestIovecs,
+        mem: LentMemory,
     },
     /// Write straight from caller-owned memory, in segment order, starting at `offset`.
     WriteGuest {
         /// File offset.
         offset: u64,
         /// Sources.
-        mem: GuestIovecs,
+        mem: LentMemory,
     },
     /// `fsync(2)`.
     Fsync,
@@ -214,7 +214,7 @@ impl Op {
 /// in its completion.
 ///
 /// `Request` is `Send` (an engine may run it on a worker thread): its buffers are owned, and
-/// guest memory is a [`GuestIovecs`] whose constructor promised exclusive use.
+/// lent memory is a [`LentMemory`] whose constructor promised exclusive use.
 #[derive(Debug)]
 pub struct Request {
     /// The file.
@@ -258,13 +258,13 @@ impl Request {
         Self::new(file, Op::Writev { offset, bufs }, token)
     }
 
-    /// A read at `offset` straight into caller-owned memory (see [`GuestIovecs`]).
-    pub fn read_guest(file: &IoFile, offset: u64, mem: GuestIovecs, token: u64) -> Self {
+    /// A read at `offset` straight into memory the caller lends (see [`LentMemory`]).
+    pub fn read_guest(file: &IoFile, offset: u64, mem: LentMemory, token: u64) -> Self {
         Self::new(file, Op::ReadGuest { offset, mem }, token)
     }
 
-    /// A write at `offset` straight from caller-owned memory (see [`GuestIovecs`]).
-    pub fn write_guest(file: &IoFile, offset: u64, mem: GuestIovecs, token: u64) -> Self {
+    /// A write at `offset` straight from memory the caller lends (see [`LentMemory`]).
+    pub fn write_guest(file: &IoFile, offset: u64, mem: LentMemory, token: u64) -> Self {
         Self::new(file, Op::WriteGuest { offset, mem }, token)
     }
 
@@ -513,7 +513,7 @@ mod tests {
         let mut mem = AlignedBuf::new(8192);
         let base = mem.as_mut_ptr().wrapping_add(1);
         // SAFETY: the segment lies inside `mem`, which outlives the request; never submitted.
-        let guest = unsafe { GuestIovecs::from_raw_parts(base, 4096) };
+        let guest = unsafe { LentMemory::new([(base, 4096)], None) };
         let bad_base = Request::read_guest(&f, 0, guest, 1);
         let err = bad_base.validate().unwrap_err();
         assert!(matches!(

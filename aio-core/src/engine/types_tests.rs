@@ -1,5 +1,5 @@
 //! Unit tests of the small contracts of the types every engine shares: a buffer's alignment,
-//! equality and the live-buffer count; what a completion's buffers hand back; guest iovecs'
+//! equality and the live-buffer count; what a completion's buffers hand back; lent memory's
 //! segments; an op's emptiness and flag sets; and the vectored and guest requests' checks
 //! (segment counts, buffers that break `O_DIRECT`'s alignment).
 
@@ -19,12 +19,12 @@ fn a_buffer_has_its_alignment_equality_by_content_and_counts_while_it_lives() {
 }
 
 /// Two segments of `mem` (100 bytes at 0, 300 at 200).
-fn two_segments(mem: &mut [u8]) -> GuestIovecs {
+fn two_segments(mem: &mut [u8]) -> LentMemory {
     assert!(mem.len() >= 500);
     let base = mem.as_mut_ptr();
     // SAFETY: both segments lie inside `mem`, which each test keeps alive and untouched while
     // the iovecs exist.
-    unsafe { GuestIovecs::new([(base, 100), (base.wrapping_add(200), 300)]) }
+    unsafe { LentMemory::new([(base, 100), (base.wrapping_add(200), 300)], None) }
 }
 
 #[test]
@@ -44,7 +44,7 @@ fn a_completions_buffers_hand_back_what_the_request_owned() {
 }
 
 #[test]
-fn guest_iovecs_are_their_segments() {
+fn lent_memory_is_its_segments() {
     let mut mem = vec![0u8; 512];
     let base = mem.as_mut_ptr() as usize;
     let g = two_segments(&mut mem);
@@ -56,11 +56,11 @@ fn guest_iovecs_are_their_segments() {
     assert_eq!(segments, [(0, 100), (200, 300)]);
     assert!(!g.is_empty());
     // SAFETY: no segment, no memory.
-    let empty = unsafe { GuestIovecs::new([]) };
+    let empty = unsafe { LentMemory::new([], None) };
     assert!(empty.is_empty());
     let text = format!("{g:?}");
     assert!(
-        text.contains("GuestIovecs") && text.contains("400"),
+        text.contains("LentMemory") && text.contains("400"),
         "{text}"
     );
 }
@@ -85,7 +85,7 @@ fn guest_requests_count_their_segments_and_iov_max_is_allowed() {
     let segments = |n: usize| {
         // SAFETY: `n` one-byte segments inside `mem`, alive and untouched while the request
         // exists (it is only validated).
-        unsafe { GuestIovecs::new((0..n).map(|i| (base.wrapping_add(i), 1))) }
+        unsafe { LentMemory::new((0..n).map(|i| (base.wrapping_add(i), 1)), None) }
     };
     assert!(Request::read_guest(&null, 0, segments(IOV_MAX), 1)
         .validate()

@@ -146,7 +146,7 @@ fn rw(
 ) -> io::Result<usize> {
     let count = iovecs.len().min(crate::engine::IOV_MAX) as libc::c_int;
     // SAFETY: `iovecs` describe the request's memory (its owned buffers, or caller memory
-    // whose `GuestIovecs` contract keeps it valid and unshared while the request lives); the
+    // whose `LentMemory` contract keeps it valid and unshared while the request lives); the
     // request is borrowed mutably for the whole call, so nothing else touches that memory.
     // The fd is kept open by the request's `IoFile`.
     let ret = unsafe {

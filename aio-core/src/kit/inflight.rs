@@ -27,7 +27,7 @@ struct InFlight {
 }
 
 // SAFETY: the iovecs point into the request's own memory (its owned buffers, or guest memory
-// whose `GuestIovecs` is `Send` by its constructor's contract); moving the entry to another
+// whose `LentMemory` is `Send` by its constructor's contract); moving the entry to another
 // thread moves that memory's owner with them, and nothing else holds the pointers.
 unsafe impl Send for InFlight {}
 
@@ -234,7 +234,7 @@ impl InFlightTable {
     }
 
     /// Whether any request in the table reads or writes caller-owned memory
-    /// ([`GuestIovecs`](crate::engine::GuestIovecs)): an engine that cannot wait for the
+    /// ([`LentMemory`](crate::engine::LentMemory)): an engine that cannot wait for the
     /// kernel must then abort rather than leak (see [`InFlightTable::abandon`]).
     pub fn holds_guest_memory(&self) -> bool {
         self.slots
@@ -512,7 +512,7 @@ mod tests {
         );
         let mut memory = vec![0u8; 512];
         // SAFETY: `memory` outlives the request, which completes below and is never submitted.
-        let mem = unsafe { crate::engine::GuestIovecs::from_raw_parts(memory.as_mut_ptr(), 512) };
+        let mem = unsafe { crate::engine::LentMemory::new([(memory.as_mut_ptr(), 512)], None) };
         let guest = table.insert(Request::read_guest(&f, 0, mem, 2));
         assert!(table.holds_guest_memory());
         table.complete(guest, Ok(512));

@@ -34,7 +34,7 @@ pub struct UringConfig {
     /// or permission, the engine goes on without registered buffers and says why in
     /// [`UringEngine::fixed_buffers_error`](crate::UringEngine::fixed_buffers_error); another refusal affects that buffer only.
     ///
-    /// Requests on caller-owned memory ([`GuestIovecs`](aio_core::engine::GuestIovecs)) always go
+    /// Requests on memory a caller lends ([`LentMemory`](aio_core::engine::LentMemory)) always go
     /// without: the engine does not register memory it does not own.
     ///
     /// Meant for buffers that are reused (a request pool): a freed

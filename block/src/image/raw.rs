@@ -14,7 +14,7 @@ use std::os::fd::AsFd;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use aio_core::engine::{AlignedBuf, FileKind, GuestIovecs, IoBuffers, IoEngine};
+use aio_core::engine::{AlignedBuf, FileKind, IoBuffers, IoEngine, LentMemory};
 use aio_core::engine::{IoFile, Request, RequestError, RwFlags};
 use aio_core::EventLoop;
 use aio_loop::AioContext;
@@ -23,7 +23,7 @@ use super::driver::{Driver, QueueIo};
 use super::error::ResizeError;
 use crate::format;
 use crate::lock::ImageLock;
-use crate::request::{copy_in, copy_out, BlockRequest, Buffers, MemoryHold, Reply};
+use crate::request::{BlockRequest, Reply};
 use crate::status::{self, Extent};
 
 /// A raw file or block device, from `offset`.
@@ -73,7 +73,7 @@ impl RawFile {
 }
 
 /// Whether `buffers`, written at byte 0, would start with a known format's magic.
-pub(super) fn writes_format_magic(buffers: &Buffers) -> bool {
+pub(super) fn writes_format_magic(buffers: &LentMemory) -> bool {
     let mut head = [0u8; format::PROBE_BYTES];
     let n = buffers.copy_out(&mut head);
     format::probe(&head[..n]).is_some()
@@ -133,39 +133,37 @@ impl Driver for RawFile {
         E: IoEngine + 'static,
         R: Reply,
     {
-        let (io, hold, discard) = match self.engine_request(request) {
+        let (io, discard) = match self.engine_request(request) {
             Ok(mapped) => mapped,
             Err(refused) => return reply.finish(tag, Err(refused)),
         };
         let fua = io.flags.contains(RwFlags::FUA);
-        let state = (reply.clone(), tag, hold);
+        let state = (reply.clone(), tag);
         let submitted = queue
             .engine
             .try_submit_with(io, state, move |_, _, c, state| {
-                let (reply, tag, hold) = state;
-                // The engine is done with the memory: the hold goes before the caller hears.
+                let (reply, tag) = state;
+                // The engine is done with the memory: it (and its hold) goes before the caller
+                // hears.
                 let result = outcome(c.result, discard);
-                drop((c.buf, hold));
+                drop(c.buf);
                 reply.finish(tag, result);
             });
-        let Err((refused, (reply, tag, hold))) = submitted else {
+        let Err((refused, (reply, tag))) = submitted else {
             return;
         };
         // The caller's memory is misaligned for `O_DIRECT`: through a bounce buffer. The
         // refusal hands the request back with its memory untouched.
         let misaligned = matches!(refused.error, RequestError::Misaligned { .. });
-        match (misaligned, hold, *refused.request) {
-            (true, Some(hold), Request { op, .. }) if op.is_data() => {
-                let offset = op.offset();
-                let write = op.is_write();
-                let IoBuffers::Guest(iov) = op.into_buffers() else {
-                    return reply.finish(tag, Err(io::Error::other("no memory")));
-                };
+        let Request { op, .. } = *refused.request;
+        let (offset, write) = (op.offset(), op.is_write());
+        match (misaligned, op.into_buffers()) {
+            (true, IoBuffers::Guest(mem)) => {
                 reply.bounced();
-                self.bounce(queue, reply, tag, (iov, hold), offset, write, fua);
+                self.bounce(queue, reply, tag, mem, offset, write, fua);
             }
-            (_, hold, _) => {
-                drop(hold);
+            (_, buffers) => {
+                drop(buffers);
                 reply.finish(tag, Err(refused.error.into()));
             }
         }
@@ -173,19 +171,14 @@ impl Driver for RawFile {
 }
 
 impl RawFile {
-    /// The engine request that does `request`, the hold of its memory, and whether it is a
-    /// discard; or why it is refused (a probed image's format header).
-    fn engine_request(
-        &self,
-        request: BlockRequest,
-    ) -> io::Result<(Request, Option<MemoryHold>, bool)> {
+    /// The engine request that does `request` (its memory inside, with the memory's hold) and
+    /// whether it is a discard; or why it is refused (a probed image's format header).
+    fn engine_request(&self, request: BlockRequest) -> io::Result<(Request, bool)> {
         let file = &self.file;
         let at = |offset: u64| offset + self.offset;
         Ok(match request {
             BlockRequest::Read { offset, buffers } => {
-                let (iov, hold) = buffers.into_parts();
-                let io = Request::read_guest(file, at(offset), iov, 0);
-                (io, Some(hold), false)
+                (Request::read_guest(file, at(offset), buffers, 0), false)
             }
             BlockRequest::Write {
                 offset,
@@ -195,20 +188,19 @@ impl RawFile {
                 if self.probed && offset == 0 && writes_format_magic(&buffers) {
                     return Err(io::Error::from_raw_os_error(libc::EPERM));
                 }
-                let (iov, hold) = buffers.into_parts();
-                let mut io = Request::write_guest(file, at(offset), iov, 0);
+                let mut io = Request::write_guest(file, at(offset), buffers, 0);
                 if fua {
                     io = io.with_flags(RwFlags::FUA);
                 }
-                (io, Some(hold), false)
+                (io, false)
             }
-            BlockRequest::Flush => (Request::fdatasync(file, 0), None, false),
+            BlockRequest::Flush => (Request::fdatasync(file, 0), false),
             BlockRequest::Discard { offset, len } => {
-                (Request::discard(file, at(offset), len, 0), None, true)
+                (Request::discard(file, at(offset), len, 0), true)
             }
             BlockRequest::WriteZeroes { offset, len, unmap } => {
                 let io = Request::write_zeroes(file, at(offset), len, unmap, 0);
-                (io, None, false)
+                (io, false)
             }
         })
     }
@@ -221,7 +213,7 @@ impl RawFile {
         queue: &QueueIo<L, E>,
         reply: Rc<R>,
         tag: R::Tag,
-        (iov, hold): (GuestIovecs, MemoryHold),
+        mem: LentMemory,
         offset: u64,
         write: bool,
         fua: bool,
@@ -230,16 +222,16 @@ impl RawFile {
         E: IoEngine + 'static,
         R: Reply,
     {
-        let mut buf = AlignedBuf::new(iov.len());
+        let mut buf = AlignedBuf::new(mem.len());
         let io = if write {
-            copy_out(iov.as_iovecs(), &mut buf[..]);
+            mem.copy_out(&mut buf[..]);
             // Written from the copy: the caller's memory is free now.
-            drop((iov, hold));
+            drop(mem);
             let io = Request::write(&self.file, offset, buf, 0);
             let flags = if fua { RwFlags::FUA } else { RwFlags::NONE };
             (io.with_flags(flags), None)
         } else {
-            (Request::read(&self.file, offset, buf, 0), Some((iov, hold)))
+            (Request::read(&self.file, offset, buf, 0), Some(mem))
         };
         let (io, target) = io;
         let state = (reply, tag, target);
@@ -248,11 +240,10 @@ impl RawFile {
             .try_submit_with(io, state, move |_, _, c, state| {
                 let (reply, tag, target) = state;
                 let mut result = outcome(c.result, false);
-                if let (true, Some((mut iov, hold)), IoBuffers::One(buf)) =
-                    (result.is_ok(), target, c.buf)
+                if let (true, Some(mut mem), IoBuffers::One(buf)) = (result.is_ok(), target, c.buf)
                 {
-                    let n = copy_in(&mut iov, &buf[..]);
-                    drop((iov, hold));
+                    let n = mem.copy_in(&buf[..]);
+                    drop(mem);
                     if n < buf.len() {
                         result = Err(io::Error::other(
                             "a bounced read's memory is shorter than it",

@@ -22,14 +22,14 @@ use std::sync::Arc;
 use aio_core::engine::IoEngine;
 use aio_core::EventLoop;
 use aio_loop::AioContext;
-use aio_rbd::{Cluster, LockRecords, LockTaken, Memory, RbdImage, RbdQueue, RbdTarget};
+use aio_rbd::{Cluster, LockRecords, LockTaken, RbdImage, RbdQueue, RbdTarget};
 
 use super::driver::{Driver, QueueIo, StatusDone};
 use super::error::{OpenError, ResizeError};
 use super::{check_size, Backing, Image, ImageOptions};
 use crate::format::{self, ImageFormat, KnownFormat};
 use crate::lock::LockMode;
-use crate::request::{BlockRequest, Buffers, Reply};
+use crate::request::{BlockRequest, Reply};
 use crate::status::{self, Extent, ExtentKind};
 
 /// An RBD image served raw.
@@ -156,12 +156,6 @@ impl RbdDisk {
     }
 }
 
-/// A request's memory as librbd takes it (the hold travels with it).
-fn memory_of(buffers: Buffers) -> Memory {
-    let (iov, hold) = buffers.into_parts();
-    Memory::new(iov, Box::new(hold))
-}
-
 /// How much of `[offset, offset + len)` lies inside an image of `size` bytes.
 fn inside(offset: u64, len: u64, size: u64) -> u64 {
     offset.saturating_add(len).min(size).saturating_sub(offset)
@@ -243,8 +237,8 @@ impl Driver for RbdDisk {
         let reply = reply.clone();
         match request {
             BlockRequest::Read { offset, buffers } => {
-                let len = buffers.len() as usize;
-                queue.read(offset, memory_of(buffers), move |r, memory| {
+                let len = buffers.len();
+                queue.read(offset, buffers, move |r, memory| {
                     // librbd is done with the memory: the hold goes before the caller hears.
                     drop(memory);
                     let r = r.and_then(|n| match n == len {
@@ -263,7 +257,7 @@ impl Driver for RbdDisk {
                 if self.probed && offset == 0 && super::raw::writes_format_magic(&buffers) {
                     return reply.finish(tag, Err(io::Error::from_raw_os_error(libc::EPERM)));
                 }
-                queue.write(offset, memory_of(buffers), fua, move |r, memory| {
+                queue.write(offset, buffers, fua, move |r, memory| {
                     drop(memory);
                     reply.finish(tag, r);
                 });

@@ -21,14 +21,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::Thread;
 
-use aio_core::engine::{GuestIovecs, IoEngine, Request};
+use aio_core::engine::{IoEngine, LentMemory, MemoryHold, Request};
 use aio_core::EventLoop;
 use aio_loop::task::RequestFuture;
 use aio_loop::AttachedEngine;
 use smallvec::SmallVec;
 
 use super::settle::WriteInFlight;
-use crate::request::MemoryHold;
 
 /// An engine attached to the current thread's context, with its type erased (the storage is
 /// shared by iothreads whose engines may differ in type).
@@ -45,12 +44,11 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> ImageEngine for AttachedEngi
 }
 
 /// What a request in flight holds until the engine is done with its memory: held, never
-/// read (dropping it is the point).
+/// read (dropping it is the point). The hold of the caller's memory needs no place here: it
+/// travels inside the request's [`LentMemory`].
 #[derive(Default)]
 #[allow(dead_code)]
 pub(crate) struct Keep {
-    /// What keeps the caller's memory its iovecs point into valid (a direct read or write).
-    pub(crate) memory: Option<MemoryHold>,
     /// Counts it among the image's modifying requests in flight (imago's `settle_writes`).
     pub(crate) write: Option<WriteInFlight>,
 }
@@ -62,11 +60,13 @@ pub(crate) type DataRanges = SmallVec<[(usize, usize); 4]>;
 /// One request's I/O context: its queue's engine, and the caller's memory its data lives in.
 pub(crate) struct RequestIo {
     pub(crate) engine: Rc<dyn ImageEngine>,
-    /// What keeps the request's memory valid ([`Buffers`](crate::Buffers)' hold).
-    pub(crate) memory: MemoryHold,
+    /// What keeps the request's memory valid (its [`LentMemory`]'s hold); None: the memory
+    /// was lent without one, or there is none (metadata work), and every storage I/O goes
+    /// through an engine-owned copy.
+    pub(crate) memory: Option<MemoryHold>,
     /// The address ranges `[start, end)` of the request's data segments: a buffer imago hands
-    /// the storage inside one of them is the caller's memory (direct I/O, with `memory` held
-    /// by the engine); any other buffer is imago's own and goes through an engine-owned copy.
+    /// the storage inside one of them is the caller's memory (direct I/O, lent on with a clone
+    /// of `memory`); any other buffer is imago's own and goes through an engine-owned copy.
     pub(crate) data: DataRanges,
 }
 
@@ -77,9 +77,11 @@ impl RequestIo {
         self.data.iter().any(|&(s, e)| s <= base && end <= e)
     }
 
-    /// `iov` as iovecs of the caller's memory for the engine, when every segment lies inside
-    /// the request's data (None: a buffer of imago's own, to go through an engine-owned copy).
-    pub(crate) fn caller_iovecs(&self, iov: &[libc::iovec]) -> Option<GuestIovecs> {
+    /// `iov` as a part of the caller's memory, lent on to the engine with a clone of its
+    /// hold, when every segment lies inside the request's data (None: a buffer of imago's own,
+    /// or memory lent without a hold, to go through an engine-owned copy).
+    pub(crate) fn caller_memory(&self, iov: &[libc::iovec]) -> Option<LentMemory> {
+        let hold = self.memory.as_ref()?;
         if !iov
             .iter()
             .all(|v| self.in_data(v.iov_base as usize, v.iov_len))
@@ -87,11 +89,13 @@ impl RequestIo {
             return None;
         }
         let parts = iov.iter().map(|v| (v.iov_base.cast::<u8>(), v.iov_len));
-        // SAFETY: every segment lies in the request's data, which `Buffers::new`'s caller
-        // promised valid and unused by anyone else while `memory` is held; the engine holds a
-        // clone (`Keep::memory`) until it is done with the iovecs, so they stay valid even if
-        // the request's future is dropped first.
-        Some(unsafe { GuestIovecs::new(parts) })
+        // SAFETY: every segment lies in the request's data, which `LentMemory::new`'s caller
+        // promised valid while any clone of its hold lives, and unused by anyone else until
+        // the request ends (which it does only after this part has come back: the request's
+        // future awaits it). The part carries a clone of that hold, which the engine keeps
+        // until it is done with the part, so the memory stays valid even if the request's
+        // future is dropped first.
+        Some(unsafe { LentMemory::new(parts, Some(hold.clone())) })
     }
 }
 

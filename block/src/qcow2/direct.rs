@@ -32,7 +32,7 @@ use aio_core::EventLoop;
 use aio_loop::AttachedEngine;
 
 use super::Qcow2Image;
-use crate::request::{BlockRequest, Buffers, Reply};
+use crate::request::{BlockRequest, Reply};
 
 impl Qcow2Image {
     /// Serves `request` on the direct path if it is a read or write wholly inside cached
@@ -74,33 +74,36 @@ impl Qcow2Image {
         let Ok(held) = Arc::clone(&self.access).try_read_owned() else {
             return Err((back(buffers), tag));
         };
-        let found = self.cache.lookup(offset, buffers.len()).filter(|_| !fua);
+        let found = self
+            .cache
+            .lookup(offset, buffers.len() as u64)
+            .filter(|_| !fua);
         let Some(((file, writes), host)) = found else {
             return Err((back(buffers), tag));
         };
-        let (iov, hold) = buffers.into_parts();
         // A write counts among the file's writes in flight, which imago settles before it
         // frees a cluster (as the task path's writes do).
         let in_flight = write.then(|| writes.begin());
         let io = if write {
-            Request::write_guest(file, host, iov, 0)
+            Request::write_guest(file, host, buffers, 0)
         } else {
-            Request::read_guest(file, host, iov, 0)
+            Request::read_guest(file, host, buffers, 0)
         };
-        // The image's lock and the write's count are held until the kernel is done.
-        let state = (reply.clone(), tag, hold, held, in_flight);
+        // The image's lock and the write's count are held until the kernel is done (the
+        // memory's hold travels with the memory).
+        let state = (reply.clone(), tag, held, in_flight);
         let submitted = engine.try_submit_with(io, state, |_, _, done, state| {
-            let (reply, tag, hold, held, in_flight) = state;
+            let (reply, tag, held, in_flight) = state;
             let result = done.result.map(drop);
-            drop((done.buf, hold, held, in_flight));
+            drop((done.buf, held, in_flight));
             reply.finish(tag, result);
         });
         // Refused (misaligned buffers, a full engine): the task path copes.
-        let Err((refused, (reply, tag, hold, _, _))) = submitted else {
+        let Err((refused, (reply, tag, _, _))) = submitted else {
             return Ok(());
         };
         match refused.request.op.into_buffers() {
-            IoBuffers::Guest(iov) => Err((back(Buffers::from_parts(iov, hold)), tag)),
+            IoBuffers::Guest(buffers) => Err((back(buffers), tag)),
             // Not the memory it was given (no engine does this): the request ends here.
             _ => {
                 reply.finish(tag, Err(refused.error.into()));

@@ -6,10 +6,11 @@
 //! transfers, and the count of modifying requests in flight. It never parses the format.
 //!
 //! * **The caller's data goes straight to the engine.** A buffer inside the current
-//!   request's data segments (guest memory, a socket's buffer) is submitted as those iovecs,
-//!   the request's memory hold kept by the engine until it is done with them; a buffer of imago's own (metadata, its bounce buffers) goes through an
-//!   engine-owned [`AlignedBuf`], so that a dropped future never leaves the kernel writing
-//!   into memory imago has freed.
+//!   request's data segments (guest memory, a socket's buffer) is submitted as a part of that
+//!   lent memory, with a clone of its hold that the engine keeps until it is done with it; a
+//!   buffer of imago's own (metadata, its bounce buffers), or of memory lent without a hold,
+//!   goes through an engine-owned [`AlignedBuf`], so that a dropped future never leaves the
+//!   kernel writing into memory imago has freed.
 //! * **Outside a request** (opening the image, the final flush) I/O is blocking syscalls on
 //!   the calling thread.
 //! * **No short transfers.** A short read continues where it stopped and reads zeros past the
@@ -115,17 +116,15 @@ impl FileStorage {
         }
     }
 
-    /// Runs `request` on the current request's engine: holding the caller's memory hold when it
-    /// `points_into_caller`, counted among the writes in flight when it `modifies` the file.
+    /// Runs `request` on the current request's engine, counted among the writes in flight when
+    /// it `modifies` the file (a part of the caller's memory carries its hold itself).
     fn run(
         &self,
         io: &RequestIo,
         request: Request,
-        points_into_caller: bool,
         modifies: bool,
     ) -> impl Future<Output = Completion> {
         let keep = Keep {
-            memory: points_into_caller.then(|| io.memory.clone()),
             write: modifies.then(|| WriteInFlight::new(&self.settle)),
         };
         io.engine.run(request, keep)
@@ -139,11 +138,11 @@ impl FileStorage {
         offset: u64,
     ) -> io::Result<(usize, IoVectorMut<'a>)> {
         // SAFETY: the iovecs are used only while `bufv` is borrowed here, or copied into
-        // `GuestIovecs` for the caller's memory the engine keeps valid (see `RequestIo`).
+        // a part of the caller's memory, lent on with its hold (see `RequestIo`).
         let iov = unsafe { bufv.as_iovec() };
-        if let Some(mem) = io.caller_iovecs(iov) {
+        if let Some(mem) = io.caller_memory(iov) {
             let request = Request::read_guest(&self.file, offset, mem, 0);
-            let n = self.run(io, request, true, false).await.result?;
+            let n = self.run(io, request, false).await.result?;
             return Ok((n, bufv.split_tail_at(n as u64)));
         }
         let len = bufv.len() as usize;
@@ -151,7 +150,6 @@ impl FileStorage {
             .run(
                 io,
                 Request::read(&self.file, offset, AlignedBuf::new(len), 0),
-                false,
                 false,
             )
             .await;
@@ -176,14 +174,14 @@ impl FileStorage {
         // Counted before it is submitted: a write that fails may still have landed in part,
         // and `pure_write_zeroes` trusts only what lies past every write ever submitted.
         self.grew_to(offset + bufv.len());
-        let request = if let Some(mem) = io.caller_iovecs(iov) {
-            (Request::write_guest(&self.file, offset, mem, 0), true)
+        let request = if let Some(mem) = io.caller_memory(iov) {
+            Request::write_guest(&self.file, offset, mem, 0)
         } else {
             let mut data = AlignedBuf::new(bufv.len() as usize);
             bufv.copy_into_slice(&mut data[..]);
-            (Request::write(&self.file, offset, data, 0), false)
+            Request::write(&self.file, offset, data, 0)
         };
-        let done = self.run(io, request.0, request.1, true).await;
+        let done = self.run(io, request, true).await;
         let n = done.result?;
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
@@ -194,7 +192,7 @@ impl FileStorage {
     /// Runs a request with no buffer (sync, discard, write-zeroes).
     async fn run_plain(&self, request: Request, write: bool) -> Option<io::Result<usize>> {
         let io = current::current()?;
-        Some(self.run(&io, request, false, write).await.result)
+        Some(self.run(&io, request, write).await.result)
     }
 }
 

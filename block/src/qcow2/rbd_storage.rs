@@ -19,7 +19,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use aio_rbd::{Memory, RbdImage, RbdOp};
+use aio_core::engine::LentMemory;
+use aio_rbd::{RbdImage, RbdOp};
 use imago::io_buffers::{IoVector, IoVectorMut};
 use imago::storage::drivers::CommonStorageHelper;
 use imago::Storage;
@@ -65,7 +66,11 @@ impl RbdStorage {
     }
 
     /// Runs `op` with `memory`; its result and the memory back.
-    async fn run(&self, op: RbdOp, memory: Option<Memory>) -> io::Result<(u64, Option<Memory>)> {
+    async fn run(
+        &self,
+        op: RbdOp,
+        memory: Option<LentMemory>,
+    ) -> io::Result<(u64, Option<LentMemory>)> {
         let (result, memory) = self.image.submit(op, memory).await;
         Ok((result?, memory))
     }
@@ -127,9 +132,9 @@ impl Storage for RbdStorage {
             .min(len);
         let (mut head, mut tail) = bufv.split_at(inside);
         if inside > 0 {
-            let memory = Memory::from_vec(vec![0; inside as usize]);
+            let memory = LentMemory::from_vec(vec![0; inside as usize]);
             let (_, memory) = self.run(RbdOp::Read(offset), Some(memory)).await?;
-            let data = memory.and_then(Memory::into_vec).unwrap_or_default();
+            let data = memory.and_then(|m| m.into_vec().ok()).unwrap_or_default();
             head.copy_from_slice(&data);
         }
         // Past the end reads as zeros, as past a file's.
@@ -141,7 +146,7 @@ impl Storage for RbdStorage {
         self.grow_to(offset + bufv.len())?;
         let mut data = vec![0; bufv.len() as usize];
         bufv.copy_into_slice(&mut data);
-        self.run(RbdOp::Write(offset), Some(Memory::from_vec(data)))
+        self.run(RbdOp::Write(offset), Some(LentMemory::from_vec(data)))
             .await
             .map(drop)
     }

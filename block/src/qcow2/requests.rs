@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use aio_core::engine::{GuestIovecs, IoEngine};
+use aio_core::engine::{IoEngine, LentMemory};
 use aio_core::EventLoop;
 use aio_loop::AioContext;
 use imago::io_buffers::{IoVector, IoVectorMut};
@@ -117,7 +117,7 @@ impl Driver for Arc<Qcow2Image> {
 }
 
 /// The address ranges `[start, end)` of `iov`.
-fn ranges(iov: &GuestIovecs) -> DataRanges {
+fn ranges(iov: &LentMemory) -> DataRanges {
     iov.as_iovecs()
         .iter()
         .map(|v| (v.iov_base as usize, v.iov_base as usize + v.iov_len))
@@ -126,18 +126,18 @@ fn ranges(iov: &GuestIovecs) -> DataRanges {
 
 /// The caller's memory of `iov` as imago's vector to read into, for as long as `iov` is
 /// borrowed.
-fn read_vector(iov: &mut GuestIovecs) -> IoVectorMut<'_> {
+fn read_vector(iov: &mut LentMemory) -> IoVectorMut<'_> {
     let slices = iov.as_iovecs().iter().map(|v| {
-        // SAFETY: `GuestIovecs::new`'s promise (made by `Buffers::new`'s caller): the segment
-        // is valid for writes of its length and nothing else in this process uses it while
-        // the request's hold lives, which outlives this borrow of `iov`.
+        // SAFETY: `LentMemory::new`'s promise: the segment is valid for writes of its length
+        // and nothing else in this process uses it while `iov` lives, which outlives this
+        // borrow of it.
         IoSliceMut::new(unsafe { std::slice::from_raw_parts_mut(v.iov_base.cast(), v.iov_len) })
     });
     IoVectorMut::from(slices.collect::<Vec<_>>())
 }
 
 /// The caller's memory of `iov` as imago's vector to write from.
-fn write_vector(iov: &GuestIovecs) -> IoVector<'_> {
+fn write_vector(iov: &LentMemory) -> IoVector<'_> {
     let slices = iov.as_iovecs().iter().map(|v| {
         // SAFETY: as in `read_vector`: valid for reads, and nothing in this process writes it.
         IoSlice::new(unsafe { std::slice::from_raw_parts(v.iov_base.cast(), v.iov_len) })
@@ -154,10 +154,12 @@ impl Qcow2Image {
             data,
         };
         match request {
-            BlockRequest::Read { offset, buffers } => {
-                let (mut iov, hold) = buffers.into_parts();
-                let io = context(hold, ranges(&iov));
-                let bufv = read_vector(&mut iov);
+            BlockRequest::Read {
+                offset,
+                mut buffers,
+            } => {
+                let io = context(buffers.hold().cloned(), ranges(&buffers));
+                let bufv = read_vector(&mut buffers);
                 WithIo::new(io, self.read(bufv, offset)).await
             }
             BlockRequest::Write {
@@ -165,9 +167,8 @@ impl Qcow2Image {
                 buffers,
                 fua,
             } => {
-                let (iov, hold) = buffers.into_parts();
-                let io = context(hold, ranges(&iov));
-                let bufv = write_vector(&iov);
+                let io = context(buffers.hold().cloned(), ranges(&buffers));
+                let bufv = write_vector(&buffers);
                 WithIo::new(io, async {
                     self.write(bufv, offset).await?;
                     if fua {
@@ -187,8 +188,7 @@ impl Qcow2Image {
                     }
                     Ok(())
                 };
-                let none: Arc<()> = Arc::new(());
-                WithIo::new(context(none, DataRanges::new()), done).await
+                WithIo::new(context(None, DataRanges::new()), done).await
             }
         }
     }
@@ -334,10 +334,9 @@ fn metadata_task<L, E, T>(
 {
     let engine = io.image_engine.clone();
     ctx.spawn_detached(async move {
-        let none: Arc<()> = Arc::new(());
         let context = RequestIo {
             engine,
-            memory: none,
+            memory: None,
             data: DataRanges::new(),
         };
         done(WithIo::new(context, work).await);

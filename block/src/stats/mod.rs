@@ -394,7 +394,7 @@ mod tests {
 
     #[test]
     fn requests_count_as_qemu_counts_them_and_a_recorder_times_them_by_index() {
-        let (buffers, _) = crate::Buffers::from_aligned(aio_core::engine::AlignedBuf::new(4096));
+        let (buffers, _) = crate::LentMemory::from_aligned(aio_core::engine::AlignedBuf::new(4096));
         let write = BlockRequest::Write {
             offset: 8192,
             buffers,

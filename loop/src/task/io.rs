@@ -18,7 +18,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
-use aio_core::engine::{AlignedBuf, Completion, GuestIovecs, IoBuffers, IoEngine, IoFile, Request};
+use aio_core::engine::{AlignedBuf, Completion, IoBuffers, IoEngine, IoFile, LentMemory, Request};
 use aio_core::EventLoop;
 
 use crate::attached::{AttachedEngine, CancelRequest, Delivery, RequestId, RequestSlot};
@@ -151,9 +151,9 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> AttachedEngine<L, E> {
 
     /// [`AttachedEngine::run`], holding `keep` until the engine is done with the request's
     /// memory (its completion, or the discarded late completion of a dropped future): what
-    /// keeps caller-owned memory mapped, such as the guest memory table behind a
-    /// [`GuestIovecs`] request, goes here, so that dropping the future early never unmaps it
-    /// under the kernel.
+    /// must outlive the request's I/O even if the future is dropped early goes here (a count
+    /// of writes in flight, say). The hold of a [`LentMemory`] request needs no `keep`: it
+    /// travels with the memory, which the engine keeps until then.
     pub fn run_keeping<K: 'static>(&self, request: Request, keep: K) -> RequestFuture {
         let shared = Rc::new(RefCell::new(OpShared {
             completion: None,
@@ -224,24 +224,24 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> AttachedEngine<L, E> {
         }
     }
 
-    /// A read straight into caller-owned memory; the iovecs come back with the result (the
-    /// memory is the caller's again once they do, see [`GuestIovecs`]).
+    /// A read straight into memory the caller lends; the memory comes back with the result
+    /// (it is the caller's again once it does, see [`LentMemory`]).
     pub fn read_guest(
         &self,
         file: &IoFile,
         offset: u64,
-        mem: GuestIovecs,
-    ) -> impl Future<Output = (io::Result<usize>, GuestIovecs)> + 'static {
+        mem: LentMemory,
+    ) -> impl Future<Output = (io::Result<usize>, LentMemory)> + 'static {
         guest(self.run(Request::read_guest(file, offset, mem, 0)))
     }
 
-    /// A write straight from caller-owned memory; the iovecs come back with the result.
+    /// A write straight from memory the caller lends; the memory comes back with the result.
     pub fn write_guest(
         &self,
         file: &IoFile,
         offset: u64,
-        mem: GuestIovecs,
-    ) -> impl Future<Output = (io::Result<usize>, GuestIovecs)> + 'static {
+        mem: LentMemory,
+    ) -> impl Future<Output = (io::Result<usize>, LentMemory)> + 'static {
         guest(self.run(Request::write_guest(file, offset, mem, 0)))
     }
 
@@ -288,11 +288,11 @@ async fn one_buffer(op: RequestFuture) -> (io::Result<usize>, AlignedBuf) {
     (c.result, buf)
 }
 
-async fn guest(op: RequestFuture) -> (io::Result<usize>, GuestIovecs) {
+async fn guest(op: RequestFuture) -> (io::Result<usize>, LentMemory) {
     let c = op.await;
     let mem = match c.buf {
         IoBuffers::Guest(g) => g,
-        // A guest-memory request always comes back with its iovecs.
+        // A lent-memory request always comes back with its memory.
         other => unreachable!("a guest-memory request came back with {other:?}"),
     };
     (c.result, mem)

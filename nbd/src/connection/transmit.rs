@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use aio_block::stats::{Accounted, IoKind, Recorder};
 use aio_block::status::ExtentKind;
-use aio_block::{BlockRequest, Buffers, Image, Reply};
+use aio_block::{BlockRequest, Image, LentMemory, Reply};
 use aio_core::engine::FileKind;
 use aio_core::engine::IoEngine;
 use aio_core::EventLoop;
@@ -120,7 +120,7 @@ fn submit(st: &mut State, request: BlockRequest, mut f: InFlight) -> Advance {
 
 /// A read of `len` bytes at `offset` into a buffer the block layer gives back at completion.
 fn read(st: &mut State, to: Answering, offset: u64, len: usize) -> Advance {
-    let (buffers, buf) = Buffers::from_aligned(st.pool.take(len));
+    let (buffers, buf) = LentMemory::from_aligned(st.pool.take(len));
     st.buffered += len;
     let request = BlockRequest::Read { offset, buffers };
     submit(
@@ -260,7 +260,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
 
     /// A write's payload is all in: it goes to the block layer.
     pub(super) fn write_received(&self, st: &mut State, w: PendingWrite) -> Advance {
-        let (buffers, buf) = Buffers::from_aligned(w.buf);
+        let (buffers, buf) = LentMemory::from_aligned(w.buf);
         let request = BlockRequest::Write {
             offset: w.offset,
             buffers,
