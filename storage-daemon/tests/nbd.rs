@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use aio_nbd::proto::{cmd, cmd_flag, err, tflag};
 use aio_nbd::testing::Raw;
-use aio_vhost_user_blk::testing::{Daemon as Launched, Launch};
+use aio_test_support::launch::{Daemon as Launched, Launch};
 use common::{connect, qemu_img, Daemon};
 use qmp_client::Qmp;
 use serde_json::{json, Value};

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use aio_vhost_user_blk::testing::{Daemon as Launched, Launch};
+use aio_test_support::launch::{Daemon as Launched, Launch};
 use common::{connect, connect_read_only, qemu_img};
 
 /// A fresh directory in /dev/shm (O_DIRECT without a disk) holding a raw image and a qcow2

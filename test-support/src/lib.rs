@@ -1,14 +1,18 @@
 //! # aio-test-support
 //!
 //! What the integration tests of aio-rs's crates share, written once (a dev-dependency,
-//! `publish = false`):
+//! `publish = false`; `aio-bench`, not published either, takes it for its daemons):
 //!
 //! - [`tool`]: run a program (`qemu-img`, `qemu-io`, `nbdinfo`, `fio`...) and fail the test
 //!   with its words and the package that has it; whether a program is installed;
 //! - [`images`]: directories where `O_DIRECT` works, raw and qcow2 images made in them;
-//! - [`engines`]: every engine this build and kernel can build, each missing one said
-//!   `skipped:` (a failure under `AIO_REQUIRE_ALL_BACKENDS=1`, as in CI);
-//! - [`child`]: a child process that must end by itself within a limit.
+//! - [`child`]: a child process that must end by itself within a limit;
+//! - [`launch`]: a daemon started as a child process (pinned if asked, its sockets waited for,
+//!   its log quoted when it ends early, stopped with a signal, killed with the thread that
+//!   started it);
+//! - `engines` (feature `backends`, on by default): every engine this build and kernel can
+//!   build, each missing one said `skipped:` (a failure under `AIO_REQUIRE_ALL_BACKENDS=1`,
+//!   as in CI).
 //!
 //! Protocol clients (NBD's raw client, the QMP client, libblkio's, the Ceph test cluster)
 //! stay with the crates whose protocol they speak.
@@ -23,6 +27,8 @@
 //! ```
 
 pub mod child;
+#[cfg(feature = "backends")]
 pub mod engines;
 pub mod images;
+pub mod launch;
 pub mod tool;

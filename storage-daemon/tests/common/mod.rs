@@ -1,17 +1,18 @@
 //! Shared by the integration tests: the daemon binary started through
-//! `aio_vhost_user_blk::testing`, its image, and the engines this kernel offers.
+//! `aio_test_support::launch`, its libblkio client (`aio_vhost_user_blk::testing`), its image,
+//! and the engines this kernel offers.
 
 #![allow(dead_code, unused_imports)]
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use aio_test_support::launch::{Launch, LaunchError};
 pub use aio_vhost_user_blk::testing::{Client, ClientConfig, ClientError};
-use aio_vhost_user_blk::testing::{Launch, LaunchError};
 
 /// The daemon binary, started with `args`; killed (SIGKILL) on drop if still running, and its
 /// log shown then (in the test's captured output).
-pub struct Daemon(Option<aio_vhost_user_blk::testing::Daemon>);
+pub struct Daemon(Option<aio_test_support::launch::Daemon>);
 
 impl Daemon {
     /// Starts the daemon and waits until every socket accepts connections.
@@ -71,7 +72,7 @@ impl Daemon {
         Daemon::start(&args, vec![socket])
     }
 
-    fn inner(&self) -> &aio_vhost_user_blk::testing::Daemon {
+    fn inner(&self) -> &aio_test_support::launch::Daemon {
         self.0.as_ref().expect("running")
     }
 
