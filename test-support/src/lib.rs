@@ -12,7 +12,9 @@
 //!   started it);
 //! - `engines` (feature `backends`, on by default): every engine this build and kernel can
 //!   build, each missing one said `skipped:` (a failure under `AIO_REQUIRE_ALL_BACKENDS=1`,
-//!   as in CI).
+//!   as in CI);
+//! - `loop_thread` (feature `backends`): a loop on a thread of its own until dropped, and the
+//!   stop that ends a loop from another thread.
 //!
 //! Protocol clients (NBD's raw client, the QMP client, libblkio's, the Ceph test cluster)
 //! stay with the crates whose protocol they speak.
@@ -31,4 +33,6 @@ pub mod child;
 pub mod engines;
 pub mod images;
 pub mod launch;
+#[cfg(feature = "backends")]
+pub mod loop_thread;
 pub mod tool;
