@@ -10,6 +10,8 @@
 //! - [`launch`]: a daemon started as a child process (pinned if asked, its sockets waited for,
 //!   its log quoted when it ends early, stopped with a signal, killed with the thread that
 //!   started it);
+//! - [`data`]: a stamp naming the offset and the write that put bytes there;
+//! - [`procfs`]: what `/proc` says of a process: open fds, resident memory, status fields;
 //! - `engines` (feature `backends`, on by default): every engine this build and kernel can
 //!   build, each missing one said `skipped:` (a failure under `AIO_REQUIRE_ALL_BACKENDS=1`,
 //!   as in CI);
@@ -29,10 +31,12 @@
 //! ```
 
 pub mod child;
+pub mod data;
 #[cfg(feature = "backends")]
 pub mod engines;
 pub mod images;
 pub mod launch;
 #[cfg(feature = "backends")]
 pub mod loop_thread;
+pub mod procfs;
 pub mod tool;
