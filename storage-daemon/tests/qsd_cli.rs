@@ -17,10 +17,7 @@ use common::{connect, connect_read_only, qemu_img};
 /// A fresh directory in /dev/shm (O_DIRECT without a disk) holding a raw image and a qcow2
 /// image of 64 MiB.
 fn images() -> (tempfile::TempDir, PathBuf, PathBuf) {
-    let dir = tempfile::Builder::new()
-        .prefix("aio-qsd-cli-")
-        .tempdir_in("/dev/shm")
-        .unwrap();
+    let dir = aio_test_support::images::memory_dir("qsd-cli");
     let raw = dir.path().join("disk.raw");
     let qcow2 = dir.path().join("disk.qcow2");
     qemu_img(&["create", "-q", "-f", "raw", raw.to_str().unwrap(), "64M"]);

@@ -5,7 +5,8 @@
 //!
 //! - [`tool`]: run a program (`qemu-img`, `qemu-io`, `nbdinfo`, `fio`...) and fail the test
 //!   with its words and the package that has it; whether a program is installed;
-//! - [`images`]: directories where `O_DIRECT` works, raw and qcow2 images made in them;
+//! - [`images`]: directories where `O_DIRECT` works or in memory, raw and qcow2 images made
+//!   in them;
 //! - [`child`]: a child process that must end by itself within a limit;
 //! - [`launch`]: a daemon started as a child process (pinned if asked, its sockets waited for,
 //!   its log quoted when it ends early, stopped with a signal, killed with the thread that

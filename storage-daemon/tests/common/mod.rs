@@ -152,18 +152,8 @@ pub fn connect_read_only(socket: &Path, region_bytes: usize) -> Result<Client, C
 /// An image file of `bytes` in a fresh temporary directory (in /dev/shm when it exists, so
 /// O_DIRECT works without a disk).
 pub fn image(bytes: u64) -> (tempfile::TempDir, PathBuf) {
-    let base = if Path::new("/dev/shm").is_dir() {
-        "/dev/shm"
-    } else {
-        "/tmp"
-    };
-    let dir = tempfile::Builder::new()
-        .prefix("aio-vub-")
-        .tempdir_in(base)
-        .unwrap();
-    let path = dir.path().join("disk.img");
-    let f = std::fs::File::create(&path).unwrap();
-    f.set_len(bytes).unwrap();
+    let dir = aio_test_support::images::memory_dir("vub");
+    let path = aio_test_support::images::raw_image(dir.path(), "disk.img", bytes, 0, 0);
     (dir, path)
 }
 
