@@ -3,26 +3,12 @@
 //! that buffer alone. The faults come from seccomp filters on a thread of the test's own
 //! (`aio_conformance::seccomp::fail_on_this_thread`), chosen by the call's arguments.
 
-use aio_backend_uring::{probe, UringConfig};
+use aio_backend_uring::UringConfig;
 use aio_conformance::engine::{read_block, wait_for, TempFile, BLOCK};
 use aio_conformance::seccomp::fail_on_this_thread;
 use aio_core::engine::{IoEngine, IoFile};
 
 mod common;
-
-fn available() -> bool {
-    aio_conformance::available("io_uring unusable", probe()).is_some()
-}
-
-/// Closes the write end: every read still waiting completes with 0 bytes (end of file).
-fn finish(mut engine: aio_backend_uring::UringEngine, write_end: std::fs::File, n: usize) {
-    drop(write_end);
-    let done = wait_for(&mut engine, n);
-    assert!(
-        done.iter().all(|c| c.result.as_ref().ok() == Some(&0)),
-        "{done:?}"
-    );
-}
 
 /// An enter that fails to submit (`EINTR` here; `EAGAIN` and `EBUSY` alike) leaves its entries
 /// in the submission queue, counted as the kernel's: the engine counts the interruption, wakes
@@ -31,7 +17,7 @@ fn finish(mut engine: aio_backend_uring::UringEngine, write_end: std::fs::File, 
 /// that submit exactly one entry and do not wait.
 #[test]
 fn an_interrupted_submit_leaves_its_entries_for_the_next_enter_and_wakes_the_loop() {
-    if !available() {
+    if !common::available() {
         return;
     }
     std::thread::spawn(|| {
@@ -74,7 +60,7 @@ fn an_interrupted_submit_leaves_its_entries_for_the_next_enter_and_wakes_the_loo
             (2, 2, 1),
             "{stats:?}"
         );
-        finish(engine, write_end, 2);
+        common::finish(engine, write_end, 2);
     })
     .join()
     .unwrap();
@@ -86,7 +72,7 @@ fn an_interrupted_submit_leaves_its_entries_for_the_next_enter_and_wakes_the_loo
 /// pipe's read end) stays open, rather than free a buffer the kernel may still write.
 #[test]
 fn a_drop_whose_wait_fails_returns_and_leaks_the_request() {
-    if !available() {
+    if !common::available() {
         return;
     }
     let (read_end, mut write_end) = common::pipe();
@@ -150,7 +136,7 @@ fn two_reads_with_registrations_refused(errno: i32) -> (Option<i32>, (u64, u64, 
 /// for good and says why; the request goes without one, and no later request tries again.
 #[test]
 fn a_registration_refused_for_memory_turns_registered_buffers_off() {
-    if !available() {
+    if !common::available() {
         return;
     }
     let (kept, counts) = two_reads_with_registrations_refused(libc::ENOMEM);
@@ -162,7 +148,7 @@ fn a_registration_refused_for_memory_turns_registered_buffers_off() {
 /// without, and registered buffers stay on for the next buffer.
 #[test]
 fn a_registration_refused_for_one_buffer_leaves_registered_buffers_on() {
-    if !available() {
+    if !common::available() {
         return;
     }
     let (kept, counts) = two_reads_with_registrations_refused(libc::EFAULT);

@@ -6,32 +6,15 @@
 //! The requests are reads of an empty pipe: they stay in the kernel until the write end
 //! closes, so what the engine sent can be counted before anything completes.
 
-use std::fs::File;
-
-use aio_backend_uring::{probe, UringConfig, UringEngine};
+use aio_backend_uring::UringConfig;
 use aio_conformance::engine::{wait_for, BLOCK};
 use aio_core::engine::{AlignedBuf, IoEngine, IoFile, Request};
 
 mod common;
 
-fn available() -> bool {
-    aio_conformance::available("io_uring unusable", probe()).is_some()
-}
-
-/// Closes the write end: every read still waiting completes with 0 bytes (end of file).
-fn finish(mut engine: UringEngine, write_end: File, n: usize) {
-    drop(write_end);
-    let done = wait_for(&mut engine, n);
-    assert!(
-        done.iter().all(|c| c.result.as_ref().ok() == Some(&0)),
-        "{done:?}"
-    );
-    assert_eq!(engine.in_kernel(), 0);
-}
-
 #[test]
 fn a_plugged_queue_goes_out_in_batches_as_large_as_what_the_kernel_holds() {
-    if !available() {
+    if !common::available() {
         return;
     }
     let mut engine = common::engine(UringConfig::default());
@@ -57,12 +40,12 @@ fn a_plugged_queue_goes_out_in_batches_as_large_as_what_the_kernel_holds() {
     engine.poll_completions(&mut out);
     assert!(out.is_empty());
     assert_eq!(engine.stats().submit_calls, 4);
-    finish(engine, write_end, 8);
+    common::finish(engine, write_end, 8);
 }
 
 #[test]
 fn a_shared_ring_leaves_a_partial_round_to_the_monitors_next_wait() {
-    if !available() {
+    if !common::available() {
         return;
     }
     let (_monitor, mut engine) = common::shared(UringConfig::default());
@@ -99,12 +82,12 @@ fn a_shared_ring_leaves_a_partial_round_to_the_monitors_next_wait() {
         (3, 3),
         "{stats:?}"
     );
-    finish(engine, write_end, 3);
+    common::finish(engine, write_end, 3);
 }
 
 #[test]
 fn a_vector_goes_out_as_one_entry() {
-    if !available() {
+    if !common::available() {
         return;
     }
     // One readv of four blocks: one READV entry and one completion, not the first block and
@@ -123,7 +106,7 @@ fn a_vector_goes_out_as_one_entry() {
 
 #[test]
 fn a_short_read_at_the_end_of_a_file_goes_back_for_the_rest() {
-    if !available() {
+    if !common::available() {
         return;
     }
     // Five blocks asked for where two exist: the kernel's short read is resubmitted once for

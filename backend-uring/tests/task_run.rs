@@ -5,19 +5,15 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use aio_backend_uring::{probe, TaskRun, UringConfig};
+use aio_backend_uring::{TaskRun, UringConfig};
 use aio_conformance::engine::wait_readable;
 use aio_core::engine::{AlignedBuf, IoEngine, IoFile, Request};
 
 mod common;
 
-fn available() -> bool {
-    aio_conformance::available("io_uring unusable", probe()).is_some()
-}
-
 #[test]
 fn auto_takes_deferred_task_work_where_the_kernel_has_it() {
-    if !available() {
+    if !common::available() {
         return;
     }
     aio_conformance::run_test(
@@ -44,7 +40,7 @@ fn auto_takes_deferred_task_work_where_the_kernel_has_it() {
 fn completions_held_as_task_work_wake_the_eventfd_and_are_seen_by_io_poll() {
     use std::io::Write;
     use std::os::fd::AsRawFd;
-    if !available() {
+    if !common::available() {
         return;
     }
     for mode in [TaskRun::Deferred, TaskRun::Cooperative, TaskRun::Signal] {
@@ -144,7 +140,7 @@ fn entered_for_task_work(mode: TaskRun) -> bool {
 
 #[test]
 fn the_cooperative_mode_leaves_task_work_to_a_running_thread_and_the_signal_mode_does_not() {
-    if !available() {
+    if !common::available() {
         return;
     }
     if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {

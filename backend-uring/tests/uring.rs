@@ -12,13 +12,9 @@ use aio_conformance::engine::BLOCK;
 
 mod common;
 
-fn available() -> bool {
-    aio_conformance::available("io_uring unusable", probe()).is_some()
-}
-
 #[test]
 fn probe_reports_the_opcodes_this_project_uses() {
-    if !available() {
+    if !common::available() {
         return;
     }
     aio_conformance::run_test("probe_reports_the_opcodes_this_project_uses", || {
@@ -41,7 +37,7 @@ fn probe_reports_the_opcodes_this_project_uses() {
 
 #[test]
 fn a_tiny_ring_overflows_its_completion_queue_and_loses_nothing() {
-    if !available() {
+    if !common::available() {
         return;
     }
     aio_conformance::run_test(
@@ -77,7 +73,7 @@ fn a_tiny_ring_overflows_its_completion_queue_and_loses_nothing() {
 
 #[test]
 fn a_full_submission_queue_queues_instead_of_failing() {
-    if !available() {
+    if !common::available() {
         return;
     }
     aio_conformance::run_test("a_full_submission_queue_queues_instead_of_failing", || {
@@ -97,7 +93,7 @@ fn a_full_submission_queue_queues_instead_of_failing() {
 
 #[test]
 fn registered_files_are_used_when_asked_for() {
-    if !available() {
+    if !common::available() {
         return;
     }
     aio_conformance::run_test("registered_files_are_used_when_asked_for", || {
@@ -121,7 +117,7 @@ fn registered_files_are_used_when_asked_for() {
 
 #[test]
 fn clear_notifier_reads_the_eventfd_of_an_engine_with_its_own_ring() {
-    if !available() {
+    if !common::available() {
         return;
     }
     aio_conformance::run_test(
@@ -140,7 +136,7 @@ fn clear_notifier_reads_the_eventfd_of_an_engine_with_its_own_ring() {
 
 #[test]
 fn registered_buffers_are_registered_once_and_reused() {
-    if !available() {
+    if !common::available() {
         return;
     }
     aio_conformance::run_test("registered_buffers_are_registered_once_and_reused", || {
@@ -195,7 +191,7 @@ fn registered_buffers_are_registered_once_and_reused() {
 
 #[test]
 fn more_buffers_in_flight_than_slots_go_without_and_all_complete() {
-    if !available() {
+    if !common::available() {
         return;
     }
     aio_conformance::run_test(
@@ -259,7 +255,7 @@ fn bad_settings_are_errors_that_name_the_field() {
     // The shared ring checks the same settings before it sets a ring up.
     let e = aio_backend_uring::shared_ring(UringConfig::default().with_entries(0)).unwrap_err();
     assert!(matches!(e, UringUnavailable::BadConfig(_)), "{e}");
-    if available() {
+    if common::available() {
         aio_conformance::run_test("the settings the kernel takes", || {
             // Its CQ (four entries per SQ entry) is capped at the kernel's limit.
             let big = UringConfig::default().with_entries(aio_backend_uring::MAX_ENTRIES);
@@ -274,7 +270,7 @@ fn bad_settings_are_errors_that_name_the_field() {
 
 #[test]
 fn range_ops_on_one_file_are_linked_and_all_complete() {
-    if !available() {
+    if !common::available() {
         return;
     }
     aio_conformance::run_test("range_ops_on_one_file_are_linked_and_all_complete", || {
@@ -312,7 +308,7 @@ fn range_ops_on_one_file_are_linked_and_all_complete() {
 
 #[test]
 fn range_ops_on_different_files_are_not_linked() {
-    if !available() {
+    if !common::available() {
         return;
     }
     // A link orders range ops on one file; discards alternating between two files run apart.
@@ -340,7 +336,7 @@ fn range_ops_on_different_files_are_not_linked() {
 
 #[test]
 fn reads_in_one_batch_are_not_linked() {
-    if !available() {
+    if !common::available() {
         return;
     }
     // Only range ops are hard-linked: reads of one file in one submission run side by side.
@@ -361,7 +357,7 @@ fn reads_in_one_batch_are_not_linked() {
 
 #[test]
 fn the_engine_reports_the_ring_it_set_up() {
-    if !available() {
+    if !common::available() {
         return;
     }
     let engine = common::engine(UringConfig::default().with_entries(64));
@@ -384,7 +380,7 @@ fn the_engine_reports_the_ring_it_set_up() {
 fn a_signal_that_interrupts_the_engines_wait_is_counted_and_retried() {
     use std::io::Write;
     use std::time::Duration;
-    if !available() {
+    if !common::available() {
         return;
     }
     let mut engine = common::engine(UringConfig::default());
@@ -429,7 +425,7 @@ fn a_signal_that_interrupts_the_engines_wait_is_counted_and_retried() {
 
 #[test]
 fn fua_writes_are_counted_and_a_file_discard_is_fallocate() {
-    if !available() {
+    if !common::available() {
         return;
     }
     aio_conformance::run_test(
@@ -466,7 +462,7 @@ fn fua_writes_are_counted_and_a_file_discard_is_fallocate() {
 
 #[test]
 fn a_request_in_the_kernel_is_cancelled_with_async_cancel() {
-    if !available() {
+    if !common::available() {
         return;
     }
     aio_conformance::run_test(
@@ -514,7 +510,7 @@ aio_conformance::assert_not_thread_safe!(not_send: UringEngine, aio_backend_urin
 /// `IORING_OP_ASYNC_CANCEL` sent, and nothing is ever written to the pipe.
 #[test]
 fn a_cancel_in_the_kernel_stops_its_own_request_only() {
-    if !available() {
+    if !common::available() {
         return;
     }
     // Two reads of an empty pipe wait in the kernel; the second is cancelled, the first
@@ -537,7 +533,7 @@ fn a_cancel_in_the_kernel_stops_its_own_request_only() {
 
 #[test]
 fn a_dropped_future_cancels_its_read_in_the_kernel() {
-    if !available() {
+    if !common::available() {
         return;
     }
     let ctx = aio_loop::AioContext::new(aio_backend_poll::PollLoop::new()).unwrap();

@@ -85,11 +85,9 @@ fn run_on_the_loop_device_detaches_it_afterwards() {
 /// Whether this process may set autoclear on a loop device: `LOOP_SET_STATUS64` needs
 /// `CAP_SYS_ADMIN` (bit 21 of the effective set), which attaching one does not.
 fn may_set_autoclear() -> bool {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let cap_eff = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+    let cap_eff = aio_test_support::procfs::Proc::current()
+        .status("CapEff")
+        .and_then(|v| u64::from_str_radix(&v, 16).ok())
         .unwrap_or(0);
     cap_eff & (1 << 21) != 0
 }

@@ -15,23 +15,7 @@
 use std::time::{Duration, Instant};
 
 use aio_bench::matrix::{self, MatrixSpec, Workload};
-
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd")
-        .map(|d| d.count())
-        .unwrap_or(0)
-}
-
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
+use aio_test_support::procfs::Proc;
 
 #[test]
 #[ignore = "a 10-minute soak; run it with --ignored (command in the README)"]
@@ -53,12 +37,13 @@ fn soak_256_disks_all_active_with_verify() {
     let dir = std::env::temp_dir().join(format!("aio-bench-soak-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     aio::process::raise_fd_limit();
-    let (fds0, rss0) = (open_fds(), rss_kib());
+    let me = Proc::current();
+    let (fds0, rss0) = (me.fd_count(), me.rss_kib());
     let start = Instant::now();
     let mut rss_warm = 0;
     let result = matrix::run(&spec, &dir, |i, n, c| {
         if i == 1 {
-            rss_warm = rss_kib();
+            rss_warm = me.rss_kib();
         }
         eprintln!(
             "[{i}/{n}] {} {} K={}: {:.1} MB/s, {} reads verified, {} verify errors, {} errors",
@@ -73,7 +58,7 @@ fn soak_256_disks_all_active_with_verify() {
     });
     let _ = std::fs::remove_dir_all(&dir);
     let cells = result.unwrap();
-    let (fds1, rss1) = (open_fds(), rss_kib());
+    let (fds1, rss1) = (me.fd_count(), me.rss_kib());
     let ios: u64 = cells.iter().map(|c| c.result.ios).sum();
     let verified: u64 = cells.iter().map(|c| c.result.verified_reads).sum();
     let verify_errors: u64 = cells.iter().map(|c| c.result.verify_errors).sum();

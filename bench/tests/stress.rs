@@ -23,45 +23,16 @@ use aio_core::engine::{AlignedBuf, IoEngine, IoFile};
 use aio_loop::task::join_all;
 use aio_loop::AttachedEngine;
 use aio_loop::{AioContext, IoThread};
+use aio_test_support::data::stamp;
+use aio_test_support::procfs::Proc;
 
 const BLOCK: usize = 4096;
 const BLOCKS: u64 = 256;
 
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd")
-        .map(|d| d.count())
-        .unwrap_or(0)
-}
-
-/// What the open fds are (for the message when they leak).
-fn fd_targets() -> Vec<String> {
-    std::fs::read_dir("/proc/self/fd")
-        .map(|d| {
-            d.flatten()
-                .map(|e| format!("{:?}", std::fs::read_link(e.path()).unwrap_or_default()))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-/// A block's content: its offset and generation, repeated.
-fn stamp(block: u64, generation: u64) -> AlignedBuf {
+/// Block `block`'s content for write `generation` (`aio_test_support::data`'s stamp).
+fn stamped(block: u64, generation: u64) -> AlignedBuf {
     let mut b = AlignedBuf::new(BLOCK);
-    for (i, chunk) in b.chunks_mut(16).enumerate() {
-        chunk[..8].copy_from_slice(&block.to_le_bytes());
-        chunk[8..].copy_from_slice(&(generation ^ i as u64).to_le_bytes());
-    }
+    stamp(&mut b, block * BLOCK as u64, generation);
     b
 }
 
@@ -80,7 +51,7 @@ async fn verify_loop(
         let first = (rounds * 32) % BLOCKS;
         let writes = (first..first + 32).map(|b| {
             let g = generation + b;
-            engine.write(&file, b * BLOCK as u64, stamp(b, g))
+            engine.write(&file, b * BLOCK as u64, stamped(b, g))
         });
         for (r, _) in join_all(writes).await {
             r.map_err(|e| format!("write: {e}"))?;
@@ -89,7 +60,7 @@ async fn verify_loop(
             .map(|b| engine.read(&file, b * BLOCK as u64, AlignedBuf::new(BLOCK)));
         for (b, (r, buf)) in (first..first + 32).zip(join_all(reads).await) {
             r.map_err(|e| format!("read: {e}"))?;
-            if buf != stamp(b, generation + b) {
+            if buf != stamped(b, generation + b) {
                 return Err(format!(
                     "block {b} generation {} read back wrong",
                     generation + b
@@ -123,7 +94,8 @@ fn two_iothreads_eight_threads_every_engine_nothing_lost() {
         .unwrap_or(60);
     let kinds: Vec<EngineKind> = EngineKind::available();
     // After the probe (which may keep what it probed with for the process).
-    let (fds_before, rss_before, targets_before) = (open_fds(), rss_kib(), fd_targets());
+    let me = Proc::current();
+    let (fds_before, rss_before, targets_before) = (me.fd_count(), me.rss_kib(), me.fd_targets());
     let dir = tempfile::tempdir().expect("temp dir");
     let stop = Arc::new(AtomicBool::new(false));
     let requests = Arc::new(AtomicU64::new(0));
@@ -262,7 +234,7 @@ fn two_iothreads_eight_threads_every_engine_nothing_lost() {
     // The bottom-half handles keep their contexts' notifiers open until they go.
     drop(bhs);
     drop(dir);
-    let (fds_after, rss_after) = (open_fds(), rss_kib());
+    let (fds_after, rss_after) = (me.fd_count(), me.rss_kib());
     eprintln!(
         "stress: {secs} s, {} engines x 2 iothreads: {} requests verified, {woken} cross-thread \
          wakes, {} bottom-half schedules in {} runs; fds {fds_before} -> {fds_after}, RSS {rss_before} -> \
@@ -277,7 +249,7 @@ fn two_iothreads_eight_threads_every_engine_nothing_lost() {
         fds_after,
         fds_before,
         "fds leaked: {targets_before:?} -> {:?}",
-        fd_targets()
+        me.fd_targets()
     );
     assert!(
         rss_after < rss_before + 64 * 1024,

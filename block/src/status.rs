@@ -146,16 +146,14 @@ mod tests {
 
     /// A sparse file of 4 MiB with data at [1 MiB, 1.5 MiB) and [3 MiB, 4 MiB), where the
     /// file system keeps holes (tmpfs and ext4 both do).
-    fn sparse() -> (tempfile::NamedTempFile, File) {
-        // tmpfs keeps holes wherever Linux runs; elsewhere the system's temporary directory.
-        let tmp = match std::path::Path::new("/dev/shm").is_dir() {
-            true => tempfile::NamedTempFile::new_in("/dev/shm").unwrap(),
-            false => tempfile::NamedTempFile::new().unwrap(),
-        };
+    fn sparse() -> (tempfile::TempDir, File) {
+        // tmpfs keeps holes wherever Linux runs; elsewhere /tmp.
+        let tmp = aio_test_support::images::memory_dir("block-status");
         let f = File::options()
             .read(true)
             .write(true)
-            .open(tmp.path())
+            .create_new(true)
+            .open(tmp.path().join("sparse"))
             .unwrap();
         f.set_len(4 << 20).unwrap();
         f.write_all_at(&vec![1u8; 512 << 10], 1 << 20).unwrap();

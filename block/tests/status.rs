@@ -46,12 +46,7 @@ fn qemu_map(image: &Path, format: &str) -> Vec<Extent> {
 
 #[test]
 fn a_raw_images_extents_are_qemu_img_maps() {
-    let dir = tempfile::tempdir_in(if Path::new("/dev/shm").is_dir() {
-        "/dev/shm"
-    } else {
-        "/tmp"
-    })
-    .unwrap();
+    let dir = aio_test_support::images::memory_dir("block-test");
     let image = dir.path().join("sparse.raw");
     let i = image.to_str().unwrap();
     run("qemu-img", &["create", "-q", "-f", "raw", i, "64M"]);

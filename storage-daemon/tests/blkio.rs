@@ -4,18 +4,12 @@
 
 mod common;
 
+use aio_test_support::data::stamp;
+use aio_test_support::procfs::Proc;
 use blkio::ReqFlags;
 use common::{connect, image, Daemon};
 
 const MIB: u64 = 1 << 20;
-
-/// Fills `buf` with a pattern naming `offset` and `generation`.
-fn stamp(buf: &mut [u8], offset: u64, generation: u8) {
-    for (i, chunk) in buf.chunks_mut(8).enumerate() {
-        let v = (offset + 8 * i as u64) ^ (u64::from(generation) << 56);
-        chunk.copy_from_slice(&v.to_le_bytes()[..chunk.len()]);
-    }
-}
 
 fn verify_rw(engine: &str, queues: usize, depth: usize) {
     let (dir, img) = image(64 * MIB);
@@ -28,7 +22,7 @@ fn verify_rw(engine: &str, queues: usize, depth: usize) {
     let bs = 4096usize;
     let mut c = connect(d.socket(), queues, queues * depth * bs).unwrap();
     assert_eq!(c.capacity().unwrap(), 64 * MIB);
-    for generation in [1u8, 2] {
+    for generation in [1u64, 2] {
         for q in 0..queues {
             for i in 0..depth {
                 let slot = (q * depth + i) * bs;
@@ -139,16 +133,8 @@ fn a_read_only_disk_refuses_writes() {
 
 /// The daemon's open fds and resident memory (kB).
 fn daemon_usage(pid: u32) -> (usize, u64) {
-    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .count();
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let rss = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
-    (fds, rss)
+    let daemon = Proc::of(pid);
+    (daemon.fd_count(), daemon.rss_kib())
 }
 
 /// Run in a child process by `a_client_killed_mid_flight_leaves_the_daemon_serving`: connects,

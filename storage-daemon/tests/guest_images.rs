@@ -42,16 +42,8 @@ static GUESTS: Mutex<()> = Mutex::new(());
 
 /// Runs `qemu-img` with `args` and returns its exit code and standard output.
 fn qemu_img(args: &[&str]) -> (Option<i32>, String) {
-    let out = Command::new("qemu-img")
-        .args(args)
-        .output()
-        .expect("run qemu-img (Debian package qemu-utils)");
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code(), said)
+    let out = aio_test_support::tool::output("qemu-img", args);
+    (out.status.code(), aio_test_support::tool::text(&out))
 }
 
 /// Asserts that `qemu-img check` finds `image` clean: exit 0, no leak, no corruption.

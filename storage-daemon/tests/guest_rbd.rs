@@ -76,16 +76,8 @@ fn new_image(test: &TestCluster) -> ImageSpec {
 }
 
 fn qemu_img(args: &[&str]) -> (Option<i32>, String) {
-    let out = Command::new("qemu-img")
-        .args(args)
-        .output()
-        .expect("qemu-img (qemu-utils)");
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code(), said)
+    let out = aio_test_support::tool::output("qemu-img", args);
+    (out.status.code(), aio_test_support::tool::text(&out))
 }
 
 #[test]

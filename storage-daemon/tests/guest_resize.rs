@@ -28,7 +28,7 @@ mod qmp_client;
 mod reaped;
 
 use aio_conformance::skip;
-use aio_vhost_user_blk::testing::Launch;
+use aio_test_support::launch::Launch;
 use harness::{guest_image, run_guest, runnable, GuestSpec};
 use qmp_client::Qmp;
 use serde_json::json;

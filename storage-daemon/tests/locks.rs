@@ -19,6 +19,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use aio_block::lock::{Access, ImageLock, LockMode};
+use aio_test_support::tool::text;
 use common::{daemon_refused, ended_within, image, qemu_img, Daemon};
 use qmp::Qmp;
 use serde_json::json;
@@ -42,14 +43,6 @@ fn run(program: &str, args: &[&str]) -> Output {
         .args(args)
         .output()
         .unwrap_or_else(|e| panic!("{program}: {e} (install qemu-utils)"))
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 /// A raw image of 16 MiB holding 0x5a everywhere, and a qcow2 image over it as backing file.

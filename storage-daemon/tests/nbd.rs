@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use aio_nbd::proto::{cmd, cmd_flag, err, tflag};
 use aio_nbd::testing::Raw;
-use aio_vhost_user_blk::testing::{Daemon as Launched, Launch};
+use aio_test_support::images::{image_dir, qcow2_image, raw_image};
+use aio_test_support::launch::{Daemon as Launched, Launch};
 use common::{connect, qemu_img, Daemon};
 use qmp_client::Qmp;
 use serde_json::{json, Value};
@@ -124,12 +125,8 @@ fn map_of(json_lines: &str) -> Vec<(u64, u64, bool, bool)> {
 
 /// A new 64 MiB qcow2 image in a temporary directory where `O_DIRECT` works.
 fn new_qcow2() -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::Builder::new()
-        .prefix("aio-nbd-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
-    let qcow2 = dir.path().join("disk.qcow2");
-    qemu_img(&["create", "-q", "-f", "qcow2", s(&qcow2), "64M"]);
+    let dir = image_dir("nbd");
+    let qcow2 = qcow2_image(dir.path(), "disk.qcow2", "64M");
     (dir, qcow2)
 }
 
@@ -348,15 +345,8 @@ fn ours_and_qemu_storage_daemon_answer_the_same_requests_alike() {
 fn tls_creds_in_qemus_layout_serve_qemu_over_tls_as_qemu_storage_daemon_does() {
     let pki = aio_nbd::testing::TestPki::new();
     for program in ["qemu-storage-daemon", OURS] {
-        let dir = tempfile::Builder::new()
-            .prefix("aio-nbd-")
-            .tempdir_in("/var/tmp")
-            .unwrap();
-        let raw = dir.path().join("disk.raw");
-        std::fs::File::create(&raw)
-            .unwrap()
-            .set_len(16 << 20)
-            .unwrap();
+        let dir = image_dir("nbd");
+        let raw = raw_image(dir.path(), "disk.raw", 16 << 20, 0, 0);
         let nbd = dir.path().join("nbd.sock");
         let args = [
             "--object",
@@ -406,10 +396,7 @@ fn tls_creds_in_qemus_layout_serve_qemu_over_tls_as_qemu_storage_daemon_does() {
 
 #[test]
 fn allocation_depth_of_a_qcow2_chain_is_qemu_storage_daemons() {
-    let dir = tempfile::Builder::new()
-        .prefix("aio-nbd-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
+    let dir = image_dir("nbd");
     let (base, top) = (dir.path().join("base.qcow2"), dir.path().join("top.qcow2"));
     qemu_img(&["create", "-q", "-f", "qcow2", s(&base), "64M"]);
     let io = |image: &Path, c: &str| {

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use aio_vhost_user_blk::testing::Daemon as Launched;
+use aio_test_support::launch::Daemon as Launched;
 use common::connect;
 use qmp_client::{disk_works, start, Qmp};
 use serde_json::{json, Value};
@@ -584,7 +584,7 @@ fn the_command_line_and_qmp_build_the_same_graph() {
         disk.display()
     );
     let launch = |args: Vec<String>, sockets: &[&Path]| {
-        let mut l = aio_vhost_user_blk::testing::Launch::new(OURS)
+        let mut l = aio_test_support::launch::Launch::new(OURS)
             .args(args)
             .label("the daemon")
             .socket_wait(Duration::from_secs(20));

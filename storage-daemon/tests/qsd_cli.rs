@@ -11,16 +11,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use aio_vhost_user_blk::testing::{Daemon as Launched, Launch};
+use aio_test_support::launch::{Daemon as Launched, Launch};
 use common::{connect, connect_read_only, qemu_img};
 
 /// A fresh directory in /dev/shm (O_DIRECT without a disk) holding a raw image and a qcow2
 /// image of 64 MiB.
 fn images() -> (tempfile::TempDir, PathBuf, PathBuf) {
-    let dir = tempfile::Builder::new()
-        .prefix("aio-qsd-cli-")
-        .tempdir_in("/dev/shm")
-        .unwrap();
+    let dir = aio_test_support::images::memory_dir("qsd-cli");
     let raw = dir.path().join("disk.raw");
     let qcow2 = dir.path().join("disk.qcow2");
     qemu_img(&["create", "-q", "-f", "raw", raw.to_str().unwrap(), "64M"]);

@@ -1,5 +1,6 @@
 //! Makes a qcow2 image in a directory where `O_DIRECT` works and prints what `qemu-img info`
-//! says of it, as a test of a crate of this workspace would.
+//! says of it, as a test of a crate of this workspace would; then the engines this machine
+//! builds and what `/proc` says of this process.
 //!
 //! `cargo run -p aio-test-support --example qcow2_info`
 
@@ -22,4 +23,6 @@ fn main() {
     for (kind, _) in aio_test_support::engines::engines() {
         println!("engine: {kind}");
     }
+    let me = aio_test_support::procfs::Proc::current();
+    println!("{} fds open, {} KiB resident", me.fd_count(), me.rss_kib());
 }

@@ -20,9 +20,8 @@ pub fn ended_within(mut child: Child, limit: Duration) -> Output {
                 let _ = child.kill();
                 let out = child.wait_with_output().expect("the child's output");
                 panic!(
-                    "the child did not end within {limit:?}: {}{}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
+                    "the child did not end within {limit:?}: {}",
+                    crate::tool::text(&out)
                 );
             }
         }

@@ -1,5 +1,5 @@
-//! Image directories and images: where `O_DIRECT` works (`/var/tmp`, not tmpfs), raw images
-//! filled or sparse, qcow2 images made by `qemu-img`.
+//! Image directories and images: where `O_DIRECT` works (`/var/tmp`, not tmpfs), in memory
+//! (`/dev/shm`), raw images filled or sparse, qcow2 images made by `qemu-img`.
 //!
 //! This module owns where test images go and how they are made; what is served from them is
 //! the test's.
@@ -15,6 +15,22 @@ pub fn image_dir(prefix: &str) -> tempfile::TempDir {
         .prefix(&format!("aio-{prefix}-"))
         .tempdir_in("/var/tmp")
         .expect("a directory in /var/tmp")
+}
+
+/// A new directory in memory, `/dev/shm` (tmpfs: no disk under the test, and holes kept), or
+/// in `/tmp` on a machine without it (its name starting `aio-PREFIX-`), removed when dropped.
+/// A test that needs `O_DIRECT` on every kernel takes [`image_dir`] instead (tmpfs has it only
+/// from Linux 6.6).
+pub fn memory_dir(prefix: &str) -> tempfile::TempDir {
+    let base = if Path::new("/dev/shm").is_dir() {
+        "/dev/shm"
+    } else {
+        "/tmp"
+    };
+    tempfile::Builder::new()
+        .prefix(&format!("aio-{prefix}-"))
+        .tempdir_in(base)
+        .unwrap_or_else(|e| panic!("a directory in {base}: {e}"))
 }
 
 /// A raw image `name` of `size` bytes in `dir`, its first `filled` bytes `byte`, the rest a
@@ -51,5 +67,13 @@ mod tests {
         assert_eq!(data.len(), 1 << 20);
         assert!(data[..4096].iter().all(|&b| b == 0xab));
         assert!(data[4096..].iter().all(|&b| b == 0));
+        let memory = memory_dir("support");
+        assert!(memory.path().starts_with("/dev/shm") || memory.path().starts_with("/tmp"));
+        assert!(memory
+            .path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("aio-support-"));
     }
 }

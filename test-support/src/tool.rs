@@ -63,13 +63,18 @@ pub fn run_in(dir: &Path, program: &str, args: &[&str]) -> String {
     judged(program, args, output_in(Some(dir), program, args))
 }
 
-fn judged(program: &str, args: &[&str], out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}{}",
+/// What a finished program said on both its streams, standard output then standard error, as
+/// one text (for a message, or a test that looks for words in either).
+pub fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
-    );
+    )
+}
+
+fn judged(program: &str, args: &[&str], out: Output) -> String {
+    assert!(out.status.success(), "{program} {args:?}: {}", text(&out));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -95,6 +100,8 @@ mod tests {
         let message = failed.unwrap_err();
         let text = message.downcast_ref::<String>().unwrap();
         assert!(text.contains("why"), "{text}");
+        let both = output("sh", &["-c", "echo out; echo err >&2; exit 1"]);
+        assert_eq!(super::text(&both), "out\nerr\n");
         assert!(installed("cat"));
         assert!(!installed("no-such-program-here"));
         assert_eq!(package_of("nbdinfo"), "libnbd-bin");

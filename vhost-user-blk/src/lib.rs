@@ -15,8 +15,8 @@
 //! * [`memory::MemoryTable`]: the frontend's memory regions, mapped.
 //! * [`inflight`]: vhost-user's in-flight I/O tracking: the shared region that tells a daemon
 //!   restarted under a running guest which requests to run again, validated before use.
-//! * `testing` (feature `testing`): a daemon started as a child process and a libblkio client
-//!   of its socket, for tests and benches.
+//! * `testing` (feature `testing`): a libblkio client of a daemon's socket, for tests and
+//!   benches.
 //!
 //! `examples/serve_socket.rs` serves one image on one iothread with these pieces alone.
 

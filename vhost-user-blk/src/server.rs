@@ -68,7 +68,7 @@ fn listen_at(path: &Path) -> io::Result<UnixListener> {
 }
 
 /// The device and inode of the file at `path`, if any.
-pub(crate) fn file_id(path: &Path) -> Option<(u64, u64)> {
+fn file_id(path: &Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }

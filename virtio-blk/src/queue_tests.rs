@@ -44,12 +44,7 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
-    let base = if std::path::Path::new("/dev/shm").is_dir() {
-        "/dev/shm"
-    } else {
-        "/tmp"
-    };
-    let dir = tempfile::tempdir_in(base).unwrap();
+    let dir = aio_test_support::images::memory_dir("virtio-blk-test");
     let path = dir.path().join("img");
     let mut f = File::create(&path).unwrap();
     let pattern: Vec<u8> = (0..1 << 20).map(|i: u32| (i / 4096) as u8 ^ 0x5a).collect();

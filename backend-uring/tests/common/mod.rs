@@ -3,9 +3,21 @@
 //! budget per user, which the tests running in parallel share: a ring that does not fit now is
 //! retried while the others give theirs back, and after 10 s the test says `skipped:` with the
 //! limit named. Any other error fails the test.
+//!
+//! Also what the test files share beside the rings: whether io_uring is usable here at all,
+//! the pipes whose reads wait in the kernel, and how those reads are finished.
 #![allow(dead_code)] // Each test binary uses some of these.
 
-use aio_backend_uring::{shared_ring, UringConfig, UringEngine, UringLoop, UringUnavailable};
+use aio_backend_uring::{
+    probe, shared_ring, UringConfig, UringEngine, UringLoop, UringUnavailable,
+};
+use aio_conformance::engine::wait_for;
+
+/// Whether io_uring is usable on this kernel; if not, the test says `skipped:` why (a failure
+/// under `AIO_REQUIRE_ALL_BACKENDS=1`).
+pub fn available() -> bool {
+    aio_conformance::available("io_uring unusable", probe()).is_some()
+}
 
 fn is_memlock(e: &UringUnavailable) -> bool {
     matches!(e, UringUnavailable::OutOfLockedMemory { .. })
@@ -46,4 +58,16 @@ pub fn pipe() -> (std::fs::File, std::fs::File) {
 /// written or the write end closes.
 pub fn pipe_read(read_end: &aio_core::engine::IoFile, token: u64) -> aio_core::engine::Request {
     aio_core::engine::Request::read(read_end, 0, aio_core::engine::AlignedBuf::new(64), token)
+}
+
+/// Closes the write end of a pipe the engine reads: every read still waiting (`n` of them)
+/// completes with 0 bytes (end of file), and the kernel holds none any more.
+pub fn finish(mut engine: UringEngine, write_end: std::fs::File, n: usize) {
+    drop(write_end);
+    let done = wait_for(&mut engine, n);
+    assert!(
+        done.iter().all(|c| c.result.as_ref().ok() == Some(&0)),
+        "{done:?}"
+    );
+    assert_eq!(engine.in_kernel(), 0);
 }

@@ -17,14 +17,14 @@
 //!
 //! Starting, waiting for the sockets, reporting a daemon that exits early with its status,
 //! command line and output, and stopping (SIGTERM, then SIGKILL) are
-//! `aio_vhost_user_blk::testing`'s [`Launch`]; this module adds the two command lines, the
+//! `aio_test_support`'s [`Launch`]; this module adds the two command lines, the
 //! signal cleanup and a private directory for the sockets and logs ([`RunDir`]), removed
 //! afterwards.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 
-use aio_vhost_user_blk::testing::{self, Launch};
+use aio_test_support::launch::{self, Launch};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
@@ -203,11 +203,11 @@ impl Drop for RunDir {
     }
 }
 
-/// A running daemon (`aio_vhost_user_blk::testing`'s), killed when the bench is interrupted;
+/// A running daemon (`aio_test_support::launch`'s), killed when the bench is interrupted;
 /// dropped without [`stop`](Daemon::stop), it is killed.
 #[derive(Debug)]
 pub struct Daemon {
-    inner: testing::Daemon,
+    inner: launch::Daemon,
     _on_signal: OnSignal,
 }
 

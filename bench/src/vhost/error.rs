@@ -8,7 +8,8 @@
 
 use std::io;
 
-use aio_vhost_user_blk::testing::{ClientError, LaunchError};
+use aio_test_support::launch::LaunchError;
+use aio_vhost_user_blk::testing::ClientError;
 
 /// Why a vhost-user-blk run failed; [`is_bad_input`](VhostError::is_bad_input) says whether
 /// it was refused before it ran.

@@ -3,7 +3,7 @@
 #![allow(dead_code)] // Each test binary uses its own part.
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Command;
 
 /// The `aio-bench` binary of this build.
 pub fn bench() -> Command {
@@ -11,13 +11,7 @@ pub fn bench() -> Command {
 }
 
 /// Both streams of a finished run, as one text.
-pub fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+pub use aio_test_support::tool::text;
 
 /// A fresh directory under the system temp dir, removed on drop.
 pub struct TempDir(pub PathBuf);

@@ -4,15 +4,12 @@
 #![allow(dead_code, unused_imports)]
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
-use std::thread::JoinHandle;
 
-use aio::poll::PollLoop;
-use aio::{AioContext, Choice, EngineKind, EngineOptions, NotifyHandle};
+use aio::{Choice, EngineKind, EngineOptions};
 #[allow(unused_imports)] // hostile.rs uses it, clients.rs does not
 pub use aio_nbd::testing::Raw;
 use aio_nbd::{Clients, ExportSet, Limits, ListenAddr, NbdServer, TlsCreds};
+use aio_test_support::loop_thread::LoopThread;
 
 /// A server serving `exports` on a thread of its own, on a Unix socket in a temporary
 /// directory; stopped (clients drained) when dropped.
@@ -21,9 +18,8 @@ pub struct TestServer {
     /// The TCP port, for a server started with [`TestServer::start_tcp`].
     pub port: Option<u16>,
     pub clients: Clients,
-    stop: Arc<AtomicBool>,
-    wake: NotifyHandle,
-    thread: Option<JoinHandle<()>>,
+    /// Dropped before the directory: the server stops before its socket goes.
+    _loop: LoopThread,
     _dir: tempfile::TempDir,
 }
 
@@ -66,40 +62,34 @@ impl TestServer {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("nbd.sock");
         let addr = tcp.unwrap_or_else(|| ListenAddr::Unix(socket.clone()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = stop.clone();
-        let (tx, rx) = mpsc::channel();
-        let thread = std::thread::spawn(move || {
-            let ctx = std::rc::Rc::new(AioContext::new(PollLoop::new()).unwrap());
-            let options = EngineOptions::default().with_fallback_pool(true);
-            let engine = Choice::<EngineKind>::Auto.build(&options).unwrap().built;
-            let engine = ctx.attach_engine(engine, |_, _| {}).unwrap();
-            let server = NbdServer::bind_tls(&addr, exports, limits, max_connections, tls).unwrap();
-            let on = ctx.clone();
-            server
-                .listen(&ctx, move |client| {
-                    aio_nbd::serve(&on, engine.clone(), client).unwrap();
-                })
-                .unwrap();
-            let port = server.local_port();
-            tx.send((ctx.notify_handle(), server.clients().clone(), port))
-                .unwrap();
-            while !stopped.load(Ordering::SeqCst) {
-                ctx.poll(true);
-            }
-            server.stop(&ctx);
-            while server.clients().count() > 0 {
-                ctx.poll(true);
-            }
-        });
-        let (wake, clients, port) = rx.recv().unwrap();
+        let (thread, (clients, port)) = LoopThread::start(
+            "nbd-server",
+            move |ctx| {
+                let options = EngineOptions::default().with_fallback_pool(true);
+                let engine = Choice::<EngineKind>::Auto.build(&options).unwrap().built;
+                let engine = ctx.attach_engine(engine, |_, _| {}).unwrap();
+                let server =
+                    NbdServer::bind_tls(&addr, exports, limits, max_connections, tls).unwrap();
+                let on = ctx.clone();
+                server
+                    .listen(ctx, move |client| {
+                        aio_nbd::serve(&on, engine.clone(), client).unwrap();
+                    })
+                    .unwrap();
+                ((server.clients().clone(), server.local_port()), server)
+            },
+            |ctx, server| {
+                server.stop(ctx);
+                while server.clients().count() > 0 {
+                    ctx.poll(true);
+                }
+            },
+        );
         TestServer {
             socket,
             port,
             clients,
-            stop,
-            wake,
-            thread: Some(thread),
+            _loop: thread,
             _dir: dir,
         }
     }
@@ -107,19 +97,6 @@ impl TestServer {
     /// The URI of export `name`.
     pub fn uri(&self, name: &str) -> String {
         format!("nbd+unix:///{name}?socket={}", self.socket.display())
-    }
-}
-
-impl Drop for TestServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        self.wake.notify();
-        if let Some(t) = self.thread.take() {
-            let panicked = t.join().is_err();
-            if !std::thread::panicking() {
-                assert!(!panicked, "the server's thread panicked");
-            }
-        }
     }
 }
 

@@ -1,17 +1,18 @@
 //! Shared by the integration tests: the daemon binary started through
-//! `aio_vhost_user_blk::testing`, its image, and the engines this kernel offers.
+//! `aio_test_support::launch`, its libblkio client (`aio_vhost_user_blk::testing`), its image,
+//! and the engines this kernel offers.
 
 #![allow(dead_code, unused_imports)]
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use aio_test_support::launch::{Launch, LaunchError};
 pub use aio_vhost_user_blk::testing::{Client, ClientConfig, ClientError};
-use aio_vhost_user_blk::testing::{Launch, LaunchError};
 
 /// The daemon binary, started with `args`; killed (SIGKILL) on drop if still running, and its
 /// log shown then (in the test's captured output).
-pub struct Daemon(Option<aio_vhost_user_blk::testing::Daemon>);
+pub struct Daemon(Option<aio_test_support::launch::Daemon>);
 
 impl Daemon {
     /// Starts the daemon and waits until every socket accepts connections.
@@ -71,7 +72,7 @@ impl Daemon {
         Daemon::start(&args, vec![socket])
     }
 
-    fn inner(&self) -> &aio_vhost_user_blk::testing::Daemon {
+    fn inner(&self) -> &aio_test_support::launch::Daemon {
         self.0.as_ref().expect("running")
     }
 
@@ -151,18 +152,8 @@ pub fn connect_read_only(socket: &Path, region_bytes: usize) -> Result<Client, C
 /// An image file of `bytes` in a fresh temporary directory (in /dev/shm when it exists, so
 /// O_DIRECT works without a disk).
 pub fn image(bytes: u64) -> (tempfile::TempDir, PathBuf) {
-    let base = if Path::new("/dev/shm").is_dir() {
-        "/dev/shm"
-    } else {
-        "/tmp"
-    };
-    let dir = tempfile::Builder::new()
-        .prefix("aio-vub-")
-        .tempdir_in(base)
-        .unwrap();
-    let path = dir.path().join("disk.img");
-    let f = std::fs::File::create(&path).unwrap();
-    f.set_len(bytes).unwrap();
+    let dir = aio_test_support::images::memory_dir("vub");
+    let path = aio_test_support::images::raw_image(dir.path(), "disk.img", bytes, 0, 0);
     (dir, path)
 }
 

@@ -7,7 +7,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use aio_vhost_user_blk::testing::{Daemon as Launched, Launch};
+use aio_test_support::launch::{Daemon as Launched, Launch};
 
 use serde_json::{json, Value};
 

@@ -83,14 +83,7 @@ pub fn guest_image() -> Option<&'static GuestImage> {
 }
 
 /// Whether `program` can be run (found on PATH and answers `--version`).
-pub fn runnable(program: &str) -> bool {
-    Command::new(program)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
+pub use aio_test_support::tool::installed as runnable;
 
 /// What the guest is told to expect and the test asserts.
 pub struct GuestSpec<'a> {

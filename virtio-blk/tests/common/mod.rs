@@ -1,11 +1,11 @@
 //! Serving one queue of a device on this thread while a guest thread drives it through the
 //! in-process split-ring driver (shared by the integration tests).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use aio::poll::PollLoop;
-use aio::{AioContext, IoEngine, NotifyHandle};
+use aio::{AioContext, IoEngine};
+use aio_test_support::loop_thread::Stop;
 use aio_virtio_blk::device::BlockDevice;
 use aio_virtio_blk::driver::SplitRingDriver;
 use aio_virtio_blk::queue::VirtioBlkQueue;
@@ -17,17 +17,6 @@ pub struct Ring {
     pub size: u16,
     pub slots: u16,
     pub data_bytes: u32,
-}
-
-/// Marks the guest done when dropped, even by a panic (a failed assertion), so the loop
-/// serving the queue ends and the test reports the failure instead of hanging.
-struct Finish(Arc<AtomicBool>, NotifyHandle);
-
-impl Drop for Finish {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::SeqCst);
-        self.1.notify();
-    }
 }
 
 /// Serves one queue of `device` with `engine` on this thread while `guest` drives it from
@@ -51,15 +40,14 @@ pub fn serve<E: IoEngine + 'static, T: Send + 'static>(
         Some(side.call),
     )
     .unwrap();
-    let done = Arc::new(AtomicBool::new(false));
-    let finish = Finish(done.clone(), ctx.notify_handle());
+    // The guest's thread stops the loop when it ends, even by a panic (a failed assertion),
+    // so the test reports the failure instead of hanging.
+    let (stop, stopped) = Stop::new(&ctx);
     let guest = std::thread::spawn(move || {
-        let _finish = finish;
+        let _stop = stop;
         guest(&mut driver)
     });
-    while !done.load(Ordering::SeqCst) {
-        ctx.poll(true);
-    }
+    stopped.run(&ctx);
     let next = queue.stop(&ctx);
     (guest.join().unwrap(), next)
 }

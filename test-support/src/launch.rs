@@ -1,4 +1,5 @@
-//! A daemon started as a child process: its command line, its log, its CPU, its sockets.
+//! A daemon started as a child process: its command line, its log, its CPU, its sockets (the
+//! storage daemon's tests, qemu-storage-daemon beside it, `aio-bench vhost`).
 //!
 //! [`Launch::start`] spawns the program, waits (at most [`Launch::socket_wait`]) until every
 //! socket it names exists, and reports a daemon that exits before with its exit status,
@@ -6,17 +7,29 @@
 //! [`Daemon::STOP_WAIT`], then SIGKILL); a [`Daemon`] dropped without it is killed.
 //!
 //! This module owns the child process, never the sockets' files beyond removing stale ones
-//! before the start.
+//! before the start, and never what the daemon serves on them (protocol clients stay with
+//! their crates).
+//!
+//! ```no_run
+//! use aio_test_support::launch::Launch;
+//!
+//! let daemon = Launch::new("qemu-storage-daemon")
+//!     .args(["--chardev", "socket,id=m,path=/tmp/qmp.sock,server=on,wait=off"])
+//!     .args(["--monitor", "chardev=m"])
+//!     .socket("/tmp/qmp.sock")
+//!     .start()?;
+//! println!("PID {}", daemon.pid());
+//! daemon.stop()?;
+//! # Ok::<(), aio_test_support::launch::LaunchError>(())
+//! ```
 
 use std::fs::File;
 use std::io::{self, Read, Seek};
-use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
-
-use crate::server::file_id;
 
 /// Lines of a failed daemon's log quoted in its error.
 const LOG_LINES: usize = 30;
@@ -439,6 +452,11 @@ fn in_child(affinity: Option<&nix::sched::CpuSet>) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// The device and inode of the file at `path`, if any.
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 /// Whether `path` exists and is a socket.
