@@ -61,6 +61,12 @@ struct QemuIo(Child);
 
 impl QemuIo {
     fn hold(format: &str, image: &Path) -> QemuIo {
+        Self::hold_all(format, image, &[image])
+    }
+
+    /// `hold`, seen once every file of `locked` (the image and its backing files) has locks:
+    /// qemu-io locks a backing file after the image, so one seen is not both.
+    fn hold_all(format: &str, image: &Path, locked: &[&Path]) -> QemuIo {
         let child = Command::new("qemu-io")
             .args(["-f", format])
             .arg(image)
@@ -70,7 +76,7 @@ impl QemuIo {
             .spawn()
             .expect("qemu-io (install qemu-utils)");
         let deadline = Instant::now() + Duration::from_secs(20);
-        while lock_bytes(image).is_empty() {
+        while locked.iter().any(|p| lock_bytes(p).is_empty()) {
             assert!(Instant::now() < deadline, "qemu-io never locked the image");
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -266,7 +272,7 @@ fn locking_off_and_share_rw_on_let_a_second_writer_in() {
 #[test]
 fn the_daemon_holds_qemus_lock_bytes_on_a_qcow2_image_and_its_backing_file() {
     let (dir, raw, top) = images();
-    let held = QemuIo::hold("qcow2", &top);
+    let held = QemuIo::hold_all("qcow2", &top, &[&top, &raw]);
     let qemus = (lock_bytes(&top), lock_bytes(&raw));
     drop(held);
     assert_eq!(
