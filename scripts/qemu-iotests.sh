@@ -5,7 +5,7 @@
 # The tests come from the upstream source tarball of the installed qemu-utils' version (Debian's
 # `qemu_<version>.orig.tar.xz`, cached in $AIO_QEMU_SRC, default /var/tmp/aio-rs-qemu-src), run
 # with the installed QEMU's binaries and `QSD_PROG` set to our daemon (`target/debug`, built
-# when missing, or --qsd). Two adaptations to Debian's QEMU, which has no qtest accelerator:
+# first, or --qsd). Two adaptations to Debian's QEMU, which has no qtest accelerator:
 # the harness's `-accel qtest` becomes `-accel tcg` (its qtest socket still works); nothing
 # else in the tests or their golden output changes. `--qsd qemu-storage-daemon` runs the same
 # tests against QEMU's own daemon, the reference.
@@ -75,7 +75,7 @@ fi
 
 if [ -z "$qsd" ]; then
     qsd="$root/target/debug/aio-storage-daemon"
-    [ -x "$qsd" ] || (cd "$root" && cargo build -q -p aio-storage-daemon --bin aio-storage-daemon)
+    (cd "$root" && cargo build -q -p aio-storage-daemon --bin aio-storage-daemon)
 fi
 qsd="$(command -v "$qsd")"
 

@@ -142,7 +142,8 @@ fn null_node(
     read_only: bool,
     _: &HashMap<String, Node>,
 ) -> Result<Node, QsdError> {
-    let text = o.required("size")?;
+    // QEMU's null driver is 1 GiB unless told otherwise.
+    let text = o.take("size").unwrap_or_else(|| (1u64 << 30).to_string());
     let size = crate::daemon::parse_size(&text)
         .ok_or_else(|| o.invalid(format!("size={text}: expected a number of bytes")))?;
     // Zeros are what `read-zeroes=on` asks for, and one of the contents `off` allows.

@@ -466,3 +466,9 @@ fn an_rbd_node_with_cache_direct_on_turns_librbds_cache_off() {
     ])
     .contains("cache.direct=maybe"));
 }
+
+#[test]
+fn a_null_node_without_a_size_is_qemus_1_gib() {
+    let line = parse(&["--blockdev", "null-co,node-name=disk0", "--export", EXPORT]).unwrap();
+    assert_eq!(line.config.disks[0].size, Some(1 << 30));
+}
