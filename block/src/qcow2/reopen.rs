@@ -141,6 +141,11 @@ impl Qcow2Image {
                 if writable && mode != LockMode::Off {
                     image.lock_exclusive(records.as_ref())?;
                 }
+                // What librbd cached for the inactive opening may be stale.
+                if let Err(e) = image.invalidate_cache() {
+                    let _ = image.release_lock();
+                    return Err(e.into());
+                }
                 Ok((vec![], LockMode::Off))
             }
         }
