@@ -19,7 +19,8 @@
 //! * [`image::Image`]: an image open for serving (a raw file or block device, or a window of
 //!   one; a qcow2 image and its backing chain, through `imago`, feature `qcow2`; the null
 //!   device): opening with the format rule and the locks, its size shared by every export,
-//!   resize, inactive opening for an upgrade's handoff, closing.
+//!   resize, inactive images and their transitions (QEMU's: reads only, no lock; for a
+//!   migration's or an upgrade's handover), closing.
 //! * [`ImageQueue`]: an image's requests from one context ([`BlockRequest`]: read, write
 //!   with FUA, flush, discard, write-zeroes), on the engine attached there: straight into and
 //!   out of the memory the caller lends ([`LentMemory`]), each request's end told to the caller's

@@ -3,14 +3,17 @@
 //!
 //! This module owns the checks every request passes before its kind runs it (the image's
 //! end, read-only, inactive) and the batch a queue opens and closes; what a request does is
-//! its kind's (`image/raw.rs`, `image/null.rs`, the `qcow2` module).
+//! its kind's (`image/raw.rs`, `image/null.rs`, the `qcow2` module), and the inactive state
+//! is `image/handoff.rs`'s.
 //!
 //! * **One batch per kick.** [`plug`](ImageQueue::plug) holds the engine's submissions,
 //!   [`unplug`](ImageQueue::unplug) sends them in one kernel call; a qcow2 image's requests
 //!   run as tasks, which take their first steps inside the batch, so their I/O goes with it.
 //! * **A refusal is an answer.** A request past the end or not a whole one (`EINVAL`), a
-//!   change to a read-only image (`EPERM`) or to one not yet activated (`EAGAIN`) ends at
-//!   once through the [`Reply`], with the image untouched.
+//!   change to a read-only image (`EPERM`), and anything but a read of an
+//!   [inactive](Image::inactivate) image (`EPERM`, as QEMU's NBD server answers "export is
+//!   inactive": write, write-zeroes, discard, flush) ends at once through the [`Reply`], with
+//!   the image untouched. An inactive image's reads are served.
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -140,8 +143,9 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> ImageQueue<L, E> {
         if request.modifies() && self.image.is_read_only() {
             return Err(request::read_only());
         }
-        if !self.image.is_active() {
-            return Err(std::io::Error::from_raw_os_error(libc::EAGAIN));
+        // One load, and none for a read (an inactive image serves reads).
+        if !matches!(request, BlockRequest::Read { .. }) && !self.image.is_active() {
+            return Err(std::io::Error::from_raw_os_error(libc::EPERM));
         }
         Ok(())
     }

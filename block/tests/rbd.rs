@@ -281,3 +281,94 @@ fn a_qcow2_image_in_rbd_with_a_backing_file_is_refused() {
         "{e}"
     );
 }
+
+/// An RBD disk handed over between two users (two clients of the cluster): B, opened
+/// inactive, reads A's writes and refuses the rest (`EPERM`); its activation is refused while
+/// A holds the exclusive lock, and succeeds once A is inactive, when A is the one refused.
+#[test]
+fn an_rbd_disk_is_handed_over_with_its_exclusive_lock() {
+    let Some(test) = TestCluster::get() else {
+        return;
+    };
+    let cluster = test.connect();
+    let spec = ImageSpec::new("rbd", &TestCluster::unique_name("handover"));
+    RbdImage::create(&cluster, &spec, 16 * MIB).unwrap();
+    let options = ImageOptions::new(ImageFormat::Raw);
+    let at = target(&test, &spec);
+    let a = Arc::new(Image::open_rbd(&at, options.clone(), None).unwrap());
+    let b = Arc::new(Image::open_rbd_inactive(&at, options, None).unwrap());
+    assert!(a.rbd_lock().is_some() && b.rbd_lock().is_none() && !b.is_active());
+    let (sa, sb) = (Session::new(&a), Session::new(&b));
+    sa.write(MIB, 0x11, 4096, true).unwrap();
+    assert!(sb.read(MIB, 4096).iter().all(|&x| x == 0x11));
+    let eperm = |r: io::Result<()>| r.unwrap_err().raw_os_error() == Some(libc::EPERM);
+    assert!(eperm(sb.write(0, 1, 4096, false)));
+    assert!(eperm(sb.run(BlockRequest::Flush)));
+    let e = b.activate().unwrap_err();
+    assert!(e.is_conflict(), "{e}");
+    assert!(!b.is_active());
+
+    a.inactivate().unwrap();
+    a.inactivate().unwrap();
+    assert!(a.rbd_lock().is_none());
+    assert!(eperm(sa.write(0, 1, 4096, false)));
+    b.activate().unwrap();
+    assert_eq!(b.rbd_lock(), Some(aio_rbd::LockTaken::Acquired));
+    sb.write(2 * MIB, 0x22, 4096, true).unwrap();
+    assert!(sa.read(2 * MIB, 4096).iter().all(|&x| x == 0x22));
+    assert!(a.activate().unwrap_err().is_conflict());
+    assert!(!a.is_active());
+}
+
+/// A qcow2 image in RBD handed over: B activated reads the cluster A allocated after B
+/// opened (its metadata read afresh), and the image exported passes `qemu-img check`.
+#[test]
+fn a_qcow2_image_in_rbd_is_handed_over_and_read_afresh() {
+    let Some(test) = TestCluster::get() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let spec = ImageSpec::new("rbd", &TestCluster::unique_name("qhandover"));
+    test.import_new_qcow2(&spec, "64M");
+    let at = target(&test, &spec);
+    let a = Arc::new(Image::open_rbd(&at, ImageOptions::default(), None).unwrap());
+    let sa = Session::new(&a);
+    sa.write(0, 0x11, 64 << 10, false).unwrap();
+    let b = Arc::new(Image::open_rbd_inactive(&at, ImageOptions::default(), None).unwrap());
+    assert_eq!(b.format_name(), "qcow2");
+    let sb = Session::new(&b);
+    assert!(sb.read(0, 64 << 10).iter().all(|&x| x == 0x11));
+    sa.write(8 * MIB, 0x33, 64 << 10, false).unwrap();
+    assert!(b.activate().unwrap_err().is_conflict());
+
+    a.inactivate().unwrap();
+    b.activate().unwrap();
+    assert!(sb.read(8 * MIB, 64 << 10).iter().all(|&x| x == 0x33));
+    sb.write(16 * MIB, 0x44, 64 << 10, true).unwrap();
+    drop((sa, sb, a));
+    b.close().unwrap();
+    drop(b);
+    let back = dir.path().join("out.qcow2");
+    test.rbd(&["export", &spec.to_string(), back.to_str().unwrap()]);
+    let out = std::process::Command::new("qemu-img")
+        .args(["check", back.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let read = std::process::Command::new("qemu-io")
+        .args([
+            "-r",
+            "-c",
+            "read -P 0x33 8M 64k",
+            "-c",
+            "read -P 0x44 16M 64k",
+        ])
+        .arg(&back)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&read.stdout);
+    assert!(
+        read.status.success() && !text.contains("verification failed"),
+        "{text}"
+    );
+}

@@ -5,99 +5,13 @@
 
 mod common;
 
-use std::cell::{Cell, RefCell, UnsafeCell};
-use std::io;
-use std::rc::Rc;
+use std::cell::UnsafeCell;
 use std::sync::Arc;
 
-use aio::poll::PollLoop;
-use aio::{AioContext, IoEngine};
 use aio_block::format::ImageFormat;
-use aio_block::request::ReturnedBuf;
-use aio_block::{BlockRequest, Image, ImageOptions, ImageQueue, LentMemory, Reply};
+use aio_block::{BlockRequest, Image, ImageOptions, LentMemory};
 use aio_core::engine::AlignedBuf;
-
-/// Each request's end, by tag, and the bounces counted.
-#[derive(Default)]
-struct Ends {
-    done: RefCell<Vec<(u32, io::Result<()>)>>,
-    bounced: Cell<u32>,
-}
-
-impl Reply for Ends {
-    type Tag = u32;
-
-    fn finish(&self, tag: u32, result: io::Result<()>) {
-        self.done.borrow_mut().push((tag, result));
-    }
-
-    fn bounced(&self) {
-        self.bounced.set(self.bounced.get() + 1);
-    }
-}
-
-/// One image served on one context of this thread.
-struct Session {
-    ctx: AioContext<PollLoop>,
-    queue: ImageQueue<PollLoop, Box<dyn IoEngine>>,
-    ends: Rc<Ends>,
-    next: Cell<u32>,
-}
-
-impl Session {
-    fn new(image: &Arc<Image>, engine: Box<dyn IoEngine>) -> Self {
-        let ctx = AioContext::new(PollLoop::new()).unwrap();
-        let engine = ctx.attach_engine(engine, |_, _| {}).unwrap();
-        Session {
-            queue: image.queue(engine),
-            ctx,
-            ends: Rc::default(),
-            next: Cell::new(0),
-        }
-    }
-
-    /// Submits `request` in a batch of its own and runs the loop until it has ended.
-    fn run(&self, request: BlockRequest) -> io::Result<()> {
-        let tag = self.next.get();
-        self.next.set(tag + 1);
-        self.queue.plug();
-        self.queue.submit(&self.ctx, &self.ends, request, tag);
-        self.queue.unplug(&self.ctx);
-        loop {
-            let mut done = self.ends.done.borrow_mut();
-            if let Some(at) = done.iter().position(|(t, _)| *t == tag) {
-                return done.remove(at).1;
-            }
-            drop(done);
-            self.ctx.poll(true);
-        }
-    }
-
-    fn read(&self, offset: u64, len: usize) -> (io::Result<()>, Vec<u8>) {
-        let mut buf = AlignedBuf::new(len);
-        buf.fill(0xee);
-        let (buffers, back) = LentMemory::from_aligned(buf);
-        let result = self.run(BlockRequest::Read { offset, buffers });
-        (result, taken(back))
-    }
-
-    fn write(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {
-        let (buffers, _) = LentMemory::from_aligned(AlignedBuf::from_slice(data));
-        self.run(BlockRequest::Write {
-            offset,
-            buffers,
-            fua,
-        })
-    }
-}
-
-/// The buffer back from a request that has ended.
-fn taken(back: ReturnedBuf) -> Vec<u8> {
-    match back.take() {
-        Ok(buf) => buf.to_vec(),
-        Err(_) => panic!("a request's buffer is still held after its end"),
-    }
-}
+use common::session::{errno, taken, Session};
 
 #[cfg(feature = "qcow2")]
 fn qemu_img(dir: &std::path::Path, args: &[&str]) -> String {
@@ -105,10 +19,6 @@ fn qemu_img(dir: &std::path::Path, args: &[&str]) -> String {
 }
 
 const MIB: u64 = 1 << 20;
-
-fn errno(result: io::Result<()>) -> Option<i32> {
-    result.err().and_then(|e| e.raw_os_error())
-}
 
 /// The ops every kind of image serves, checked through the session itself.
 fn exercise(s: &Session, name: &str) {
@@ -296,11 +206,14 @@ fn refusals_leave_the_image_untouched() {
     assert_eq!(errno(s.run(zeroes)), Some(libc::EPERM));
     s.read(0, 4096).0.unwrap();
     drop((s, image));
-    // Inactive (an upgrade's handoff): nothing runs until it holds its locks.
+    // Inactive (an upgrade's handoff, a migration's destination): reads only, until it
+    // holds its locks.
     let (_, engine) = common::engines().remove(0);
     let image = Arc::new(Image::open_inactive(&path, ImageOptions::new(ImageFormat::Raw)).unwrap());
     let s = Session::new(&image, engine);
-    assert_eq!(errno(s.read(0, 4096).0), Some(libc::EAGAIN));
+    s.read(0, 4096).0.unwrap();
+    assert_eq!(errno(s.write(0, &[1; 512], false)), Some(libc::EPERM));
+    assert_eq!(errno(s.run(BlockRequest::Flush)), Some(libc::EPERM));
     image.activate().unwrap();
     s.read(0, 4096).0.unwrap();
     let file = std::fs::read(&path).unwrap();

@@ -194,6 +194,25 @@ impl RbdImage {
             .map_err(|errno| call_error("rbd_resize", &self.spec, errno))
     }
 
+    /// Writes what librbd's cache holds to the cluster (blocking; `rbd_flush`).
+    pub fn flush(&self) -> Result<(), RbdError> {
+        // SAFETY: an open image.
+        let ret = unsafe { (self.lib.rbd_flush)(self.open_handle()?) };
+        check(ret.into())
+            .map(drop)
+            .map_err(|errno| call_error("rbd_flush", &self.spec, errno))
+    }
+
+    /// Drops what librbd's cache holds, so that the next reads see what other clients wrote
+    /// (blocking; `rbd_invalidate_cache`, as QEMU's rbd driver does on activation).
+    pub fn invalidate_cache(&self) -> Result<(), RbdError> {
+        // SAFETY: an open image.
+        let ret = unsafe { (self.lib.rbd_invalidate_cache)(self.open_handle()?) };
+        check(ret.into())
+            .map(drop)
+            .map_err(|errno| call_error("rbd_invalidate_cache", &self.spec, errno))
+    }
+
     /// Reads `buf.len()` bytes at `offset` (blocking; for a format probe or a tool, not for
     /// a serving loop: [`RbdQueue`](crate::RbdQueue) reads without blocking).
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, RbdError> {

@@ -122,6 +122,8 @@ functions! {
     rbd_stat: fn(Image, *mut ImageInfo, usize) -> c_int;
     rbd_get_features: fn(Image, *mut u64) -> c_int;
     rbd_resize: fn(Image, u64) -> c_int;
+    rbd_flush: fn(Image) -> c_int;
+    rbd_invalidate_cache: fn(Image) -> c_int;
     rbd_read: fn(Image, u64, usize, *mut c_char) -> isize;
     rbd_aio_create_completion: fn(*mut c_void, Callback, *mut RbdCompletion) -> c_int;
     rbd_aio_get_return_value: fn(RbdCompletion) -> isize;

@@ -241,6 +241,64 @@ fn a_successor_keeps_the_socket_when_the_old_daemon_stops() {
     assert!(!socket.exists());
 }
 
+/// An upgrade of a qcow2 disk: the successor opens the image inactive (read-only, unlocked)
+/// while the old daemon still allocates clusters, and reads them once it has taken the
+/// image's locks (its metadata read afresh when the client connects again).
+#[test]
+fn a_successor_reads_what_the_old_daemon_allocated_in_a_qcow2_image() {
+    let (dir, _) = image(1 << 20);
+    let img = dir.path().join("disk.qcow2");
+    let made = Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2"])
+        .arg(&img)
+        .arg("16M")
+        .status()
+        .expect("qemu-img (install qemu-utils)");
+    assert!(made.success());
+    let old = Daemon::one_disk(dir.path(), &img, "pool", ",serial=up");
+    let socket = old.socket().to_path_buf();
+    let mut client = connect(&socket, 1, 4096).unwrap();
+    client.fill_buf(0, 4096, 0x3c);
+    client.write(0, 8192, 0, 4096, 1);
+    assert_eq!(client.wait(0, 1)[0].1, 0);
+    let args: Vec<String> = [
+        "--disk".to_string(),
+        format!(
+            "socket={},image={},serial=up",
+            socket.display(),
+            img.display()
+        ),
+    ]
+    .into();
+    let new = Daemon::start_replacing(&args, vec![socket.clone()]);
+    // A cluster allocated after the successor read the image's metadata.
+    client.fill_buf(0, 4096, 0x5d);
+    client.write(0, 8 << 20, 0, 4096, 2);
+    assert_eq!(client.wait(0, 1)[0].1, 0);
+    assert!(old.terminate().success());
+    drop(client);
+    let mut client = connect(&socket, 1, 4096).unwrap();
+    for (i, (offset, byte)) in [(8192u64, 0x3c), (8 << 20, 0x5d)].into_iter().enumerate() {
+        client.read(0, offset, 0, 4096, 3 + i);
+        assert_eq!(client.wait(0, 1)[0].1, 0);
+        assert!(
+            client.read_buf(0, 4096).iter().all(|&x| x == byte),
+            "{offset}"
+        );
+    }
+    client.fill_buf(0, 4096, 0x6e);
+    client.write(0, 12 << 20, 0, 4096, 9);
+    assert_eq!(client.wait(0, 1)[0].1, 0);
+    drop(client);
+    assert!(new.terminate().success());
+    let check = Command::new("qemu-img")
+        .arg("check")
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(check.status.success(), "{check:?}");
+}
+
 /// The daemon's name before it was a crate of its own still runs it, for one release.
 #[test]
 fn the_old_name_runs_the_same_daemon() {

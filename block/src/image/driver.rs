@@ -5,7 +5,7 @@
 //! them (`raw.rs`, `null.rs`, the `qcow2` module do) and runs nothing.
 
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use aio_core::engine::IoEngine;
@@ -13,7 +13,8 @@ use aio_core::EventLoop;
 use aio_loop::AioContext;
 use aio_loop::AttachedEngine;
 
-use super::error::ResizeError;
+use super::error::{ActivationError, ResizeError};
+use super::ImageOptions;
 use crate::request::{BlockRequest, Reply};
 use crate::status::{Allocation, Extent};
 
@@ -54,7 +55,9 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> QueueIo<L, E> {
 /// * `submit` ends every request it is given exactly once through `reply`, now or later on
 ///   the queue's context, and never touches a request's memory after its end;
 /// * `resize` changes only what stores the sectors (the size users see is the image's);
-/// * `close` leaves nothing cached (a qcow2 image's metadata written and synced).
+/// * `close` leaves nothing cached (a qcow2 image's metadata written and synced);
+/// * `inactivate` leaves nothing cached and no lock held, `activate` takes the locks and
+///   forgets whatever was read before (both called one at a time, with nothing in flight).
 pub(crate) trait Driver {
     /// What is served: `"raw"`, `"qcow2"`, `"null"`.
     fn format_name(&self) -> &'static str;
@@ -65,13 +68,31 @@ pub(crate) trait Driver {
     }
 
     /// The persistent dirty bitmaps that opening the image writable marked inconsistent.
-    fn bitmaps_marked_inconsistent(&self) -> &[String] {
-        &[]
+    fn bitmaps_marked_inconsistent(&self) -> Vec<String> {
+        Vec::new()
     }
 
     /// Writes what the kind caches and syncs its files.
     fn close(&self) -> io::Result<()> {
         Ok(())
+    }
+
+    /// Makes the kind inactive (the image already refuses all but reads, and nothing is in
+    /// flight: the caller drained it): writes back and syncs what it caches, drops its caches
+    /// and lets go of its locks. On an error the kind is as it was (its locks held).
+    fn inactivate(&self, _path: &Path) -> Result<(), ActivationError> {
+        Ok(())
+    }
+
+    /// Takes the locks `options` ask for on the image `path` and reads what it caches afresh;
+    /// returns the size now (None: unchanged). On an error the kind is as it was (inactive,
+    /// holding nothing).
+    fn activate(
+        &self,
+        _path: &Path,
+        _options: &ImageOptions,
+    ) -> Result<Option<u64>, ActivationError> {
+        Ok(None)
     }
 
     /// The extents of `[offset, offset + len)` of an image of `size` bytes, the part past

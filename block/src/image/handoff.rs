@@ -1,77 +1,114 @@
-//! An image opened before its other user has let it go: an upgrade, where a new daemon takes
-//! over a socket while the old one still serves its last frontend.
+//! An image's inactive state and its transitions, with QEMU 10.0's semantics: an image one
+//! process serves while another owns it (live migration's handover, `blockdev-set-active`; a
+//! new daemon taking over a socket in an upgrade).
 //!
-//! This module owns the inactive open and the activation that takes the image's locks later,
-//! as QEMU opens an incoming migration's images inactive (no locks) and takes their locks
-//! when the source has given them up; it never serves a request.
+//! This module owns the inactive state and the two transitions, [`Image::inactivate`] and
+//! [`Image::activate`], and opening an image inactive; it never serves a request (the queue
+//! refuses, `queue.rs`), and what each kind does on a transition is its driver's.
 //!
-//! * **Raw images only.** A raw image has nothing cached from the file: the old daemon's
-//!   writes until it stops are read by the new one as they are. A qcow2 image is refused
-//!   ([`OpenError::NotInactive`]): its metadata read now would be stale once the old daemon
-//!   has allocated more (QEMU re-reads it on activation; this crate does not yet).
-//! * **No request before activation.** The export calls [`Image::activate`] before it takes
-//!   a client's requests; until then the image holds no lock and reads nothing but its
-//!   header, and a request given to it anyway is refused (`EAGAIN`).
+//! * **Inactive: reads only, no lock, nothing written.** An inactive image holds none of its
+//!   locks (QEMU's lock bytes on files and devices, a qcow2 image's backing files', an RBD
+//!   image's exclusive lock) and writes nothing, not even metadata. Reads are served, from
+//!   the metadata last read (stale once the owner changes it: QEMU allows that); every other
+//!   request (write, write-zeroes, discard, flush) is refused with `EPERM`, as QEMU's NBD
+//!   server answers "export is inactive", and a resize with [`ResizeError::Inactive`].
+//! * **Inactivate** (the caller has drained the image's requests: its contract; a qcow2
+//!   image checks it, [`ActivationError::InFlight`]): refuses all but reads from then on,
+//!   writes back and syncs what the image caches (a qcow2 image's L2 tables and refcount
+//!   blocks), drops every cache, and lets every lock go. Idempotent. On an error the image is
+//!   active again, its locks held.
+//! * **Activate**: takes the locks the options ask for (a conflict is
+//!   [`LockError::Conflict`] inside [`ActivationError::Lock`], and the image stays inactive
+//!   and readable), reads the metadata afresh (a qcow2 image opened anew, so what the other
+//!   process wrote is seen; a file's size read again), then lets every request run.
+//!   Idempotent.
+//! * **Opened inactive** ([`Image::open_inactive`]): every kind (raw files and devices,
+//!   qcow2 opened read-only by imago, RBD without its exclusive lock, null), its header
+//!   probed (4 KiB, which no lock forbids) and nothing written.
+//! * **The request path pays one load.** A request that is not a read loads the active flag
+//!   (one atomic load, as before); a qcow2 image's opening is swapped under the lock every
+//!   request already holds.
+//!
+//! [`ResizeError::Inactive`]: super::ResizeError::Inactive
+//! [`LockError::Conflict`]: crate::lock::LockError::Conflict
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{MutexGuard, PoisonError};
 
-use super::error::OpenError;
-use super::{Image, ImageOptions, PendingLocks};
-use crate::lock::{Access, ImageLock, LockError, LockMode};
+use super::driver::Driver;
+use super::error::{ActivationError, OpenError};
+use super::{check_size, dispatch, Image, ImageOptions};
 
 impl Image {
-    /// Opens a raw image at `path` as [`open`](Self::open) does, but takes no lock yet:
-    /// another process (the daemon this one succeeds) may still use it.
-    /// [`activate`](Self::activate) takes the locks the options ask for, once that process
-    /// has let them go. A qcow2 image is refused with [`OpenError::NotInactive`].
+    /// Opens the image at `path` as [`open`](Self::open) does, but inactive: no lock is taken
+    /// and nothing is written (a qcow2 image is opened read-only by imago, its backing files
+    /// unlocked), for another process (the migration's source, the daemon this one succeeds)
+    /// may still own it. Reads are served from the metadata read now; everything else waits
+    /// for [`activate`](Self::activate), which takes the locks the options ask for. Every kind
+    /// of file opens so ([`OpenError::NotInactive`] is never returned).
     pub fn open_inactive(path: &Path, options: ImageOptions) -> Result<Self, OpenError> {
-        let unlocked = options.clone().locking(LockMode::Off);
-        let mut image = Self::open_as(path, unlocked, false)?;
-        image.pending = Some(PendingLocks {
-            path: path.to_path_buf(),
-            access: Access::disk(!options.read_only, options.share_rw),
-            mode: options.locking,
-            held: Mutex::new(None),
-        });
-        image.options = options;
+        let image = Self::open_as(path, options, true)?;
         image.active.store(false, Ordering::Release);
         Ok(image)
     }
 
-    /// Takes the locks of an image opened [inactive](Self::open_inactive) (nothing to do for
-    /// any other image, or once taken): another process's conflicting use is
-    /// [`LockError::Conflict`], and the image stays inactive.
-    pub fn activate(&self) -> Result<(), LockError> {
-        let Some(pending) = &self.pending else {
-            return Ok(());
-        };
-        let mut held = pending.held.lock().unwrap_or_else(PoisonError::into_inner);
-        if held.is_some() {
+    /// Makes the image inactive (QEMU's `bdrv_inactivate`): from here on only reads are
+    /// served; what it caches is written back and synced (a qcow2 image's metadata), every
+    /// cache dropped, and every lock let go, for another process to take the image over.
+    /// Nothing to do if inactive already.
+    ///
+    /// The caller has drained the image: no request of any export is in flight (a qcow2
+    /// image refuses with [`ActivationError::InFlight`] while one holds it). Blocking (a sync,
+    /// a qcow2 image's write-back and reopening): call it from a thread that serves none of
+    /// the image's queues, or with them stopped. On an error the image stays active, its locks
+    /// held.
+    pub fn inactivate(&self) -> Result<(), ActivationError> {
+        let _one = self.steady();
+        if !self.is_active() {
             return Ok(());
         }
-        let file = std::fs::File::open(&pending.path).map_err(|source| LockError::Io {
-            path: pending.path.clone(),
-            source,
-        })?;
-        *held = Some(ImageLock::acquire(
-            &file,
-            &pending.path,
-            pending.access,
-            pending.mode,
-        )?);
+        // Nothing but reads from here on: no write can land after the write-back.
+        self.active.store(false, Ordering::Release);
+        let done = dispatch!(&self.backing, d => d.inactivate(&self.path));
+        if done.is_err() {
+            self.active.store(true, Ordering::Release);
+        }
+        done
+    }
+
+    /// Makes an inactive image active (QEMU's `bdrv_activate`): takes the locks the options
+    /// ask for, reads the metadata afresh (a qcow2 image opened anew, writable unless
+    /// read-only; a file's size read again), then lets every request run. Nothing to do if
+    /// active already.
+    ///
+    /// Another process's conflicting use is [`ActivationError::Lock`] (a
+    /// [`LockError::Conflict`](crate::lock::LockError::Conflict), whose `qemu_desc()` is
+    /// QEMU's text; an RBD image's is [`ActivationError::Rbd`]), and the image stays inactive
+    /// and readable. Blocking; a qcow2 image's reads in flight are
+    /// [`ActivationError::InFlight`] (drain the image first, as QEMU activates drained).
+    pub fn activate(&self) -> Result<(), ActivationError> {
+        let _one = self.steady();
+        if self.is_active() {
+            return Ok(());
+        }
+        let size = dispatch!(&self.backing, d => d.activate(&self.path, &self.options))?;
+        if let Some(bytes) = size {
+            let bytes = check_size(&self.path, bytes).map_err(ActivationError::Reopen)?;
+            self.size.store(bytes, Ordering::Release);
+        }
         self.active.store(true, Ordering::Release);
         Ok(())
     }
 
     /// [`activate`](Self::activate), tried again every 20 ms while another process holds a
-    /// conflicting lock, until `wait` has passed (the old daemon of an upgrade draining).
-    pub fn activate_within(&self, wait: std::time::Duration) -> Result<(), LockError> {
+    /// conflicting lock ([`ActivationError::is_conflict`]), until `wait` has passed (the old
+    /// daemon of an upgrade draining).
+    pub fn activate_within(&self, wait: std::time::Duration) -> Result<(), ActivationError> {
         let deadline = std::time::Instant::now() + wait;
         loop {
             match self.activate() {
-                Err(LockError::Conflict { .. }) if std::time::Instant::now() < deadline => {
+                Err(e) if e.is_conflict() && std::time::Instant::now() < deadline => {
                     std::thread::sleep(std::time::Duration::from_millis(20));
                 }
                 result => return result,
@@ -79,10 +116,19 @@ impl Image {
         }
     }
 
-    /// Whether the image may serve requests: false only for an
-    /// [inactive](Self::open_inactive) image not yet [activated](Self::activate).
+    /// Whether the image serves every request: false while it is inactive
+    /// ([opened](Self::open_inactive) so and not yet [activated](Self::activate), or
+    /// [inactivated](Self::inactivate)), when only reads are served.
     pub fn is_active(&self) -> bool {
         self.active.load(Ordering::Acquire)
+    }
+
+    /// Held while the image changes between active and inactive (or is resized): one at a
+    /// time.
+    pub(super) fn steady(&self) -> MutexGuard<'_, ()> {
+        self.transition
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -90,9 +136,14 @@ impl Image {
 mod tests {
     use super::*;
     use crate::format::ImageFormat;
+    use crate::lock::LockError;
 
     fn raw() -> ImageOptions {
         ImageOptions::new(ImageFormat::Raw)
+    }
+
+    fn conflict(e: &ActivationError) -> bool {
+        matches!(e, ActivationError::Lock(LockError::Conflict { .. }))
     }
 
     #[test]
@@ -107,7 +158,9 @@ mod tests {
         ));
         let new = Image::open_inactive(&path, raw()).unwrap();
         assert!(!new.is_active());
-        assert!(matches!(new.activate(), Err(LockError::Conflict { .. })));
+        let e = new.activate().unwrap_err();
+        assert!(conflict(&e) && e.is_conflict(), "{e}");
+        assert_eq!(e.qemu_desc(), "Failed to get \"write\" lock");
         assert!(!new.is_active());
         drop(old);
         new.activate().unwrap();
@@ -116,15 +169,39 @@ mod tests {
         assert!(Image::open(&path, raw()).is_err());
     }
 
+    /// Inactivating lets the lock go (twice is once); the other user takes it; the first
+    /// cannot take it back meanwhile, nor resize.
     #[test]
-    fn a_qcow2_image_is_not_opened_inactive() {
+    fn inactivating_hands_the_lock_over_and_is_idempotent() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("disk.qcow2");
-        let mut head = vec![0u8; 1 << 16];
-        head[..4].copy_from_slice(b"QFI\xfb");
-        head[7] = 3;
-        std::fs::write(&path, head).unwrap();
-        let e = Image::open_inactive(&path, ImageOptions::default()).unwrap_err();
-        assert!(matches!(e, OpenError::NotInactive { .. }), "{e}");
+        let path = dir.path().join("disk.img");
+        std::fs::write(&path, vec![0u8; 1 << 20]).unwrap();
+        let a = Image::open(&path, raw()).unwrap();
+        let b = Image::open_inactive(&path, raw()).unwrap();
+        a.inactivate().unwrap();
+        a.inactivate().unwrap();
+        assert!(!a.is_active());
+        assert!(matches!(
+            a.resize(2 << 20),
+            Err(super::super::ResizeError::Inactive)
+        ));
+        b.activate().unwrap();
+        b.activate().unwrap();
+        assert!(conflict(&a.activate().unwrap_err()));
+        assert!(!a.is_active());
+        // B grew the file: A, active again once B lets go, sees the new size.
+        b.resize(2 << 20).unwrap();
+        b.inactivate().unwrap();
+        a.activate().unwrap();
+        assert_eq!(a.size(), 2 << 20);
+    }
+
+    #[test]
+    fn the_null_image_goes_inactive_and_back() {
+        let null = Image::null(1 << 20, ImageOptions::default()).unwrap();
+        null.inactivate().unwrap();
+        assert!(!null.is_active());
+        null.activate().unwrap();
+        assert!(null.is_active());
     }
 }

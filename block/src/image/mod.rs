@@ -38,7 +38,7 @@ mod raw;
 mod rbd;
 mod resize;
 use driver::Driver;
-pub use error::{OpenError, ResizeError};
+pub use error::{ActivationError, OpenError, ResizeError};
 use file::{open_direct, probe_header};
 
 /// The sector size image sizes and windows are counted in.
@@ -141,22 +141,13 @@ pub struct Image {
     size: AtomicU64,
     options: ImageOptions,
     stats: BlockStats,
-    /// The locks of an image opened [inactive](Image::open_inactive), taken on activation.
-    pending: Option<PendingLocks>,
-    /// Whether requests may run (false only while inactive).
+    /// Whether requests other than reads may run (false while inactive: `handoff.rs`).
     active: AtomicBool,
+    /// Held by a transition between active and inactive (and by a resize), so that one runs
+    /// at a time.
+    transition: Mutex<()>,
     /// A dirty qcow2 image served read-only though the options asked for writes.
     dirty: bool,
-}
-
-/// The locks an inactive image takes when it is activated (`handoff.rs`).
-#[derive(Debug)]
-struct PendingLocks {
-    path: PathBuf,
-    access: Access,
-    mode: LockMode,
-    /// Taken by the first successful [`Image::activate`].
-    held: Mutex<Option<ImageLock>>,
 }
 
 /// A whole, positive number of sectors, or the error naming `path`.
@@ -178,8 +169,8 @@ impl Image {
             size: AtomicU64::new(size),
             options,
             stats: BlockStats::default(),
-            pending: None,
             active: AtomicBool::new(true),
+            transition: Mutex::new(()),
             dirty: false,
         }
     }
@@ -191,10 +182,12 @@ impl Image {
     /// image's backing files too, as they are opened): another process's use that conflicts
     /// is [`OpenError::Lock`], and nothing is read or written before the lock is held.
     pub fn open(path: &Path, options: ImageOptions) -> Result<Self, OpenError> {
-        Self::open_as(path, options, true)
+        Self::open_as(path, options, false)
     }
 
-    fn open_as(path: &Path, options: ImageOptions, qcow2: bool) -> Result<Self, OpenError> {
+    /// Opens `path` as [`open`](Self::open) does; `inactive`: without taking a lock, and
+    /// without writing (`handoff.rs`).
+    fn open_as(path: &Path, options: ImageOptions, inactive: bool) -> Result<Self, OpenError> {
         let open_error = |source| OpenError::Open {
             path: path.to_path_buf(),
             source,
@@ -207,13 +200,8 @@ impl Image {
             _ => probe_header(&file).map_err(open_error)?,
         };
         match (options.format, found) {
-            (ImageFormat::Qcow2, _) | (ImageFormat::Auto, Some(KnownFormat::Qcow2)) if !qcow2 => {
-                return Err(OpenError::NotInactive {
-                    path: path.to_path_buf(),
-                })
-            }
             (ImageFormat::Qcow2, _) | (ImageFormat::Auto, Some(KnownFormat::Qcow2)) => {
-                return Self::open_qcow2(path, options, found, file);
+                return Self::open_qcow2(path, options, found, file, inactive);
             }
             (ImageFormat::Auto, Some(format)) => {
                 return Err(OpenError::FormatFound {
@@ -224,7 +212,10 @@ impl Image {
             _ => {}
         }
         let access = Access::disk(!options.read_only, options.share_rw);
-        let lock = ImageLock::acquire(&file, path, access, options.locking)?;
+        let lock = match inactive {
+            true => None,
+            false => Some(ImageLock::acquire(&file, path, access, options.locking)?),
+        };
         let raw = raw::RawFile::whole(IoFile::new(file), options.format == ImageFormat::Auto, lock);
         let size = check_size(path, bytes)?;
         Ok(Self::new(Backing::Raw(raw), path, size, options))
@@ -232,14 +223,23 @@ impl Image {
 
     /// Opens the qcow2 image whose file is `file` (opened for the probe, locked here first).
     /// A dirty image (lazy refcounts after a crash) is served read-only, whatever the options
-    /// asked: [`is_dirty`](Self::is_dirty) says so, for the caller to warn.
+    /// asked: [`is_dirty`](Self::is_dirty) says so, for the caller to warn. `inactive`: read-only
+    /// and unlocked until activated (a dirty image is then refused writes).
     #[cfg(feature = "qcow2")]
     fn open_qcow2(
         path: &Path,
         mut options: ImageOptions,
         _found: Option<KnownFormat>,
         file: std::fs::File,
+        inactive: bool,
     ) -> Result<Self, OpenError> {
+        if inactive {
+            drop(file);
+            let qcow2 = crate::qcow2::Qcow2Image::open_inactive(path)?;
+            let size = check_size(path, qcow2.size())?;
+            let backing = Backing::Qcow2(std::sync::Arc::new(qcow2));
+            return Ok(Self::new(backing, path, size, options));
+        }
         let dirty = !options.read_only && crate::qcow2::is_dirty(path);
         if dirty {
             options.read_only = true;
@@ -261,6 +261,7 @@ impl Image {
         _options: ImageOptions,
         found: Option<KnownFormat>,
         _file: std::fs::File,
+        _inactive: bool,
     ) -> Result<Self, OpenError> {
         Err(match found {
             Some(KnownFormat::Qcow2) => OpenError::FormatNotBuilt {
@@ -360,7 +361,11 @@ impl Image {
     /// `in-use`, QEMU reports them inconsistent (they miss this server's writes), `qemu-img
     /// check` finds nothing leaked, and `qemu-img bitmap --remove` can remove them. A bitmap
     /// already `in_use` is not listed again.
-    pub fn bitmaps_marked_inconsistent(&self) -> &[String] {
+    ///
+    /// An image opened [inactive](Self::open_inactive) marks them when it is
+    /// [activated](Self::activate) writable: each activation adds those it marked. They stay
+    /// marked when the image is inactivated, listed by the next user.
+    pub fn bitmaps_marked_inconsistent(&self) -> Vec<String> {
         dispatch!(&self.backing, d => d.bitmaps_marked_inconsistent())
     }
 

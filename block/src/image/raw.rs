@@ -11,8 +11,9 @@
 
 use std::io::{self, Seek};
 use std::os::fd::AsFd;
+use std::path::Path;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Mutex, PoisonError};
 
 use aio_core::engine::{AlignedBuf, FileKind, IoBuffers, IoEngine, LentMemory};
 use aio_core::engine::{IoFile, Request, RequestError, RwFlags};
@@ -20,9 +21,10 @@ use aio_core::EventLoop;
 use aio_loop::AioContext;
 
 use super::driver::{Driver, QueueIo};
-use super::error::ResizeError;
+use super::error::{ActivationError, ResizeError};
+use super::ImageOptions;
 use crate::format;
-use crate::lock::ImageLock;
+use crate::lock::{Access, ImageLock, LockError};
 use crate::request::{BlockRequest, Reply};
 use crate::status::{self, Extent};
 
@@ -36,19 +38,20 @@ pub(crate) struct RawFile {
     probed: bool,
     /// A [window](super::Image::window): its size is the one given, never resized.
     window: bool,
-    /// The image's locks (none for a window: its file is the caller's).
-    _lock: Option<Arc<ImageLock>>,
+    /// The image's locks while it is active (none for a window: its file is the caller's;
+    /// none while inactive).
+    lock: Mutex<Option<ImageLock>>,
 }
 
 impl RawFile {
-    /// A whole file, locked by `lock`.
-    pub(crate) fn whole(file: IoFile, probed: bool, lock: ImageLock) -> Self {
+    /// A whole file, locked by `lock` (None: inactive).
+    pub(crate) fn whole(file: IoFile, probed: bool, lock: Option<ImageLock>) -> Self {
         RawFile {
             file,
             offset: 0,
             probed,
             window: false,
-            _lock: Some(Arc::new(lock)),
+            lock: Mutex::new(lock),
         }
     }
 
@@ -59,7 +62,7 @@ impl RawFile {
             offset,
             probed: false,
             window: true,
-            _lock: None,
+            lock: Mutex::new(None),
         }
     }
 
@@ -69,6 +72,12 @@ impl RawFile {
 
     pub(crate) fn offset(&self) -> u64 {
         self.offset
+    }
+
+    /// A duplicate of the fd as a `File` (the same open file description): the image's own
+    /// fd stays the engine's.
+    fn dup(&self) -> io::Result<std::fs::File> {
+        Ok(std::fs::File::from(self.file.as_fd().try_clone_to_owned()?))
     }
 }
 
@@ -94,6 +103,44 @@ impl Driver for RawFile {
         Ok(extents)
     }
 
+    /// Syncs the file (the device's cache written) and lets its lock go: a raw image caches
+    /// nothing else.
+    fn inactivate(&self, path: &Path) -> Result<(), ActivationError> {
+        let flushed = self.dup().and_then(|dup| dup.sync_data());
+        flushed.map_err(|source| ActivationError::Flush {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        self.lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        Ok(())
+    }
+
+    /// Takes the lock a served disk holds on the image's own file description (a window's
+    /// file is the caller's to lock), and reads its size again (another user may have
+    /// resized it).
+    fn activate(
+        &self,
+        path: &Path,
+        options: &ImageOptions,
+    ) -> Result<Option<u64>, ActivationError> {
+        if self.window {
+            return Ok(None);
+        }
+        let io_error = |source| LockError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let dup = self.dup().map_err(io_error)?;
+        let access = Access::disk(!options.read_only, options.share_rw);
+        let lock = ImageLock::acquire(&dup, path, access, options.locking)?;
+        let bytes = (&dup).seek(io::SeekFrom::End(0)).map_err(io_error)?;
+        *self.lock.lock().unwrap_or_else(PoisonError::into_inner) = Some(lock);
+        Ok(Some(bytes))
+    }
+
     fn resize(&self, bytes: u64, old: u64) -> Result<(), ResizeError> {
         if self.window {
             return Err(ResizeError::Window {
@@ -101,13 +148,7 @@ impl Driver for RawFile {
                 bytes: old,
             });
         }
-        // A duplicate of the fd as a `File`: the image's own fd stays the engine's.
-        let dup = std::fs::File::from(
-            self.file
-                .as_fd()
-                .try_clone_to_owned()
-                .map_err(ResizeError::Io)?,
-        );
+        let dup = self.dup().map_err(ResizeError::Io)?;
         if self.file.kind() == FileKind::BlockDevice {
             let device_bytes = (&dup).seek(io::SeekFrom::End(0)).map_err(ResizeError::Io)?;
             return match bytes <= device_bytes {

@@ -13,11 +13,14 @@
 //!   format's magic into sector 0 of a raw image is `EPERM`.
 //! * A writable image takes librbd's exclusive lock (unless `locking=off` or `share-rw=on`):
 //!   a second writer is refused, naming the holder.
+//! * Inactive ([`Image::open_rbd_inactive`], [`Image::inactivate`]): the exclusive lock is not
+//!   held (librbd's cache flushed and the lock released on inactivation), and activation
+//!   takes it, drops librbd's cache and reads the size again.
 
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use aio_core::engine::IoEngine;
 use aio_core::EventLoop;
@@ -25,7 +28,7 @@ use aio_loop::AioContext;
 use aio_rbd::{Cluster, LockRecords, LockTaken, RbdImage, RbdQueue, RbdTarget};
 
 use super::driver::{Driver, QueueIo, StatusDone};
-use super::error::{OpenError, ResizeError};
+use super::error::{ActivationError, OpenError, ResizeError};
 use super::{check_size, Backing, Image, ImageOptions};
 use crate::format::{self, ImageFormat, KnownFormat};
 use crate::lock::LockMode;
@@ -38,8 +41,19 @@ pub(crate) struct RbdDisk {
     image: Arc<RbdImage>,
     /// Its format was found by probing: a write must not give sector 0 a known format's magic.
     probed: bool,
-    /// What taking the exclusive lock did (None: not taken, the image is not written alone).
-    lock: Option<LockTaken>,
+    /// What taking the exclusive lock did (None: not taken, the image is not written alone,
+    /// or inactive).
+    lock: Mutex<Option<LockTaken>>,
+    /// What lets this process break its dead predecessor's lock, for activation.
+    records: Option<LockRecords>,
+}
+
+/// Whether an image opened with `options` takes the exclusive lock: a writer, unless it
+/// shares writing (`share-rw=on`, where `may_share`: a qcow2 image's metadata has one writer,
+/// so never for it) or takes no lock (`locking=off`).
+fn writes_alone(options: &ImageOptions, may_share: bool) -> bool {
+    let shared = may_share && options.share_rw;
+    !options.read_only && !shared && options.locking != LockMode::Off
 }
 
 /// `rbd:pool/image`: how an RBD image is named where a path is expected.
@@ -57,6 +71,31 @@ impl Image {
         options: ImageOptions,
         records: Option<&LockRecords>,
     ) -> Result<Self, OpenError> {
+        Self::open_rbd_as(target, options, records, false)
+    }
+
+    /// Opens the RBD image `target` names as [`open_rbd`](Self::open_rbd) does, but
+    /// [inactive](Self::open_inactive): the exclusive lock is not taken (another client may
+    /// own the image) and nothing is written (a qcow2 image in it is opened read-only);
+    /// [`activate`](Self::activate) takes it.
+    pub fn open_rbd_inactive(
+        target: &RbdTarget,
+        options: ImageOptions,
+        records: Option<&LockRecords>,
+    ) -> Result<Self, OpenError> {
+        let image = Self::open_rbd_as(target, options, records, true)?;
+        image
+            .active
+            .store(false, std::sync::atomic::Ordering::Release);
+        Ok(image)
+    }
+
+    fn open_rbd_as(
+        target: &RbdTarget,
+        options: ImageOptions,
+        records: Option<&LockRecords>,
+        inactive: bool,
+    ) -> Result<Self, OpenError> {
         let path = name_of(target);
         let cluster = Cluster::connect(&target.cluster)?;
         let image = RbdImage::open(&cluster, &target.spec, options.read_only)?;
@@ -68,14 +107,13 @@ impl Image {
             let n = image.read_at(0, &mut head)?;
             match (options.format, format::probe(&head[..n])) {
                 (_, Some(KnownFormat::Qcow2)) | (ImageFormat::Qcow2, _) => {
-                    return Self::open_rbd_qcow2(path, image, options, records);
+                    return Self::open_rbd_qcow2(path, image, options, records, inactive);
                 }
                 (_, Some(format)) => return Err(OpenError::FormatFound { path, format }),
                 _ => {}
             }
         }
-        let writer = !options.read_only && !options.share_rw && options.locking != LockMode::Off;
-        let lock = match writer {
+        let lock = match writes_alone(&options, true) && !inactive {
             true => Some(image.lock_exclusive(records)?),
             false => None,
         };
@@ -83,25 +121,29 @@ impl Image {
         let disk = RbdDisk {
             image,
             probed,
-            lock,
+            lock: Mutex::new(lock),
+            records: records.cloned(),
         };
         Ok(Self::new(Backing::Rbd(disk), &path, size, options))
     }
 
-    /// The qcow2 image inside the RBD image `image`, under the RBD image's exclusive lock.
+    /// The qcow2 image inside the RBD image `image`, under the RBD image's exclusive lock
+    /// (`inactive`: read-only, without it, until activated).
     #[cfg(feature = "qcow2")]
     fn open_rbd_qcow2(
         path: PathBuf,
         image: Arc<RbdImage>,
         options: ImageOptions,
         records: Option<&LockRecords>,
+        inactive: bool,
     ) -> Result<Self, OpenError> {
         // A qcow2 image's metadata has one writer: shared writing is never allowed.
-        let writer = !options.read_only && options.locking != LockMode::Off;
-        if writer {
+        if writes_alone(&options, false) && !inactive {
             image.lock_exclusive(records)?;
         }
-        let qcow2 = crate::qcow2::Qcow2Image::open_rbd(&path, image, !options.read_only)?;
+        let writable = !options.read_only && !inactive;
+        let records = records.cloned();
+        let qcow2 = crate::qcow2::Qcow2Image::open_rbd(&path, image, writable, records)?;
         let size = check_size(&path, qcow2.size())?;
         Ok(Self::new(
             Backing::Qcow2(Arc::new(qcow2)),
@@ -117,6 +159,7 @@ impl Image {
         _image: Arc<RbdImage>,
         _options: ImageOptions,
         _records: Option<&LockRecords>,
+        _inactive: bool,
     ) -> Result<Self, OpenError> {
         Err(OpenError::FormatNotBuilt {
             path,
@@ -127,10 +170,15 @@ impl Image {
     /// What opening an RBD image did about its exclusive lock, for the caller to tell its
     /// user: [`LockTaken::BrokeStale`] (a dead predecessor's lock broken),
     /// [`LockTaken::Unsupported`] (the image has no exclusive-lock feature: nothing stops a
-    /// second writer). None for a read-only or shared image, and any other kind.
-    pub fn rbd_lock(&self) -> Option<&LockTaken> {
+    /// second writer). None for a read-only or shared image, an inactive one, and any other
+    /// kind (a qcow2 image in RBD included).
+    pub fn rbd_lock(&self) -> Option<LockTaken> {
         match self.backing() {
-            Backing::Rbd(disk) => disk.lock.as_ref(),
+            Backing::Rbd(disk) => disk
+                .lock
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone(),
             _ => None,
         }
     }
@@ -181,6 +229,51 @@ impl Driver for RbdDisk {
 
     fn close(&self) -> io::Result<()> {
         self.image.close().map_err(io::Error::from)
+    }
+
+    /// Flushes librbd's cache and releases the exclusive lock (librbd counts its requests:
+    /// any in flight is the caller's, refused).
+    fn inactivate(&self, path: &Path) -> Result<(), ActivationError> {
+        if self.image.in_flight() > 0 {
+            return Err(ActivationError::InFlight {
+                path: path.to_path_buf(),
+            });
+        }
+        self.image.flush()?;
+        self.image.release_lock()?;
+        self.lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        Ok(())
+    }
+
+    /// Takes the exclusive lock as opening does, drops librbd's cache (another client wrote
+    /// meanwhile) and reads the size again.
+    fn activate(
+        &self,
+        _path: &Path,
+        options: &ImageOptions,
+    ) -> Result<Option<u64>, ActivationError> {
+        let taken = match writes_alone(options, true) {
+            true => Some(self.image.lock_exclusive(self.records.as_ref())?),
+            false => None,
+        };
+        let fresh = self
+            .image
+            .invalidate_cache()
+            .and_then(|()| self.image.size());
+        let bytes = match fresh {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                if taken.is_some() {
+                    let _ = self.image.release_lock();
+                }
+                return Err(e.into());
+            }
+        };
+        *self.lock.lock().unwrap_or_else(PoisonError::into_inner) = taken;
+        Ok(Some(bytes))
     }
 
     /// librbd's allocated objects (whole objects: any byte written makes its object data);

@@ -12,8 +12,8 @@
 //! * Shrinking does not wait for requests already running past the new end: a write taken
 //!   before the resize may land after it (and extend a raw file again). Quiesce the client
 //!   first when shrinking an image in use, as one must for the guest's sake anyway.
-//! * A read-only image, a [window](Image::window) and a block device asked to grow past
-//!   its own size are refused, the image unchanged.
+//! * A read-only image, an [inactive](Image::inactivate) one, a [window](Image::window) and
+//!   a block device asked to grow past its own size are refused, the image unchanged.
 
 use std::sync::atomic::Ordering;
 
@@ -34,8 +34,12 @@ impl Image {
         if bytes == 0 || bytes % SECTOR_SIZE != 0 {
             return Err(ResizeError::BadSize { bytes });
         }
-        // An image opened inactive changes only once it holds its locks.
-        self.activate().map_err(|e| ResizeError::Io(e.into()))?;
+        // Not beside a transition: an inactive image (another process may own it) is not
+        // changed.
+        let _steady = self.steady();
+        if !self.is_active() {
+            return Err(ResizeError::Inactive);
+        }
         let old = self.size();
         if bytes == old {
             return Ok(());

@@ -3,6 +3,11 @@
 //!
 //! This module owns [`MappingCache`] and its rules (what is cached, what clears it, see
 //! `direct.rs`); it never reads metadata nor submits a request.
+//!
+//! * **The slots outlive an opening; the file does not.** The table of slots is the image's
+//!   for as long as it is served; the file the cached clusters are in ([`DataFile`]) belongs
+//!   to one opening of the image by imago, and an image opened again (activated after being
+//!   inactive, `reopen.rs`) clears every slot before its new opening is seen.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -35,10 +40,12 @@ pub(crate) struct MappingCache {
     slots: Box<[AtomicU64]>,
     /// Bumped by every change that clears entries (see the module's rules).
     generation: AtomicU64,
-    /// The file the cached clusters are in (the image file, or its external data file), and
-    /// the count of its writes in flight.
-    data_file: OnceLock<(IoFile, WriteCounter)>,
 }
+
+/// The file the cached clusters of one opening are in (the image file, or its external data
+/// file), and the count of its writes in flight: set by the first insert.
+#[derive(Default)]
+pub(crate) struct DataFile(OnceLock<(IoFile, WriteCounter)>);
 
 impl MappingCache {
     /// A cache for an image of `size` bytes in clusters of `1 << cluster_bits` bytes.
@@ -50,7 +57,6 @@ impl MappingCache {
             slot_bits: entries.trailing_zeros(),
             slots: (0..entries).map(|_| AtomicU64::new(0)).collect(),
             generation: AtomicU64::new(0),
-            data_file: OnceLock::new(),
         }
     }
 
@@ -90,9 +96,14 @@ impl MappingCache {
     }
 
     /// The data file and the host offset of `[offset, offset + len)` if every cluster of it is
-    /// cached and they lie in a row in the file.
-    pub(crate) fn lookup(&self, offset: u64, len: u64) -> Option<(&(IoFile, WriteCounter), u64)> {
-        let file = self.data_file.get()?;
+    /// cached and they lie in a row in the file (`data_file`, the current opening's).
+    pub(crate) fn lookup<'d>(
+        &self,
+        data_file: &'d DataFile,
+        offset: u64,
+        len: u64,
+    ) -> Option<(&'d (IoFile, WriteCounter), u64)> {
+        let file = data_file.0.get()?;
         let first = offset >> self.cluster_bits;
         let last = (offset + len.max(1) - 1) >> self.cluster_bits;
         if last - first >= MAX_SPAN {
@@ -116,9 +127,11 @@ impl MappingCache {
 
     /// Records that `[offset, offset + len)` lies in a row at `host` in `storage`, as imago
     /// said of a writable mapping looked up after [`generation`](Self::generation) gave
-    /// `generation`; nothing if something has cleared entries since.
+    /// `generation`; nothing if something has cleared entries since, or if `storage` is not
+    /// the current opening's `data_file`.
     pub(crate) fn insert(
         &self,
+        data_file: &DataFile,
         generation: u64,
         storage: &EngineStorage,
         offset: u64,
@@ -129,7 +142,7 @@ impl MappingCache {
         let (Some(file), Some(counter)) = (storage.io_file(), storage.write_counter()) else {
             return;
         };
-        let (data_file, _) = self.data_file.get_or_init(|| (file.clone(), counter));
+        let (data_file, _) = data_file.0.get_or_init(|| (file.clone(), counter));
         let mask = (1u64 << self.cluster_bits) - 1;
         if data_file.raw_fd() != file.raw_fd() || len == 0 || (host & mask) != (offset & mask) {
             return;
@@ -191,26 +204,26 @@ mod tests {
     #[test]
     fn a_request_is_found_only_if_all_its_clusters_are_cached_in_a_row() {
         let cache = MappingCache::new(16, 1 << 30);
-        let f = file();
-        assert!(cache.lookup(0, 4096).is_none(), "empty");
+        let (f, d) = (file(), DataFile::default());
+        assert!(cache.lookup(&d, 0, 4096).is_none(), "empty");
         let g = cache.generation();
         // Guest clusters 2 and 3 at host clusters 10 and 11, cluster 4 at 20.
-        cache.insert(g, &f, 2 << 16, 10 << 16, 2 << 16);
-        cache.insert(g, &f, (4 << 16) + 512, (20 << 16) + 512, 4096);
+        cache.insert(&d, g, &f, 2 << 16, 10 << 16, 2 << 16);
+        cache.insert(&d, g, &f, (4 << 16) + 512, (20 << 16) + 512, 4096);
         assert_eq!(
-            cache.lookup((2 << 16) + 4096, 4096).unwrap().1,
+            cache.lookup(&d, (2 << 16) + 4096, 4096).unwrap().1,
             (10 << 16) + 4096
         );
         assert_eq!(
-            cache.lookup((3 << 16) - 512, 1024).unwrap().1,
+            cache.lookup(&d, (3 << 16) - 512, 1024).unwrap().1,
             (11 << 16) - 512
         );
         assert!(
-            cache.lookup((4 << 16) - 512, 1024).is_none(),
+            cache.lookup(&d, (4 << 16) - 512, 1024).is_none(),
             "not in a row"
         );
-        assert_eq!(cache.lookup(4 << 16, 65536).unwrap().1, 20 << 16);
-        assert!(cache.lookup(5 << 16, 4096).is_none(), "not cached");
+        assert_eq!(cache.lookup(&d, 4 << 16, 65536).unwrap().1, 20 << 16);
+        assert!(cache.lookup(&d, 5 << 16, 4096).is_none(), "not cached");
         // One L2 table of 64 KiB clusters maps 512 MiB.
         assert_eq!(cache.run_from(0), 512 << 20);
         assert_eq!(cache.run_from((512 << 20) + 4096), (512 << 20) - 4096);
@@ -219,24 +232,24 @@ mod tests {
     #[test]
     fn clearing_forgets_the_range_and_a_lookup_from_before_is_not_inserted() {
         let cache = MappingCache::new(16, 1 << 30);
-        let f = file();
+        let (f, d) = (file(), DataFile::default());
         let g = cache.generation();
-        cache.insert(g, &f, 0, 1 << 20, 4 << 16);
+        cache.insert(&d, g, &f, 0, 1 << 20, 4 << 16);
         cache.clear(1 << 16, 4096);
-        assert!(cache.lookup(1 << 16, 4096).is_none(), "cleared");
-        assert!(cache.lookup(0, 4096).is_some(), "left alone");
+        assert!(cache.lookup(&d, 1 << 16, 4096).is_none(), "cleared");
+        assert!(cache.lookup(&d, 0, 4096).is_some(), "left alone");
         // A lookup made before the clear: its result is stale.
-        cache.insert(g, &f, 1 << 16, (1 << 20) + (1 << 16), 4096);
+        cache.insert(&d, g, &f, 1 << 16, (1 << 20) + (1 << 16), 4096);
         assert!(
-            cache.lookup(1 << 16, 4096).is_none(),
+            cache.lookup(&d, 1 << 16, 4096).is_none(),
             "a stale insert is dropped"
         );
         cache.clear(0, u64::MAX);
-        assert!(cache.lookup(0, 4096).is_none(), "all cleared");
+        assert!(cache.lookup(&d, 0, 4096).is_none(), "all cleared");
         let g = cache.generation();
-        cache.insert(g, &f, 1 << 16, 1 << 20, 4096);
+        cache.insert(&d, g, &f, 1 << 16, 1 << 20, 4096);
         assert!(
-            cache.lookup(1 << 16, 4096).is_some(),
+            cache.lookup(&d, 1 << 16, 4096).is_some(),
             "a fresh insert is kept"
         );
     }
@@ -245,13 +258,13 @@ mod tests {
     fn clusters_sharing_a_slot_replace_each_other_and_another_file_is_not_cached() {
         // A 64 KiB disk of 4 KiB clusters: 16 slots.
         let cache = MappingCache::new(12, 64 << 10);
-        let f = file();
+        let (f, d) = (file(), DataFile::default());
         let g = cache.generation();
-        cache.insert(g, &f, 0, 1 << 20, 4096);
-        cache.insert(g, &f, 16 << 12, 2 << 20, 4096);
-        assert!(cache.lookup(0, 4096).is_none(), "replaced");
-        assert_eq!(cache.lookup(16 << 12, 4096).unwrap().1, 2 << 20);
-        cache.insert(g, &file(), 1 << 12, 3 << 20, 4096);
-        assert!(cache.lookup(1 << 12, 4096).is_none(), "another file");
+        cache.insert(&d, g, &f, 0, 1 << 20, 4096);
+        cache.insert(&d, g, &f, 16 << 12, 2 << 20, 4096);
+        assert!(cache.lookup(&d, 0, 4096).is_none(), "replaced");
+        assert_eq!(cache.lookup(&d, 16 << 12, 4096).unwrap().1, 2 << 20);
+        cache.insert(&d, g, &file(), 1 << 12, 3 << 20, 4096);
+        assert!(cache.lookup(&d, 1 << 12, 4096).is_none(), "another file");
     }
 }

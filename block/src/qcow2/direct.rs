@@ -74,9 +74,8 @@ impl Qcow2Image {
         let Ok(held) = Arc::clone(&self.access).try_read_owned() else {
             return Err((back(buffers), tag));
         };
-        let found = self
-            .cache
-            .lookup(offset, buffers.len() as u64)
+        let found = (self.cache)
+            .lookup(&held.data_file, offset, buffers.len() as u64)
             .filter(|_| !fua);
         let Some(((file, writes), host)) = found else {
             return Err((back(buffers), tag));

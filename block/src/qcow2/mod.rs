@@ -14,6 +14,11 @@
 //! * **Metadata is the image's.** A flush writes imago's cached metadata and syncs every
 //!   file; dropping the image (or [`Qcow2Image::close`]) flushes it, so a stop leaves
 //!   `qemu-img check` clean.
+//! * **Opened again on activation.** An image opened inactive is opened read-only by imago,
+//!   without locks; inactivating one writes its metadata back and opens it so; activating one
+//!   takes its locks and opens it anew, writable if asked, so that what another process wrote
+//!   meanwhile is seen (`reopen.rs`). The opening is swapped under the image's lock, which
+//!   every request already holds: the request path pays nothing for it.
 //! * **A killed daemon loses no completed write.** A write that allocates (and a discard or
 //!   write-zeroes) completes only after the cached metadata is written back to the file (not
 //!   synced), one write-back for all the requests waiting when it begins (a group commit):
@@ -26,6 +31,7 @@ mod direct;
 mod file_storage;
 #[cfg(feature = "rbd")]
 mod rbd_storage;
+mod reopen;
 mod requests;
 mod settle;
 mod status;
@@ -35,10 +41,12 @@ mod write_back;
 use std::cell::RefCell;
 use std::fmt;
 use std::io;
+use std::ops::{Deref, DerefMut};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use imago::format::gate::ImplicitOpenGate;
 use imago::format::Format;
@@ -59,20 +67,59 @@ const MAX_CHAIN: usize = 64;
 
 /// A qcow2 image open for serving.
 pub(crate) struct Qcow2Image {
-    /// Shared with the direct path's requests, which hold it until their completion.
-    access: Arc<RwLock<FormatAccess<EngineStorage>>>,
+    /// The current opening, shared with the direct path's requests, which hold it until their
+    /// completion; replaced (held alone) when the image is inactivated or activated.
+    access: Arc<RwLock<Opened>>,
     /// The clusters the direct path may serve (`direct.rs`).
     cache: cache::MappingCache,
     path: PathBuf,
     /// The backing files opened, nearest first.
     chain: Vec<PathBuf>,
-    /// The persistent dirty bitmaps the writable open marked `in_use` (imago's `bitmaps.rs`).
-    bitmaps_marked_inconsistent: Vec<String>,
-    writable: bool,
+    /// The persistent dirty bitmaps the writable openings marked `in_use` (imago's
+    /// `bitmaps.rs`).
+    bitmaps_marked_inconsistent: Mutex<Vec<String>>,
+    /// Whether the current opening writes (false while inactive): only then does a drop
+    /// write the metadata back.
+    writable: AtomicBool,
     /// The metadata write-back allocating writes wait for.
     write_back: write_back::WriteBack,
-    /// The image's lock and its backing files' (QEMU's lock bytes), held while it is served.
-    _locks: Vec<ImageLock>,
+    /// The image's lock and its backing files' (QEMU's lock bytes), held while it is served
+    /// active; none while inactive.
+    locks: Mutex<Vec<ImageLock>>,
+    /// Where the image is stored, to open it again.
+    source: reopen::Source,
+    /// Its cluster size (`1 << cluster_bits`), which an opening again must find unchanged.
+    cluster_bits: u32,
+}
+
+/// One opening of the image by imago: its metadata as read then, and the file the direct
+/// path's clusters are in. Reads through it as imago's `FormatAccess`.
+pub(crate) struct Opened {
+    format: FormatAccess<EngineStorage>,
+    /// The file of this opening the mapping cache's clusters are in.
+    data_file: cache::DataFile,
+}
+
+impl Deref for Opened {
+    type Target = FormatAccess<EngineStorage>;
+    fn deref(&self) -> &Self::Target {
+        &self.format
+    }
+}
+
+impl DerefMut for Opened {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.format
+    }
+}
+
+/// What opening the image's metadata gave (`open_format`).
+struct Opening {
+    opened: Opened,
+    chain: Vec<PathBuf>,
+    bitmaps: Vec<String>,
+    /// The backing files' locks, taken through the gate.
+    locks: Vec<ImageLock>,
 }
 
 impl fmt::Debug for Qcow2Image {
@@ -80,7 +127,7 @@ impl fmt::Debug for Qcow2Image {
         f.debug_struct("Qcow2Image")
             .field("path", &self.path)
             .field("chain", &self.chain)
-            .field("writable", &self.writable)
+            .field("writable", &self.writable.load(Ordering::Relaxed))
             .finish()
     }
 }
@@ -232,6 +279,48 @@ impl ImplicitOpenGate<EngineStorage> for ChainGate {
     }
 }
 
+/// The cluster bits of a checked header (qcow2's are 9..=21).
+fn cluster_bits(head: &[u8]) -> u32 {
+    header_field(head, 20, 4).unwrap_or(16) as u32
+}
+
+/// Opens the image on `storage` (its header `head` checked) through `gate`, for writing when
+/// `writable`: imago reads its metadata (and, writable, marks its bitmaps `in_use`).
+fn open_format(
+    path: &Path,
+    head: &[u8],
+    storage: EngineStorage,
+    writable: bool,
+    gate: ChainGate,
+) -> Result<Opening, OpenError> {
+    let opened = current::block_on(
+        Qcow2::<EngineStorage>::builder(storage)
+            .l2_cache_entries(l2_cache_entries(head))
+            .write(writable)
+            .open(gate.clone()),
+    );
+    let qcow2 = match opened {
+        Ok(q) => q,
+        Err(source) => {
+            return Err(gate.refusal.take().unwrap_or_else(|| OpenError::Image {
+                path: path.to_path_buf(),
+                source,
+            }))
+        }
+    };
+    let bitmaps = qcow2.bitmaps_marked_in_use().to_vec();
+    let locks = std::mem::take(&mut *gate.locks.borrow_mut());
+    Ok(Opening {
+        opened: Opened {
+            format: FormatAccess::new(qcow2),
+            data_file: cache::DataFile::default(),
+        },
+        chain: gate.chain.take(),
+        bitmaps,
+        locks,
+    })
+}
+
 /// Whether the qcow2 image at `path` is dirty (and nothing else is refused): its refcounts
 /// stale after a crash with `lazy_refcounts=on`, so it is served read-only.
 pub(crate) fn is_dirty(path: &Path) -> bool {
@@ -243,20 +332,47 @@ impl Qcow2Image {
     /// (read-only), after checking every header. `lock` is the image's own, taken by the
     /// caller before anything was read; the backing files are locked as its mode says.
     pub(crate) fn open(path: &Path, writable: bool, lock: ImageLock) -> Result<Self, OpenError> {
+        let mode = match lock.is_locked() {
+            true => LockMode::Auto,
+            false => LockMode::Off,
+        };
+        let (head, opening) = Self::open_file(path, writable, mode)?;
+        Self::new(
+            path,
+            &head,
+            opening,
+            reopen::Source::File,
+            vec![lock],
+            writable,
+        )
+    }
+
+    /// Opens the qcow2 image at `path` inactive: read-only, its backing chain too, without a
+    /// lock of its own or of its backing files' and without writing a byte (another process
+    /// may own it). [`activate`](Self::activate) opens it again with its locks.
+    pub(crate) fn open_inactive(path: &Path) -> Result<Self, OpenError> {
+        let (head, opening) = Self::open_file(path, false, LockMode::Off)?;
+        Self::new(path, &head, opening, reopen::Source::File, vec![], false)
+    }
+
+    /// Reads the header of the qcow2 image file at `path` and opens its metadata (for writing
+    /// when `writable`), the backing files locked as `mode` says.
+    fn open_file(
+        path: &Path,
+        writable: bool,
+        mode: LockMode,
+    ) -> Result<(Vec<u8>, Opening), OpenError> {
         let failed = |source| OpenError::Image {
             path: path.to_path_buf(),
             source,
         };
         let head = read_header(path).map_err(failed)?;
         check_qcow2_header(path, &head, writable)?;
-        let gate = ChainGate::new(if lock.is_locked() {
-            LockMode::Auto
-        } else {
-            LockMode::Off
-        });
+        let gate = ChainGate::new(mode);
         gate.visit(path).map_err(failed)?;
         let storage = EngineStorage::open_path(path, writable).map_err(failed)?;
-        Self::open_on(path, &head, storage, writable, gate, vec![lock])
+        let opening = open_format(path, &head, storage, writable, gate)?;
+        Ok((head, opening))
     }
 
     /// Opens the qcow2 image inside the RBD image `image` (named `path`), for writing when
@@ -267,7 +383,20 @@ impl Qcow2Image {
         path: &Path,
         image: Arc<aio_rbd::RbdImage>,
         writable: bool,
+        records: Option<aio_rbd::LockRecords>,
     ) -> Result<Self, OpenError> {
+        let (head, opening) = Self::open_rbd_format(path, &image, writable)?;
+        let source = reopen::Source::Rbd { image, records };
+        Self::new(path, &head, opening, source, vec![], writable)
+    }
+
+    /// Reads the header of the qcow2 image in the RBD image `image` and opens its metadata.
+    #[cfg(feature = "rbd")]
+    fn open_rbd_format(
+        path: &Path,
+        image: &Arc<aio_rbd::RbdImage>,
+        writable: bool,
+    ) -> Result<(Vec<u8>, Opening), OpenError> {
         let failed = |source| OpenError::Image {
             path: path.to_path_buf(),
             source,
@@ -283,57 +412,40 @@ impl Qcow2Image {
                          `qemu-img convert` it to a whole image first",
             });
         }
-        let storage = rbd_storage::RbdStorage::new(image, path).map_err(failed)?;
+        let storage = rbd_storage::RbdStorage::new(image.clone(), path).map_err(failed)?;
         let gate = ChainGate::new(LockMode::Off);
-        Self::open_on(
-            path,
-            &head,
-            EngineStorage::Rbd(storage),
-            writable,
-            gate,
-            vec![],
-        )
+        let opening = open_format(path, &head, EngineStorage::Rbd(storage), writable, gate)?;
+        Ok((head, opening))
     }
 
-    /// Opens the image on `storage` (its header `head` checked) through `gate`, holding
-    /// `locks` while it is served.
-    fn open_on(
+    /// The image served from `opening` (its header `head`), holding `locks` and the backing
+    /// files' while it is served.
+    fn new(
         path: &Path,
         head: &[u8],
-        storage: EngineStorage,
-        writable: bool,
-        gate: ChainGate,
+        opening: Opening,
+        source: reopen::Source,
         mut locks: Vec<ImageLock>,
+        writable: bool,
     ) -> Result<Self, OpenError> {
-        let failed = |source| OpenError::Image {
-            path: path.to_path_buf(),
-            source,
-        };
-        let opened = current::block_on(
-            Qcow2::<EngineStorage>::builder(storage)
-                .l2_cache_entries(l2_cache_entries(head))
-                .write(writable)
-                .open(gate.clone()),
-        );
-        let qcow2 = match opened {
-            Ok(q) => q,
-            Err(source) => return Err(gate.refusal.take().unwrap_or_else(|| failed(source))),
-        };
-        let chain = gate.chain.take();
-        let bitmaps_marked_inconsistent = qcow2.bitmaps_marked_in_use().to_vec();
-        locks.append(&mut gate.locks.borrow_mut());
-        let access = FormatAccess::new(qcow2);
-        // The header was checked: qcow2's cluster_bits is 9..=21.
-        let cluster_bits = header_field(head, 20, 4).unwrap_or(16) as u32;
+        let Opening {
+            opened,
+            chain,
+            bitmaps,
+            locks: mut backing_locks,
+        } = opening;
+        locks.append(&mut backing_locks);
         Ok(Qcow2Image {
-            cache: cache::MappingCache::new(cluster_bits, access.size()),
-            access: Arc::new(RwLock::new(access)),
+            cache: cache::MappingCache::new(cluster_bits(head), opened.size()),
+            access: Arc::new(RwLock::new(opened)),
             path: path.to_path_buf(),
             chain,
-            bitmaps_marked_inconsistent,
-            writable,
+            bitmaps_marked_inconsistent: Mutex::new(bitmaps),
+            writable: AtomicBool::new(writable),
             write_back: write_back::WriteBack::default(),
-            _locks: locks,
+            locks: Mutex::new(locks),
+            source,
+            cluster_bits: cluster_bits(head),
         })
     }
 
@@ -376,7 +488,8 @@ impl Qcow2Image {
 
 impl Drop for Qcow2Image {
     fn drop(&mut self) {
-        if !self.writable {
+        // An inactive image writes nothing: another process may own it now.
+        if !self.writable.load(Ordering::Acquire) {
             return;
         }
         // Async imago does not flush on drop: what a stop leaves must pass `qemu-img check`.

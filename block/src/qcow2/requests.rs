@@ -6,7 +6,7 @@
 //! [`Driver`]; the format is imago's.
 
 use std::io::{self, IoSlice, IoSliceMut};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -14,13 +14,14 @@ use aio_core::engine::{IoEngine, LentMemory};
 use aio_core::EventLoop;
 use aio_loop::AioContext;
 use imago::io_buffers::{IoVector, IoVectorMut};
-use imago::{FormatAccess, Mapping, StorageExt};
+use imago::{Mapping, StorageExt};
 
 use super::current::{DataRanges, ImageEngine, RequestIo, WithIo};
 use super::storage::EngineStorage;
-use super::Qcow2Image;
+use super::{Opened, Qcow2Image};
 use crate::image::driver::{DepthDone, Driver, QueueIo, StatusDone};
-use crate::image::error::ResizeError;
+use crate::image::error::{ActivationError, ResizeError};
+use crate::image::ImageOptions;
 use crate::request::{BlockRequest, Reply};
 use crate::status::Extent;
 
@@ -33,12 +34,27 @@ impl Driver for Arc<Qcow2Image> {
         Qcow2Image::backing_chain(self)
     }
 
-    fn bitmaps_marked_inconsistent(&self) -> &[String] {
-        &self.bitmaps_marked_inconsistent
+    fn bitmaps_marked_inconsistent(&self) -> Vec<String> {
+        let marked = self.bitmaps_marked_inconsistent.lock();
+        marked
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     fn close(&self) -> io::Result<()> {
         Qcow2Image::close(self)
+    }
+
+    fn inactivate(&self, _path: &Path) -> Result<(), ActivationError> {
+        Qcow2Image::inactivate(self)
+    }
+
+    fn activate(
+        &self,
+        _path: &Path,
+        options: &ImageOptions,
+    ) -> Result<Option<u64>, ActivationError> {
+        Qcow2Image::activate(self, options).map(Some)
     }
 
     fn block_status(&self, offset: u64, len: u64, size: u64) -> io::Result<Vec<Extent>> {
@@ -211,7 +227,7 @@ impl Qcow2Image {
     /// cluster or a few).
     async fn in_file<'a>(
         &self,
-        access: &'a FormatAccess<EngineStorage>,
+        access: &'a Opened,
         offset: u64,
         len: u64,
     ) -> io::Result<Option<(&'a EngineStorage, u64, bool)>> {
@@ -233,7 +249,7 @@ impl Qcow2Image {
         }
         // Looked up once per run: a request the direct path refuses (over its span, its
         // buffers misaligned, the lock busy) comes back here with its clusters cached.
-        if writable && self.cache.lookup(offset, 1).is_none() {
+        if writable && self.cache.lookup(&access.data_file, offset, 1).is_none() {
             let run = self
                 .cache
                 .run_from(offset)
@@ -247,7 +263,7 @@ impl Qcow2Image {
                 n,
             )) = access.get_mapping(offset, run).await
             {
-                self.cache.insert(generation, storage, offset, run_at, n);
+                (self.cache).insert(&access.data_file, generation, storage, offset, run_at, n);
             }
         }
         Ok(Some((storage, at, writable)))

@@ -70,7 +70,7 @@ impl Qcow2Image {
         let mut out = Vec::new();
         let mut at = offset;
         while at < end {
-            let (mut layer, mut layer_at, mut depth) = (&*access, at, 1u32);
+            let (mut layer, mut layer_at, mut depth) = (&**access, at, 1u32);
             let mut max = end - at;
             let found = loop {
                 let (mapping, n) = layer.get_shallow_mapping(layer_at, max).await?;

@@ -4,3 +4,5 @@
 
 pub use aio_test_support::engines::engines;
 pub use aio_test_support::tool::run_in;
+
+pub mod session;

@@ -9,10 +9,10 @@
 //!   tried again for [`KILLED_HOLDER_GRACE`] before it refuses the disk.
 //! * **An upgrade**: a new daemon started on the socket path a running daemon serves (the old
 //!   one is stopped once the new one listens). The image's lock is the old daemon's until it
-//!   has drained, so a raw image is opened inactive and its lock taken when the first
-//!   frontend connects (QEMU reconnects once the old daemon has closed its connection). A
-//!   qcow2 image is refused: its metadata would be read while the old daemon still changes it;
-//!   stop the old daemon first.
+//!   has drained, so the image is opened inactive (a qcow2 image read-only, unlocked) and its
+//!   locks taken when the first frontend connects (QEMU reconnects once the old daemon has
+//!   closed its connection), a qcow2 image's metadata then read afresh (`aio_block`'s
+//!   `Image::activate`).
 
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -41,7 +41,7 @@ fn served_by_another(socket: &Path) -> bool {
 }
 
 /// Opens disk `d`'s image with its locks; on a conflict, waits out a killed holder, and opens
-/// a raw image inactive when a running daemon serves the disk's socket (an upgrade).
+/// the image inactive when a running daemon serves the disk's socket (an upgrade).
 pub(super) fn open_image(d: &DiskSpec, options: DiskOptions) -> Result<BlockDevice, DeviceError> {
     let deadline = Instant::now() + KILLED_HOLDER_GRACE;
     loop {

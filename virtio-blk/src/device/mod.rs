@@ -10,8 +10,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use aio_block::image::{Image, ImageOptions};
-use aio_block::lock::{LockError, LockMode};
+use aio_block::image::{ActivationError, Image, ImageOptions};
+use aio_block::lock::LockMode;
 use aio_block::stats::BlockStats;
 use aio_core::engine::IoFile;
 
@@ -122,10 +122,11 @@ impl BlockDevice {
         Self::on_image(Arc::new(opened), options)
     }
 
-    /// Opens a raw `image` as [`open`](Self::open) does, but takes no lock yet
-    /// ([`Image::open_inactive`]): another process (the daemon this one succeeds) may still
-    /// use it. [`activate`](Self::activate) takes the locks the options ask for, once that
-    /// process has let them go. A qcow2 image is refused with [`OpenError::NotInactive`](aio_block::image::OpenError::NotInactive).
+    /// Opens `image` as [`open`](Self::open) does, but inactive ([`Image::open_inactive`]): no
+    /// lock is taken and nothing is written (a qcow2 image is opened read-only), for another
+    /// process (the daemon this one succeeds, a migration's source) may still own it; only
+    /// reads are served. [`activate`](Self::activate) takes the locks the options ask for,
+    /// once that process has let them go, and reads the metadata afresh.
     pub fn open_inactive(image: &Path, options: DiskOptions) -> Result<Self, DeviceError> {
         check_options(&options)?;
         let opened = Image::open_inactive(image, options.image_options())?;
@@ -160,18 +161,26 @@ impl BlockDevice {
         &self.image
     }
 
-    /// Takes the locks of a disk opened [inactive](Self::open_inactive) ([`Image::activate`]).
-    pub fn activate(&self) -> Result<(), LockError> {
+    /// Makes an inactive disk active ([`Image::activate`]): takes its image's locks and reads
+    /// its metadata afresh; a conflict leaves it inactive.
+    pub fn activate(&self) -> Result<(), ActivationError> {
         self.image.activate()
     }
 
     /// [`activate`](Self::activate), tried again while another process holds a conflicting
     /// lock, until `wait` has passed ([`Image::activate_within`]).
-    pub fn activate_within(&self, wait: std::time::Duration) -> Result<(), LockError> {
+    pub fn activate_within(&self, wait: std::time::Duration) -> Result<(), ActivationError> {
         self.image.activate_within(wait)
     }
 
-    /// Whether the disk may serve requests ([`Image::is_active`]).
+    /// Makes the disk inactive ([`Image::inactivate`]): its image's cached metadata written
+    /// back, its locks let go, only reads served from then on. The caller has drained the
+    /// disk's requests (its queues stopped or idle).
+    pub fn inactivate(&self) -> Result<(), ActivationError> {
+        self.image.inactivate()
+    }
+
+    /// Whether the disk serves every request, not only reads ([`Image::is_active`]).
     pub fn is_active(&self) -> bool {
         self.image.is_active()
     }
