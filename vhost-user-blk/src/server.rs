@@ -150,8 +150,13 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> DiskSocket<L, E> {
             return;
         }
         if let Ok((stream, _)) = self.listener.accept() {
-            // An upgrade's disk takes its image's lock once the old daemon has let it go.
-            if let Err(e) = self.device.activate_within(HANDOFF_WAIT) {
+            // An upgrade's disk takes its image's lock once the old daemon has let it go (a
+            // migration's inactive disk waits for its owner instead: reads are served).
+            let activated = match self.device.activates_on_connect() {
+                true => self.device.activate_within(HANDOFF_WAIT),
+                false => Ok(()),
+            };
+            if let Err(e) = activated {
                 eprintln!(
                     "aio-vhost-user-blk: {}: refusing a frontend: {e}",
                     self.path.display()

@@ -17,6 +17,9 @@ pub(crate) struct Export {
     pub(crate) id: String,
     pub(crate) node: String,
     pub(crate) writable: bool,
+    /// `allow-inactive=on`: the export may serve an inactive node (reads only); off (QEMU's
+    /// default), creating the export activates its node.
+    pub(crate) allow_inactive: bool,
     pub(crate) iothread: Option<String>,
     /// What only this kind of export takes.
     pub(crate) transport: Transport,
@@ -70,7 +73,7 @@ impl Transport {
 }
 
 /// Reads an export's options: `type` (a row of [`EXPORT_DRIVERS`]), `id`, `node-name`,
-/// `writable`, `iothread`, and what its kind takes.
+/// `writable`, `allow-inactive`, `iothread`, and what its kind takes.
 pub(crate) fn export(o: &mut Opts) -> Result<Export, QsdError> {
     let kind = o.required("type")?;
     let Some(driver) = EXPORT_DRIVERS.iter().find(|d| d.kind.qemu_type() == kind) else {
@@ -79,12 +82,14 @@ pub(crate) fn export(o: &mut Opts) -> Result<Export, QsdError> {
     let id = o.required("id")?;
     let node = o.required("node-name")?;
     let writable = o.take_bool("writable", false)?;
+    let allow_inactive = o.take_bool("allow-inactive", false)?;
     let iothread = o.take("iothread");
     let transport = (driver.read)(o, &node)?;
     Ok(Export {
         id,
         node,
         writable,
+        allow_inactive,
         iothread,
         transport,
         shown: o.shown().to_string(),

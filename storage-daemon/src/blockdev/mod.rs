@@ -28,7 +28,7 @@ pub(crate) mod node;
 pub(crate) mod object;
 pub(crate) mod path;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use aio::{Choice, EngineKind};
 use aio_loop::{PollMaxNs, PollParams};
@@ -60,14 +60,31 @@ pub(crate) struct Graph {
     pub(crate) nbd_server: Option<NbdServerSpec>,
     /// The `tls-creds-x509` objects by id.
     pub(crate) tls_creds: HashMap<String, NbdTlsSpec>,
+    /// The nodes that are inactive (`active=off`, or `blockdev-set-active active=false`).
+    inactive: BTreeSet<String>,
 }
 
 impl Graph {
     /// Adds a `--blockdev` (or `blockdev-add`) node.
     pub(crate) fn blockdev(&mut self, mut o: Opts) -> Result<(), QsdError> {
         let name = o.required("node-name")?;
-        let node = node::node(&mut o, &self.nodes)?;
+        let (node, active) = node::node(&mut o, &self.nodes)?;
         o.finish()?;
+        if let Node::Format {
+            file_name: Some(file),
+            ..
+        } = &node
+        {
+            if active && !self.is_active(file) {
+                return Err(QsdError::Invalid {
+                    option: "--blockdev".into(),
+                    reason: format!("Inactive '{file}' can't be a file child of active '{name}'"),
+                });
+            }
+        }
+        if !active {
+            self.inactive.insert(name.clone());
+        }
         match self.nodes.insert(name.clone(), node) {
             None => Ok(()),
             Some(_) => Err(QsdError::Invalid {
@@ -98,12 +115,81 @@ impl Graph {
         Ok(object)
     }
 
-    /// Adds an `--export` (or `block-export-add`), its node not yet looked up.
+    /// Adds an `--export` (or `block-export-add`), its node not yet looked up. An export
+    /// without `allow-inactive=on` activates its node, as QEMU's does.
     pub(crate) fn export(&mut self, mut o: Opts) -> Result<(), QsdError> {
         let export = export::export(&mut o)?;
         o.finish()?;
+        if !export.allow_inactive && self.nodes.contains_key(&export.node) {
+            self.set_active(&export.node, true);
+        }
         self.exports.push(export);
         Ok(())
+    }
+
+    /// Whether node `name` is active (an unknown name is: it holds nothing).
+    pub(crate) fn is_active(&self, name: &str) -> bool {
+        !self.inactive.contains(name)
+    }
+
+    /// Marks node `name` active or inactive, with its `file` child as QEMU does: activating
+    /// a node activates its child first; inactivating it inactivates a child no other active
+    /// node stands on. Returns the nodes whose state changed, children first.
+    pub(crate) fn set_active(&mut self, name: &str, active: bool) -> Vec<String> {
+        let mut changed = Vec::new();
+        let child = match self.nodes.get(name) {
+            Some(Node::Format { file_name, .. }) => file_name.clone(),
+            _ => None,
+        };
+        if active {
+            if let Some(child) = &child {
+                changed.extend(self.set_active(child, true));
+            }
+            if self.inactive.remove(name) {
+                changed.push(name.to_string());
+            }
+        } else {
+            if self.inactive.insert(name.to_string()) {
+                changed.push(name.to_string());
+            }
+            if let Some(child) = child {
+                let used = self.nodes.iter().any(|(n, node)| {
+                    n != name
+                        && self.is_active(n)
+                        && matches!(node, Node::Format { file_name: Some(f), .. } if *f == child)
+                });
+                if !used {
+                    changed.extend(self.set_active(&child, false));
+                }
+            }
+        }
+        changed
+    }
+
+    /// The nodes no format node stands on (QEMU's roots: what `blockdev-set-active` without
+    /// `node-name` goes through, each with its children).
+    pub(crate) fn roots(&self) -> Vec<String> {
+        let children: BTreeSet<&String> = self
+            .nodes
+            .values()
+            .filter_map(|n| match n {
+                Node::Format { file_name, .. } => file_name.as_ref(),
+                _ => None,
+            })
+            .collect();
+        let mut roots: Vec<String> = self
+            .nodes
+            .keys()
+            .filter(|n| !children.contains(n))
+            .cloned()
+            .collect();
+        roots.sort();
+        roots
+    }
+
+    /// Whether export `e` serves its node inactive: the node is (and the export allows it).
+    fn serves_inactive(&self, e: &Export) -> bool {
+        e.allow_inactive && !self.is_active(&e.node)
     }
 
     /// Adds a `--nbd-server` (one only).
@@ -249,6 +335,7 @@ impl Graph {
         // own VM disk does (write not shared), so a second writer is refused.
         disk.locking = node.locking();
         disk.id = Some(e.id.clone());
+        disk.inactive = self.serves_inactive(e);
         Ok((disk, aio))
     }
 
@@ -281,6 +368,7 @@ impl Graph {
         spec.locking = node.locking();
         spec.allocation_depth = *allocation_depth;
         spec.id = Some(e.id.clone());
+        spec.inactive = self.serves_inactive(e);
         spec.iothread = e
             .iothread
             .as_ref()

@@ -35,6 +35,8 @@ pub(crate) enum Node {
     Format {
         format: ImageFormat,
         file: Box<Node>,
+        /// The name of the node `file=` names (none for an inline `file.*` child).
+        file_name: Option<String>,
         read_only: bool,
     },
     /// `null-co` or `null-aio`.
@@ -88,14 +90,19 @@ pub(crate) const NODE_DRIVERS: &[NodeDriver] = &[
     },
 ];
 
-/// Reads one node's options (its `driver` and what that driver takes); an inline child
-/// (`file.*`) is read the same way, and `file=NODE` names a node given before, as QEMU
-/// requires.
-pub(crate) fn node(o: &mut Opts, nodes: &HashMap<String, Node>) -> Result<Node, QsdError> {
+/// Reads one node's options (its `driver`, `read-only`, `active` and what that driver takes);
+/// an inline child (`file.*`) is read the same way, and `file=NODE` names a node given
+/// before, as QEMU requires. Returns the node and whether it is active (QEMU's `active`,
+/// default on: off opens it inactive, for an incoming migration).
+pub(crate) fn node(
+    o: &mut Opts,
+    nodes: &HashMap<String, Node>,
+) -> Result<(Node, bool), QsdError> {
     let driver = o.required("driver")?;
     let read_only = o.take_bool("read-only", false)?;
+    let active = o.take_bool("active", true)?;
     match NODE_DRIVERS.iter().find(|d| d.name == driver) {
-        Some(d) => (d.read)(o, driver, read_only, nodes),
+        Some(d) => Ok(((d.read)(o, driver, read_only, nodes)?, active)),
         None => Err(o.not_served(format!("the driver '{driver}'"))),
     }
 }
@@ -112,17 +119,19 @@ fn format_node(
     } else {
         ImageFormat::Qcow2
     };
-    let file = match (o.take("file"), o.take_child("file")) {
+    let (file, file_name) = match (o.take("file"), o.take_child("file")) {
         (Some(_), Some(_)) => return Err(o.invalid("both file= and file.* are given")),
         (None, None) => return Err(o.invalid("'file' is missing")),
-        (Some(name), None) => nodes
-            .get(&name)
-            .cloned()
-            .ok_or_else(|| o.invalid(format!("file={name} names no --blockdev given before it")))?,
+        (Some(name), None) => {
+            let node = nodes.get(&name).cloned().ok_or_else(|| {
+                o.invalid(format!("file={name} names no --blockdev given before it"))
+            })?;
+            (node, Some(name))
+        }
         (None, Some(mut child)) => {
-            let child_node = node(&mut child, nodes)?;
+            let (child_node, _active) = node(&mut child, nodes)?;
             child.finish()?;
-            child_node
+            (child_node, None)
         }
     };
     if !matches!(file, Node::Protocol { .. }) {
@@ -131,6 +140,7 @@ fn format_node(
     Ok(Node::Format {
         format,
         file: Box::new(file),
+        file_name,
         read_only,
     })
 }
@@ -312,6 +322,7 @@ impl Node {
                 format,
                 file,
                 read_only,
+                ..
             } => {
                 let (path, _, _, file_ro, aio) = file.image();
                 (path, *format, None, *read_only || file_ro, aio)

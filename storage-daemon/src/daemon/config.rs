@@ -95,6 +95,10 @@ pub struct DiskSpec {
     /// `id=NAME`: the export's id as QEMU names exports (`--export id=`, `block-export-add
     /// id=`); its end is announced with `BLOCK_EXPORT_DELETED` (none: not announced).
     pub id: Option<String>,
+    /// The image opened inactive (QEMU's `active=off` node under an `allow-inactive=on`
+    /// export): no lock held, reads served, everything else refused until activated
+    /// (`blockdev-set-active`), for a migration's handover.
+    pub inactive: bool,
 }
 
 impl DiskSpec {
@@ -114,6 +118,7 @@ impl DiskSpec {
             locking: LockMode::Auto,
             share_rw: false,
             id: None,
+            inactive: false,
         }
     }
 

@@ -164,7 +164,7 @@ impl NbdService {
                     .locking(spec.locking);
                 let opened = match spec.size {
                     Some(size) if spec.is_null() => Image::null(size, options),
-                    _ => super::rbd::open_image(&spec.image, options),
+                    _ => super::rbd::open_image(&spec.image, options, spec.inactive),
                 }
                 .map_err(|e| refuse(format!("{}: {e}", spec.image.display())))?;
                 (Arc::new(opened), false)

@@ -68,6 +68,8 @@ pub struct NbdExportSpec {
     /// `id=NAME`: the export's id as QEMU names exports; its end is announced with
     /// `BLOCK_EXPORT_DELETED` (none: not announced).
     pub id: Option<String>,
+    /// The image opened inactive, as [`DiskSpec::inactive`](crate::daemon::DiskSpec::inactive).
+    pub inactive: bool,
 }
 
 impl NbdServerSpec {
@@ -107,6 +109,7 @@ impl NbdExportSpec {
             iothread: None,
             allocation_depth: false,
             id: None,
+            inactive: false,
         }
     }
 

@@ -31,9 +31,12 @@ pub(super) fn open_disk(d: &DiskSpec) -> Result<BlockDevice, DaemonError> {
     let options = disk_options(d);
     let device = match d.size {
         Some(size) if d.is_null() => BlockDevice::null(size, options),
-        _ if rbd::is_rbd(&d.image) => rbd::open_image(&d.image, options.image_options())
-            .map_err(DeviceError::Image)
-            .and_then(|image| BlockDevice::on_image(Arc::new(image), options)),
+        // A migration's destination (QEMU's `active=off`): no lock until activated.
+        _ if d.inactive || rbd::is_rbd(&d.image) => {
+            rbd::open_image(&d.image, options.image_options(), d.inactive)
+                .map_err(DeviceError::Image)
+                .and_then(|image| BlockDevice::on_image(Arc::new(image), options))
+        }
         _ => handoff::open_image(d, options).inspect(|device| {
             rbd::warn_of_bitmaps(&d.image, device.image());
         }),

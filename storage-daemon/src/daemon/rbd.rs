@@ -52,10 +52,23 @@ fn records_dir() -> Option<std::path::PathBuf> {
     Some(PathBuf::from(runtime).join("aio-storage-daemon/rbd-locks"))
 }
 
-/// Opens the image `path` names: an RBD image for `rbd:...`, a file or block device else.
-pub(crate) fn open_image(path: &Path, options: ImageOptions) -> Result<Image, OpenError> {
+/// Opens the image `path` names: an RBD image for `rbd:...`, a file or block device else;
+/// `inactive`: without its locks, until activated ([`Image::open_inactive`]).
+pub(crate) fn open_image(
+    path: &Path,
+    options: ImageOptions,
+    inactive: bool,
+) -> Result<Image, OpenError> {
     let image = if is_rbd(path) {
+        if inactive {
+            return Err(OpenError::FormatNotServed {
+                path: path.to_path_buf(),
+                reason: "an RBD image opened inactive (active=off)",
+            });
+        }
         open_rbd(path, options)?
+    } else if inactive {
+        Image::open_inactive(path, options)?
     } else {
         Image::open(path, options)?
     };

@@ -111,7 +111,11 @@ impl State {
         Value::Array(
             names
                 .into_iter()
-                .map(|name| node_info(name, &self.graph.nodes[name]))
+                .map(|name| {
+                    let mut info = node_info(name, &self.graph.nodes[name]);
+                    info["active"] = json!(self.graph.is_active(name));
+                    info
+                })
                 .collect(),
         )
     }
@@ -256,6 +260,7 @@ fn check_locks(node: &Node) -> Result<(), QmpError> {
         format: ImageFormat::Qcow2,
         file,
         read_only,
+        ..
     } = node
     else {
         return Ok(());
@@ -293,6 +298,7 @@ fn node_info(name: &str, node: &Node) -> Value {
             format,
             file,
             read_only,
+            ..
         } => {
             let filename = match &**file {
                 Node::Protocol { filename, .. } => filename.clone(),

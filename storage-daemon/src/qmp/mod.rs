@@ -27,6 +27,7 @@
 //! wire format is `wire`'s, the commands `commands`' (resizing `resize`'s, iothread objects
 //! `iothreads`', statistics `stats`').
 
+mod active;
 mod commands;
 mod iothreads;
 mod nbd;

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::commands::{self, Command, Ctx, State};
 use super::wire::{Args, QmpError, Request};
-use super::{iothreads, nbd, resize, stats};
+use super::{active, iothreads, nbd, resize, stats};
 
 /// The commands about commands.
 const SESSION: &[Command] = &[
@@ -38,6 +38,7 @@ const LISTS: &[&[Command]] = &[
     iothreads::COMMANDS,
     stats::COMMANDS,
     resize::COMMANDS,
+    active::COMMANDS,
     nbd::COMMANDS,
 ];
 

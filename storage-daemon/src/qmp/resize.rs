@@ -73,7 +73,7 @@ impl State {
                     format,
                     ..DiskOptions::default()
                 };
-                let image = crate::daemon::rbd::open_image(&path, options.image_options())?;
+                let image = crate::daemon::rbd::open_image(&path, options.image_options(), false)?;
                 image.resize(size)?;
             }
             Target::Null => {

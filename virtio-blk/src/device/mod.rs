@@ -86,6 +86,9 @@ impl DiskOptions {
 pub struct BlockDevice {
     image: Arc<Image>,
     options: DiskOptions,
+    /// Opened for an upgrade ([`open_inactive`](Self::open_inactive)): its transport
+    /// activates it when the first frontend connects.
+    activates_on_connect: bool,
 }
 
 /// Refuses options no disk can be served with.
@@ -106,7 +109,11 @@ impl BlockDevice {
     pub fn on_image(image: Arc<Image>, mut options: DiskOptions) -> Result<Self, DeviceError> {
         check_options(&options)?;
         options.read_only |= image.is_read_only();
-        Ok(BlockDevice { image, options })
+        Ok(BlockDevice {
+            image,
+            options,
+            activates_on_connect: false,
+        })
     }
 
     /// Opens `image` (a file or a block device) with `O_DIRECT`, read-only when the options
@@ -130,7 +137,17 @@ impl BlockDevice {
     pub fn open_inactive(image: &Path, options: DiskOptions) -> Result<Self, DeviceError> {
         check_options(&options)?;
         let opened = Image::open_inactive(image, options.image_options())?;
-        Self::on_image(Arc::new(opened), options)
+        let mut device = Self::on_image(Arc::new(opened), options)?;
+        device.activates_on_connect = true;
+        Ok(device)
+    }
+
+    /// Whether the disk was opened for an upgrade ([`open_inactive`](Self::open_inactive)),
+    /// to be activated by its transport when the first frontend connects. A disk over an
+    /// image opened inactive otherwise ([`on_image`](Self::on_image), a migration's
+    /// destination) stays inactive until its owner activates the image.
+    pub fn activates_on_connect(&self) -> bool {
+        self.activates_on_connect
     }
 
     /// A disk of `size` bytes with nothing behind it ([`Image::null`]): reads return zeros,
