@@ -94,10 +94,7 @@ pub(crate) const NODE_DRIVERS: &[NodeDriver] = &[
 /// an inline child (`file.*`) is read the same way, and `file=NODE` names a node given
 /// before, as QEMU requires. Returns the node and whether it is active (QEMU's `active`,
 /// default on: off opens it inactive, for an incoming migration).
-pub(crate) fn node(
-    o: &mut Opts,
-    nodes: &HashMap<String, Node>,
-) -> Result<(Node, bool), QsdError> {
+pub(crate) fn node(o: &mut Opts, nodes: &HashMap<String, Node>) -> Result<(Node, bool), QsdError> {
     let driver = o.required("driver")?;
     let read_only = o.take_bool("read-only", false)?;
     let active = o.take_bool("active", true)?;

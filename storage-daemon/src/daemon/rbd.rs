@@ -60,13 +60,7 @@ pub(crate) fn open_image(
     inactive: bool,
 ) -> Result<Image, OpenError> {
     let image = if is_rbd(path) {
-        if inactive {
-            return Err(OpenError::FormatNotServed {
-                path: path.to_path_buf(),
-                reason: "an RBD image opened inactive (active=off)",
-            });
-        }
-        open_rbd(path, options)?
+        open_rbd(path, options, inactive)?
     } else if inactive {
         Image::open_inactive(path, options)?
     } else {
@@ -92,7 +86,7 @@ pub(crate) fn warn_of_bitmaps(path: &Path, image: &Image) {
 }
 
 #[cfg(feature = "rbd")]
-fn open_rbd(path: &Path, options: ImageOptions) -> Result<Image, OpenError> {
+fn open_rbd(path: &Path, options: ImageOptions, inactive: bool) -> Result<Image, OpenError> {
     let text = path.to_str().unwrap_or_default();
     let target: aio_rbd::RbdTarget = text.parse()?;
     let records = records_dir().and_then(|dir| match aio_rbd::LockRecords::new(&dir) {
@@ -106,7 +100,11 @@ fn open_rbd(path: &Path, options: ImageOptions) -> Result<Image, OpenError> {
             None
         }
     });
-    let image = Image::open_rbd(&target, options, records.as_ref())?;
+    // Inactive (a migration's destination): the exclusive lock is taken on activation.
+    let image = match inactive {
+        true => Image::open_rbd_inactive(&target, options, records.as_ref())?,
+        false => Image::open_rbd(&target, options, records.as_ref())?,
+    };
     match image.rbd_lock() {
         Some(aio_rbd::LockTaken::BrokeStale { holder }) => eprintln!(
             "aio-storage-daemon: {}: took over the exclusive lock this daemon's killed \
@@ -124,7 +122,7 @@ fn open_rbd(path: &Path, options: ImageOptions) -> Result<Image, OpenError> {
 }
 
 #[cfg(not(feature = "rbd"))]
-fn open_rbd(path: &Path, _options: ImageOptions) -> Result<Image, OpenError> {
+fn open_rbd(path: &Path, _options: ImageOptions, _inactive: bool) -> Result<Image, OpenError> {
     Err(OpenError::FormatNotServed {
         path: path.to_path_buf(),
         reason: "this build serves no RBD image (feature `rbd` of aio-storage-daemon)",

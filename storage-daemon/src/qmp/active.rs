@@ -9,14 +9,34 @@
 //! are active is the graph's; what an image does when it changes is `aio_block`'s.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use aio_block::image::ActivationError;
 use aio_block::Image;
 
 use super::commands::{Command, Ctx, State};
 use super::wire::{Args, QmpError};
 use crate::blockdev::export::Transport;
+
+/// How long a transition waits for the requests in flight on its image (QEMU drains the node
+/// first, as long as that takes; a client that never stops writing is refused instead).
+const DRAIN_WAIT: Duration = Duration::from_secs(10);
+
+/// `transition`, tried again every millisecond while requests are still in flight on the
+/// image ([`ActivationError::InFlight`]: nothing changed), for at most [`DRAIN_WAIT`].
+fn drained(transition: impl Fn() -> Result<(), ActivationError>) -> Result<(), ActivationError> {
+    let deadline = Instant::now() + DRAIN_WAIT;
+    loop {
+        match transition() {
+            Err(ActivationError::InFlight { .. }) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            done => return done,
+        }
+    }
+}
 
 /// The command this module serves.
 pub(crate) const COMMANDS: &[Command] = &[Command {
@@ -82,9 +102,9 @@ impl State {
         }
         for (k, image) in images.iter().enumerate() {
             let done = if active {
-                image.activate().map_err(|e| failed(&e.qemu_desc()))
+                drained(|| image.activate()).map_err(|e| failed(&e.qemu_desc()))
             } else {
-                image.inactivate().map_err(|e| failed(&e))
+                drained(|| image.inactivate()).map_err(|e| failed(&e))
             };
             if let Err(e) = done {
                 // All or nothing: the images changed so far go back, the graph stays.
