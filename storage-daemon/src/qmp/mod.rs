@@ -1,5 +1,5 @@
-//! QMP, QEMU's machine protocol, on the daemon's monitor sockets (`--chardev
-//! socket,...,server=on,wait=off --monitor chardev=...`), so that QEMU's own client (the
+//! QMP, QEMU's machine protocol, on the daemon's monitors (`--chardev
+//! socket,...,server=on,wait=off`, a client socket or `stdio`, with `--monitor chardev=...`), so that QEMU's own client (the
 //! `qemu.qmp` Python library, `qmp-shell`) and tools written for qemu-storage-daemon drive
 //! this daemon.
 //!
@@ -9,7 +9,8 @@
 //!   negotiation.
 //! - Commands (QEMU's names for commands, arguments and results): `query-version`,
 //!   `query-commands`, `query-iothreads`, `qom-get` / `qom-set` of an iothread's polling
-//!   parameters (applied at once), `query-named-block-nodes`, `query-block-exports`,
+//!   parameters (applied at once), `query-named-block-nodes` (each node's `active`),
+//!   `query-block-exports`, `blockdev-set-active` (a migration's handover, `active`'s),
 //!   `blockdev-add`, `blockdev-del`, `block-export-add` (served at once, beside the others),
 //!   `block-export-del` (refused while a client is connected unless `mode=hard`, which
 //!   disconnects it once its requests completed), `query-blockstats`,
