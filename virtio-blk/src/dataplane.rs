@@ -1,7 +1,7 @@
 //! What an iothread serving virtio-blk queues holds: its engine and its queues.
 //!
 //! This module owns the per-iothread state and the operations the transport sends to it
-//! (start, stop, new memory, new call fd), each run on the iothread itself; it never speaks
+//! (start, stop, new memory, new call fd, new dirty logging), each run on the iothread itself; it never speaks
 //! the transport's protocol.
 
 use std::cell::RefCell;
@@ -13,6 +13,7 @@ use aio_core::EventLoop;
 use aio_loop::AioContext;
 use aio_loop::AttachedEngine;
 
+use crate::dirty::DirtyTracking;
 pub use crate::queue::QueueSetup;
 use crate::queue::{GuestMemory, QueueError, QueueStats, VirtioBlkQueue};
 
@@ -67,6 +68,14 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> DataPlane<L, E> {
     pub fn set_call(&self, key: QueueKey, call: Option<File>) {
         if let Some(q) = self.queues.borrow().get(&key) {
             q.set_call(call);
+        }
+    }
+
+    /// Gives a running queue new dirty logging (none: it reports nothing from now on); when
+    /// this returns, nothing reports to the queue's previous log.
+    pub fn set_dirty_tracking(&self, key: QueueKey, dirty: Option<DirtyTracking>) {
+        if let Some(q) = self.queues.borrow().get(&key) {
+            q.set_dirty_tracking(dirty);
         }
     }
 

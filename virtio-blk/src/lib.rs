@@ -27,6 +27,9 @@
 //! * [`inflight::InflightLog`]: the contract of an in-flight log (each head marked before its
 //!   request is submitted, cleared once its used element is published) and the heads a queue
 //!   resubmits at its start, for a transport whose backend restarts under a running guest.
+//! * [`dirty::DirtyLogger`]: the guest memory the device wrote (data, status bytes, the used
+//!   ring), reported by guest-physical address for a transport that tracks dirty pages while
+//!   a running guest migrates (vhost-user's `VHOST_F_LOG_ALL`).
 //! * [`dataplane::DataPlane`]: what one iothread holds (its engine, its queues), and
 //!   [`dataplane::iothread_of`], the rule that spreads queues over iothreads.
 //! * `driver::SplitRingDriver` (feature `test-utils`, off by default): the guest's side of a
@@ -57,6 +60,7 @@
 pub mod chain;
 pub mod dataplane;
 pub mod device;
+pub mod dirty;
 #[cfg(feature = "test-utils")]
 pub mod driver;
 /// The image format probe: moved to [`aio_block::format`], re-exported here.

@@ -31,6 +31,9 @@
 //!   before its request is submitted and clears it after its used element is published, and
 //!   it starts by resubmitting the heads an earlier device left in flight (vhost-user's
 //!   in-flight I/O tracking, for a backend that restarts under a running guest).
+//! * **What the device writes can be logged.** With a [`DirtyTracking`] a queue reports
+//!   every guest page it writes (a read's data, status bytes, the used ring), before the
+//!   used index publishes it ([`crate::dirty`]: vhost-user's dirty log, for live migration).
 //! * **A bad chain is the driver's error, not ours.** It is answered `IOERR` (or `UNSUPP`) and
 //!   the queue goes on; a ring the device cannot read or write at all marks the queue broken
 //!   (QEMU's `virtio_error()`): it takes no more requests until it is set up again.
@@ -53,6 +56,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 use crate::chain::{parse_chain, parse_head, BlkRequest, RefusedChain};
 use crate::device::BlockDevice;
+use crate::dirty::{DirtyTracking, Reports};
 use crate::inflight::{Inflight, InflightLog};
 use crate::request::{record_done, record_invalid, RingTag, Store};
 use aio_block::request::Reply;
@@ -97,6 +101,8 @@ pub struct QueueSetup {
     pub call: Option<File>,
     /// The in-flight log and the heads to resubmit, if the transport keeps one.
     pub inflight: Option<Inflight>,
+    /// Where the guest memory the device writes is reported, if anywhere.
+    pub dirty: Option<DirtyTracking>,
 }
 
 impl QueueSetup {
@@ -115,12 +121,19 @@ impl QueueSetup {
             kick,
             call,
             inflight: None,
+            dirty: None,
         }
     }
 
     /// Records the queue's requests in `inflight.log` and resubmits `inflight.resubmit` first.
     pub fn with_inflight(mut self, inflight: Inflight) -> Self {
         self.inflight = Some(inflight);
+        self
+    }
+
+    /// Reports the guest memory the device writes to `dirty` ([`crate::dirty`]).
+    pub fn with_dirty_tracking(mut self, dirty: DirtyTracking) -> Self {
+        self.dirty = Some(dirty);
         self
     }
 }
@@ -158,6 +171,8 @@ struct Inner<L: EventLoop + 'static, E: IoEngine + 'static> {
     in_flight: Cell<usize>,
     /// Where taken heads are recorded, if anywhere.
     log: RefCell<Option<Box<dyn InflightLog>>>,
+    /// Where the guest memory written is reported, if anywhere.
+    dirty: Reports,
     /// Polling mode: the driver was told not to kick.
     polling: Cell<bool>,
     broken: Cell<bool>,
@@ -197,6 +212,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> VirtioBlkQueue<L, E> {
             kick,
             call,
             inflight,
+            dirty,
         } = setup;
         if !queue.is_valid(&*mem) {
             return Err(QueueError::InvalidRings);
@@ -217,6 +233,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> VirtioBlkQueue<L, E> {
             interrupt: RefCell::new(None),
             in_flight: Cell::new(0),
             log: RefCell::new(log),
+            dirty: Reports::new(dirty),
             polling: Cell::new(false),
             broken: Cell::new(false),
             stats: Cell::new(QueueStats::default()),
@@ -265,6 +282,12 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> VirtioBlkQueue<L, E> {
         *self.inner.call.borrow_mut() = call;
     }
 
+    /// Replaces where the guest memory the device writes is reported (none: nowhere); the
+    /// requests in flight report their later writes to the new one.
+    pub fn set_dirty_tracking(&self, dirty: Option<DirtyTracking>) {
+        self.inner.dirty.set(dirty);
+    }
+
     /// Requests taken and not yet completed.
     pub fn in_flight(&self) -> usize {
         self.inner.in_flight.get()
@@ -290,6 +313,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Reply for Inner<L, E> {
             Err(_) => crate::spec::S_IOERR,
         };
         record_done(&self.recorder, &request, status);
+        self.dirty.request_done(&request);
         let len = if status == crate::spec::S_OK {
             request.written_len()
         } else {
@@ -368,6 +392,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
         } else {
             queue.enable_notification(&*mem).map(drop)
         };
+        self.dirty.notification(&queue);
     }
 
     /// Takes every request the avail ring holds (QEMU's `virtio_blk_handle_vq`): with kicks
@@ -396,6 +421,8 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
             }
         }
         self.store.finish_batch(ctx);
+        // Draining turned notifications off and on.
+        self.dirty.notification(&self.queue.borrow());
         // The batch taken ends: completions that come later read the clock again.
         self.recorder.batch_end();
     }
@@ -508,6 +535,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
         if written.is_err() {
             return self.complete_without_status(mem, head);
         }
+        self.dirty.status(status_at.0);
         self.add_used(mem, head, len);
     }
 
@@ -522,11 +550,13 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Inner<L, E> {
             log.completing(head);
         }
         let mut queue = self.queue.borrow_mut();
+        let slot = queue.next_used();
         if queue.add_used(&**mem, head, len).is_err() {
             drop(queue);
             self.mark_broken();
             return;
         }
+        self.dirty.used(&queue, slot);
         if let Some(log) = log.as_mut() {
             log.completed(head, queue.next_used());
         }
