@@ -128,6 +128,28 @@ fn align(x: u64, to: u64) -> u64 {
     x.div_ceil(to) * to
 }
 
+/// Where a ring of `size` with `slots` slots laid out from `base` (the descriptor table) has
+/// its avail ring, used ring, slots' headers and first data buffer, and the bytes from one
+/// data buffer to the next.
+fn layout(
+    base: u64,
+    size: u16,
+    slots: u16,
+    data_bytes: u32,
+    data_offset: u32,
+) -> (u64, u64, u64, u64, u64) {
+    let n = u64::from(size);
+    let avail = base + DESC_BYTES * n;
+    let used = align(avail + 6 + 2 * n, 4);
+    let meta = align(used + 6 + 8 * n, PAGE);
+    let data = align(meta + SLOT_META_BYTES * u64::from(slots), PAGE);
+    let stride = align(
+        u64::from(data_bytes).max(1) + u64::from(data_offset % PAGE as u32),
+        PAGE,
+    );
+    (avail, used, meta, data, stride)
+}
+
 impl SplitRingDriver {
     /// A queue of `size` descriptors with `slots` request slots (at most `size / 3`), each
     /// with a `data_bytes` buffer aligned to 4 KiB, in fresh guest memory; and the device's
@@ -145,6 +167,28 @@ impl SplitRingDriver {
         data_bytes: u32,
         data_offset: u32,
     ) -> Result<(Self, DeviceSide), DriverError> {
+        let total = Self::memory_bytes(size, slots, data_bytes, data_offset)?;
+        let memory = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), total as usize)])
+            .map_err(|e| DriverError::Setup(io::Error::other(e)))?;
+        let memory = Arc::new(memory);
+        Self::in_memory(
+            memory,
+            GuestAddress(0),
+            size,
+            slots,
+            data_bytes,
+            data_offset,
+        )
+    }
+
+    /// The bytes of guest memory a driver of [`with_data_offset`](Self::with_data_offset)'s
+    /// geometry lays its rings and slots out in (what [`in_memory`](Self::in_memory) needs).
+    pub fn memory_bytes(
+        size: u16,
+        slots: u16,
+        data_bytes: u32,
+        data_offset: u32,
+    ) -> Result<u64, DriverError> {
         if !size.is_power_of_two()
             || !(4..=32768).contains(&size)
             || slots == 0
@@ -152,18 +196,33 @@ impl SplitRingDriver {
         {
             return Err(DriverError::BadSize { size, slots });
         }
-        let n = u64::from(size);
-        let desc = 0;
-        let avail = desc + DESC_BYTES * n;
-        let used = align(avail + 6 + 2 * n, 4);
-        let meta = align(used + 6 + 8 * n, PAGE);
-        let data = align(meta + SLOT_META_BYTES * u64::from(slots), PAGE);
+        let (_, _, _, data, stride) = layout(0, size, slots, data_bytes, data_offset);
+        Ok(data + stride * u64::from(slots))
+    }
+
+    /// As [`with_data_offset`](Self::with_data_offset), in the caller's `memory` (one shared
+    /// with a vhost-user backend, say) from guest address `base`, aligned to 4 KiB:
+    /// [`memory_bytes`](Self::memory_bytes) bytes from there hold the rings and the slots.
+    pub fn in_memory(
+        memory: GuestMemory,
+        base: GuestAddress,
+        size: u16,
+        slots: u16,
+        data_bytes: u32,
+        data_offset: u32,
+    ) -> Result<(Self, DeviceSide), DriverError> {
+        let total = Self::memory_bytes(size, slots, data_bytes, data_offset)?;
+        if base.0 % PAGE != 0 || !memory.check_range(base, total as usize) {
+            return Err(DriverError::Setup(io::Error::other(
+                "the rings and slots do not fit in the memory given",
+            )));
+        }
         let data_offset = data_offset % PAGE as u32;
-        let stride = align(u64::from(data_bytes).max(1) + u64::from(data_offset), PAGE);
-        let total = data + stride * u64::from(slots);
-        let memory = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), total as usize)])
-            .map_err(|e| DriverError::Setup(io::Error::other(e)))?;
-        let memory = Arc::new(memory);
+        let desc = base.0;
+        let (avail, used, meta, data, stride) = layout(desc, size, slots, data_bytes, data_offset);
+        // Both rings start empty (`flags` and `idx` 0), whatever the memory held.
+        memory.write_obj(0u32, GuestAddress(avail))?;
+        memory.write_obj(0u32, GuestAddress(used))?;
         let (kick, call) = (
             eventfd().map_err(DriverError::Setup)?,
             eventfd().map_err(DriverError::Setup)?,
@@ -222,6 +281,16 @@ impl SplitRingDriver {
     /// Where slot `slot`'s data buffer starts in guest memory.
     pub fn data_addr(&self, slot: u16) -> GuestAddress {
         GuestAddress(self.data.0 + u64::from(slot) * self.stride + u64::from(self.data_offset))
+    }
+
+    /// Where the descriptor table, the avail ring and the used ring are in guest memory.
+    pub fn ring_addrs(&self) -> (GuestAddress, GuestAddress, GuestAddress) {
+        (self.desc, self.avail, self.used)
+    }
+
+    /// Where slot `slot`'s status byte is in guest memory.
+    pub fn status_addr(&self, slot: u16) -> GuestAddress {
+        GuestAddress(self.meta.0 + SLOT_META_BYTES * u64::from(slot) + 16)
     }
 
     /// Copies `bytes` into slot `slot`'s data buffer (a write's data).
