@@ -15,6 +15,9 @@
 //! * [`memory::MemoryTable`]: the frontend's memory regions, mapped.
 //! * [`inflight`]: vhost-user's in-flight I/O tracking: the shared region that tells a daemon
 //!   restarted under a running guest which requests to run again, validated before use.
+//! * [`log::DirtyLog`]: vhost-user's dirty log, the bitmap of guest pages the device wrote
+//!   that a live migration copies again (`VHOST_USER_PROTOCOL_F_LOG_SHMFD`,
+//!   `VHOST_F_LOG_ALL`).
 //! * `testing` (feature `testing`): a libblkio client of a daemon's socket, for tests and
 //!   benches.
 //!
@@ -23,6 +26,7 @@
 #![warn(missing_docs)]
 
 pub mod inflight;
+pub mod log;
 pub mod memory;
 pub mod server;
 #[cfg(feature = "testing")]
