@@ -2,7 +2,8 @@
 //! them: what each sets in a connection's [`BlkBackend`], and the replies.
 //!
 //! This module owns the protocol's answers (features offered, the config space, the in-flight
-//! region handed over, the memory table's changes); when a vring runs is `super`'s.
+//! region and the dirty log handed over, the memory table's changes); when a vring runs is
+//! `super`'s.
 
 use std::fs::File;
 use std::sync::Arc;
@@ -22,6 +23,7 @@ use vhost::VhostUserMemoryRegionBase;
 
 use super::{handler_error, BlkBackend, Vring};
 use crate::inflight::InflightRegion;
+use crate::log::DirtyLog;
 use crate::memory::{MemoryTable, MAX_REGIONS};
 use aio_virtio_blk::device::MAX_QUEUE_SIZE;
 
@@ -44,20 +46,30 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> VhostUserBackendReqHandlerMu
     fn reset_device(&mut self) -> VuResult<()> {
         self.disconnect();
         self.vrings.iter_mut().for_each(|v| *v = Vring::default());
-        // The frontend asks for a new region after a reset.
+        // The frontend asks for a new region after a reset, and sends a new log.
         self.inflight = None;
+        self.log = None;
         Ok(())
     }
 
     fn get_features(&mut self) -> VuResult<u64> {
-        Ok(self.device.features() | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits())
+        let vhost_user =
+            VhostUserVirtioFeatures::PROTOCOL_FEATURES | VhostUserVirtioFeatures::LOG_ALL;
+        Ok(self.device.features() | vhost_user.bits())
     }
 
     fn set_features(&mut self, features: u64) -> VuResult<()> {
         if features & !self.get_features()? != 0 {
             return Err(VuError::InvalidParam);
         }
+        let log_all = VhostUserVirtioFeatures::LOG_ALL.bits();
+        let toggled = (self.acked_features ^ features) & log_all != 0;
         self.acked_features = features;
+        // QEMU turns logging on at a migration's start, on running queues, and waits for the
+        // answer before it relies on the log.
+        if toggled {
+            self.logging_changed(None)?;
+        }
         Ok(())
     }
 
@@ -98,11 +110,11 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> VhostUserBackendReqHandlerMu
     fn set_vring_addr(
         &mut self,
         index: u32,
-        _flags: VhostUserVringAddrFlags,
+        flags: VhostUserVringAddrFlags,
         descriptor: u64,
         used: u64,
         available: u64,
-        _log: u64,
+        log: u64,
     ) -> VuResult<()> {
         let translate = |a| {
             self.memory
@@ -114,7 +126,16 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> VhostUserBackendReqHandlerMu
             translate(available)?,
             translate(used)?,
         );
-        self.vring(index)?.addrs = Some(addrs);
+        let log_used = flags
+            .contains(VhostUserVringAddrFlags::VHOST_VRING_F_LOG)
+            .then_some(log);
+        let v = self.vring(index)?;
+        v.addrs = Some(addrs);
+        // At a migration's start the frontend sets a running ring's addresses again, with
+        // the log flag (the addresses are the same).
+        if std::mem::replace(&mut v.log_used, log_used) != log_used {
+            self.logging_changed(Some(index as usize))?;
+        }
         Ok(())
     }
 
@@ -171,7 +192,8 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> VhostUserBackendReqHandlerMu
             | VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::REPLY_ACK
             | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
-            | VhostUserProtocolFeatures::INFLIGHT_SHMFD)
+            | VhostUserProtocolFeatures::INFLIGHT_SHMFD
+            | VhostUserProtocolFeatures::LOG_SHMFD)
     }
 
     fn set_protocol_features(&mut self, features: u64) -> VuResult<()> {
@@ -319,7 +341,18 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> VhostUserBackendReqHandlerMu
         unsupported("SHMEM is not offered")
     }
 
-    fn set_log_base(&mut self, _log: &VhostUserLog, _file: File) -> VuResult<()> {
-        unsupported("LOG_SHMFD is not offered")
+    fn set_log_base(&mut self, log: &VhostUserLog, file: File) -> VuResult<()> {
+        // The `vhost` crate answers once this returns (the frontend waits for the answer under
+        // `LOG_SHMFD`), and has no answer for a failure: a log that cannot be mapped ends the
+        // connection (`InvalidMessage`), rather than leave the frontend waiting or migrating
+        // with pages unlogged.
+        let mapped = DirtyLog::map(&file, log.mmap_offset, log.mmap_size).map_err(|e| {
+            eprintln!("aio-vhost-user-blk: disk {}: {e}", self.disk);
+            VuError::InvalidMessage
+        })?;
+        // The old log goes once no queue reports to it: every running queue is given the new
+        // one before the answer.
+        self.log = Some(Arc::new(mapped));
+        self.logging_changed(None)
     }
 }

@@ -20,6 +20,12 @@
 //!   the heads still in flight, which run again first), not from the frontend's vring base,
 //!   which after a crash is QEMU's rewind to the used index. A region that contradicts the
 //!   ring refuses the vring with an error naming why.
+//! * With `VHOST_USER_PROTOCOL_F_LOG_SHMFD` the frontend shares a dirty log
+//!   ([`crate::log`], `SET_LOG_BASE`); while `VHOST_F_LOG_ALL` is negotiated every running
+//!   queue reports the guest memory it writes there, and its used ring's writes too when its
+//!   `SET_VRING_ADDR` had `VHOST_VRING_F_LOG` (at the ring's `log_guest_addr`). Each of
+//!   those messages reaches the running queues before it is answered: once the frontend has
+//!   the answer, nothing is marked in a log it replaced, and with logging off nothing at all.
 
 use std::fs::File;
 use std::sync::Arc;
@@ -35,9 +41,11 @@ use vhost::vhost_user::{Error as VuError, Result as VuResult};
 use virtio_queue::{Queue, QueueT};
 
 use crate::inflight::{InflightError, InflightRegion, RingState};
+use crate::log::DirtyLog;
 use crate::memory::MemoryTable;
 use aio_virtio_blk::dataplane::{iothread_of, DataPlane, QueueSetup};
 use aio_virtio_blk::device::{BlockDevice, MAX_QUEUE_SIZE};
+use aio_virtio_blk::dirty::DirtyTracking;
 use aio_virtio_blk::inflight::Inflight;
 use aio_virtio_blk::spec::{bit, feature};
 
@@ -69,6 +77,9 @@ struct Vring {
     call: Option<File>,
     enabled: bool,
     running: bool,
+    /// Where the used ring's writes are logged (`log_guest_addr`), if the frontend asked
+    /// (`VHOST_VRING_F_LOG`).
+    log_used: Option<u64>,
 }
 
 /// One disk's device state for one connection, driven by the `vhost` crate's request handler.
@@ -87,6 +98,9 @@ pub struct BlkBackend<L: EventLoop + 'static, E: IoEngine + 'static> {
     /// The backend channel the frontend handed over (`SET_BACKEND_REQ_FD`), if any: where a
     /// resize is announced.
     channel: Option<Backend>,
+    /// The dirty log the frontend handed over (`SET_LOG_BASE`), if any; queues hold it while
+    /// they report to it.
+    log: Option<Arc<DirtyLog>>,
 }
 
 fn handler_error(message: impl Into<String>) -> VuError {
@@ -109,6 +123,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> BlkBackend<L, E> {
             vrings: (0..queues).map(|_| Vring::default()).collect(),
             inflight: None,
             channel: None,
+            log: None,
         }
     }
 
@@ -226,6 +241,9 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> BlkBackend<L, E> {
         if let Some(inflight) = inflight {
             setup = setup.with_inflight(inflight);
         }
+        if let Some(dirty) = self.dirty_tracking(index) {
+            setup = setup.with_dirty_tracking(dirty);
+        }
         let key = (self.disk, index as u16);
         self.iothread(index)
             .call(move |ctx, plane| plane.start(ctx, key, setup).map_err(|e| e.to_string()))
@@ -282,6 +300,29 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> BlkBackend<L, E> {
             resubmit: got.resubmit,
         };
         Ok((got.next_avail, got.next_used, inflight))
+    }
+
+    /// What vring `index` reports its writes to: the log, while `VHOST_F_LOG_ALL` is
+    /// negotiated and there is one.
+    fn dirty_tracking(&self, index: usize) -> Option<DirtyTracking> {
+        let log_all = self.acked_features & VhostUserVirtioFeatures::LOG_ALL.bits() != 0;
+        let log = self.log.as_ref().filter(|_| log_all)?.clone();
+        Some(DirtyTracking::new(log, self.vrings[index].log_used))
+    }
+
+    /// Gives the running vrings (only `which`, if given) their dirty logging as it is now;
+    /// returns once each has it.
+    fn logging_changed(&mut self, which: Option<usize>) -> VuResult<()> {
+        for index in 0..self.vrings.len() {
+            if !self.vrings[index].running || which.is_some_and(|w| w != index) {
+                continue;
+            }
+            let (key, dirty) = ((self.disk, index as u16), self.dirty_tracking(index));
+            self.iothread(index)
+                .call(move |_ctx, plane| plane.set_dirty_tracking(key, dirty))
+                .map_err(|e| handler_error(e.to_string()))?;
+        }
+        Ok(())
     }
 
     /// Hands a new memory table to the running queues.
