@@ -132,10 +132,11 @@ fn tracking(log: &Arc<Recorder>, used_ring: Option<u64>) -> DirtyTracking {
     DirtyTracking::new(log.clone(), used_ring)
 }
 
-/// A read of 4 KiB and 512 bytes into two buffers, chain at descriptor `at`.
-fn read_chain(at: u16, sector: u64) -> Vec<RawDescriptor> {
+/// A read of 4 KiB and 512 bytes into two buffers, chain at descriptor `at`, its header at
+/// `HDR`.
+fn read_chain(at: u16) -> Vec<RawDescriptor> {
     vec![
-        d(HDR + 32 * u64::from(sector), 16, N, at + 1),
+        d(HDR, 16, N, at + 1),
         d(DATA + 0x800, 4096, W | N, at + 2),
         d(DATA + 0x8000, 512, W | N, at + 3),
         d(STATUS, 1, W, 0),
@@ -151,7 +152,7 @@ fn header(fx: &Fixture, at: u64, kind: u32, sector: u64) {
 fn a_read_reports_its_data_then_its_status_then_its_used_element() {
     let fx = fixture();
     header(&fx, HDR, spec::T_IN, 0);
-    fx.vq.add_desc_chains(&read_chain(0, 0), 0).unwrap();
+    fx.vq.add_desc_chains(&read_chain(0), 0).unwrap();
     let log = Arc::new(Recorder::default());
     let (ctx, q, _kick) = serve(&fx, Some(tracking(&log, Some(used(&fx)))), false);
     until_used(&fx, &ctx, 1);
@@ -227,7 +228,7 @@ fn get_id_reports_the_serial_it_wrote() {
 fn with_event_idx_the_avail_event_is_reported() {
     let fx = fixture();
     header(&fx, HDR, spec::T_IN, 0);
-    fx.vq.add_desc_chains(&read_chain(0, 0), 0).unwrap();
+    fx.vq.add_desc_chains(&read_chain(0), 0).unwrap();
     let log = Arc::new(Recorder::default());
     let (ctx, q, _kick) = serve(&fx, Some(tracking(&log, Some(used(&fx)))), true);
     until_used(&fx, &ctx, 1);
@@ -270,7 +271,7 @@ fn a_request_in_flight_reports_to_the_tracking_of_its_completion() {
     header(&fx, HDR, spec::T_IN, 0);
     let (first, second) = (Arc::new(Recorder::default()), Arc::new(Recorder::default()));
     let (ctx, q, kick) = serve(&fx, Some(tracking(&first, None)), false);
-    fx.vq.add_desc_chains(&read_chain(0, 0), 0).unwrap();
+    fx.vq.add_desc_chains(&read_chain(0), 0).unwrap();
     (&kick).write_all(&1u64.to_ne_bytes()).unwrap();
     // The iteration that reads the kick submits the read; its completion is delivered by a
     // later one.

@@ -204,7 +204,6 @@ impl Vm {
             userspace_addr: user_base,
             mmap_offset: 0,
             mmap_handle: ram.as_raw_fd(),
-            ..Default::default()
         };
         frontend.set_mem_table(&[region]).unwrap();
         let mut vm = Vm {
