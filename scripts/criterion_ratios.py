@@ -65,3 +65,6 @@ for eng in ["pool", "linux-aio", "uring", "uring-shared-ring"]:
           mean_ns("round_trip", f"loop_{eng}"), mean_ns("round_trip", "loop_pread"))
     ratio(f"round_trip on the loop device, polling 32768: {eng} / raw pread",
           mean_ns("round_trip", f"loop_{eng}_poll"), mean_ns("round_trip", "loop_pread"))
+for size in ["4k", "64k"]:
+    ratio(f"dirty log on / off: a batch of 64 {size} reads on a null disk",
+          mean_ns("dirty_log", "on", size), mean_ns("dirty_log", "off", size))
