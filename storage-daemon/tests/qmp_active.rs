@@ -217,3 +217,31 @@ fn an_export_without_allow_inactive_keeps_its_node_active() {
     drop(q);
     assert!(d.stop().unwrap().success());
 }
+
+#[test]
+fn an_export_added_without_allow_inactive_activates_the_node_others_serve_inactive() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("disk.qcow2");
+    aio_test_support::tool::run(
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            image.to_str().unwrap(),
+            "16M",
+        ],
+    );
+    let (d, nbd, mut q) = daemon(dir.path(), "one", &image, true);
+    let (ok, text) = qemu_io(&nbd, "write -P 0x55 0 4k");
+    assert!(!ok && text.contains("Operation not permitted"), "{text}");
+    let added = json!({"type": "nbd", "id": "e2", "node-name": "disk-fmt", "name": "second",
+                       "writable": true});
+    assert_eq!(q.ok("block-export-add", added), json!({}));
+    assert!(active_of(&mut q, "disk-fmt") && active_of(&mut q, "disk-file"));
+    // The image both exports share is active now: the first export writes too.
+    assert!(qemu_io(&nbd, "write -P 0x55 0 4k").0);
+    drop(q);
+    assert!(d.stop().unwrap().success());
+}

@@ -26,7 +26,9 @@ const DRAIN_WAIT: Duration = Duration::from_secs(10);
 
 /// `transition`, tried again every millisecond while requests are still in flight on the
 /// image ([`ActivationError::InFlight`]: nothing changed), for at most [`DRAIN_WAIT`].
-fn drained(transition: impl Fn() -> Result<(), ActivationError>) -> Result<(), ActivationError> {
+pub(super) fn drained(
+    transition: impl Fn() -> Result<(), ActivationError>,
+) -> Result<(), ActivationError> {
     let deadline = Instant::now() + DRAIN_WAIT;
     loop {
         match transition() {
@@ -43,6 +45,17 @@ pub(crate) const COMMANDS: &[Command] = &[Command {
     name: "blockdev-set-active",
     run: |state, ctx, args| state.set_active(ctx, args),
 }];
+
+/// Activates `image` for an export created without `allow-inactive=on` over an image another
+/// export serves inactive, as QEMU's export activates its node.
+pub(super) fn activated_for_export(image: Option<&Arc<Image>>) -> Result<(), QmpError> {
+    match image {
+        Some(image) if !image.is_active() => {
+            drained(|| image.activate()).map_err(|e| QmpError::generic(e.qemu_desc()))
+        }
+        _ => Ok(()),
+    }
+}
 
 impl State {
     /// `blockdev-set-active [node-name] active`.

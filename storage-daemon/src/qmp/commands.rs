@@ -208,6 +208,9 @@ impl State {
             Some(n) if !spec.is_null() => n.image_of(&spec.image),
             _ => None,
         };
+        if !spec.inactive {
+            super::active::activated_for_export(shared.as_ref())?;
+        }
         let number = self.exports.add_sharing(ctx, spec, shared)?;
         if let Some(added) = graph.exports.last_mut() {
             added.disk = Some(number);

@@ -71,6 +71,12 @@ impl State {
         let Some(service) = service else {
             return Err(QmpError::generic("NBD server not running"));
         };
+        if !spec.inactive && !spec.is_null() {
+            let shared = service
+                .image_of(&spec.image)
+                .or_else(|| self.exports.image_of(&spec.image));
+            super::active::activated_for_export(shared.as_ref())?;
+        }
         service.add(spec, &self.exports)?;
         self.graph = graph;
         Ok(json!({}))
