@@ -431,7 +431,7 @@ fn the_replies_match_qemu_storage_daemons_field_by_field() {
             greeting["QMP"]["version"]["qemu"].is_object(),
             "{program}: {greeting}"
         );
-        let nodes = q.ok("query-named-block-nodes", json!({}));
+        let nodes = q.ok("query-named-block-nodes", json!({"flat": true}));
         let exports = q.ok("query-block-exports", json!({}));
         // qemu-storage-daemon has no query-iothreads: the polling through qom-get.
         let threads = Value::Array(
@@ -459,6 +459,13 @@ fn the_replies_match_qemu_storage_daemons_field_by_field() {
         "/file",
         "/encrypted",
         "/image/virtual-size",
+        "/image/dirty-flag",
+        "/active",
+        "/bps",
+        "/iops_wr",
+        "/write_threshold",
+        "/backing_file_depth",
+        "/detect_zeroes",
     ];
     let (a, b) = common_fields(
         &path(&ours.0, &ours.6),

@@ -328,6 +328,16 @@ fn node_info(name: &str, node: &Node) -> Value {
     if let Some(size) = virtual_size(node) {
         image.insert("virtual-size".into(), json!(size));
     }
+    // What libvirt reads for a disk's allocation (`actual-size`: the file's blocks).
+    if let Ok(meta) = std::fs::metadata(&filename) {
+        use std::os::unix::fs::MetadataExt;
+        image.insert("actual-size".into(), json!(meta.blocks() * 512));
+    }
+    image.insert("dirty-flag".into(), json!(false));
+    if let Some(bits) = qcow2_cluster_bits(node) {
+        image.insert("cluster-size".into(), json!(1u64 << bits));
+    }
+    // QEMU's BlockDeviceInfo has these always: no throttling, no write threshold (yet).
     json!({
         "node-name": name,
         "drv": drv,
@@ -338,7 +348,31 @@ fn node_info(name: &str, node: &Node) -> Value {
         "detect_zeroes": "off",
         "cache": {"writeback": true, "direct": true, "no-flush": false},
         "image": Value::Object(image),
+        "bps": 0, "bps_rd": 0, "bps_wr": 0,
+        "iops": 0, "iops_rd": 0, "iops_wr": 0,
+        "write_threshold": 0,
     })
+}
+
+/// A qcow2 node's cluster bits, from its header (bytes 20..24).
+fn qcow2_cluster_bits(node: &Node) -> Option<u32> {
+    use std::io::Read;
+    let Node::Format {
+        format: ImageFormat::Qcow2,
+        file,
+        ..
+    } = node
+    else {
+        return None;
+    };
+    let Node::Protocol { filename, .. } = &**file else {
+        return None;
+    };
+    let mut head = [0u8; 24];
+    std::fs::File::open(filename)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .ok()?;
+    Some(u32::from_be_bytes(head[20..24].try_into().ok()?)).filter(|b| (9..=21).contains(b))
 }
 
 /// The node's disk size: a null node's, a file's or device's length, a qcow2 header's size.
