@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::bh_queue::{BhEntry, DELETE_TICKET};
-use super::handlers::LoopCallback;
+use super::callback::LoopCallback;
 use super::notify::Shared;
 use crate::sync::AtomicU64;
 use crate::AioContext;
@@ -292,7 +292,7 @@ enum Lifetime {
 /// A bottom half's slot on the loop thread: its callback never leaves this thread.
 struct BhSlot<L: EventLoop> {
     state: Arc<BhState>,
-    callback: Rc<LoopCallback<L>>,
+    callback: Rc<LoopCallback<AioContext<L>>>,
     oneshot: bool,
 }
 
@@ -357,7 +357,7 @@ impl<L: EventLoop> AioContext<L> {
         bh.schedule();
     }
 
-    fn bh_create(&self, callback: LoopCallback<L>, lifetime: Lifetime) -> BottomHalf {
+    fn bh_create(&self, callback: LoopCallback<AioContext<L>>, lifetime: Lifetime) -> BottomHalf {
         let state = Arc::new(BhState::default());
         let id = self.bottom_halves.slots.borrow_mut().insert(BhSlot {
             state: state.clone(),

@@ -12,7 +12,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use super::counters::LoopCounters;
-use super::handlers::{FdHandler, PollHook};
+use super::handler_table::HandlerCallbacks;
 use crate::polling::auto::{AutoWait, AutoWindow};
 use crate::polling::{
     wake, PollParams, PollRule, PollWindow, Wait, WindowChange, DEFAULT_POLL_IDLE_NS,
@@ -141,37 +141,6 @@ impl BusyPoll {
             stays
         });
         dropped
-    }
-}
-
-/// Runs a hook unless it is running already (a hook must not reach the context, but a panic
-/// guard is cheaper than a rule).
-fn run_hook(hook: &Option<PollHook>) {
-    if let Some(Ok(mut f)) = hook.as_ref().map(|h| h.try_borrow_mut()) {
-        f();
-    }
-}
-
-impl<L: EventLoop> FdHandler<L> {
-    /// Begins polling mode for this handler (once).
-    fn begin_polling(&self) {
-        if !self.poll_begun.replace(true) {
-            run_hook(&self.io_poll_begin);
-        }
-    }
-
-    /// Ends polling mode for this handler if it began; with `check`, runs `io_poll` once more
-    /// afterwards and says whether it found work.
-    pub(super) fn end_polling(&self, check: bool) -> bool {
-        if !self.poll_begun.replace(false) {
-            return false;
-        }
-        run_hook(&self.io_poll_end);
-        check
-            && self
-                .io_poll
-                .as_ref()
-                .is_some_and(|p| p.try_borrow_mut().is_ok_and(|mut f| f()))
     }
 }
 
@@ -345,7 +314,7 @@ impl<L: EventLoop> AioContext<L> {
     /// so no table is borrowed while they run. Only the poll set is walked: a handler leaves
     /// polling mode as it leaves the set, so one outside it is never in polling mode. Empty,
     /// with no allocation, when no handler has hooks.
-    fn hooked_pollers(&self) -> Vec<(Token, Rc<FdHandler<L>>)> {
+    fn hooked_pollers(&self) -> Vec<(Token, Rc<HandlerCallbacks<AioContext<L>>>)> {
         let table = self.handlers.borrow();
         if table.hooked_count() == 0 {
             return Vec::new();
@@ -395,7 +364,7 @@ impl<L: EventLoop> AioContext<L> {
         let start = self.now_ns();
         // One snapshot per window: io_poll checks run no loop code, so the table cannot change
         // while we spin, and each pass is then an indirect call per handler, nothing more.
-        let handlers: Vec<(Token, Rc<FdHandler<L>>)> = {
+        let handlers: Vec<(Token, Rc<HandlerCallbacks<AioContext<L>>>)> = {
             let table = self.handlers.borrow();
             let set = self.busy_poll.set.borrow();
             set.iter()

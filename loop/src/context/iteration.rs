@@ -12,7 +12,7 @@ use std::io;
 use std::time::Duration;
 
 use super::bottom_half::{BhWait, IDLE_BH_DELAY_NS};
-use super::handlers::LoopCallback;
+use super::callback::LoopCallback;
 use super::notify::CONTEXT_NOTIFIER;
 use crate::AioContext;
 use aio_core::AioError;
@@ -348,7 +348,7 @@ impl<L: EventLoop> AioContext<L> {
                 < WAIT_SKIP_BOUND_NS
     }
 
-    fn call(&self, callback: Option<&LoopCallback<L>>) -> bool {
+    fn call(&self, callback: Option<&LoopCallback<AioContext<L>>>) -> bool {
         let Some(cb) = callback else { return false };
         let ran = cb.invoke(self);
         if ran {

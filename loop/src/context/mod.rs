@@ -25,8 +25,10 @@
 mod bh_queue;
 pub(crate) mod bottom_half;
 mod busy_poll;
+mod callback;
 mod counters;
 mod defer;
+mod handler_table;
 pub(crate) mod handlers;
 mod iteration;
 pub(crate) mod notify;
@@ -43,14 +45,13 @@ use std::sync::Arc;
 pub use bottom_half::{BottomHalf, IDLE_BH_DELAY_NS};
 pub use counters::LoopCounters;
 pub use defer::{DeferSection, DeferredCall};
-pub use handlers::FdHandler;
 pub use notify::NotifyHandle;
 pub use timers::TimerId;
 
 use bottom_half::BhTable;
 use busy_poll::BusyPoll;
 use defer::DeferState;
-use handlers::HandlerTable;
+use handler_table::HandlerTable;
 use iteration::IterationState;
 use notify::{Shared, CONTEXT_NOTIFIER};
 use timers::TimerTable;
@@ -91,7 +92,7 @@ pub struct AioContext<L: EventLoop> {
     /// What other threads reach: the notifier, the notify_me handshake, the bottom-half queue.
     shared: Arc<Shared>,
     clock: Box<dyn Clock>,
-    handlers: RefCell<HandlerTable<L>>,
+    handlers: RefCell<HandlerTable<AioContext<L>>>,
     bottom_halves: BhTable<L>,
     timers: RefCell<TimerTable<L>>,
     busy_poll: BusyPoll,

@@ -11,6 +11,7 @@ use super::notify::CONTEXT_NOTIFIER;
 use super::*;
 use crate::clock::FakeClock;
 use crate::polling::{PollParams, PollRule, DEFAULT_POLL_MAX_NS, POLL_START_NS};
+use crate::FdHandler;
 use aio_core::{Event, Token};
 
 /// Something the scripted monitor runs inside a wait.

@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::AioContext;
 use aio_core::AioError;
 
-use super::handlers::LoopCallback;
+use super::callback::LoopCallback;
 use aio_core::kit::{SlotId, Slots};
 use aio_core::EventLoop;
 
@@ -26,7 +26,7 @@ impl TimerId {
 }
 
 struct TimerSlot<L: EventLoop> {
-    callback: Rc<LoopCallback<L>>,
+    callback: Rc<LoopCallback<AioContext<L>>>,
     /// `(deadline, sequence)` while armed.
     armed: Option<(u64, u64)>,
 }
@@ -51,7 +51,7 @@ impl<L: EventLoop> TimerTable<L> {
         self.slots.get_mut(SlotId::from_u64(id.0))
     }
 
-    pub(crate) fn create(&mut self, callback: Rc<LoopCallback<L>>) -> TimerId {
+    pub(crate) fn create(&mut self, callback: Rc<LoopCallback<AioContext<L>>>) -> TimerId {
         let id = self.slots.insert(TimerSlot {
             callback,
             armed: None,
@@ -90,7 +90,7 @@ impl<L: EventLoop> TimerTable<L> {
     }
 
     /// Frees a timer; returns its callback for the caller to drop outside the table borrow.
-    pub(crate) fn free(&mut self, id: TimerId) -> Option<Rc<LoopCallback<L>>> {
+    pub(crate) fn free(&mut self, id: TimerId) -> Option<Rc<LoopCallback<AioContext<L>>>> {
         if !self.disarm(id) {
             return None;
         }
@@ -126,7 +126,7 @@ impl<L: EventLoop> TimerTable<L> {
         &mut self,
         now: u64,
         armed_before: u64,
-    ) -> Option<(TimerId, Rc<LoopCallback<L>>)> {
+    ) -> Option<(TimerId, Rc<LoopCallback<AioContext<L>>>)> {
         let &(deadline, sequence, raw) = self
             .order
             .iter()
