@@ -11,9 +11,9 @@ use std::cell::{Cell, RefCell};
 use std::io;
 use std::time::Duration;
 
-use super::bottom_half::{BhWait, IDLE_BH_DELAY_NS};
+use super::bh_table::{BhWait, IDLE_BH_DELAY_NS};
 use super::callback::LoopCallback;
-use super::notify::CONTEXT_NOTIFIER;
+use super::shared::CONTEXT_NOTIFIER;
 use crate::AioContext;
 use aio_core::AioError;
 use aio_core::{Event, EventLoop, Token};

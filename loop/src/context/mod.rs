@@ -23,7 +23,8 @@
 //! itself, where users read them.
 
 mod bh_queue;
-pub(crate) mod bottom_half;
+pub(crate) mod bh_table;
+mod bottom_half;
 mod busy_poll;
 mod callback;
 mod counters;
@@ -31,8 +32,10 @@ mod defer;
 mod handler_table;
 pub(crate) mod handlers;
 mod iteration;
-pub(crate) mod notify;
-pub(crate) mod timers;
+mod notify;
+pub(crate) mod shared;
+pub(crate) mod timer_table;
+mod timers;
 mod wakeup;
 
 use std::cell::RefCell;
@@ -42,19 +45,19 @@ use std::rc::Rc;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-pub use bottom_half::{BottomHalf, IDLE_BH_DELAY_NS};
+pub use bh_table::{BottomHalf, IDLE_BH_DELAY_NS};
 pub use counters::LoopCounters;
 pub use defer::{DeferSection, DeferredCall};
-pub use notify::NotifyHandle;
-pub use timers::TimerId;
+pub use shared::NotifyHandle;
+pub use timer_table::TimerId;
 
-use bottom_half::BhTable;
+use bh_table::BhTable;
 use busy_poll::BusyPoll;
 use defer::DeferState;
 use handler_table::HandlerTable;
 use iteration::IterationState;
-use notify::{Shared, CONTEXT_NOTIFIER};
-use timers::TimerTable;
+use shared::{Shared, CONTEXT_NOTIFIER};
+use timer_table::TimerTable;
 use wakeup::Wakeup;
 
 use crate::clock::{Clock, MonotonicClock};
@@ -93,8 +96,8 @@ pub struct AioContext<L: EventLoop> {
     shared: Arc<Shared>,
     clock: Box<dyn Clock>,
     handlers: RefCell<HandlerTable<AioContext<L>>>,
-    bottom_halves: BhTable<L>,
-    timers: RefCell<TimerTable<L>>,
+    bottom_halves: BhTable<AioContext<L>>,
+    timers: RefCell<TimerTable<AioContext<L>>>,
     busy_poll: BusyPoll,
     /// Defer sections and the calls pending in them (QEMU's `defer_call()`).
     defer: Rc<DeferState>,

@@ -7,7 +7,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::rc::Rc;
 use std::time::Duration;
 
-use super::notify::CONTEXT_NOTIFIER;
+use super::shared::CONTEXT_NOTIFIER;
 use super::*;
 use crate::clock::FakeClock;
 use crate::polling::{PollParams, PollRule, DEFAULT_POLL_MAX_NS, POLL_START_NS};
