@@ -2,7 +2,7 @@
 //! builds with.
 //!
 //! This module owns what a build reports (the kind, the backend, a report per candidate
-//! tried) and the climb ([`Ladder`](crate::Ladder)) over a kind's `AUTO_ORDER`; it never names
+//! tried) and the climb ([`Ladder`]) over a kind's `AUTO_ORDER`; it never names
 //! a kind itself: [`EngineKind`](crate::EngineKind) and [`MonitorKind`](crate::MonitorKind)
 //! pass their order, names and constructor in.
 

@@ -1,20 +1,26 @@
 //! The loop: [`AioContext`], QEMU's `AioContext` over any [`EventLoop`].
 //!
-//! The loop is split by concern, as QEMU splits `aio-posix.c`, `async.c` and `qemu-timer.c`:
+//! The loop is split by concern, as QEMU splits `aio-posix.c`, `async.c` and `qemu-timer.c`,
+//! and each concern in two: the part the [`AioContext`] struct holds (a table, a queue, a
+//! state), which never names the context (a table of callbacks is generic over their argument
+//! `C`, and `mod.rs` keeps it as `...<AioContext<L>>`), and the context's calls on it
+//! (`impl AioContext` blocks), which name both and which `mod.rs` never imports. No file
+//! imports one that imports it back (`scripts/check-cycles.py loop`).
 //!
-//! | file | owns | QEMU |
-//! | --- | --- | --- |
-//! | `mod.rs` | the [`AioContext`] struct, its construction and drop | `aio_context_new` |
-//! | `iteration.rs` | one iteration: timeout, wait, dispatch order | `aio_poll` (`aio-posix.c`) |
-//! | `handlers.rs` | fd handlers and their table | `aio_set_fd_handler` |
-//! | `busy_poll.rs` | busy polling: parameters, window, poll set, polling mode | `try_poll_mode`, `poll_set_started` |
-//! | `bottom_half.rs` | bottom halves: schedule state, loop-side table | `async.c` |
-//! | `bh_queue.rs` | the queue that carries schedules to the loop thread | `async.c` |
-//! | `defer.rs` | deferred calls and defer sections | `defer-call.c` |
-//! | `timers.rs` | timers and their deadline order | `qemu-timer.c` |
-//! | `notify.rs` | [`NotifyHandle`] and what other threads share | `aio_notify` |
-//! | `wakeup.rs` | the notify_me handshake | `ctx->notify_me` |
-//! | `counters.rs` | [`LoopCounters`] | trace points |
+//! | concern | the part | the context's calls | QEMU |
+//! | --- | --- | --- | --- |
+//! | the context | `mod.rs`: the [`AioContext`] struct, its construction and drop | `mod.rs` | `aio_context_new` |
+//! | one iteration | `iteration_state.rs`: what iterations share | `iteration.rs`: timeout, wait, dispatch order | `aio_poll` (`aio-posix.c`) |
+//! | fd handlers | `handler_table.rs`: the table, each handler's callbacks and polling mode | `handlers.rs`: [`FdHandler`](crate::FdHandler), `set_fd_handler` and its kin | `aio_set_fd_handler` |
+//! | busy polling | `poll_state.rs`: parameters, window, poll set | `busy_poll.rs`: the spin, polling mode, the window's learning | `try_poll_mode`, `poll_set_started` |
+//! | bottom halves | `bh_table.rs`: schedule state, [`BottomHalf`], loop-side table; `bh_queue.rs`: the queue that carries schedules to the loop thread | `bottom_half.rs`: `bh_new` and its kin, running them | `async.c` |
+//! | deferred calls | `defer.rs`: defer sections and the calls pending in them | `mod.rs` | `defer-call.c` |
+//! | timers | `timer_table.rs`: timers and their deadline order | `timers.rs`: `timer_new` and its kin, running the expired ones | `qemu-timer.c` |
+//! | wake-ups | `shared.rs`: [`NotifyHandle`] and what other threads share; `wakeup.rs`: the notify_me handshake | `notify.rs`: `notify`, `notify_handle` | `aio_notify`, `ctx->notify_me` |
+//! | counters | `counters.rs`: [`LoopCounters`] | `counting.rs`: the snapshot, `count` | trace points |
+//!
+//! The callbacks the tables keep (`LoopCallback<C>`, in two re-entrancy modes) are
+//! `callback.rs`'s, a leaf.
 //!
 //! Tasks (`spawn`, `block_on`) are the `task` module's; the context only keeps their executor.
 //!

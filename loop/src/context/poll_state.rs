@@ -18,7 +18,7 @@ use aio_core::Token;
 pub(super) struct BusyPoll {
     pub(super) params: Cell<PollParams>,
     pub(super) window: Cell<PollWindow>,
-    /// [`PollRule::Auto`]'s model, while that rule is set.
+    /// [`PollRule::Auto`](crate::PollRule::Auto)'s model, while that rule is set.
     pub(super) auto: RefCell<Option<AutoWindow>>,
     /// The last wait, until the model learns it: after the iteration's callbacks, so that the
     /// model's arithmetic does not delay the next request (a thread pool's worker that waits
@@ -79,7 +79,7 @@ impl BusyPoll {
         }
     }
 
-    /// [`PollRule::Auto`]'s decisions, into a counters snapshot.
+    /// [`PollRule::Auto`](crate::PollRule::Auto)'s decisions, into a counters snapshot.
     pub(super) fn auto_counters(&self, c: &mut LoopCounters) {
         if let Some(auto) = &*self.auto.borrow() {
             c.poll_auto_choices = auto.updates;
