@@ -4,10 +4,13 @@
 Usage: scripts/check-cycles.py CRATE_DIR...
 
 A file imports another when it names an item of that file's module: `use crate::a::b`,
-`use super::x`, `crate::a::f()` in code, `pub use child::X`. The crate root (`lib.rs`) is left
-out (it declares every module and re-exports some; naming a re-export is not a dependency on
-the root). A module's own `mod child;` is not an import of the child. Comments and strings
-are ignored. Prints every circle found (as a path of files) and exits 1 if there is one.
+`use super::x`, `crate::a::f()` in code, `pub use child::X`. The crate root (`lib.rs`) is no
+node of the graph (it declares every module and re-exports some), but its re-exports are seen
+through: `crate::X`, where the root has `pub use a::b::X` (or `pub use a::b::Y as X`), is an
+import of the file of `a::b`, the module the re-export names. A module's own `mod child;` is
+not an import of the child. Test modules (`#[cfg(test)] mod tests` and what follows it in a file),
+comments and strings are ignored. Prints every circle found (as a path of files) and exits 1
+if there is one.
 """
 
 import re
@@ -71,12 +74,43 @@ def paths_in(code: str) -> list:
     return found
 
 
-def resolve(path: str, here: tuple, is_mod_file: bool, modules: dict):
-    """The module a path names, relative to module `here` (None: outside the crate)."""
+def deepest_module(base: tuple, parts: list, modules: dict) -> tuple:
+    """`base` and the longest prefix of `parts` below it that is a module of the crate."""
+    target = base
+    for p in parts:
+        if target + (p,) not in modules:
+            break
+        target = target + (p,)
+    return target
+
+
+def root_reexports(src: Path, modules: dict) -> dict:
+    """Item name -> the module named, for the crate root's `pub use a::b::Item` (and
+    `pub use a::b::Item as Name`); re-exports of other crates' items are left out."""
+    out = {}
+    for m in re.finditer(r"\bpub\s+use\s+([^;]+);", strip((src / "lib.rs").read_text())):
+        for p in expand_use(m.group(1)):
+            path, _, alias = (x.strip() for x in p.partition(" as "))
+            parts = [x.strip() for x in path.split("::") if x.strip()]
+            if parts and parts[0] == "crate":
+                parts = parts[1:]
+            target = deepest_module((), parts[:-1], modules)
+            if target and parts:
+                out[alias or parts[-1]] = target
+    return out
+
+
+def resolve(path: str, here: tuple, is_mod_file: bool, modules: dict, reexports: dict):
+    """The module a path names, relative to module `here` (None: outside the crate);
+    `reexports` is what `root_reexports` found."""
     parts = [p.strip() for p in path.split("::") if p.strip()]
     if not parts:
         return None
     base = list(here)
+    if parts[0] == "crate" and len(parts) > 1 and (parts[1],) not in modules:
+        # `crate::X`: through the root's re-export of X to the module X lives in.
+        if parts[1] in reexports:
+            return reexports[parts[1]]
     if parts[0] == "crate":
         base, parts = [], parts[1:]
     elif parts[0] in ("super", "self"):
@@ -90,25 +124,20 @@ def resolve(path: str, here: tuple, is_mod_file: bool, modules: dict):
             return None
     else:
         return None
-    target = tuple(base)
-    for p in parts:
-        if tuple(list(target) + [p]) in modules:
-            target = tuple(list(target) + [p])
-        else:
-            break
-    return target
+    return deepest_module(tuple(base), parts, modules)
 
 
 def cycles(crate: Path) -> list:
     src = crate / "src"
     modules = module_files(src)
+    reexports = root_reexports(src, modules)
     graph = {m: set() for m in modules}
     for here, f in modules.items():
         if here == ():
             continue
         is_mod = f.name == "mod.rs"
         for path in paths_in(strip(f.read_text())):
-            target = resolve(path, here, is_mod, modules)
+            target = resolve(path, here, is_mod, modules, reexports)
             if target is None or target == () or target == here:
                 continue
             graph[here].add(target)

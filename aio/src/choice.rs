@@ -1,14 +1,15 @@
 //! A backend as a user names it: `auto`, or one kind; and what `auto` reports.
 //!
-//! This module owns the parsing of `auto` and the climb down a list of candidates
-//! ([`Ladder`](crate::Ladder)); the kinds themselves are [`EngineKind`] and [`MonitorKind`].
+//! This module owns the parsing of `auto` and what a [`Choice`] builds; the kinds themselves
+//! are [`EngineKind`] and [`MonitorKind`], and the climb down a list of candidates
+//! ([`Ladder`](crate::Ladder)) that `auto` builds with is `pick.rs`'s.
 
 use std::fmt;
 use std::str::FromStr;
 
-use crate::{Ladder, RungReport};
 use aio_core::{EventLoop, IoEngine};
 
+use crate::pick::Picked;
 use crate::{BuildError, EngineKind, EngineOptions, MonitorKind};
 
 /// A backend named on a command line or in a configuration file: `auto`, or one kind
@@ -51,19 +52,6 @@ impl<K: fmt::Display> fmt::Display for Choice<K> {
     }
 }
 
-/// A backend built from a [`Choice`]: which kind, the backend, and for `auto` one report per
-/// candidate tried (why each passed over, and the one picked).
-#[derive(Debug)]
-pub struct Picked<K, T> {
-    /// The kind built.
-    pub kind: K,
-    /// The backend.
-    pub built: T,
-    /// For `auto`, one report per candidate tried, the picked one last; empty for a
-    /// [`Choice::Named`].
-    pub reports: Vec<RungReport>,
-}
-
 impl Choice<EngineKind> {
     /// Builds the engine chosen, with `options`.
     pub fn build(
@@ -93,25 +81,4 @@ impl Choice<MonitorKind> {
             }),
         }
     }
-}
-
-/// The first of `order` that `try_build` builds, kept, with the reports of each candidate
-/// tried.
-pub(crate) fn pick<K: Copy, T>(
-    order: impl IntoIterator<Item = K>,
-    name: fn(K) -> &'static str,
-    try_build: impl Fn(K) -> Result<T, BuildError>,
-) -> Result<Picked<K, T>, BuildError> {
-    let try_build = &try_build;
-    let mut ladder = Ladder::new();
-    for k in order {
-        ladder = ladder.rung(name(k), move || try_build(k).map(|built| (k, built)));
-    }
-    let choice = ladder.climb()?;
-    let (kind, built) = choice.value;
-    Ok(Picked {
-        kind,
-        built,
-        reports: choice.reports,
-    })
 }

@@ -1,7 +1,8 @@
 //! The errors of building a backend by name.
 //!
 //! This module owns what can go wrong between a name and a built backend; it never builds
-//! anything itself.
+//! anything itself. A name that names no backend is `unknown_backend.rs`'s
+//! [`UnknownBackend`](crate::UnknownBackend).
 
 use std::io;
 
@@ -82,18 +83,3 @@ impl BuildError {
 }
 
 aio_core::kit::io_error_from!(BuildError, BuildError::kind);
-
-/// A backend name this crate does not know (whether or not its feature is on, every name is
-/// known; see [`BuildError::NotInBuild`]).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown {what} '{name}' (expected one of: {expected})")]
-pub struct UnknownBackend {
-    /// `"engine"` or `"fd monitor"`.
-    pub what: &'static str,
-    /// The name given.
-    pub name: String,
-    /// The names that would have been accepted.
-    pub expected: &'static str,
-}
-
-aio_core::kit::io_error_from!(UnknownBackend, |_| io::ErrorKind::InvalidInput);

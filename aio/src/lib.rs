@@ -52,14 +52,17 @@
 #![warn(missing_docs)]
 
 mod choice;
+mod engine_build;
 mod engine_kind;
 mod error;
 mod hybrid;
 mod ladder;
 mod monitor_kind;
 mod pairing;
+mod pick;
 mod probe;
 pub mod process;
+mod unknown_backend;
 
 // The contracts (aio-core), by name.
 pub use aio_core::{
@@ -95,12 +98,15 @@ pub mod engine {
 pub use hybrid::{Hybrid, HybridSide, DEFAULT_HYBRID_THRESHOLD};
 pub use ladder::{Ladder, LadderChoice, NoneUsable, RungReport};
 
-pub use choice::{Choice, Picked};
-pub use engine_kind::{EngineKind, EngineOptions};
-pub use error::{BuildError, UnknownBackend};
+pub use choice::Choice;
+pub use engine_build::EngineOptions;
+pub use engine_kind::EngineKind;
+pub use error::BuildError;
 pub use monitor_kind::MonitorKind;
 pub use pairing::{Backends, Pairing};
+pub use pick::Picked;
 pub use probe::{probe, Probe};
+pub use unknown_backend::UnknownBackend;
 
 /// The `ppoll(2)` fd monitor (feature `poll`).
 #[cfg(feature = "poll")]

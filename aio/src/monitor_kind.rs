@@ -10,7 +10,7 @@ use std::str::FromStr;
 
 use aio_core::EventLoop;
 
-use crate::choice::{pick, Picked};
+use crate::pick::{pick, Picked};
 use crate::{BuildError, UnknownBackend};
 
 /// An fd monitor aio-rs offers, whether or not this build has it.

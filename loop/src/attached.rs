@@ -32,7 +32,7 @@ use std::fmt;
 use std::os::fd::{AsRawFd, RawFd};
 use std::rc::{Rc, Weak};
 
-use crate::context::bottom_half::BottomHalf;
+use crate::context::bh_table::BottomHalf;
 use crate::context::handlers::FdHandler;
 use crate::AioContext;
 use aio_core::engine::{Completion, IoEngine, Request, RequestError, SubmitError};

@@ -13,7 +13,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{JoinHandle, ThreadId};
 
-use crate::context::bottom_half::BottomHalf;
+use crate::context::bh_table::BottomHalf;
 use crate::task::panic_message;
 use crate::{AioContext, LoopCounters, PollParams};
 use aio_core::EventLoop;

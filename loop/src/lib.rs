@@ -73,9 +73,10 @@ pub mod task;
 
 pub use attached::{AttachedEngine, RequestId, PER_REQUEST_TOKEN_BIT};
 pub use clock::{Clock, FakeClock, MonotonicClock};
+pub use context::handlers::FdHandler;
 pub use context::{
-    AioContext, BottomHalf, DeferSection, DeferredCall, FdHandler, LoopCounters, NotifyHandle,
-    TimerId, IDLE_BH_DELAY_NS,
+    AioContext, BottomHalf, DeferSection, DeferredCall, LoopCounters, NotifyHandle, TimerId,
+    IDLE_BH_DELAY_NS,
 };
 pub use iothread::{IoThread, IoThreadError, IoThreadHandle};
 pub use polling::{

@@ -14,7 +14,7 @@ use aio_loop::AioContext;
 use aio_loop::AttachedEngine;
 
 use super::error::{ActivationError, ResizeError};
-use super::ImageOptions;
+use super::options::ImageOptions;
 use crate::request::{BlockRequest, Reply};
 use crate::status::{Allocation, Extent};
 

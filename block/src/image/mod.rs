@@ -3,7 +3,7 @@
 //!
 //! This module owns opening (`O_DIRECT`, the format rule of [`crate::format`], the locks of
 //! [`crate::lock`] taken before anything is read), the size every user of the image shares,
-//! and closing. It never runs a request: that is [`ImageQueue`](crate::ImageQueue)'s, on the
+//! and closing; what it is opened with, [`ImageOptions`], is `options.rs`'s. It never runs a request: that is [`ImageQueue`](crate::ImageQueue)'s, on the
 //! context of whoever serves the image.
 //!
 //! * **One image, many users.** An [`Image`] is `Send + Sync` and lives in an `Arc`: every
@@ -24,7 +24,7 @@ use std::sync::Mutex;
 use aio_core::engine::IoFile;
 
 use crate::format::{ImageFormat, KnownFormat};
-use crate::lock::{Access, ImageLock, LockMode};
+use crate::lock::{Access, ImageLock};
 use crate::stats::BlockStats;
 use crate::status::Extent;
 
@@ -33,6 +33,7 @@ pub(crate) mod error;
 pub(crate) mod file;
 mod handoff;
 mod null;
+mod options;
 mod raw;
 #[cfg(feature = "rbd")]
 mod rbd;
@@ -40,66 +41,10 @@ mod resize;
 use driver::Driver;
 pub use error::{ActivationError, OpenError, ResizeError};
 use file::{open_direct, probe_header};
+pub use options::ImageOptions;
 
 /// The sector size image sizes and windows are counted in.
 pub const SECTOR_SIZE: u64 = 512;
-
-/// How to open one image.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ImageOptions {
-    /// Refuse writes, discards, write-zeroes and resizes; open the file read-only.
-    pub read_only: bool,
-    /// The image's format: [`ImageFormat::Auto`] serves a qcow2 header as qcow2, refuses any
-    /// other known format's and serves the rest as raw; [`ImageFormat::Raw`] serves any image
-    /// as raw; [`ImageFormat::Qcow2`] only a qcow2 image.
-    pub format: ImageFormat,
-    /// QEMU's `locking=`: whether the image (and a qcow2 image's backing files) are locked
-    /// as QEMU locks them ([`crate::lock`]). Default `auto`.
-    pub locking: LockMode,
-    /// `share-rw=on`: let other users write the image beside this one. A qcow2 image never
-    /// shares write, whatever this says: its metadata is written by one user only.
-    pub share_rw: bool,
-}
-
-impl Default for ImageOptions {
-    fn default() -> Self {
-        ImageOptions {
-            read_only: false,
-            format: ImageFormat::Auto,
-            locking: LockMode::Auto,
-            share_rw: false,
-        }
-    }
-}
-
-impl ImageOptions {
-    /// Options for a writable image of `format`, locked as QEMU locks one.
-    pub fn new(format: ImageFormat) -> Self {
-        ImageOptions {
-            format,
-            ..Self::default()
-        }
-    }
-
-    /// The same options, read-only when `read_only`.
-    pub fn read_only(mut self, read_only: bool) -> Self {
-        self.read_only = read_only;
-        self
-    }
-
-    /// The same options with `locking`.
-    pub fn locking(mut self, locking: LockMode) -> Self {
-        self.locking = locking;
-        self
-    }
-
-    /// The same options, sharing write with other users when `share_rw`.
-    pub fn share_rw(mut self, share_rw: bool) -> Self {
-        self.share_rw = share_rw;
-        self
-    }
-}
 
 /// What an image's sectors are stored in: one variant per kind.
 #[derive(Debug)]

@@ -22,7 +22,7 @@ use aio_loop::AioContext;
 
 use super::driver::{Driver, QueueIo};
 use super::error::{ActivationError, ResizeError};
-use super::ImageOptions;
+use super::options::ImageOptions;
 use crate::format;
 use crate::lock::{Access, ImageLock, LockError};
 use crate::request::{BlockRequest, Reply};

@@ -1,7 +1,7 @@
 //! The bottom-half queue: schedules on their way from any thread to the loop thread.
 //!
 //! This module owns [`BhQueue`] and its entries, never a bottom half's state or callback
-//! (`bottom_half.rs`) or the shared part of the context that holds the queue (`notify.rs`). It
+//! (`bh_table.rs`) or the shared part of the context that holds the queue (`shared.rs`). It
 //! is a leaf: both of those name it, it names neither.
 
 use std::sync::{Mutex, PoisonError};

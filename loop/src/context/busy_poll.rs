@@ -2,178 +2,21 @@
 //! window, the poll set with its idle handling, polling mode (`io_poll_begin` / `io_poll_end`),
 //! and the spin over the `io_poll` checks.
 //!
-//! This module owns [`BusyPoll`], everything busy polling remembers between iterations. It
-//! never owns the window arithmetic (`crate::polling`, pure functions of the measured waits) or
-//! the handlers' callbacks (`handlers.rs`, which tells it when a handler with an `io_poll`
-//! check comes, goes or is active).
+//! This module owns what busy polling does on the context, in each iteration and when its
+//! parameters are set; what it remembers between iterations (`BusyPoll`) is `poll_state.rs`'s.
+//! It never owns the window arithmetic (`crate::polling`, pure functions of the measured
+//! waits) or the handlers' callbacks (`handlers.rs`, which tells it when a handler with an
+//! `io_poll` check comes, goes or is active).
 
-use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::Duration;
 
-use super::counters::LoopCounters;
-use super::handlers::{FdHandler, PollHook};
+use super::handler_table::HandlerCallbacks;
+use super::poll_state::Polled;
 use crate::polling::auto::{AutoWait, AutoWindow};
-use crate::polling::{
-    wake, PollParams, PollRule, PollWindow, Wait, WindowChange, DEFAULT_POLL_IDLE_NS,
-};
+use crate::polling::{wake, PollParams, PollRule, Wait, WindowChange};
 use crate::AioContext;
 use aio_core::{EventLoop, Token};
-
-/// What busy polling remembers between iterations.
-pub(super) struct BusyPoll {
-    params: Cell<PollParams>,
-    window: Cell<PollWindow>,
-    /// [`PollRule::Auto`]'s model, while that rule is set.
-    auto: RefCell<Option<AutoWindow>>,
-    /// The last wait, until the model learns it: after the iteration's callbacks, so that the
-    /// model's arithmetic does not delay the next request (a thread pool's worker that waits
-    /// longer for it goes to sleep, and the next wait is a wake-up longer).
-    auto_pending: Cell<Option<AutoWait>>,
-    /// How long a handler may stay inactive before it leaves the poll set.
-    idle_ns: Cell<u64>,
-    /// The handlers busy polling checks: they have `io_poll`, are not idle and not closed.
-    set: RefCell<Vec<Member>>,
-    /// Polling mode began and has not ended since (QEMU's `ctx->poll_started`): an iteration
-    /// that did not poll has nothing to end otherwise.
-    mode_started: Cell<bool>,
-}
-
-/// One handler of the poll set.
-#[derive(Debug, Clone, Copy)]
-struct Member {
-    token: Token,
-    /// Clock reading after which the handler leaves the set if it stays inactive.
-    idle_deadline: u64,
-}
-
-/// What busy polling (step 2 of an iteration) leaves for the wait and the window.
-pub(super) struct Polled {
-    /// The wait's timeout: 0 when polling found work.
-    pub(super) timeout: Option<u64>,
-    /// The window as this iteration used it.
-    window: PollWindow,
-    /// The iteration could have blocked (only such waits teach the window).
-    would_block: bool,
-    /// This iteration probed a collapsed window.
-    probe: bool,
-    /// An `io_poll` check found the event.
-    polled_hit: bool,
-    /// How long the loop polled, in ns.
-    spun_ns: u64,
-}
-
-impl BusyPoll {
-    /// Polling off, the default idle interval, an empty poll set.
-    pub(super) fn new() -> Self {
-        BusyPoll {
-            params: Cell::new(PollParams::default()),
-            window: Cell::new(PollWindow::default()),
-            auto: RefCell::new(None),
-            auto_pending: Cell::new(None),
-            idle_ns: Cell::new(DEFAULT_POLL_IDLE_NS),
-            set: RefCell::new(Vec::new()),
-            mode_started: Cell::new(false),
-        }
-    }
-
-    /// The current polling window in ns.
-    pub(super) fn window_ns(&self) -> u64 {
-        match &*self.auto.borrow() {
-            Some(auto) => auto.chosen_ns().min(self.params.get().max_ns),
-            None => self.window.get().ns(),
-        }
-    }
-
-    /// [`PollRule::Auto`]'s decisions, into a counters snapshot.
-    pub(super) fn auto_counters(&self, c: &mut LoopCounters) {
-        if let Some(auto) = &*self.auto.borrow() {
-            c.poll_auto_choices = auto.updates;
-            c.poll_auto_off = auto.offs;
-            c.poll_auto_budget_cuts = auto.budget_cuts;
-            c.poll_wake_ns = auto.wake_ns();
-            c.poll_followup_ns = auto.followup_ns();
-        }
-    }
-
-    /// How many handlers the poll set holds.
-    pub(super) fn set_len(&self) -> usize {
-        self.set.borrow().len()
-    }
-
-    /// Whether `token`'s handler is in the poll set.
-    #[cfg(test)]
-    fn contains(&self, token: Token) -> bool {
-        self.set.borrow().iter().any(|m| m.token == token)
-    }
-
-    /// A handler with an `io_poll` check came, was replaced or was active at `now`: it is in
-    /// the set for another idle interval.
-    pub(super) fn join(&self, token: Token, now: u64) {
-        let idle_deadline = now.saturating_add(self.idle_ns.get());
-        let mut set = self.set.borrow_mut();
-        match set.iter_mut().find(|m| m.token == token) {
-            Some(member) => member.idle_deadline = idle_deadline,
-            None => set.push(Member {
-                token,
-                idle_deadline,
-            }),
-        }
-    }
-
-    /// A handler left: removed, closed, or replaced by one without `io_poll`.
-    pub(super) fn leave(&self, token: Token) {
-        self.set.borrow_mut().retain(|m| m.token != token);
-    }
-
-    /// With polling on, handlers inactive for the idle interval leave the set; returns
-    /// their tokens (no allocation when none leaves).
-    fn drop_idle(&self, now: u64) -> Vec<Token> {
-        let mut dropped = Vec::new();
-        if self.params.get().max_ns == 0 {
-            return dropped;
-        }
-        self.set.borrow_mut().retain(|m| {
-            let stays = m.idle_deadline > now;
-            if !stays {
-                dropped.push(m.token);
-            }
-            stays
-        });
-        dropped
-    }
-}
-
-/// Runs a hook unless it is running already (a hook must not reach the context, but a panic
-/// guard is cheaper than a rule).
-fn run_hook(hook: &Option<PollHook>) {
-    if let Some(Ok(mut f)) = hook.as_ref().map(|h| h.try_borrow_mut()) {
-        f();
-    }
-}
-
-impl<L: EventLoop> FdHandler<L> {
-    /// Begins polling mode for this handler (once).
-    fn begin_polling(&self) {
-        if !self.poll_begun.replace(true) {
-            run_hook(&self.io_poll_begin);
-        }
-    }
-
-    /// Ends polling mode for this handler if it began; with `check`, runs `io_poll` once more
-    /// afterwards and says whether it found work.
-    pub(super) fn end_polling(&self, check: bool) -> bool {
-        if !self.poll_begun.replace(false) {
-            return false;
-        }
-        run_hook(&self.io_poll_end);
-        check
-            && self
-                .io_poll
-                .as_ref()
-                .is_some_and(|p| p.try_borrow_mut().is_ok_and(|mut f| f()))
-    }
-}
 
 impl<L: EventLoop> AioContext<L> {
     /// Sets the adaptive polling parameters; takes effect in the next iteration. Turning
@@ -345,7 +188,7 @@ impl<L: EventLoop> AioContext<L> {
     /// so no table is borrowed while they run. Only the poll set is walked: a handler leaves
     /// polling mode as it leaves the set, so one outside it is never in polling mode. Empty,
     /// with no allocation, when no handler has hooks.
-    fn hooked_pollers(&self) -> Vec<(Token, Rc<FdHandler<L>>)> {
+    fn hooked_pollers(&self) -> Vec<(Token, Rc<HandlerCallbacks<AioContext<L>>>)> {
         let table = self.handlers.borrow();
         if table.hooked_count() == 0 {
             return Vec::new();
@@ -395,7 +238,7 @@ impl<L: EventLoop> AioContext<L> {
         let start = self.now_ns();
         // One snapshot per window: io_poll checks run no loop code, so the table cannot change
         // while we spin, and each pass is then an indirect call per handler, nothing more.
-        let handlers: Vec<(Token, Rc<FdHandler<L>>)> = {
+        let handlers: Vec<(Token, Rc<HandlerCallbacks<AioContext<L>>>)> = {
             let table = self.handlers.borrow();
             let set = self.busy_poll.set.borrow();
             set.iter()
@@ -452,30 +295,5 @@ impl<L: EventLoop> AioContext<L> {
             }
         });
         (hit, spent)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_member_leaves_at_the_exact_end_of_its_idle_interval() {
-        let busy = BusyPoll::new();
-        busy.params.set(PollParams::iothread());
-        busy.idle_ns.set(1_000);
-        busy.join(Token(7), 100);
-        assert_eq!(busy.drop_idle(1_099), [], "still inside the interval");
-        assert!(busy.contains(Token(7)) && !busy.contains(Token(8)));
-        assert_eq!(
-            busy.drop_idle(1_100),
-            [Token(7)],
-            "idle for the whole interval"
-        );
-        assert!(!busy.contains(Token(7)));
-        // With polling off nothing is dropped (the set is not used).
-        busy.join(Token(7), 100);
-        busy.params.set(PollParams::default());
-        assert_eq!(busy.drop_idle(u64::MAX), []);
     }
 }

@@ -1,13 +1,8 @@
 //! The loop's counters: what it did, as plain numbers.
 //!
-//! This module owns [`LoopCounters`] and how a snapshot is taken; the other files of the loop
-//! only add to them (through `count`).
-
-use std::io;
-use std::sync::atomic::Ordering;
-
-use crate::AioContext;
-use aio_core::EventLoop;
+//! This module owns [`LoopCounters`]: its fields, their names and how two merge. It never
+//! names the context: how a snapshot is taken, and `count`, through which the other files of
+//! the loop add to them, are `counting.rs`'s.
 
 /// Declares [`LoopCounters`] from one list of fields, each a `count` (events, summed by a
 /// merge) or a `gauge` (a state, merged by taking the larger value), so that its name table,
@@ -111,31 +106,4 @@ loop_counters! {
     /// the loop slept through than after a hit, in ns, added to what a miss costs (a thread
     /// pool whose worker fell asleep too; 0 where the device does not care).
     gauge poll_followup_ns,
-}
-
-impl<L: EventLoop> AioContext<L> {
-    /// A snapshot of the counters.
-    pub fn counters(&self) -> LoopCounters {
-        let mut c = *self.counters.borrow();
-        c.notifier_writes = self.shared.notifier_writes.load(Ordering::Relaxed);
-        c.notify_calls = self.shared.notify_calls.load(Ordering::Relaxed);
-        c.poll_ns = self.busy_poll.window_ns();
-        self.busy_poll.auto_counters(&mut c);
-        c.poll_set = self.busy_poll.set_len() as u64;
-        c.unpolled_handlers = self
-            .handlers
-            .borrow()
-            .len()
-            .saturating_sub(c.poll_set as usize) as u64;
-        c
-    }
-
-    /// The last wait error other than `EINTR`, if the latest failing iteration had one.
-    pub fn take_last_wait_error(&self) -> Option<io::Error> {
-        self.iteration.last_wait_error.borrow_mut().take()
-    }
-
-    pub(super) fn count(&self, f: impl FnOnce(&mut LoopCounters)) {
-        f(&mut self.counters.borrow_mut());
-    }
 }

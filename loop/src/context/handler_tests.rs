@@ -13,6 +13,7 @@ use std::rc::Rc;
 use super::tests::{countdown_handler, scripted};
 use super::*;
 use crate::polling::{PollParams, PollRule};
+use crate::FdHandler;
 
 #[test]
 fn a_reentrant_read_callback_runs_again_in_a_nested_poll() {

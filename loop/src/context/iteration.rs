@@ -2,18 +2,17 @@
 //! with the notify_me handshake, and the dispatch order (bottom halves, ready handlers, expired
 //! timers).
 //!
-//! This module owns the order of an iteration's steps and what iterations share (nesting depth,
-//! dispatch sequence, event buffers, the last wait error). Busy polling is `busy_poll`'s; the
-//! tables it walks belong to `handlers`, `bottom_half` and `timers`; it issues fd-monitor calls
-//! only through the [`EventLoop`] trait.
+//! This module owns the order of an iteration's steps; what iterations share (nesting depth,
+//! dispatch sequence, event buffers, the last wait error) is `iteration_state.rs`'s. Busy
+//! polling is `busy_poll`'s; the tables it walks belong to `handler_table`, `bh_table` and
+//! `timer_table`; it issues fd-monitor calls only through the [`EventLoop`] trait.
 
-use std::cell::{Cell, RefCell};
 use std::io;
 use std::time::Duration;
 
-use super::bottom_half::{BhWait, IDLE_BH_DELAY_NS};
-use super::handlers::LoopCallback;
-use super::notify::CONTEXT_NOTIFIER;
+use super::bh_table::{BhWait, IDLE_BH_DELAY_NS};
+use super::callback::LoopCallback;
+use super::shared::CONTEXT_NOTIFIER;
 use crate::AioContext;
 use aio_core::AioError;
 use aio_core::{Event, EventLoop, Token};
@@ -30,22 +29,6 @@ use aio_core::{Event, EventLoop, Token};
 /// is 32 µs), so the wait's system call is paid about once per 100 µs instead of once per
 /// iteration.
 pub(crate) const WAIT_SKIP_BOUND_NS: u64 = 100_000;
-
-/// What a context's iterations share: how deeply they nest, the wait each dispatch belongs
-/// to, the event buffers they reuse, the last wait error, and when the monitor last waited.
-#[derive(Default)]
-pub(super) struct IterationState {
-    /// `poll()` calls on the stack.
-    pub(super) depth: Cell<u32>,
-    /// Numbers each iteration's wait: a report older than a handler's last dispatch is dropped.
-    dispatch_seq: Cell<u64>,
-    /// One buffer per nesting level, kept between iterations.
-    event_buffers: RefCell<Vec<Vec<Event>>>,
-    /// For [`AioContext::take_last_wait_error`].
-    pub(super) last_wait_error: RefCell<Option<io::Error>>,
-    /// When the last wait on the monitor began (ns, the context's clock).
-    last_wait_ns: Cell<u64>,
-}
 
 /// Why a handler is dispatched.
 #[derive(Debug, Clone, Copy)]
@@ -348,7 +331,7 @@ impl<L: EventLoop> AioContext<L> {
                 < WAIT_SKIP_BOUND_NS
     }
 
-    fn call(&self, callback: Option<&LoopCallback<L>>) -> bool {
+    fn call(&self, callback: Option<&LoopCallback<AioContext<L>>>) -> bool {
         let Some(cb) = callback else { return false };
         let ran = cb.invoke(self);
         if ran {

@@ -15,6 +15,7 @@ use std::time::Duration;
 use super::tests::{countdown_handler, scripted, DropFlag};
 use super::*;
 use crate::polling::{PollParams, PollRule};
+use crate::FdHandler;
 
 #[test]
 fn an_interrupted_wait_is_retried_and_counted_and_another_error_fails_the_poll() {

@@ -1,20 +1,26 @@
 //! The loop: [`AioContext`], QEMU's `AioContext` over any [`EventLoop`].
 //!
-//! The loop is split by concern, as QEMU splits `aio-posix.c`, `async.c` and `qemu-timer.c`:
+//! The loop is split by concern, as QEMU splits `aio-posix.c`, `async.c` and `qemu-timer.c`,
+//! and each concern in two: the part the [`AioContext`] struct holds (a table, a queue, a
+//! state), which never names the context (a table of callbacks is generic over their argument
+//! `C`, and `mod.rs` keeps it as `...<AioContext<L>>`), and the context's calls on it
+//! (`impl AioContext` blocks), which name both and which `mod.rs` never imports. No file
+//! imports one that imports it back (`scripts/check-cycles.py loop`).
 //!
-//! | file | owns | QEMU |
-//! | --- | --- | --- |
-//! | `mod.rs` | the [`AioContext`] struct, its construction and drop | `aio_context_new` |
-//! | `iteration.rs` | one iteration: timeout, wait, dispatch order | `aio_poll` (`aio-posix.c`) |
-//! | `handlers.rs` | fd handlers and their table | `aio_set_fd_handler` |
-//! | `busy_poll.rs` | busy polling: parameters, window, poll set, polling mode | `try_poll_mode`, `poll_set_started` |
-//! | `bottom_half.rs` | bottom halves: schedule state, loop-side table | `async.c` |
-//! | `bh_queue.rs` | the queue that carries schedules to the loop thread | `async.c` |
-//! | `defer.rs` | deferred calls and defer sections | `defer-call.c` |
-//! | `timers.rs` | timers and their deadline order | `qemu-timer.c` |
-//! | `notify.rs` | [`NotifyHandle`] and what other threads share | `aio_notify` |
-//! | `wakeup.rs` | the notify_me handshake | `ctx->notify_me` |
-//! | `counters.rs` | [`LoopCounters`] | trace points |
+//! | concern | the part | the context's calls | QEMU |
+//! | --- | --- | --- | --- |
+//! | the context | `mod.rs`: the [`AioContext`] struct, its construction and drop | `mod.rs` | `aio_context_new` |
+//! | one iteration | `iteration_state.rs`: what iterations share | `iteration.rs`: timeout, wait, dispatch order | `aio_poll` (`aio-posix.c`) |
+//! | fd handlers | `handler_table.rs`: the table, each handler's callbacks and polling mode | `handlers.rs`: [`FdHandler`](crate::FdHandler), `set_fd_handler` and its kin | `aio_set_fd_handler` |
+//! | busy polling | `poll_state.rs`: parameters, window, poll set | `busy_poll.rs`: the spin, polling mode, the window's learning | `try_poll_mode`, `poll_set_started` |
+//! | bottom halves | `bh_table.rs`: schedule state, [`BottomHalf`], loop-side table; `bh_queue.rs`: the queue that carries schedules to the loop thread | `bottom_half.rs`: `bh_new` and its kin, running them | `async.c` |
+//! | deferred calls | `defer.rs`: defer sections and the calls pending in them | `mod.rs` | `defer-call.c` |
+//! | timers | `timer_table.rs`: timers and their deadline order | `timers.rs`: `timer_new` and its kin, running the expired ones | `qemu-timer.c` |
+//! | wake-ups | `shared.rs`: [`NotifyHandle`] and what other threads share; `wakeup.rs`: the notify_me handshake | `notify.rs`: `notify`, `notify_handle` | `aio_notify`, `ctx->notify_me` |
+//! | counters | `counters.rs`: [`LoopCounters`] | `counting.rs`: the snapshot, `count` | trace points |
+//!
+//! The callbacks the tables keep (`LoopCallback<C>`, in two re-entrancy modes) are
+//! `callback.rs`'s, a leaf.
 //!
 //! Tasks (`spawn`, `block_on`) are the `task` module's; the context only keeps their executor.
 //!
@@ -23,14 +29,22 @@
 //! itself, where users read them.
 
 mod bh_queue;
-pub(crate) mod bottom_half;
+pub(crate) mod bh_table;
+mod bottom_half;
 mod busy_poll;
+mod callback;
 mod counters;
+mod counting;
 mod defer;
+mod handler_table;
 pub(crate) mod handlers;
 mod iteration;
-pub(crate) mod notify;
-pub(crate) mod timers;
+mod iteration_state;
+mod notify;
+mod poll_state;
+pub(crate) mod shared;
+pub(crate) mod timer_table;
+mod timers;
 mod wakeup;
 
 use std::cell::RefCell;
@@ -40,20 +54,19 @@ use std::rc::Rc;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-pub use bottom_half::{BottomHalf, IDLE_BH_DELAY_NS};
+pub use bh_table::{BottomHalf, IDLE_BH_DELAY_NS};
 pub use counters::LoopCounters;
 pub use defer::{DeferSection, DeferredCall};
-pub use handlers::FdHandler;
-pub use notify::NotifyHandle;
-pub use timers::TimerId;
+pub use shared::NotifyHandle;
+pub use timer_table::TimerId;
 
-use bottom_half::BhTable;
-use busy_poll::BusyPoll;
+use bh_table::BhTable;
 use defer::DeferState;
-use handlers::HandlerTable;
-use iteration::IterationState;
-use notify::{Shared, CONTEXT_NOTIFIER};
-use timers::TimerTable;
+use handler_table::HandlerTable;
+use iteration_state::IterationState;
+use poll_state::BusyPoll;
+use shared::{Shared, CONTEXT_NOTIFIER};
+use timer_table::TimerTable;
 use wakeup::Wakeup;
 
 use crate::clock::{Clock, MonotonicClock};
@@ -91,9 +104,9 @@ pub struct AioContext<L: EventLoop> {
     /// What other threads reach: the notifier, the notify_me handshake, the bottom-half queue.
     shared: Arc<Shared>,
     clock: Box<dyn Clock>,
-    handlers: RefCell<HandlerTable<L>>,
-    bottom_halves: BhTable<L>,
-    timers: RefCell<TimerTable<L>>,
+    handlers: RefCell<HandlerTable<AioContext<L>>>,
+    bottom_halves: BhTable<AioContext<L>>,
+    timers: RefCell<TimerTable<AioContext<L>>>,
     busy_poll: BusyPoll,
     /// Defer sections and the calls pending in them (QEMU's `defer_call()`).
     defer: Rc<DeferState>,

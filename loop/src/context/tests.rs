@@ -7,10 +7,11 @@ use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::rc::Rc;
 use std::time::Duration;
 
-use super::notify::CONTEXT_NOTIFIER;
+use super::shared::CONTEXT_NOTIFIER;
 use super::*;
 use crate::clock::FakeClock;
 use crate::polling::{PollParams, PollRule, DEFAULT_POLL_MAX_NS, POLL_START_NS};
+use crate::FdHandler;
 use aio_core::{Event, Token};
 
 /// Something the scripted monitor runs inside a wait.

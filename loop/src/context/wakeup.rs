@@ -121,7 +121,7 @@ mod tests {
 
 #[cfg(all(test, aio_loom))]
 mod loom_models {
-    use super::super::bottom_half::BhState;
+    use super::super::bh_table::BhState;
     use super::*;
     use loom::sync::atomic::AtomicBool as LoomBool;
     use loom::sync::{Arc, Mutex};

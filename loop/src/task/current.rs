@@ -13,7 +13,7 @@ use std::io;
 use std::os::fd::{BorrowedFd, RawFd};
 
 use crate::context::handlers::FdHandler;
-use crate::context::timers::TimerId;
+use crate::context::timer_table::TimerId;
 use crate::AioContext;
 use aio_core::EventLoop;
 

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Wake, Waker};
 
-use crate::context::bottom_half::BottomHalf;
+use crate::context::bh_table::BottomHalf;
 use aio_core::kit::{SlotId, Slots};
 
 type TaskFuture = Pin<Box<dyn Future<Output = ()>>>;

@@ -55,7 +55,7 @@ pub use join::{join_all, JoinAll};
 pub use readiness::{readable, writable, Readiness};
 pub use time::{sleep, timeout, Elapsed, Sleep, Timeout};
 
-use crate::context::notify::NotifyHandle;
+use crate::context::shared::NotifyHandle;
 use crate::AioContext;
 use aio_core::EventLoop;
 

@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use super::current::with_current;
-use crate::context::timers::TimerId;
+use crate::context::timer_table::TimerId;
 
 /// Completes once `duration` has passed on the polling context's clock (never before: the
 /// context's timers never fire early). Polled outside a context it completes with the error
