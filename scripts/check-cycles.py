@@ -4,7 +4,8 @@
 Usage: scripts/check-cycles.py CRATE_DIR...
 
 A file imports another when it names an item of that file's module: `use crate::a::b`,
-`use super::x`, `crate::a::f()` in code, `pub use child::X`. The crate root (`lib.rs`) is no
+`use super::x`, `crate::a::f()` in code, `pub use child::X`, and in a `mod.rs` (or the root)
+`child::Item` in code, where `child` is a child module. The crate root (`lib.rs`) is no
 node of the graph (it declares every module and re-exports some), but its re-exports are seen
 through: `crate::X`, where the root has `pub use a::b::X` (or `pub use a::b::Y as X`), is an
 import of the file of `a::b`, the module the re-export names. A module's own `mod child;` is
@@ -71,6 +72,9 @@ def paths_in(code: str) -> list:
         found += [p.strip() for p in expand_use(m.group(1))]
     code = re.sub(r"\buse\s+[^;]+;", "", code)
     found += re.findall(rf"\b(?:crate|super|self)(?:::{IDENT})+", code)
+    # `child::Item` in code: resolved (in a mod.rs or the root) only when `child` is a child
+    # module, as a use tree's first segment is.
+    found += re.findall(rf"(?<![:\w])(?!crate\b|super\b|self\b){IDENT}(?:::{IDENT})+", code)
     return found
 
 

@@ -10,19 +10,9 @@ use std::os::fd::RawFd;
 use aio_core::kit::{Prepared, PreparedRw, RangeOp};
 use io_uring::{opcode, squeue, types};
 
+use super::slot_entry::SlotEntry;
 use super::{UringEngine, REGISTERED_FILES};
 use crate::ring::ENGINE_BIT;
-
-/// One slot's submission entry and the registrations it uses (counted by the caller once the
-/// entry is in the SQ).
-pub(super) struct SlotEntry {
-    /// The SQE, its user data set.
-    pub(super) sqe: squeue::Entry,
-    /// It names the file by its registered index.
-    pub(super) fixed_file: bool,
-    /// It reads or writes a registered buffer.
-    pub(super) fixed_buffer: bool,
-}
 
 /// Builds an entry on the file's registered index if it has one, on its fd otherwise (the
 /// opcode builders take either type).

@@ -19,6 +19,7 @@ use std::rc::Rc;
 
 mod config;
 mod entry;
+mod slot_entry;
 
 pub(crate) use config::check_config;
 use config::limit_io_workers;
@@ -205,7 +206,7 @@ impl UringEngine {
             let mut round = self.core.begin_round(self.in_kernel, room, flush);
             let mut pushed = 0usize;
             while let Some(slot) = self.core.next_in_round(&mut round) {
-                let entry::SlotEntry {
+                let slot_entry::SlotEntry {
                     sqe: mut entry,
                     fixed_file,
                     fixed_buffer,

@@ -37,6 +37,8 @@ mod options;
 mod raw;
 #[cfg(feature = "rbd")]
 mod rbd;
+#[cfg(feature = "rbd")]
+mod rbd_open;
 mod resize;
 use driver::Driver;
 pub use error::{ActivationError, OpenError, ResizeError};

@@ -34,6 +34,7 @@ mod rbd_storage;
 mod reopen;
 mod requests;
 mod settle;
+mod source;
 mod status;
 mod storage;
 mod write_back;
@@ -87,7 +88,7 @@ pub(crate) struct Qcow2Image {
     /// active; none while inactive.
     locks: Mutex<Vec<ImageLock>>,
     /// Where the image is stored, to open it again.
-    source: reopen::Source,
+    source: source::Source,
     /// Its cluster size (`1 << cluster_bits`), which an opening again must find unchanged.
     cluster_bits: u32,
 }
@@ -341,7 +342,7 @@ impl Qcow2Image {
             path,
             &head,
             opening,
-            reopen::Source::File,
+            source::Source::File,
             vec![lock],
             writable,
         )
@@ -352,7 +353,7 @@ impl Qcow2Image {
     /// may own it). [`activate`](Self::activate) opens it again with its locks.
     pub(crate) fn open_inactive(path: &Path) -> Result<Self, OpenError> {
         let (head, opening) = Self::open_file(path, false, LockMode::Off)?;
-        Self::new(path, &head, opening, reopen::Source::File, vec![], false)
+        Self::new(path, &head, opening, source::Source::File, vec![], false)
     }
 
     /// Reads the header of the qcow2 image file at `path` and opens its metadata (for writing
@@ -386,7 +387,7 @@ impl Qcow2Image {
         records: Option<aio_rbd::LockRecords>,
     ) -> Result<Self, OpenError> {
         let (head, opening) = Self::open_rbd_format(path, &image, writable)?;
-        let source = reopen::Source::Rbd { image, records };
+        let source = source::Source::Rbd { image, records };
         Self::new(path, &head, opening, source, vec![], writable)
     }
 
@@ -424,7 +425,7 @@ impl Qcow2Image {
         path: &Path,
         head: &[u8],
         opening: Opening,
-        source: reopen::Source,
+        source: source::Source,
         mut locks: Vec<ImageLock>,
         writable: bool,
     ) -> Result<Self, OpenError> {

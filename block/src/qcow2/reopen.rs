@@ -24,24 +24,11 @@
 use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
 
+use super::source::Source;
 use super::{current, Opening, Qcow2Image};
 use crate::image::error::{ActivationError, OpenError};
 use crate::image::ImageOptions;
 use crate::lock::{Access, ImageLock, LockError, LockMode};
-
-/// Where a qcow2 image is stored, to open it again.
-pub(crate) enum Source {
-    /// Its file (the image's path).
-    File,
-    /// An RBD image: its exclusive lock is the image's lock.
-    #[cfg(feature = "rbd")]
-    Rbd {
-        /// The RBD image.
-        image: std::sync::Arc<aio_rbd::RbdImage>,
-        /// What lets a restarted process break its dead predecessor's lock.
-        records: Option<aio_rbd::LockRecords>,
-    },
-}
 
 impl Qcow2Image {
     /// Writes the metadata back, syncs, opens the image again read-only (its caches dropped)
