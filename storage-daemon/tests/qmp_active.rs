@@ -83,18 +83,7 @@ fn active_of(q: &mut Qmp, node: &str) -> bool {
 #[test]
 fn a_qcow2_image_is_handed_over_between_two_daemons_as_qemu_does() {
     let dir = tempfile::tempdir().unwrap();
-    let image = dir.path().join("disk.qcow2");
-    aio_test_support::tool::run(
-        "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            image.to_str().unwrap(),
-            "16M",
-        ],
-    );
+    let image = aio_test_support::images::qcow2_image(dir.path(), "disk.qcow2", "16M");
     let (src, src_nbd, mut qs) = daemon(dir.path(), "src", &image, false);
     let (dst, dst_nbd, mut qd) = daemon(dir.path(), "dst", &image, true);
     assert!(active_of(&mut qs, "disk-fmt") && active_of(&mut qs, "disk-file"));
@@ -221,18 +210,7 @@ fn an_export_without_allow_inactive_keeps_its_node_active() {
 #[test]
 fn an_export_added_without_allow_inactive_activates_the_node_others_serve_inactive() {
     let dir = tempfile::tempdir().unwrap();
-    let image = dir.path().join("disk.qcow2");
-    aio_test_support::tool::run(
-        "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            image.to_str().unwrap(),
-            "16M",
-        ],
-    );
+    let image = aio_test_support::images::qcow2_image(dir.path(), "disk.qcow2", "16M");
     let (d, nbd, mut q) = daemon(dir.path(), "one", &image, true);
     let (ok, text) = qemu_io(&nbd, "write -P 0x55 0 4k");
     assert!(!ok && text.contains("Operation not permitted"), "{text}");

@@ -9,7 +9,6 @@ mod qmp_client;
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixListener;
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -194,22 +193,6 @@ fn the_disk_form_takes_pidfile_and_daemonize() {
         .unwrap();
     assert!(status.success(), "{status}");
     assert!(socket.exists(), "the socket once --daemonize returned");
-    let pid: i32 = std::fs::read_to_string(&pidfile)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap();
-    assert_eq!(cwd, Path::new("/"), "the daemon's directory");
-    let pid = nix::unistd::Pid::from_raw(pid);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while nix::sys::signal::kill(pid, None).is_ok() {
-        assert!(
-            Instant::now() < deadline,
-            "the daemon outlived SIGTERM by 10 s"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    common::terminate_daemonized(common::daemonized_pid(&pidfile));
     assert!(!pidfile.exists() && !socket.exists(), "removed at exit");
 }

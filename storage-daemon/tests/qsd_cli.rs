@@ -9,7 +9,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use aio_test_support::launch::{Daemon as Launched, Launch};
 use common::{connect, connect_read_only, qemu_img};
@@ -181,26 +181,11 @@ fn daemonize_returns_once_serving_and_the_pid_file_names_the_daemon() {
     assert!(status.success(), "{status}");
     // Returned only once serving: the socket is there, the client is served at once.
     assert!(socket.exists(), "the socket once --daemonize returned");
-    let pid: i32 = std::fs::read_to_string(&pidfile)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let pid = common::daemonized_pid(&pidfile);
     let c = connect(&socket, 1, 4096).unwrap();
     assert_eq!(c.capacity().unwrap(), 64 << 20);
     drop(c);
-    let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap();
-    assert_eq!(cwd, std::path::Path::new("/"), "the daemon's directory");
-    let pid = nix::unistd::Pid::from_raw(pid);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while nix::sys::signal::kill(pid, None).is_ok() {
-        assert!(
-            Instant::now() < deadline,
-            "the daemon outlived SIGTERM by 10 s"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    common::terminate_daemonized(pid);
     assert!(!pidfile.exists(), "the pid file at exit");
     assert!(!socket.exists(), "the socket at exit");
 }

@@ -172,3 +172,30 @@ pub use aio_test_support::tool::installed as runnable;
 pub fn qemu_img(args: &[&str]) -> String {
     aio_test_support::tool::run("qemu-img", args)
 }
+
+/// The PID a `--daemonize`d daemon wrote to `pidfile`, checked to run in `/` (it keeps no
+/// directory busy, as qemu-storage-daemon).
+pub fn daemonized_pid(pidfile: &Path) -> i32 {
+    let pid: i32 = std::fs::read_to_string(pidfile)
+        .expect("the pid file")
+        .trim()
+        .parse()
+        .expect("a pid");
+    let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap();
+    assert_eq!(cwd, Path::new("/"), "the daemon's directory");
+    pid
+}
+
+/// Sends SIGTERM to the detached daemon `pid` and waits (at most 10 s) until it is gone.
+pub fn terminate_daemonized(pid: i32) {
+    let pid = nix::unistd::Pid::from_raw(pid);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while nix::sys::signal::kill(pid, None).is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the daemon outlived SIGTERM by 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
