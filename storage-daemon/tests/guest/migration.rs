@@ -288,16 +288,28 @@ pub struct Served {
     pub socket: PathBuf,
 }
 
+/// How a daemon of a run holds the image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Its nodes active, its export `allow-inactive=on`: a source, handed over.
+    Active,
+    /// Its nodes `active=off`, its export `allow-inactive=on`: a destination, handed over.
+    Inactive,
+    /// Its nodes active, its export without `allow-inactive` (qemu-storage-daemon 10.0's
+    /// vhost-user-blk export refuses it: "Export type does not support inactive exports"),
+    /// both daemons writing the one raw image at once, as its exports share write.
+    Shared,
+}
+
 /// `program` (ours or qemu-storage-daemon) serving `nodes` (`--blockdev` options, the last
-/// exported; `active=off` added to each when `inactive`) as a vhost-user-blk export allowing
-/// an inactive node, with a monitor; named `label` in `dir`.
+/// exported) as a vhost-user-blk export in `role`, with a monitor; named `label` in `dir`.
 pub fn serve(
     program: &str,
     label: &str,
     dir: &Path,
     nodes: &[String],
     queues: u32,
-    inactive: bool,
+    role: Role,
 ) -> Result<Served, LaunchError> {
     let socket = dir.join(format!("{label}.sock"));
     let monitor = dir.join(format!("{label}.qmp"));
@@ -306,7 +318,11 @@ pub fn serve(
         args.push("--blockdev".to_string());
         args.push(format!(
             "{node}{}",
-            if inactive { ",active=off" } else { "" }
+            if role == Role::Inactive {
+                ",active=off"
+            } else {
+                ""
+            }
         ));
     }
     let exported = nodes
@@ -317,8 +333,13 @@ pub fn serve(
         "--export".to_string(),
         format!(
             "type=vhost-user-blk,id=e,node-name={exported},addr.type=unix,addr.path={},\
-             writable=on,allow-inactive=on,num-queues={queues}",
-            socket.display()
+             writable=on,num-queues={queues}{}",
+            socket.display(),
+            if role == Role::Shared {
+                ""
+            } else {
+                ",allow-inactive=on"
+            }
         ),
         "--chardev".to_string(),
         format!("socket,id=m,path={},server=on,wait=off", monitor.display()),
@@ -373,13 +394,13 @@ pub struct Migrated {
 
 /// Migrates `from` to `to` (started with `-incoming defer`) over a unix socket in `dir`, with
 /// `events` and `pause-before-switchover`: at `pre-switchover` the disk is handed over
-/// (`blockdev-set-active active=false` on `old`, `active=true` on `new`), then
-/// `migrate-continue`. Panics unless the migration completes and the destination runs.
+/// (`blockdev-set-active active=false` on the old daemon, `active=true` on the new one; none
+/// for [`Role::Shared`] daemons), then `migrate-continue`. Panics unless the migration
+/// completes and the destination runs.
 pub fn migrate(
     from: &mut Vm,
     to: &mut Vm,
-    old: &mut Served,
-    new: &mut Served,
+    mut handover_of: Option<(&mut Served, &mut Served)>,
     dir: &Path,
 ) -> Migrated {
     let label = format!("{} -> {}", from.label, to.label);
@@ -416,8 +437,10 @@ pub fn migrate(
             "completed" | "failed" | "cancelled" => break q,
             "pre-switchover" if handover.is_none() => {
                 let at = Instant::now();
-                old.qmp.ok("blockdev-set-active", json!({"active": false}));
-                new.qmp.ok("blockdev-set-active", json!({"active": true}));
+                if let Some((old, new)) = handover_of.as_mut() {
+                    old.qmp.ok("blockdev-set-active", json!({"active": false}));
+                    new.qmp.ok("blockdev-set-active", json!({"active": true}));
+                }
                 handover = Some(at.elapsed());
                 from.qmp
                     .ok("migrate-continue", json!({"state": "pre-switchover"}));
