@@ -376,6 +376,20 @@ pub fn active_nodes(qmp: &mut Qmp) -> Vec<(String, bool)> {
         .collect()
 }
 
+/// The next message on `qmp` (an event: no command is under way), waiting at most `wait`;
+/// None when none came (or the monitor closed). Replies are waited for 20 s again after it.
+fn next_message(qmp: &mut Qmp, wait: Duration) -> Option<Value> {
+    let timeout = |qmp: &mut Qmp, t: Duration| {
+        qmp.writer
+            .set_read_timeout(Some(t))
+            .expect("set the monitor's timeout")
+    };
+    timeout(qmp, wait);
+    let message = qmp.line();
+    timeout(qmp, Duration::from_secs(20));
+    message
+}
+
 /// What one migration took, as QEMU's `query-migrate` reports it and as the test timed it.
 #[derive(Debug, Clone)]
 pub struct Migrated {
@@ -425,17 +439,36 @@ pub fn migrate(
         "migrate-set-parameters",
         json!({"max-bandwidth": 1u64 << 30}),
     );
+    // A QEMU that came in by a migration has that one's events still to read: drained, so
+    // that its `completed` is not taken for this one's.
+    while next_message(&mut from.qmp, Duration::from_millis(100)).is_some() {}
+    from.qmp.events.clear();
     from.qmp.ok("migrate", json!({ "uri": uri }));
 
+    // The source's MIGRATION events (the `events` capability), each acted on as it comes:
+    // from `pre-switchover` on the guest is stopped, so a poll's sleep would be downtime.
     let started = Instant::now();
     let mut raised = false;
     let mut handover = None;
-    let status = loop {
-        let q = from.qmp.ok("query-migrate", json!({}));
-        let status = q["status"].as_str().unwrap_or("").to_string();
-        match status.as_str() {
-            "completed" | "failed" | "cancelled" => break q,
-            "pre-switchover" if handover.is_none() => {
+    let end = loop {
+        let event = match from.qmp.events.is_empty() {
+            false => Some(from.qmp.events.remove(0)),
+            true => next_message(&mut from.qmp, Duration::from_millis(100)),
+        };
+        if event.is_none() {
+            // Half a second without a message, or the monitor closed: is QEMU still there?
+            let child = from.qemu.child.as_mut().expect("running");
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("{label}: the source exited ({status}):\n{}", from.stderr());
+            }
+        }
+        let status = event
+            .as_ref()
+            .filter(|e| e["event"] == "MIGRATION")
+            .and_then(|e| e["data"]["status"].as_str());
+        match status {
+            Some(end @ ("completed" | "failed" | "cancelled")) => break end.to_string(),
+            Some("pre-switchover") if handover.is_none() => {
                 let at = Instant::now();
                 if let Some((old, new)) = handover_of.as_mut() {
                     old.qmp.ok("blockdev-set-active", json!({"active": false}));
@@ -453,12 +486,13 @@ pub fn migrate(
             from.qmp
                 .ok("migrate-set-parameters", json!({"downtime-limit": 10_000}));
         }
-        assert!(
-            started.elapsed() < MIGRATION_TIMEOUT,
-            "{label}: no end within {MIGRATION_TIMEOUT:?}: {q}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
+        if started.elapsed() > MIGRATION_TIMEOUT {
+            let q = from.qmp.ok("query-migrate", json!({}));
+            panic!("{label}: no end within {MIGRATION_TIMEOUT:?}: {q}");
+        }
     };
+    let status = from.qmp.ok("query-migrate", json!({}));
+    assert_eq!(end, "completed", "{label}: {status}");
     assert_eq!(
         status["status"],
         "completed",
