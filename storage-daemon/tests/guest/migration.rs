@@ -1,0 +1,586 @@
+//! The pieces of a live-migration run (`tests/guest_migrate.rs`): the guest's initramfs with
+//! `migrate-init.sh` as its init, a QEMU (TCG, its serial console on a pipe, a QMP monitor),
+//! a daemon serving the disk with a monitor (ours or qemu-storage-daemon, in
+//! qemu-storage-daemon's command-line form), and one migration between two QEMUs with the
+//! daemons' handover at `pre-switchover`.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::process::{ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use aio_test_support::launch::{Daemon, Launch, LaunchError};
+use serde_json::{json, Value};
+
+use crate::harness::{Check, GuestImage, GuestRun, GUEST_TIMEOUT, SOCKET_TIMEOUT};
+use crate::qmp_client::Qmp;
+use crate::reaped::Reaped;
+
+/// The guest's RAM, as QEMU's memfd backend takes it.
+const RAM: &str = "512M";
+/// The longest a migration may take from `migrate` to `completed`: only bounds a hang.
+const MIGRATION_TIMEOUT: Duration = Duration::from_secs(600);
+/// After this long without reaching `pre-switchover` the downtime limit is raised (a slow
+/// machine whose guest dirties its RAM faster than it is sent still converges).
+const CONVERGE_AFTER: Duration = Duration::from_secs(90);
+
+/// The built guest's initramfs with `migrate-init.sh` as `/init`: a second cpio archive
+/// appended (the kernel unpacks both, the later `/init` replacing the first), written in
+/// `dir`.
+pub fn migrate_initrd(image: &GuestImage, dir: &Path) -> PathBuf {
+    let init = include_bytes!("migrate-init.sh");
+    let mut extra = newc("init", init, 0o100_755);
+    extra.extend(newc("TRAILER!!!", b"", 0));
+    // gzip members concatenated are one stream to the kernel's unpacker.
+    let raw = dir.join("migrate-init.cpio");
+    fs::write(&raw, &extra).expect("write the init's archive");
+    let gz = Command::new("gzip")
+        .args(["-n", "-c"])
+        .arg(&raw)
+        .output()
+        .expect("gzip");
+    assert!(gz.status.success(), "gzip: {gz:?}");
+    let mut out = fs::read(&image.initrd).expect("read the guest's initramfs");
+    out.extend(gz.stdout);
+    let path = dir.join("initramfs-migrate.cpio.gz");
+    fs::write(&path, out).expect("write the initramfs");
+    path
+}
+
+/// One entry of a cpio archive in the `newc` format.
+fn newc(name: &str, data: &[u8], mode: u32) -> Vec<u8> {
+    let fields = [
+        1,
+        mode,
+        0,
+        0,
+        1,
+        0,
+        data.len() as u32,
+        0,
+        0,
+        0,
+        0,
+        name.len() as u32 + 1,
+        0,
+    ];
+    let mut out = b"070701".to_vec();
+    for f in fields {
+        out.extend(format!("{f:08x}").as_bytes());
+    }
+    out.extend(name.as_bytes());
+    out.push(0);
+    out.resize(out.len().next_multiple_of(4), 0);
+    out.extend(data);
+    out.resize(out.len().next_multiple_of(4), 0);
+    out
+}
+
+/// Waits until `path` is a socket, or panics after `timeout` or when `alive` says the
+/// process that makes it has ended.
+fn wait_for_socket(path: &Path, timeout: Duration, mut alive: impl FnMut() -> Result<(), String>) {
+    let started = Instant::now();
+    while !fs::metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+        if let Err(why) = alive() {
+            panic!("{why} before {} appeared", path.display());
+        }
+        assert!(
+            started.elapsed() < timeout,
+            "{} did not appear within {timeout:?}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// One QEMU of a run: the guest on a vhost-user-blk disk, its serial console read into a
+/// string (and written to by [`Vm::say`]), its QMP monitor.
+pub struct Vm {
+    /// `src`, `dst`, `back`: for messages and file names.
+    pub label: String,
+    qemu: Reaped,
+    stdin: Option<ChildStdin>,
+    /// QEMU's monitor.
+    pub qmp: Qmp,
+    console: Arc<Mutex<String>>,
+    reader: Option<JoinHandle<()>>,
+}
+
+/// What every QEMU of a run is given alike (a migration's two ends must be the same machine).
+pub struct Machine<'a> {
+    /// The built guest (its kernel).
+    pub image: &'a GuestImage,
+    /// The initramfs with the migration init.
+    pub initrd: &'a Path,
+    /// The kernel command line.
+    pub append: &'a str,
+    /// Request queues, and vCPUs.
+    pub queues: u32,
+    /// The run's directory (sockets, QEMU's stderr).
+    pub dir: &'a Path,
+}
+
+impl Vm {
+    /// Starts QEMU on the vhost-user-blk socket `disk`; with `incoming` it waits for a
+    /// migration (`-incoming defer`) instead of booting.
+    pub fn start(m: &Machine, label: &str, disk: &Path, incoming: bool) -> Vm {
+        let monitor = m.dir.join(format!("qemu-{label}.qmp"));
+        let _ = fs::remove_file(&monitor);
+        let mut cmd = Command::new("qemu-system-x86_64");
+        cmd.args(["-nodefaults", "-no-user-config"])
+            .args(["-machine", "q35,accel=tcg", "-cpu", "max"])
+            .args(["-smp", &m.queues.to_string(), "-m", RAM])
+            .args([
+                "-object",
+                &format!("memory-backend-memfd,id=mem,size={RAM},share=on"),
+            ])
+            .args(["-numa", "node,memdev=mem"])
+            .arg("-chardev")
+            .arg(format!("socket,id=c0,path={}", disk.display()))
+            .arg("-device")
+            .arg(format!(
+                "vhost-user-blk-pci,id=vblk0,chardev=c0,num-queues={}",
+                m.queues
+            ))
+            .arg("-kernel")
+            .arg(&m.image.kernel)
+            .arg("-initrd")
+            .arg(m.initrd)
+            .args(["-append", m.append])
+            .args(["-display", "none", "-serial", "stdio", "-monitor", "none"])
+            .arg("-qmp")
+            .arg(format!("unix:{},server=on,wait=off", monitor.display()))
+            .arg("-no-reboot");
+        if incoming {
+            cmd.args(["-incoming", "defer"]);
+        }
+        let stderr = fs::File::create(m.dir.join(format!("qemu-{label}.stderr")))
+            .expect("create QEMU's stderr file");
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(stderr);
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+        let stdin = child.stdin.take();
+        let mut stdout = child.stdout.take().expect("piped");
+        let mut qemu = Reaped {
+            child: Some(child),
+            name: format!("qemu-system-x86_64 ({label})"),
+            log: m.dir.join(format!("qemu-{label}.stderr")),
+        };
+        let console = Arc::new(Mutex::new(String::new()));
+        let reader = {
+            let console = console.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n @ 1..) = stdout.read(&mut buf) {
+                    let text = String::from_utf8_lossy(&buf[..n]);
+                    console.lock().unwrap().push_str(&text);
+                }
+            })
+        };
+        wait_for_socket(&monitor, SOCKET_TIMEOUT, || {
+            match qemu.child.as_mut().expect("running").try_wait() {
+                Ok(Some(status)) => Err(format!("QEMU ({label}) exited ({status})")),
+                _ => Ok(()),
+            }
+        });
+        let (qmp, _) = Qmp::connect(&monitor, false);
+        Vm {
+            label: label.to_string(),
+            qemu,
+            stdin,
+            qmp,
+            console,
+            reader: Some(reader),
+        }
+    }
+
+    /// The console so far.
+    pub fn console(&self) -> String {
+        self.console.lock().unwrap().clone()
+    }
+
+    /// Waits until the console holds `marker` `count` times; panics (with the console's
+    /// end) when QEMU exits first or after `timeout`.
+    pub fn wait_for(&mut self, marker: &str, count: usize, timeout: Duration) {
+        let started = Instant::now();
+        loop {
+            let console = self.console();
+            if console.matches(marker).count() >= count {
+                return;
+            }
+            let exited = self.qemu.child.as_mut().and_then(|c| c.try_wait().ok()?);
+            if exited.is_some() || started.elapsed() > timeout {
+                let tail: Vec<&str> = console.lines().rev().take(40).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                panic!(
+                    "QEMU ({}) {} before its console showed {marker:?} {count} times; \
+                     QEMU's stderr:\n{}\nthe console's end:\n{}",
+                    self.label,
+                    match exited {
+                        Some(status) => format!("exited ({status})"),
+                        None => format!("ran {timeout:?}"),
+                    },
+                    self.qemu.output(),
+                    tail.join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Writes `line` to the guest's serial console.
+    pub fn say(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("QEMU's stdin");
+        stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .and_then(|()| stdin.flush())
+            .expect("write to the guest's console");
+    }
+
+    /// Waits for QEMU to exit by itself (the guest's power-off) for at most `timeout`, then
+    /// kills it; its status (None: killed) and the whole console.
+    pub fn wait_exit(mut self, timeout: Duration) -> (Option<ExitStatus>, String) {
+        let mut child = self.qemu.child.take().expect("running");
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                break Some(status);
+            }
+            if started.elapsed() > timeout {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        (status, self.console())
+    }
+
+    /// `quit` over QMP (a source left paused after its migration); its console.
+    pub fn quit(mut self) -> String {
+        let _ = self.qmp.call("quit", json!({}));
+        self.wait_exit(Duration::from_secs(30)).1
+    }
+
+    /// QEMU's own messages (its stderr) so far.
+    pub fn stderr(&self) -> String {
+        self.qemu.output()
+    }
+}
+
+/// A daemon serving the run's disk: the process, its monitor, its vhost-user-blk socket.
+pub struct Served {
+    /// The process.
+    pub daemon: Daemon,
+    /// Its monitor.
+    pub qmp: Qmp,
+    /// Its vhost-user-blk socket.
+    pub socket: PathBuf,
+}
+
+/// How a daemon of a run holds the image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Its nodes active, its export `allow-inactive=on`: a source, handed over.
+    Active,
+    /// Its nodes `active=off`, its export `allow-inactive=on`: a destination, handed over.
+    Inactive,
+    /// Its nodes active, its export without `allow-inactive` (qemu-storage-daemon 10.0's
+    /// vhost-user-blk export refuses it: "Export type does not support inactive exports"),
+    /// both daemons writing the one raw image at once, as its exports share write.
+    Shared,
+}
+
+/// `program` (ours or qemu-storage-daemon) serving `nodes` (`--blockdev` options, the last
+/// exported) as a vhost-user-blk export in `role`, with a monitor; named `label` in `dir`.
+pub fn serve(
+    program: &str,
+    label: &str,
+    dir: &Path,
+    nodes: &[String],
+    queues: u32,
+    role: Role,
+) -> Result<Served, LaunchError> {
+    let socket = dir.join(format!("{label}.sock"));
+    let monitor = dir.join(format!("{label}.qmp"));
+    let mut args = Vec::new();
+    for node in nodes {
+        args.push("--blockdev".to_string());
+        args.push(format!(
+            "{node}{}",
+            if role == Role::Inactive {
+                ",active=off"
+            } else {
+                ""
+            }
+        ));
+    }
+    let exported = nodes
+        .last()
+        .and_then(|n| n.split(',').find_map(|kv| kv.strip_prefix("node-name=")))
+        .expect("a node-name in the last node");
+    args.extend([
+        "--export".to_string(),
+        format!(
+            "type=vhost-user-blk,id=e,node-name={exported},addr.type=unix,addr.path={},\
+             writable=on,num-queues={queues}{}",
+            socket.display(),
+            if role == Role::Shared {
+                ""
+            } else {
+                ",allow-inactive=on"
+            }
+        ),
+        "--chardev".to_string(),
+        format!("socket,id=m,path={},server=on,wait=off", monitor.display()),
+        "--monitor".to_string(),
+        "chardev=m".to_string(),
+    ]);
+    let daemon = Launch::new(program)
+        .args(args)
+        .label(format!("{program} ({label})"))
+        .log_to(dir.join(format!("{label}.log")))
+        .socket(socket.clone())
+        .socket(monitor.clone())
+        .socket_wait(SOCKET_TIMEOUT)
+        .start()?;
+    let (qmp, _) = Qmp::connect(&monitor, false);
+    Ok(Served {
+        daemon,
+        qmp,
+        socket,
+    })
+}
+
+/// Each node's `active`, by node name, from `query-named-block-nodes`.
+pub fn active_nodes(qmp: &mut Qmp) -> Vec<(String, bool)> {
+    let nodes = qmp.ok("query-named-block-nodes", json!({"flat": true}));
+    nodes
+        .as_array()
+        .expect("a list of nodes")
+        .iter()
+        .map(|n| {
+            let name = n["node-name"].as_str().unwrap_or("?").to_string();
+            (name, n["active"].as_bool().unwrap_or(false))
+        })
+        .collect()
+}
+
+/// The next message on `qmp` (an event: no command is under way), waiting at most `wait`;
+/// None when none came (or the monitor closed). Replies are waited for 20 s again after it.
+fn next_message(qmp: &mut Qmp, wait: Duration) -> Option<Value> {
+    let timeout = |qmp: &mut Qmp, t: Duration| {
+        qmp.writer
+            .set_read_timeout(Some(t))
+            .expect("set the monitor's timeout")
+    };
+    timeout(qmp, wait);
+    let message = qmp.line();
+    timeout(qmp, Duration::from_secs(20));
+    message
+}
+
+/// What one migration took, as QEMU's `query-migrate` reports it and as the test timed it.
+#[derive(Debug, Clone)]
+pub struct Migrated {
+    /// Which way (`src -> dst`).
+    pub label: String,
+    /// QEMU's `downtime` (ms): the source stopped to the destination running, the handover
+    /// at `pre-switchover` included.
+    pub downtime_ms: u64,
+    /// QEMU's `total-time` (ms).
+    pub total_ms: u64,
+    /// RAM bytes sent.
+    pub transferred: u64,
+    /// The two `blockdev-set-active` calls, as the test timed them.
+    pub handover: Duration,
+}
+
+/// Migrates `from` to `to` (started with `-incoming defer`) over a unix socket in `dir`, with
+/// `events` and `pause-before-switchover`: at `pre-switchover` the disk is handed over
+/// (`blockdev-set-active active=false` on the old daemon, `active=true` on the new one; none
+/// for [`Role::Shared`] daemons), then `migrate-continue`. Panics unless the migration
+/// completes and the destination runs.
+pub fn migrate(
+    from: &mut Vm,
+    to: &mut Vm,
+    mut handover_of: Option<(&mut Served, &mut Served)>,
+    dir: &Path,
+) -> Migrated {
+    let label = format!("{} -> {}", from.label, to.label);
+    let uri = format!(
+        "unix:{}",
+        dir.join(format!("migrate-{}.sock", to.label)).display()
+    );
+    let caps = |names: &[&str]| {
+        let list: Vec<Value> = names
+            .iter()
+            .map(|c| json!({"capability": c, "state": true}))
+            .collect();
+        json!({ "capabilities": list })
+    };
+    to.qmp.ok("migrate-set-capabilities", caps(&["events"]));
+    to.qmp.ok("migrate-incoming", json!({ "uri": uri }));
+    from.qmp.ok(
+        "migrate-set-capabilities",
+        caps(&["events", "pause-before-switchover"]),
+    );
+    from.qmp.ok(
+        "migrate-set-parameters",
+        json!({"max-bandwidth": 1u64 << 30}),
+    );
+    // A QEMU that came in by a migration has that one's events still to read: drained, so
+    // that its `completed` is not taken for this one's.
+    while next_message(&mut from.qmp, Duration::from_millis(100)).is_some() {}
+    from.qmp.events.clear();
+    from.qmp.ok("migrate", json!({ "uri": uri }));
+
+    // The source's MIGRATION events (the `events` capability), each acted on as it comes:
+    // from `pre-switchover` on the guest is stopped, so a poll's sleep would be downtime.
+    let started = Instant::now();
+    let mut raised = false;
+    let mut handover = None;
+    let end = loop {
+        let event = match from.qmp.events.is_empty() {
+            false => Some(from.qmp.events.remove(0)),
+            true => next_message(&mut from.qmp, Duration::from_millis(100)),
+        };
+        if event.is_none() {
+            // Half a second without a message, or the monitor closed: is QEMU still there?
+            let child = from.qemu.child.as_mut().expect("running");
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("{label}: the source exited ({status}):\n{}", from.stderr());
+            }
+        }
+        let status = event
+            .as_ref()
+            .filter(|e| e["event"] == "MIGRATION")
+            .and_then(|e| e["data"]["status"].as_str());
+        match status {
+            Some(end @ ("completed" | "failed" | "cancelled")) => break end.to_string(),
+            Some("pre-switchover") if handover.is_none() => {
+                let at = Instant::now();
+                if let Some((old, new)) = handover_of.as_mut() {
+                    old.qmp.ok("blockdev-set-active", json!({"active": false}));
+                    new.qmp.ok("blockdev-set-active", json!({"active": true}));
+                }
+                handover = Some(at.elapsed());
+                from.qmp
+                    .ok("migrate-continue", json!({"state": "pre-switchover"}));
+            }
+            _ => {}
+        }
+        if !raised && started.elapsed() > CONVERGE_AFTER {
+            raised = true;
+            println!("{label}: not converged after {CONVERGE_AFTER:?}; downtime-limit 10 s");
+            from.qmp
+                .ok("migrate-set-parameters", json!({"downtime-limit": 10_000}));
+        }
+        if started.elapsed() > MIGRATION_TIMEOUT {
+            let q = from.qmp.ok("query-migrate", json!({}));
+            panic!("{label}: no end within {MIGRATION_TIMEOUT:?}: {q}");
+        }
+    };
+    let status = from.qmp.ok("query-migrate", json!({}));
+    assert_eq!(end, "completed", "{label}: {status}");
+    assert_eq!(
+        status["status"],
+        "completed",
+        "{label}: {status}\nsource's stderr:\n{}\ndestination's stderr:\n{}",
+        from.stderr(),
+        to.stderr()
+    );
+    let handover = handover.expect("the migration paused at pre-switchover");
+    // The destination runs the guest by itself once the state is in (no -S).
+    let started = Instant::now();
+    loop {
+        let s = to.qmp.ok("query-status", json!({}));
+        if s["status"] == "running" {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{label}: the destination is {s} after the migration"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let number = |v: &Value| v.as_u64().unwrap_or(0);
+    let m = Migrated {
+        label,
+        downtime_ms: number(&status["downtime"]),
+        total_ms: number(&status["total-time"]),
+        transferred: number(&status["ram"]["transferred"]),
+        handover,
+    };
+    println!(
+        "{}: completed in {} ms, downtime {} ms (handover {:.1} ms), {} MiB sent",
+        m.label,
+        m.total_ms,
+        m.downtime_ms,
+        m.handover.as_secs_f64() * 1e3,
+        m.transferred >> 20
+    );
+    m
+}
+
+/// The guest's run as the harness asserts it, from the consoles of the QEMUs it ran on (in
+/// order: a line the switchover cut is whole again).
+pub fn guest_run(
+    consoles: &[String],
+    timed_out: bool,
+    log: PathBuf,
+    elapsed: Duration,
+) -> GuestRun {
+    let console = consoles.concat();
+    let _ = fs::write(&log, &console);
+    let mut checks = Vec::new();
+    let mut done = false;
+    for line in console.lines() {
+        if let Some(at) = line.find("GUEST-CHECK ") {
+            let mut parts = line[at + "GUEST-CHECK ".len()..].splitn(3, ' ');
+            checks.push(Check {
+                name: parts.next().unwrap_or("").to_string(),
+                passed: parts.next() == Some("PASS"),
+                detail: parts.next().unwrap_or("").to_string(),
+            });
+        } else if line.contains("GUEST-DONE") {
+            done = true;
+        }
+    }
+    GuestRun {
+        checks,
+        done,
+        timed_out,
+        console,
+        log,
+        elapsed,
+    }
+}
+
+/// The longest a guest may run on its last QEMU after it was told to stop.
+pub const STOP_TIMEOUT: Duration = GUEST_TIMEOUT;
+
+/// `qemu-img check` of a qcow2 image once no daemon holds it: what it said, or an error
+/// unless it found nothing wrong at all (exit 0: no error, no leak).
+pub fn qcow2_clean(disk: &Path) -> Result<String, String> {
+    let out = Command::new("qemu-img")
+        .arg("check")
+        .arg(disk)
+        .output()
+        .expect("qemu-img check");
+    let said = aio_test_support::tool::text(&out);
+    match out.status.code() {
+        Some(0) => Ok(said),
+        code => Err(format!("qemu-img check exit {code:?}: {said}")),
+    }
+}
