@@ -102,6 +102,15 @@ pub struct DiskSpec {
 }
 
 impl DiskSpec {
+    /// The disk as its user named it, for messages: `export 'ID' (SOCKET)` when it has an
+    /// export id, `--disk SOCKET` otherwise.
+    pub(crate) fn label(&self) -> String {
+        match &self.id {
+            Some(id) => format!("export '{id}' ({})", self.socket.display()),
+            None => format!("--disk {}", self.socket.display()),
+        }
+    }
+
     /// A disk serving `image` (a path, an `rbd:` name, or `null` with [`size`](Self::size)) on
     /// the vhost-user socket `socket`: writable, one queue, no serial, its format probed,
     /// locked as QEMU locks it, its queues on the iothreads in turn.

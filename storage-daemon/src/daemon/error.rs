@@ -13,9 +13,10 @@ use aio_virtio_blk::device::DeviceError;
 #[non_exhaustive]
 pub enum DaemonError {
     /// A disk's image could not be opened or served as it is.
-    #[error("--disk {spec}: {source}")]
+    #[error("{spec}: {source}")]
     Disk {
-        /// The disk's socket path.
+        /// The disk as its user named it: `--disk <socket>`, or `export '<id>' (<socket>)` for
+        /// an export given an id (qemu-storage-daemon's form, QMP).
         spec: String,
         /// Why.
         #[source]

@@ -107,7 +107,7 @@ impl Exports {
         let set = &self.0.iothreads;
         if let Some(k) = spec.iothread.filter(|&k| !set.is_running(usize::from(k))) {
             return Err(DaemonError::Disk {
-                spec: spec.socket.display().to_string(),
+                spec: spec.label(),
                 source: DiskError::NoSuchIoThread {
                     iothread: k,
                     iothreads: u16::try_from(iothreads).unwrap_or(u16::MAX),
@@ -134,7 +134,7 @@ impl Exports {
         distinct::check(&all)?;
         let device =
             BlockDevice::on_image(image, disk_options(&spec)).map_err(|e| DaemonError::Disk {
-                spec: spec.socket.display().to_string(),
+                spec: spec.label(),
                 source: e.into(),
             })?;
         self.serve(ctx, spec, Arc::new(device))
@@ -157,7 +157,7 @@ impl Exports {
             self.0.iothreads.handles(),
         )
         .map_err(|e| DaemonError::Disk {
-            spec: spec.socket.display().to_string(),
+            spec: spec.label(),
             source: DiskError::Socket(e),
         })?;
         *self.0.queues.borrow_mut() += usize::from(spec.queues);

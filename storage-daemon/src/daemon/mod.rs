@@ -93,7 +93,7 @@ pub fn run_with(
         .find(|d| d.iothread.is_some_and(|k| k >= config.iothreads.max(1)))
     {
         return Err(DaemonError::Disk {
-            spec: d.socket.display().to_string(),
+            spec: d.label(),
             source: DiskError::NoSuchIoThread {
                 iothread: d.iothread.unwrap_or_default(),
                 iothreads: config.iothreads.max(1),

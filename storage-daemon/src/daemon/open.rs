@@ -42,7 +42,7 @@ pub(super) fn open_disk(d: &DiskSpec) -> Result<BlockDevice, DaemonError> {
         }),
     }
     .map_err(|e| DaemonError::Disk {
-        spec: d.socket.display().to_string(),
+        spec: d.label(),
         source: e.into(),
     })?;
     if device.is_dirty() {
