@@ -340,24 +340,7 @@ pub fn run_guest(
     }
     let _ = fs::write(&qemu.log, &console);
 
-    let mut checks = Vec::new();
-    let mut done = false;
-    for line in console.lines() {
-        // Kernel messages may share the line: the marker is looked for anywhere in it.
-        if let Some(at) = line.find("GUEST-CHECK ") {
-            let mut parts = line[at + "GUEST-CHECK ".len()..].splitn(3, ' ');
-            let name = parts.next().unwrap_or("").to_string();
-            let passed = parts.next() == Some("PASS");
-            let detail = parts.next().unwrap_or("").to_string();
-            checks.push(Check {
-                name,
-                passed,
-                detail,
-            });
-        } else if line.contains("GUEST-DONE") {
-            done = true;
-        }
-    }
+    let (checks, done) = checks_of(&console);
     GuestRun {
         checks,
         done,
@@ -438,6 +421,26 @@ impl GuestRun {
             .flat_map(|l| l.split_whitespace())
             .find_map(|w| w.strip_prefix(wanted.as_str()).map(str::to_string))
     }
+}
+
+/// The guest's `GUEST-CHECK NAME PASS|FAIL DETAIL` lines in `console`, and whether it said
+/// `GUEST-DONE`. Kernel messages may share a line: the markers are looked for anywhere in it.
+pub fn checks_of(console: &str) -> (Vec<Check>, bool) {
+    let mut checks = Vec::new();
+    let mut done = false;
+    for line in console.lines() {
+        if let Some(at) = line.find("GUEST-CHECK ") {
+            let mut parts = line[at + "GUEST-CHECK ".len()..].splitn(3, ' ');
+            checks.push(Check {
+                name: parts.next().unwrap_or("").to_string(),
+                passed: parts.next() == Some("PASS"),
+                detail: parts.next().unwrap_or("").to_string(),
+            });
+        } else if line.contains("GUEST-DONE") {
+            done = true;
+        }
+    }
+    (checks, done)
 }
 
 /// Asks QEMU's human monitor at `socket` for each queue's ring indices in guest memory (avail

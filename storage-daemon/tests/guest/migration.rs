@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use aio_test_support::launch::{Daemon, Launch, LaunchError};
 use serde_json::{json, Value};
 
-use crate::harness::{Check, GuestImage, GuestRun, GUEST_TIMEOUT, SOCKET_TIMEOUT};
+use crate::harness::{checks_of, GuestImage, GuestRun, GUEST_TIMEOUT, SOCKET_TIMEOUT};
 use crate::qmp_client::Qmp;
 use crate::reaped::Reaped;
 
@@ -543,20 +543,7 @@ pub fn guest_run(
 ) -> GuestRun {
     let console = consoles.concat();
     let _ = fs::write(&log, &console);
-    let mut checks = Vec::new();
-    let mut done = false;
-    for line in console.lines() {
-        if let Some(at) = line.find("GUEST-CHECK ") {
-            let mut parts = line[at + "GUEST-CHECK ".len()..].splitn(3, ' ');
-            checks.push(Check {
-                name: parts.next().unwrap_or("").to_string(),
-                passed: parts.next() == Some("PASS"),
-                detail: parts.next().unwrap_or("").to_string(),
-            });
-        } else if line.contains("GUEST-DONE") {
-            done = true;
-        }
-    }
+    let (checks, done) = checks_of(&console);
     GuestRun {
         checks,
         done,
