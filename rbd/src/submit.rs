@@ -88,24 +88,27 @@ pub(crate) fn submit(
         return to.deliver(token, -i64::from(libc::EBADF), memory);
     }
     let lib = image.lib;
-    let iov = memory.as_ref().map_or(&[][..], |m| m.as_iovecs());
-    let (iov, iovcnt) = (iov.as_ptr(), iov.len() as i32);
     let flight = Box::into_raw(Box::new(InFlight {
         to,
         image,
         token,
         memory,
     }));
+    // The iovec array is taken from the memory where it now stays, in the box: a
+    // `LentMemory` keeps up to four segments inline, so the array moved with the value.
+    // SAFETY: `flight` is the live box just made; nothing else reaches it until librbd's
+    // callback, which runs only after the request below is submitted.
+    let iov = unsafe { (*flight).memory.as_ref() }.map_or(&[][..], |m| m.as_iovecs());
+    let (iov, iovcnt) = (iov.as_ptr(), iov.len() as i32);
     let mut c: sys::RbdCompletion = std::ptr::null_mut();
     // SAFETY: `flight` is a live box handed to librbd as the callback's argument; a live
     // out-pointer for the completion.
     let mut ret = unsafe { (lib.rbd_aio_create_completion)(flight.cast(), request_done, &mut c) };
     if ret >= 0 {
         let h = image.handle;
-        // SAFETY: an open image (counted in flight, so not closed); the iovecs are the
-        // memory's, which lives in `flight` until the callback (the promise of
-        // `LentMemory::new`), and moving the box did not move the segments; `c` is fresh and
-        // given to exactly one request.
+        // SAFETY: an open image (counted in flight, so not closed); the iovec array and the
+        // memory it describes live in `flight`, which is not moved or freed until the callback
+        // (the promise of `LentMemory::new`); `c` is fresh and given to exactly one request.
         ret = unsafe {
             match op {
                 RbdOp::Read(offset) => (lib.rbd_aio_readv)(h, iov, iovcnt, offset, c),
