@@ -13,6 +13,12 @@ if ! cargo +nightly miri --version >/dev/null 2>&1; then
         "(rustup toolchain install nightly --component miri)"
     exit 0
 fi
-export MIRIFLAGS="-Zmiri-disable-isolation ${MIRIFLAGS:-}"
-exec cargo +nightly miri test -p aio-core --lib -- \
-    slots:: kit::queue kit::transfer kit::inflight engine::buf engine::lent "$@"
+# `an_abandoned_table_frees_nothing` leaks on purpose (an abandoned table keeps the memory
+# the kernel may still write, for good): it runs alone with Miri's leak check off, every other
+# test with it on.
+leaky=kit::inflight::tests::an_abandoned_table_frees_nothing
+flags="-Zmiri-disable-isolation ${MIRIFLAGS:-}"
+MIRIFLAGS="$flags" cargo +nightly miri test -p aio-core --lib -- \
+    slots:: kit::queue kit::transfer kit::inflight engine::buf engine::lent --skip "$leaky" "$@"
+MIRIFLAGS="$flags -Zmiri-ignore-leaks" cargo +nightly miri test -p aio-core --lib -- \
+    --exact "$leaky"
