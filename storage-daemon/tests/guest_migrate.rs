@@ -15,6 +15,10 @@
 //! there too, the test tells the guest to stop (a line on its serial console); it ends the
 //! pass under way, checks its kernel log and powers off.
 //!
+//! `a_vm_on_an_nbd_export_migrates_with_a_running_guest_and_back`: the same with the daemons'
+//! NBD exports (`--nbd-server`, `--export type=nbd,...,allow-inactive=on`) and each QEMU's NBD
+//! client under a `virtio-blk-pci` device, the shape of QEMU's `tests/qsd-migrate`.
+//!
 //! A run passes when every fio pass exited 0 with its verify intact (a pass spans each
 //! migration: what it wrote before is verified after), the guest's kernel logged no I/O
 //! error, the daemons end as they should (the first active, the second not, both exiting 0 on
@@ -63,8 +67,8 @@ use std::time::{Duration, Instant};
 use aio_test_support::launch::LaunchError;
 use harness::{guest_image, runnable, GuestRun, GuestSpec, GUEST_TIMEOUT};
 use migration::{
-    active_nodes, guest_run, migrate, migrate_initrd, qcow2_clean, serve, Machine, Migrated, Role,
-    Served, Vm, STOP_TIMEOUT,
+    active_nodes, guest_run, migrate, migrate_initrd, qcow2_clean, serve, Export, Machine,
+    Migrated, Role, Served, Vm, STOP_TIMEOUT,
 };
 use serde_json::json;
 
@@ -76,6 +80,8 @@ const QUEUES: u32 = 2;
 const CHECKS: &[&str] = &["vda", "size", "queues", "fio-migrate", "no-io-errors"];
 /// Our daemon.
 const OURS: &str = env!("CARGO_BIN_EXE_aio-storage-daemon");
+/// The export most runs use.
+const VHOST: Export = Export::VhostUserBlk;
 
 /// One guest at a time: each takes both CPUs under TCG.
 static GUESTS: Mutex<()> = Mutex::new(());
@@ -150,15 +156,29 @@ struct Outcome {
     image_check: Option<Result<String, String>>,
 }
 
-/// A daemon of `program` on `nodes` (panics with its output if it does not start).
-fn daemon(program: &str, label: &str, dir: &Path, nodes: &[String], role: Role) -> Served {
-    serve(program, label, dir, nodes, QUEUES, role).unwrap_or_else(|e| panic!("{e}"))
+/// A daemon of `program` exporting `nodes` as `export` (panics with its output if it does
+/// not start).
+fn daemon(
+    program: &str,
+    label: &str,
+    dir: &Path,
+    nodes: &[String],
+    export: Export,
+    role: Role,
+) -> Served {
+    serve(program, label, dir, nodes, (export, QUEUES), role).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// Boots the guest on a daemon of `program`, migrates it to a second daemon and back, stops
-/// it; None (said) when the guest cannot be built. With `shared` both daemons serve the image
-/// active throughout, and no handover is made (qemu-storage-daemon's vhost-user-blk export).
-fn migrate_run(name: &str, program: &str, disk: &Disk, shared: bool) -> Option<Outcome> {
+/// Boots the guest on a daemon of `program` exporting `disk` as `export`, migrates it to a
+/// second daemon and back, stops it; None (said) when the guest cannot be built. With
+/// `shared` both daemons serve the image active throughout, and no handover is made
+/// (qemu-storage-daemon's vhost-user-blk export).
+fn migrate_run(
+    name: &str,
+    program: &str,
+    (disk, export): (&Disk, Export),
+    shared: bool,
+) -> Option<Outcome> {
     let image = guest_image()?;
     let _one = GUESTS.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().expect("tempdir");
@@ -178,12 +198,12 @@ fn migrate_run(name: &str, program: &str, disk: &Disk, shared: bool) -> Option<O
         false => (Role::Active, Role::Inactive),
         true => (Role::Shared, Role::Shared),
     };
-    let mut a = daemon(program, "daemon-a", dir, &nodes, role_a);
-    let mut b = daemon(program, "daemon-b", dir, &nodes, role_b);
+    let mut a = daemon(program, "daemon-a", dir, &nodes, export, role_a);
+    let mut b = daemon(program, "daemon-b", dir, &nodes, export, role_b);
     println!("{name}: {program} serving {nodes:?}");
 
-    let mut src = Vm::start(&machine, "src", &a.socket, false);
-    let mut dst = Vm::start(&machine, "dst", &b.socket, true);
+    let mut src = Vm::start(&machine, "src", &a, false);
+    let mut dst = Vm::start(&machine, "dst", &b, true);
     src.wait_for("GUEST-FIO-START", 1, GUEST_TIMEOUT);
     // Into the first pass (its writes are verified on the destination).
     std::thread::sleep(Duration::from_secs(2));
@@ -196,7 +216,7 @@ fn migrate_run(name: &str, program: &str, disk: &Disk, shared: bool) -> Option<O
     let first = src.quit();
     dst.wait_for("GUEST-FIO-PASS", 1, GUEST_TIMEOUT);
 
-    let mut back = Vm::start(&machine, "back", &a.socket, true);
+    let mut back = Vm::start(&machine, "back", &a, true);
     let returned = migrate(
         &mut dst,
         &mut back,
@@ -285,7 +305,7 @@ impl Outcome {
 /// A raw file: there and back, the guest's verify intact.
 #[test]
 fn a_raw_image_migrates_with_a_running_guest_and_back() {
-    if let Some(outcome) = migrate_run("migrate-raw", OURS, &Disk::Raw, false) {
+    if let Some(outcome) = migrate_run("migrate-raw", OURS, (&Disk::Raw, VHOST), false) {
         outcome.assert_passed();
     }
 }
@@ -295,7 +315,18 @@ fn a_raw_image_migrates_with_a_running_guest_and_back() {
 /// clean.
 #[test]
 fn a_qcow2_image_migrates_with_a_running_guest_and_back() {
-    if let Some(outcome) = migrate_run("migrate-qcow2", OURS, &Disk::Qcow2, false) {
+    if let Some(outcome) = migrate_run("migrate-qcow2", OURS, (&Disk::Qcow2, VHOST), false) {
+        outcome.assert_passed();
+    }
+}
+
+/// A VM whose disk is QEMU's NBD client of our NBD export (the shape of QEMU's
+/// `tests/qsd-migrate`, with a running guest): a qcow2 image there and back, the guest's
+/// verify intact, `qemu-img check` clean.
+#[test]
+fn a_vm_on_an_nbd_export_migrates_with_a_running_guest_and_back() {
+    let disk = (&Disk::Qcow2, Export::Nbd);
+    if let Some(outcome) = migrate_run("migrate-nbd-qcow2", OURS, disk, false) {
         outcome.assert_passed();
     }
 }
@@ -317,7 +348,7 @@ fn an_rbd_image_migrates_with_a_running_guest_and_back() {
         spec.image.clone(),
         test.conf().to_path_buf(),
     );
-    if let Some(outcome) = migrate_run("migrate-rbd", OURS, &disk, false) {
+    if let Some(outcome) = migrate_run("migrate-rbd", OURS, (&disk, VHOST), false) {
         outcome.assert_passed();
     }
 }
@@ -343,11 +374,11 @@ fn a_destination_without_active_off_is_refused_by_the_locks() {
         dir,
     };
     let started = Instant::now();
-    let a = daemon(OURS, "daemon-a", dir, &nodes, Role::Active);
-    let mut src = Vm::start(&machine, "src", &a.socket, false);
+    let a = daemon(OURS, "daemon-a", dir, &nodes, VHOST, Role::Active);
+    let mut src = Vm::start(&machine, "src", &a, false);
     src.wait_for("GUEST-FIO-START", 1, GUEST_TIMEOUT);
 
-    match serve(OURS, "daemon-b", dir, &nodes, QUEUES, Role::Active) {
+    match serve(OURS, "daemon-b", dir, &nodes, (VHOST, QUEUES), Role::Active) {
         Ok(_) => panic!("a second daemon opened the image active while the first serves it"),
         Err(e @ LaunchError::Failed { .. }) => {
             let text = e.to_string();
@@ -357,7 +388,7 @@ fn a_destination_without_active_off_is_refused_by_the_locks() {
         }
         Err(e) => panic!("{e}"),
     }
-    let mut b = daemon(OURS, "daemon-b", dir, &nodes, Role::Inactive);
+    let mut b = daemon(OURS, "daemon-b", dir, &nodes, VHOST, Role::Inactive);
     let (_, desc) = b.qmp.error("blockdev-set-active", json!({"active": true}));
     assert!(desc.contains("Failed to get \"write\" lock"), "{desc}");
     assert!(active_nodes(&mut b.qmp).iter().all(|(_, active)| !*active));
@@ -403,7 +434,7 @@ fn qemu_storage_daemon_migrates_the_same_guest() {
     for round in 0..rounds {
         for (n, (who, program, shared)) in servers.iter().enumerate() {
             let name = format!("migrate-raw-{who}-{round}");
-            let Some(o) = migrate_run(&name, program, &Disk::Raw, *shared) else {
+            let Some(o) = migrate_run(&name, program, (&Disk::Raw, VHOST), *shared) else {
                 return;
             };
             downtimes[n].extend(o.migrations.iter().map(|m| m.downtime_ms));

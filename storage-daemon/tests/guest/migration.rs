@@ -125,9 +125,10 @@ pub struct Machine<'a> {
 }
 
 impl Vm {
-    /// Starts QEMU on the vhost-user-blk socket `disk`; with `incoming` it waits for a
-    /// migration (`-incoming defer`) instead of booting.
-    pub fn start(m: &Machine, label: &str, disk: &Path, incoming: bool) -> Vm {
+    /// Starts QEMU on the disk `served` exports (vhost-user-blk, or QEMU's NBD client under
+    /// a virtio-blk device); with `incoming` it waits for a migration (`-incoming defer`)
+    /// instead of booting.
+    pub fn start(m: &Machine, label: &str, served: &Served, incoming: bool) -> Vm {
         let monitor = m.dir.join(format!("qemu-{label}.qmp"));
         let _ = fs::remove_file(&monitor);
         let mut cmd = Command::new("qemu-system-x86_64");
@@ -139,13 +140,7 @@ impl Vm {
                 &format!("memory-backend-memfd,id=mem,size={RAM},share=on"),
             ])
             .args(["-numa", "node,memdev=mem"])
-            .arg("-chardev")
-            .arg(format!("socket,id=c0,path={}", disk.display()))
-            .arg("-device")
-            .arg(format!(
-                "vhost-user-blk-pci,id=vblk0,chardev=c0,num-queues={}",
-                m.queues
-            ))
+            .args(served.export.qemu_args(&served.socket, m.queues))
             .arg("-kernel")
             .arg(&m.image.kernel)
             .arg("-initrd")
@@ -278,14 +273,76 @@ impl Vm {
     }
 }
 
-/// A daemon serving the run's disk: the process, its monitor, its vhost-user-blk socket.
+/// A daemon serving the run's disk: the process, its monitor, its export's socket.
 pub struct Served {
     /// The process.
     pub daemon: Daemon,
     /// Its monitor.
     pub qmp: Qmp,
-    /// Its vhost-user-blk socket.
+    /// How it exports the disk.
+    pub export: Export,
+    /// Its export's socket (vhost-user-blk's, or the NBD server's).
     pub socket: PathBuf,
+}
+
+/// How a daemon of a run exports the disk, and so how QEMU attaches it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Export {
+    /// A vhost-user-blk export: QEMU's `vhost-user-blk-pci` on its socket.
+    VhostUserBlk,
+    /// An NBD export named `disk` on the daemon's NBD server: QEMU's NBD client
+    /// (`-blockdev driver=nbd`) under a `virtio-blk-pci` device, as QEMU's
+    /// `tests/qsd-migrate` attaches it.
+    Nbd,
+}
+
+impl Export {
+    /// The daemon's `--export` (and `--nbd-server`) options for `node` on `socket`.
+    fn daemon_args(self, node: &str, socket: &Path, queues: u32, inactive_ok: bool) -> Vec<String> {
+        let allow = if inactive_ok {
+            ",allow-inactive=on"
+        } else {
+            ""
+        };
+        match self {
+            Export::VhostUserBlk => vec![
+                "--export".into(),
+                format!(
+                    "type=vhost-user-blk,id=e,node-name={node},addr.type=unix,addr.path={},\
+                     writable=on,num-queues={queues}{allow}",
+                    socket.display()
+                ),
+            ],
+            Export::Nbd => vec![
+                "--nbd-server".into(),
+                format!("addr.type=unix,addr.path={}", socket.display()),
+                "--export".into(),
+                format!("type=nbd,id=e,node-name={node},name=disk,writable=on{allow}"),
+            ],
+        }
+    }
+
+    /// QEMU's options attaching the disk on `socket` as the guest's virtio disk with `queues`
+    /// request queues.
+    fn qemu_args(self, socket: &Path, queues: u32) -> Vec<String> {
+        match self {
+            Export::VhostUserBlk => vec![
+                "-chardev".into(),
+                format!("socket,id=c0,path={}", socket.display()),
+                "-device".into(),
+                format!("vhost-user-blk-pci,id=vblk0,chardev=c0,num-queues={queues}"),
+            ],
+            Export::Nbd => vec![
+                "-blockdev".into(),
+                format!(
+                    "driver=nbd,node-name=disk0,server.type=unix,server.path={},export=disk",
+                    socket.display()
+                ),
+                "-device".into(),
+                format!("virtio-blk-pci,id=vblk0,drive=disk0,num-queues={queues}"),
+            ],
+        }
+    }
 }
 
 /// How a daemon of a run holds the image.
@@ -302,13 +359,13 @@ pub enum Role {
 }
 
 /// `program` (ours or qemu-storage-daemon) serving `nodes` (`--blockdev` options, the last
-/// exported) as a vhost-user-blk export in `role`, with a monitor; named `label` in `dir`.
+/// exported) as an `export` in `role`, with a monitor; named `label` in `dir`.
 pub fn serve(
     program: &str,
     label: &str,
     dir: &Path,
     nodes: &[String],
-    queues: u32,
+    (export, queues): (Export, u32),
     role: Role,
 ) -> Result<Served, LaunchError> {
     let socket = dir.join(format!("{label}.sock"));
@@ -329,18 +386,8 @@ pub fn serve(
         .last()
         .and_then(|n| n.split(',').find_map(|kv| kv.strip_prefix("node-name=")))
         .expect("a node-name in the last node");
+    args.extend(export.daemon_args(exported, &socket, queues, role != Role::Shared));
     args.extend([
-        "--export".to_string(),
-        format!(
-            "type=vhost-user-blk,id=e,node-name={exported},addr.type=unix,addr.path={},\
-             writable=on,num-queues={queues}{}",
-            socket.display(),
-            if role == Role::Shared {
-                ""
-            } else {
-                ",allow-inactive=on"
-            }
-        ),
         "--chardev".to_string(),
         format!("socket,id=m,path={},server=on,wait=off", monitor.display()),
         "--monitor".to_string(),
@@ -358,6 +405,7 @@ pub fn serve(
     Ok(Served {
         daemon,
         qmp,
+        export,
         socket,
     })
 }
