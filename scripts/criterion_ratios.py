@@ -68,3 +68,7 @@ for eng in ["pool", "linux-aio", "uring", "uring-shared-ring"]:
 for size in ["4k", "64k"]:
     ratio(f"dirty log on / off: a batch of 64 {size} reads on a null disk",
           mean_ns("dirty_log", "on", size), mean_ns("dirty_log", "off", size))
+for rw in ["randread", "randwrite"]:
+    # Time per batch, so off / on is IOPS on over off.
+    ratio(f"dirty log IOPS on / off: QD 32 4k {rw}, raw file in /dev/shm, io_uring",
+          mean_ns("dirty_log_qd32", "off", rw), mean_ns("dirty_log_qd32", "on", rw))

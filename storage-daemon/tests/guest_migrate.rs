@@ -38,7 +38,8 @@
 //! figure; not asserted). qemu-storage-daemon 10.0 cannot hand a vhost-user-blk export over
 //! (`allow-inactive` there is "Export type does not support inactive exports"), so its two
 //! daemons serve the raw image active throughout (its exports share write) and its
-//! migrations pause at `pre-switchover` without a handover.
+//! migrations pause at `pre-switchover` without a handover. On NBD exports both servers
+//! hand the image over, so the NBD rounds compare like with like.
 //!
 //! Needs the guest of `vhost-user-blk/scripts/build-guest.sh` (built once into
 //! `target/guest/`; its `/init` is replaced by `tests/guest/migrate-init.sh` for these runs),
@@ -410,10 +411,12 @@ fn a_destination_without_active_off_is_refused_by_the_locks() {
     println!("qemu-img check: {}", said.trim());
 }
 
-/// The raw run with qemu-storage-daemon as both daemons (both active throughout, no
-/// handover: see the file's header), then with ours, `AIO_MIGRATE_ROUNDS` times (3): every
-/// downtime printed, and each server's median (a comparison, not asserted; the guest's checks
-/// are asserted for ours only, reported for qemu-storage-daemon).
+/// The raw run with qemu-storage-daemon as both daemons, then with ours, on each export:
+/// vhost-user-blk (qemu-storage-daemon's daemons both active throughout, no handover: see the
+/// file's header) and NBD (both hand the image over at `pre-switchover`), each
+/// `AIO_MIGRATE_ROUNDS` times (3): every downtime printed, and each server's median (a
+/// comparison, not asserted; the guest's checks are asserted for ours only, reported for
+/// qemu-storage-daemon).
 #[test]
 #[ignore = "reference run against qemu-storage-daemon; run with --ignored"]
 fn qemu_storage_daemon_migrates_the_same_guest() {
@@ -425,16 +428,24 @@ fn qemu_storage_daemon_migrates_the_same_guest() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(3);
+    // Who, the program, the export, whether both daemons stay active (no handover).
     let servers = [
-        ("qemu-storage-daemon", "qemu-storage-daemon", true),
-        ("aio-storage-daemon", OURS, false),
+        ("qemu-storage-daemon", "qemu-storage-daemon", VHOST, true),
+        ("aio-storage-daemon", OURS, VHOST, false),
+        (
+            "qemu-storage-daemon",
+            "qemu-storage-daemon",
+            Export::Nbd,
+            false,
+        ),
+        ("aio-storage-daemon", OURS, Export::Nbd, false),
     ];
     let mut downtimes: Vec<Vec<u64>> = vec![Vec::new(); servers.len()];
     let mut failed = vec![0; servers.len()];
     for round in 0..rounds {
-        for (n, (who, program, shared)) in servers.iter().enumerate() {
-            let name = format!("migrate-raw-{who}-{round}");
-            let Some(o) = migrate_run(&name, program, (&Disk::Raw, VHOST), *shared) else {
+        for (n, (who, program, export, shared)) in servers.iter().enumerate() {
+            let name = format!("migrate-raw-{who}-{export:?}-{round}");
+            let Some(o) = migrate_run(&name, program, (&Disk::Raw, *export), *shared) else {
                 return;
             };
             downtimes[n].extend(o.migrations.iter().map(|m| m.downtime_ms));
@@ -446,11 +457,11 @@ fn qemu_storage_daemon_migrates_the_same_guest() {
         }
     }
     println!("\nmigration downtime (ms; QEMU's query-migrate, there and back, {rounds} rounds):");
-    for (n, (who, _, shared)) in servers.iter().enumerate() {
+    for (n, (who, _, export, shared)) in servers.iter().enumerate() {
         let mut all = downtimes[n].clone();
         all.sort_unstable();
         println!(
-            "  {who}: median {} of {:?}{}; {} guest runs failed",
+            "  {who} ({export:?}): median {} of {:?}{}; {} guest runs failed",
             all[all.len() / 2],
             downtimes[n],
             if *shared {
