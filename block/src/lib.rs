@@ -41,6 +41,8 @@
 
 #![warn(missing_docs)]
 
+pub mod bitmap;
+mod filter;
 pub mod format;
 pub mod image;
 pub mod lock;

@@ -14,6 +14,8 @@
 //!   [inactive](Image::inactivate) image (`EPERM`, as QEMU's NBD server answers "export is
 //!   inactive": write, write-zeroes, discard, flush) ends at once through the [`Reply`], with
 //!   the image untouched. An inactive image's reads are served.
+//! * **Filtered once.** A request that passes the checks goes through the request filter
+//!   ([`crate::filter`]: dirty bitmaps today) on its way to its kind.
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -23,6 +25,7 @@ use aio_core::EventLoop;
 use aio_loop::AioContext;
 use aio_loop::AttachedEngine;
 
+use crate::filter::FilterCache;
 use crate::image::driver::{Driver, QueueIo};
 use crate::image::{dispatch, Image};
 use crate::request::{self, BlockRequest, Reply};
@@ -33,6 +36,8 @@ use crate::status::{Allocation, Extent};
 pub struct ImageQueue<L: EventLoop + 'static, E: IoEngine + 'static> {
     image: Arc<Image>,
     io: QueueIo<L, E>,
+    /// The request filter's wrapper of the last reply (`filter.rs`).
+    filters: FilterCache,
 }
 
 impl<L: EventLoop + 'static, E: IoEngine + 'static> std::fmt::Debug for ImageQueue<L, E> {
@@ -49,6 +54,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> ImageQueue<L, E> {
         ImageQueue {
             image,
             io: QueueIo::new(engine),
+            filters: FilterCache::default(),
         }
     }
 
@@ -95,6 +101,12 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> ImageQueue<L, E> {
         if let Err(e) = self.check(&request) {
             drop(request);
             return reply.finish(tag, Err(e));
+        }
+        // The request filter (`filter.rs`): a change to the image ends through the filters.
+        if let (true, Some(range)) = (request.modifies(), request.range()) {
+            let filtered = self.filters.wrap(&self.image, reply);
+            let tag = (tag, range);
+            return dispatch!(self.image.backing(), d => d.submit(&self.io, ctx, &filtered, request, tag));
         }
         dispatch!(self.image.backing(), d => d.submit(&self.io, ctx, reply, request, tag))
     }

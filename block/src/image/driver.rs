@@ -72,6 +72,16 @@ pub(crate) trait Driver {
         Vec::new()
     }
 
+    /// Its cluster size, where it has one (qcow2).
+    fn cluster_size(&self) -> Option<u64> {
+        None
+    }
+
+    /// Whether it keeps persistent dirty bitmaps.
+    fn stores_bitmaps(&self) -> bool {
+        false
+    }
+
     /// Writes what the kind caches and syncs its files.
     fn close(&self) -> io::Result<()> {
         Ok(())

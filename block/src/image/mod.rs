@@ -19,10 +19,11 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use aio_core::engine::IoFile;
 
+use crate::bitmap::{self, BitmapError, BitmapOptions, BitmapSet, DirtyBitmap};
 use crate::format::{ImageFormat, KnownFormat};
 use crate::lock::{Access, ImageLock};
 use crate::stats::BlockStats;
@@ -95,6 +96,8 @@ pub struct Image {
     transition: Mutex<()>,
     /// A dirty qcow2 image served read-only though the options asked for writes.
     dirty: bool,
+    /// Its dirty bitmaps, which the request filter dirties.
+    bitmaps: BitmapSet,
 }
 
 /// A whole, positive number of sectors, or the error naming `path`.
@@ -119,6 +122,7 @@ impl Image {
             active: AtomicBool::new(true),
             transition: Mutex::new(()),
             dirty: false,
+            bitmaps: BitmapSet::new(),
         }
     }
 
@@ -367,6 +371,33 @@ impl Image {
     /// The image's I/O statistics (QEMU's `query-blockstats`), counted by its exports.
     pub fn stats(&self) -> &BlockStats {
         &self.stats
+    }
+
+    /// Its dirty bitmaps ([`crate::bitmap`]).
+    pub fn dirty_bitmaps(&self) -> &BitmapSet {
+        &self.bitmaps
+    }
+
+    /// The cluster size of an image that has one (qcow2), which a dirty bitmap's default
+    /// granularity follows.
+    pub fn cluster_size(&self) -> Option<u64> {
+        dispatch!(&self.backing, d => d.cluster_size())
+    }
+
+    /// Adds a dirty bitmap named `name` over the whole image (`block-dirty-bitmap-add`): the
+    /// granularity the options give, or QEMU's default for this image
+    /// ([`bitmap::default_granularity`]). A persistent one is refused on an image that
+    /// cannot store it.
+    pub fn add_dirty_bitmap(
+        &self,
+        name: &str,
+        options: BitmapOptions,
+    ) -> Result<Arc<DirtyBitmap>, BitmapError> {
+        let granularity = bitmap::default_granularity(self.cluster_size());
+        let storable = dispatch!(&self.backing, d => d.stores_bitmaps());
+        let node = self.path.display().to_string();
+        self.bitmaps
+            .add(name, (self.size(), granularity), options, (storable, &node))
     }
 }
 

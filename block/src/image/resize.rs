@@ -50,6 +50,9 @@ impl Image {
             self.size.store(bytes, Ordering::Release);
         }
         let resized = dispatch!(&self.backing, d => d.resize(bytes, old));
+        if resized.is_ok() {
+            self.bitmaps.resize(bytes);
+        }
         match resized {
             Ok(()) if growing => self.size.store(bytes, Ordering::Release),
             Ok(()) => {}

@@ -41,6 +41,10 @@ impl Driver for Arc<Qcow2Image> {
             .clone()
     }
 
+    fn cluster_size(&self) -> Option<u64> {
+        Some(1 << self.cluster_bits)
+    }
+
     fn close(&self) -> io::Result<()> {
         Qcow2Image::close(self)
     }

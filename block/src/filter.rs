@@ -1,0 +1,76 @@
+//! The request filter: what runs around every request an [`ImageQueue`](crate::ImageQueue)
+//! submits, whatever the image's kind.
+//!
+//! This module owns the one hook in the submit path and the reply it wraps a modifying
+//! request's end in; what each filter does is its own module's. Today one filter runs:
+//!
+//! * **Dirty bitmaps** ([`crate::bitmap`]): a write, write-zeroes or discard dirties the
+//!   image's recording bitmaps when it completes, failed or not (QEMU's
+//!   `bdrv_co_write_req_finish`), before its end is told to the export: once an export has
+//!   seen a write end, every bitmap shows it, so a backup that drains and then reads a bitmap
+//!   misses nothing. A bitmap added while a write is in flight is dirtied by it too (the set
+//!   is read at the end, not at the submit).
+//!
+//! The filters to come take the same hook: copy-before-write (a backup's old data copied out
+//! before a write to a range not yet copied runs) and throttling (a request held until its
+//! group's budget lets it go) act before the submit, each a module beside `bitmap`, called
+//! from the same place in `ImageQueue::submit`.
+//!
+//! The wrapper costs no allocation per request: a queue keeps the one it made for the last
+//! export's reply ([`FilterCache`]) and makes another only when a different reply comes.
+
+use std::any::Any;
+use std::cell::RefCell;
+use std::io;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use crate::image::Image;
+use crate::request::Reply;
+
+/// An export's reply, with the filters' completion side run before it.
+pub(crate) struct FilterReply<R: Reply> {
+    inner: Rc<R>,
+    image: Arc<Image>,
+}
+
+impl<R: Reply> Reply for FilterReply<R> {
+    /// The export's tag, and the request's byte range.
+    type Tag = (R::Tag, (u64, u64));
+
+    fn finish(&self, (tag, (offset, len)): Self::Tag, result: io::Result<()>) {
+        self.image.dirty_bitmaps().mark(offset, len);
+        self.inner.finish(tag, result);
+    }
+
+    fn bounced(&self) {
+        self.inner.bounced();
+    }
+}
+
+/// The [`FilterReply`] a queue made last, for the reply it wraps.
+#[derive(Default)]
+pub(crate) struct FilterCache {
+    last: RefCell<Option<Rc<dyn Any>>>,
+}
+
+impl FilterCache {
+    /// `reply` wrapped for `image`: the cached wrapper when it wraps this very reply, else a
+    /// new one (then cached).
+    pub(crate) fn wrap<R: Reply>(&self, image: &Arc<Image>, reply: &Rc<R>) -> Rc<FilterReply<R>> {
+        let mut last = self.last.borrow_mut();
+        if let Some(cached) = last.as_ref() {
+            if let Ok(wrapper) = cached.clone().downcast::<FilterReply<R>>() {
+                if Rc::ptr_eq(&wrapper.inner, reply) {
+                    return wrapper;
+                }
+            }
+        }
+        let wrapper = Rc::new(FilterReply {
+            inner: reply.clone(),
+            image: image.clone(),
+        });
+        *last = Some(wrapper.clone());
+        wrapper
+    }
+}
