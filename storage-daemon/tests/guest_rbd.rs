@@ -68,13 +68,6 @@ fn qemu_rbd_present(conf: &Path) -> bool {
     true
 }
 
-/// A new image of the guest's capacity.
-fn new_image(test: &TestCluster) -> ImageSpec {
-    let spec = ImageSpec::new("rbd", &TestCluster::unique_name("guest"));
-    RbdImage::create(&test.connect(), &spec, CAPACITY).unwrap();
-    spec
-}
-
 fn qemu_img(args: &[&str]) -> (Option<i32>, String) {
     let out = aio_test_support::tool::output("qemu-img", args);
     (out.status.code(), aio_test_support::tool::text(&out))
@@ -90,7 +83,7 @@ fn guest_checks_an_rbd_disk() {
         return;
     }
     let _one = GUESTS.lock().unwrap_or_else(|e| e.into_inner());
-    let rbd = new_image(&test);
+    let rbd = TestCluster::new_image(&test.connect(), "guest", CAPACITY);
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("vhost-user-blk.sock");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_aio-storage-daemon"));
@@ -166,7 +159,11 @@ fn guest_writes_the_same_rbd_image_as_qemu_storage_daemon() {
         return;
     }
     let _one = GUESTS.lock().unwrap_or_else(|e| e.into_inner());
-    let (theirs, ours) = (new_image(&test), new_image(&test));
+    let (theirs, ours) = {
+        let cluster = test.connect();
+        let image = || TestCluster::new_image(&cluster, "guest", CAPACITY);
+        (image(), image())
+    };
     let dir = tempfile::tempdir().unwrap();
     let mut qsd = blockdev_daemon("qemu-storage-daemon", &test, &theirs, dir.path());
     let their_run = replay(&dir.path().join("disk.sock"), None, "rbd-replay-qsd");

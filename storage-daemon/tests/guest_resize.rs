@@ -140,11 +140,7 @@ fn resize_under_a_guest(program: &str, format: &str, name: &str) {
             let Some(test) = aio_rbd::testing::TestCluster::get() else {
                 return;
             };
-            let spec = aio_rbd::ImageSpec::new(
-                "rbd",
-                &aio_rbd::testing::TestCluster::unique_name("resize"),
-            );
-            aio_rbd::RbdImage::create(&test.connect(), &spec, BEFORE).unwrap();
+            let spec = aio_rbd::testing::TestCluster::new_image(&test.connect(), "resize", BEFORE);
             image = format!("rbd:{spec}:conf={}", test.conf().display()).into();
             Some((test, spec))
         }
