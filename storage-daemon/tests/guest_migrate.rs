@@ -52,9 +52,6 @@ mod harness;
 mod migration;
 #[path = "common/qmp.rs"]
 mod qmp_client;
-#[path = "guest/reaped.rs"]
-#[allow(dead_code)]
-mod reaped;
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;

@@ -24,8 +24,6 @@ mod common;
 #[path = "guest/harness.rs"]
 #[allow(dead_code)]
 mod harness;
-#[path = "guest/reaped.rs"]
-mod reaped;
 #[path = "guest/restarts.rs"]
 mod restarts;
 
