@@ -16,7 +16,7 @@ use aio_block::status::ExtentKind;
 use aio_block::{BlockRequest, Image, ImageOptions, ImageQueue, LentMemory, Reply};
 use aio_core::engine::AlignedBuf;
 use aio_rbd::testing::TestCluster;
-use aio_rbd::{ImageSpec, RbdError, RbdImage, RbdTarget};
+use aio_rbd::{ImageSpec, RbdError, RbdTarget};
 
 const MIB: u64 = 1 << 20;
 
@@ -86,8 +86,7 @@ fn an_rbd_disk_is_served_as_a_file_is() {
         return;
     };
     let cluster = test.connect();
-    let spec = ImageSpec::new("rbd", &TestCluster::unique_name("block"));
-    RbdImage::create(&cluster, &spec, 64 * MIB).unwrap();
+    let spec = TestCluster::new_image(&cluster, "block", 64 * MIB);
     let image =
         Arc::new(Image::open_rbd(&target(&test, &spec), ImageOptions::default(), None).unwrap());
     assert_eq!((image.size(), image.format_name()), (64 * MIB, "raw"));
@@ -239,8 +238,7 @@ fn a_qcow2_image_in_rbd_with_a_backing_file_is_refused() {
         return;
     };
     let cluster = test.connect();
-    let spec = ImageSpec::new("rbd", &TestCluster::unique_name("qcow2b"));
-    RbdImage::create(&cluster, &spec, 16 * MIB).unwrap();
+    let spec = TestCluster::new_image(&cluster, "qcow2b", 16 * MIB);
     let raw = Image::open_rbd(
         &target(&test, &spec),
         ImageOptions::new(ImageFormat::Raw),
@@ -291,8 +289,7 @@ fn an_rbd_disk_is_handed_over_with_its_exclusive_lock() {
         return;
     };
     let cluster = test.connect();
-    let spec = ImageSpec::new("rbd", &TestCluster::unique_name("handover"));
-    RbdImage::create(&cluster, &spec, 16 * MIB).unwrap();
+    let spec = TestCluster::new_image(&cluster, "handover", 16 * MIB);
     let options = ImageOptions::new(ImageFormat::Raw);
     let at = target(&test, &spec);
     let a = Arc::new(Image::open_rbd(&at, options.clone(), None).unwrap());

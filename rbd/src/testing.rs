@@ -1,8 +1,9 @@
 //! A one-node Ceph cluster for tests (feature `testing`): the one `AIO_CEPH_CONF` names, or
 //! one started by `scripts/ceph-cluster.sh` for the test and stopped when it ends.
 //!
-//! This module owns finding or starting the cluster and stopping one it started; it never
-//! makes images (the tests do, each its own).
+//! This module owns finding or starting the cluster and stopping one it started, and makes
+//! the images tests ask for ([`TestCluster::new_image`]: each test its own, under a name no
+//! other uses); what a test does with them is the test's.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -161,6 +162,15 @@ impl TestCluster {
             .expect("qemu-img (Debian package qemu-utils)");
         assert!(out.status.success(), "qemu-img create: {out:?}");
         self.rbd(&["import", local.to_str().expect("UTF-8"), &spec.to_string()]);
+    }
+
+    /// A new image of `size` bytes in the pool `rbd`, made through `cluster` (a connection to
+    /// this cluster), its name [`unique`](TestCluster::unique_name) from `prefix`: its spec.
+    pub fn new_image(cluster: &Arc<Cluster>, prefix: &str, size: u64) -> crate::ImageSpec {
+        let spec = crate::ImageSpec::new("rbd", &Self::unique_name(prefix));
+        crate::RbdImage::create(cluster, &spec, size)
+            .unwrap_or_else(|e| panic!("creating the image {spec} of {size} bytes: {e}"));
+        spec
     }
 
     /// A name no other test uses: `prefix` and this process's id and a counter.

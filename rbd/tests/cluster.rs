@@ -24,12 +24,6 @@ fn run_until(ctx: &AioContext<PollLoop>, done: impl Fn() -> bool) {
     }
 }
 
-fn new_image(cluster: &Arc<Cluster>, size: u64) -> ImageSpec {
-    let spec = ImageSpec::new("rbd", &TestCluster::unique_name("t"));
-    RbdImage::create(cluster, &spec, size).unwrap();
-    spec
-}
-
 #[test]
 fn rbd_images_on_a_one_node_cluster() {
     if let Ok(args) = std::env::var(CHILD_ENV) {
@@ -111,7 +105,7 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
 
 fn requests_as_futures(cluster: &Arc<Cluster>) {
     use aio_rbd::RbdOp;
-    let spec = new_image(cluster, 16 * MIB);
+    let spec = TestCluster::new_image(cluster, "t", 16 * MIB);
     let image = RbdImage::open(cluster, &spec, false).unwrap();
     let (r, m) = block_on(image.submit(
         RbdOp::Write(4096),
@@ -143,7 +137,7 @@ fn requests_as_futures(cluster: &Arc<Cluster>) {
 }
 
 fn requests_end_on_the_submitting_loop_with_the_data(cluster: &Arc<Cluster>) {
-    let spec = new_image(cluster, 64 * MIB);
+    let spec = TestCluster::new_image(cluster, "t", 64 * MIB);
     let image = RbdImage::open(cluster, &spec, false).unwrap();
     assert_eq!(image.size().unwrap(), 64 * MIB);
     let ctx = AioContext::new(PollLoop::new()).unwrap();
@@ -234,7 +228,7 @@ fn requests_end_on_the_submitting_loop_with_the_data(cluster: &Arc<Cluster>) {
 }
 
 fn several_loops_share_one_image_each_hearing_its_own(cluster: &Arc<Cluster>) {
-    let spec = new_image(cluster, 16 * MIB);
+    let spec = TestCluster::new_image(cluster, "t", 16 * MIB);
     let image = RbdImage::open(cluster, &spec, false).unwrap();
     let threads: Vec<_> = (0..3u8)
         .map(|t| {
@@ -278,7 +272,7 @@ fn several_loops_share_one_image_each_hearing_its_own(cluster: &Arc<Cluster>) {
 }
 
 fn block_status_reports_written_objects_only(cluster: &Arc<Cluster>) {
-    let spec = new_image(cluster, 64 * MIB);
+    let spec = TestCluster::new_image(cluster, "t", 64 * MIB);
     let image = RbdImage::open(cluster, &spec, false).unwrap();
     let object = image.object_size();
     assert_eq!(image.allocated(0, 64 * MIB).unwrap(), vec![]);
@@ -352,7 +346,7 @@ fn the_exclusive_lock_keeps_one_writer_and_a_dead_holder_is_broken(
     test: &TestCluster,
     cluster: &Arc<Cluster>,
 ) {
-    let spec = new_image(cluster, 16 * MIB);
+    let spec = TestCluster::new_image(cluster, "t", 16 * MIB);
     let records_dir = tempfile::tempdir().unwrap();
     let records = LockRecords::new(records_dir.path()).unwrap();
     let first = RbdImage::open(cluster, &spec, false).unwrap();
@@ -462,7 +456,7 @@ fn hold_the_lock_until_killed(args: &str) -> ! {
 }
 
 fn a_close_waits_for_the_requests_in_flight(cluster: &Arc<Cluster>) {
-    let spec = new_image(cluster, 64 * MIB);
+    let spec = TestCluster::new_image(cluster, "t", 64 * MIB);
     let image = RbdImage::open(cluster, &spec, false).unwrap();
     let ctx = AioContext::new(PollLoop::new()).unwrap();
     let queue = RbdQueue::new(image.clone(), &ctx);

@@ -18,17 +18,16 @@
 //! `cargo test -p aio-storage-daemon --test guest -- --ignored`.
 
 use aio_conformance::skip;
+use aio_test_support::launch::{Daemon, Launch};
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 #[path = "guest/harness.rs"]
 #[allow(dead_code)] // shared with guest_restart.rs
 mod harness;
-#[path = "guest/reaped.rs"]
-mod reaped;
-use harness::{guest_image, run_guest, runnable, GuestSpec, RW_CHECKS};
-use reaped::Reaped;
+use harness::{
+    export_args, guest_image, run_guest, runnable, spawn, stop_cleanly, GuestSpec, RW_CHECKS,
+};
 
 /// Size of the disk image the guest gets: 256 MiB.
 const CAPACITY: u64 = 256 << 20;
@@ -73,22 +72,25 @@ fn make_image(dir: &Path, size: u64) -> PathBuf {
 
 /// Starts our daemon on `socket` serving `image` with the extra `--disk` options `extra`
 /// (such as `,readonly=on`), and waits for the socket.
-fn start_daemon(dir: &Path, socket: &Path, image: &Path, extra: &str) -> Reaped {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_aio-storage-daemon"));
-    cmd.arg("--disk").arg(format!(
-        "socket={},image={},serial={SERIAL},queues={QUEUES}{extra}",
-        socket.display(),
-        image.display()
-    ));
-    let mut daemon = Reaped::spawn("aio-storage-daemon", cmd, dir.join("daemon.log"));
-    daemon.wait_for_socket(socket);
-    daemon
+fn start_daemon(dir: &Path, socket: &Path, image: &Path, extra: &str) -> Daemon {
+    spawn(
+        Launch::new(env!("CARGO_BIN_EXE_aio-storage-daemon"))
+            .label("aio-storage-daemon")
+            .arg("--disk")
+            .arg(format!(
+                "socket={},image={},serial={SERIAL},queues={QUEUES}{extra}",
+                socket.display(),
+                image.display()
+            ))
+            .log_to(dir.join("daemon.log"))
+            .socket(socket),
+    )
 }
 
 /// Stops our daemon with SIGTERM and asserts it exits with status 0 (its documented answer
 /// to SIGTERM) and that the image kept its size.
-fn stop_daemon(mut daemon: Reaped, image: &Path) {
-    daemon.terminate_cleanly();
+fn stop_daemon(daemon: Daemon, image: &Path) {
+    stop_cleanly(daemon);
     let len = fs::metadata(image).expect("the image is still there").len();
     assert_eq!(len, CAPACITY, "the image changed size");
 }
@@ -145,23 +147,19 @@ fn guest_against_qemu_storage_daemon() {
         let disk = make_image(dir.path(), CAPACITY);
         let socket = dir.path().join("qsd.sock");
         let ro = if readonly { ",read-only=on" } else { "" };
-        let mut cmd = Command::new("qemu-storage-daemon");
-        cmd.arg("--blockdev")
-            .arg(format!(
-                "driver=file,node-name=file0,filename={},cache.direct=on{ro}",
-                disk.display()
-            ))
-            .arg("--blockdev")
-            .arg(format!("driver=raw,node-name=disk0,file=file0{ro}"))
-            .arg("--export")
-            .arg(format!(
-                "type=vhost-user-blk,id=exp0,node-name=disk0,addr.type=unix,addr.path={},\
-                 writable={},num-queues={QUEUES}",
-                socket.display(),
-                if readonly { "off" } else { "on" }
-            ));
-        let mut qsd = Reaped::spawn("qemu-storage-daemon", cmd, dir.path().join("qsd.log"));
-        qsd.wait_for_socket(&socket);
+        let qsd = spawn(
+            Launch::new("qemu-storage-daemon")
+                .arg("--blockdev")
+                .arg(format!(
+                    "driver=file,node-name=file0,filename={},cache.direct=on{ro}",
+                    disk.display()
+                ))
+                .arg("--blockdev")
+                .arg(format!("driver=raw,node-name=disk0,file=file0{ro}"))
+                .args(export_args(&socket, QUEUES, !readonly))
+                .log_to(dir.path().join("qsd.log"))
+                .socket(&socket),
+        );
         let spec = GuestSpec {
             socket: &socket,
             capacity: CAPACITY,
@@ -175,6 +173,6 @@ fn guest_against_qemu_storage_daemon() {
         };
         let name = if readonly { "qsd-ro" } else { "qsd-rw" };
         run_guest(image, &spec, name, &mut |_| {}).assert_passed(&spec);
-        let _ = qsd.terminate();
+        let _ = qsd.stop();
     }
 }

@@ -18,6 +18,7 @@
 //! `AIO_REQUIRE_ALL_BACKENDS=1` says nothing may be skipped.
 
 use aio_conformance::skip;
+use aio_test_support::launch::{Daemon, Launch};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
@@ -26,10 +27,10 @@ mod common;
 #[path = "guest/harness.rs"]
 #[allow(dead_code)] // shared with guest.rs and guest_restart.rs
 mod harness;
-#[path = "guest/reaped.rs"]
-mod reaped;
-use harness::{guest_image, run_guest, runnable, GuestRun, GuestSpec, REPLAY_CHECKS, RW_CHECKS};
-use reaped::Reaped;
+use harness::{
+    export_args, guest_image, run_guest, runnable, spawn, stop_cleanly, GuestRun, GuestSpec,
+    REPLAY_CHECKS, RW_CHECKS,
+};
 
 /// The guest's disk: 256 MiB of virtual size.
 const CAPACITY: u64 = 256 << 20;
@@ -79,19 +80,19 @@ fn start_ours(
     image: &Path,
     extra: &str,
     engine: Option<&str>,
-) -> Reaped {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_aio-storage-daemon"));
+) -> Daemon {
+    let mut launch = Launch::new(env!("CARGO_BIN_EXE_aio-storage-daemon"))
+        .label("aio-storage-daemon")
+        .log_to(dir.join("daemon.log"))
+        .socket(socket);
     if let Some(engine) = engine {
-        cmd.args(["--engine", engine]);
+        launch = launch.args(["--engine", engine]);
     }
-    cmd.arg("--disk").arg(format!(
+    spawn(launch.arg("--disk").arg(format!(
         "socket={},image={},serial={SERIAL},queues={QUEUES}{extra}",
         socket.display(),
         image.display()
-    ));
-    let mut daemon = Reaped::spawn("aio-storage-daemon", cmd, dir.join("daemon.log"));
-    daemon.wait_for_socket(socket);
-    daemon
+    )))
 }
 
 /// The guest's spec on `socket` with the checks `checks` and the kernel options `append`.
@@ -136,10 +137,10 @@ fn guest_checks_a_qcow2_disk() {
     let _one = GUESTS.lock().unwrap_or_else(|e| e.into_inner());
     let (dir, disk) = new_qcow2();
     let socket = dir.path().join("vhost-user-blk.sock");
-    let mut daemon = start_ours(dir.path(), &socket, &disk, "", None);
+    let daemon = start_ours(dir.path(), &socket, &disk, "", None);
     let spec = spec(&socket, Some(SERIAL), RW_CHECKS);
     run_guest(image, &spec, "qcow2-rw", &mut |_| {}).assert_passed(&spec);
-    daemon.terminate_cleanly();
+    stop_cleanly(daemon);
     assert_clean(&disk);
 }
 
@@ -155,16 +156,19 @@ fn guest_checks_a_qcow2_disk_over_nbd() {
     let _one = GUESTS.lock().unwrap_or_else(|e| e.into_inner());
     let (dir, disk) = new_qcow2();
     let socket = dir.path().join("nbd.sock");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_aio-storage-daemon"));
-    cmd.arg("--nbd").arg(format!("unix:{}", socket.display()));
-    cmd.arg("--nbd-export")
-        .arg(format!("name=vm,image={},writable=on", disk.display()));
-    let mut daemon = Reaped::spawn("aio-storage-daemon", cmd, dir.path().join("daemon.log"));
-    daemon.wait_for_socket(&socket);
+    let daemon = spawn(
+        Launch::new(env!("CARGO_BIN_EXE_aio-storage-daemon"))
+            .label("aio-storage-daemon")
+            .args(["--nbd".to_string(), format!("unix:{}", socket.display())])
+            .arg("--nbd-export")
+            .arg(format!("name=vm,image={},writable=on", disk.display()))
+            .log_to(dir.path().join("daemon.log"))
+            .socket(&socket),
+    );
     let mut spec = spec(&socket, Some(SERIAL), RW_CHECKS);
     spec.nbd_export = Some("vm");
     run_guest(image, &spec, "qcow2-nbd", &mut |_| {}).assert_passed(&spec);
-    daemon.terminate_cleanly();
+    stop_cleanly(daemon);
     assert_clean(&disk);
 }
 
@@ -220,25 +224,22 @@ fn replay(socket: &Path, serial: Option<&str>, name: &str) -> GuestRun {
 fn replay_through_qsd(dir: &Path) -> (PathBuf, GuestRun) {
     let overlay = overlay_on_pattern(dir);
     let socket = dir.join("qsd.sock");
-    let mut cmd = Command::new("qemu-storage-daemon");
-    cmd.arg("--blockdev")
-        .arg(format!(
-            "driver=file,node-name=file0,filename={},cache.direct=on,discard=unmap",
-            overlay.display()
-        ))
-        .arg("--blockdev")
-        .arg("driver=qcow2,node-name=disk0,file=file0,discard=unmap")
-        .arg("--export")
-        .arg(format!(
-            "type=vhost-user-blk,id=exp0,node-name=disk0,addr.type=unix,addr.path={},\
-             writable=on,num-queues={QUEUES}",
-            socket.display()
-        ));
-    let mut qsd = Reaped::spawn("qemu-storage-daemon", cmd, dir.join("qsd.log"));
-    qsd.wait_for_socket(&socket);
+    let qsd = spawn(
+        Launch::new("qemu-storage-daemon")
+            .arg("--blockdev")
+            .arg(format!(
+                "driver=file,node-name=file0,filename={},cache.direct=on,discard=unmap",
+                overlay.display()
+            ))
+            .arg("--blockdev")
+            .arg("driver=qcow2,node-name=disk0,file=file0,discard=unmap")
+            .args(export_args(&socket, QUEUES, true))
+            .log_to(dir.join("qsd.log"))
+            .socket(&socket),
+    );
     // qemu-storage-daemon's serial cannot be set: that check is reported, not asserted.
     let run = replay(&socket, None, "qcow2-replay-qsd");
-    qsd.terminate_cleanly();
+    stop_cleanly(qsd);
     assert_clean(&overlay);
     (overlay, run)
 }
@@ -260,9 +261,9 @@ fn guest_writes_the_same_qcow2_image_as_qemu_storage_daemon() {
         let dir = tempfile::tempdir().expect("tempdir");
         let ours = overlay_on_pattern(dir.path());
         let socket = dir.path().join("vhost-user-blk.sock");
-        let mut daemon = start_ours(dir.path(), &socket, &ours, ",format=qcow2", Some(engine));
+        let daemon = start_ours(dir.path(), &socket, &ours, ",format=qcow2", Some(engine));
         let run = replay(&socket, Some(SERIAL), &format!("qcow2-replay-{engine}"));
-        daemon.terminate_cleanly();
+        stop_cleanly(daemon);
         assert_clean(&ours);
         let (code, said) = qemu_img(&[
             "compare",

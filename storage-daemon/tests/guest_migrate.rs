@@ -57,9 +57,6 @@ mod harness;
 mod migration;
 #[path = "common/qmp.rs"]
 mod qmp_client;
-#[path = "guest/reaped.rs"]
-#[allow(dead_code)]
-mod reaped;
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -339,8 +336,7 @@ fn an_rbd_image_migrates_with_a_running_guest_and_back() {
     let Some(test) = TestCluster::get() else {
         return;
     };
-    let spec = aio_rbd::ImageSpec::new("rbd", &TestCluster::unique_name("migrate"));
-    aio_rbd::RbdImage::create(&test.connect(), &spec, CAPACITY).unwrap();
+    let spec = TestCluster::new_image(&test.connect(), "migrate", CAPACITY);
     let run_dir = tempfile::tempdir().expect("tempdir");
     // The daemons' lock records (one host: one directory).
     std::env::set_var("AIO_STORAGE_DAEMON_RUN_DIR", run_dir.path());

@@ -21,15 +21,15 @@ use std::sync::Mutex;
 use aio_conformance::skip;
 use aio_rbd::testing::TestCluster;
 use aio_rbd::{ImageSpec, RbdImage};
+use aio_test_support::launch::{Daemon, Launch};
 
 mod common;
 #[path = "guest/harness.rs"]
 #[allow(dead_code)] // shared with the other guest tests
 mod harness;
-#[path = "guest/reaped.rs"]
-mod reaped;
-use harness::{guest_image, run_guest, GuestSpec, REPLAY_CHECKS, RW_CHECKS};
-use reaped::Reaped;
+use harness::{
+    export_args, guest_image, run_guest, spawn, stop_cleanly, GuestSpec, REPLAY_CHECKS, RW_CHECKS,
+};
 
 /// The guest's disk: 256 MiB.
 const CAPACITY: u64 = 256 << 20;
@@ -68,13 +68,6 @@ fn qemu_rbd_present(conf: &Path) -> bool {
     true
 }
 
-/// A new image of the guest's capacity.
-fn new_image(test: &TestCluster) -> ImageSpec {
-    let spec = ImageSpec::new("rbd", &TestCluster::unique_name("guest"));
-    RbdImage::create(&test.connect(), &spec, CAPACITY).unwrap();
-    spec
-}
-
 fn qemu_img(args: &[&str]) -> (Option<i32>, String) {
     let out = aio_test_support::tool::output("qemu-img", args);
     (out.status.code(), aio_test_support::tool::text(&out))
@@ -90,21 +83,25 @@ fn guest_checks_an_rbd_disk() {
         return;
     }
     let _one = GUESTS.lock().unwrap_or_else(|e| e.into_inner());
-    let rbd = new_image(&test);
+    let rbd = TestCluster::new_image(&test.connect(), "guest", CAPACITY);
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("vhost-user-blk.sock");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_aio-storage-daemon"));
-    cmd.env("AIO_STORAGE_DAEMON_RUN_DIR", dir.path());
-    cmd.arg("--disk").arg(format!(
-        "socket={},image={},serial={SERIAL},queues={QUEUES}",
-        socket.display(),
-        test.qemu_name(&rbd)
-    ));
-    let mut daemon = Reaped::spawn("aio-storage-daemon", cmd, dir.path().join("daemon.log"));
-    daemon.wait_for_socket(&socket);
+    let daemon = spawn(
+        Launch::new(env!("CARGO_BIN_EXE_aio-storage-daemon"))
+            .label("aio-storage-daemon")
+            .env("AIO_STORAGE_DAEMON_RUN_DIR", dir.path())
+            .arg("--disk")
+            .arg(format!(
+                "socket={},image={},serial={SERIAL},queues={QUEUES}",
+                socket.display(),
+                test.qemu_name(&rbd)
+            ))
+            .log_to(dir.path().join("daemon.log"))
+            .socket(&socket),
+    );
     let spec = spec(&socket, Some(SERIAL), RW_CHECKS);
     run_guest(image, &spec, "rbd-rw", &mut |_| {}).assert_passed(&spec);
-    daemon.terminate_cleanly();
+    stop_cleanly(daemon);
     let (code, said) = qemu_img(&["info", "--output=json", &test.qemu_name(&rbd)]);
     assert_eq!(code, Some(0), "{said}");
     assert!(
@@ -131,26 +128,22 @@ fn replay(socket: &Path, serial: Option<&str>, name: &str) -> harness::GuestRun 
 }
 
 /// The daemon `program` with `--blockdev driver=rbd` on `rbd` exported on `socket`.
-fn blockdev_daemon(program: &str, test: &TestCluster, rbd: &ImageSpec, dir: &Path) -> Reaped {
+fn blockdev_daemon(program: &str, test: &TestCluster, rbd: &ImageSpec, dir: &Path) -> Daemon {
     let socket = dir.join("disk.sock");
-    let mut cmd = Command::new(program);
-    cmd.env("AIO_STORAGE_DAEMON_RUN_DIR", dir);
-    cmd.arg("--blockdev")
-        .arg(format!(
-            "driver=rbd,node-name=disk0,pool={},image={},conf={},user=admin,discard=unmap",
-            rbd.pool,
-            rbd.image,
-            test.conf().display()
-        ))
-        .arg("--export")
-        .arg(format!(
-            "type=vhost-user-blk,id=exp0,node-name=disk0,addr.type=unix,addr.path={},\
-             writable=on,num-queues={QUEUES}",
-            socket.display()
-        ));
-    let mut daemon = Reaped::spawn(program, cmd, dir.join("daemon.log"));
-    daemon.wait_for_socket(&socket);
-    daemon
+    spawn(
+        Launch::new(program)
+            .env("AIO_STORAGE_DAEMON_RUN_DIR", dir)
+            .arg("--blockdev")
+            .arg(format!(
+                "driver=rbd,node-name=disk0,pool={},image={},conf={},user=admin,discard=unmap",
+                rbd.pool,
+                rbd.image,
+                test.conf().display()
+            ))
+            .args(export_args(&socket, QUEUES, true))
+            .log_to(dir.join("daemon.log"))
+            .socket(&socket),
+    )
 }
 
 #[test]
@@ -166,16 +159,20 @@ fn guest_writes_the_same_rbd_image_as_qemu_storage_daemon() {
         return;
     }
     let _one = GUESTS.lock().unwrap_or_else(|e| e.into_inner());
-    let (theirs, ours) = (new_image(&test), new_image(&test));
+    let (theirs, ours) = {
+        let cluster = test.connect();
+        let image = || TestCluster::new_image(&cluster, "guest", CAPACITY);
+        (image(), image())
+    };
     let dir = tempfile::tempdir().unwrap();
-    let mut qsd = blockdev_daemon("qemu-storage-daemon", &test, &theirs, dir.path());
+    let qsd = blockdev_daemon("qemu-storage-daemon", &test, &theirs, dir.path());
     let their_run = replay(&dir.path().join("disk.sock"), None, "rbd-replay-qsd");
-    qsd.terminate_cleanly();
+    stop_cleanly(qsd);
     let dir = tempfile::tempdir().unwrap();
     let program = env!("CARGO_BIN_EXE_aio-storage-daemon");
-    let mut daemon = blockdev_daemon(program, &test, &ours, dir.path());
+    let daemon = blockdev_daemon(program, &test, &ours, dir.path());
     let our_run = replay(&dir.path().join("disk.sock"), None, "rbd-replay-ours");
-    daemon.terminate_cleanly();
+    stop_cleanly(daemon);
     let sum = their_run.info("disk_sha256");
     assert!(sum.is_some(), "the guest printed no disk_sha256");
     assert_eq!(

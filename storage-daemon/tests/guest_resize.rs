@@ -23,9 +23,6 @@ mod common;
 mod harness;
 #[path = "common/qmp.rs"]
 mod qmp_client;
-#[path = "guest/reaped.rs"]
-#[allow(dead_code)] // the harness's; this file starts its daemons through `Launch`
-mod reaped;
 
 use aio_conformance::skip;
 use aio_test_support::launch::Launch;
@@ -78,13 +75,8 @@ fn command_line(image: &Path, format: &str, socket: &Path, monitor: &Path) -> Ve
         .into_iter()
         .flat_map(|n| ["--blockdev".to_string(), n])
         .collect();
+    args.extend(harness::export_args(socket, QUEUES, true));
     args.extend([
-        "--export".to_string(),
-        format!(
-            "type=vhost-user-blk,id=exp0,node-name=disk0,addr.type=unix,addr.path={},\
-             writable=on,num-queues={QUEUES}",
-            socket.display()
-        ),
         "--chardev".to_string(),
         format!("socket,id=m0,path={},server=on,wait=off", monitor.display()),
         "--monitor".to_string(),
@@ -140,11 +132,7 @@ fn resize_under_a_guest(program: &str, format: &str, name: &str) {
             let Some(test) = aio_rbd::testing::TestCluster::get() else {
                 return;
             };
-            let spec = aio_rbd::ImageSpec::new(
-                "rbd",
-                &aio_rbd::testing::TestCluster::unique_name("resize"),
-            );
-            aio_rbd::RbdImage::create(&test.connect(), &spec, BEFORE).unwrap();
+            let spec = aio_rbd::testing::TestCluster::new_image(&test.connect(), "resize", BEFORE);
             image = format!("rbd:{spec}:conf={}", test.conf().display()).into();
             Some((test, spec))
         }

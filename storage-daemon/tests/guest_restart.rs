@@ -24,8 +24,6 @@ mod common;
 #[path = "guest/harness.rs"]
 #[allow(dead_code)]
 mod harness;
-#[path = "guest/reaped.rs"]
-mod reaped;
 #[path = "guest/restarts.rs"]
 mod restarts;
 
@@ -368,8 +366,7 @@ fn the_guest_survives_sigkill_of_the_daemon_on_a_qcow2_image() {
 fn rbd_disk() -> Option<(std::sync::Arc<aio_rbd::testing::TestCluster>, String)> {
     use aio_rbd::testing::TestCluster;
     let test = TestCluster::get()?;
-    let spec = aio_rbd::ImageSpec::new("rbd", &TestCluster::unique_name("restart"));
-    aio_rbd::RbdImage::create(&test.connect(), &spec, CAPACITY).unwrap();
+    let spec = TestCluster::new_image(&test.connect(), "restart", CAPACITY);
     let name = test.qemu_name(&spec);
     Some((test, name))
 }

@@ -22,14 +22,6 @@ use serde_json::json;
 
 const MIB: u64 = 1 << 20;
 
-/// A new image of `size` bytes; its `rbd:` name for the daemon.
-fn new_image(test: &TestCluster, cluster: &Arc<Cluster>, size: u64) -> (ImageSpec, String) {
-    let spec = ImageSpec::new("rbd", &TestCluster::unique_name("daemon"));
-    RbdImage::create(cluster, &spec, size).unwrap();
-    let name = test.qemu_name(&spec);
-    (spec, name)
-}
-
 /// `len` bytes at `offset` of the image, read by a client of our own (read-only: no lock).
 fn read_back(cluster: &Arc<Cluster>, spec: &ImageSpec, offset: u64, len: usize) -> Vec<u8> {
     let image = RbdImage::open(cluster, spec, true).unwrap();
@@ -70,7 +62,8 @@ fn our_disk_form_one_writer_and_a_restart_after_sigkill(
     cluster: &Arc<Cluster>,
 ) {
     let dir = tempfile::tempdir().unwrap();
-    let (spec, image) = new_image(test, cluster, 64 * MIB);
+    let spec = TestCluster::new_image(cluster, "daemon", 64 * MIB);
+    let image = test.qemu_name(&spec);
     let (args, socket) = disk_args(dir.path(), "a", &image);
     let daemon = Daemon::start(&args, vec![socket.clone()]);
     let mut c = common::connect(&socket, 1, 1 << 20).unwrap();
@@ -118,8 +111,8 @@ fn our_disk_form_one_writer_and_a_restart_after_sigkill(
 
 fn qsd_blockdev_over_nbd_and_qmp(test: &TestCluster, cluster: &Arc<Cluster>) {
     let dir = tempfile::tempdir().unwrap();
-    let (spec, _) = new_image(test, cluster, 32 * MIB);
-    let (spec2, _) = new_image(test, cluster, 16 * MIB);
+    let spec = TestCluster::new_image(cluster, "daemon", 32 * MIB);
+    let spec2 = TestCluster::new_image(cluster, "daemon", 16 * MIB);
     let (nbd, monitor) = (dir.path().join("nbd.sock"), dir.path().join("qmp.sock"));
     let args = vec![
         "--blockdev".to_string(),
@@ -253,7 +246,8 @@ fn requests_wait_out_an_osd_and_a_monitor_restart(test: &TestCluster, cluster: &
     const BLOCK: usize = 64 << 10;
     const BLOCKS: u64 = 256;
     let dir = tempfile::tempdir().unwrap();
-    let (spec, image) = new_image(test, cluster, BLOCKS * BLOCK as u64);
+    let spec = TestCluster::new_image(cluster, "daemon", BLOCKS * BLOCK as u64);
+    let image = test.qemu_name(&spec);
     let (args, socket) = disk_args(dir.path(), "fault", &image);
     let daemon = Daemon::start(&args, vec![socket.clone()]);
     let mut c = common::connect(&socket, 1, 16 * BLOCK).unwrap();

@@ -1,10 +1,14 @@
-//! A daemon started as a child process: its command line, its log, its CPU, its sockets (the
-//! storage daemon's tests, qemu-storage-daemon beside it, `aio-bench vhost`).
+//! A daemon started as a child process: its command line, its environment, its log, its CPU,
+//! its sockets (the storage daemon's tests, qemu-storage-daemon beside it, the guest tests'
+//! QEMU, `aio-bench vhost`).
 //!
 //! [`Launch::start`] spawns the program, waits (at most [`Launch::socket_wait`]) until every
 //! socket it names exists, and reports a daemon that exits before with its exit status,
 //! command line and the end of its log. [`Daemon::stop`] sends SIGTERM and waits (at most
-//! [`Daemon::STOP_WAIT`], then SIGKILL); a [`Daemon`] dropped without it is killed.
+//! [`Launch::stop_wait`], then SIGKILL), [`Daemon::stop_cleanly`] wants status 0 then; a
+//! [`Daemon`] dropped without it is killed, so a failed test leaves nothing running. A stream
+//! the test reads itself (QEMU's serial console) is a pipe ([`Launch::pipe_stdout`]) instead
+//! of the log.
 //!
 //! This module owns the child process, never the sockets' files beyond removing stale ones
 //! before the start, and never what the daemon serves on them (protocol clients stay with
@@ -23,16 +27,18 @@
 //! # Ok::<(), aio_test_support::launch::LaunchError>(())
 //! ```
 
+use std::ffi::OsString;
 use std::fs::File;
-use std::io::{self, Read, Seek};
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::io;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
-/// Lines of a failed daemon's log quoted in its error.
-const LOG_LINES: usize = 30;
+mod daemon;
+
+use daemon::file_id;
+pub use daemon::Daemon;
 
 /// Why a daemon could not be started, or how it ended early.
 #[derive(Debug, thiserror::Error)]
@@ -96,32 +102,45 @@ impl From<LaunchError> for io::Error {
 pub struct Launch {
     program: PathBuf,
     args: Vec<String>,
+    envs: Vec<(OsString, OsString)>,
     sockets: Vec<PathBuf>,
     label: String,
     log: Option<PathBuf>,
     cpu: Option<usize>,
     socket_wait: Duration,
+    stop_wait: Duration,
     /// The sockets are a running daemon's, which this one replaces (an upgrade).
     replacing: bool,
+    /// stdin, stdout and stderr are pipes (else /dev/null, the log, the log).
+    pipes: [bool; 3],
 }
 
 impl Launch {
     /// The longest wait for the sockets by default.
     pub const SOCKET_WAIT: Duration = Duration::from_secs(10);
 
-    /// `program` with no arguments, no sockets, its log in an anonymous file, not pinned.
+    /// `program` with no arguments, the test's environment, no sockets, its log in an
+    /// anonymous file, not pinned.
     pub fn new(program: impl Into<PathBuf>) -> Launch {
         let program = program.into();
         Launch {
             label: program.display().to_string(),
             program,
             args: Vec::new(),
+            envs: Vec::new(),
             sockets: Vec::new(),
             log: None,
             cpu: None,
             socket_wait: Launch::SOCKET_WAIT,
+            stop_wait: Daemon::STOP_WAIT,
             replacing: false,
+            pipes: [false; 3],
         }
+    }
+
+    /// Adds one argument.
+    pub fn arg(self, arg: impl Into<String>) -> Launch {
+        self.args([arg])
     }
 
     /// Adds arguments.
@@ -131,6 +150,12 @@ impl Launch {
         S: Into<String>,
     {
         self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// Sets the environment variable `key` to `value` in the daemon's environment.
+    pub fn env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Launch {
+        self.envs.push((key.into(), value.into()));
         self
     }
 
@@ -171,9 +196,42 @@ impl Launch {
         self
     }
 
-    /// The command line, as a shell would show it.
+    /// The longest wait for the exit after [`Daemon::stop`]'s signal (then the daemon is
+    /// killed); [`Daemon::STOP_WAIT`] by default.
+    pub fn stop_wait(mut self, wait: Duration) -> Launch {
+        self.stop_wait = wait;
+        self
+    }
+
+    /// Its stdin is a pipe, for [`Daemon::take_stdin`] (default: `/dev/null`).
+    pub fn pipe_stdin(mut self) -> Launch {
+        self.pipes[0] = true;
+        self
+    }
+
+    /// Its stdout is a pipe, for [`Daemon::take_stdout`], instead of the log.
+    pub fn pipe_stdout(mut self) -> Launch {
+        self.pipes[1] = true;
+        self
+    }
+
+    /// Its stderr is a pipe, for [`Daemon::take_stderr`], instead of the log.
+    pub fn pipe_stderr(mut self) -> Launch {
+        self.pipes[2] = true;
+        self
+    }
+
+    /// The command line, as a shell would show it (the environment it sets first).
     pub fn command_line(&self) -> String {
-        let mut line = self.program.display().to_string();
+        let mut line = String::new();
+        for (key, value) in &self.envs {
+            line.push_str(&format!(
+                "{}={} ",
+                key.to_string_lossy(),
+                value.to_string_lossy()
+            ));
+        }
+        line.push_str(&self.program.display().to_string());
         for a in &self.args {
             line.push(' ');
             line.push_str(a);
@@ -219,13 +277,23 @@ impl Launch {
             None => tempfile::tempfile(),
         }
         .map_err(io_err("creating its log".into()))?;
-        let log_err = log.try_clone().map_err(io_err("creating its log".into()))?;
-        let log_out = log.try_clone().map_err(io_err("creating its log".into()))?;
+        let to_log = |piped: bool| -> Result<Stdio, LaunchError> {
+            if piped {
+                return Ok(Stdio::piped());
+            }
+            let log = log.try_clone().map_err(io_err("creating its log".into()))?;
+            Ok(log.into())
+        };
         let mut cmd = Command::new(&self.program);
         cmd.args(&self.args)
-            .stdin(Stdio::null())
-            .stdout(log_out)
-            .stderr(log_err);
+            .envs(self.envs.iter().map(|(k, v)| (k, v)))
+            .stdin(if self.pipes[0] {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(to_log(self.pipes[1])?)
+            .stderr(to_log(self.pipes[2])?);
         let affinity = match self.cpu {
             Some(cpu) => {
                 let mut set = nix::sched::CpuSet::new();
@@ -259,185 +327,12 @@ impl Launch {
             child,
             sockets: self.sockets.clone(),
             log,
+            stop_wait: self.stop_wait,
             stopped: false,
         };
-        daemon.wait_for_sockets(self.socket_wait, &earlier)?;
+        let sockets: Vec<_> = self.sockets.iter().cloned().zip(earlier).collect();
+        daemon.wait_for_sockets(&sockets, self.socket_wait)?;
         Ok(daemon)
-    }
-}
-
-/// A running daemon; dropped without [`stop`](Daemon::stop), it is killed.
-#[derive(Debug)]
-pub struct Daemon {
-    label: String,
-    command: String,
-    child: Child,
-    sockets: Vec<PathBuf>,
-    log: File,
-    stopped: bool,
-}
-
-impl Daemon {
-    /// The longest wait for an exit after SIGTERM (then SIGKILL).
-    pub const STOP_WAIT: Duration = Duration::from_secs(5);
-
-    /// Waits for every socket to exist, and for each one that `earlier` names to be another
-    /// file than that one.
-    fn wait_for_sockets(
-        &mut self,
-        wait: Duration,
-        earlier: &[Option<(u64, u64)>],
-    ) -> Result<(), LaunchError> {
-        let deadline = Instant::now() + wait;
-        loop {
-            let missing = self
-                .sockets
-                .iter()
-                .zip(earlier)
-                .find(|(s, old)| !is_socket(s) || (old.is_some() && file_id(s) == **old))
-                .map(|(s, _)| s.clone());
-            let Some(missing) = missing else {
-                return Ok(());
-            };
-            if let Some(status) = self.try_wait()? {
-                return Err(self.failure(format!(
-                    "exited ({status}) before its socket {} appeared",
-                    missing.display()
-                )));
-            }
-            if Instant::now() >= deadline {
-                self.kill();
-                return Err(self.failure(format!(
-                    "did not create its socket {} within {} ms (killed)",
-                    missing.display(),
-                    wait.as_millis()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// Waits up to `timeout` for the daemon to exit by itself (no signal sent); its status,
-    /// or None if it still runs (it is then killed when dropped).
-    pub fn wait_exit(mut self, timeout: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Ok(Some(status)) = self.try_wait() {
-                return Some(status);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    fn try_wait(&mut self) -> Result<Option<ExitStatus>, LaunchError> {
-        let status = self.child.try_wait().map_err(|source| LaunchError::Io {
-            label: self.label.clone(),
-            what: "waiting for it".into(),
-            source,
-        })?;
-        self.stopped |= status.is_some();
-        Ok(status)
-    }
-
-    fn failure(&mut self, what: String) -> LaunchError {
-        let log = self.log();
-        let lines: Vec<&str> = log.lines().collect();
-        let tail = lines[lines.len().saturating_sub(LOG_LINES)..].join("\n  ");
-        let said = if tail.trim().is_empty() {
-            "it printed nothing".to_string()
-        } else {
-            format!("its output:\n  {tail}")
-        };
-        LaunchError::Failed {
-            label: self.label.clone(),
-            what,
-            command: self.command.clone(),
-            said,
-        }
-    }
-
-    /// What the daemon printed so far (stdout and stderr).
-    pub fn log(&mut self) -> String {
-        let mut text = String::new();
-        let _ = self.log.seek(io::SeekFrom::Start(0));
-        let _ = self.log.read_to_string(&mut text);
-        text
-    }
-
-    /// The daemon's PID.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Its name in messages.
-    pub fn label(&self) -> &str {
-        &self.label
-    }
-
-    /// Socket `i`, in the order [`Launch::socket`] gave them.
-    pub fn socket(&self, i: usize) -> &Path {
-        &self.sockets[i]
-    }
-
-    /// Whether it still runs; an error says how it ended, with its log.
-    pub fn check_running(&mut self) -> Result<(), LaunchError> {
-        match self.try_wait()? {
-            None => Ok(()),
-            Some(status) => Err(self.failure(format!("exited ({status}) during the run"))),
-        }
-    }
-
-    /// Sends `signal` (SIGKILL to kill it as a crash would; the daemon is not waited for).
-    pub fn signal(&self, signal: nix::sys::signal::Signal) -> io::Result<()> {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        nix::sys::signal::kill(pid, signal).map_err(io::Error::from)
-    }
-
-    /// Sends SIGTERM and waits for the exit (SIGKILL after [`Daemon::STOP_WAIT`]); returns how
-    /// it exited.
-    pub fn stop(self) -> Result<ExitStatus, LaunchError> {
-        self.stop_with(nix::sys::signal::Signal::SIGTERM)
-    }
-
-    /// As [`stop`](Daemon::stop), with `signal` instead of SIGTERM (SIGINT, as Ctrl-C).
-    pub fn stop_with(
-        mut self,
-        signal: nix::sys::signal::Signal,
-    ) -> Result<ExitStatus, LaunchError> {
-        let _ = self.signal(signal);
-        let deadline = Instant::now() + Daemon::STOP_WAIT;
-        loop {
-            if let Some(status) = self.try_wait()? {
-                return Ok(status);
-            }
-            if Instant::now() >= deadline {
-                self.kill();
-                let what = format!(
-                    "did not exit within {} s of {signal} (killed)",
-                    Daemon::STOP_WAIT.as_secs()
-                );
-                return Err(self.failure(what));
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    /// Kills it (SIGKILL) and reaps it.
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        self.stopped = true;
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if !self.stopped {
-            self.kill();
-        }
     }
 }
 
@@ -452,16 +347,6 @@ fn in_child(affinity: Option<&nix::sched::CpuSet>) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
-}
-
-/// The device and inode of the file at `path`, if any.
-fn file_id(path: &Path) -> Option<(u64, u64)> {
-    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
-}
-
-/// Whether `path` exists and is a socket.
-fn is_socket(path: &Path) -> bool {
-    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_socket())
 }
 
 #[cfg(test)]
@@ -499,5 +384,87 @@ mod tests {
         let e = Launch::new("/nonexistent/daemon").start().unwrap_err();
         assert!(matches!(e, LaunchError::NotInstalled { .. }), "{e:?}");
         assert_eq!(io::Error::from(e).kind(), io::ErrorKind::NotFound);
+    }
+
+    /// A child given an environment variable and pipes: what it reads on stdin and prints
+    /// on stdout goes through the pipes, its stderr to the log; its exit is waited for.
+    #[test]
+    fn a_childs_environment_and_pipes() {
+        use std::io::{Read, Write};
+        let launch = Launch::new("/bin/sh")
+            .args(["-c", "read line; echo \"$GREETING $line\"; echo said >&2"])
+            .env("GREETING", "hello")
+            .pipe_stdin()
+            .pipe_stdout();
+        assert!(launch
+            .command_line()
+            .starts_with("GREETING=hello /bin/sh -c"));
+        let mut d = launch.start().unwrap();
+        let mut stdin = d.take_stdin().expect("a pipe");
+        stdin.write_all(b"world\n").unwrap();
+        drop(stdin);
+        let mut out = String::new();
+        d.take_stdout().unwrap().read_to_string(&mut out).unwrap();
+        assert_eq!(out, "hello world\n");
+        assert!(d.take_stderr().is_none());
+        while !d.log().contains("said") {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let status = d.wait_exit(Duration::from_secs(30)).expect("it exits");
+        assert!(status.success(), "{status}");
+    }
+
+    /// A shell that answers SIGTERM with `on_term` (a `trap` action), once it says so.
+    fn trapping(on_term: &str, stop_wait: Duration) -> Daemon {
+        let script = format!("trap '{on_term}' TERM; echo ready; while :; do sleep 0.02; done");
+        let d = Launch::new("/bin/sh")
+            .args(["-c", &script])
+            .stop_wait(stop_wait)
+            .start()
+            .unwrap();
+        while !d.log().contains("ready") {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        d
+    }
+
+    /// A socket made after the start is waited for, the child's exit ending the wait; SIGTERM
+    /// answered by status 0 is a clean stop, with the log, any other end an error.
+    #[test]
+    fn a_socket_waited_for_and_a_clean_stop() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("late.sock");
+        let mut d = trapping("exit 0", Daemon::STOP_WAIT);
+        let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        d.wait_for_socket(&sock, Duration::from_secs(30)).unwrap();
+        assert_eq!(d.try_wait().unwrap(), None);
+        assert_eq!(d.stop_cleanly().unwrap(), "ready\n");
+
+        let mut d = Launch::new("/bin/sh")
+            .args(["-c", "echo bye; exit 5"])
+            .start()
+            .unwrap();
+        let e = d
+            .wait_for_socket(&dir.path().join("never.sock"), Duration::from_secs(30))
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("exited (exit status: 5) before"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("its output:\n  bye"), "{e}");
+
+        let e = trapping("exit 4", Daemon::STOP_WAIT)
+            .stop_cleanly()
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("(exit status: 4) after SIGTERM"),
+            "{e}"
+        );
+
+        let e = trapping("", Duration::from_millis(100)).stop().unwrap_err();
+        assert!(
+            e.to_string().contains("within 100 ms of SIGTERM (killed)"),
+            "{e}"
+        );
     }
 }

@@ -8,9 +8,9 @@
 //! - [`images`]: directories where `O_DIRECT` works or in memory, raw and qcow2 images made
 //!   in them;
 //! - [`child`]: a child process that must end by itself within a limit;
-//! - [`launch`]: a daemon started as a child process (pinned if asked, its sockets waited for,
-//!   its log quoted when it ends early, stopped with a signal, killed with the thread that
-//!   started it);
+//! - [`launch`]: a daemon (or QEMU) started as a child process (pinned if asked, its sockets
+//!   waited for, its log quoted when it ends early, its console on a pipe if asked, stopped
+//!   with a signal, killed when dropped and with the thread that started it);
 //! - [`data`]: a stamp naming the offset and the write that put bytes there;
 //! - [`procfs`]: what `/proc` says of a process: open fds, resident memory, status fields;
 //! - `engines` (feature `backends`, on by default): every engine this build and kernel can

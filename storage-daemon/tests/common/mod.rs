@@ -96,7 +96,7 @@ impl Daemon {
 
     /// `signal`, then the exit status (SIGKILL after 5 s fails the test).
     pub fn stop_with(mut self, signal: nix::sys::signal::Signal) -> std::process::ExitStatus {
-        let mut d = self.0.take().expect("running");
+        let d = self.0.take().expect("running");
         eprint!("{}", d.log());
         d.stop_with(signal).unwrap_or_else(|e| panic!("{e}"))
     }

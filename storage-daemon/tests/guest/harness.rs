@@ -9,14 +9,54 @@ use std::sync::{mpsc, OnceLock};
 use std::time::{Duration, Instant};
 
 use aio_conformance::skip;
-
-use super::reaped::Reaped;
+use aio_test_support::launch::{Daemon, Launch};
 
 /// How long one boot may take, from QEMU's start to the guest's power-off. A boot takes
 /// seconds; this only bounds a hung guest or device.
 pub const GUEST_TIMEOUT: Duration = Duration::from_secs(600);
 /// How long a daemon may take to create its socket.
 pub const SOCKET_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a daemon may take to exit after SIGTERM (then it is killed).
+pub const SIGTERM_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long QEMU may take to exit once the guest's console has closed (then it is killed).
+const QEMU_EXIT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Starts `launch` (a daemon, QEMU) with the guest tests' waits: [`SOCKET_TIMEOUT`] for its
+/// sockets, [`SIGTERM_TIMEOUT`] for its exit after SIGTERM. One that cannot be started, or
+/// exits before its sockets appear, fails the test with its command line and what it said.
+pub fn spawn(launch: Launch) -> Daemon {
+    launch
+        .socket_wait(SOCKET_TIMEOUT)
+        .stop_wait(SIGTERM_TIMEOUT)
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The `--export` arguments (qemu-storage-daemon's form, which our daemon takes too) that
+/// serve the node `disk0` on `socket` as a vhost-user-blk export of `queues` queues,
+/// writable or not.
+pub fn export_args(socket: &Path, queues: u32, writable: bool) -> [String; 2] {
+    [
+        "--export".to_string(),
+        format!(
+            "type=vhost-user-blk,id=exp0,node-name=disk0,addr.type=unix,addr.path={},\
+             writable={},num-queues={queues}",
+            socket.display(),
+            if writable { "on" } else { "off" }
+        ),
+    ]
+}
+
+/// Stops `daemon` with SIGTERM and asserts it exits with status 0 (a daemon's documented
+/// answer to SIGTERM); shows its output either way.
+pub fn stop_cleanly(daemon: Daemon) {
+    let label = daemon.label().to_string();
+    match daemon.stop_cleanly() {
+        Ok(output) if output.is_empty() => {}
+        Ok(output) => println!("{label} output:\n{output}"),
+        Err(e) => panic!("{e}"),
+    }
+}
 
 /// The built guest: what QEMU boots, and where console logs go.
 pub struct GuestImage {
@@ -228,17 +268,15 @@ pub fn run_guest(
     } else {
         ""
     };
-    let mut cmd = Command::new("qemu-system-x86_64");
-    cmd.args(["-nodefaults", "-no-user-config"])
+    let launch = Launch::new("qemu-system-x86_64")
+        .args(["-nodefaults", "-no-user-config"])
         .args(["-machine", "q35,accel=tcg", "-cpu", "max"])
         .args(["-smp", &spec.queues.to_string(), "-m", "512"])
         .args(["-object", "memory-backend-memfd,id=mem,size=512M,share=on"])
         .args(["-numa", "node,memdev=mem"])
         .args(disk_args(spec, reconnect))
-        .arg("-kernel")
-        .arg(&image.kernel)
-        .arg("-initrd")
-        .arg(&image.initrd)
+        .args(["-kernel", &image.kernel.display().to_string()])
+        .args(["-initrd", &image.initrd.display().to_string()])
         .args(["-append", &append])
         .args(["-display", "none", "-serial", "stdio", "-monitor"])
         .arg(match &spec.monitor {
@@ -246,24 +284,16 @@ pub fn run_guest(
             None => "none".to_string(),
         })
         .arg("-no-reboot")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .pipe_stdout()
+        .pipe_stderr();
+    let log = image.logs.join(format!("{name}.log"));
     let started = Instant::now();
-    let mut qemu = Reaped {
-        child: Some(
-            cmd.spawn()
-                .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}")),
-        ),
-        name: "qemu-system-x86_64".to_string(),
-        log: image.logs.join(format!("{name}.log")),
-    };
-    let child = qemu.child.as_mut().expect("just started");
+    let mut qemu = spawn(launch);
 
     // The console (stdout) line by line through a channel, so waiting for it has a deadline;
     // QEMU's own messages (stderr) are read whole at the end.
     let (tx, rx) = mpsc::channel::<String>();
-    let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
+    let mut stdout = BufReader::new(qemu.take_stdout().expect("piped"));
     let reader = std::thread::spawn(move || {
         let mut line = Vec::new();
         loop {
@@ -279,7 +309,7 @@ pub fn run_guest(
             }
         }
     });
-    let mut stderr = child.stderr.take().expect("piped");
+    let mut stderr = qemu.take_stderr().expect("piped");
     let stderr_reader = std::thread::spawn(move || {
         let mut text = String::new();
         let _ = stderr.read_to_string(&mut text);
@@ -306,29 +336,24 @@ pub fn run_guest(
     }
     // QEMU exits at the guest's power-off; after a timeout (or a console closed early) it is
     // killed.
-    let mut child = qemu.child.take().expect("running");
     let status = if timed_out {
-        let _ = child.kill();
-        child.wait().ok()
+        qemu.kill()
     } else {
-        let wait_from = Instant::now();
-        loop {
-            if let Some(status) = child.try_wait().expect("try_wait") {
-                break Some(status);
-            }
-            if wait_from.elapsed() > Duration::from_secs(30) {
-                let _ = child.kill();
-                break child.wait().ok();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        qemu.wait_exit(QEMU_EXIT_TIMEOUT)
     };
+    let lingered = !timed_out && status.is_none();
     let elapsed = started.elapsed();
     let _ = reader.join();
     let qemu_stderr = stderr_reader.join().unwrap_or_default();
     if timed_out {
         console.push_str(&format!(
             "\n[test: the guest did not power off within {GUEST_TIMEOUT:?}; QEMU killed]\n"
+        ));
+    }
+    if lingered {
+        console.push_str(&format!(
+            "\n[test: QEMU did not exit within {QEMU_EXIT_TIMEOUT:?} of the console's end; \
+             killed]\n"
         ));
     }
     if !qemu_stderr.is_empty() {
@@ -338,7 +363,7 @@ pub fn run_guest(
     if let Some(status) = status.filter(|s| !s.success()) {
         console.push_str(&format!("\n[QEMU exited: {status}]\n"));
     }
-    let _ = fs::write(&qemu.log, &console);
+    let _ = fs::write(&log, &console);
 
     let (checks, done) = checks_of(&console);
     GuestRun {
@@ -346,7 +371,7 @@ pub fn run_guest(
         done,
         timed_out,
         console,
-        log: qemu.log.clone(),
+        log,
         elapsed,
     }
 }

@@ -6,9 +6,8 @@
 
 use std::fs;
 use std::io::{Read, Write};
-use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
-use std::process::{ChildStdin, Command, ExitStatus, Stdio};
+use std::process::{ChildStdin, Command, ExitStatus};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -16,9 +15,8 @@ use std::time::{Duration, Instant};
 use aio_test_support::launch::{Daemon, Launch, LaunchError};
 use serde_json::{json, Value};
 
-use crate::harness::{checks_of, GuestImage, GuestRun, GUEST_TIMEOUT, SOCKET_TIMEOUT};
+use crate::harness::{checks_of, spawn, GuestImage, GuestRun, GUEST_TIMEOUT, SOCKET_TIMEOUT};
 use crate::qmp_client::Qmp;
-use crate::reaped::Reaped;
 
 /// The guest's RAM, as QEMU's memfd backend takes it.
 const RAM: &str = "512M";
@@ -80,29 +78,12 @@ fn newc(name: &str, data: &[u8], mode: u32) -> Vec<u8> {
     out
 }
 
-/// Waits until `path` is a socket, or panics after `timeout` or when `alive` says the
-/// process that makes it has ended.
-fn wait_for_socket(path: &Path, timeout: Duration, mut alive: impl FnMut() -> Result<(), String>) {
-    let started = Instant::now();
-    while !fs::metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
-        if let Err(why) = alive() {
-            panic!("{why} before {} appeared", path.display());
-        }
-        assert!(
-            started.elapsed() < timeout,
-            "{} did not appear within {timeout:?}",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// One QEMU of a run: the guest on a vhost-user-blk disk, its serial console read into a
 /// string (and written to by [`Vm::say`]), its QMP monitor.
 pub struct Vm {
     /// `src`, `dst`, `back`: for messages and file names.
     pub label: String,
-    qemu: Reaped,
+    qemu: Daemon,
     stdin: Option<ChildStdin>,
     /// QEMU's monitor.
     pub qmp: Qmp,
@@ -131,8 +112,9 @@ impl Vm {
     pub fn start(m: &Machine, label: &str, served: &Served, incoming: bool) -> Vm {
         let monitor = m.dir.join(format!("qemu-{label}.qmp"));
         let _ = fs::remove_file(&monitor);
-        let mut cmd = Command::new("qemu-system-x86_64");
-        cmd.args(["-nodefaults", "-no-user-config"])
+        let mut launch = Launch::new("qemu-system-x86_64")
+            .label(format!("qemu-system-x86_64 ({label})"))
+            .args(["-nodefaults", "-no-user-config"])
             .args(["-machine", "q35,accel=tcg", "-cpu", "max"])
             .args(["-smp", &m.queues.to_string(), "-m", RAM])
             .args([
@@ -141,33 +123,22 @@ impl Vm {
             ])
             .args(["-numa", "node,memdev=mem"])
             .args(served.export.qemu_args(&served.socket, m.queues))
-            .arg("-kernel")
-            .arg(&m.image.kernel)
-            .arg("-initrd")
-            .arg(m.initrd)
+            .args(["-kernel", &m.image.kernel.display().to_string()])
+            .args(["-initrd", &m.initrd.display().to_string()])
             .args(["-append", m.append])
             .args(["-display", "none", "-serial", "stdio", "-monitor", "none"])
             .arg("-qmp")
             .arg(format!("unix:{},server=on,wait=off", monitor.display()))
-            .arg("-no-reboot");
+            .arg("-no-reboot")
+            .log_to(m.dir.join(format!("qemu-{label}.stderr")))
+            .pipe_stdin()
+            .pipe_stdout();
         if incoming {
-            cmd.args(["-incoming", "defer"]);
+            launch = launch.args(["-incoming", "defer"]);
         }
-        let stderr = fs::File::create(m.dir.join(format!("qemu-{label}.stderr")))
-            .expect("create QEMU's stderr file");
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(stderr);
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
-        let stdin = child.stdin.take();
-        let mut stdout = child.stdout.take().expect("piped");
-        let mut qemu = Reaped {
-            child: Some(child),
-            name: format!("qemu-system-x86_64 ({label})"),
-            log: m.dir.join(format!("qemu-{label}.stderr")),
-        };
+        let mut qemu = spawn(launch);
+        let stdin = qemu.take_stdin();
+        let mut stdout = qemu.take_stdout().expect("piped");
         let console = Arc::new(Mutex::new(String::new()));
         let reader = {
             let console = console.clone();
@@ -179,12 +150,8 @@ impl Vm {
                 }
             })
         };
-        wait_for_socket(&monitor, SOCKET_TIMEOUT, || {
-            match qemu.child.as_mut().expect("running").try_wait() {
-                Ok(Some(status)) => Err(format!("QEMU ({label}) exited ({status})")),
-                _ => Ok(()),
-            }
-        });
+        qemu.wait_for_socket(&monitor, SOCKET_TIMEOUT)
+            .unwrap_or_else(|e| panic!("{e}"));
         let (qmp, _) = Qmp::connect(&monitor, false);
         Vm {
             label: label.to_string(),
@@ -210,7 +177,7 @@ impl Vm {
             if console.matches(marker).count() >= count {
                 return;
             }
-            let exited = self.qemu.child.as_mut().and_then(|c| c.try_wait().ok()?);
+            let exited = self.qemu.try_wait().ok().flatten();
             if exited.is_some() || started.elapsed() > timeout {
                 let tail: Vec<&str> = console.lines().rev().take(40).collect();
                 let tail: Vec<&str> = tail.into_iter().rev().collect();
@@ -222,7 +189,7 @@ impl Vm {
                         Some(status) => format!("exited ({status})"),
                         None => format!("ran {timeout:?}"),
                     },
-                    self.qemu.output(),
+                    self.qemu.log(),
                     tail.join("\n")
                 );
             }
@@ -242,23 +209,12 @@ impl Vm {
     /// Waits for QEMU to exit by itself (the guest's power-off) for at most `timeout`, then
     /// kills it; its status (None: killed) and the whole console.
     pub fn wait_exit(mut self, timeout: Duration) -> (Option<ExitStatus>, String) {
-        let mut child = self.qemu.child.take().expect("running");
-        let started = Instant::now();
-        let status = loop {
-            if let Some(status) = child.try_wait().expect("try_wait") {
-                break Some(status);
-            }
-            if started.elapsed() > timeout {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
+        let status = self.qemu.wait_exit(timeout);
         if let Some(reader) = self.reader.take() {
             let _ = reader.join();
         }
-        (status, self.console())
+        let console = self.console.lock().unwrap().clone();
+        (status, console)
     }
 
     /// `quit` over QMP (a source left paused after its migration); its console.
@@ -269,7 +225,7 @@ impl Vm {
 
     /// QEMU's own messages (its stderr) so far.
     pub fn stderr(&self) -> String {
-        self.qemu.output()
+        self.qemu.log()
     }
 }
 
@@ -505,8 +461,7 @@ pub fn migrate(
         };
         if event.is_none() {
             // Half a second without a message, or the monitor closed: is QEMU still there?
-            let child = from.qemu.child.as_mut().expect("running");
-            if let Ok(Some(status)) = child.try_wait() {
+            if let Ok(Some(status)) = from.qemu.try_wait() {
                 panic!("{label}: the source exited ({status}):\n{}", from.stderr());
             }
         }

@@ -3,12 +3,12 @@
 //! console through a run.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::harness::ring_state;
-use crate::reaped::Reaped;
+use aio_test_support::launch::{Daemon, Launch};
+
+use crate::harness::{export_args, ring_state, spawn, stop_cleanly};
 use crate::{QUEUES, SERIAL};
 
 /// How the daemon is stopped.
@@ -53,51 +53,44 @@ pub(crate) fn start(
     socket: &Path,
     image: &Path,
     n: usize,
-) -> Reaped {
-    let _ = std::fs::remove_file(socket);
-    let (name, cmd) = match server {
-        Server::Ours => {
-            let mut cmd = Command::new(env!("CARGO_BIN_EXE_aio-storage-daemon"));
-            cmd.arg("--disk")
-                .arg(format!(
-                    "socket={},image={},serial={SERIAL},queues={QUEUES}",
-                    socket.display(),
-                    image.display()
-                ))
-                .args(["--engine", engine]);
-            ("aio-storage-daemon", cmd)
-        }
+) -> Daemon {
+    let launch = match server {
+        Server::Ours => Launch::new(env!("CARGO_BIN_EXE_aio-storage-daemon"))
+            .label("aio-storage-daemon")
+            .arg("--disk")
+            .arg(format!(
+                "socket={},image={},serial={SERIAL},queues={QUEUES}",
+                socket.display(),
+                image.display()
+            ))
+            .args(["--engine", engine]),
         Server::Qsd { native } => {
             let aio = if native { ",aio=native" } else { "" };
             let qcow2 = image.extension().is_some_and(|e| e == "qcow2");
             let format = if qcow2 { "qcow2" } else { "raw" };
-            let mut cmd = Command::new("qemu-storage-daemon");
-            cmd.arg("--blockdev")
+            Launch::new("qemu-storage-daemon")
+                .arg("--blockdev")
                 .arg(format!(
                     "driver=file,node-name=file0,filename={},cache.direct=on{aio}",
                     image.display()
                 ))
                 .arg("--blockdev")
                 .arg(format!("driver={format},node-name=disk0,file=file0"))
-                .arg("--export")
-                .arg(format!(
-                    "type=vhost-user-blk,id=exp0,node-name=disk0,addr.type=unix,\
-                     addr.path={},writable=on,num-queues={QUEUES}",
-                    socket.display()
-                ));
-            ("qemu-storage-daemon", cmd)
+                .args(export_args(socket, QUEUES, true))
         }
     };
-    let mut daemon = Reaped::spawn(name, cmd, dir.join(format!("daemon-{n}.log")));
-    daemon.wait_for_socket(socket);
-    daemon
+    spawn(
+        launch
+            .log_to(dir.join(format!("daemon-{n}.log")))
+            .socket(socket),
+    )
 }
 
 /// Stops `daemon` as `stop` says; a SIGTERM must end it with status 0.
-pub(crate) fn stop_daemon(mut daemon: Reaped, stop: Stop) {
+pub(crate) fn stop_daemon(daemon: Daemon, stop: Stop) {
     match stop {
         Stop::Kill => drop(daemon),
-        Stop::Term => daemon.terminate_cleanly(),
+        Stop::Term => stop_cleanly(daemon),
     }
 }
 
@@ -117,7 +110,7 @@ pub(crate) struct StopperArgs {
     pub(crate) label: String,
     pub(crate) monitor: PathBuf,
     pub(crate) rx: mpsc::Receiver<Moment>,
-    pub(crate) first: Reaped,
+    pub(crate) first: Daemon,
     pub(crate) server: Server,
     pub(crate) stop: Stop,
     pub(crate) fio_stops: usize,
@@ -135,7 +128,7 @@ pub(crate) fn stopping(a: StopperArgs) -> (usize, usize, Duration) {
     let mut rng = Rng(a.seed);
     let mut daemon = Some(a.first);
     let (mut stops, mut during_fio, mut longest) = (0, 0, Duration::ZERO);
-    let restart = |daemon: &mut Option<Reaped>, rng: &mut Rng, stops: &mut usize| {
+    let restart = |daemon: &mut Option<Daemon>, rng: &mut Rng, stops: &mut usize| {
         let down = Instant::now();
         stop_daemon(daemon.take().expect("running"), a.stop);
         std::thread::sleep(rng.millis(100, 1000));
@@ -185,7 +178,7 @@ pub(crate) fn stopping(a: StopperArgs) -> (usize, usize, Duration) {
                 restart(&mut daemon, &mut rng, &mut stops);
                 std::thread::sleep(Duration::from_secs(5));
                 if let Some(d) = &daemon {
-                    println!("{}: the new daemon's log:\n{}", a.label, d.output());
+                    println!("{}: the new daemon's log:\n{}", a.label, d.log());
                 }
             }
         }
