@@ -3,7 +3,7 @@
 //!
 //! This module owns one bitmap ([`DirtyBitmap`]: its bits, granularity and states) and an
 //! image's set of them ([`BitmapSet`], `set.rs`); it never decides when a request dirties
-//! the image (that is the request filter's, [`crate::filter`]) nor what is stored in a qcow2
+//! the image (that is the request filter's, `filter.rs`) nor what is stored in a qcow2
 //! image (the `qcow2` module's).
 //!
 //! * **One bit per chunk.** A bitmap covers its image's bytes in chunks of its granularity

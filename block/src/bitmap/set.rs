@@ -10,7 +10,7 @@ use std::sync::{Arc, RwLock};
 
 use super::{check_granularity, BitmapError, DirtyBitmap};
 
-/// How [`BitmapSet::add`] makes a bitmap (`block-dirty-bitmap-add`'s optional arguments).
+/// How [`Image::add_dirty_bitmap`](crate::Image::add_dirty_bitmap) makes a bitmap (`block-dirty-bitmap-add`'s optional arguments).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct BitmapOptions {
