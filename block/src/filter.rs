@@ -16,13 +16,14 @@
 //! group's budget lets it go) act before the submit, each a module beside `bitmap`, called
 //! from the same place in `ImageQueue::submit`.
 //!
-//! The wrapper costs no allocation per request: a queue keeps the one it made for the last
-//! export's reply ([`FilterCache`]) and makes another only when a different reply comes.
+//! The wrapper costs no allocation per request while requests are in flight: a queue keeps
+//! a weak hold on the one it made for the last export's reply ([`FilterCache`]) and makes
+//! another only when a different reply comes or none of the old one's requests is left.
 
 use std::any::Any;
 use std::cell::RefCell;
 use std::io;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::sync::Arc;
 
 use crate::image::Image;
@@ -48,19 +49,22 @@ impl<R: Reply> Reply for FilterReply<R> {
     }
 }
 
-/// The [`FilterReply`] a queue made last, for the reply it wraps.
+/// The [`FilterReply`] a queue made last, for the reply it wraps, held weakly: the export's
+/// reply often owns the queue, so a strong hold here would be a cycle that keeps the reply,
+/// the queue and the image (its file, its locks) alive for ever. The requests in flight hold
+/// the wrapper; once none is, the next modifying request makes a new one.
 #[derive(Default)]
 pub(crate) struct FilterCache {
-    last: RefCell<Option<Rc<dyn Any>>>,
+    last: RefCell<Option<Weak<dyn Any>>>,
 }
 
 impl FilterCache {
-    /// `reply` wrapped for `image`: the cached wrapper when it wraps this very reply, else a
-    /// new one (then cached).
+    /// `reply` wrapped for `image`: the cached wrapper when it is alive and wraps this very
+    /// reply, else a new one (then cached).
     pub(crate) fn wrap<R: Reply>(&self, image: &Arc<Image>, reply: &Rc<R>) -> Rc<FilterReply<R>> {
         let mut last = self.last.borrow_mut();
-        if let Some(cached) = last.as_ref() {
-            if let Ok(wrapper) = cached.clone().downcast::<FilterReply<R>>() {
+        if let Some(cached) = last.as_ref().and_then(Weak::upgrade) {
+            if let Ok(wrapper) = cached.downcast::<FilterReply<R>>() {
                 if Rc::ptr_eq(&wrapper.inner, reply) {
                     return wrapper;
                 }
@@ -70,7 +74,8 @@ impl FilterCache {
             inner: reply.clone(),
             image: image.clone(),
         });
-        *last = Some(wrapper.clone());
+        let weak: Weak<dyn Any> = Rc::downgrade(&wrapper) as Weak<dyn Any>;
+        *last = Some(weak);
         wrapper
     }
 }

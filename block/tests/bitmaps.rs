@@ -162,3 +162,58 @@ fn a_resize_grows_the_bitmaps_with_the_image() {
     assert!(b.is_dirty(7 * MIB));
     assert_eq!(b.count(), 64 * KIB);
 }
+
+/// A reply that owns its queue (as an NBD connection or a virtqueue does).
+struct Owning {
+    queue: std::cell::RefCell<
+        Option<aio_block::ImageQueue<aio::poll::PollLoop, Box<dyn aio::IoEngine>>>,
+    >,
+    ended: std::cell::Cell<bool>,
+}
+
+impl aio_block::Reply for Owning {
+    type Tag = ();
+    fn finish(&self, _: (), result: std::io::Result<()>) {
+        result.unwrap();
+        self.ended.set(true);
+    }
+}
+
+#[test]
+fn a_reply_that_owns_its_queue_is_not_kept_alive_by_the_filter() {
+    let dir = aio_test_support::images::image_dir("block-bitmaps");
+    let path = dir.path().join("disk.img");
+    std::fs::write(&path, vec![0u8; 1 << 20]).unwrap();
+    let image = Arc::new(Image::open(&path, ImageOptions::new(ImageFormat::Raw)).unwrap());
+    let weak_image = Arc::downgrade(&image);
+    let ctx = aio::AioContext::new(aio::poll::PollLoop::new()).unwrap();
+    let (_, engine) = common::engines().into_iter().next().expect("an engine");
+    let engine = ctx.attach_engine(engine, |_, _| {}).unwrap();
+    let reply = std::rc::Rc::new(Owning {
+        queue: std::cell::RefCell::new(Some(image.queue(engine))),
+        ended: std::cell::Cell::new(false),
+    });
+    drop(image);
+    let (buffers, _) = LentMemory::from_aligned(AlignedBuf::from_slice(&[7; 4096]));
+    let write = BlockRequest::Write {
+        offset: 0,
+        buffers,
+        fua: false,
+    };
+    let queue = reply.queue.borrow();
+    let q = queue.as_ref().unwrap();
+    q.plug();
+    q.submit(&ctx, &reply, write, ());
+    q.unplug(&ctx);
+    drop(queue);
+    while !reply.ended.get() {
+        ctx.poll(true);
+    }
+    let weak_reply = std::rc::Rc::downgrade(&reply);
+    drop(reply);
+    assert!(weak_reply.upgrade().is_none(), "the reply was kept alive");
+    assert!(
+        weak_image.upgrade().is_none(),
+        "the image (its file) was kept open"
+    );
+}
