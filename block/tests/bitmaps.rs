@@ -17,6 +17,15 @@ use common::session::Session;
 const KIB: u64 = 1024;
 const MIB: u64 = 1 << 20;
 
+/// A raw image of `bytes` zeros in a directory of its own (kept while the directory lives).
+fn raw_image(bytes: usize) -> (tempfile::TempDir, Arc<Image>) {
+    let dir = aio_test_support::images::image_dir("block-bitmaps");
+    let path = dir.path().join("disk.img");
+    std::fs::write(&path, vec![0u8; bytes]).unwrap();
+    let image = Image::open(&path, ImageOptions::new(ImageFormat::Raw)).unwrap();
+    (dir, Arc::new(image))
+}
+
 /// Writes, zeroes and discards through `s`, and checks what the bitmaps of its image say.
 fn dirty_through(s: &Session, name: &str) {
     let image = s.queue.image().clone();
@@ -62,10 +71,7 @@ fn dirty_through(s: &Session, name: &str) {
 #[test]
 fn writes_zeroes_and_discards_dirty_a_raw_images_bitmaps_on_every_engine() {
     for (kind, engine) in common::engines() {
-        let dir = aio_test_support::images::image_dir("block-bitmaps");
-        let path = dir.path().join("disk.img");
-        std::fs::write(&path, vec![0u8; 4 << 20]).unwrap();
-        let image = Arc::new(Image::open(&path, ImageOptions::new(ImageFormat::Raw)).unwrap());
+        let (_dir, image) = raw_image(4 << 20);
         // A raw file has no clusters: QEMU's default of 64 KiB.
         let default = image
             .add_dirty_bitmap("default", BitmapOptions::new())
@@ -121,10 +127,7 @@ fn the_null_images_writes_dirty_its_bitmaps_too() {
 #[test]
 fn a_bitmap_added_while_a_write_is_in_flight_is_dirtied_by_it() {
     for (kind, engine) in common::engines() {
-        let dir = aio_test_support::images::image_dir("block-bitmaps");
-        let path = dir.path().join("disk.img");
-        std::fs::write(&path, vec![0u8; 4 << 20]).unwrap();
-        let image = Arc::new(Image::open(&path, ImageOptions::new(ImageFormat::Raw)).unwrap());
+        let (_dir, image) = raw_image(4 << 20);
         let s = Session::new(&image, engine);
         // The write is submitted; its end is told on this thread's next poll, after the add.
         let (buffers, _) = LentMemory::from_aligned(AlignedBuf::from_slice(&[7; 4096]));
@@ -149,10 +152,7 @@ fn a_bitmap_added_while_a_write_is_in_flight_is_dirtied_by_it() {
 
 #[test]
 fn a_resize_grows_the_bitmaps_with_the_image() {
-    let dir = aio_test_support::images::image_dir("block-bitmaps");
-    let path = dir.path().join("disk.img");
-    std::fs::write(&path, vec![0u8; 4 << 20]).unwrap();
-    let image = Arc::new(Image::open(&path, ImageOptions::new(ImageFormat::Raw)).unwrap());
+    let (_dir, image) = raw_image(4 << 20);
     let b = image.add_dirty_bitmap("b", BitmapOptions::new()).unwrap();
     image.resize(8 * MIB).unwrap();
     assert_eq!(b.size(), 8 * MIB);
@@ -181,10 +181,7 @@ impl aio_block::Reply for Owning {
 
 #[test]
 fn a_reply_that_owns_its_queue_is_not_kept_alive_by_the_filter() {
-    let dir = aio_test_support::images::image_dir("block-bitmaps");
-    let path = dir.path().join("disk.img");
-    std::fs::write(&path, vec![0u8; 1 << 20]).unwrap();
-    let image = Arc::new(Image::open(&path, ImageOptions::new(ImageFormat::Raw)).unwrap());
+    let (_dir, image) = raw_image(1 << 20);
     let weak_image = Arc::downgrade(&image);
     let ctx = aio::AioContext::new(aio::poll::PollLoop::new()).unwrap();
     let (_, engine) = common::engines().into_iter().next().expect("an engine");

@@ -82,15 +82,18 @@ impl Bits {
         let chunks = Self::chunks(size, shift);
         let words = chunks.div_ceil(64) as usize;
         self.words.resize_with(words, || AtomicU64::new(0));
+        self.size = size;
         // Chunks past the new end are clean (they are dirtied again if the image grows and
         // they are written).
-        if let Some(last) = self.words.last() {
-            let used = chunks % 64;
-            if used != 0 {
-                last.fetch_and((1u64 << used) - 1, Ordering::Relaxed);
-            }
+        self.mask_tail(shift);
+    }
+
+    /// Clears the bits of the last word past the last chunk.
+    fn mask_tail(&self, shift: u32) {
+        let used = Self::chunks(self.size, shift) % 64;
+        if let (Some(last), true) = (self.words.last(), used != 0) {
+            last.fetch_and((1u64 << used) - 1, Ordering::Relaxed);
         }
-        self.size = size;
     }
 
     /// Calls `word(index, mask)` for each word holding chunks `[first, last]`, with the mask
@@ -417,10 +420,8 @@ impl DirtyBitmap {
         for (t, f) in bits.words.iter().zip(words) {
             t.fetch_or(*f, Ordering::Relaxed);
         }
-        drop(bits);
-        // Bits past the end of the last word's chunks stay clear.
-        let size = self.size();
-        self.resize(size);
+        // Bits past the last chunk stay clear.
+        bits.mask_tail(self.shift);
     }
 
     /// The SHA-256 of its bits in hex, as QEMU's `x-debug-block-dirty-bitmap-sha256` gives it
