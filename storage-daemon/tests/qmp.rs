@@ -224,7 +224,7 @@ fn exports_come_and_go_at_run_time_beside_the_others_and_iothreads_take_their_po
     let (_, desc) = q.error("block-export-del", json!({"id": "exp1"}));
     assert!(desc.contains("still in use"), "{desc}");
     let (_, desc) = q.error("blockdev-del", json!({"node-name": "file1"}));
-    assert!(desc.contains("busy"), "{desc}");
+    assert_eq!(desc, "Node file1 is in use");
     q.ok("block-export-del", json!({"id": "exp1", "mode": "hard"}));
     c.write(0, 0, 0, 4096, 1);
     let done = c.wait_for(0, 1, Duration::from_secs(2)).unwrap_or_default();

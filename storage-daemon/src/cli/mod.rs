@@ -171,9 +171,8 @@ fn serve(
     let engine = config.engine;
     let ready = move |control: &crate::daemon::Control| {
         if !monitors.is_empty() {
-            crate::qmp::Monitor::serve(control, &monitors, graph, engine).map_err(|e| {
-                std::io::Error::new(e.kind(), format!("the QMP monitor socket: {e}"))
-            })?;
+            crate::qmp::Monitor::serve(control, &monitors, graph, engine)
+                .map_err(|e| std::io::Error::new(e.kind(), format!("the QMP monitor: {e}")))?;
         }
         if let Some(d) = detached {
             d.serving();

@@ -22,6 +22,7 @@ mod handoff;
 mod iothreads;
 mod nbd;
 mod nbd_spec;
+mod nodes;
 mod open;
 pub(crate) mod rbd;
 mod stop;
@@ -42,6 +43,8 @@ pub use exports::{ExportKind, Exports};
 pub use iothreads::{engine_options, IoThreadSet};
 pub use nbd::NbdService;
 pub use nbd_spec::{NbdExportSpec, NbdServerSpec, NbdTlsSpec};
+pub(crate) use nodes::open_node_image;
+pub use nodes::NodeImages;
 pub use stop::StopHandle;
 #[cfg(feature = "cli")]
 pub(crate) use values::parse_size;
@@ -73,6 +76,9 @@ pub struct Control<'a> {
     pub nbd: NbdSlot,
     /// Where any module sends QEMU's events; a monitor attaches to deliver them.
     pub events: EventQueue,
+    /// The images the block nodes hold (a monitor's `blockdev-add` fills it); closed after
+    /// the exports when the daemon stops.
+    pub nodes: NodeImages,
 }
 
 /// Where the running NBD server is kept: the daemon stops whatever is there when it stops.
@@ -124,6 +130,7 @@ pub fn run_with(
         }
     }
     let nbd: NbdSlot = NbdSlot::default();
+    let nodes = NodeImages::new();
     if result.is_ok() {
         match start_nbd(&ctx, config, &exports, &threads, &events) {
             Ok(service) => *nbd.borrow_mut() = service,
@@ -138,6 +145,7 @@ pub fn run_with(
             stop: stop.clone(),
             nbd: nbd.clone(),
             events: events.clone(),
+            nodes: nodes.clone(),
         };
         result = ready(&control).map_err(start_error("monitor"));
     }
@@ -156,6 +164,8 @@ pub fn run_with(
         n.stop(&ctx);
     }
     exports.remove_all(&ctx);
+    // Then the nodes' own images (a qcow2 node's metadata and bitmaps written back).
+    nodes.close_all();
     drop(ctx);
     threads.stop_all()?;
     result
@@ -177,7 +187,7 @@ fn start_nbd(
     };
     let service = Rc::new(NbdService::start(ctx, spec, threads, events)?);
     for e in &config.nbd_exports {
-        if let Err(err) = service.add(e.clone(), exports) {
+        if let Err(err) = service.add(e.clone(), exports, None) {
             service.stop(ctx);
             return Err(err.into());
         }

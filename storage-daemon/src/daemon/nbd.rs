@@ -130,8 +130,14 @@ impl NbdService {
         self.server.local_port()
     }
 
-    /// Offers `spec`'s image: a disk's if one of `disks` serves it, else opened here.
-    pub fn add(&self, spec: NbdExportSpec, disks: &Exports) -> Result<(), NbdError> {
+    /// Offers `spec`'s image: `held` (the image its block node holds) if given, else a disk's
+    /// if one of `disks` serves it, else opened here.
+    pub fn add(
+        &self,
+        spec: NbdExportSpec,
+        disks: &Exports,
+        held: Option<Arc<Image>>,
+    ) -> Result<(), NbdError> {
         let refuse = |reason: String| NbdError::Export {
             name: spec.name.clone(),
             reason,
@@ -150,11 +156,12 @@ impl NbdService {
         {
             return Err(refuse(format!("iothread={k}: no such iothread is running")));
         }
-        let shared = if spec.is_null() {
-            None
-        } else {
-            self.image_of(&spec.image)
-                .or_else(|| disks.image_of(&spec.image))
+        let shared = match held {
+            Some(image) => Some(image),
+            None if spec.is_null() => None,
+            None => self
+                .image_of(&spec.image)
+                .or_else(|| disks.image_of(&spec.image)),
         };
         let (image, borrowed) = match shared {
             Some(image) => (image, true),
@@ -162,11 +169,8 @@ impl NbdService {
                 let options = ImageOptions::new(spec.format)
                     .read_only(!spec.writable)
                     .locking(spec.locking);
-                let opened = match spec.size {
-                    Some(size) if spec.is_null() => Image::null(size, options),
-                    _ => super::rbd::open_image(&spec.image, options, spec.inactive),
-                }
-                .map_err(|e| refuse(format!("{}: {e}", spec.image.display())))?;
+                let opened = super::open_node_image(&spec.image, options, spec.size, spec.inactive)
+                    .map_err(|e| refuse(format!("{}: {e}", spec.image.display())))?;
                 (Arc::new(opened), false)
             }
         };

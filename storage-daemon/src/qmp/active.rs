@@ -95,8 +95,13 @@ impl State {
         for n in &nodes {
             changed.extend(graph.set_active(n, active));
         }
-        // The images of the exports whose node changed, each once.
+        // The images of the nodes that changed (their own, their exports'), each once.
         let mut images: Vec<Arc<Image>> = Vec::new();
+        for image in changed.iter().filter_map(|n| self.nodes.get(n)) {
+            if !images.iter().any(|i| Arc::ptr_eq(i, &image)) {
+                images.push(image);
+            }
+        }
         for e in graph.exports.iter().filter(|e| changed.contains(&e.node)) {
             let image = match &e.transport {
                 Transport::Nbd { name, .. } => {

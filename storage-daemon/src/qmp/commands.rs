@@ -11,7 +11,6 @@ use std::path::Path;
 use serde_json::{json, Map, Value};
 
 use aio::EngineKind;
-use aio_block::lock::{Access, ImageLock};
 use aio_core::EventLoop;
 use aio_loop::AioContext;
 use aio_virtio_blk::format::ImageFormat;
@@ -39,6 +38,8 @@ pub(crate) struct State {
     pub(crate) nbd: crate::daemon::NbdSlot,
     /// Where events go (delivered to every client by the monitor).
     pub(crate) events: crate::daemon::EventQueue,
+    /// The images the nodes hold ([`crate::daemon::NodeImages`]).
+    pub(crate) nodes: crate::daemon::NodeImages,
 }
 
 /// The control loop the commands run on.
@@ -114,6 +115,9 @@ impl State {
                 .map(|name| {
                     let mut info = node_info(name, &self.graph.nodes[name]);
                     info["active"] = json!(self.graph.is_active(name));
+                    if let Some(bitmaps) = self.dirty_bitmaps_info(name) {
+                        info["dirty-bitmaps"] = bitmaps;
+                    }
                     info
                 })
                 .collect(),
@@ -144,11 +148,21 @@ impl State {
         let added = graph
             .nodes
             .iter()
-            .find(|(name, _)| !self.graph.nodes.contains_key(*name));
-        if let Some((_, node)) = added {
-            check_locks(node)?;
+            .find(|(name, _)| !self.graph.nodes.contains_key(*name))
+            .map(|(name, node)| (name.clone(), node.clone()));
+        let old = std::mem::replace(&mut self.graph, graph);
+        // A qcow2 or null node is opened now, and holds its image (and its locks).
+        if let Some((name, node)) = added.filter(|(_, n)| super::nodes::opens_when_added(n)) {
+            match self.open_node(&name, &node) {
+                Ok(image) => {
+                    self.nodes.hold(&name, image);
+                }
+                Err(e) => {
+                    self.graph = old;
+                    return Err(e);
+                }
+            }
         }
-        self.graph = graph;
         Ok(json!({}))
     }
 
@@ -160,20 +174,25 @@ impl State {
                 "Failed to find node with node-name='{name}'"
             )));
         };
-        if let Some(e) = self.graph.exports.iter().find(|e| e.node == name) {
-            return Err(QmpError::generic(format!(
-                "Node '{name}' is busy: block device is in use by block export '{}'",
-                e.id
-            )));
+        // QEMU's texts: a node with a user (an export's BlockBackend), then one another node
+        // holds (a format node's file).
+        if self.graph.exports.iter().any(|e| e.node == name) {
+            return Err(QmpError::generic(format!("Node {name} is in use")));
         }
         let is_child = self.graph.nodes.values().any(|n| match n {
             Node::Format { file, .. } => **file == *node,
             _ => false,
         });
         if is_child {
-            return Err(QmpError::generic(format!("Node {name} is in use")));
+            return Err(QmpError::generic(format!("Block device {name} is in use")));
         }
         self.graph.nodes.remove(&name);
+        // The node's own image closes (no export serves it: checked above).
+        if let Some(image) = self.nodes.release(&name) {
+            if let Err(e) = image.close() {
+                eprintln!("aio-storage-daemon: block node '{name}': closing: {e}");
+            }
+        }
         Ok(json!({}))
     }
 
@@ -203,11 +222,13 @@ impl State {
                 )));
             }
         }
-        // An image an NBD export has open is shared, not opened a second time.
-        let shared = match self.nbd.borrow().as_ref() {
-            Some(n) if !spec.is_null() => n.image_of(&spec.image),
-            _ => None,
-        };
+        // The node's image, or one an NBD export has open, is shared, not opened again.
+        let shared = self
+            .served_image(&export.node)
+            .or_else(|| match self.nbd.borrow().as_ref() {
+                Some(n) if !spec.is_null() => n.image_of(&spec.image),
+                _ => None,
+            });
         if !spec.inactive {
             super::active::activated_for_export(shared.as_ref())?;
         }
@@ -252,39 +273,6 @@ impl State {
         self.graph.exports.retain(|e| e.id != id);
         Ok(json!({}))
     }
-}
-
-/// Refuses a qcow2 node whose file another process uses in a way that conflicts, with QEMU's
-/// error (`GenericError`, `Failed to get "write" lock`): QEMU's qcow2 driver locks its file
-/// as soon as the node is added, a raw node only once a user (an export) attaches. Here the
-/// lock is checked now and held from `block-export-add` on, by the export's disk.
-fn check_locks(node: &Node) -> Result<(), QmpError> {
-    let Node::Format {
-        format: ImageFormat::Qcow2,
-        file,
-        read_only,
-        ..
-    } = node
-    else {
-        return Ok(());
-    };
-    let Node::Protocol {
-        filename,
-        locking,
-        read_only: file_read_only,
-        ..
-    } = &**file
-    else {
-        return Ok(());
-    };
-    // An image that cannot be opened is refused by the export, with the reason.
-    let Ok(image) = std::fs::File::open(filename) else {
-        return Ok(());
-    };
-    let access = Access::qcow2_file(!(*read_only || *file_read_only));
-    ImageLock::acquire(&image, filename, access, *locking)
-        .map(drop)
-        .map_err(|e| QmpError::generic(e.qemu_desc()))
 }
 
 /// `query-named-block-nodes`' entry for `node`: the fields QEMU's `BlockDeviceInfo` has that

@@ -29,9 +29,11 @@
 //! `iothreads`', statistics `stats`').
 
 mod active;
+mod bitmaps;
 mod commands;
 mod iothreads;
 mod nbd;
+mod nodes;
 mod registry;
 mod resize;
 mod stats;
@@ -183,7 +185,15 @@ impl Monitor {
             stop: control.stop.clone(),
             nbd: control.nbd.clone(),
             events: control.events.clone(),
+            nodes: control.nodes.clone(),
         };
+        // The command line's qcow2 and null nodes hold their images, as `blockdev-add`'s do.
+        state.hold_opened_nodes().map_err(|(name, e)| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("--blockdev node-name={name}: {}", e.desc),
+            )
+        })?;
         let mut listeners = Vec::new();
         let mut connected = Vec::new();
         for chardev in chardevs {

@@ -71,13 +71,16 @@ impl State {
         let Some(service) = service else {
             return Err(QmpError::generic("NBD server not running"));
         };
+        let held = self.served_image(&export.node);
         if !spec.inactive && !spec.is_null() {
-            let shared = service
-                .image_of(&spec.image)
-                .or_else(|| self.exports.image_of(&spec.image));
+            let shared = held.clone().or_else(|| {
+                service
+                    .image_of(&spec.image)
+                    .or_else(|| self.exports.image_of(&spec.image))
+            });
             super::active::activated_for_export(shared.as_ref())?;
         }
-        service.add(spec, &self.exports)?;
+        service.add(spec, &self.exports, held)?;
         self.graph = graph;
         Ok(json!({}))
     }

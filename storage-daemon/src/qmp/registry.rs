@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::commands::{self, Command, Ctx, State};
 use super::wire::{Args, QmpError, Request};
-use super::{active, iothreads, nbd, resize, stats};
+use super::{active, bitmaps, iothreads, nbd, resize, stats};
 
 /// The commands about commands.
 const SESSION: &[Command] = &[
@@ -40,6 +40,7 @@ const LISTS: &[&[Command]] = &[
     resize::COMMANDS,
     active::COMMANDS,
     nbd::COMMANDS,
+    bitmaps::COMMANDS,
 ];
 
 /// Every command served.

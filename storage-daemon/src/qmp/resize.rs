@@ -10,7 +10,8 @@
 //! * An exported node resizes its disk; the protocol node under an exported raw node resizes
 //!   that disk too (the raw node's size is its file's); the file of an exported qcow2 node is
 //!   refused (the guest's size is the qcow2 node's).
-//! * A node no export serves has its image resized directly.
+//! * A node no export serves has its image resized directly: the one it holds open, else
+//!   opened for the resize.
 //! * A null node is refused with QEMU's words (its `null-co` driver has no resize).
 //!
 //! [`Exports::resize`]: crate::daemon::Exports::resize
@@ -39,6 +40,8 @@ enum Target {
     Image(std::path::PathBuf, ImageFormat, bool),
     /// A null node (QEMU's `null-co` and `null-aio` cannot be resized).
     Null,
+    /// The image a node no export serves holds open (a qcow2 node, a node with a bitmap).
+    Held(std::sync::Arc<aio_block::Image>),
 }
 
 impl State {
@@ -76,6 +79,9 @@ impl State {
                 let image = crate::daemon::rbd::open_image(&path, options.image_options(), false)?;
                 image.resize(size)?;
             }
+            Target::Held(image) => {
+                image.resize(size)?;
+            }
             Target::Null => {
                 return Err(QmpError::generic(
                     "Image format driver does not support resize",
@@ -110,6 +116,9 @@ impl State {
                 }
                 return Ok(Target::Export(disk));
             }
+        }
+        if let Some(image) = self.nodes.get(name) {
+            return Ok(Target::Held(image));
         }
         // Not exported: its image (a format node's file, as the format reads it).
         let (path, format, _, read_only, _) = node.image();

@@ -49,7 +49,7 @@ impl State {
     }
 
     /// The image export `e` serves.
-    fn export_image(&self, e: &Export) -> Option<Arc<Image>> {
+    pub(super) fn export_image(&self, e: &Export) -> Option<Arc<Image>> {
         match &e.transport {
             Transport::Nbd { name, .. } => self.nbd.borrow().as_ref()?.image(name),
             Transport::VhostUserBlk { .. } => {

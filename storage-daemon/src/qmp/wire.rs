@@ -227,6 +227,18 @@ impl Args {
         }
     }
 
+    /// An unsigned integer argument (QMP's `uint64`), if given.
+    pub(crate) fn opt_u64(&mut self, key: &str) -> Result<Option<u64>, QmpError> {
+        match self.0.remove(key) {
+            None => Ok(None),
+            Some(Value::Number(n)) => n
+                .as_u64()
+                .map(Some)
+                .ok_or_else(|| Self::wrong_type(key, "integer")),
+            Some(_) => Err(Self::wrong_type(key, "integer")),
+        }
+    }
+
     /// A list of unsigned integers (QMP's `['uint64']`), if given.
     pub(crate) fn opt_u64_list(&mut self, key: &str) -> Result<Option<Vec<u64>>, QmpError> {
         match self.0.remove(key) {
