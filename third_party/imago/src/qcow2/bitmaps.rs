@@ -146,9 +146,7 @@ impl Extension {
             return Err(invalid_data("found bitmaps extension with zero bitmaps"));
         }
         if ext.dir_offset % cluster_size != 0 {
-            return Err(invalid_data(
-                "bitmaps_ext: invalid bitmap directory offset",
-            ));
+            return Err(invalid_data("bitmaps_ext: invalid bitmap directory offset"));
         }
         if ext.dir_size > MAX_DIRECTORY_SIZE {
             return Err(invalid_data(format!(
@@ -181,7 +179,13 @@ pub(super) fn data_size(size: u64, granularity_bits: u8) -> u64 {
 }
 
 /// Checks a directory entry as QEMU's `check_dir_entry` does, for an image of `size` bytes.
-pub(super) fn check_entry(e: &BitmapEntry, flags: u32, kind: u8, cluster_size: u64, size: u64) -> bool {
+pub(super) fn check_entry(
+    e: &BitmapEntry,
+    flags: u32,
+    kind: u8,
+    cluster_size: u64,
+    size: u64,
+) -> bool {
     let phys = e.table_size as u64 * cluster_size;
     let fail = e.table_size == 0
         || e.table_offset == 0
@@ -194,8 +198,8 @@ pub(super) fn check_entry(e: &BitmapEntry, flags: u32, kind: u8, cluster_size: u
         || kind != TYPE_DIRTY_TRACKING
         || phys > MAX_PHYS_SIZE;
     // A bitmap left in use after a resize may be too small; a consistent one may not.
-    let too_small = flags & FLAG_IN_USE == 0
-        && (size as u128) > ((phys as u128 * 8) << e.granularity_bits);
+    let too_small =
+        flags & FLAG_IN_USE == 0 && (size as u128) > ((phys as u128 * 8) << e.granularity_bits);
     !fail && !too_small
 }
 
