@@ -82,6 +82,22 @@ pub(crate) trait Driver {
         false
     }
 
+    /// The persistent dirty bitmaps the image holds, over `size` bytes (qcow2; read-only
+    /// ones when `read_only`).
+    fn load_bitmaps(
+        &self,
+        _size: u64,
+        _read_only: bool,
+    ) -> io::Result<Vec<crate::bitmap::DirtyBitmap>> {
+        Ok(Vec::new())
+    }
+
+    /// Stores the persistent bitmaps of `set` in the image and removes those it no longer
+    /// holds (qcow2).
+    fn store_bitmaps(&self, _set: &crate::bitmap::BitmapSet) -> io::Result<()> {
+        Ok(())
+    }
+
     /// Writes what the kind caches and syncs its files.
     fn close(&self) -> io::Result<()> {
         Ok(())

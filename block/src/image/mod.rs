@@ -98,6 +98,19 @@ pub struct Image {
     dirty: bool,
     /// Its dirty bitmaps, which the request filter dirties.
     bitmaps: BitmapSet,
+    /// Whether the persistent bitmaps were stored (a clean close).
+    bitmaps_stored: AtomicBool,
+}
+
+impl Drop for Image {
+    fn drop(&mut self) {
+        if let Err(e) = self.store_persistent_bitmaps() {
+            eprintln!(
+                "image {}: storing its persistent dirty bitmaps failed: {e}",
+                self.path.display()
+            );
+        }
+    }
 }
 
 /// A whole, positive number of sectors, or the error naming `path`.
@@ -123,6 +136,7 @@ impl Image {
             transition: Mutex::new(()),
             dirty: false,
             bitmaps: BitmapSet::new(),
+            bitmaps_stored: AtomicBool::new(false),
         }
     }
 
@@ -203,6 +217,7 @@ impl Image {
         let backing = Backing::Qcow2(std::sync::Arc::new(qcow2));
         let mut image = Self::new(backing, path, size, options);
         image.dirty = dirty;
+        image.load_persistent_bitmaps()?;
         Ok(image)
     }
 
@@ -323,8 +338,43 @@ impl Image {
     /// Writes what the image caches (a qcow2 image's metadata) and syncs its files; a raw
     /// image and the null device have nothing cached. A stopping server calls it after its
     /// exports have stopped (dropping the image does it too).
+    ///
+    /// A writable qcow2 image first stores its persistent dirty bitmaps (those not
+    /// inconsistent, `in_use` cleared) and removes from the file those removed from the image
+    /// ([`crate::bitmap`]); dropping the image does it too, once.
     pub fn close(&self) -> io::Result<()> {
+        self.store_persistent_bitmaps()?;
         dispatch!(&self.backing, d => d.close())
+    }
+
+    /// Stores the persistent dirty bitmaps in the image (a writable qcow2 image; nothing
+    /// elsewhere), once: after that, the image is closing.
+    pub fn store_persistent_bitmaps(&self) -> io::Result<()> {
+        if !self.active.load(Ordering::Acquire) || self.options.read_only {
+            return Ok(());
+        }
+        if self.bitmaps_stored.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        dispatch!(&self.backing, d => d.store_bitmaps(&self.bitmaps))
+    }
+
+    /// Loads the image's persistent dirty bitmaps into its set (qcow2).
+    fn load_persistent_bitmaps(&self) -> Result<(), OpenError> {
+        let size = self.size();
+        let read_only = self.options.read_only;
+        let loaded =
+            dispatch!(&self.backing, d => d.load_bitmaps(size, read_only)).map_err(|source| {
+                OpenError::Image {
+                    path: self.path.clone(),
+                    source,
+                }
+            })?;
+        for bitmap in loaded {
+            // The directory has no duplicate name QEMU would accept; keep the first.
+            let _ = self.bitmaps.insert(Arc::new(bitmap));
+        }
+        Ok(())
     }
 
     /// Block status: which parts of `[offset, offset + len)` hold data and which are holes

@@ -24,6 +24,7 @@
 //!   synced), one write-back for all the requests waiting when it begins (a group commit):
 //!   imago's cache alone, killed, left fio's data unreadable and `qemu-img check` failing.
 
+mod bitmaps;
 mod blocking;
 mod cache;
 pub(crate) mod current;

@@ -19,6 +19,7 @@ use imago::{Mapping, StorageExt};
 use super::current::{DataRanges, ImageEngine, RequestIo, WithIo};
 use super::storage::EngineStorage;
 use super::{Opened, Qcow2Image};
+use crate::bitmap::{BitmapSet, DirtyBitmap};
 use crate::image::driver::{DepthDone, Driver, QueueIo, StatusDone};
 use crate::image::error::{ActivationError, ResizeError};
 use crate::image::ImageOptions;
@@ -47,6 +48,18 @@ impl Driver for Arc<Qcow2Image> {
 
     fn close(&self) -> io::Result<()> {
         Qcow2Image::close(self)
+    }
+
+    fn stores_bitmaps(&self) -> bool {
+        self.writable.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn load_bitmaps(&self, size: u64, read_only: bool) -> io::Result<Vec<DirtyBitmap>> {
+        Qcow2Image::load_bitmaps(self, size, read_only)
+    }
+
+    fn store_bitmaps(&self, set: &BitmapSet) -> io::Result<()> {
+        Qcow2Image::store_bitmaps(self, set)
     }
 
     fn inactivate(&self, _path: &Path) -> Result<(), ActivationError> {

@@ -133,6 +133,12 @@ impl<S: Storage + 'static> FormatAccess<S> {
         self.inner.as_mut()
     }
 
+    /// The driver, as `T`, if it is one and offers itself
+    /// ([`FormatDriverInstance::as_any()`]; aio-rs).
+    pub fn downcast_ref<T: 'static>(&self) -> Option<&T> {
+        self.inner.as_any()?.downcast_ref()
+    }
+
     /// Return the disk size in bytes.
     pub fn size(&self) -> u64 {
         self.inner.size()

@@ -73,6 +73,13 @@ pub trait FormatDriverInstance: Any + Debug + Display + Send + Sync {
     /// “Recursive” means to recurse to other images like e.g. a backing file.
     fn collect_storage_dependencies(&self) -> Vec<&Self::Storage>;
 
+    /// The driver itself, for a caller that knows its type and wants what only that driver
+    /// offers (aio-rs: qcow2's persistent dirty bitmaps, through
+    /// [`FormatAccess::downcast_ref()`](crate::FormatAccess::downcast_ref)). None by default.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
+
     /// Return whether this image may be modified.
     ///
     /// This state must not change via interior mutability, i.e. as long as this FDI is wrapped in

@@ -324,6 +324,10 @@ pub(super) struct Header {
 
     /// Persistent dirty bitmaps this (writable) open marked `in_use` (aio-rs: `bitmaps.rs`).
     bitmaps_marked_in_use: Vec<String>,
+
+    /// The bitmaps extension and directory (aio-rs: `bitmaps.rs`); the extension is kept
+    /// here, not in `extensions`, since storing bitmaps changes it.
+    bitmaps: parking_lot::Mutex<super::bitmaps::BitmapsState>,
 }
 
 #[maybe_async]
@@ -523,22 +527,45 @@ impl Header {
             extensions,
             external_data_file,
             bitmaps_marked_in_use: Vec::new(),
+            bitmaps: Default::default(),
         };
 
+        // The bitmaps extension, read and checked whether writable or not, as QEMU does
+        // (aio-rs: `bitmaps.rs`).
+        let bitmaps_bit = AutoclearFeatures::Bitmaps as u64;
+        let ext_at = header.extensions.iter().position(|ext| {
+            matches!(ext, HeaderExtension::Unknown { extension_type, .. }
+                if *extension_type == super::bitmaps::BITMAPS_EXTENSION)
+        });
+        let bitmaps_ext = ext_at.map(|at| header.extensions.remove(at));
+        let bitmaps_data = match &bitmaps_ext {
+            Some(HeaderExtension::Unknown { data, .. }) => Some(&data[..]),
+            _ => None,
+        };
+        let mut bitmaps = super::bitmaps::load(
+            image,
+            bitmaps_data,
+            autoclear_features & bitmaps_bit != 0,
+            header.cluster_size() as u64,
+            header.size(),
+        )
+        .await?;
+
         // No need to clear autoclear features for read-only images
-        if autoclear_features != 0 && writable {
-            // Keep the bitmaps, marked inconsistent, instead of dropping them all
-            // (aio-rs: `bitmaps.rs`).
-            let bitmaps = AutoclearFeatures::Bitmaps as u64;
-            if autoclear_features & bitmaps != 0 {
-                header.bitmaps_marked_in_use =
-                    super::bitmaps::mark_in_use(image, &header.extensions).await?;
-            }
-            let kept = autoclear_features & bitmaps;
-            if autoclear_features != kept {
+        if writable {
+            // Keep the bitmaps, marked inconsistent, instead of dropping them all.
+            header.bitmaps_marked_in_use =
+                super::bitmaps::mark_in_use(image, &mut bitmaps).await?;
+            let has_bitmaps = bitmaps.ext.is_some();
+            *header.bitmaps.get_mut() = bitmaps;
+            let kept = autoclear_features & bitmaps_bit;
+            // An extension left while the bit was clear is dropped, as QEMU drops it.
+            if autoclear_features != kept || (bitmaps_ext.is_some() && !has_bitmaps) {
                 header.v3.autoclear_features = kept;
                 header.write(image).await?;
             }
+        } else {
+            *header.bitmaps.get_mut() = bitmaps;
         }
 
         // A dirty image's refcounts may be stale after a crash; opened read-only, nothing
@@ -570,22 +597,55 @@ impl Header {
 
     /// Write the qcow2 header to disk.
     pub async fn write<S: Storage>(&mut self, image: &S) -> io::Result<()> {
+        let (buf, dropped_feature_names) = self.serialize()?;
+        if dropped_feature_names {
+            self.extensions
+                .retain(|e| e.extension_type() != HeaderExtensionType::FeatureNameTable as u32);
+        }
+        self.keep_written_fields(&buf);
+        image.write(&buf, 0).await
+    }
+
+    /// Write the qcow2 header to disk, without changing it in memory (aio-rs: the bitmaps
+    /// extension, `bitmaps_data.rs`, which changes only that extension and the autoclear bit).
+    ///
+    /// The fields the whole header's write computes (the header length, where the backing
+    /// file name is) may then differ from what is in memory; nothing reads them after the
+    /// open.
+    pub async fn write_shared<S: Storage>(&self, image: &S) -> io::Result<()> {
+        let (buf, _) = self.serialize()?;
+        image.write(&buf, 0).await
+    }
+
+    /// Sets the fields `write()` computes from the header `buf` it serialized.
+    fn keep_written_fields(&mut self, buf: &[u8]) {
+        let u32_at = |o: usize| u32::from_be_bytes(buf[o..o + 4].try_into().unwrap());
+        let u64_at = |o: usize| u64::from_be_bytes(buf[o..o + 8].try_into().unwrap());
+        self.v2.backing_file_offset = u64_at(8);
+        self.v2.backing_file_size = u32_at(16);
+        if self.v2.version > 2 {
+            self.v3.header_length = u32_at(100);
+        }
+    }
+
+    /// The header's first bytes as they are written, and whether the feature name table had
+    /// to be left out to make them fit in the first cluster.
+    fn serialize(&self) -> io::Result<(Vec<u8>, bool)> {
         let header_len = if self.v2.version > 2 {
             let len =
                 self.v2.on_disk_size() + self.v3.on_disk_size() + self.unknown_header_fields.len();
-            let len = len.next_multiple_of(8);
-            self.v3.header_length = len as u32;
-            len
+            len.next_multiple_of(8)
         } else {
             V2Header::ON_DISK_SIZE
         };
 
         // If the header gets too long, try to remove the feature name table to make it small
         // enough
+        let mut drop_feature_names = false;
         let mut header_exts;
         let mut backing_file_ofs;
         loop {
-            header_exts = self.serialize_extensions()?;
+            header_exts = self.serialize_extensions(drop_feature_names)?;
 
             backing_file_ofs = header_len
                 .checked_add(header_exts.len())
@@ -603,31 +663,41 @@ impl Header {
                 break;
             }
 
-            if !self
-                .extensions
-                .iter()
-                .any(|e| e.extension_type() == HeaderExtensionType::FeatureNameTable as u32)
+            if drop_feature_names
+                || !self
+                    .extensions
+                    .iter()
+                    .any(|e| e.extension_type() == HeaderExtensionType::FeatureNameTable as u32)
             {
                 return Err(io::Error::other(format!(
                     "Header would be too long ({header_end} > {})",
                     self.cluster_size()
                 )));
             }
-            self.extensions
-                .retain(|e| e.extension_type() != HeaderExtensionType::FeatureNameTable as u32);
+            drop_feature_names = true;
         }
 
-        if let Some(backing) = self.backing_filename.as_ref() {
-            self.v2.backing_file_offset = backing_file_ofs as u64;
-            self.v2.backing_file_size = backing.len() as u32; // length in bytes
-        } else {
-            self.v2.backing_file_offset = 0;
-            self.v2.backing_file_size = 0;
-        };
-
         let mut full_buf = encode_binary(&self.v2)?;
+        let (backing_ofs, backing_len) = match self.backing_filename.as_ref() {
+            Some(backing) => (backing_file_ofs as u64, backing.len() as u32),
+            None => (0, 0),
+        };
+        full_buf[8..16].copy_from_slice(&backing_ofs.to_be_bytes());
+        full_buf[16..20].copy_from_slice(&backing_len.to_be_bytes());
         if self.v2.version > 2 {
+            let v3_start = full_buf.len();
             full_buf.append(&mut encode_binary(&self.v3)?);
+            // The `bitmaps` autoclear bit says whether the bitmaps extension is valid.
+            let bitmaps_bit = AutoclearFeatures::Bitmaps as u64;
+            let autoclear = (self.v3.autoclear_features & !bitmaps_bit)
+                | if self.bitmaps.lock().ext.is_some() {
+                    bitmaps_bit
+                } else {
+                    0
+                };
+            full_buf[v3_start + 16..v3_start + 24].copy_from_slice(&autoclear.to_be_bytes());
+            full_buf[v3_start + 28..v3_start + 32]
+                .copy_from_slice(&(header_len as u32).to_be_bytes());
             full_buf.extend_from_slice(&self.unknown_header_fields);
             full_buf.resize(full_buf.len().next_multiple_of(8), 0);
         }
@@ -646,7 +716,7 @@ impl Header {
             )));
         }
 
-        image.write(&full_buf, 0).await
+        Ok((full_buf, drop_feature_names))
     }
 
     /// Create a header for a new image.
@@ -705,6 +775,7 @@ impl Header {
             extensions,
             external_data_file: has_external_data_file,
             bitmaps_marked_in_use: Vec::new(),
+            bitmaps: Default::default(),
         }
     }
 
@@ -790,6 +861,12 @@ impl Header {
     /// The persistent dirty bitmaps this writable open marked `in_use` (inconsistent).
     pub fn bitmaps_marked_in_use(&self) -> &[String] {
         &self.bitmaps_marked_in_use
+    }
+
+    /// The bitmaps extension and directory (aio-rs: `bitmaps.rs`), locked; never held across
+    /// an `.await`.
+    pub fn bitmaps(&self) -> parking_lot::MutexGuard<'_, super::bitmaps::BitmapsState> {
+        self.bitmaps.lock()
     }
 
     /// Guest disk size.
@@ -978,9 +1055,13 @@ impl Header {
     }
 
     /// Serialize all header extensions.
-    fn serialize_extensions(&self) -> io::Result<Vec<u8>> {
+    fn serialize_extensions(&self, drop_feature_names: bool) -> io::Result<Vec<u8>> {
         let mut result = Vec::new();
+        let feature_names = HeaderExtensionType::FeatureNameTable as u32;
         for e in &self.extensions {
+            if drop_feature_names && e.extension_type() == feature_names {
+                continue;
+            }
             let mut data = e.serialize_data()?;
             let ext_hdr = HeaderExtensionHeader {
                 extension_type: e.extension_type(),
@@ -991,6 +1072,16 @@ impl Header {
             result.append(&mut encode_binary(&ext_hdr)?);
             result.append(&mut data);
             result.resize(result.len().next_multiple_of(8), 0);
+        }
+
+        if let Some(ext) = self.bitmaps.lock().ext {
+            let mut data = ext.serialize();
+            let ext_hdr = HeaderExtensionHeader {
+                extension_type: super::bitmaps::BITMAPS_EXTENSION,
+                length: data.len() as u32,
+            };
+            result.append(&mut encode_binary(&ext_hdr)?);
+            result.append(&mut data);
         }
 
         let end_ext = HeaderExtensionHeader {

@@ -2,6 +2,7 @@
 
 mod allocation;
 mod bitmaps;
+mod bitmaps_data;
 mod builder;
 mod cache;
 #[cfg(all(test, feature = "async"))]
@@ -28,6 +29,8 @@ use crate::raw::Raw;
 use crate::sync_primitives::{Mutex, RwLock};
 use crate::{storage, FormatAccess, ShallowMapping, Storage, StorageExt, StorageOpenOptions};
 use allocation::{Allocator, ClustersToFreeEntry, ClustersToFreeList, PendingClusters};
+pub use bitmaps::{BitmapEntry, MAX_GRANULARITY_BITS, MAX_NAME_SIZE, MIN_GRANULARITY_BITS};
+pub use bitmaps_data::BitmapData;
 pub use builder::{Qcow2CreateBuilder, Qcow2OpenBuilder};
 
 /// How many L2 tables the metadata cache holds unless
@@ -82,6 +85,9 @@ pub struct Qcow2<S: Storage + 'static, F: WrappedFormat<S> + 'static = FormatAcc
     ///
     /// Is `None` for read-only images.
     allocator: Option<Mutex<Allocator<S>>>,
+
+    /// Held while bitmaps are stored (aio-rs: `bitmaps_data.rs`), one store at a time.
+    bitmaps_store: Mutex<()>,
 
     /// Allocations that have been removed from the image metadata, but not yet freed.
     ///
@@ -159,6 +165,7 @@ impl<S: Storage + 'static, F: WrappedFormat<S> + 'static> Qcow2<S, F> {
 
             caches,
             allocator,
+            bitmaps_store: Mutex::new(()),
             clusters_to_free,
         })
     }
@@ -517,6 +524,10 @@ impl<S: Storage, F: WrappedFormat<S>> FormatDriverInstance for Qcow2<S, F> {
         }
 
         v
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
     }
 
     fn writable(&self) -> bool {

@@ -1,0 +1,123 @@
+//! A qcow2 image's persistent dirty bitmaps, loaded at open and stored at a clean close.
+//!
+//! This module owns the conversion between imago's bitmap data (QEMU's serialization: granule
+//! `i` is bit `i % 8` of byte `i / 8`, whole 64-bit words) and [`DirtyBitmap`]'s words (QEMU's
+//! in-memory layout: bit `i % 64` of word `i / 64`), which are the same bits read as
+//! little-endian words; never the on-disk layout (imago's `bitmaps.rs`, `bitmaps_data.rs`).
+//!
+//! * **Loaded at open.** Every bitmap of the directory becomes a persistent [`DirtyBitmap`],
+//!   recording iff its `auto` flag is set; one found `in_use` is loaded inconsistent, without
+//!   its bits (QEMU's `load_bitmap`); one of an image opened read-only is read-only.
+//! * **Stored at a clean close.** [`Image::close`](crate::Image::close) (and dropping the
+//!   image) writes every persistent bitmap that is not inconsistent with `in_use` clear, and
+//!   removes from the image every bitmap of its directory that is no longer a persistent
+//!   bitmap of the set (removed, or made transient). QEMU removes a bitmap from the file at
+//!   `block-dirty-bitmap-remove`; here the file loses it at the clean close.
+
+use std::io;
+use std::sync::Arc;
+
+use imago::qcow2::{BitmapData, Qcow2};
+
+use super::storage::EngineStorage;
+use super::{current, Qcow2Image};
+use crate::bitmap::{BitmapSet, DirtyBitmap};
+
+/// The words of `data` (little-endian), a partial last word padded with zeros.
+fn words_of(data: &[u8]) -> Vec<u64> {
+    data.chunks(8)
+        .map(|c| {
+            let mut w = [0u8; 8];
+            w[..c.len()].copy_from_slice(c);
+            u64::from_le_bytes(w)
+        })
+        .collect()
+}
+
+impl Qcow2Image {
+    /// The image's persistent bitmaps over `size` bytes, as the module says; `read_only`:
+    /// marked read-only.
+    pub(crate) fn load_bitmaps(&self, size: u64, read_only: bool) -> io::Result<Vec<DirtyBitmap>> {
+        current::block_on(async {
+            let access = self.access.read().await;
+            let Some(qcow2) = access.downcast_ref::<Qcow2<EngineStorage>>() else {
+                return Ok(Vec::new());
+            };
+            let mut loaded = Vec::new();
+            for entry in qcow2.bitmaps() {
+                let granularity = 1u32 << entry.granularity_bits;
+                let bitmap = DirtyBitmap::new(&entry.name, size, granularity)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+                bitmap.set_persistent(true);
+                if !entry.auto {
+                    bitmap
+                        .set_recording(false)
+                        .map_err(|e| io::Error::other(e.to_string()))?;
+                }
+                if entry.in_use {
+                    bitmap.set_inconsistent();
+                } else {
+                    let data = qcow2.read_bitmap(&entry.name).await.map_err(|e| {
+                        io::Error::new(
+                            e.kind(),
+                            format!("Could not read bitmap '{}' from image: {e}", entry.name),
+                        )
+                    })?;
+                    bitmap.or_words(&words_of(&data));
+                }
+                if read_only {
+                    bitmap.set_read_only(true);
+                }
+                loaded.push(bitmap);
+            }
+            Ok(loaded)
+        })
+    }
+
+    /// Stores the persistent, consistent bitmaps of `set` in the image (flag `in_use` clear)
+    /// and removes from it those its directory has that `set` no longer holds as persistent.
+    /// Nothing is written to an image that is not open for writing.
+    pub(crate) fn store_bitmaps(&self, set: &BitmapSet) -> io::Result<()> {
+        if !self.writable.load(std::sync::atomic::Ordering::Acquire) {
+            return Ok(());
+        }
+        let persistent: Vec<Arc<DirtyBitmap>> = set
+            .list()
+            .into_iter()
+            .filter(|b| b.is_persistent())
+            .collect();
+        current::block_on(async {
+            let access = self.access.read().await;
+            let Some(qcow2) = access.downcast_ref::<Qcow2<EngineStorage>>() else {
+                return Ok(());
+            };
+            let on_disk = qcow2.bitmaps();
+            let store: Vec<BitmapData> = persistent
+                .iter()
+                .filter(|b| !b.is_inconsistent() && !b.is_read_only())
+                .map(|b| {
+                    let granularity_bits = b.granularity().trailing_zeros() as u8;
+                    let size = qcow2.bitmap_data_size(granularity_bits);
+                    let mut data: Vec<u8> =
+                        b.to_words().iter().flat_map(|w| w.to_le_bytes()).collect();
+                    data.resize(size, 0);
+                    BitmapData {
+                        name: b.name().to_string(),
+                        granularity_bits,
+                        auto: b.is_recording(),
+                        data,
+                    }
+                })
+                .collect();
+            let remove: Vec<&str> = on_disk
+                .iter()
+                .map(|e| e.name.as_str())
+                .filter(|name| !persistent.iter().any(|b| b.name() == *name))
+                .collect();
+            if store.is_empty() && remove.is_empty() {
+                return Ok(());
+            }
+            qcow2.store_bitmaps(&store, &remove).await
+        })
+    }
+}

@@ -1,0 +1,242 @@
+//! Persistent dirty bitmaps in qcow2, checked against QEMU's own tools: bitmaps `qemu-img
+//! bitmap` made and `qemu-io` dirtied load with their granularity, recording state and bits;
+//! a bitmap aio-block adds and dirties is stored at a clean close where `qemu-img` finds it
+//! (flag `auto`, not `in-use`, `check` clean, its bits copied by `qemu-img convert --bitmaps`
+//! and dirtied further by `qemu-io`); a removed one leaves the file; an image dropped
+//! without a clean close leaves its bitmap inconsistent.
+#![cfg(feature = "qcow2")]
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use aio_block::bitmap::{BitmapOptions, DirtyBitmap};
+use aio_block::lock::LockMode;
+use aio_block::{Image, ImageOptions};
+use aio_test_support::tool::run_in;
+use common::session::Session;
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1 << 20;
+
+/// Whether qemu-img and qemu-io are here; says loudly why not.
+fn have_qemu() -> bool {
+    for tool in ["qemu-img", "qemu-io"] {
+        if !aio_test_support::tool::installed(tool) {
+            aio_conformance::skip(&format!("{tool} is not installed"));
+            return false;
+        }
+    }
+    true
+}
+
+/// A 4 MiB qcow2 image `name` in `dir` (64 KiB clusters).
+fn create(dir: &Path, name: &str) {
+    run_in(
+        dir,
+        "qemu-img",
+        &["create", "-q", "-f", "qcow2", name, "4M"],
+    );
+}
+
+/// The dirty extents of `b`, as `(offset, len)`.
+fn dirty(b: &DirtyBitmap) -> Vec<(u64, u64)> {
+    b.extents(0, b.size())
+        .into_iter()
+        .filter(|e| e.2)
+        .map(|e| (e.0, e.1))
+        .collect()
+}
+
+/// `qemu-img info --output=json`'s bitmaps of `name` (`-U`: whatever holds its lock).
+fn qemu_bitmaps(dir: &Path, name: &str) -> Vec<serde_json::Value> {
+    let out = run_in(dir, "qemu-img", &["info", "-U", "--output=json", name]);
+    let info: serde_json::Value = serde_json::from_str(&out).unwrap();
+    info["format-specific"]["data"]["bitmaps"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Writes `data` at each offset through a session on `image`, then ends the session.
+fn write_through(image: &Arc<Image>, writes: &[(u64, usize)]) {
+    let (_, engine) = common::engines().into_iter().next().unwrap();
+    let s = Session::new(image, engine);
+    for &(offset, len) in writes {
+        s.write(offset, &vec![7u8; len], false).unwrap();
+    }
+}
+
+#[test]
+fn bitmaps_qemu_made_and_dirtied_load_with_their_granularity_state_and_bits() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = aio_test_support::images::image_dir("block-pbitmaps");
+    let d = dir.path();
+    create(d, "d.qcow2");
+    run_in(
+        d,
+        "qemu-img",
+        &["bitmap", "--add", "-g", "64k", "d.qcow2", "on"],
+    );
+    run_in(
+        d,
+        "qemu-img",
+        &["bitmap", "--add", "-g", "128k", "d.qcow2", "off"],
+    );
+    run_in(d, "qemu-img", &["bitmap", "--disable", "d.qcow2", "off"]);
+    // qemu-io loads the bitmaps, dirties the enabled one and stores it again.
+    let io = [
+        "-f",
+        "qcow2",
+        "-c",
+        "write -P 1 1M 64k",
+        "-c",
+        "write 3M 4k",
+    ];
+    run_in(d, "qemu-io", &[&io[..], &["d.qcow2"]].concat());
+    let image = Image::open(&d.join("d.qcow2"), ImageOptions::default().read_only(true)).unwrap();
+    let on = image.dirty_bitmaps().find("on").unwrap();
+    let off = image.dirty_bitmaps().find("off").unwrap();
+    assert_eq!((on.granularity(), off.granularity()), (65536, 131072));
+    assert!(on.is_persistent() && on.is_recording() && !on.is_inconsistent());
+    assert!(off.is_persistent() && !off.is_recording() && !off.is_inconsistent());
+    assert_eq!(dirty(&on), vec![(MIB, 64 * KIB), (3 * MIB, 64 * KIB)]);
+    assert_eq!(on.count(), 128 * KIB);
+    assert_eq!(off.count(), 0);
+}
+
+#[test]
+fn a_persistent_bitmap_is_stored_at_a_clean_close_where_qemu_reads_its_bits() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = aio_test_support::images::image_dir("block-pbitmaps");
+    let d = dir.path();
+    create(d, "d.qcow2");
+    let path = d.join("d.qcow2");
+    {
+        let image = Arc::new(Image::open(&path, ImageOptions::default()).unwrap());
+        let p = image
+            .add_dirty_bitmap(
+                "p",
+                BitmapOptions::new().granularity(64 << 10).persistent(true),
+            )
+            .unwrap();
+        write_through(&image, &[(MIB, 4096), (2 * MIB + 60 * KIB, 8192)]);
+        assert_eq!(dirty(&p), vec![(MIB, 64 * KIB), (2 * MIB, 128 * KIB)]);
+        image.close().unwrap();
+    }
+    let bitmaps = qemu_bitmaps(d, "d.qcow2");
+    assert_eq!(bitmaps.len(), 1, "{bitmaps:?}");
+    assert_eq!(bitmaps[0]["name"], "p");
+    assert_eq!(bitmaps[0]["granularity"], 65536);
+    assert_eq!(bitmaps[0]["flags"], serde_json::json!(["auto"]));
+    run_in(d, "qemu-img", &["check", "-q", "d.qcow2"]);
+
+    // QEMU reads the bits: convert copies them, qemu-io dirties them further.
+    run_in(
+        d,
+        "qemu-img",
+        &[
+            "convert",
+            "-q",
+            "--bitmaps",
+            "-O",
+            "qcow2",
+            "d.qcow2",
+            "e.qcow2",
+        ],
+    );
+    let io = ["-f", "qcow2", "-c", "write 3M 4k", "d.qcow2"];
+    run_in(d, "qemu-io", &io);
+    run_in(d, "qemu-img", &["check", "-q", "d.qcow2"]);
+    let ro = ImageOptions::default().read_only(true);
+    let copy = Image::open(&d.join("e.qcow2"), ro.clone()).unwrap();
+    let p = copy.dirty_bitmaps().find("p").unwrap();
+    assert_eq!(dirty(&p), vec![(MIB, 64 * KIB), (2 * MIB, 128 * KIB)]);
+    let again = Image::open(&path, ro).unwrap();
+    let p = again.dirty_bitmaps().find("p").unwrap();
+    assert!(p.is_recording() && !p.is_inconsistent());
+    assert_eq!(
+        dirty(&p),
+        vec![(MIB, 64 * KIB), (2 * MIB, 128 * KIB), (3 * MIB, 64 * KIB)]
+    );
+}
+
+#[test]
+fn a_removed_bitmap_leaves_the_file_at_the_clean_close() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = aio_test_support::images::image_dir("block-pbitmaps");
+    let d = dir.path();
+    create(d, "d.qcow2");
+    run_in(d, "qemu-img", &["bitmap", "--add", "d.qcow2", "gone"]);
+    run_in(d, "qemu-img", &["bitmap", "--add", "d.qcow2", "kept"]);
+    {
+        let image = Image::open(&d.join("d.qcow2"), ImageOptions::default()).unwrap();
+        image.dirty_bitmaps().remove("gone").unwrap();
+        image.close().unwrap();
+    }
+    let bitmaps = qemu_bitmaps(d, "d.qcow2");
+    let names: Vec<&str> = bitmaps
+        .iter()
+        .map(|b| b["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["kept"]);
+    assert_eq!(bitmaps[0]["flags"], serde_json::json!(["auto"]));
+    run_in(d, "qemu-img", &["check", "-q", "d.qcow2"]);
+}
+
+#[test]
+fn an_image_lost_without_a_clean_close_leaves_its_bitmap_inconsistent() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = aio_test_support::images::image_dir("block-pbitmaps");
+    let d = dir.path();
+    create(d, "d.qcow2");
+    run_in(d, "qemu-img", &["bitmap", "--add", "d.qcow2", "b"]);
+    let path = d.join("d.qcow2");
+    let image = Arc::new(Image::open(&path, ImageOptions::default()).unwrap());
+    write_through(&image, &[(MIB, 4096)]);
+    // What a SIGKILL leaves: nothing stored, nothing flushed.
+    std::mem::forget(image);
+    let bitmaps = qemu_bitmaps(d, "d.qcow2");
+    assert_eq!(bitmaps[0]["flags"], serde_json::json!(["in-use", "auto"]));
+    let opts = ImageOptions::default()
+        .read_only(true)
+        .locking(LockMode::Off);
+    let again = Image::open(&path, opts).unwrap();
+    let b = again.dirty_bitmaps().find("b").unwrap();
+    assert!(b.is_inconsistent() && b.is_persistent());
+    assert_eq!(b.count(), 0);
+}
+
+#[test]
+fn persistent_bitmaps_are_refused_where_they_cannot_be_stored() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = aio_test_support::images::image_dir("block-pbitmaps");
+    let d = dir.path();
+    create(d, "d.qcow2");
+    let ro = ImageOptions::default().read_only(true);
+    let image = Image::open(&d.join("d.qcow2"), ro).unwrap();
+    let e = image
+        .add_dirty_bitmap("p", BitmapOptions::new().persistent(true))
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("Can't store persistent bitmaps to"),
+        "{e}"
+    );
+    drop(image);
+    let image = Image::open(&d.join("d.qcow2"), ImageOptions::default()).unwrap();
+    image
+        .add_dirty_bitmap("p", BitmapOptions::new().persistent(true))
+        .unwrap();
+}
