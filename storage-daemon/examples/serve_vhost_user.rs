@@ -2,7 +2,7 @@
 //!
 //! ```sh
 //! truncate -s 1G /tmp/disk.img
-//! cargo run --release -p aio-storage-daemon --example serve_image -- /tmp/disk.img /tmp/vhost.sock
+//! cargo run --release -p aio-storage-daemon --example serve_vhost_user -- /tmp/disk.img /tmp/vhost.sock
 //! # then, for example:
 //! qemu-system-x86_64 ... -object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \
 //!     -chardev socket,id=c0,path=/tmp/vhost.sock -device vhost-user-blk-pci,chardev=c0
@@ -15,14 +15,14 @@ use aio_storage_daemon::daemon::{run, Config, DiskSpec, StopHandle};
 fn main() {
     let mut argv = std::env::args().skip(1);
     let (Some(image), Some(socket)) = (argv.next(), argv.next()) else {
-        eprintln!("usage: serve_image IMAGE SOCKET [SECONDS]");
+        eprintln!("usage: serve_vhost_user IMAGE SOCKET [SECONDS]");
         std::process::exit(2);
     };
     let disk: DiskSpec =
         match format!("socket={socket},image={image},serial=example,queues=2").parse() {
             Ok(d) => d,
             Err(e) => {
-                eprintln!("serve_image: {e}");
+                eprintln!("serve_vhost_user: {e}");
                 std::process::exit(2);
             }
         };
@@ -40,7 +40,7 @@ fn main() {
         });
     }
     if let Err(e) = run(&config, &stop) {
-        eprintln!("serve_image: {e}");
+        eprintln!("serve_vhost_user: {e}");
         std::process::exit(1);
     }
 }
