@@ -17,6 +17,8 @@
 //!   in its place.
 //! * [`qmp`] (feature `cli`): QEMU's QMP on the daemon's monitor sockets: queries, block
 //!   nodes and exports added and removed at run time, iothreads' polling set.
+//! * [`job`]: block jobs' lifecycle, QEMU's states, transitions and verbs (the rules the
+//!   job commands and events are built on).
 //!
 //! The binary is `aio-storage-daemon`; `aio-vhost-user-blk`, its name before this crate, is
 //! the same program for one release.
@@ -44,6 +46,7 @@ mod blockdev;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod daemon;
+pub mod job;
 #[cfg(feature = "cli")]
 pub mod qmp;
 #[cfg(feature = "cli")]
