@@ -1,9 +1,10 @@
 //! Images other than a raw file, served by the daemon to a libblkio client: qcow2 images made
 //! by `qemu-img` (left clean by a stop, only leaking clusters after SIGKILL in the middle of
 //! allocating writes, and opened again; a dirty one left by a killed `qemu-io` served read-only
-//! until repaired; persistent dirty bitmaps kept, marked in use), and the null device.
+//! until repaired; persistent dirty bitmaps tracked and stored at a clean stop), and the null device.
 //!
-//! Needs `qemu-img` (Debian's `qemu-utils`; `.ci/run` installs it).
+//! Needs `qemu-img` and `qemu-nbd` (Debian's `qemu-utils`) and `nbdinfo` (`libnbd-bin`);
+//! `.ci/run` installs them.
 
 mod common;
 
@@ -206,15 +207,15 @@ fn a_dirty_qcow2_image_is_served_read_only_until_repaired() {
 }
 
 /// A qcow2 image's persistent dirty bitmaps (libvirt's backup checkpoints, made here by
-/// `qemu-img bitmap --add`) survive the daemon serving and writing the image: the daemon does
-/// not track writes in them, so it marks each one `in-use` (inconsistent, what they are once
-/// it has written) and says so, instead of dropping them all by clearing the bitmaps
-/// autoclear bit (after which `qemu-img check` reported their clusters leaked and QEMU
-/// discarded them). After a stop, `qemu-img check` finds no error and no leak, `qemu-img info`
-/// lists both bitmaps `in-use`, and `qemu-img bitmap --remove` can still remove one. A second
-/// serving finds nothing more to mark.
+/// `qemu-img bitmap --add`) track the daemon's writes and are stored at a clean stop: while
+/// the daemon serves the image writable they are `in-use` in the file (QEMU's rule, so that a
+/// crash leaves them inconsistent rather than silently stale); after SIGTERM `qemu-img check`
+/// finds no error and no leak, `qemu-img info` lists both bitmaps consistent (`auto`, not
+/// `in-use`) with their granularity, and QEMU's own NBD server (`qemu-nbd -B`) reads exactly
+/// the three ranges the daemon wrote as dirty in each. Served read-only, nothing is written.
+/// Served again, nothing is said of them: they are consistent.
 #[test]
-fn a_qcow2_images_dirty_bitmaps_are_kept_marked_in_use_when_served_writable() {
+fn a_qcow2_images_dirty_bitmaps_track_the_daemons_writes_and_are_stored_at_a_clean_stop() {
     let (dir, _) = image(1 << 20);
     let qcow2 = dir.path().join("checkpoints.qcow2");
     let q = qcow2.to_str().unwrap();
@@ -239,11 +240,12 @@ fn a_qcow2_images_dirty_bitmaps_are_kept_marked_in_use_when_served_writable() {
         assert_eq!(c.wait(0, 1), [(i, 0)]);
     }
     drop(c);
-    let log = d.log();
+    let serving = qemu_img(&["info", "-U", "--output=json", q]);
     assert!(
-        log.contains("ck1, ck2") && log.contains("marked in use"),
-        "the daemon names the bitmaps it marked: {log}"
+        serving.contains("in-use"),
+        "in use while served writable: {serving}"
     );
+    assert!(!d.log().contains("bitmap"), "{}", d.log());
     assert!(d.terminate().success());
 
     let check = qemu_img(&["check", q]);
@@ -261,21 +263,62 @@ fn a_qcow2_images_dirty_bitmaps_are_kept_marked_in_use_when_served_writable() {
         .collect();
     assert_eq!(names, ["ck1", "ck2"], "{info}");
     for b in bitmaps {
-        let flags = b["flags"].to_string();
-        assert!(flags.contains("in-use"), "{b}");
+        assert_eq!(b["flags"], serde_json::json!(["auto"]), "{b}");
     }
     assert_eq!(bitmaps[1]["granularity"], 128 << 10, "{info}");
+    let written = [(0, 1 << 20), (5 << 20, 1 << 20), (63 << 20, 1 << 20)];
+    for name in ["ck1", "ck2"] {
+        assert_eq!(
+            dirty_ranges_read_by_qemu(dir.path(), q, name),
+            written,
+            "{name}"
+        );
+    }
     qemu_io_reads(q, 0x5a, 63 << 20);
 
-    // Served again: every bitmap is in use already, nothing is marked or said.
+    // Served again: the bitmaps are consistent, nothing is said of them.
     let mut d = Daemon::one_disk(dir.path(), &qcow2, "pool", "");
     drop(connect(d.socket(), 1, 4096).unwrap());
     let log = d.log();
-    assert!(!log.contains("marked in use"), "{log}");
+    assert!(!log.contains("bitmap"), "{log}");
     assert!(d.terminate().success());
     qemu_img(&["bitmap", "--remove", q, "ck1"]);
     let check = qemu_img(&["check", q]);
     assert!(check.contains("No errors were found"), "{check}");
+}
+
+/// The dirty ranges of bitmap `name` of the qcow2 image `path`, as QEMU reads them: served by
+/// `qemu-nbd -B NAME` and mapped by `nbdinfo --map=qemu:dirty-bitmap:NAME`.
+fn dirty_ranges_read_by_qemu(dir: &std::path::Path, path: &str, name: &str) -> Vec<(u64, u64)> {
+    let socket = dir.join(format!("qemu-nbd-{name}.sock"));
+    // `--fork` returns once the server listens; without `--persistent` it ends after the one
+    // client below disconnects.
+    let started = Command::new("qemu-nbd")
+        .args(["--fork", "-r", "-f", "qcow2", "-B", name, "-k"])
+        .arg(&socket)
+        .arg(path)
+        .status()
+        .expect("qemu-nbd (install qemu-utils)");
+    assert!(started.success(), "qemu-nbd -B {name} {path}");
+    let uri = format!("nbd+unix:///?socket={}", socket.display());
+    let out = Command::new("nbdinfo")
+        .arg(format!("--map=qemu:dirty-bitmap:{name}"))
+        .arg(&uri)
+        .output()
+        .expect("nbdinfo (install libnbd-bin)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "nbdinfo: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Each line: offset, length, type (1: dirty), description.
+    text.lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            (f.get(2) == Some(&"1")).then(|| (f[0].parse().unwrap(), f[1].parse().unwrap()))
+        })
+        .collect()
 }
 
 /// `qemu-io` reads 1 MiB of `pattern` at `offset` of the qcow2 image `path`.

@@ -318,19 +318,17 @@ impl Image {
     }
 
     /// The persistent dirty bitmaps of a qcow2 image (libvirt's backup checkpoints) that
-    /// opening it writable marked `in_use`, by name; empty for any other open.
+    /// opening it writable marked `in_use` in the file, by name; empty for any other open.
     ///
-    /// The block layer does not track writes in dirty bitmaps yet. Rather than drop them (what
-    /// a qcow2 program that does not know them must do: clear the `bitmaps` autoclear bit, and
-    /// QEMU then discards every bitmap and reports its clusters leaked), a writable open keeps
-    /// the bitmaps and marks each one `in_use`: `qemu-img info` still lists them, flagged
-    /// `in-use`, QEMU reports them inconsistent (they miss this server's writes), `qemu-img
-    /// check` finds nothing leaked, and `qemu-img bitmap --remove` can remove them. A bitmap
-    /// already `in_use` is not listed again.
+    /// QEMU's rule: while an image is open for writing its persistent bitmaps are `in_use` in
+    /// the file, so that a user that dies without closing it leaves them inconsistent rather
+    /// than silently stale. The bitmaps themselves are loaded and track every write
+    /// ([`dirty_bitmaps`](Self::dirty_bitmaps)); a clean close stores them with `in_use`
+    /// clear ([`close`](Self::close)). A bitmap found `in_use` already (left by a crash) is
+    /// loaded inconsistent and not listed here.
     ///
     /// An image opened [inactive](Self::open_inactive) marks them when it is
-    /// [activated](Self::activate) writable: each activation adds those it marked. They stay
-    /// marked when the image is inactivated, listed by the next user.
+    /// [activated](Self::activate) writable: each activation adds those it marked.
     pub fn bitmaps_marked_inconsistent(&self) -> Vec<String> {
         dispatch!(&self.backing, d => d.bitmaps_marked_inconsistent())
     }

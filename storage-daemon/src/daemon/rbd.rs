@@ -70,17 +70,24 @@ pub(crate) fn open_image(
     Ok(image)
 }
 
-/// Says on stderr which persistent dirty bitmaps (backup checkpoints) opening `image` writable
-/// marked inconsistent, if any ([`Image::bitmaps_marked_inconsistent`]).
+/// Says on stderr which persistent dirty bitmaps (backup checkpoints) of `image` were found
+/// inconsistent at open (left `in_use` by a user that did not close the image), if any: an
+/// incremental backup from them is refused, as QEMU refuses it.
 pub(crate) fn warn_of_bitmaps(path: &Path, image: &Image) {
-    let marked = image.bitmaps_marked_inconsistent();
-    if !marked.is_empty() {
+    let stale: Vec<String> = image
+        .dirty_bitmaps()
+        .list()
+        .into_iter()
+        .filter(|b| b.is_persistent() && b.is_inconsistent())
+        .map(|b| b.name().to_owned())
+        .collect();
+    if !stale.is_empty() {
         eprintln!(
-            "aio-storage-daemon: warning: {}: this daemon does not track dirty bitmaps: the \
-             persistent bitmap(s) {} are kept but marked in use (inconsistent); an incremental \
-             backup from them is refused and the next backup is a full one",
+            "aio-storage-daemon: warning: {}: the persistent bitmap(s) {} were left in use by a \
+             program that did not close the image: they are inconsistent, an incremental backup \
+             from them is refused and the next backup is a full one",
             path.display(),
-            marked.join(", ")
+            stale.join(", ")
         );
     }
 }
