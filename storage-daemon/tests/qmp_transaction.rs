@@ -236,6 +236,40 @@ fn steps(program: &str) -> Vec<Value> {
     assert_eq!(desc, "Transaction aborted using Abort action", "{program}");
     seen.push(bitmaps_of(&mut q, "fmt"));
 
+    // A bitmap of an image opened read-only may be disabled and enabled (QEMU's
+    // BDRV_BITMAP_ALLOW_RO), not cleared or removed.
+    let ro = dir.path().join("ro.qcow2");
+    common::qemu_img(&["create", "-q", "-f", "qcow2", ro.to_str().unwrap(), "1M"]);
+    common::qemu_img(&["bitmap", "--add", ro.to_str().unwrap(), "r"]);
+    q.ok(
+        "blockdev-add",
+        json!({"driver": "file", "node-name": "rofile", "filename": ro.to_str().unwrap(),
+               "read-only": true}),
+    );
+    q.ok(
+        "blockdev-add",
+        json!({"driver": "qcow2", "node-name": "ro", "file": "rofile", "read-only": true}),
+    );
+    let r = json!({"node": "ro", "name": "r"});
+    for kind in [
+        "block-dirty-bitmap-disable",
+        "block-dirty-bitmap-enable",
+        "block-dirty-bitmap-clear",
+        "block-dirty-bitmap-remove",
+    ] {
+        let reply = q.call("transaction", json!({"actions": [act(kind, r.clone())]}));
+        let allowed = kind.ends_with("able");
+        assert_eq!(
+            reply.get("return").is_some(),
+            allowed,
+            "{program}: {kind}: {reply}"
+        );
+        seen.push(reply);
+    }
+    seen.push(bitmaps_of(&mut q, "ro"));
+    q.ok("blockdev-del", json!({"node-name": "ro"}));
+    q.ok("blockdev-del", json!({"node-name": "rofile"}));
+
     q.ok("block-export-del", json!({"id": "exp"}));
     std::thread::sleep(Duration::from_millis(200));
     q.ok("blockdev-del", json!({"node-name": "fmt"}));

@@ -269,14 +269,12 @@ impl DirtyBitmap {
         })
     }
 
-    /// Checks that it may be changed by the user (`block-dirty-bitmap-clear`, `-enable`,
-    /// `-disable`, a merge into it): not busy, not read-only, not inconsistent.
+    /// Checks that its bits may be changed by the user (`block-dirty-bitmap-clear`, a merge
+    /// into it): not busy, not read-only, not inconsistent, in QEMU's order
+    /// (`bdrv_dirty_bitmap_check`).
     pub fn check_writable(&self) -> Result<(), BitmapError> {
-        self.check_usable()?;
-        if self.is_read_only() {
-            return Err(BitmapError::ReadOnly(self.name.clone()));
-        }
-        Ok(())
+        self.check_removable()?;
+        self.check_usable()
     }
 
     /// Checks that it may be used (read by a job or a merge): not busy, not inconsistent.
@@ -291,9 +289,10 @@ impl DirtyBitmap {
     }
 
     /// Starts or stops recording (`block-dirty-bitmap-enable`, `-disable`), checked as
-    /// [`check_writable`](Self::check_writable).
+    /// [`check_usable`](Self::check_usable): a read-only bitmap may start or stop recording,
+    /// as QEMU allows (`BDRV_BITMAP_ALLOW_RO`), for that changes none of its bits.
     pub fn set_recording(&self, recording: bool) -> Result<(), BitmapError> {
-        self.check_writable()?;
+        self.check_usable()?;
         self.recording.store(recording, Ordering::Release);
         Ok(())
     }

@@ -152,9 +152,13 @@ fn busy_read_only_and_inconsistent_bitmaps_refuse_changes_with_qemus_texts() {
     assert!(!b.is_busy());
     b.set_read_only(true);
     assert_eq!(
-        b.set_recording(false).unwrap_err().to_string(),
+        b.check_writable().unwrap_err().to_string(),
         "Bitmap 'b' is readonly and cannot be modified"
     );
+    // QEMU enables and disables a read-only bitmap (`BDRV_BITMAP_ALLOW_RO`).
+    b.set_recording(false).unwrap();
+    assert!(!b.is_recording());
+    b.set_recording(true).unwrap();
     b.set_read_only(false);
     b.set_inconsistent();
     assert!(!b.is_recording());

@@ -286,7 +286,8 @@ impl State {
             }
             BitmapAction::Record { node, name, on } => {
                 let bitmap = self.staged_bitmap(staged, &node, &name)?;
-                bitmap.check_writable().map_err(refused)?;
+                // QEMU's `BDRV_BITMAP_ALLOW_RO`: a read-only bitmap may be enabled.
+                bitmap.check_usable().map_err(refused)?;
                 Effect::Record { bitmap, on }
             }
             BitmapAction::Merge {
