@@ -8,67 +8,20 @@
 //! Needs `qemu-img` and `qemu-io` (Debian's `qemu-utils`), and `qemu-storage-daemon` for the
 //! comparison (`.ci/run` installs them).
 
+#[path = "common/bitmaps.rs"]
+mod bitmap_steps;
 mod common;
 #[path = "common/qmp.rs"]
 mod qmp_client;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use aio_test_support::launch::{Daemon, Launch};
-use qmp_client::Qmp;
+use bitmap_steps::{bitmaps_of, daemon, export, nbd_write, qcow2, qcow2_node, sha256};
 use serde_json::{json, Value};
 
 const OURS: &str = env!("CARGO_BIN_EXE_aio-storage-daemon");
-
-/// `program` with a monitor only; its monitor client.
-fn daemon(program: &str, dir: &Path) -> (Daemon, Qmp) {
-    let monitor = dir.join("qmp.sock");
-    let d = Launch::new(program)
-        .args([
-            "--chardev".to_string(),
-            format!("socket,id=m,path={},server=on,wait=off", monitor.display()),
-            "--monitor".to_string(),
-            "m".to_string(),
-        ])
-        .label(program)
-        .log_to(dir.join("log"))
-        .socket(monitor.clone())
-        .socket_wait(Duration::from_secs(20))
-        .start()
-        .unwrap_or_else(|e| panic!("{e}"));
-    let (q, _) = Qmp::connect(&monitor, false);
-    (d, q)
-}
-
-/// A 64 MiB qcow2 image (64 KiB clusters) in `dir`.
-fn qcow2(dir: &Path) -> PathBuf {
-    let path = dir.join("disk.qcow2");
-    common::qemu_img(&["create", "-q", "-f", "qcow2", path.to_str().unwrap(), "64M"]);
-    path
-}
-
-/// Writes `len` bytes at `offset` through NBD export `name` on `socket` with `qemu-io`.
-fn nbd_write(socket: &Path, name: &str, offset: u64, len: u64) {
-    let uri = format!("nbd+unix:///{name}?socket={}", socket.display());
-    let out = Command::new("qemu-io")
-        .args([
-            "-f",
-            "raw",
-            "-c",
-            &format!("write -P 0x5a {offset} {len}"),
-            &uri,
-        ])
-        .output()
-        .expect("qemu-io");
-    assert!(
-        out.status.success() && !String::from_utf8_lossy(&out.stdout).contains("failed"),
-        "qemu-io write: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// `qemu-img info`'s exit status and stderr on `image` (refused while a writer holds it).
 fn qemu_img_info(image: &Path) -> (bool, String) {
@@ -82,35 +35,6 @@ fn qemu_img_info(image: &Path) -> (bool, String) {
     )
 }
 
-/// Node `node`'s `dirty-bitmaps` in `query-named-block-nodes` (null when it has none).
-fn bitmaps_of(q: &mut Qmp, node: &str) -> Value {
-    let nodes = q.ok("query-named-block-nodes", json!({"flat": true}));
-    nodes
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|n| n["node-name"] == node)
-        .unwrap_or_else(|| panic!("no node {node} in {nodes}"))["dirty-bitmaps"]
-        .clone()
-}
-
-/// Bitmap `name`'s SHA-256 of QEMU's layout.
-fn sha256(q: &mut Qmp, node: &str, name: &str) -> String {
-    let r = q.ok(
-        "x-debug-block-dirty-bitmap-sha256",
-        json!({"node": node, "name": name}),
-    );
-    r["sha256"].as_str().unwrap().to_string()
-}
-
-/// Exports node `fmt` over NBD as `exp`.
-fn export(q: &mut Qmp) {
-    q.ok(
-        "block-export-add",
-        json!({"type": "nbd", "id": "exp", "node-name": "fmt", "name": "exp", "writable": true}),
-    );
-}
-
 /// The steps run against a daemon: what each step answered (listed bitmaps, hashes, error
 /// texts), to compare between daemons. Asserts what holds for both.
 fn steps(program: &str) -> Vec<Value> {
@@ -119,18 +43,7 @@ fn steps(program: &str) -> Vec<Value> {
     let nbd = dir.path().join("nbd.sock");
     let (daemon, mut q) = daemon(program, dir.path());
     let mut seen = Vec::new();
-    q.ok(
-        "nbd-server-start",
-        json!({"addr": {"type": "unix", "data": {"path": nbd.to_str().unwrap()}}}),
-    );
-    q.ok(
-        "blockdev-add",
-        json!({"driver": "file", "node-name": "file", "filename": image.to_str().unwrap()}),
-    );
-    q.ok(
-        "blockdev-add",
-        json!({"driver": "qcow2", "node-name": "fmt", "file": "file"}),
-    );
+    qcow2_node(&mut q, &image, &nbd);
     let raw = dir.path().join("disk.raw");
     common::qemu_img(&["create", "-q", "-f", "raw", raw.to_str().unwrap(), "1M"]);
     q.ok(

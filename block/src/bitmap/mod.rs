@@ -244,14 +244,37 @@ impl DirtyBitmap {
         })
     }
 
-    /// Checks that it may be changed by the user (`block-dirty-bitmap-clear`, `-enable`,
-    /// `-disable`, a merge into it): not busy, not read-only, not inconsistent.
-    pub fn check_writable(&self) -> Result<(), BitmapError> {
-        self.check_usable()?;
+    /// Checks that it may be removed (`block-dirty-bitmap-remove`): not busy, not read-only,
+    /// in QEMU's order; an inconsistent one may be removed (QEMU's hint says to).
+    pub fn check_removable(&self) -> Result<(), BitmapError> {
+        if self.is_busy() {
+            return Err(BitmapError::Busy(self.name.clone()));
+        }
         if self.is_read_only() {
             return Err(BitmapError::ReadOnly(self.name.clone()));
         }
         Ok(())
+    }
+
+    /// Holds it busy for its removal until the guard drops (a transaction's
+    /// `block-dirty-bitmap-remove`, prepared: every later user is refused, as QEMU marks it
+    /// busy until the commit), checked as [`check_removable`](Self::check_removable).
+    pub fn hold_for_removal(self: &Arc<Self>) -> Result<BusyGuard, BitmapError> {
+        self.check_removable()?;
+        self.busy
+            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
+            .map_err(|_| BitmapError::Busy(self.name.clone()))?;
+        Ok(BusyGuard {
+            bitmap: self.clone(),
+        })
+    }
+
+    /// Checks that its bits may be changed by the user (`block-dirty-bitmap-clear`, a merge
+    /// into it): not busy, not read-only, not inconsistent, in QEMU's order
+    /// (`bdrv_dirty_bitmap_check`).
+    pub fn check_writable(&self) -> Result<(), BitmapError> {
+        self.check_removable()?;
+        self.check_usable()
     }
 
     /// Checks that it may be used (read by a job or a merge): not busy, not inconsistent.
@@ -266,9 +289,10 @@ impl DirtyBitmap {
     }
 
     /// Starts or stops recording (`block-dirty-bitmap-enable`, `-disable`), checked as
-    /// [`check_writable`](Self::check_writable).
+    /// [`check_usable`](Self::check_usable): a read-only bitmap may start or stop recording,
+    /// as QEMU allows (`BDRV_BITMAP_ALLOW_RO`), for that changes none of its bits.
     pub fn set_recording(&self, recording: bool) -> Result<(), BitmapError> {
-        self.check_writable()?;
+        self.check_usable()?;
         self.recording.store(recording, Ordering::Release);
         Ok(())
     }

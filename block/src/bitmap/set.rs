@@ -91,11 +91,11 @@ impl BitmapSet {
         self.read().clone()
     }
 
-    /// Adds a new bitmap named `name` over `size` bytes, `default_granularity` unless the
-    /// options give one; `storable` says whether the image can keep a persistent one (its
-    /// error names `node`).
-    pub(crate) fn add(
-        &self,
+    /// Makes a new bitmap named `name` over `size` bytes, `default_granularity` unless the
+    /// options give one, without adding it (a transaction's staged `block-dirty-bitmap-add`);
+    /// `storable` says whether the image can keep a persistent one (its error names `node`).
+    /// Whether the name is taken is [`insert`](Self::insert)'s check.
+    pub(crate) fn make(
         name: &str,
         (size, default_granularity): (u64, u32),
         options: BitmapOptions,
@@ -118,9 +118,7 @@ impl BitmapSet {
         if options.disabled {
             bitmap.recording.store(false, Ordering::Release);
         }
-        let bitmap = Arc::new(bitmap);
-        self.insert(bitmap.clone())?;
-        Ok(bitmap)
+        Ok(Arc::new(bitmap))
     }
 
     /// Adds `bitmap` (one loaded from the image, or made by the caller); refused when a
@@ -144,13 +142,7 @@ impl BitmapSet {
             .iter()
             .position(|b| b.name() == name)
             .ok_or_else(|| BitmapError::NotFound(name.to_string()))?;
-        let bitmap = &all[at];
-        if bitmap.is_busy() {
-            return Err(BitmapError::Busy(name.to_string()));
-        }
-        if bitmap.is_read_only() {
-            return Err(BitmapError::ReadOnly(name.to_string()));
-        }
+        all[at].check_removable()?;
         let removed = all.remove(at);
         self.len.store(all.len(), Ordering::Release);
         Ok(removed)

@@ -152,9 +152,13 @@ fn busy_read_only_and_inconsistent_bitmaps_refuse_changes_with_qemus_texts() {
     assert!(!b.is_busy());
     b.set_read_only(true);
     assert_eq!(
-        b.set_recording(false).unwrap_err().to_string(),
+        b.check_writable().unwrap_err().to_string(),
         "Bitmap 'b' is readonly and cannot be modified"
     );
+    // QEMU enables and disables a read-only bitmap (`BDRV_BITMAP_ALLOW_RO`).
+    b.set_recording(false).unwrap();
+    assert!(!b.is_recording());
+    b.set_recording(true).unwrap();
     b.set_read_only(false);
     b.set_inconsistent();
     assert!(!b.is_recording());
@@ -166,36 +170,47 @@ fn busy_read_only_and_inconsistent_bitmaps_refuse_changes_with_qemus_texts() {
     assert!(e.hint().is_some());
 }
 
+/// What `Image::add_dirty_bitmap` does with the set: make, then insert.
+fn add(
+    set: &BitmapSet,
+    name: &str,
+    size: (u64, u32),
+    options: BitmapOptions,
+    node: (bool, &str),
+) -> Result<Arc<DirtyBitmap>, BitmapError> {
+    let bitmap = BitmapSet::make(name, size, options, node)?;
+    set.insert(bitmap.clone())?;
+    Ok(bitmap)
+}
+
 #[test]
 fn the_set_dirties_only_recording_bitmaps_and_removes_what_is_not_busy() {
     let set = BitmapSet::new();
     assert!(set.is_empty());
     let node = (false, "disk");
-    let on = set
-        .add("on", (1 << 20, 65536), BitmapOptions::new(), node)
-        .unwrap();
-    let off = set
-        .add(
-            "off",
-            (1 << 20, 65536),
-            BitmapOptions::new().disabled(true),
-            node,
-        )
-        .unwrap();
+    let on = add(&set, "on", (1 << 20, 65536), BitmapOptions::new(), node).unwrap();
+    let off = add(
+        &set,
+        "off",
+        (1 << 20, 65536),
+        BitmapOptions::new().disabled(true),
+        node,
+    )
+    .unwrap();
     assert_eq!(
-        set.add("on", (1 << 20, 65536), BitmapOptions::new(), node)
+        add(&set, "on", (1 << 20, 65536), BitmapOptions::new(), node)
             .unwrap_err()
             .to_string(),
         "Bitmap already exists: on"
     );
-    let e = set
-        .add(
-            "p",
-            (1 << 20, 65536),
-            BitmapOptions::new().persistent(true),
-            node,
-        )
-        .unwrap_err();
+    let e = add(
+        &set,
+        "p",
+        (1 << 20, 65536),
+        BitmapOptions::new().persistent(true),
+        node,
+    )
+    .unwrap_err();
     assert_eq!(
         e.to_string(),
         "Can't store persistent bitmaps to disk: Operation not supported"
@@ -230,4 +245,25 @@ fn iothreads_dirtying_one_word_lose_no_bit() {
         t.join().unwrap();
     }
     assert_eq!(b.to_words(), vec![u64::MAX]);
+}
+
+#[test]
+fn a_bitmap_held_for_removal_refuses_other_users_and_an_inconsistent_one_may_be_held() {
+    let b = Arc::new(DirtyBitmap::new("b", 1 << 20, 65536).unwrap());
+    let guard = b.hold_for_removal().unwrap();
+    assert!(matches!(b.check_writable(), Err(BitmapError::Busy(_))));
+    assert!(matches!(b.hold_for_removal(), Err(BitmapError::Busy(_))));
+    drop(guard);
+    assert!(!b.is_busy());
+    b.set_read_only(true);
+    assert_eq!(
+        b.hold_for_removal().unwrap_err().to_string(),
+        "Bitmap 'b' is readonly and cannot be modified"
+    );
+    assert!(!b.is_busy(), "a refused hold holds nothing");
+    b.set_read_only(false);
+    b.set_inconsistent();
+    let held = b.hold_for_removal().unwrap();
+    assert!(b.is_busy());
+    drop(held);
 }

@@ -441,11 +441,23 @@ impl Image {
         name: &str,
         options: BitmapOptions,
     ) -> Result<Arc<DirtyBitmap>, BitmapError> {
+        let bitmap = self.new_dirty_bitmap(name, options)?;
+        self.bitmaps.insert(bitmap.clone())?;
+        Ok(bitmap)
+    }
+
+    /// Makes the bitmap [`add_dirty_bitmap`](Self::add_dirty_bitmap) would add, with the same
+    /// checks but for the name being taken, without adding it: a transaction stages it, and
+    /// adds it with [`BitmapSet::insert`] when it commits.
+    pub fn new_dirty_bitmap(
+        &self,
+        name: &str,
+        options: BitmapOptions,
+    ) -> Result<Arc<DirtyBitmap>, BitmapError> {
         let granularity = bitmap::default_granularity(self.cluster_size());
         let storable = dispatch!(&self.backing, d => d.stores_bitmaps());
         let node = self.path.display().to_string();
-        self.bitmaps
-            .add(name, (self.size(), granularity), options, (storable, &node))
+        BitmapSet::make(name, (self.size(), granularity), options, (storable, &node))
     }
 }
 

@@ -16,8 +16,9 @@
 //!   disconnects it once its requests completed), `query-blockstats`,
 //!   `block-latency-histogram-set`, `block_resize` (the
 //!   guest told through vhost-user's config-change message), `object-add` / `object-del` of
-//!   iothreads, `quit` (the daemon stops as on SIGTERM, with no `SHUTDOWN` event: qemu-storage-daemon
-//!   sends none).
+//!   iothreads, the `block-dirty-bitmap-*` commands (`bitmaps`') and `transaction` of them,
+//!   all or nothing (`transaction`'s), `quit` (the daemon stops as on SIGTERM, with no
+//!   `SHUTDOWN` event: qemu-storage-daemon sends none).
 //! - A bad client cannot stop the daemon or its disks: malformed JSON, a message that is not
 //!   an object, unknown commands and wrong argument types get QEMU's error replies; a message
 //!   over 1 MiB, or a client that leaves more than 1 MiB of replies unread, is disconnected;
@@ -37,6 +38,7 @@ mod nodes;
 mod registry;
 mod resize;
 mod stats;
+mod transaction;
 mod wire;
 
 use std::cell::{Cell, RefCell};
@@ -357,7 +359,7 @@ impl Monitor {
         let id = request.id.clone();
         if !client.negotiated.get() {
             let reply = if request.execute == "qmp_capabilities" {
-                match wire::Args(request.arguments).capabilities() {
+                match wire::Args::new(request.arguments).capabilities() {
                     Ok(()) => {
                         client.negotiated.set(true);
                         wire::success(id, Value::Object(Default::default()))

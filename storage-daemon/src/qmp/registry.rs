@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::commands::{self, Command, Ctx, State};
 use super::wire::{Args, QmpError, Request};
-use super::{active, bitmaps, iothreads, nbd, resize, stats};
+use super::{active, bitmaps, iothreads, nbd, resize, stats, transaction};
 
 /// The commands about commands.
 const SESSION: &[Command] = &[
@@ -41,6 +41,7 @@ const LISTS: &[&[Command]] = &[
     active::COMMANDS,
     nbd::COMMANDS,
     bitmaps::COMMANDS,
+    transaction::COMMANDS,
 ];
 
 /// Every command served.
@@ -56,7 +57,7 @@ pub(super) fn execute(state: &mut State, ctx: &Ctx, request: Request) -> Result<
             request.execute
         )));
     };
-    (command.run)(state, ctx, Args(request.arguments))
+    (command.run)(state, ctx, Args::new(request.arguments))
 }
 
 #[cfg(test)]

@@ -187,17 +187,78 @@ pub(crate) fn version() -> Value {
 }
 
 /// A command's arguments, taken one by one; what is left is refused ([`Args::finish`]).
-pub(crate) struct Args(pub(crate) Map<String, Value>);
+/// Errors name an argument by its path from the command's arguments, as QEMU's input
+/// visitor does (`actions[0].data.name` for a transaction action's): the second field is
+/// the path of the object these arguments are (empty for a command's own).
+pub(crate) struct Args(pub(crate) Map<String, Value>, String);
 
 impl Args {
-    fn missing(key: &str) -> QmpError {
-        QmpError::generic(format!("Parameter '{key}' is missing"))
+    /// A command's own arguments.
+    pub(crate) fn new(arguments: Map<String, Value>) -> Args {
+        Args(arguments, String::new())
     }
 
-    fn wrong_type(key: &str, expected: &str) -> QmpError {
+    /// The members of the object at `path` inside a command's arguments.
+    pub(crate) fn nested(members: Map<String, Value>, path: String) -> Args {
+        Args(members, path)
+    }
+
+    /// The path of member `key`, as errors name it.
+    pub(crate) fn path(&self, key: &str) -> String {
+        if self.1.is_empty() {
+            key.to_string()
+        } else {
+            format!("{}.{key}", self.1)
+        }
+    }
+
+    /// "Parameter ... is missing", for member `key`.
+    pub(crate) fn missing(&self, key: &str) -> QmpError {
+        QmpError::generic(format!("Parameter '{}' is missing", self.path(key)))
+    }
+
+    fn wrong_type(&self, key: &str, expected: &str) -> QmpError {
         QmpError::generic(format!(
-            "Invalid parameter type for '{key}', expected: {expected}"
+            "Invalid parameter type for '{}', expected: {expected}",
+            self.path(key)
         ))
+    }
+
+    /// An object argument, if given.
+    pub(crate) fn opt_object(&mut self, key: &str) -> Result<Option<Map<String, Value>>, QmpError> {
+        match self.0.remove(key) {
+            None => Ok(None),
+            Some(Value::Object(members)) => Ok(Some(members)),
+            Some(_) => Err(self.wrong_type(key, "object")),
+        }
+    }
+
+    /// An array argument that must be given.
+    pub(crate) fn array(&mut self, key: &str) -> Result<Vec<Value>, QmpError> {
+        match self.0.remove(key) {
+            None => Err(self.missing(key)),
+            Some(Value::Array(items)) => Ok(items),
+            Some(_) => Err(self.wrong_type(key, "array")),
+        }
+    }
+
+    /// An enum argument (a string, one of `values`), if given. QEMU names the member alone
+    /// in this error, whatever its path.
+    pub(crate) fn opt_enum(
+        &mut self,
+        key: &str,
+        values: &[&'static str],
+    ) -> Result<Option<&'static str>, QmpError> {
+        match self.opt_str(key)? {
+            None => Ok(None),
+            Some(v) => values
+                .iter()
+                .find(|&&known| known == v)
+                .map(|&known| Some(known))
+                .ok_or_else(|| {
+                    QmpError::generic(format!("Parameter '{key}' does not accept value '{v}'"))
+                }),
+        }
     }
 
     /// A string argument, if given.
@@ -205,7 +266,7 @@ impl Args {
         match self.0.remove(key) {
             None => Ok(None),
             Some(Value::String(s)) => Ok(Some(s)),
-            Some(_) => Err(Self::wrong_type(key, "string")),
+            Some(_) => Err(self.wrong_type(key, "string")),
         }
     }
 
@@ -214,16 +275,16 @@ impl Args {
         match self.0.remove(key) {
             None => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(b)),
-            Some(_) => Err(Self::wrong_type(key, "bool")),
+            Some(_) => Err(self.wrong_type(key, "bool")),
         }
     }
 
     /// An integer argument (QMP's `int`) that must be given.
     pub(crate) fn int(&mut self, key: &str) -> Result<i64, QmpError> {
         match self.0.remove(key) {
-            None => Err(Self::missing(key)),
-            Some(Value::Number(n)) => n.as_i64().ok_or_else(|| Self::wrong_type(key, "integer")),
-            Some(_) => Err(Self::wrong_type(key, "integer")),
+            None => Err(self.missing(key)),
+            Some(Value::Number(n)) => n.as_i64().ok_or_else(|| self.wrong_type(key, "integer")),
+            Some(_) => Err(self.wrong_type(key, "integer")),
         }
     }
 
@@ -234,8 +295,8 @@ impl Args {
             Some(Value::Number(n)) => n
                 .as_u64()
                 .map(Some)
-                .ok_or_else(|| Self::wrong_type(key, "integer")),
-            Some(_) => Err(Self::wrong_type(key, "integer")),
+                .ok_or_else(|| self.wrong_type(key, "integer")),
+            Some(_) => Err(self.wrong_type(key, "integer")),
         }
     }
 
@@ -248,22 +309,22 @@ impl Args {
                 .enumerate()
                 .map(|(i, v)| {
                     v.as_u64()
-                        .ok_or_else(|| Self::wrong_type(&format!("{key}[{i}]"), "integer"))
+                        .ok_or_else(|| self.wrong_type(&format!("{key}[{i}]"), "integer"))
                 })
                 .collect::<Result<Vec<u64>, QmpError>>()
                 .map(Some),
-            Some(_) => Err(Self::wrong_type(key, "array")),
+            Some(_) => Err(self.wrong_type(key, "array")),
         }
     }
 
     /// A string argument that must be given.
     pub(crate) fn str(&mut self, key: &str) -> Result<String, QmpError> {
-        self.opt_str(key)?.ok_or_else(|| Self::missing(key))
+        self.opt_str(key)?.ok_or_else(|| self.missing(key))
     }
 
     /// Any argument that must be given, as it is.
     pub(crate) fn value(&mut self, key: &str) -> Result<Value, QmpError> {
-        self.0.remove(key).ok_or_else(|| Self::missing(key))
+        self.0.remove(key).ok_or_else(|| self.missing(key))
     }
 
     /// `qmp_capabilities`' arguments: `enable`, a list of capabilities, none of which is
@@ -279,7 +340,7 @@ impl Args {
                     )));
                 }
             }
-            Some(_) => return Err(Self::wrong_type("enable", "array")),
+            Some(_) => return Err(self.wrong_type("enable", "array")),
         }
         self.finish()
     }
@@ -289,7 +350,8 @@ impl Args {
         match self.0.keys().next() {
             None => Ok(()),
             Some(key) => Err(QmpError::generic(format!(
-                "Parameter '{key}' is unexpected"
+                "Parameter '{}' is unexpected",
+                self.path(key)
             ))),
         }
     }
@@ -337,7 +399,7 @@ mod tests {
 
     #[test]
     fn arguments_name_what_is_missing_wrong_or_unexpected() {
-        let mut a = Args(json!({"id": 3, "x": "s"}).as_object().unwrap().clone());
+        let mut a = Args::new(json!({"id": 3, "x": "s"}).as_object().unwrap().clone());
         assert!(a.str("id").unwrap_err().desc.contains("expected: string"));
         assert!(a
             .str("name")
@@ -345,5 +407,30 @@ mod tests {
             .desc
             .contains("'name' is missing"));
         assert!(a.finish().unwrap_err().desc.contains("'x' is unexpected"));
+    }
+
+    #[test]
+    fn nested_arguments_are_named_by_their_path_but_in_an_enums_error() {
+        let members = json!({"name": 3, "mode": "m", "extra": 1});
+        let mut a = Args::nested(
+            members.as_object().unwrap().clone(),
+            "actions[1].data".into(),
+        );
+        assert_eq!(
+            a.str("name").unwrap_err().desc,
+            "Invalid parameter type for 'actions[1].data.name', expected: string"
+        );
+        assert_eq!(
+            a.str("node").unwrap_err().desc,
+            "Parameter 'actions[1].data.node' is missing"
+        );
+        assert_eq!(
+            a.opt_enum("mode", &["a", "b"]).unwrap_err().desc,
+            "Parameter 'mode' does not accept value 'm'"
+        );
+        assert_eq!(
+            a.finish().unwrap_err().desc,
+            "Parameter 'actions[1].data.extra' is unexpected"
+        );
     }
 }

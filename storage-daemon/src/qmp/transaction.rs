@@ -1,0 +1,257 @@
+//! `transaction`: a list of actions done all or nothing, as QEMU's `qmp_transaction`
+//! (`blockdev.c`) does them, with the arguments of `qapi/transaction.json` (`actions`, each
+//! `{"type", "data"}`; `properties.completion-mode`) and QEMU's texts.
+//!
+//! This module owns the command's arguments, the staged effects of prepared actions
+//! ([`Staged`]) and their commit; each bitmap action's arguments and checks are `bitmaps`'
+//! (the same ones its command makes).
+//!
+//! * **Prepared, then committed.** Each action in turn is prepared: its checks made (seeing
+//!   the actions before it), its effect staged, nothing changed, but for a bitmap to remove
+//!   being held busy (QEMU holds it so until the commit). The first action that fails ends
+//!   the transaction with its error; dropping what was staged is the abort (the holds let
+//!   go), so every earlier action is undone by never having been applied: no bitmap was
+//!   added, none cleared, enabled, disabled or merged into. When all are prepared, the commit
+//!   applies every effect; nothing in it is refused (the checks were made, and nothing else
+//!   changes bitmaps while the monitor runs the command).
+//! * **Actions served:** the six `block-dirty-bitmap-*` and `abort` (always refused, with
+//!   QEMU's text). The other types QEMU knows (backups, snapshots) are refused as not served
+//!   here; a type QEMU does not know gets QEMU's text for it. `completion-mode=grouped` is
+//!   refused for any action but a backup, as QEMU refuses it.
+//! * **No write missed, without a drain.** QEMU drains every node before the actions
+//!   (`bdrv_drain_all`), so no write completes while they run. This daemon has no drain
+//!   across iothreads: a write dirties the recording bitmaps on its export's iothread when it
+//!   completes (`aio_block`'s request filter). So the commit runs on the monitor thread in
+//!   three steps: (1) the bitmaps added are added and those enabled start recording;
+//!   (2) the clears and merges run, in the actions' order; (3) those disabled stop recording
+//!   and those removed go. Each change is one step under the bitmap's own lock or atomics,
+//!   and the end state is the one QEMU's order gives (a bitmap's last enable or disable
+//!   wins). A write completing during the commit lands in every bitmap recording before and
+//!   after; in the ones recording only after (step 1 came first) or in the ones recording
+//!   only before (step 3 has not come yet), and so in at least one side: libvirt's checkpoint
+//!   (a new bitmap added, the previous one disabled) loses no write, at worst one is in
+//!   both, which a dirty bitmap allows (a bit says "may have changed").
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use aio_block::bitmap::{BitmapError, BusyGuard, DirtyBitmap};
+use aio_block::Image;
+
+use super::bitmaps::{refused, BitmapAction};
+use super::commands::{Command, State};
+use super::wire::{Args, QmpError};
+
+/// The command this module serves.
+pub(super) const COMMANDS: &[Command] = &[Command {
+    name: "transaction",
+    run: |state, _, args| state.transaction(args),
+}];
+
+/// Every action type of QEMU 10.0's `TransactionAction`.
+const KINDS: &[&str] = &[
+    "abort",
+    "block-dirty-bitmap-add",
+    "block-dirty-bitmap-remove",
+    "block-dirty-bitmap-clear",
+    "block-dirty-bitmap-enable",
+    "block-dirty-bitmap-disable",
+    "block-dirty-bitmap-merge",
+    "blockdev-backup",
+    "blockdev-snapshot",
+    "blockdev-snapshot-internal-sync",
+    "blockdev-snapshot-sync",
+    "drive-backup",
+];
+
+/// The actions `completion-mode=grouped` allows (QEMU's: the backups').
+const GROUPED: &[&str] = &["blockdev-backup", "drive-backup"];
+
+/// One action of a transaction, parsed.
+enum Action {
+    /// A dirty bitmap action.
+    Bitmap(BitmapAction),
+    /// `abort`: always refused.
+    Abort,
+    /// An action QEMU knows that this daemon does not serve yet.
+    NotServed(&'static str),
+}
+
+/// A prepared action's effect, applied at the commit.
+pub(super) enum Effect {
+    /// A bitmap made for node `node`'s image, added to it.
+    Add {
+        node: String,
+        image: Arc<Image>,
+        bitmap: Arc<DirtyBitmap>,
+    },
+    /// Recording started (`on`) or stopped.
+    Record { bitmap: Arc<DirtyBitmap>, on: bool },
+    /// Every bit cleared.
+    Clear(Arc<DirtyBitmap>),
+    /// The sources' bits set in the target.
+    Merge {
+        target: Arc<DirtyBitmap>,
+        sources: Vec<Arc<DirtyBitmap>>,
+    },
+    /// The held bitmap removed from `image`.
+    Remove { image: Arc<Image>, hold: BusyGuard },
+}
+
+/// The effects of the actions prepared so far, in order. Dropped uncommitted, it is the
+/// transaction's abort: nothing was applied, and the holds of bitmaps to remove let go.
+#[derive(Default)]
+pub(super) struct Staged {
+    effects: Vec<Effect>,
+}
+
+impl Staged {
+    /// Stages a prepared action's effect.
+    pub(super) fn push(&mut self, effect: Effect) {
+        self.effects.push(effect);
+    }
+
+    /// The bitmap `name` an earlier action adds to node `node`.
+    pub(super) fn added(&self, node: &str, name: &str) -> Option<Arc<DirtyBitmap>> {
+        self.effects.iter().find_map(|e| match e {
+            Effect::Add {
+                node: n, bitmap, ..
+            } if n == node && bitmap.name() == name => Some(bitmap.clone()),
+            _ => None,
+        })
+    }
+
+    /// Applies every effect, in the three steps of the module's contract. An error here
+    /// means a bitmap changed between the prepare and the commit, which nothing on the
+    /// monitor thread does; it is returned rather than ignored.
+    pub(super) fn commit(self) -> Result<(), BitmapError> {
+        let effects = self.effects;
+        let removed = |b: &Arc<DirtyBitmap>| {
+            effects
+                .iter()
+                .any(|e| matches!(e, Effect::Remove { hold, .. } if Arc::ptr_eq(hold.bitmap(), b)))
+        };
+        // A bitmap's recording ends as its last enable or disable says (none of a bitmap
+        // removed: it goes, and it is held busy).
+        let final_record = |at: usize, b: &Arc<DirtyBitmap>| {
+            !removed(b)
+                && !effects[at + 1..]
+                    .iter()
+                    .any(|e| matches!(e, Effect::Record { bitmap, .. } if Arc::ptr_eq(bitmap, b)))
+        };
+        for (at, effect) in effects.iter().enumerate() {
+            match effect {
+                Effect::Add { image, bitmap, .. } => {
+                    image.dirty_bitmaps().insert(bitmap.clone())?
+                }
+                Effect::Record { bitmap, on: true } if final_record(at, bitmap) => {
+                    bitmap.set_recording(true)?
+                }
+                _ => {}
+            }
+        }
+        for effect in &effects {
+            match effect {
+                Effect::Clear(bitmap) => bitmap.clear(),
+                Effect::Merge { target, sources } => {
+                    for source in sources {
+                        target.merge_from(source)?;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let disabled: Vec<bool> = effects
+            .iter()
+            .enumerate()
+            .map(|(at, e)| matches!(e, Effect::Record { bitmap, on: false } if final_record(at, bitmap)))
+            .collect();
+        for (effect, disable) in effects.into_iter().zip(disabled) {
+            match effect {
+                Effect::Record { bitmap, .. } if disable => bitmap.set_recording(false)?,
+                Effect::Remove { image, hold } => {
+                    let name = hold.bitmap().name().to_string();
+                    drop(hold);
+                    image.dirty_bitmaps().remove(&name)?;
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+impl State {
+    /// `transaction actions [properties]`.
+    fn transaction(&mut self, mut args: Args) -> Result<Value, QmpError> {
+        // QEMU reads every argument before any action runs.
+        let items = args.array("actions")?;
+        let mut actions = Vec::with_capacity(items.len());
+        for (i, item) in items.into_iter().enumerate() {
+            let at = args.path(&format!("actions[{i}]"));
+            let Value::Object(members) = item else {
+                return Err(QmpError::generic(format!(
+                    "Invalid parameter type for '{at}', expected: object"
+                )));
+            };
+            let mut member = Args::nested(members, at);
+            let kind = member
+                .opt_enum("type", KINDS)?
+                .ok_or_else(|| member.missing("type"))?;
+            let data = member
+                .opt_object("data")?
+                .ok_or_else(|| member.missing("data"))?;
+            let data = Args::nested(data, member.path("data"));
+            let action = match kind {
+                "abort" => {
+                    data.finish()?;
+                    Action::Abort
+                }
+                k if BitmapAction::KINDS.contains(&k) => {
+                    Action::Bitmap(BitmapAction::parse(k, data)?)
+                }
+                // Its arguments are not read: the action is refused whatever they are.
+                other => Action::NotServed(other),
+            };
+            member.finish()?;
+            actions.push((kind, action));
+        }
+        let mode = match args.opt_object("properties")? {
+            Some(members) => {
+                let mut properties = Args::nested(members, args.path("properties"));
+                let mode = properties.opt_enum("completion-mode", &["individual", "grouped"])?;
+                properties.finish()?;
+                mode.unwrap_or("individual")
+            }
+            None => "individual",
+        };
+        args.finish()?;
+        if mode != "individual" {
+            if let Some((kind, _)) = actions.iter().find(|(k, _)| !GROUPED.contains(k)) {
+                return Err(QmpError::generic(format!(
+                    "Action '{kind}' does not support transaction property completion-mode = \
+                     {mode}"
+                )));
+            }
+        }
+
+        let mut staged = Staged::default();
+        for (_, action) in actions {
+            match action {
+                Action::Bitmap(action) => self.prepare_bitmap(&mut staged, action)?,
+                Action::Abort => {
+                    return Err(QmpError::generic("Transaction aborted using Abort action"))
+                }
+                Action::NotServed(kind) => {
+                    return Err(QmpError::generic(format!(
+                        "Action '{kind}' is not served in a transaction by aio-storage-daemon \
+                         yet"
+                    )))
+                }
+            }
+        }
+        staged.commit().map_err(refused)?;
+        Ok(json!({}))
+    }
+}

@@ -1,0 +1,106 @@
+//! The steps the dirty bitmap tests share (`qmp_bitmaps`, `qmp_transaction`): a daemon with
+//! a monitor only, a qcow2 image, writes through an NBD export with `qemu-io`, and a node's
+//! bitmaps as `query-named-block-nodes` and `x-debug-block-dirty-bitmap-sha256` show them.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use aio_test_support::launch::{Daemon, Launch};
+use serde_json::{json, Value};
+
+use crate::qmp_client::Qmp;
+
+/// `program` with a monitor only; its monitor client.
+pub fn daemon(program: &str, dir: &Path) -> (Daemon, Qmp) {
+    let monitor = dir.join("qmp.sock");
+    let d = Launch::new(program)
+        .args([
+            "--chardev".to_string(),
+            format!("socket,id=m,path={},server=on,wait=off", monitor.display()),
+            "--monitor".to_string(),
+            "m".to_string(),
+        ])
+        .label(program)
+        .log_to(dir.join("log"))
+        .socket(monitor.clone())
+        .socket_wait(Duration::from_secs(20))
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (q, _) = Qmp::connect(&monitor, false);
+    (d, q)
+}
+
+/// A 64 MiB qcow2 image (64 KiB clusters) in `dir`.
+pub fn qcow2(dir: &Path) -> PathBuf {
+    let path = dir.join("disk.qcow2");
+    crate::common::qemu_img(&["create", "-q", "-f", "qcow2", path.to_str().unwrap(), "64M"]);
+    path
+}
+
+/// Writes `len` bytes at `offset` through NBD export `name` on `socket` with `qemu-io`.
+pub fn nbd_write(socket: &Path, name: &str, offset: u64, len: u64) {
+    let uri = format!("nbd+unix:///{name}?socket={}", socket.display());
+    let out = Command::new("qemu-io")
+        .args([
+            "-f",
+            "raw",
+            "-c",
+            &format!("write -P 0x5a {offset} {len}"),
+            &uri,
+        ])
+        .output()
+        .expect("qemu-io");
+    assert!(
+        out.status.success() && !String::from_utf8_lossy(&out.stdout).contains("failed"),
+        "qemu-io write: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Node `node`'s `dirty-bitmaps` in `query-named-block-nodes` (null when it has none).
+pub fn bitmaps_of(q: &mut Qmp, node: &str) -> Value {
+    let nodes = q.ok("query-named-block-nodes", json!({"flat": true}));
+    nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["node-name"] == node)
+        .unwrap_or_else(|| panic!("no node {node} in {nodes}"))["dirty-bitmaps"]
+        .clone()
+}
+
+/// Bitmap `name`'s SHA-256 of QEMU's layout.
+pub fn sha256(q: &mut Qmp, node: &str, name: &str) -> String {
+    let r = q.ok(
+        "x-debug-block-dirty-bitmap-sha256",
+        json!({"node": node, "name": name}),
+    );
+    r["sha256"].as_str().unwrap().to_string()
+}
+
+/// Exports node `fmt` over NBD as `exp`.
+pub fn export(q: &mut Qmp) {
+    q.ok(
+        "block-export-add",
+        json!({"type": "nbd", "id": "exp", "node-name": "fmt", "name": "exp", "writable": true}),
+    );
+}
+
+/// Starts the NBD server on `nbd` and adds `image` as node `fmt` (qcow2) over node `file`.
+pub fn qcow2_node(q: &mut Qmp, image: &Path, nbd: &Path) {
+    q.ok(
+        "nbd-server-start",
+        json!({"addr": {"type": "unix", "data": {"path": nbd.to_str().unwrap()}}}),
+    );
+    q.ok(
+        "blockdev-add",
+        json!({"driver": "file", "node-name": "file", "filename": image.to_str().unwrap()}),
+    );
+    q.ok(
+        "blockdev-add",
+        json!({"driver": "qcow2", "node-name": "fmt", "file": "file"}),
+    );
+}
