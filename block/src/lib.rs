@@ -43,6 +43,7 @@
 
 pub mod bitmap;
 mod filter;
+pub mod create;
 pub mod format;
 pub mod image;
 pub mod lock;

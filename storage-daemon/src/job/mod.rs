@@ -18,5 +18,7 @@
 //!   ([`JobVerb::check`]): `Job 'ID' in state 'STATE' cannot accept command verb 'VERB'`.
 
 mod status;
+mod table;
 
 pub use status::{JobStatus, JobVerb, VerbRefused};
+pub use table::{id_wellformed, JobError, JobFlags, JobHandle, JobInfo, JobType, Jobs};

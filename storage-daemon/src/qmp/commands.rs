@@ -40,6 +40,8 @@ pub(crate) struct State {
     pub(crate) events: crate::daemon::EventQueue,
     /// The images the nodes hold ([`crate::daemon::NodeImages`]).
     pub(crate) nodes: crate::daemon::NodeImages,
+    /// The jobs (`blockdev-create`'s, listed by `query-jobs`).
+    pub(crate) jobs: crate::job::Jobs,
 }
 
 /// The control loop the commands run on.

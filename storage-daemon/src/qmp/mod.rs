@@ -32,7 +32,9 @@
 mod active;
 mod bitmaps;
 mod commands;
+mod create;
 mod iothreads;
+mod jobs;
 mod nbd;
 mod nodes;
 mod registry;
@@ -188,6 +190,7 @@ impl Monitor {
             nbd: control.nbd.clone(),
             events: control.events.clone(),
             nodes: control.nodes.clone(),
+            jobs: crate::job::Jobs::new(control.events.clone()),
         };
         // The command line's qcow2 and null nodes hold their images, as `blockdev-add`'s do.
         state.hold_opened_nodes().map_err(|(name, e)| {

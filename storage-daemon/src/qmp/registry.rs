@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::commands::{self, Command, Ctx, State};
 use super::wire::{Args, QmpError, Request};
-use super::{active, bitmaps, iothreads, nbd, resize, stats, transaction};
+use super::{active, bitmaps, create, iothreads, jobs, nbd, resize, stats, transaction};
 
 /// The commands about commands.
 const SESSION: &[Command] = &[
@@ -42,6 +42,8 @@ const LISTS: &[&[Command]] = &[
     nbd::COMMANDS,
     bitmaps::COMMANDS,
     transaction::COMMANDS,
+    create::COMMANDS,
+    jobs::COMMANDS,
 ];
 
 /// Every command served.
