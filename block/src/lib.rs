@@ -12,6 +12,8 @@
 //!   and which are holes that read as zeros (a raw file's from `SEEK_DATA` / `SEEK_HOLE`, a
 //!   qcow2 image's from its mapping), as `qemu-img map` and NBD's
 //!   `base:allocation` report it.
+//! * [`create`]: images created as QEMU's `file` and `qcow2` drivers create them
+//!   (`blockdev-create`), with QEMU's checks and texts.
 //! * [`lock`]: image locks QEMU's tools honour: OFD locks on the bytes QEMU's `file-posix`
 //!   driver uses (100 + each permission held, 200 + each permission not shared), taken and
 //!   checked when an image is opened, released when its holder goes; `locking=auto|on|off`.
@@ -42,8 +44,8 @@
 #![warn(missing_docs)]
 
 pub mod bitmap;
-mod filter;
 pub mod create;
+mod filter;
 pub mod format;
 pub mod image;
 pub mod lock;

@@ -198,9 +198,8 @@ pub fn create_file(opts: &FileCreate) -> Result<(), CreateError> {
             .map_err(CreateError::io("Could not resize file"))?,
         Preallocation::Falloc => {
             if size > 0 {
-                let len = libc::off_t::try_from(size).map_err(|_| {
-                    CreateError::Invalid("Could not preallocate new data".into())
-                })?;
+                let len = libc::off_t::try_from(size)
+                    .map_err(|_| CreateError::Invalid("Could not preallocate new data".into()))?;
                 // SAFETY: posix_fallocate on a descriptor the `File` keeps open; no memory
                 // is passed.
                 let err = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) };
@@ -215,7 +214,8 @@ pub fn create_file(opts: &FileCreate) -> Result<(), CreateError> {
         Preallocation::Full => {
             file.set_len(size)
                 .map_err(CreateError::io("Could not resize file"))?;
-            write_zeros(&mut file, size).map_err(CreateError::io("Could not write zeros for preallocation"))?;
+            write_zeros(&mut file, size)
+                .map_err(CreateError::io("Could not write zeros for preallocation"))?;
         }
         Preallocation::Metadata => {
             return Err(CreateError::Invalid(
@@ -276,7 +276,10 @@ mod tests {
             create_file(&opts).unwrap();
             let data = std::fs::read(&path).unwrap();
             assert_eq!(data.len() as u64, size, "{mode:?}");
-            assert!(data.iter().all(|&b| b == 0), "{mode:?}: the old data is gone");
+            assert!(
+                data.iter().all(|&b| b == 0),
+                "{mode:?}: the old data is gone"
+            );
         }
         let missing = FileCreate {
             filename: dir.path().join("no/such.raw"),

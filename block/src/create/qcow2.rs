@@ -170,8 +170,8 @@ fn finish_header(
         if end > cluster_size {
             return Err(bad("header extension past the first cluster"));
         }
-        let drop = (no_backing_fmt && kind == EXT_BACKING_FORMAT)
-            || (v2 && kind == EXT_FEATURE_TABLE);
+        let drop =
+            (no_backing_fmt && kind == EXT_BACKING_FORMAT) || (v2 && kind == EXT_FEATURE_TABLE);
         if !drop {
             new.extend_from_slice(&old[at..end]);
         }

@@ -1,5 +1,5 @@
-//! [`EventQueue`]: QEMU's asynchronous events (`BLOCK_EXPORT_DELETED`, and the
-//! block jobs' `JOB_STATUS_CHANGE` to come), sent by whatever module sees them happen, from
+//! [`EventQueue`]: QEMU's asynchronous events (`BLOCK_EXPORT_DELETED`, the jobs'
+//! `JOB_STATUS_CHANGE`), sent by whatever module sees them happen, from
 //! any thread, and delivered on the control loop to every listener (the QMP monitor's
 //! connected clients).
 //!

@@ -4,8 +4,9 @@
 //! This module owns the rules (which state may follow which, which verb a state accepts,
 //! QEMU's refusal texts), never a job's work: a job kind (backup, mirror, stream, commit)
 //! drives its own copy and asks this module whether a step is allowed. The daemon's job
-//! table, the QMP commands (`query-jobs`, `job-*`, `block-job-*`) and the events
-//! (`JOB_STATUS_CHANGE` and the `BLOCK_JOB_*` family) are built on it.
+//! table ([`Jobs`], `table`'s: each job's state, progress and error, and its
+//! `JOB_STATUS_CHANGE` events) is built on it, and the QMP commands (`query-jobs`, `job-*`)
+//! on the table.
 //!
 //! The contract, QEMU's:
 //!

@@ -246,15 +246,20 @@ impl Jobs {
         })
     }
 
-    /// `job-resume`.
+    /// `job-resume` (QEMU asks whether the user paused the job before the verb's check).
     pub fn resume(&self, id: &str) -> Result<(), JobError> {
-        self.verb(id, JobVerb::Resume, |_, table, at| {
-            let job = &mut table.jobs[at];
-            if !std::mem::replace(&mut job.user_paused, false) {
-                return Err(JobError::NotPaused);
-            }
-            Ok(())
-        })
+        let mut table = self.lock();
+        let job = table
+            .jobs
+            .iter_mut()
+            .find(|j| j.info.id == id)
+            .ok_or(JobError::NotFound)?;
+        if !job.user_paused {
+            return Err(JobError::NotPaused);
+        }
+        JobVerb::Resume.check(id, job.info.status)?;
+        job.user_paused = false;
+        Ok(())
     }
 
     /// `job-complete` (no kind served here has a completion).
@@ -383,7 +388,10 @@ mod tests {
         }
         let _a = jobs.start("a-1._x", JobType::Create, CREATE).unwrap();
         assert_eq!(
-            jobs.start("a-1._x", JobType::Create, CREATE).err().unwrap().to_string(),
+            jobs.start("a-1._x", JobType::Create, CREATE)
+                .err()
+                .unwrap()
+                .to_string(),
             "Job ID 'a-1._x' already in use"
         );
     }
@@ -407,7 +415,10 @@ mod tests {
         first.progress(1);
         first.finish(Ok(()));
         let j0 = jobs.query().into_iter().find(|j| j.id == "j0").unwrap();
-        assert_eq!((j0.status, j0.current, j0.total), (JobStatus::Concluded, 1, 1));
+        assert_eq!(
+            (j0.status, j0.current, j0.total),
+            (JobStatus::Concluded, 1, 1)
+        );
         assert_eq!(
             jobs.complete("j0").unwrap_err().to_string(),
             "Job 'j0' in state 'concluded' cannot accept command verb 'complete'"

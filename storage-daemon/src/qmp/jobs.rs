@@ -28,7 +28,11 @@ pub(super) const COMMANDS: &[Command] = &[
         name: "query-block-jobs",
         run: |state, _, args| {
             args.finish()?;
-            let block_jobs = state.jobs.query().into_iter().filter(|j| j.kind.is_block_job());
+            let block_jobs = state
+                .jobs
+                .query()
+                .into_iter()
+                .filter(|j| j.kind.is_block_job());
             Ok(Value::Array(block_jobs.map(|j| job_info(&j)).collect()))
         },
     },

@@ -17,8 +17,9 @@
 //!   `block-latency-histogram-set`, `block_resize` (the
 //!   guest told through vhost-user's config-change message), `object-add` / `object-del` of
 //!   iothreads, the `block-dirty-bitmap-*` commands (`bitmaps`') and `transaction` of them,
-//!   all or nothing (`transaction`'s), `quit` (the daemon stops as on SIGTERM, with no
-//!   `SHUTDOWN` event: qemu-storage-daemon sends none).
+//!   all or nothing (`transaction`'s), `blockdev-create` as a job (`create`'s) and the job
+//!   commands (`query-jobs`, `job-*`, `query-block-jobs`: `jobs`'), `quit` (the daemon stops
+//!   as on SIGTERM, with no `SHUTDOWN` event: qemu-storage-daemon sends none).
 //! - A bad client cannot stop the daemon or its disks: malformed JSON, a message that is not
 //!   an object, unknown commands and wrong argument types get QEMU's error replies; a message
 //!   over 1 MiB, or a client that leaves more than 1 MiB of replies unread, is disconnected;
