@@ -237,6 +237,18 @@ fn steps(program: &str) -> (Vec<Value>, Vec<Value>) {
         json!({"job-id": "x", "options": {"driver": "file"}}),
     ));
 
+    // A driver QEMU creates with and this daemon does not: refused, naming the two served.
+    if program == OURS {
+        let vdi = json!({"driver": "vdi", "file": "more0", "size": 1 << 20});
+        let (class, desc) = q.error("blockdev-create", json!({"job-id": "vdi", "options": vdi}));
+        assert_eq!(class, "GenericError");
+        assert_eq!(
+            desc,
+            "blockdev-create of driver 'vdi' is not served by this daemon (drivers file and \
+             qcow2 are)"
+        );
+    }
+
     // Jobs that fail: QEMU's text in query-jobs.
     let missing = json!({"driver": "file", "filename": path("no/such/dir.raw"), "size": 0});
     seen.push(create(&mut q, "missing-dir", missing));
