@@ -370,11 +370,32 @@ impl Image {
                     source,
                 }
             })?;
+        let mut kept = Vec::new();
         for bitmap in loaded {
+            let bitmap = Arc::new(bitmap);
             // The directory has no duplicate name QEMU would accept; keep the first.
-            let _ = self.bitmaps.insert(Arc::new(bitmap));
+            if self.bitmaps.insert(bitmap.clone()).is_ok() {
+                kept.push(bitmap);
+            }
+        }
+        if !read_only {
+            // Consistent on disk from now on, through crashes (`qcow2/durable.rs`).
+            dispatch!(&self.backing, d => d.keep_bitmaps(&kept)).map_err(|source| {
+                OpenError::Image {
+                    path: self.path.clone(),
+                    source,
+                }
+            })?;
         }
         Ok(())
+    }
+
+    /// Makes the granules of `[offset, offset + len)` durable in the persistent bitmaps the
+    /// image keeps on disk, before a change of that range runs (the request filter's, on the
+    /// submitting thread; blocking once per bitmap data cluster, else an atomic load per
+    /// bitmap word: `qcow2/durable.rs`).
+    pub(crate) fn bitmaps_before_write(&self, offset: u64, len: u64) -> io::Result<()> {
+        dispatch!(&self.backing, d => d.bitmaps_before_write(offset, len))
     }
 
     /// Block status: which parts of `[offset, offset + len)` hold data and which are holes
@@ -446,8 +467,20 @@ impl Image {
         let granularity = bitmap::default_granularity(self.cluster_size());
         let storable = dispatch!(&self.backing, d => d.stores_bitmaps());
         let node = self.path.display().to_string();
-        self.bitmaps
-            .add(name, (self.size(), granularity), options, (storable, &node))
+        let bitmap =
+            self.bitmaps
+                .add(name, (self.size(), granularity), options, (storable, &node))?;
+        if bitmap.is_persistent() {
+            // Stored now and kept consistent on disk (`qcow2/durable.rs`); if that fails it is
+            // stored at the clean close only, as before.
+            if let Err(e) = dispatch!(&self.backing, d => d.keep_bitmaps(&[bitmap.clone()])) {
+                eprintln!(
+                    "image {}: bitmap '{name}' is stored at the clean close only: {e}",
+                    self.path.display()
+                );
+            }
+        }
+        Ok(bitmap)
     }
 }
 

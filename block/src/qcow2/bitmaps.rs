@@ -34,7 +34,75 @@ fn words_of(data: &[u8]) -> Vec<u64> {
         .collect()
 }
 
+/// `bitmap` as imago stores it: its words in QEMU's serialization, padded to the image's
+/// data size at its granularity.
+fn data_of(qcow2: &Qcow2<EngineStorage>, bitmap: &DirtyBitmap) -> BitmapData {
+    let granularity_bits = bitmap.granularity().trailing_zeros() as u8;
+    let size = qcow2.bitmap_data_size(granularity_bits);
+    let mut data: Vec<u8> = bitmap
+        .to_words()
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .collect();
+    data.resize(size, 0);
+    BitmapData {
+        name: bitmap.name().to_string(),
+        granularity_bits,
+        auto: bitmap.is_recording(),
+        data,
+    }
+}
+
 impl Qcow2Image {
+    /// Keeps the persistent, consistent, writable ones of `bitmaps` consistent in the image
+    /// while it is open (`durable.rs`): each stored now with every data cluster allocated and
+    /// `in_use` clear, the directory and header synced, then written in place as writes dirty
+    /// it. Nothing happens on an image not open for writing, or whose bitmaps cannot be
+    /// written in place (an RBD image): there they stay `in_use` until the clean close.
+    /// Blocking (waits for the image's lock): not on a thread running this image's requests.
+    pub(crate) fn keep_bitmaps(&self, bitmaps: &[Arc<DirtyBitmap>]) -> io::Result<()> {
+        if !self.writable.load(std::sync::atomic::Ordering::Acquire) || !self.durable.can_keep() {
+            return Ok(());
+        }
+        let chosen: Vec<&Arc<DirtyBitmap>> = bitmaps
+            .iter()
+            .filter(|b| b.is_persistent() && !b.is_inconsistent() && !b.is_read_only())
+            .collect();
+        if chosen.is_empty() {
+            return Ok(());
+        }
+        let stored = current::block_on(async {
+            let access = self.access.read().await;
+            let Some(qcow2) = access.downcast_ref::<Qcow2<EngineStorage>>() else {
+                return Ok(Vec::new());
+            };
+            let data: Vec<BitmapData> = chosen.iter().map(|b| data_of(qcow2, b)).collect();
+            qcow2.store_bitmaps_preallocated(&data, &[]).await?;
+            let mut stored = Vec::new();
+            for (bitmap, d) in chosen.iter().zip(&data) {
+                let clusters = qcow2.bitmap_data_clusters(bitmap.name()).await?;
+                stored.push(((*bitmap).clone(), clusters, words_of(&d.data)));
+            }
+            Ok::<_, io::Error>(stored)
+        })?;
+        for (bitmap, clusters, words) in &stored {
+            self.durable.keep(bitmap, clusters.clone(), words)?;
+        }
+        // Those marked in use at open are consistent on disk again.
+        let mut marked = self
+            .bitmaps_marked_inconsistent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        marked.retain(|name| !stored.iter().any(|(b, _, _)| b.name() == name));
+        Ok(())
+    }
+
+    /// Makes `[offset, offset + len)` durable in every bitmap kept on disk before a change
+    /// of that range runs (`durable.rs`).
+    pub(crate) fn bitmaps_before_write(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.durable.before_write(offset, len)
+    }
+
     /// The image's persistent bitmaps over `size` bytes, as the module says; `read_only`:
     /// marked read-only.
     pub(crate) fn load_bitmaps(&self, size: u64, read_only: bool) -> io::Result<Vec<DirtyBitmap>> {
@@ -81,6 +149,8 @@ impl Qcow2Image {
         if !self.writable.load(std::sync::atomic::Ordering::Acquire) {
             return Ok(());
         }
+        // From now on the store below is what the image holds.
+        self.durable.release_all();
         let persistent: Vec<Arc<DirtyBitmap>> = set
             .list()
             .into_iter()
@@ -95,19 +165,7 @@ impl Qcow2Image {
             let store: Vec<BitmapData> = persistent
                 .iter()
                 .filter(|b| !b.is_inconsistent() && !b.is_read_only())
-                .map(|b| {
-                    let granularity_bits = b.granularity().trailing_zeros() as u8;
-                    let size = qcow2.bitmap_data_size(granularity_bits);
-                    let mut data: Vec<u8> =
-                        b.to_words().iter().flat_map(|w| w.to_le_bytes()).collect();
-                    data.resize(size, 0);
-                    BitmapData {
-                        name: b.name().to_string(),
-                        granularity_bits,
-                        auto: b.is_recording(),
-                        data,
-                    }
-                })
+                .map(|b| data_of(qcow2, b))
                 .collect();
             let remove: Vec<&str> = on_disk
                 .iter()

@@ -19,7 +19,10 @@
 //!   everything as it was), then opens the image anew: what another process wrote meanwhile
 //!   is seen. A writable opening marks the persistent bitmaps `in_use` that are not already
 //!   (imago's `bitmaps.rs`); inactivating leaves them so, their directory consistent on
-//!   disk, for the next user to see them inconsistent rather than lose them.
+//!   disk, for the next user to see them inconsistent rather than lose them. The bitmaps the
+//!   first opening kept consistent on disk (`durable.rs`) are left consistent at inactivation,
+//!   a superset of their bits, and are no longer written; an activation marks them `in_use`
+//!   like the rest.
 
 use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
@@ -46,6 +49,9 @@ impl Qcow2Image {
             path: self.path.clone(),
             source,
         })?;
+        // The bitmaps kept on disk stay as they are there (consistent, a superset of what
+        // they hold), no longer written: the next user may change them.
+        self.durable.release_all();
         let fresh = self.open_again(false, LockMode::Off)?;
         // The old opening (and its writable files) goes here, before the locks.
         *access = fresh.opened;

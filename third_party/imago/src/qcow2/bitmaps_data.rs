@@ -156,6 +156,61 @@ impl<S: Storage + 'static, F: WrappedFormat<S> + 'static> Qcow2<S, F> {
     /// freed; the `bitmaps` autoclear bit stays set while there is a bitmap, and the extension
     /// goes when none is left.
     pub async fn store_bitmaps(&self, store: &[BitmapData], remove: &[&str]) -> io::Result<()> {
+        self.store_bitmaps_with(store, remove, false).await
+    }
+
+    /// [`store_bitmaps()`](Self::store_bitmaps), but every data cluster of the bitmaps of
+    /// `store` allocated and written, all-zero ones included (aio-rs: a bitmap kept
+    /// consistent on disk while the image is open, whose clusters are then written in place,
+    /// [`bitmap_data_clusters()`](Self::bitmap_data_clusters)).
+    pub async fn store_bitmaps_preallocated(
+        &self,
+        store: &[BitmapData],
+        remove: &[&str],
+    ) -> io::Result<()> {
+        self.store_bitmaps_with(store, remove, true).await
+    }
+
+    /// The host offsets of the data clusters of the bitmap named `name` (as the directory has
+    /// it now), one per entry of its bitmap table; 0 for an entry without a cluster (all
+    /// zeros or all ones).
+    pub async fn bitmap_data_clusters(&self, name: &str) -> io::Result<Vec<u64>> {
+        let entry = self
+            .header
+            .bitmaps()
+            .entries
+            .iter()
+            .find(|e| e.name == name)
+            .cloned()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("No bitmap {name}")))?;
+        let table = self
+            .read_bitmap_table(entry.table_offset, entry.table_size)
+            .await?;
+        Ok(table.into_iter().map(|e| e & TABLE_ENTRY_OFFSET).collect())
+    }
+
+    /// Marks the bitmaps named in `names` `in_use` in place (their directory entries'
+    /// flags), then syncs: from now on QEMU and `qemu-img` treat them as inconsistent, until
+    /// they are stored again. A name the directory does not have is ignored.
+    pub async fn mark_bitmaps_in_use(&self, names: &[&str]) -> io::Result<()> {
+        if !self.writable {
+            return Err(io::Error::other("No write access"));
+        }
+        let _store = self.bitmaps_store.lock().await;
+        let mut state = self.header.bitmaps().clone();
+        bitmaps::mark_in_use(self.metadata.as_ref(), &mut state, Some(names)).await?;
+        self.header.bitmaps().entries = state.entries;
+        Ok(())
+    }
+
+    /// [`store_bitmaps()`](Self::store_bitmaps); `preallocate`: all-zero data clusters
+    /// written too.
+    async fn store_bitmaps_with(
+        &self,
+        store: &[BitmapData],
+        remove: &[&str],
+        preallocate: bool,
+    ) -> io::Result<()> {
         if !self.writable {
             return Err(io::Error::other("No write access"));
         }
@@ -201,7 +256,7 @@ impl<S: Storage + 'static, F: WrappedFormat<S> + 'static> Qcow2<S, F> {
         for b in store {
             let mut table = vec![0u64; b.data.len().div_ceil(cs)];
             for (i, chunk) in b.data.chunks(cs).enumerate() {
-                if chunk.iter().all(|&x| x == 0) {
+                if !preallocate && chunk.iter().all(|&x| x == 0) {
                     continue;
                 }
                 let (at, guard) = self.write_new_clusters(chunk).await?;
