@@ -320,13 +320,14 @@ impl Image {
     /// The persistent dirty bitmaps of a qcow2 image (libvirt's backup checkpoints) that
     /// opening it writable marked `in_use`, by name; empty for any other open.
     ///
-    /// The block layer does not track writes in dirty bitmaps yet. Rather than drop them (what
-    /// a qcow2 program that does not know them must do: clear the `bitmaps` autoclear bit, and
-    /// QEMU then discards every bitmap and reports its clusters leaked), a writable open keeps
-    /// the bitmaps and marks each one `in_use`: `qemu-img info` still lists them, flagged
-    /// `in-use`, QEMU reports them inconsistent (they miss this server's writes), `qemu-img
-    /// check` finds nothing leaked, and `qemu-img bitmap --remove` can remove them. A bitmap
-    /// already `in_use` is not listed again.
+    /// A writable open marks each bitmap `in_use` first (QEMU's rule while a bitmap may miss
+    /// writes), then keeps the consistent ones consistent in the file while it is open
+    /// (`qcow2/bitmaps.rs`: stored again with `in_use` clear, every write's granules written
+    /// before the write runs): those are not listed. What is listed stays `in_use`: bitmaps
+    /// found `in_use` already are not listed again, and an image whose bitmaps cannot be
+    /// written in place (RBD) lists them all; `qemu-img info` shows them `in-use`, QEMU reports
+    /// them inconsistent, `qemu-img check` finds nothing leaked, and `qemu-img bitmap --remove`
+    /// can remove them.
     ///
     /// An image opened [inactive](Self::open_inactive) marks them when it is
     /// [activated](Self::activate) writable: each activation adds those it marked. They stay
@@ -473,7 +474,9 @@ impl Image {
         if bitmap.is_persistent() {
             // Stored now and kept consistent on disk (`qcow2/durable.rs`); if that fails it is
             // stored at the clean close only, as before.
-            if let Err(e) = dispatch!(&self.backing, d => d.keep_bitmaps(&[bitmap.clone()])) {
+            if let Err(e) =
+                dispatch!(&self.backing, d => d.keep_bitmaps(std::slice::from_ref(&bitmap)))
+            {
                 eprintln!(
                     "image {}: bitmap '{name}' is stored at the clean close only: {e}",
                     self.path.display()

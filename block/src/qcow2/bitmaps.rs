@@ -1,4 +1,5 @@
-//! A qcow2 image's persistent dirty bitmaps, loaded at open and stored at a clean close.
+//! A qcow2 image's persistent dirty bitmaps, loaded at open, kept consistent in the file while
+//! it is open, and stored at a clean close.
 //!
 //! This module owns the conversion between imago's bitmap data (QEMU's serialization: granule
 //! `i` is bit `i % 8` of byte `i / 8`, whole 64-bit words) and [`DirtyBitmap`]'s words (QEMU's
@@ -8,8 +9,29 @@
 //! * **Loaded at open.** Every bitmap of the directory becomes a persistent [`DirtyBitmap`],
 //!   recording iff its `auto` flag is set; one found `in_use` is loaded inconsistent, without
 //!   its bits (QEMU's `load_bitmap`); one of an image opened read-only is read-only.
+//! * **Kept consistent while open, through a crash** (beyond QEMU, which leaves every bitmap
+//!   `in_use` while the image is open for writing, so a SIGKILL makes them all inconsistent).
+//!   At a writable open, and when a persistent bitmap is added, each persistent consistent
+//!   bitmap is stored again with every data cluster allocated, all-zero ones included, and
+//!   `in_use` clear, then synced ([`Qcow2Image::keep_bitmaps`]): the file then holds a valid
+//!   bitmap that QEMU and `qemu-img` read as consistent. From then on `durable.rs` keeps it
+//!   a superset of every write: before a write, write-zeroes or discard is submitted (the
+//!   request filter, `filter.rs`), the bitmap data cluster holding a granule it touches whose
+//!   bit is not yet on disk is written in place (every bit on disk, in memory and of the
+//!   write) and `fdatasync`ed; writes into granules already on disk cost an atomic load per
+//!   bitmap word. That write is blocking, on the submitting iothread, once per data cluster
+//!   (`cluster_size * 8` granules: 32 GiB of disk at 64 KiB clusters and granules) per
+//!   bitmap per open. Bits only grow on disk: a clear or a reset leaves the superset there
+//!   until the clean close, a merge writes the merged bits before it returns, and a bitmap
+//!   disabled or removed meanwhile still has every write set on disk. A resize marks the kept
+//!   bitmaps `in_use` in place (their clusters cover the old size) until the clean close; an
+//!   RBD image keeps QEMU's behaviour (`in_use` while open). Why before the submit and not
+//!   before the completion is told: a write that reached the disk but was never answered
+//!   (killed in between) must be in the bitmap too, or a backup would miss data the restarted
+//!   guest reads.
 //! * **Stored at a clean close.** [`Image::close`](crate::Image::close) (and dropping the
-//!   image) writes every persistent bitmap that is not inconsistent with `in_use` clear, and
+//!   image) stops keeping them, then writes every persistent bitmap that is not inconsistent,
+//!   exactly as in memory (clears included, all-zero clusters dropped), with `in_use` clear, and
 //!   removes from the image every bitmap of its directory that is no longer a persistent
 //!   bitmap of the set (removed, or made transient). QEMU removes a bitmap from the file at
 //!   `block-dirty-bitmap-remove`; here the file loses it at the clean close.
