@@ -445,6 +445,17 @@ impl DirtyBitmap {
             .collect()
     }
 
+    /// The words `range` of [`to_words`](Self::to_words) (those past its end left out).
+    pub(crate) fn words_in(&self, range: std::ops::Range<usize>) -> Vec<u64> {
+        let bits = self.bits();
+        let end = range.end.min(bits.words.len());
+        let start = range.start.min(end);
+        bits.words[start..end]
+            .iter()
+            .map(|w| w.load(Ordering::Relaxed))
+            .collect()
+    }
+
     /// Sets the chunks whose bits are set in `words` (the layout of
     /// [`to_words`](Self::to_words)); words past its size are ignored.
     pub fn or_words(&self, words: &[u64]) {

@@ -78,6 +78,16 @@ fn for_words(first: u64, last: u64, mut word: impl FnMut(usize, u64)) {
     }
 }
 
+/// The mask of granules `[first, last]` in 64-bit word `w`.
+fn mask_in(w: usize, first: u64, last: u64) -> u64 {
+    let (lo, hi) = (w as u64 * 64, w as u64 * 64 + 63);
+    if last < lo || first > hi {
+        return 0;
+    }
+    let (from, to) = (first.max(lo) - lo, last.min(hi) - lo);
+    (u64::MAX >> (63 - to)) & (u64::MAX << from)
+}
+
 /// The bitmaps of one opening kept consistent on disk. See the module's contract.
 #[derive(Debug)]
 pub(crate) struct DurableBitmaps {
@@ -88,6 +98,8 @@ pub(crate) struct DurableBitmaps {
     kept: RwLock<Vec<Kept>>,
     /// One writer of clusters at a time.
     writer: Mutex<()>,
+    /// Clusters written so far (what the tests count).
+    cluster_writes: AtomicU64,
 }
 
 impl DurableBitmaps {
@@ -102,6 +114,7 @@ impl DurableBitmaps {
             cluster_size,
             kept: RwLock::new(Vec::new()),
             writer: Mutex::new(()),
+            cluster_writes: AtomicU64::new(0),
         }
     }
 
@@ -178,20 +191,28 @@ impl DurableBitmaps {
         let words_per_chunk = self.cluster_size / 8;
         let mut written: Vec<(usize, usize, Vec<u64>)> = Vec::new();
         for (i, k) in kept.iter().enumerate() {
-            let memory = k.bitmap.to_words();
-            let mut wanted = vec![0u64; k.disk.len()];
-            if let Some((first, last)) = span(k) {
-                for_words(first, last, |w, mask| wanted[w] |= mask);
-            }
-            for (chunk, &host) in k.clusters.iter().enumerate() {
+            let span = span(k);
+            let granules_per_chunk = words_per_chunk as u64 * 64;
+            let chunks = match span {
+                Some((first, last)) => {
+                    (first / granules_per_chunk) as usize..(last / granules_per_chunk) as usize + 1
+                }
+                None => 0..k.clusters.len(),
+            };
+            for chunk in chunks {
+                let Some(&host) = k.clusters.get(chunk) else {
+                    break;
+                };
                 let words =
                     chunk * words_per_chunk..((chunk + 1) * words_per_chunk).min(k.disk.len());
+                let memory = k.bitmap.words_in(words.clone());
                 let image: Vec<u64> = words
                     .clone()
                     .map(|w| {
+                        let wanted = span.map_or(0, |(first, last)| mask_in(w, first, last));
                         k.disk[w].load(Ordering::Acquire)
-                            | memory.get(w).copied().unwrap_or(0)
-                            | wanted[w]
+                            | memory.get(w - words.start).copied().unwrap_or(0)
+                            | wanted
                     })
                     .collect();
                 let gains = words
@@ -214,6 +235,7 @@ impl DurableBitmaps {
                     buf[at * 8..at * 8 + 8].copy_from_slice(&bits.to_le_bytes());
                 }
                 write_at(file, &buf, host)?;
+                self.cluster_writes.fetch_add(1, Ordering::Relaxed);
                 written.push((i, words.start, image));
             }
         }
@@ -277,4 +299,82 @@ fn write_at(file: &IoFile, buf: &[u8], mut offset: u64) -> io::Result<()> {
         offset += n as u64;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    /// Bit `granule` of the cluster at `host` in `file`.
+    fn on_file(file: &Path, host: u64, granule: u64) -> bool {
+        let bytes = std::fs::read(file).unwrap();
+        bytes[(host + granule / 8) as usize] & (1 << (granule % 8)) != 0
+    }
+
+    /// A bitmap of 512-byte granules over 32 MiB kept in clusters of 4 KiB at 4096 and 8192
+    /// of a file: the first write into a chunk writes its cluster, later ones inside granules on
+    /// disk write nothing, a clear leaves the disk as it was, a merge is written at once.
+    #[test]
+    fn a_chunk_is_written_once_when_first_dirtied_and_bits_only_grow_on_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bits");
+        std::fs::write(&path, vec![0u8; 12288]).unwrap();
+        let file = IoFile::from(
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .unwrap(),
+        );
+        let durable = Arc::new(DurableBitmaps::new(Some(file), 4096));
+        let b = Arc::new(DirtyBitmap::new("b", 32 << 20, 512).unwrap());
+        durable.keep(&b, vec![4096, 8192], &vec![0; 1024]).unwrap();
+        let writes = || durable.cluster_writes.load(Ordering::Relaxed);
+        assert_eq!(writes(), 0, "nothing to write");
+
+        durable.before_write(1 << 20, 4096).unwrap();
+        assert_eq!(writes(), 1);
+        let first = (1 << 20) / 512;
+        assert!((first..first + 8).all(|g| on_file(&path, 4096, g)));
+        assert!(!on_file(&path, 4096, first + 8) && !on_file(&path, 4096, first - 1));
+        durable.before_write((1 << 20) + 512, 512).unwrap();
+        assert_eq!(writes(), 1, "granules on disk already");
+
+        // Chunk 1 (16 MiB on) is its own cluster.
+        durable.before_write(20 << 20, 512).unwrap();
+        assert_eq!(writes(), 2);
+        assert!(on_file(&path, 8192, (4 << 20) / 512));
+
+        // The bits in memory cleared: the disk keeps them.
+        b.set(1 << 20, 4096);
+        b.clear();
+        durable.before_write(1 << 20, 512).unwrap();
+        assert_eq!(writes(), 2);
+        assert!(on_file(&path, 4096, first));
+
+        // A merge: written before it returns, with what was on disk.
+        let other = DirtyBitmap::new("o", 32 << 20, 512).unwrap();
+        other.set(3 << 20, 512);
+        b.merge_from(&other).unwrap();
+        assert_eq!(writes(), 3);
+        assert!(on_file(&path, 4096, (3 << 20) / 512) && on_file(&path, 4096, first));
+
+        // Released: nothing is written any more.
+        assert_eq!(durable.release_all(), ["b"]);
+        durable.before_write(10 << 20, 512).unwrap();
+        other.set(5 << 20, 512);
+        b.merge_from(&other).unwrap();
+        assert_eq!(writes(), 3);
+    }
+
+    #[test]
+    fn a_words_mask_holds_exactly_the_granules_of_the_span_in_it() {
+        assert_eq!(mask_in(0, 0, 63), u64::MAX);
+        assert_eq!(mask_in(0, 3, 5), 0b111000);
+        assert_eq!(mask_in(1, 60, 66), 0b111);
+        assert_eq!(mask_in(0, 60, 66), 0xf << 60);
+        assert_eq!(mask_in(2, 60, 66), 0);
+        assert_eq!(mask_in(1, 0, 200), u64::MAX);
+    }
 }

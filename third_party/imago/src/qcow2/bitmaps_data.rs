@@ -9,6 +9,11 @@
 //! directory, tables and data clusters freed. A failure before the header is written frees
 //! what was allocated and leaves the image as it was.
 //!
+//! aio-rs keeps bitmaps consistent while the image is open: it stores them preallocated
+//! ([`Qcow2::store_bitmaps_preallocated()`], every data cluster written, all-zero ones too),
+//! learns where their data clusters are ([`Qcow2::bitmap_data_clusters()`]) and writes those
+//! in place itself; [`Qcow2::mark_bitmaps_in_use()`] marks some `in_use` again in place.
+//!
 //! This module owns the bitmap tables and data and the storing of a new directory; never the
 //! directory's layout and checks (`bitmaps.rs`).
 
