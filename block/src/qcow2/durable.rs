@@ -26,7 +26,7 @@
 //!   it).
 
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use aio_core::engine::{AlignedBuf, IoFile};
@@ -96,6 +96,8 @@ pub(crate) struct DurableBitmaps {
     file: Option<IoFile>,
     cluster_size: usize,
     kept: RwLock<Vec<Kept>>,
+    /// How many are kept: a write's check, without the lock, that there is nothing to do.
+    count: AtomicUsize,
     /// One writer of clusters at a time.
     writer: Mutex<()>,
     /// Clusters written so far (what the tests count).
@@ -113,6 +115,7 @@ impl DurableBitmaps {
             file: file.filter(fits),
             cluster_size,
             kept: RwLock::new(Vec::new()),
+            count: AtomicUsize::new(0),
             writer: Mutex::new(()),
             cluster_writes: AtomicU64::new(0),
         }
@@ -145,6 +148,7 @@ impl DurableBitmaps {
                 clusters,
                 disk: written.iter().map(|w| AtomicU64::new(*w)).collect(),
             });
+            self.count.store(kept.len(), Ordering::Release);
         }
         let weak: std::sync::Weak<dyn BitsAdded> = Arc::downgrade(self) as _;
         bitmap.set_durability(Some(weak));
@@ -156,6 +160,7 @@ impl DurableBitmaps {
     pub(crate) fn release_all(&self) -> Vec<String> {
         let _w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         let mut kept = self.kept.write().unwrap_or_else(|e| e.into_inner());
+        self.count.store(0, Ordering::Release);
         kept.drain(..)
             .map(|k| {
                 k.bitmap.set_durability(None);
@@ -167,6 +172,9 @@ impl DurableBitmaps {
     /// Makes every granule of `[offset, offset + len)` durable in every kept bitmap before a
     /// write, write-zeroes or discard of that range runs (blocking, once per chunk).
     pub(crate) fn before_write(&self, offset: u64, len: u64) -> io::Result<()> {
+        if self.count.load(Ordering::Acquire) == 0 {
+            return Ok(());
+        }
         {
             let kept = self.kept();
             let missing = kept
