@@ -5,7 +5,15 @@
 //! qemu-storage-daemon then serves it (`qemu:dirty-bitmap:b` over NBD, read by `nbdinfo`)
 //! with every written granule dirty and nothing else; `qemu-img check` finds the image clean.
 //!
+//! A bitmap added over QMP (`block-dirty-bitmap-add` with `persistent: true`, a backup
+//! checkpoint as libvirt makes one) is in the file at once and survives the SIGKILL the same
+//! way; qemu-storage-daemon, which stores it only at a clean close, loses it.
+//!
 //! Needs `qemu-img`, `qemu-io`, `qemu-storage-daemon` and `nbdinfo` (`.ci/run` installs them).
+
+mod common;
+#[path = "common/qmp.rs"]
+mod qmp_client;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -47,13 +55,26 @@ fn launch(
     dir: &Path,
     socket: &Path,
 ) -> Result<Daemon, LaunchError> {
-    Launch::new(program)
+    launch_on(program, args, dir, &[socket])
+}
+
+/// `program` on `args` in `dir` (its log there), once every one of `sockets` accepts
+/// connections.
+fn launch_on(
+    program: &str,
+    args: Vec<String>,
+    dir: &Path,
+    sockets: &[&Path],
+) -> Result<Daemon, LaunchError> {
+    let mut launch = Launch::new(program)
         .args(args)
         .label(program)
         .log_to(dir.join(format!("{}.log", program.rsplit('/').next().unwrap())))
-        .socket(socket.to_path_buf())
-        .socket_wait(Duration::from_secs(20))
-        .start()
+        .socket_wait(Duration::from_secs(20));
+    for socket in sockets {
+        launch = launch.socket(socket.to_path_buf());
+    }
+    launch.start()
 }
 
 /// The command line serving `image` over NBD at `socket` as export `disk` (writable unless
@@ -110,19 +131,36 @@ fn flags(dir: &Path, image: &Path) -> serde_json::Value {
     bitmaps[0]["flags"].clone()
 }
 
-/// The steps against `program`: a 64 MiB qcow2 image with bitmap `b`, served, written over
-/// NBD, then killed. The image.
-fn written_then_killed(program: &str, dir: &Path) -> PathBuf {
+/// The steps against `program`: a 64 MiB qcow2 image with bitmap `b` (made by `qemu-img`,
+/// or, `over_qmp`, added persistent over QMP once served), served, written over NBD, then
+/// killed. The image.
+fn written_then_killed(program: &str, dir: &Path, over_qmp: bool) -> PathBuf {
     run_in(
         dir,
         "qemu-img",
         &["create", "-q", "-f", "qcow2", "d.qcow2", "64M"],
     );
-    run_in(dir, "qemu-img", &["bitmap", "--add", "d.qcow2", "b"]);
+    if !over_qmp {
+        run_in(dir, "qemu-img", &["bitmap", "--add", "d.qcow2", "b"]);
+    }
     let image = dir.join("d.qcow2");
-    let socket = dir.join("nbd.sock");
-    let daemon = launch(program, args(&image, &socket, None), dir, &socket)
+    let (socket, monitor) = (dir.join("nbd.sock"), dir.join("qmp.sock"));
+    let mut command_line = args(&image, &socket, None);
+    command_line.extend([
+        "--chardev".to_string(),
+        format!("socket,id=m0,path={},server=on,wait=off", s(&monitor)),
+        "--monitor".to_string(),
+        "chardev=m0".to_string(),
+    ]);
+    let daemon = launch_on(program, command_line, dir, &[&socket, &monitor])
         .unwrap_or_else(|e| panic!("{e}"));
+    let (mut q, _) = qmp_client::Qmp::connect(&monitor, false);
+    if over_qmp {
+        q.ok(
+            "block-dirty-bitmap-add",
+            serde_json::json!({"node": "q", "name": "b", "persistent": true}),
+        );
+    }
     let writes: Vec<String> = WRITES
         .iter()
         .map(|(o, l)| format!("write -P 0x5a {o} {l}"))
@@ -192,7 +230,7 @@ fn a_persistent_bitmap_survives_sigkill_consistent_with_every_write_where_qemus_
     }
     // QEMU: in use, and refused.
     let theirs = image_dir("crash-bitmaps");
-    let image = written_then_killed(QSD, theirs.path());
+    let image = written_then_killed(QSD, theirs.path(), false);
     assert_eq!(
         flags(theirs.path(), &image),
         serde_json::json!(["in-use", "auto"])
@@ -202,7 +240,7 @@ fn a_persistent_bitmap_survives_sigkill_consistent_with_every_write_where_qemus_
 
     // Ours: consistent, every written granule dirty, nothing else; the image clean.
     let ours = image_dir("crash-bitmaps");
-    let image = written_then_killed(OURS, ours.path());
+    let image = written_then_killed(OURS, ours.path(), false);
     assert_eq!(flags(ours.path(), &image), serde_json::json!(["auto"]));
     run_in(ours.path(), "qemu-img", &["check", "-q", s(&image)]);
     assert_eq!(served_dirty(ours.path(), &image), DIRTY.to_vec());
@@ -219,4 +257,34 @@ fn a_persistent_bitmap_survives_sigkill_consistent_with_every_write_where_qemus_
     let out = io.arg(&image).output().expect("qemu-io");
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && !said.contains("fail"), "{said}");
+}
+
+/// The bitmaps `qemu-img info` lists in `image` (null: none).
+fn listed(dir: &Path, image: &Path) -> serde_json::Value {
+    let out = run_in(dir, "qemu-img", &["info", "--output=json", s(image)]);
+    let info: serde_json::Value = serde_json::from_str(&out).unwrap();
+    info["format-specific"]["data"]["bitmaps"].clone()
+}
+
+#[test]
+fn a_bitmap_added_over_qmp_survives_sigkill_where_qemu_loses_it() {
+    for tool in ["qemu-img", "qemu-io", QSD, "nbdinfo"] {
+        if !installed(tool) {
+            aio_conformance::skip(&format!("{tool} is not installed"));
+            return;
+        }
+    }
+    let theirs = image_dir("crash-bitmaps");
+    let image = written_then_killed(QSD, theirs.path(), true);
+    assert_eq!(
+        listed(theirs.path(), &image),
+        serde_json::Value::Null,
+        "QEMU stores it at a clean close only"
+    );
+
+    let ours = image_dir("crash-bitmaps");
+    let image = written_then_killed(OURS, ours.path(), true);
+    assert_eq!(flags(ours.path(), &image), serde_json::json!(["auto"]));
+    run_in(ours.path(), "qemu-img", &["check", "-q", s(&image)]);
+    assert_eq!(served_dirty(ours.path(), &image), DIRTY.to_vec());
 }
