@@ -4,8 +4,9 @@
 //! kills a daemon) still has every bitmap consistent (`qemu-img info` shows no `in-use`,
 //! `qemu-img check` is clean) with every written granule set, over several bitmap data
 //! clusters; a clear keeps the superset on disk until the clean close, which stores exactly
-//! the bits in memory; bitmaps added while open and merged into are kept too; a resize marks
-//! them in use.
+//! the bits in memory; bitmaps added while open (one removed and added again) and merged
+//! into are kept too, a disabled one with the writes made meanwhile (a superset); a resize
+//! marks them in use.
 #![cfg(feature = "qcow2")]
 
 mod common;
@@ -195,6 +196,14 @@ fn bitmaps_added_while_open_and_merged_into_survive_a_loss() {
         .add_dirty_bitmap("m", persistent.granularity(64 << 10).disabled(true))
         .unwrap();
     m.merge_from(&n).unwrap();
+    // Removed and added again: the new one is kept, the old one's clusters (freed) never
+    // written again (`qemu-img check` below).
+    let r = image.add_dirty_bitmap("r", persistent).unwrap();
+    write_through(&image, &[(8 * MIB, 512)]);
+    image.dirty_bitmaps().remove("r").unwrap();
+    drop(r);
+    image.add_dirty_bitmap("r", persistent).unwrap();
+    write_through(&image, &[(12 * MIB, 512), (8 * MIB, 512)]);
     let t = image.add_dirty_bitmap("t", BitmapOptions::new()).unwrap();
     assert_eq!(dirty(&t), vec![]);
     lose(image);
@@ -203,10 +212,30 @@ fn bitmaps_added_while_open_and_merged_into_survive_a_loss() {
     let again = reopen(&path);
     assert!(again.dirty_bitmaps().get("t").is_none(), "transient");
     let n = again.dirty_bitmaps().find("n").unwrap();
-    assert_eq!(dirty(&n), vec![(2 * MIB, 4 * KIB), (40 * MIB, 64 * KIB)]);
+    assert_eq!(
+        dirty(&n),
+        vec![
+            (2 * MIB, 4 * KIB),
+            (8 * MIB, 4 * KIB),
+            (12 * MIB, 4 * KIB),
+            (40 * MIB, 64 * KIB)
+        ]
+    );
+    let r = again.dirty_bitmaps().find("r").unwrap();
+    assert_eq!(dirty(&r), vec![(8 * MIB, 4 * KIB), (12 * MIB, 4 * KIB)]);
     let m = again.dirty_bitmaps().find("m").unwrap();
     assert!(!m.is_recording() && !m.is_inconsistent());
-    assert_eq!(dirty(&m), vec![(2 * MIB, 64 * KIB), (40 * MIB, 64 * KIB)]);
+    // The merged bits, and (a superset, as the disk of a kept bitmap has every write) those
+    // of the writes made while it was disabled.
+    assert_eq!(
+        dirty(&m),
+        vec![
+            (2 * MIB, 64 * KIB),
+            (8 * MIB, 64 * KIB),
+            (12 * MIB, 64 * KIB),
+            (40 * MIB, 64 * KIB)
+        ]
+    );
 }
 
 #[test]

@@ -380,13 +380,15 @@ impl Image {
             }
         }
         if !read_only {
-            // Consistent on disk from now on, through crashes (`qcow2/durable.rs`).
-            dispatch!(&self.backing, d => d.keep_bitmaps(&kept)).map_err(|source| {
-                OpenError::Image {
-                    path: self.path.clone(),
-                    source,
-                }
-            })?;
+            // Consistent on disk from now on, through crashes (`qcow2/durable.rs`); if that
+            // fails they stay marked in use, as QEMU leaves them, and are stored at the clean
+            // close.
+            if let Err(e) = dispatch!(&self.backing, d => d.keep_bitmaps(&kept)) {
+                eprintln!(
+                    "image {}: persistent bitmaps stay in use (inconsistent after a crash): {e}",
+                    self.path.display()
+                );
+            }
         }
         Ok(())
     }

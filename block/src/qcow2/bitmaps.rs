@@ -102,13 +102,26 @@ impl Qcow2Image {
             qcow2.store_bitmaps_preallocated(&data, &[]).await?;
             let mut stored = Vec::new();
             for (bitmap, d) in chosen.iter().zip(&data) {
-                let clusters = qcow2.bitmap_data_clusters(bitmap.name()).await?;
-                stored.push(((*bitmap).clone(), clusters, words_of(&d.data)));
+                match qcow2.bitmap_data_clusters(bitmap.name()).await {
+                    Ok(clusters) => stored.push(((*bitmap).clone(), clusters, words_of(&d.data))),
+                    Err(e) => {
+                        // Stored consistent but not kept: in use again, or a crash would
+                        // leave it missing writes.
+                        let names: Vec<&str> = chosen.iter().map(|b| b.name()).collect();
+                        qcow2.mark_bitmaps_in_use(&names).await?;
+                        return Err(e);
+                    }
+                }
             }
             Ok::<_, io::Error>(stored)
         })?;
+        // Each is kept even if writing what it gained since fails (the next write tries
+        // again): a bitmap stored consistent and not kept could miss writes.
+        let mut failed = None;
         for (bitmap, clusters, words) in &stored {
-            self.durable.keep(bitmap, clusters.clone(), words)?;
+            if let Err(e) = self.durable.keep(bitmap, clusters.clone(), words) {
+                failed.get_or_insert(e);
+            }
         }
         // Those marked in use at open are consistent on disk again.
         let mut marked = self
@@ -116,7 +129,7 @@ impl Qcow2Image {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         marked.retain(|name| !stored.iter().any(|(b, _, _)| b.name() == name));
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// Makes `[offset, offset + len)` durable in every bitmap kept on disk before a change

@@ -141,7 +141,9 @@ impl DurableBitmaps {
         {
             let _w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
             let mut kept = self.kept.write().unwrap_or_else(|e| e.into_inner());
-            kept.retain(|k| !Arc::ptr_eq(&k.bitmap, bitmap));
+            // Storing it replaced (and freed) the clusters of any bitmap of its name: one
+            // removed meanwhile and still kept must never be written again.
+            kept.retain(|k| k.bitmap.name() != bitmap.name());
             kept.push(Kept {
                 bitmap: bitmap.clone(),
                 shift: bitmap.granularity().trailing_zeros(),
