@@ -11,6 +11,14 @@
 //!   misses nothing. A bitmap added while a write is in flight is dirtied by it too (the set
 //!   is read at the end, not at the submit).
 //!
+//! * **Persistent bitmaps kept on disk** (`qcow2/durable.rs`): before a write, write-zeroes
+//!   or discard is submitted, the granules it touches are made durable in the persistent
+//!   bitmaps a writable qcow2 image keeps consistent in its file ([`before_submit`]): a write
+//!   that reaches the disk before a crash is always in the bitmaps found after it. Free once
+//!   the granules are on disk (an atomic load per bitmap word); the first write into a
+//!   bitmap data cluster's granules writes that cluster and syncs, blocking, before the
+//!   request is submitted.
+//!
 //! The filters to come take the same hook: copy-before-write (a backup's old data copied out
 //! before a write to a range not yet copied runs) and throttling (a request held until its
 //! group's budget lets it go) act before the submit, each a module beside `bitmap`, called
@@ -28,6 +36,15 @@ use std::sync::Arc;
 
 use crate::image::Image;
 use crate::request::Reply;
+
+/// The filters' side before a change of `[offset, offset + len)` is submitted: its granules
+/// made durable in the persistent bitmaps kept on disk. An error fails the request unrun.
+pub(crate) fn before_submit(image: &Image, (offset, len): (u64, u64)) -> io::Result<()> {
+    if image.dirty_bitmaps().is_empty() {
+        return Ok(());
+    }
+    image.bitmaps_before_write(offset, len)
+}
 
 /// An export's reply, with the filters' completion side run before it.
 pub(crate) struct FilterReply<R: Reply> {

@@ -15,7 +15,8 @@
 //!   inactive": write, write-zeroes, discard, flush) ends at once through the [`Reply`], with
 //!   the image untouched. An inactive image's reads are served.
 //! * **Filtered once.** A request that passes the checks goes through the request filter
-//!   ([`crate::filter`]: dirty bitmaps today) on its way to its kind.
+//!   ([`crate::filter`]: dirty bitmaps today, and the persistent bitmaps a qcow2 image keeps
+//!   on disk made durable first) on its way to its kind.
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -104,6 +105,10 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> ImageQueue<L, E> {
         }
         // The request filter (`filter.rs`): a change to the image ends through the filters.
         if let (true, Some(range)) = (request.modifies(), request.range()) {
+            if let Err(e) = crate::filter::before_submit(&self.image, range) {
+                drop(request);
+                return reply.finish(tag, Err(e));
+            }
             let filtered = self.filters.wrap(&self.image, reply);
             let tag = (tag, range);
             return dispatch!(self.image.backing(), d => d.submit(&self.io, ctx, &filtered, request, tag));

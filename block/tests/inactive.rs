@@ -17,6 +17,17 @@ use common::session::{errno, Session};
 
 const MIB: u64 = 1 << 20;
 
+/// The dirty ranges of `image`'s bitmap `name`.
+fn dirty(image: &Image, name: &str) -> Vec<(u64, u64)> {
+    let bitmap = image.dirty_bitmaps().get(name).expect("the bitmap");
+    bitmap
+        .extents(0, image.size())
+        .into_iter()
+        .filter(|&(_, _, dirty)| dirty)
+        .map(|(offset, len, _)| (offset, len))
+        .collect()
+}
+
 /// One user of the image: it and its session.
 fn user(image: Image) -> (Arc<Image>, Session) {
     let image = Arc::new(image);
@@ -105,7 +116,9 @@ fn qemu_img(dir: &Path, args: &[&str]) -> String {
 /// The hand-over of a qcow2 image: B, opened inactive (read-only, unlocked) after A wrote,
 /// reads that; A allocates a new cluster after B opened; B, activated once A has written its
 /// metadata back and let go, reads it (its metadata read afresh) and allocates its own; and
-/// the image passes `qemu-img check` with its persistent bitmap still listed.
+/// the image passes `qemu-img check` with its persistent bitmap still listed. The bitmap goes
+/// with the image, as QEMU hands it over: each inactivation stores it, each activation loads
+/// it, so it ends consistent with every user's writes dirty.
 #[test]
 fn a_qcow2_image_is_handed_over_and_its_metadata_read_afresh() {
     let dir = aio_test_support::images::image_dir("inactive");
@@ -113,7 +126,8 @@ fn a_qcow2_image_is_handed_over_and_its_metadata_read_afresh() {
     qemu_img(dir.path(), &["bitmap", "--add", "disk.qcow2", "ck1"]);
     let options = ImageOptions::new(ImageFormat::Qcow2);
     let (a, sa) = user(Image::open(&path, options.clone()).unwrap());
-    assert_eq!(a.bitmaps_marked_inconsistent(), ["ck1"]);
+    // A keeps ck1 consistent on disk while it writes (crash-consistent bitmaps).
+    assert!(a.bitmaps_marked_inconsistent().is_empty());
     sa.write(MIB, &[0x41; 65536], false).unwrap();
     let (b, sb) = user(Image::open_inactive(&path, options).unwrap());
     assert!(!b.is_active());
@@ -140,7 +154,10 @@ fn a_qcow2_image_is_handed_over_and_its_metadata_read_afresh() {
         "B reads what A allocated after B opened"
     );
     assert!(reads(&sb, MIB, 65536).iter().all(|&x| x == 0x41));
-    assert!(b.bitmaps_marked_inconsistent().is_empty(), "in use already");
+    // A stored ck1 at its inactivation and dropped it; B loaded it with A's writes.
+    assert!(a.dirty_bitmaps().get("ck1").is_none(), "A let ck1 go");
+    assert!(b.bitmaps_marked_inconsistent().is_empty());
+    assert_eq!(dirty(&b, "ck1"), [(MIB, 65536), (8 * MIB, 65536)]);
     sb.write(16 * MIB, &[0x44; 65536], false).unwrap();
     sb.run(BlockRequest::Flush).unwrap();
     assert!(conflict(&a.activate().unwrap_err()));
@@ -151,6 +168,16 @@ fn a_qcow2_image_is_handed_over_and_its_metadata_read_afresh() {
     a.activate().unwrap();
     assert!(reads(&sa, 16 * MIB, 65536).iter().all(|&x| x == 0x44));
     sa.write(24 * MIB, &[0x45; 65536], false).unwrap();
+    assert_eq!(
+        dirty(&a, "ck1"),
+        [
+            (MIB, 65536),
+            (8 * MIB, 65536),
+            (16 * MIB, 65536),
+            (24 * MIB, 65536)
+        ],
+        "A loaded ck1 with B's write"
+    );
     drop((sa, sb, a, b));
 
     let check = qemu_img(dir.path(), &["check", "disk.qcow2"]);
@@ -158,8 +185,15 @@ fn a_qcow2_image_is_handed_over_and_its_metadata_read_afresh() {
     assert!(!check.contains("leaked"), "{check}");
     let info = qemu_img(dir.path(), &["info", "--output=json", "disk.qcow2"]);
     assert!(
-        info.contains("\"ck1\"") && info.contains("in-use"),
+        info.contains("\"ck1\"") && !info.contains("in-use"),
         "{info}"
+    );
+    let reopened =
+        Image::open(&path, ImageOptions::new(ImageFormat::Qcow2).read_only(true)).unwrap();
+    assert_eq!(
+        dirty(&reopened, "ck1").len(),
+        4,
+        "stored with every user's writes"
     );
     for (pattern, offset) in [
         (0x41, MIB),

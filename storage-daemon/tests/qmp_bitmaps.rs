@@ -16,9 +16,8 @@ mod qmp_client;
 
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
 
-use bitmap_steps::{bitmaps_of, daemon, export, nbd_write, qcow2, qcow2_node, sha256};
+use bitmap_steps::{bitmaps_of, daemon, export, export_del, nbd_write, qcow2, qcow2_node, sha256};
 use serde_json::{json, Value};
 
 const OURS: &str = env!("CARGO_BIN_EXE_aio-storage-daemon");
@@ -71,8 +70,7 @@ fn steps(program: &str) -> Vec<Value> {
     export(&mut q);
     nbd_write(&nbd, "exp", 1 << 20, 64 << 10);
     nbd_write(&nbd, "exp", (8 << 20) + 512, 512);
-    q.ok("block-export-del", json!({"id": "exp"}));
-    std::thread::sleep(Duration::from_millis(200));
+    export_del(&mut q, "exp");
     let listed = bitmaps_of(&mut q, "fmt");
     assert_eq!(listed[0]["count"], 2 * 65536, "{program}: {listed}");
     seen.push(listed);
@@ -164,8 +162,7 @@ fn steps(program: &str) -> Vec<Value> {
         json!({"node": "fmt", "name": "b2"}),
     );
     seen.push(bitmaps_of(&mut q, "fmt"));
-    q.ok("block-export-del", json!({"id": "exp"}));
-    std::thread::sleep(Duration::from_millis(200));
+    export_del(&mut q, "exp");
     q.ok("blockdev-del", json!({"node-name": "fmt"}));
     q.ok("blockdev-del", json!({"node-name": "file"}));
     q.ok("blockdev-del", json!({"node-name": "raw"}));

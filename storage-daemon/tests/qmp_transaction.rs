@@ -22,9 +22,8 @@ mod common;
 mod qmp_client;
 
 use std::path::Path;
-use std::time::Duration;
 
-use bitmap_steps::{bitmaps_of, daemon, export, nbd_write, qcow2, qcow2_node, sha256};
+use bitmap_steps::{bitmaps_of, daemon, export, export_del, nbd_write, qcow2, qcow2_node, sha256};
 use serde_json::{json, Value};
 
 const OURS: &str = env!("CARGO_BIN_EXE_aio-storage-daemon");
@@ -270,8 +269,7 @@ fn steps(program: &str) -> Vec<Value> {
     q.ok("blockdev-del", json!({"node-name": "ro"}));
     q.ok("blockdev-del", json!({"node-name": "rofile"}));
 
-    q.ok("block-export-del", json!({"id": "exp"}));
-    std::thread::sleep(Duration::from_millis(200));
+    export_del(&mut q, "exp");
     q.ok("blockdev-del", json!({"node-name": "fmt"}));
     q.ok("blockdev-del", json!({"node-name": "file"}));
     let stored = stored_bitmaps(&image);

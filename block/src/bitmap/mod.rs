@@ -19,9 +19,12 @@
 //!   `in_use` in an image that was not closed cleanly: it may have missed writes, so it can
 //!   only be removed); read-only (loaded from an image opened read-only). A busy, read-only
 //!   or inconsistent bitmap refuses changes with QEMU's texts ([`BitmapError`]).
+//! * **Kept on disk by its image.** A persistent bitmap of a writable qcow2 image is kept
+//!   consistent in the file while the image is open (`qcow2/durable.rs`); a merge into one
+//!   tells its image ([`BitsAdded`]), so the merged bits are on disk before the merge returns.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard, Weak};
 
 mod error;
 mod set;
@@ -109,6 +112,13 @@ impl Bits {
     }
 }
 
+/// What keeps a bitmap's bits on disk as they are set outside a write (a qcow2 image's
+/// crash-consistent bitmaps, `qcow2/durable.rs`): told after a merge added bits.
+pub(crate) trait BitsAdded: Send + Sync + std::fmt::Debug {
+    /// `bitmap` gained bits that no write set.
+    fn bits_added(&self, bitmap: &DirtyBitmap);
+}
+
 /// One dirty bitmap of an image. See the module's contract.
 #[derive(Debug)]
 pub struct DirtyBitmap {
@@ -122,6 +132,8 @@ pub struct DirtyBitmap {
     read_only: AtomicBool,
     /// Users that hold it busy (exports, jobs).
     busy: AtomicU32,
+    /// What keeps it on disk while its image is open (None: nothing does).
+    durability: RwLock<Option<Weak<dyn BitsAdded>>>,
 }
 
 /// Holds a bitmap busy (an export serving it, a job using it) until dropped.
@@ -165,7 +177,25 @@ impl DirtyBitmap {
             inconsistent: AtomicBool::new(false),
             read_only: AtomicBool::new(false),
             busy: AtomicU32::new(0),
+            durability: RwLock::new(None),
         })
+    }
+
+    /// Sets (or, None, drops) what keeps it on disk while its image is open.
+    pub(crate) fn set_durability(&self, durability: Option<Weak<dyn BitsAdded>>) {
+        *self.durability.write().unwrap_or_else(|e| e.into_inner()) = durability;
+    }
+
+    /// Tells what keeps it on disk that it gained bits no write set.
+    fn tell_bits_added(&self) {
+        let durability = self
+            .durability
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(d) = durability.and_then(|d| d.upgrade()) {
+            d.bits_added(self);
+        }
     }
 
     fn bits(&self) -> RwLockReadGuard<'_, Bits> {
@@ -411,13 +441,15 @@ impl DirtyBitmap {
             for (t, f) in to.words.iter().zip(from.words.iter()) {
                 t.fetch_or(f.load(Ordering::Relaxed), Ordering::Relaxed);
             }
-            return Ok(());
-        }
-        for (offset, len, dirty) in source.extents(0, source_size) {
-            if dirty {
-                self.set(offset, len);
+        } else {
+            for (offset, len, dirty) in source.extents(0, source_size) {
+                if dirty {
+                    self.set(offset, len);
+                }
             }
         }
+        // A bitmap its image keeps on disk has the merged bits there before the merge returns.
+        self.tell_bits_added();
         Ok(())
     }
 
@@ -432,6 +464,17 @@ impl DirtyBitmap {
     pub fn to_words(&self) -> Vec<u64> {
         self.bits()
             .words
+            .iter()
+            .map(|w| w.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// The words `range` of [`to_words`](Self::to_words) (those past its end left out).
+    pub(crate) fn words_in(&self, range: std::ops::Range<usize>) -> Vec<u64> {
+        let bits = self.bits();
+        let end = range.end.min(bits.words.len());
+        let start = range.start.min(end);
+        bits.words[start..end]
             .iter()
             .map(|w| w.load(Ordering::Relaxed))
             .collect()

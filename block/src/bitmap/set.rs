@@ -148,6 +148,17 @@ impl BitmapSet {
         Ok(removed)
     }
 
+    /// Drops every persistent bitmap from the set, busy or not (QEMU's
+    /// `bdrv_release_persistent_dirty_bitmaps`): an image inactivated has stored them for the
+    /// next user, who may change them; its activation loads them again. Returns how many.
+    pub(crate) fn release_persistent(&self) -> usize {
+        let mut all = self.write();
+        let before = all.len();
+        all.retain(|b| !b.is_persistent());
+        self.len.store(all.len(), Ordering::Release);
+        before - all.len()
+    }
+
     /// Dirties `[offset, offset + len)` in every recording bitmap: what a write, write-zeroes
     /// or discard does when it completes (failed or not, as QEMU's
     /// `bdrv_co_write_req_finish`).

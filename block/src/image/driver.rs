@@ -98,6 +98,21 @@ pub(crate) trait Driver {
         Ok(())
     }
 
+    /// Keeps the persistent ones of `bitmaps` consistent in the image while it is open
+    /// (qcow2, `qcow2/durable.rs`); blocking.
+    fn keep_bitmaps(
+        &self,
+        _bitmaps: &[std::sync::Arc<crate::bitmap::DirtyBitmap>],
+    ) -> io::Result<()> {
+        Ok(())
+    }
+
+    /// Makes `[offset, offset + len)` durable in the bitmaps kept in the image before a
+    /// change of that range runs (qcow2).
+    fn bitmaps_before_write(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        Ok(())
+    }
+
     /// Writes what the kind caches and syncs its files.
     fn close(&self) -> io::Result<()> {
         Ok(())
@@ -105,8 +120,14 @@ pub(crate) trait Driver {
 
     /// Makes the kind inactive (the image already refuses all but reads, and nothing is in
     /// flight: the caller drained it): writes back and syncs what it caches, drops its caches
-    /// and lets go of its locks. On an error the kind is as it was (its locks held).
-    fn inactivate(&self, _path: &Path) -> Result<(), ActivationError> {
+    /// and lets go of its locks; a qcow2 image first stores the persistent bitmaps of
+    /// `bitmaps` (QEMU's `qcow2_inactivate`). On an error the kind is as it was (its locks
+    /// held).
+    fn inactivate(
+        &self,
+        _path: &Path,
+        _bitmaps: &crate::bitmap::BitmapSet,
+    ) -> Result<(), ActivationError> {
         Ok(())
     }
 

@@ -56,7 +56,9 @@ impl Image {
     /// Makes the image inactive (QEMU's `bdrv_inactivate`): from here on only reads are
     /// served; what it caches is written back and synced (a qcow2 image's metadata), every
     /// cache dropped, and every lock let go, for another process to take the image over.
-    /// Nothing to do if inactive already.
+    /// A writable qcow2 image's persistent dirty bitmaps are stored first and leave the
+    /// image's set (QEMU's rule: the next user owns them); [`activate`](Self::activate) loads
+    /// them again. Nothing to do if inactive already.
     ///
     /// The caller has drained the image: no request of any export is in flight (a qcow2
     /// image refuses with [`ActivationError::InFlight`] while one holds it). Blocking (a sync,
@@ -70,9 +72,13 @@ impl Image {
         }
         // Nothing but reads from here on: no write can land after the write-back.
         self.active.store(false, Ordering::Release);
-        let done = dispatch!(&self.backing, d => d.inactivate(&self.path));
-        if done.is_err() {
-            self.active.store(true, Ordering::Release);
+        let done = dispatch!(&self.backing, d => d.inactivate(&self.path, &self.bitmaps));
+        match done {
+            // Stored (a writable qcow2 image): the next user owns them now.
+            Ok(()) => {
+                self.bitmaps.release_persistent();
+            }
+            Err(_) => self.active.store(true, Ordering::Release),
         }
         done
     }
@@ -96,6 +102,16 @@ impl Image {
         if let Some(bytes) = size {
             let bytes = check_size(&self.path, bytes).map_err(ActivationError::Reopen)?;
             self.size.store(bytes, Ordering::Release);
+        }
+        // The persistent bitmaps as the last user left them (QEMU loads them at
+        // `qcow2_co_invalidate_cache`); a clean close stores them again.
+        self.bitmaps.release_persistent();
+        self.bitmaps_stored.store(false, Ordering::Release);
+        if let Err(e) = self.load_persistent_bitmaps() {
+            eprintln!(
+                "image {}: its persistent bitmaps could not be loaded: {e}",
+                self.path.display()
+            );
         }
         self.active.store(true, Ordering::Release);
         Ok(())

@@ -320,12 +320,14 @@ impl Image {
     /// The persistent dirty bitmaps of a qcow2 image (libvirt's backup checkpoints) that
     /// opening it writable marked `in_use` in the file, by name; empty for any other open.
     ///
-    /// QEMU's rule: while an image is open for writing its persistent bitmaps are `in_use` in
-    /// the file, so that a user that dies without closing it leaves them inconsistent rather
-    /// than silently stale. The bitmaps themselves are loaded and track every write
-    /// ([`dirty_bitmaps`](Self::dirty_bitmaps)); a clean close stores them with `in_use`
-    /// clear ([`close`](Self::close)). A bitmap found `in_use` already (left by a crash) is
-    /// loaded inconsistent and not listed here.
+    /// A writable open marks each bitmap `in_use` first (QEMU's rule while a bitmap may miss
+    /// writes), then keeps the consistent ones consistent in the file while it is open
+    /// (`qcow2/bitmaps.rs`: stored again with `in_use` clear, every write's granules written
+    /// before the write runs): those are not listed. What is listed stays `in_use`: bitmaps
+    /// found `in_use` already are not listed again, and an image whose bitmaps cannot be
+    /// written in place (RBD) lists them all; `qemu-img info` shows them `in-use`, QEMU reports
+    /// them inconsistent, `qemu-img check` finds nothing leaked, and `qemu-img bitmap --remove`
+    /// can remove them.
     ///
     /// An image opened [inactive](Self::open_inactive) marks them when it is
     /// [activated](Self::activate) writable: each activation adds those it marked.
@@ -368,11 +370,34 @@ impl Image {
                     source,
                 }
             })?;
+        let mut kept = Vec::new();
         for bitmap in loaded {
+            let bitmap = Arc::new(bitmap);
             // The directory has no duplicate name QEMU would accept; keep the first.
-            let _ = self.bitmaps.insert(Arc::new(bitmap));
+            if self.bitmaps.insert(bitmap.clone()).is_ok() {
+                kept.push(bitmap);
+            }
+        }
+        if !read_only {
+            // Consistent on disk from now on, through crashes (`qcow2/durable.rs`); if that
+            // fails they stay marked in use, as QEMU leaves them, and are stored at the clean
+            // close.
+            if let Err(e) = dispatch!(&self.backing, d => d.keep_bitmaps(&kept)) {
+                eprintln!(
+                    "image {}: persistent bitmaps stay in use (inconsistent after a crash): {e}",
+                    self.path.display()
+                );
+            }
         }
         Ok(())
+    }
+
+    /// Makes the granules of `[offset, offset + len)` durable in the persistent bitmaps the
+    /// image keeps on disk, before a change of that range runs (the request filter's, on the
+    /// submitting thread; blocking once per bitmap data cluster, else an atomic load per
+    /// bitmap word: `qcow2/durable.rs`).
+    pub(crate) fn bitmaps_before_write(&self, offset: u64, len: u64) -> io::Result<()> {
+        dispatch!(&self.backing, d => d.bitmaps_before_write(offset, len))
     }
 
     /// Block status: which parts of `[offset, offset + len)` hold data and which are holes
@@ -442,13 +467,33 @@ impl Image {
         options: BitmapOptions,
     ) -> Result<Arc<DirtyBitmap>, BitmapError> {
         let bitmap = self.new_dirty_bitmap(name, options)?;
-        self.bitmaps.insert(bitmap.clone())?;
+        self.insert_dirty_bitmap(bitmap.clone())?;
         Ok(bitmap)
+    }
+
+    /// Adds `bitmap` (made by [`new_dirty_bitmap`](Self::new_dirty_bitmap)) to the image's
+    /// set, refused if its name is taken. A persistent one is stored at once and kept
+    /// consistent on disk from then on (`qcow2/durable.rs`); if that fails it is stored at
+    /// the clean close only, as QEMU stores it, and the failure is said on stderr.
+    pub fn insert_dirty_bitmap(&self, bitmap: Arc<DirtyBitmap>) -> Result<(), BitmapError> {
+        self.bitmaps.insert(bitmap.clone())?;
+        if bitmap.is_persistent() {
+            if let Err(e) =
+                dispatch!(&self.backing, d => d.keep_bitmaps(std::slice::from_ref(&bitmap)))
+            {
+                eprintln!(
+                    "image {}: bitmap '{}' is stored at the clean close only: {e}",
+                    self.path.display(),
+                    bitmap.name()
+                );
+            }
+        }
+        Ok(())
     }
 
     /// Makes the bitmap [`add_dirty_bitmap`](Self::add_dirty_bitmap) would add, with the same
     /// checks but for the name being taken, without adding it: a transaction stages it, and
-    /// adds it with [`BitmapSet::insert`] when it commits.
+    /// adds it with [`insert_dirty_bitmap`](Self::insert_dirty_bitmap) when it commits.
     pub fn new_dirty_bitmap(
         &self,
         name: &str,

@@ -23,6 +23,7 @@ use aio_loop::AioContext;
 use super::driver::{Driver, QueueIo};
 use super::error::{ActivationError, ResizeError};
 use super::options::ImageOptions;
+use crate::bitmap::BitmapSet;
 use crate::format;
 use crate::lock::{Access, ImageLock, LockError};
 use crate::request::{BlockRequest, Reply};
@@ -105,7 +106,7 @@ impl Driver for RawFile {
 
     /// Syncs the file (the device's cache written) and lets its lock go: a raw image caches
     /// nothing else.
-    fn inactivate(&self, path: &Path) -> Result<(), ActivationError> {
+    fn inactivate(&self, path: &Path, _bitmaps: &BitmapSet) -> Result<(), ActivationError> {
         let flushed = self.dup().and_then(|dup| dup.sync_data());
         flushed.map_err(|source| ActivationError::Flush {
             path: path.to_path_buf(),

@@ -30,6 +30,7 @@ use aio_rbd::{LockRecords, LockTaken, RbdImage, RbdQueue};
 use super::driver::{Driver, QueueIo, StatusDone};
 use super::error::{ActivationError, ResizeError};
 use super::options::ImageOptions;
+use crate::bitmap::BitmapSet;
 use crate::lock::LockMode;
 use crate::request::{BlockRequest, Reply};
 use crate::status::{self, Extent, ExtentKind};
@@ -96,7 +97,7 @@ impl Driver for RbdDisk {
 
     /// Flushes librbd's cache and releases the exclusive lock (librbd counts its requests:
     /// any in flight is the caller's, refused).
-    fn inactivate(&self, path: &Path) -> Result<(), ActivationError> {
+    fn inactivate(&self, path: &Path, _bitmaps: &BitmapSet) -> Result<(), ActivationError> {
         if self.image.in_flight() > 0 {
             return Err(ActivationError::InFlight {
                 path: path.to_path_buf(),

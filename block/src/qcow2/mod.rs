@@ -29,6 +29,7 @@ mod blocking;
 mod cache;
 pub(crate) mod current;
 mod direct;
+mod durable;
 mod file_storage;
 #[cfg(feature = "rbd")]
 mod rbd_storage;
@@ -92,6 +93,8 @@ pub(crate) struct Qcow2Image {
     source: source::Source,
     /// Its cluster size (`1 << cluster_bits`), which an opening again must find unchanged.
     cluster_bits: u32,
+    /// The persistent bitmaps kept consistent in the file while it is open (`durable.rs`).
+    durable: Arc<durable::DurableBitmaps>,
 }
 
 /// One opening of the image by imago: its metadata as read then, and the file the direct
@@ -122,6 +125,8 @@ struct Opening {
     bitmaps: Vec<String>,
     /// The backing files' locks, taken through the gate.
     locks: Vec<ImageLock>,
+    /// The image's file, where it is one (not RBD).
+    file: Option<aio_core::engine::IoFile>,
 }
 
 impl fmt::Debug for Qcow2Image {
@@ -295,6 +300,7 @@ fn open_format(
     writable: bool,
     gate: ChainGate,
 ) -> Result<Opening, OpenError> {
+    let file = storage.io_file().cloned();
     let opened = current::block_on(
         Qcow2::<EngineStorage>::builder(storage)
             .l2_cache_entries(l2_cache_entries(head))
@@ -320,6 +326,7 @@ fn open_format(
         chain: gate.chain.take(),
         bitmaps,
         locks,
+        file,
     })
 }
 
@@ -435,6 +442,7 @@ impl Qcow2Image {
             chain,
             bitmaps,
             locks: mut backing_locks,
+            file,
         } = opening;
         locks.append(&mut backing_locks);
         Ok(Qcow2Image {
@@ -448,6 +456,7 @@ impl Qcow2Image {
             locks: Mutex::new(locks),
             source,
             cluster_bits: cluster_bits(head),
+            durable: Arc::new(durable::DurableBitmaps::new(file, 1 << cluster_bits(head))),
         })
     }
 
@@ -462,6 +471,16 @@ impl Qcow2Image {
     pub(crate) fn resize(&self, bytes: u64) -> io::Result<()> {
         current::block_on(async {
             let mut access = self.access.write().await;
+            // The bitmaps kept on disk have clusters for the old size only: in use from now on,
+            // until the clean close stores them at the new size.
+            let released = self.durable.release_all();
+            if let (false, Some(qcow2)) = (
+                released.is_empty(),
+                access.downcast_ref::<Qcow2<EngineStorage>>(),
+            ) {
+                let names: Vec<&str> = released.iter().map(String::as_str).collect();
+                qcow2.mark_bitmaps_in_use(&names).await?;
+            }
             let resized = access
                 .resize(bytes, imago::format::PreallocateMode::None)
                 .await;

@@ -17,15 +17,22 @@
 //!   allows.
 //! * **Active reads afresh.** Activating takes the image's lock first (a conflict leaves
 //!   everything as it was), then opens the image anew: what another process wrote meanwhile
-//!   is seen. A writable opening marks the persistent bitmaps `in_use` that are not already
-//!   (imago's `bitmaps.rs`); inactivating leaves them so, their directory consistent on
-//!   disk, for the next user to see them inconsistent rather than lose them.
+//!   is seen.
+//! * **The persistent bitmaps go with the image**, as QEMU hands them over: inactivating
+//!   stores them (every write's bit is in memory: nothing is in flight), consistent, before
+//!   the write-back, and the image's set lets them go (`Image::inactivate`); activating opens
+//!   the image anew and loads them as the last user stored them, kept consistent on disk
+//!   from then on through the new opening's descriptor (`durable.rs`).
 
 use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
 
+use imago::qcow2::Qcow2;
+
 use super::source::Source;
+use super::storage::EngineStorage;
 use super::{current, Opening, Qcow2Image};
+use crate::bitmap::BitmapSet;
 use crate::image::error::{ActivationError, OpenError};
 use crate::image::ImageOptions;
 use crate::lock::{Access, ImageLock, LockError, LockMode};
@@ -34,11 +41,27 @@ impl Qcow2Image {
     /// Writes the metadata back, syncs, opens the image again read-only (its caches dropped)
     /// and lets its locks go. Refused with [`ActivationError::InFlight`] while a request holds
     /// the image; the image stays as it was if writing back or opening fails.
-    pub(crate) fn inactivate(&self) -> Result<(), ActivationError> {
+    pub(crate) fn inactivate(&self, bitmaps: &BitmapSet) -> Result<(), ActivationError> {
         let Ok(mut access) = self.access.try_write() else {
             return Err(self.in_flight());
         };
+        // Nothing in flight: every write's bit is in memory. The persistent bitmaps are
+        // stored as they are (QEMU's `qcow2_inactivate`), for the next user to load.
+        let writable = self.writable.load(Ordering::Acquire);
+        self.durable.release_all();
         current::block_on(async {
+            if writable {
+                if let Some(qcow2) = access.downcast_ref::<Qcow2<EngineStorage>>() {
+                    if let Err(e) = super::bitmaps::store_set(qcow2, bitmaps).await {
+                        // No longer kept on disk: in use, or a crash would leave them
+                        // missing writes (best effort: the store's error is the one told).
+                        let dir = qcow2.bitmap_directory();
+                        let names: Vec<&str> = dir.iter().map(|b| b.name.as_str()).collect();
+                        let _ = qcow2.mark_bitmaps_in_use(&names).await;
+                        return Err(e);
+                    }
+                }
+            }
             access.flush().await?;
             access.sync().await
         })
@@ -47,6 +70,7 @@ impl Qcow2Image {
             source,
         })?;
         let fresh = self.open_again(false, LockMode::Off)?;
+        self.durable.reopened(fresh.file.clone());
         // The old opening (and its writable files) goes here, before the locks.
         *access = fresh.opened;
         self.cache.clear(0, u64::MAX);
@@ -86,6 +110,8 @@ impl Qcow2Image {
             }
         };
         locks.extend(fresh.locks);
+        self.durable.release_all();
+        self.durable.reopened(fresh.file.clone());
         *access = fresh.opened;
         self.cache.clear(0, u64::MAX);
         (self.bitmaps_marked_inconsistent.lock())

@@ -62,8 +62,16 @@ impl Driver for Arc<Qcow2Image> {
         Qcow2Image::store_bitmaps(self, set)
     }
 
-    fn inactivate(&self, _path: &Path) -> Result<(), ActivationError> {
-        Qcow2Image::inactivate(self)
+    fn keep_bitmaps(&self, bitmaps: &[Arc<DirtyBitmap>]) -> io::Result<()> {
+        Qcow2Image::keep_bitmaps(self, bitmaps)
+    }
+
+    fn bitmaps_before_write(&self, offset: u64, len: u64) -> io::Result<()> {
+        Qcow2Image::bitmaps_before_write(self, offset, len)
+    }
+
+    fn inactivate(&self, _path: &Path, bitmaps: &BitmapSet) -> Result<(), ActivationError> {
+        Qcow2Image::inactivate(self, bitmaps)
     }
 
     fn activate(

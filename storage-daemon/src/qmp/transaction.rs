@@ -142,9 +142,7 @@ impl Staged {
         };
         for (at, effect) in effects.iter().enumerate() {
             match effect {
-                Effect::Add { image, bitmap, .. } => {
-                    image.dirty_bitmaps().insert(bitmap.clone())?
-                }
+                Effect::Add { image, bitmap, .. } => image.insert_dirty_bitmap(bitmap.clone())?,
                 Effect::Record { bitmap, on: true } if final_record(at, bitmap) => {
                     bitmap.set_recording(true)?
                 }

@@ -104,3 +104,10 @@ pub fn qcow2_node(q: &mut Qmp, image: &Path, nbd: &Path) {
         json!({"driver": "qcow2", "node-name": "fmt", "file": "file"}),
     );
 }
+
+/// `block-export-del` of export `id`, then waits for its `BLOCK_EXPORT_DELETED` (the export
+/// is gone, its node free for `blockdev-del`, on either daemon).
+pub fn export_del(q: &mut Qmp, id: &str) {
+    q.ok("block-export-del", json!({ "id": id }));
+    q.wait_event(|e| e["event"] == "BLOCK_EXPORT_DELETED" && e["data"]["id"] == id);
+}

@@ -58,6 +58,24 @@ impl Qmp {
         }
     }
 
+    /// Reads until an event that `matches` has come (kept with the others in `events`);
+    /// returns it. Panics when the connection ends first (the read times out after 20 s).
+    pub fn wait_event(&mut self, matches: impl Fn(&Value) -> bool) -> Value {
+        if let Some(e) = self.events.iter().find(|e| matches(e)) {
+            return e.clone();
+        }
+        loop {
+            let v = self
+                .line()
+                .unwrap_or_else(|| panic!("the awaited event never came: {:?}", self.events));
+            assert!(v.get("event").is_some(), "not an event: {v}");
+            self.events.push(v.clone());
+            if matches(&v) {
+                return v;
+            }
+        }
+    }
+
     /// Sends `bytes` and reads the next reply (events kept aside).
     pub fn send(&mut self, bytes: &[u8]) -> Value {
         self.writer.write_all(bytes).unwrap();

@@ -319,21 +319,27 @@ pub(super) async fn load<S: Storage>(
     })
 }
 
-/// Marks every bitmap of `state` `in_use`, in place, and makes that durable.
+/// Marks every bitmap of `state` (or, with `only`, those it names) `in_use`, in place, and
+/// makes that durable.
 ///
-/// Called on a writable open. Returns the names of the bitmaps that were consistent until now
-/// (those already `in_use` were inconsistent already and are left as they are). Nothing is
-/// written when every bitmap is already `in_use`, so an image opened again loses nothing more.
+/// Called on a writable open (every bitmap), and by aio-rs when a bitmap it keeps consistent
+/// on disk stops being so (`only`). Returns the names of the bitmaps that were consistent
+/// until now (those already `in_use` were inconsistent already and are left as they are).
+/// Nothing is written when every bitmap is already `in_use`, so an image opened again loses
+/// nothing more.
 #[maybe_async]
 pub(super) async fn mark_in_use<S: Storage>(
     image: &S,
     state: &mut BitmapsState,
+    only: Option<&[&str]>,
 ) -> io::Result<Vec<String>> {
     let Some(ext) = state.ext else {
         return Ok(Vec::new());
     };
     let mut marked = Vec::new();
-    for e in state.entries.iter_mut().filter(|e| !e.in_use) {
+    let chosen =
+        |e: &BitmapEntry| only.is_none_or(|names| names.iter().any(|n| n.as_bytes() == e.raw_name));
+    for e in state.entries.iter_mut().filter(|e| !e.in_use && chosen(e)) {
         e.in_use = true;
         marked.push(e.name.clone());
     }

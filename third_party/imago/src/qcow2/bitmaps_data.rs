@@ -9,6 +9,11 @@
 //! directory, tables and data clusters freed. A failure before the header is written frees
 //! what was allocated and leaves the image as it was.
 //!
+//! aio-rs keeps bitmaps consistent while the image is open: it stores them preallocated
+//! ([`Qcow2::store_bitmaps_preallocated()`], every data cluster written, all-zero ones too),
+//! learns where their data clusters are ([`Qcow2::bitmap_data_clusters()`]) and writes those
+//! in place itself; [`Qcow2::mark_bitmaps_in_use()`] marks some `in_use` again in place.
+//!
 //! This module owns the bitmap tables and data and the storing of a new directory; never the
 //! directory's layout and checks (`bitmaps.rs`).
 
@@ -45,6 +50,12 @@ impl<S: Storage + 'static, F: WrappedFormat<S> + 'static> Qcow2<S, F> {
     /// the flags found (a writable open has marked them `in_use` on disk since).
     pub fn bitmaps(&self) -> Vec<BitmapEntry> {
         self.header.bitmaps().found.clone()
+    }
+
+    /// The persistent dirty bitmaps the bitmap directory holds now: those found at open, as
+    /// changed by the stores since (aio-rs: bitmaps stored while the image is open).
+    pub fn bitmap_directory(&self) -> Vec<BitmapEntry> {
+        self.header.bitmaps().entries.clone()
     }
 
     /// The bytes of a bitmap's data at `granularity_bits` for this image's size (QEMU's
@@ -156,6 +167,61 @@ impl<S: Storage + 'static, F: WrappedFormat<S> + 'static> Qcow2<S, F> {
     /// freed; the `bitmaps` autoclear bit stays set while there is a bitmap, and the extension
     /// goes when none is left.
     pub async fn store_bitmaps(&self, store: &[BitmapData], remove: &[&str]) -> io::Result<()> {
+        self.store_bitmaps_with(store, remove, false).await
+    }
+
+    /// [`store_bitmaps()`](Self::store_bitmaps), but every data cluster of the bitmaps of
+    /// `store` allocated and written, all-zero ones included (aio-rs: a bitmap kept
+    /// consistent on disk while the image is open, whose clusters are then written in place,
+    /// [`bitmap_data_clusters()`](Self::bitmap_data_clusters)).
+    pub async fn store_bitmaps_preallocated(
+        &self,
+        store: &[BitmapData],
+        remove: &[&str],
+    ) -> io::Result<()> {
+        self.store_bitmaps_with(store, remove, true).await
+    }
+
+    /// The host offsets of the data clusters of the bitmap named `name` (as the directory has
+    /// it now), one per entry of its bitmap table; 0 for an entry without a cluster (all
+    /// zeros or all ones).
+    pub async fn bitmap_data_clusters(&self, name: &str) -> io::Result<Vec<u64>> {
+        let entry = self
+            .header
+            .bitmaps()
+            .entries
+            .iter()
+            .find(|e| e.name == name)
+            .cloned()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("No bitmap {name}")))?;
+        let table = self
+            .read_bitmap_table(entry.table_offset, entry.table_size)
+            .await?;
+        Ok(table.into_iter().map(|e| e & TABLE_ENTRY_OFFSET).collect())
+    }
+
+    /// Marks the bitmaps named in `names` `in_use` in place (their directory entries'
+    /// flags), then syncs: from now on QEMU and `qemu-img` treat them as inconsistent, until
+    /// they are stored again. A name the directory does not have is ignored.
+    pub async fn mark_bitmaps_in_use(&self, names: &[&str]) -> io::Result<()> {
+        if !self.writable {
+            return Err(io::Error::other("No write access"));
+        }
+        let _store = self.bitmaps_store.lock().await;
+        let mut state = self.header.bitmaps().clone();
+        bitmaps::mark_in_use(self.metadata.as_ref(), &mut state, Some(names)).await?;
+        self.header.bitmaps().entries = state.entries;
+        Ok(())
+    }
+
+    /// [`store_bitmaps()`](Self::store_bitmaps); `preallocate`: all-zero data clusters
+    /// written too.
+    async fn store_bitmaps_with(
+        &self,
+        store: &[BitmapData],
+        remove: &[&str],
+        preallocate: bool,
+    ) -> io::Result<()> {
         if !self.writable {
             return Err(io::Error::other("No write access"));
         }
@@ -201,7 +267,7 @@ impl<S: Storage + 'static, F: WrappedFormat<S> + 'static> Qcow2<S, F> {
         for b in store {
             let mut table = vec![0u64; b.data.len().div_ceil(cs)];
             for (i, chunk) in b.data.chunks(cs).enumerate() {
-                if chunk.iter().all(|&x| x == 0) {
+                if !preallocate && chunk.iter().all(|&x| x == 0) {
                     continue;
                 }
                 let (at, guard) = self.write_new_clusters(chunk).await?;

@@ -555,7 +555,7 @@ impl Header {
         if writable {
             // Keep the bitmaps, marked inconsistent, instead of dropping them all.
             header.bitmaps_marked_in_use =
-                super::bitmaps::mark_in_use(image, &mut bitmaps).await?;
+                super::bitmaps::mark_in_use(image, &mut bitmaps, None).await?;
             let has_bitmaps = bitmaps.ext.is_some();
             *header.bitmaps.get_mut() = bitmaps;
             let kept = autoclear_features & bitmaps_bit;

@@ -1,0 +1,261 @@
+//! Persistent dirty bitmaps kept consistent in a writable qcow2 image while it is open, so
+//! that an image lost without a clean close (what a SIGKILL leaves: nothing stored, nothing
+//! flushed; here the image is leaked in process, `storage-daemon/tests/crash_bitmaps.rs`
+//! kills a daemon) still has every bitmap consistent (`qemu-img info` shows no `in-use`,
+//! `qemu-img check` is clean) with every written granule set, over several bitmap data
+//! clusters; a clear keeps the superset on disk until the clean close, which stores exactly
+//! the bits in memory; bitmaps added while open (one removed and added again) and merged
+//! into are kept too, a disabled one with the writes made meanwhile (a superset); a resize
+//! marks them in use.
+#![cfg(feature = "qcow2")]
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use aio_block::bitmap::{BitmapOptions, DirtyBitmap};
+use aio_block::lock::LockMode;
+use aio_block::{Image, ImageOptions};
+use aio_test_support::tool::run_in;
+use common::session::Session;
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1 << 20;
+
+/// Whether qemu-img is here; says loudly why not.
+fn have_qemu() -> bool {
+    if !aio_test_support::tool::installed("qemu-img") {
+        aio_conformance::skip("qemu-img is not installed");
+        return false;
+    }
+    true
+}
+
+/// A 64 MiB qcow2 image `d.qcow2` in `dir` with 4 KiB clusters (one bitmap data cluster holds
+/// 32768 granules: 16 MiB of disk at 512-byte granules), and bitmap `b` of `granularity`.
+fn create(dir: &Path, granularity: &str) -> std::path::PathBuf {
+    run_in(
+        dir,
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-o",
+            "cluster_size=4k",
+            "d.qcow2",
+            "64M",
+        ],
+    );
+    run_in(
+        dir,
+        "qemu-img",
+        &["bitmap", "--add", "-g", granularity, "d.qcow2", "b"],
+    );
+    dir.join("d.qcow2")
+}
+
+/// The dirty extents of `b`, as `(offset, len)`.
+fn dirty(b: &DirtyBitmap) -> Vec<(u64, u64)> {
+    b.extents(0, b.size())
+        .into_iter()
+        .filter(|e| e.2)
+        .map(|e| (e.0, e.1))
+        .collect()
+}
+
+/// `qemu-img info --output=json`'s bitmaps of `d.qcow2` (`-U`: whatever holds its lock).
+fn qemu_bitmaps(dir: &Path) -> Vec<serde_json::Value> {
+    let out = run_in(dir, "qemu-img", &["info", "-U", "--output=json", "d.qcow2"]);
+    let info: serde_json::Value = serde_json::from_str(&out).unwrap();
+    info["format-specific"]["data"]["bitmaps"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// The flags `qemu-img info` shows for bitmap `name`.
+fn flags(dir: &Path, name: &str) -> serde_json::Value {
+    let bitmaps = qemu_bitmaps(dir);
+    let b = bitmaps.iter().find(|b| b["name"] == name);
+    b.unwrap_or_else(|| panic!("no bitmap {name} in {bitmaps:?}"))["flags"].clone()
+}
+
+/// Writes 7s at each `(offset, len)` through a session on `image`, then ends the session.
+fn write_through(image: &Arc<Image>, writes: &[(u64, usize)]) {
+    let (_, engine) = common::engines().into_iter().next().unwrap();
+    let s = Session::new(image, engine);
+    for &(offset, len) in writes {
+        s.write(offset, &vec![7u8; len], false).unwrap();
+    }
+}
+
+/// What a SIGKILL leaves of `image`: nothing stored, nothing flushed, nothing closed.
+fn lose(image: Arc<Image>) {
+    std::mem::forget(image);
+}
+
+/// The image at `path` opened again read-only, unlocked (the lost one still holds its locks).
+fn reopen(path: &Path) -> Image {
+    let opts = ImageOptions::default()
+        .read_only(true)
+        .locking(LockMode::Off);
+    Image::open(path, opts).unwrap()
+}
+
+#[test]
+fn a_lost_image_leaves_its_bitmap_consistent_with_every_write_over_several_clusters() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = aio_test_support::images::image_dir("block-dbitmaps");
+    let d = dir.path();
+    let path = create(d, "512");
+    let image = Arc::new(Image::open(&path, ImageOptions::default()).unwrap());
+    assert!(image.bitmaps_marked_inconsistent().is_empty());
+    // Chunks 0, 2 and 3 (16 MiB each); one write across the boundary of chunks 2 and 3.
+    let writes = [
+        (MIB + 512, 1024),
+        (48 * MIB - 512, 1024),
+        (63 * MIB, 4096),
+        (MIB + 4096, 512),
+    ];
+    write_through(&image, &writes);
+    lose(image);
+    assert_eq!(flags(d, "b"), serde_json::json!(["auto"]));
+    run_in(d, "qemu-img", &["check", "-q", "-U", "d.qcow2"]);
+    let again = reopen(&path);
+    let b = again.dirty_bitmaps().find("b").unwrap();
+    assert!(!b.is_inconsistent() && b.is_recording());
+    assert_eq!(
+        dirty(&b),
+        vec![
+            (MIB + 512, 1024),
+            (MIB + 4096, 512),
+            (48 * MIB - 512, 1024),
+            (63 * MIB, 4096)
+        ]
+    );
+}
+
+#[test]
+fn a_clear_keeps_the_superset_on_disk_until_the_clean_close_stores_the_bits_exactly() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = aio_test_support::images::image_dir("block-dbitmaps");
+    let d = dir.path();
+    let path = create(d, "64k");
+    // Lost after a clear: the bits from before it stay on disk (a superset).
+    let image = Arc::new(Image::open(&path, ImageOptions::default()).unwrap());
+    write_through(&image, &[(MIB, 4096)]);
+    let b = image.dirty_bitmaps().find("b").unwrap();
+    b.clear();
+    write_through(&image, &[(5 * MIB, 4096)]);
+    assert_eq!(dirty(&b), vec![(5 * MIB, 64 * KIB)]);
+    lose(image);
+    let again = reopen(&path);
+    let lost = again.dirty_bitmaps().find("b").unwrap();
+    assert_eq!(dirty(&lost), vec![(MIB, 64 * KIB), (5 * MIB, 64 * KIB)]);
+    drop(again);
+
+    // Closed cleanly after a clear: exactly the bits in memory.
+    let unlocked = ImageOptions::default().locking(LockMode::Off);
+    let image = Arc::new(Image::open(&path, unlocked).unwrap());
+    let b = image.dirty_bitmaps().find("b").unwrap();
+    b.clear();
+    write_through(&image, &[(9 * MIB, 4096)]);
+    image.close().unwrap();
+    drop(image);
+    assert_eq!(flags(d, "b"), serde_json::json!(["auto"]));
+    // -U: the lost image still holds its locks.
+    run_in(d, "qemu-img", &["check", "-q", "-U", "d.qcow2"]);
+    let again = reopen(&path);
+    let b = again.dirty_bitmaps().find("b").unwrap();
+    assert_eq!(dirty(&b), vec![(9 * MIB, 64 * KIB)]);
+}
+
+#[test]
+fn bitmaps_added_while_open_and_merged_into_survive_a_loss() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = aio_test_support::images::image_dir("block-dbitmaps");
+    let d = dir.path();
+    let path = create(d, "64k");
+    let image = Arc::new(Image::open(&path, ImageOptions::default()).unwrap());
+    let persistent = BitmapOptions::new().persistent(true);
+    // The image's default granularity: its cluster size, 4 KiB.
+    let n = image.add_dirty_bitmap("n", persistent).unwrap();
+    // On disk at once, consistent and empty.
+    assert_eq!(flags(d, "n"), serde_json::json!(["auto"]));
+    write_through(&image, &[(2 * MIB, 512), (40 * MIB, 64 << 10)]);
+    let m = image
+        .add_dirty_bitmap("m", persistent.granularity(64 << 10).disabled(true))
+        .unwrap();
+    m.merge_from(&n).unwrap();
+    // Removed and added again: the new one is kept, the old one's clusters (freed) never
+    // written again (`qemu-img check` below).
+    let r = image.add_dirty_bitmap("r", persistent).unwrap();
+    write_through(&image, &[(8 * MIB, 512)]);
+    image.dirty_bitmaps().remove("r").unwrap();
+    drop(r);
+    image.add_dirty_bitmap("r", persistent).unwrap();
+    write_through(&image, &[(12 * MIB, 512), (8 * MIB, 512)]);
+    let t = image.add_dirty_bitmap("t", BitmapOptions::new()).unwrap();
+    assert_eq!(dirty(&t), vec![]);
+    lose(image);
+    assert_eq!(flags(d, "m"), serde_json::json!([]));
+    run_in(d, "qemu-img", &["check", "-q", "-U", "d.qcow2"]);
+    let again = reopen(&path);
+    assert!(again.dirty_bitmaps().get("t").is_none(), "transient");
+    let n = again.dirty_bitmaps().find("n").unwrap();
+    assert_eq!(
+        dirty(&n),
+        vec![
+            (2 * MIB, 4 * KIB),
+            (8 * MIB, 4 * KIB),
+            (12 * MIB, 4 * KIB),
+            (40 * MIB, 64 * KIB)
+        ]
+    );
+    let r = again.dirty_bitmaps().find("r").unwrap();
+    assert_eq!(dirty(&r), vec![(8 * MIB, 4 * KIB), (12 * MIB, 4 * KIB)]);
+    let m = again.dirty_bitmaps().find("m").unwrap();
+    assert!(!m.is_recording() && !m.is_inconsistent());
+    // The merged bits, and (a superset, as the disk of a kept bitmap has every write) those
+    // of the writes made while it was disabled.
+    assert_eq!(
+        dirty(&m),
+        vec![
+            (2 * MIB, 64 * KIB),
+            (8 * MIB, 64 * KIB),
+            (12 * MIB, 64 * KIB),
+            (40 * MIB, 64 * KIB)
+        ]
+    );
+}
+
+#[test]
+fn a_resize_leaves_the_bitmaps_in_use_until_the_clean_close() {
+    if !have_qemu() {
+        return;
+    }
+    let dir = aio_test_support::images::image_dir("block-dbitmaps");
+    let d = dir.path();
+    let path = create(d, "64k");
+    let image = Arc::new(Image::open(&path, ImageOptions::default()).unwrap());
+    write_through(&image, &[(MIB, 4096)]);
+    image.resize(128 * MIB).unwrap();
+    assert_eq!(flags(d, "b"), serde_json::json!(["in-use", "auto"]));
+    write_through(&image, &[(100 * MIB, 4096)]);
+    image.close().unwrap();
+    drop(image);
+    assert_eq!(flags(d, "b"), serde_json::json!(["auto"]));
+    run_in(d, "qemu-img", &["check", "-q", "d.qcow2"]);
+    let again = reopen(&path);
+    let b = again.dirty_bitmaps().find("b").unwrap();
+    assert_eq!(dirty(&b), vec![(MIB, 64 * KIB), (100 * MIB, 64 * KIB)]);
+}
