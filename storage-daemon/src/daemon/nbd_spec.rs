@@ -281,6 +281,9 @@ mod tests {
         assert_eq!(e.name, "vm0");
         assert!(e.writable);
         assert_eq!(e.description.as_deref(), Some("a disk"));
+        let b: NbdExportSpec = "name=b,image=/i.qcow2,bitmap=b0,bitmap=b1".parse().unwrap();
+        let local = |n: &str| NbdBitmapSpec::Local(n.into());
+        assert_eq!(b.bitmaps, [local("b0"), local("b1")]);
         let n: NbdExportSpec = "name=z,image=null,size=1G".parse().unwrap();
         assert!(n.is_null());
         let bad = |s: &str| s.parse::<NbdExportSpec>().unwrap_err();
