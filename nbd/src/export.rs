@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError, RwLock};
 
+use aio_block::bitmap::DirtyBitmap;
 use aio_block::Image;
 
 use crate::proto::{tflag, MAX_PAYLOAD, MAX_STRING};
@@ -47,6 +48,7 @@ pub struct NbdExport {
     writable: bool,
     multi_conn: bool,
     allocation_depth: bool,
+    bitmaps: Vec<Arc<DirtyBitmap>>,
 }
 
 impl NbdExport {
@@ -66,6 +68,7 @@ impl NbdExport {
             writable: false,
             multi_conn: true,
             allocation_depth: false,
+            bitmaps: Vec::new(),
         })
     }
 
@@ -105,6 +108,20 @@ impl NbdExport {
     pub fn allocation_depth(mut self, on: bool) -> Self {
         self.allocation_depth = on;
         self
+    }
+
+    /// Offers `bitmap` as the metadata context `qemu:dirty-bitmap:NAME` (QEMU's
+    /// `bitmaps=[NAME]`), after those offered before: its extents are dirty (flag 1) or
+    /// clean. Which bitmap may be served, and holding it busy while it is (as QEMU marks an
+    /// exported bitmap busy), are the caller's: the export only reads it.
+    pub fn dirty_bitmap(mut self, bitmap: Arc<DirtyBitmap>) -> Self {
+        self.bitmaps.push(bitmap);
+        self
+    }
+
+    /// The dirty bitmaps offered, in order (context id 2 is the first's, as QEMU's).
+    pub fn dirty_bitmaps(&self) -> &[Arc<DirtyBitmap>] {
+        &self.bitmaps
     }
 
     /// Whether `qemu:allocation-depth` is offered.

@@ -8,8 +8,9 @@
 //! * **The protocol** is the NBD project's `doc/proto.md`, fixed newstyle: `NBD_OPT_GO`,
 //!   `NBD_OPT_INFO` (block sizes, description), `NBD_OPT_EXPORT_NAME`, `NBD_OPT_LIST`,
 //!   `NBD_OPT_ABORT`, `NBD_OPT_STRUCTURED_REPLY`, `NBD_OPT_EXTENDED_HEADERS`,
-//!   `NBD_OPT_LIST_META_CONTEXT` / `NBD_OPT_SET_META_CONTEXT` with `base:allocation` and
-//!   `qemu:allocation-depth`;
+//!   `NBD_OPT_LIST_META_CONTEXT` / `NBD_OPT_SET_META_CONTEXT` with `base:allocation`,
+//!   `qemu:allocation-depth` and `qemu:dirty-bitmap:NAME` ([`meta`]: QEMU's names, ids and
+//!   query rules);
 //!   commands `READ`, `WRITE` (FUA), `FLUSH`, `TRIM`, `WRITE_ZEROES` (`NO_HOLE`,
 //!   `FAST_ZERO`), `CACHE`, `BLOCK_STATUS` (`REQ_ONE`), `DISC`.
 //! * **Bad input is answered, never a panic**: a malformed option gets `NBD_REP_ERR_*` and
@@ -28,7 +29,10 @@
 //!   option before `NBD_OPT_STARTTLS` is refused with `NBD_REP_ERR_TLS_REQD`; client
 //!   certificates are checked against the CA when asked (QEMU's `verify-peer`).
 //!
-//! Not yet: `qemu:dirty-bitmap` contexts.
+//! * **Dirty bitmaps** ([`NbdExport::dirty_bitmap`], QEMU's `bitmaps=`): each served as
+//!   `qemu:dirty-bitmap:NAME`, its extents dirty (`NBD_STATE_DIRTY`, 1) or clean, in 32-bit
+//!   or 64-bit (extended headers) block status chunks; the caller holds the bitmap busy
+//!   while it is offered.
 //!
 //! `examples/serve_image.rs` serves an image on one thread; the daemon
 //! (`aio-storage-daemon --nbd-server`) serves exports on its iothreads. In short:
@@ -60,6 +64,7 @@
 
 mod connection;
 pub mod export;
+pub mod meta;
 // The wire's pieces the connection is made of: public only for the fuzz target (`nbd/fuzz`,
 // feature `fuzzing`), which drives them without a socket. `proto` (the wire's numbers) is
 // public API: clients and tests of NBD servers name its constants.

@@ -17,18 +17,10 @@
 use std::sync::Arc;
 
 use crate::export::{ExportSet, NbdExport};
+pub use crate::meta::MetaContexts;
 use crate::proto::{info, opt, rep, Truncated, Wire, MAX_STRING};
 use crate::proto::{FLAG_C_FIXED_NEWSTYLE, FLAG_C_NO_ZEROES, FLAG_FIXED_NEWSTYLE, FLAG_NO_ZEROES};
 use crate::proto::{NBD_MAGIC, OPTS_MAGIC, REP_MAGIC};
-
-/// The context id of `base:allocation` (QEMU's too).
-pub const BASE_ALLOCATION_ID: u32 = 0;
-/// The name of the allocation context.
-pub const BASE_ALLOCATION: &str = "base:allocation";
-/// The context id of `qemu:allocation-depth` (QEMU's too).
-pub const ALLOCATION_DEPTH_ID: u32 = 1;
-/// The name of the allocation-depth context (an export offers it when asked to).
-pub const ALLOCATION_DEPTH: &str = "qemu:allocation-depth";
 
 /// How replies are framed, as negotiated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -90,17 +82,6 @@ pub enum Step {
     Abort,
     /// Close at once: the client broke the protocol.
     Close(NegotiationError),
-}
-
-/// The metadata contexts a client chose, for one export.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MetaContexts {
-    /// The export they were chosen for (they apply only to it).
-    pub export: String,
-    /// `base:allocation`.
-    pub base_allocation: bool,
-    /// `qemu:allocation-depth`.
-    pub allocation_depth: bool,
 }
 
 /// One connection's handshake.
@@ -451,15 +432,16 @@ impl Negotiation {
                 "NBD_OPT_SET_META_CONTEXT needs structured replies".into(),
             ));
         }
+        if set {
+            // As QEMU: a set starts from none, whatever it ends with.
+            self.meta = MetaContexts::default();
+        }
         let mut w = Wire::new(payload);
         let name = string(&mut w, "export name")?.to_owned();
-        let queries = w.u32("query count")?;
-        let mut base = !set && queries == 0;
-        let mut depth = !set && queries == 0;
-        for _ in 0..queries {
-            let query = string(&mut w, "query")?;
-            base |= query == BASE_ALLOCATION || (!set && query == "base:");
-            depth |= query == ALLOCATION_DEPTH || (!set && query == "qemu:");
+        let count = w.u32("query count")?;
+        let mut queries = Vec::new();
+        for _ in 0..count {
+            queries.push(string(&mut w, "query")?);
         }
         if w.remaining() != 0 {
             return Err(Invalid::new("option longer than its fields".into()));
@@ -470,26 +452,24 @@ impl Negotiation {
                 format!("export '{}' not present", sane(&name)),
             ));
         };
-        depth &= export.offers_allocation_depth();
-        let contexts = [
-            (base, BASE_ALLOCATION_ID, BASE_ALLOCATION),
-            (depth, ALLOCATION_DEPTH_ID, ALLOCATION_DEPTH),
-        ];
-        for (chosen, id, context) in contexts {
-            if chosen {
-                let id = if set { id } else { 0 };
-                let mut p = id.to_be_bytes().to_vec();
-                p.extend_from_slice(context.as_bytes());
-                reply(out, option, rep::META_CONTEXT, &p);
+        let meta = if !set && queries.is_empty() {
+            MetaContexts::all(&export)
+        } else {
+            let mut meta = MetaContexts::for_export(&export);
+            for query in queries {
+                meta.query(query, !set, &export);
             }
+            meta
+        };
+        for (id, context) in meta.chosen(&export) {
+            let id = if set { id } else { 0 };
+            let mut p = id.to_be_bytes().to_vec();
+            p.extend_from_slice(context.as_bytes());
+            reply(out, option, rep::META_CONTEXT, &p);
         }
         reply(out, option, rep::ACK, &[]);
         if set {
-            self.meta = MetaContexts {
-                export: name,
-                base_allocation: base,
-                allocation_depth: depth,
-            };
+            self.meta = meta;
         }
         Ok(Step::Next)
     }
@@ -507,6 +487,7 @@ fn sane(name: &str) -> String {
 mod tests {
     use super::*;
     use crate::export::NbdExport;
+    use crate::meta::BASE_ALLOCATION;
     use aio_block::{Image, ImageOptions};
 
     fn exports() -> ExportSet {

@@ -180,6 +180,8 @@ pub mod state {
     pub const HOLE: u32 = 1 << 0;
     /// Reads as zeros.
     pub const ZERO: u32 = 1 << 1;
+    /// Dirty, in a `qemu:dirty-bitmap:NAME` context (QEMU's `NBD_STATE_DIRTY`).
+    pub const DIRTY: u32 = 1 << 0;
 }
 
 /// The errors a reply may carry (`NBD_E*`).

@@ -130,7 +130,7 @@ pub fn block_status(
             out,
             style,
             to,
-            (chunk::BLOCK_STATUS_EXT, true),
+            (chunk::BLOCK_STATUS_EXT, done),
             8 + 16 * count,
         );
         out.extend_from_slice(&id.to_be_bytes());

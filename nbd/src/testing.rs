@@ -146,6 +146,33 @@ impl Raw {
         let len = u32::from_be_bytes(h[16..20].try_into().unwrap());
         (flags, kind, cookie, self.read_exact(len as usize))
     }
+
+    /// Sends an extended request (after `NBD_OPT_EXTENDED_HEADERS`): 64-bit length.
+    pub fn request_ext(&mut self, flags: u16, kind: u16, cookie: u64, offset: u64, len: u64) {
+        let mut m = proto::REQUEST_EXT_MAGIC.to_be_bytes().to_vec();
+        m.extend_from_slice(&flags.to_be_bytes());
+        m.extend_from_slice(&kind.to_be_bytes());
+        m.extend_from_slice(&cookie.to_be_bytes());
+        m.extend_from_slice(&offset.to_be_bytes());
+        m.extend_from_slice(&len.to_be_bytes());
+        self.send(&m);
+    }
+
+    /// Reads one extended reply chunk: (flags, type, cookie, offset, payload).
+    pub fn chunk_ext(&mut self) -> (u16, u16, u64, u64, Vec<u8>) {
+        let h = self.read_exact(32);
+        assert_eq!(
+            &h[..4],
+            &proto::EXTENDED_REPLY_MAGIC.to_be_bytes(),
+            "extended chunk magic"
+        );
+        let flags = u16::from_be_bytes(h[4..6].try_into().unwrap());
+        let kind = u16::from_be_bytes(h[6..8].try_into().unwrap());
+        let cookie = u64::from_be_bytes(h[8..16].try_into().unwrap());
+        let offset = u64::from_be_bytes(h[16..24].try_into().unwrap());
+        let len = u64::from_be_bytes(h[24..32].try_into().unwrap());
+        (flags, kind, cookie, offset, self.read_exact(len as usize))
+    }
 }
 
 /// Runs openssl with `args` in `dir`.

@@ -20,6 +20,7 @@ use aio_loop::{BottomHalf, DeferredCall, TimerId};
 use super::outbox::Outbox;
 use super::tls::TlsSession;
 use crate::export::NbdExport;
+use crate::meta::MetaContexts;
 use crate::negotiate::{Negotiation, ReplyStyle};
 use crate::reply::Answering;
 use crate::server::Shared;
@@ -192,9 +193,8 @@ pub(super) struct Serving<L: EventLoop + 'static, E: IoEngine + 'static> {
     pub(super) export: Arc<NbdExport>,
     pub(super) queue: ImageQueue<L, E>,
     pub(super) style: ReplyStyle,
-    /// The metadata contexts negotiated for this export: `base:allocation`,
-    /// `qemu:allocation-depth`.
-    pub(super) contexts: (bool, bool),
+    /// The metadata contexts negotiated for this export.
+    pub(super) contexts: MetaContexts,
     /// Zeroing is fast here (see the module's header).
     pub(super) fast_zero: bool,
     pub(super) recorder: Recorder,
@@ -221,7 +221,7 @@ pub(super) enum Kind {
         req_one: bool,
         len: u64,
         /// Contexts still to answer.
-        waiting: u8,
+        waiting: usize,
     },
     /// Anything without a buffer.
     Other,

@@ -17,6 +17,7 @@ use std::io;
 use std::rc::Rc;
 use std::sync::Arc;
 
+use aio_block::bitmap::DirtyBitmap;
 use aio_block::stats::{Accounted, IoKind, Recorder};
 use aio_block::status::ExtentKind;
 use aio_block::{BlockRequest, Image, LentMemory, Reply};
@@ -29,13 +30,17 @@ use super::state::{
     Action, Advance, Connection, InFlight, Kind, PendingWrite, Phase, Serving, State,
 };
 use crate::export::NbdExport;
-use crate::negotiate::{ReplyStyle, ALLOCATION_DEPTH_ID, BASE_ALLOCATION_ID};
+use crate::meta::{bitmap_id, MetaContexts, ALLOCATION_DEPTH_ID, BASE_ALLOCATION_ID};
+use crate::negotiate::ReplyStyle;
 use crate::proto::{cmd, err, nbd_errno, state};
 use crate::reply::{self, Answering};
 use crate::request::{self, Checked, Command, Header};
 
 /// The longest extent a 32-bit block status reply carries (whole 4 KiB blocks).
 const MAX_EXTENT32: u64 = (u32::MAX as u64) & !4095;
+/// The most extents one block status chunk carries: 1 MiB of them, as QEMU's
+/// `NBD_MAX_BLOCK_STATUS_EXTENTS` (the reply may then cover less than asked).
+const MAX_EXTENTS: usize = (1 << 20) / 8;
 
 /// Whether `bytes` are all zero (16 at a time; stops at the first that is not).
 fn all_zero(bytes: &[u8]) -> bool {
@@ -94,8 +99,23 @@ pub(crate) fn descriptors(
             out[i].0 = MAX_EXTENT32;
         }
     }
-    if req_one {
-        out.truncate(1);
+    out.truncate(if req_one { 1 } else { MAX_EXTENTS });
+    out
+}
+
+/// A dirty bitmap's ranges of `[offset, offset + len)` as block status ranges (dirty:
+/// `NBD_STATE_DIRTY`); past the bitmap's end (a bitmap of a smaller node) everything is
+/// clean.
+fn bitmap_ranges(bitmap: &DirtyBitmap, offset: u64, len: u64) -> Vec<(u64, u64, u32)> {
+    let mut out: Vec<(u64, u64, u32)> = bitmap
+        .extents(offset, len)
+        .into_iter()
+        .map(|(at, n, dirty)| (at, n, if dirty { state::DIRTY } else { 0 }))
+        .collect();
+    let covered = out.last().map_or(offset, |&(at, n, _)| at + n);
+    let end = offset.saturating_add(len);
+    if covered < end {
+        out.push((covered, end - covered, 0));
     }
     out
 }
@@ -161,9 +181,9 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
         let image = export.image();
         let serving = Serving {
             contexts: if meta.export == export.name() {
-                (meta.base_allocation, meta.allocation_depth)
+                meta.clone()
             } else {
-                (false, false)
+                MetaContexts::for_export(&export)
             },
             style: st.negotiation.style(),
             fast_zero: zeroes_fast(image),
@@ -182,7 +202,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
             cookie: h.cookie,
             offset: h.offset,
         };
-        let block_status = s.contexts.0 || s.contexts.1;
+        let block_status = s.contexts.count() > 0;
         match request::check(&h, s.style, &s.export, block_status) {
             Checked::Refuse(r) => {
                 if let Some(kind) = io_kind(h.kind) {
@@ -293,9 +313,9 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
         let Some(s) = self.serving.get() else {
             return;
         };
-        // One chunk per context negotiated, in whatever order they are answered; the last
-        // ends the reply.
-        let (base, depth) = s.contexts;
+        // One chunk per context negotiated, in whatever order they are answered (a bitmap's
+        // at once, from memory); the last ends the reply.
+        let (base, depth) = (s.contexts.base_allocation, s.contexts.allocation_depth);
         if let Some(Kind::Status { waiting, .. }) = self
             .st
             .borrow_mut()
@@ -303,7 +323,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
             .get_mut(slot)
             .map(|f| &mut f.kind)
         {
-            *waiting = u8::from(base) + u8::from(depth);
+            *waiting = s.contexts.count();
         }
         if base {
             let me = self.weak();
@@ -327,6 +347,12 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
                     me.status_done(slot, (offset, ALLOCATION_DEPTH_ID), ranges);
                 }
             });
+        }
+        for (i, bitmap) in s.export.dirty_bitmaps().iter().enumerate() {
+            if s.contexts.bitmap(i) {
+                let ranges = bitmap_ranges(bitmap, offset, len);
+                self.status_done(slot, (offset, bitmap_id(i)), Ok(ranges));
+            }
         }
     }
 

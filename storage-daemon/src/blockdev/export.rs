@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use super::error::QsdError;
 use super::keyval::Opts;
-use crate::daemon::ExportKind;
+use crate::daemon::{ExportKind, NbdBitmapSpec};
 
 /// One `--export`, its node still a name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,11 +34,12 @@ pub(crate) struct Export {
 pub(crate) enum Transport {
     /// `type=vhost-user-blk`: `addr.type=unix,addr.path=`, `num-queues=`.
     VhostUserBlk { socket: PathBuf, queues: u16 },
-    /// `type=nbd`: `name=`, `description=`, `allocation-depth=`.
+    /// `type=nbd`: `name=`, `description=`, `allocation-depth=`, `bitmaps=`.
     Nbd {
         name: String,
         description: Option<String>,
         allocation_depth: bool,
+        bitmaps: Vec<NbdBitmapSpec>,
     },
 }
 
@@ -123,13 +124,45 @@ fn nbd(o: &mut Opts, node: &str) -> Result<Transport, QsdError> {
         return Err(o.invalid(format!("export name '{name}' too long")));
     }
     let description = o.take("description");
-    if let Some(b) = o.take("bitmaps").or_else(|| o.take("bitmaps.0")) {
-        return Err(o.not_served(format!("bitmaps ({b}): dirty bitmaps are not served")));
-    }
+    let bitmaps = bitmaps(o)?;
     let allocation_depth = o.take_bool("allocation-depth", false)?;
     Ok(Transport::Nbd {
         name,
         description,
         allocation_depth,
+        bitmaps,
     })
+}
+
+/// Reads `bitmaps` (QEMU's list of `BlockDirtyBitmapOrStr`): `bitmaps.N=NAME`, or
+/// `bitmaps.N.node=` with `bitmaps.N.name=` (a JSON list flattens to the same keys), from
+/// N = 0 up without a gap.
+fn bitmaps(o: &mut Opts) -> Result<Vec<NbdBitmapSpec>, QsdError> {
+    if let Some(b) = o.take("bitmaps") {
+        return Err(o.invalid(format!(
+            "bitmaps={b}: expected a list (bitmaps.0=NAME, or bitmaps.0.node= and bitmaps.0.name=)"
+        )));
+    }
+    let mut out = Vec::new();
+    for i in 0.. {
+        let key = format!("bitmaps.{i}");
+        if let Some(name) = o.take(&key) {
+            out.push(NbdBitmapSpec::Local(name));
+            continue;
+        }
+        let Some(mut external) = o.take_child(&key) else {
+            break;
+        };
+        let node = external
+            .required("node")
+            .map_err(|_| o.invalid(format!("'{key}.node' is missing")))?;
+        let name = external
+            .required("name")
+            .map_err(|_| o.invalid(format!("'{key}.name' is missing")))?;
+        if let Err(e) = external.finish() {
+            return Err(o.invalid(format!("{key}: {e}")));
+        }
+        out.push(NbdBitmapSpec::External { node, name });
+    }
+    Ok(out)
 }

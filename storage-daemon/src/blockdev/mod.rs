@@ -345,6 +345,7 @@ impl Graph {
             name,
             description,
             allocation_depth,
+            bitmaps,
         } = &e.transport
         else {
             return Err(QsdError::Invalid {
@@ -367,6 +368,8 @@ impl Graph {
         spec.writable = e.writable;
         spec.locking = node.locking();
         spec.allocation_depth = *allocation_depth;
+        spec.bitmaps = bitmaps.clone();
+        spec.writable_node = !read_only;
         spec.id = Some(e.id.clone());
         spec.inactive = self.serves_inactive(e);
         spec.iothread = e

@@ -39,7 +39,8 @@ pub struct Args {
     pub nbd: Option<NbdServerSpec>,
     /// An NBD export: `name=NAME,image=PATH[,writable=on][,description=TEXT][,format=auto|raw|qcow2][,locking=auto|on|off]`,
     /// or `name=NAME,image=null,size=BYTES` (repeatable; an image a `--disk` serves is shared
-    /// with it).
+    /// with it); `,bitmap=NAME` (repeatable) serves the image's dirty bitmap as the context
+    /// `qemu:dirty-bitmap:NAME`.
     #[arg(long = "nbd-export", value_name = "SPEC", requires = "nbd")]
     pub nbd_exports: Vec<NbdExportSpec>,
     /// The I/O engine: pool, linux-aio, uring or auto.

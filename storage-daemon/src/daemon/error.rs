@@ -90,6 +90,9 @@ pub enum NbdError {
         /// Why.
         reason: String,
     },
+    /// A dirty bitmap the export was to serve was refused (QEMU's text alone, as QMP gives it).
+    #[error(transparent)]
+    Bitmap(#[from] super::nbd_bitmaps::ExportBitmapError),
     /// The server's TLS credentials could not be used.
     #[error("NBD server TLS credentials: {0}")]
     Tls(#[from] aio_nbd::TlsError),

@@ -21,6 +21,7 @@ mod exports;
 mod handoff;
 mod iothreads;
 mod nbd;
+mod nbd_bitmaps;
 mod nbd_spec;
 mod nodes;
 mod open;
@@ -42,7 +43,8 @@ pub use events::{Event, EventQueue};
 pub use exports::{ExportKind, Exports};
 pub use iothreads::{engine_options, IoThreadSet};
 pub use nbd::NbdService;
-pub use nbd_spec::{NbdExportSpec, NbdServerSpec, NbdTlsSpec};
+pub use nbd_bitmaps::{BitmapLookup, ExportBitmapError};
+pub use nbd_spec::{NbdBitmapSpec, NbdExportSpec, NbdServerSpec, NbdTlsSpec};
 pub(crate) use nodes::open_node_image;
 pub use nodes::NodeImages;
 pub use stop::StopHandle;
@@ -171,6 +173,18 @@ pub fn run_with(
     result
 }
 
+/// A `{node, name}` bitmap of a command line export: the daemon knows its nodes only once
+/// its monitor runs, so such an export is `block-export-add`'s.
+fn command_line_lookup(
+    node: &str,
+    name: &str,
+) -> Result<Arc<aio_block::bitmap::DirtyBitmap>, String> {
+    Err(format!(
+        "bitmap '{name}' of node '{node}': a bitmap of another node is served by \
+         block-export-add, not on the command line"
+    ))
+}
+
 /// Starts the NBD server and offers its exports, if the configuration has them.
 fn start_nbd(
     ctx: &AioContext<Box<dyn EventLoop>>,
@@ -187,7 +201,7 @@ fn start_nbd(
     };
     let service = Rc::new(NbdService::start(ctx, spec, threads, events)?);
     for e in &config.nbd_exports {
-        if let Err(err) = service.add(e.clone(), exports, None) {
+        if let Err(err) = service.add(e.clone(), exports, None, &command_line_lookup) {
             service.stop(ctx);
             return Err(err.into());
         }

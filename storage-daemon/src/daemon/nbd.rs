@@ -27,6 +27,7 @@ use super::error::NbdError;
 use super::events::EventQueue;
 use super::exports::Exports;
 use super::iothreads::IoThreadSet;
+use super::nbd_bitmaps::{serve_bitmaps, BitmapLookup, ServedBitmaps};
 use super::nbd_spec::{NbdExportSpec, NbdServerSpec};
 
 /// How long a stop waits for clients' requests in flight.
@@ -38,6 +39,8 @@ struct Offered {
     image: Arc<Image>,
     /// The image is a disk's: the disk closes it.
     borrowed: bool,
+    /// The dirty bitmaps it serves, held busy until it is removed (kept for its drop).
+    _bitmaps: ServedBitmaps,
 }
 
 /// The running NBD server and its exports; lives on the control loop's thread.
@@ -131,12 +134,14 @@ impl NbdService {
     }
 
     /// Offers `spec`'s image: `held` (the image its block node holds) if given, else a disk's
-    /// if one of `disks` serves it, else opened here.
+    /// if one of `disks` serves it, else opened here; with its dirty bitmaps, held busy until
+    /// the export is removed (`lookup` finds a `{node, name}` one).
     pub fn add(
         &self,
         spec: NbdExportSpec,
         disks: &Exports,
         held: Option<Arc<Image>>,
+        lookup: BitmapLookup<'_>,
     ) -> Result<(), NbdError> {
         let refuse = |reason: String| NbdError::Export {
             name: spec.name.clone(),
@@ -177,6 +182,15 @@ impl NbdService {
         let mut export = NbdExport::new(spec.name.clone(), image.clone())
             .and_then(|e| e.writable(spec.writable))
             .map_err(|e| refuse(e.to_string()))?;
+        let bitmaps = serve_bitmaps(
+            &spec.bitmaps,
+            &image,
+            (spec.writable, spec.writable_node),
+            lookup,
+        )?;
+        for bitmap in &bitmaps.bitmaps {
+            export = export.dirty_bitmap(bitmap.clone());
+        }
         if let Some(d) = &spec.description {
             export = export
                 .description(d.clone())
@@ -193,6 +207,7 @@ impl NbdService {
             spec,
             image,
             borrowed,
+            _bitmaps: bitmaps,
         });
         self.repin();
         Ok(())

@@ -70,6 +70,27 @@ pub struct NbdExportSpec {
     pub id: Option<String>,
     /// The image opened inactive, as [`DiskSpec::inactive`](crate::daemon::DiskSpec::inactive).
     pub inactive: bool,
+    /// The dirty bitmaps served as `qemu:dirty-bitmap:NAME` contexts, in order (QEMU's
+    /// `bitmaps=`).
+    pub bitmaps: Vec<NbdBitmapSpec>,
+    /// The export's block node is writable (QEMU's `bdrv_is_writable`), though a read-only
+    /// export opens its own image read-only: an enabled bitmap is then refused on a read-only
+    /// export, as QEMU refuses it. `--nbd-export` has no node: its image's writability counts.
+    pub writable_node: bool,
+}
+
+/// A dirty bitmap an NBD export serves (QEMU's `BlockDirtyBitmapOrStr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NbdBitmapSpec {
+    /// A bitmap of the export's image, by name (`bitmaps.0=NAME`).
+    Local(String),
+    /// Bitmap `name` of block node `node` (`{"node": N, "name": B}`).
+    External {
+        /// The node.
+        node: String,
+        /// The bitmap's name.
+        name: String,
+    },
 }
 
 impl NbdServerSpec {
@@ -110,6 +131,8 @@ impl NbdExportSpec {
             allocation_depth: false,
             id: None,
             inactive: false,
+            bitmaps: Vec::new(),
+            writable_node: false,
         }
     }
 
@@ -170,7 +193,8 @@ impl FromStr for NbdExportSpec {
     type Err = String;
 
     /// `name=NAME,image=PATH[,format=][,writable=on][,description=TEXT][,size=][,locking=]
-    /// [,iothread=K][,allocation-depth=on][,id=ID]`.
+    /// [,iothread=K][,allocation-depth=on][,id=ID][,bitmap=NAME...]` (`bitmap=` once per
+    /// bitmap of the image served, in order).
     fn from_str(s: &str) -> Result<Self, String> {
         let mut spec = NbdExportSpec::new(String::new(), PathBuf::new());
         let (mut name, mut image) = (None, None);
@@ -183,6 +207,7 @@ impl FromStr for NbdExportSpec {
                 "image" => image = Some(PathBuf::from(value)),
                 "description" => spec.description = Some(value.to_owned()),
                 "id" => spec.id = Some(value.to_owned()),
+                "bitmap" => spec.bitmaps.push(NbdBitmapSpec::Local(value.to_owned())),
                 "writable" => spec.writable = on_off(key, value)?,
                 "allocation-depth" => spec.allocation_depth = on_off(key, value)?,
                 "format" => {
@@ -205,7 +230,7 @@ impl FromStr for NbdExportSpec {
                 other => {
                     return Err(format!(
                         "unknown key '{other}' (name, image, description, writable, format, \
-                         size, locking, iothread, allocation-depth, id)"
+                         size, locking, iothread, allocation-depth, id, bitmap)"
                     ))
                 }
             }
@@ -256,6 +281,9 @@ mod tests {
         assert_eq!(e.name, "vm0");
         assert!(e.writable);
         assert_eq!(e.description.as_deref(), Some("a disk"));
+        let b: NbdExportSpec = "name=b,image=/i.qcow2,bitmap=b0,bitmap=b1".parse().unwrap();
+        let local = |n: &str| NbdBitmapSpec::Local(n.into());
+        assert_eq!(b.bitmaps, [local("b0"), local("b1")]);
         let n: NbdExportSpec = "name=z,image=null,size=1G".parse().unwrap();
         assert!(n.is_null());
         let bad = |s: &str| s.parse::<NbdExportSpec>().unwrap_err();

@@ -198,7 +198,8 @@ impl State {
         Ok(json!({}))
     }
 
-    fn export_add(&mut self, ctx: &Ctx, args: Args) -> Result<Value, QmpError> {
+    /// `block-export-add`.
+    pub(super) fn export_add(&mut self, ctx: &Ctx, args: Args) -> Result<Value, QmpError> {
         let opts = Opts::from_json("block-export-add", &args.0)?;
         let mut graph = self.graph.clone();
         graph.export(opts)?;

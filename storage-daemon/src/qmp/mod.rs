@@ -11,7 +11,9 @@
 //!   `query-commands`, `query-iothreads`, `qom-get` / `qom-set` of an iothread's polling
 //!   parameters (applied at once), `query-named-block-nodes` (each node's `active`),
 //!   `query-block-exports`, `blockdev-set-active` (a migration's handover, `active`'s),
-//!   `blockdev-add`, `blockdev-del`, `block-export-add` (served at once, beside the others),
+//!   `blockdev-add`, `blockdev-del`, `block-export-add` (served at once, beside the others;
+//!   an NBD export's dirty bitmaps held busy while it serves them), `nbd-server-start`,
+//!   `-stop` and the deprecated `nbd-server-add` (`nbd`'s),
 //!   `block-export-del` (refused while a client is connected unless `mode=hard`, which
 //!   disconnects it once its requests completed), `query-blockstats`,
 //!   `block-latency-histogram-set`, `block_resize` (the

@@ -1,5 +1,6 @@
-//! QMP's NBD commands: `nbd-server-start`, `nbd-server-stop`, and `block-export-add` /
-//! `block-export-del` of `type=nbd`, with QEMU's errors.
+//! QMP's NBD commands: `nbd-server-start`, `nbd-server-stop`, `nbd-server-add` (QEMU's
+//! deprecated form of `block-export-add`), and `block-export-add` / `block-export-del` of
+//! `type=nbd`, with QEMU's errors.
 //!
 //! This module owns what those commands change (the daemon's NBD server and the graph's NBD
 //! exports); the server is the daemon's ([`NbdService`]), the options' meaning the block graph's.
@@ -8,10 +9,13 @@
 //!   server ends every NBD export (each announced with `BLOCK_EXPORT_DELETED`).
 //! * `block-export-del` (mode `safe`) refuses an export a client still uses; `hard` shuts its
 //!   clients down, waits for their requests, then removes it.
+//! * An export's dirty bitmaps (`bitmaps`, `nbd-server-add`'s `bitmap`) are found and held
+//!   busy by the daemon (`NbdService::add`); a `{node, name}` one is looked up here as the
+//!   bitmap commands look theirs up.
 
 use std::rc::Rc;
 
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use super::commands::{Command, Ctx, State};
 use super::wire::{Args, QmpError};
@@ -29,6 +33,10 @@ pub(super) const COMMANDS: &[Command] = &[
     Command {
         name: "nbd-server-stop",
         run: |state, ctx, args| state.nbd_server_stop(ctx, args),
+    },
+    Command {
+        name: "nbd-server-add",
+        run: |state, ctx, args| state.nbd_server_add(ctx, args),
     },
 ];
 
@@ -60,6 +68,42 @@ impl State {
         Ok(json!({}))
     }
 
+    /// `nbd-server-add device [name] [description] [writable] [bitmap]`: as QEMU, the
+    /// `block-export-add` of an NBD export whose id is its name (the device's by default),
+    /// writable only if the node is, serving `bitmap` if given.
+    fn nbd_server_add(&mut self, ctx: &Ctx, mut args: Args) -> Result<Value, QmpError> {
+        let device = args.str("device")?;
+        let name = args.opt_str("name")?;
+        let description = args.opt_str("description")?;
+        let writable = args.opt_bool("writable")?;
+        let bitmap = args.opt_str("bitmap")?;
+        args.finish()?;
+        let Some(node) = self.graph.nodes.get(&device) else {
+            return Err(QmpError::generic(format!(
+                "Cannot find device='{device}' nor node-name='{device}'"
+            )));
+        };
+        // As QEMU: a read-only node is exported read-only, whatever `writable` says.
+        let read_only = node.image().3;
+        let name = name.unwrap_or_else(|| device.clone());
+        let mut export = Map::new();
+        export.insert("type".into(), json!("nbd"));
+        export.insert("id".into(), json!(name));
+        export.insert("node-name".into(), json!(device));
+        export.insert("name".into(), json!(name));
+        export.insert(
+            "writable".into(),
+            json!(writable.unwrap_or(false) && !read_only),
+        );
+        if let Some(d) = description {
+            export.insert("description".into(), json!(d));
+        }
+        if let Some(b) = bitmap {
+            export.insert("bitmaps".into(), json!([b]));
+        }
+        self.export_add(ctx, Args::new(export))
+    }
+
     /// `block-export-add` of `type=nbd`: `graph` is the graph with `export` added.
     pub(super) fn nbd_export_add(
         &mut self,
@@ -80,7 +124,8 @@ impl State {
             });
             super::active::activated_for_export(shared.as_ref())?;
         }
-        service.add(spec, &self.exports, held)?;
+        let lookup = |node: &str, name: &str| self.find_bitmap(node, name).map_err(|e| e.desc);
+        service.add(spec, &self.exports, held, &lookup)?;
         self.graph = graph;
         Ok(json!({}))
     }

@@ -174,9 +174,9 @@ fn what_is_not_served_is_refused_by_name() {
                 "--nbd-server",
                 "addr.type=unix,addr.path=/s",
                 "--export",
-                "type=nbd,id=e,node-name=disk0,bitmaps.0=b0",
+                "type=nbd,id=e,node-name=disk0,bitmaps.0.node=disk0",
             ],
-            "bitmaps",
+            "'bitmaps.0.name' is missing",
         ),
         (
             &["--blockdev", "driver=vmdk,node-name=d,file=f"],
@@ -471,4 +471,28 @@ fn an_rbd_node_with_cache_direct_on_turns_librbds_cache_off() {
 fn a_null_node_without_a_size_is_qemus_1_gib() {
     let line = parse(&["--blockdev", "null-co,node-name=disk0", "--export", EXPORT]).unwrap();
     assert_eq!(line.config.disks[0].size, Some(1 << 30));
+}
+
+#[test]
+fn an_nbd_export_serves_its_bitmaps_in_order_by_name_or_by_node() {
+    let line = parse(&[
+        "--blockdev",
+        "driver=file,node-name=disk0,filename=/x",
+        "--nbd-server",
+        "addr.type=unix,addr.path=/s",
+        "--export",
+        "type=nbd,id=e,node-name=disk0,bitmaps.0=b0,bitmaps.1.node=n1,bitmaps.1.name=b1",
+    ])
+    .unwrap();
+    let b = &line.config.nbd_exports[0].bitmaps;
+    assert_eq!(
+        b,
+        &[
+            crate::daemon::NbdBitmapSpec::Local("b0".into()),
+            crate::daemon::NbdBitmapSpec::External {
+                node: "n1".into(),
+                name: "b1".into()
+            }
+        ]
+    );
 }
