@@ -15,7 +15,8 @@ use std::path::Path;
 use imago::qcow2::Qcow2CreateBuilder;
 use imago::{FormatCreateBuilder, Storage, StorageOpenOptions};
 
-use super::{open_for_format, CreateError, Preallocation, Qcow2Create, Qcow2Version};
+use super::file::open_for_format;
+use super::options::{CreateError, Preallocation, Qcow2Create, Qcow2Version};
 use crate::qcow2::current::block_on;
 
 /// The header extension naming the backing file's format.

@@ -174,8 +174,9 @@ impl NbdService {
                 let options = ImageOptions::new(spec.format)
                     .read_only(!spec.writable)
                     .locking(spec.locking);
-                let opened = super::open_node_image(&spec.image, options, spec.size, spec.inactive)
-                    .map_err(|e| refuse(format!("{}: {e}", spec.image.display())))?;
+                let opened =
+                    super::nodes::open_node_image(&spec.image, options, spec.size, spec.inactive)
+                        .map_err(|e| refuse(format!("{}: {e}", spec.image.display())))?;
                 (Arc::new(opened), false)
             }
         };

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde_json::json;
 
-use super::{JobStatus, JobVerb, VerbRefused};
+use super::status::{JobStatus, JobVerb, VerbRefused};
 use crate::daemon::{Event, EventQueue};
 
 /// A job's type, QEMU's `JobType` (its QMP name by [`JobType::name`]).

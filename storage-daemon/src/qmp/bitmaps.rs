@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 use aio_block::bitmap::{BitmapError, BitmapOptions, DirtyBitmap};
 
 use super::commands::{Command, State};
-use super::transaction::{Effect, Staged};
+use super::staged::{Effect, Staged};
 use super::wire::{Args, QmpError};
 
 /// The dirty bitmap commands.

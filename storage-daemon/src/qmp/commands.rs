@@ -154,15 +154,10 @@ impl State {
             .map(|(name, node)| (name.clone(), node.clone()));
         let old = std::mem::replace(&mut self.graph, graph);
         // A qcow2 or null node is opened now, and holds its image (and its locks).
-        if let Some((name, node)) = added.filter(|(_, n)| super::nodes::opens_when_added(n)) {
-            match self.open_node(&name, &node) {
-                Ok(image) => {
-                    self.nodes.hold(&name, image);
-                }
-                Err(e) => {
-                    self.graph = old;
-                    return Err(e);
-                }
+        if let Some((name, node)) = added {
+            if let Err(e) = self.hold_added_node(&name, &node) {
+                self.graph = old;
+                return Err(e);
             }
         }
         Ok(json!({}))

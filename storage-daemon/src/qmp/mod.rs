@@ -42,6 +42,7 @@ mod nbd;
 mod nodes;
 mod registry;
 mod resize;
+mod staged;
 mod stats;
 mod transaction;
 mod wire;

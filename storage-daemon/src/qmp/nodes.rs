@@ -25,7 +25,7 @@ use crate::blockdev::node::Node;
 /// a qcow2 node (QEMU's qcow2 driver opens and locks its file when it is added) and a null
 /// node. A raw or file node is opened by its first user, as QEMU's `file` driver takes its
 /// locks only then.
-pub(super) fn opens_when_added(node: &Node) -> bool {
+fn opens_when_added(node: &Node) -> bool {
     matches!(
         node,
         Node::Format {
@@ -72,6 +72,16 @@ impl State {
 
     /// Opens node `name` of the graph as it says (read-only or not, its locking, inactive
     /// while the graph has it so), for the node to hold.
+    /// A node `blockdev-add` just added: a qcow2 or null node is opened now and holds its
+    /// image (and its locks) until `blockdev-del`; any other waits for its export.
+    pub(super) fn hold_added_node(&mut self, name: &str, node: &Node) -> Result<(), QmpError> {
+        if opens_when_added(node) {
+            let image = self.open_node(name, node)?;
+            self.nodes.hold(name, image);
+        }
+        Ok(())
+    }
+
     pub(super) fn open_node(&self, name: &str, node: &Node) -> Result<Arc<Image>, QmpError> {
         let (path, format, size, read_only, _) = node.image();
         let options = ImageOptions::new(format)
