@@ -14,23 +14,14 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
-use aio_block::bitmap::{BitmapOptions, DirtyBitmap};
+use aio_block::bitmap::BitmapOptions;
 use aio_block::lock::LockMode;
 use aio_block::{Image, ImageOptions};
 use aio_test_support::tool::run_in;
-use common::session::Session;
+use common::bitmaps::{dirty, have, qemu_bitmaps, write_through};
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1 << 20;
-
-/// Whether qemu-img is here; says loudly why not.
-fn have_qemu() -> bool {
-    if !aio_test_support::tool::installed("qemu-img") {
-        aio_conformance::skip("qemu-img is not installed");
-        return false;
-    }
-    true
-}
 
 /// A 64 MiB qcow2 image `d.qcow2` in `dir` with 4 KiB clusters (one bitmap data cluster holds
 /// 32768 granules: 16 MiB of disk at 512-byte granules), and bitmap `b` of `granularity`.
@@ -57,39 +48,11 @@ fn create(dir: &Path, granularity: &str) -> std::path::PathBuf {
     dir.join("d.qcow2")
 }
 
-/// The dirty extents of `b`, as `(offset, len)`.
-fn dirty(b: &DirtyBitmap) -> Vec<(u64, u64)> {
-    b.extents(0, b.size())
-        .into_iter()
-        .filter(|e| e.2)
-        .map(|e| (e.0, e.1))
-        .collect()
-}
-
-/// `qemu-img info --output=json`'s bitmaps of `d.qcow2` (`-U`: whatever holds its lock).
-fn qemu_bitmaps(dir: &Path) -> Vec<serde_json::Value> {
-    let out = run_in(dir, "qemu-img", &["info", "-U", "--output=json", "d.qcow2"]);
-    let info: serde_json::Value = serde_json::from_str(&out).unwrap();
-    info["format-specific"]["data"]["bitmaps"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-}
-
 /// The flags `qemu-img info` shows for bitmap `name`.
 fn flags(dir: &Path, name: &str) -> serde_json::Value {
-    let bitmaps = qemu_bitmaps(dir);
+    let bitmaps = qemu_bitmaps(dir, "d.qcow2");
     let b = bitmaps.iter().find(|b| b["name"] == name);
     b.unwrap_or_else(|| panic!("no bitmap {name} in {bitmaps:?}"))["flags"].clone()
-}
-
-/// Writes 7s at each `(offset, len)` through a session on `image`, then ends the session.
-fn write_through(image: &Arc<Image>, writes: &[(u64, usize)]) {
-    let (_, engine) = common::engines().into_iter().next().unwrap();
-    let s = Session::new(image, engine);
-    for &(offset, len) in writes {
-        s.write(offset, &vec![7u8; len], false).unwrap();
-    }
 }
 
 /// What a SIGKILL leaves of `image`: nothing stored, nothing flushed, nothing closed.
@@ -107,7 +70,7 @@ fn reopen(path: &Path) -> Image {
 
 #[test]
 fn a_lost_image_leaves_its_bitmap_consistent_with_every_write_over_several_clusters() {
-    if !have_qemu() {
+    if !have(&["qemu-img"]) {
         return;
     }
     let dir = aio_test_support::images::image_dir("block-dbitmaps");
@@ -142,7 +105,7 @@ fn a_lost_image_leaves_its_bitmap_consistent_with_every_write_over_several_clust
 
 #[test]
 fn a_clear_keeps_the_superset_on_disk_until_the_clean_close_stores_the_bits_exactly() {
-    if !have_qemu() {
+    if !have(&["qemu-img"]) {
         return;
     }
     let dir = aio_test_support::images::image_dir("block-dbitmaps");
@@ -179,7 +142,7 @@ fn a_clear_keeps_the_superset_on_disk_until_the_clean_close_stores_the_bits_exac
 
 #[test]
 fn bitmaps_added_while_open_and_merged_into_survive_a_loss() {
-    if !have_qemu() {
+    if !have(&["qemu-img"]) {
         return;
     }
     let dir = aio_test_support::images::image_dir("block-dbitmaps");
@@ -240,7 +203,7 @@ fn bitmaps_added_while_open_and_merged_into_survive_a_loss() {
 
 #[test]
 fn a_resize_leaves_the_bitmaps_in_use_until_the_clean_close() {
-    if !have_qemu() {
+    if !have(&["qemu-img"]) {
         return;
     }
     let dir = aio_test_support::images::image_dir("block-dbitmaps");

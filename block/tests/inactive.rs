@@ -19,13 +19,7 @@ const MIB: u64 = 1 << 20;
 
 /// The dirty ranges of `image`'s bitmap `name`.
 fn dirty(image: &Image, name: &str) -> Vec<(u64, u64)> {
-    let bitmap = image.dirty_bitmaps().get(name).expect("the bitmap");
-    bitmap
-        .extents(0, image.size())
-        .into_iter()
-        .filter(|&(_, _, dirty)| dirty)
-        .map(|(offset, len, _)| (offset, len))
-        .collect()
+    common::bitmaps::dirty(&image.dirty_bitmaps().get(name).expect("the bitmap"))
 }
 
 /// One user of the image: it and its session.

@@ -11,24 +11,13 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
-use aio_block::bitmap::{BitmapOptions, DirtyBitmap};
+use aio_block::bitmap::BitmapOptions;
 use aio_block::{Image, ImageOptions};
 use aio_test_support::tool::run_in;
-use common::session::Session;
+use common::bitmaps::{dirty, have, qemu_bitmaps, write_through};
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1 << 20;
-
-/// Whether qemu-img and qemu-io are here; says loudly why not.
-fn have_qemu() -> bool {
-    for tool in ["qemu-img", "qemu-io"] {
-        if !aio_test_support::tool::installed(tool) {
-            aio_conformance::skip(&format!("{tool} is not installed"));
-            return false;
-        }
-    }
-    true
-}
 
 /// A 4 MiB qcow2 image `name` in `dir` (64 KiB clusters).
 fn create(dir: &Path, name: &str) {
@@ -39,37 +28,9 @@ fn create(dir: &Path, name: &str) {
     );
 }
 
-/// The dirty extents of `b`, as `(offset, len)`.
-fn dirty(b: &DirtyBitmap) -> Vec<(u64, u64)> {
-    b.extents(0, b.size())
-        .into_iter()
-        .filter(|e| e.2)
-        .map(|e| (e.0, e.1))
-        .collect()
-}
-
-/// `qemu-img info --output=json`'s bitmaps of `name` (`-U`: whatever holds its lock).
-fn qemu_bitmaps(dir: &Path, name: &str) -> Vec<serde_json::Value> {
-    let out = run_in(dir, "qemu-img", &["info", "-U", "--output=json", name]);
-    let info: serde_json::Value = serde_json::from_str(&out).unwrap();
-    info["format-specific"]["data"]["bitmaps"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-}
-
-/// Writes `data` at each offset through a session on `image`, then ends the session.
-fn write_through(image: &Arc<Image>, writes: &[(u64, usize)]) {
-    let (_, engine) = common::engines().into_iter().next().unwrap();
-    let s = Session::new(image, engine);
-    for &(offset, len) in writes {
-        s.write(offset, &vec![7u8; len], false).unwrap();
-    }
-}
-
 #[test]
 fn bitmaps_qemu_made_and_dirtied_load_with_their_granularity_state_and_bits() {
-    if !have_qemu() {
+    if !have(&["qemu-img", "qemu-io"]) {
         return;
     }
     let dir = aio_test_support::images::image_dir("block-pbitmaps");
@@ -109,7 +70,7 @@ fn bitmaps_qemu_made_and_dirtied_load_with_their_granularity_state_and_bits() {
 
 #[test]
 fn a_persistent_bitmap_is_stored_at_a_clean_close_where_qemu_reads_its_bits() {
-    if !have_qemu() {
+    if !have(&["qemu-img", "qemu-io"]) {
         return;
     }
     let dir = aio_test_support::images::image_dir("block-pbitmaps");
@@ -167,7 +128,7 @@ fn a_persistent_bitmap_is_stored_at_a_clean_close_where_qemu_reads_its_bits() {
 
 #[test]
 fn a_removed_bitmap_leaves_the_file_at_the_clean_close() {
-    if !have_qemu() {
+    if !have(&["qemu-img", "qemu-io"]) {
         return;
     }
     let dir = aio_test_support::images::image_dir("block-pbitmaps");
@@ -192,7 +153,7 @@ fn a_removed_bitmap_leaves_the_file_at_the_clean_close() {
 
 #[test]
 fn persistent_bitmaps_are_refused_where_they_cannot_be_stored() {
-    if !have_qemu() {
+    if !have(&["qemu-img", "qemu-io"]) {
         return;
     }
     let dir = aio_test_support::images::image_dir("block-pbitmaps");

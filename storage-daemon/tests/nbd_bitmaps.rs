@@ -308,16 +308,7 @@ fn command_line(program: &str, disable: bool) -> Value {
 
 #[test]
 fn bitmaps_are_served_and_refused_as_qemu_storage_daemon_serves_them() {
-    let ours = steps(OURS);
-    if !common::runnable("qemu-storage-daemon") {
-        aio_conformance::skip("qemu-storage-daemon is not installed (Debian package qemu-utils)");
-        return;
-    }
-    let theirs = steps("qemu-storage-daemon");
-    assert_eq!(ours.len(), theirs.len());
-    for (k, (a, b)) in ours.iter().zip(&theirs).enumerate() {
-        assert_eq!(a, b, "step {k}: ours {a} / qemu-storage-daemon's {b}");
-    }
+    bitmap_steps::same_as_qemu_storage_daemon(OURS, steps);
 }
 
 #[test]

@@ -183,14 +183,5 @@ fn steps(program: &str) -> Vec<Value> {
 
 #[test]
 fn bitmaps_live_on_their_node_and_answer_as_qemu_storage_daemons_do() {
-    let ours = steps(OURS);
-    if !common::runnable("qemu-storage-daemon") {
-        aio_conformance::skip("qemu-storage-daemon is not installed (Debian package qemu-utils)");
-        return;
-    }
-    let theirs = steps("qemu-storage-daemon");
-    assert_eq!(ours.len(), theirs.len());
-    for (k, (a, b)) in ours.iter().zip(&theirs).enumerate() {
-        assert_eq!(a, b, "step {k}: ours {a} / qemu-storage-daemon's {b}");
-    }
+    bitmap_steps::same_as_qemu_storage_daemon(OURS, steps);
 }

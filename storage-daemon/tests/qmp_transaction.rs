@@ -282,14 +282,5 @@ fn steps(program: &str) -> Vec<Value> {
 
 #[test]
 fn transactions_of_bitmap_actions_are_all_or_nothing_as_qemu_storage_daemons_are() {
-    let ours = steps(OURS);
-    if !common::runnable("qemu-storage-daemon") {
-        aio_conformance::skip("qemu-storage-daemon is not installed (Debian package qemu-utils)");
-        return;
-    }
-    let theirs = steps("qemu-storage-daemon");
-    assert_eq!(ours.len(), theirs.len());
-    for (k, (a, b)) in ours.iter().zip(&theirs).enumerate() {
-        assert_eq!(a, b, "step {k}: ours {a} / qemu-storage-daemon's {b}");
-    }
+    bitmap_steps::same_as_qemu_storage_daemon(OURS, steps);
 }

@@ -5,4 +5,5 @@
 pub use aio_test_support::engines::engines;
 pub use aio_test_support::tool::run_in;
 
+pub mod bitmaps;
 pub mod session;

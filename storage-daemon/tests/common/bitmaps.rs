@@ -111,3 +111,18 @@ pub fn export_del(q: &mut Qmp, id: &str) {
     q.ok("block-export-del", json!({ "id": id }));
     q.wait_event(|e| e["event"] == "BLOCK_EXPORT_DELETED" && e["data"]["id"] == id);
 }
+
+/// Runs `steps` against our daemon (`ours`) and qemu-storage-daemon and asserts that every
+/// step answered the same (qemu-storage-daemon missing: said loudly, ours still run).
+pub fn same_as_qemu_storage_daemon(ours: &str, steps: impl Fn(&str) -> Vec<Value>) {
+    let ours = steps(ours);
+    if !crate::common::runnable("qemu-storage-daemon") {
+        aio_conformance::skip("qemu-storage-daemon is not installed (Debian package qemu-utils)");
+        return;
+    }
+    let theirs = steps("qemu-storage-daemon");
+    assert_eq!(ours.len(), theirs.len());
+    for (k, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+        assert_eq!(a, b, "step {k}: ours {a} / qemu-storage-daemon's {b}");
+    }
+}
