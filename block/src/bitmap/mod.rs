@@ -21,7 +21,7 @@
 //!   or inconsistent bitmap refuses changes with QEMU's texts ([`BitmapError`]).
 //! * **Kept on disk by its image.** A persistent bitmap of a writable qcow2 image is kept
 //!   consistent in the file while the image is open (`qcow2/durable.rs`); a merge into one
-//!   tells its image ([`BitsAdded`]), so the merged bits are on disk before the merge returns.
+//!   tells its image (a crate-private hook), so the merged bits are on disk before the merge returns.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, Weak};
