@@ -182,6 +182,7 @@ impl DirtyBitmap {
     }
 
     /// Sets (or, None, drops) what keeps it on disk while its image is open.
+    #[cfg(feature = "qcow2")]
     pub(crate) fn set_durability(&self, durability: Option<Weak<dyn BitsAdded>>) {
         *self.durability.write().unwrap_or_else(|e| e.into_inner()) = durability;
     }
@@ -470,6 +471,7 @@ impl DirtyBitmap {
     }
 
     /// The words `range` of [`to_words`](Self::to_words) (those past its end left out).
+    #[cfg(feature = "qcow2")]
     pub(crate) fn words_in(&self, range: std::ops::Range<usize>) -> Vec<u64> {
         let bits = self.bits();
         let end = range.end.min(bits.words.len());

@@ -92,6 +92,7 @@ fn write_zeros(file: &mut File, len: u64) -> io::Result<()> {
 
 /// Opens the existing file `path` for a format to be written on it, locked as QEMU's format
 /// creators hold it.
+#[cfg(feature = "qcow2")]
 pub(super) fn open_for_format(path: &Path) -> Result<(File, ImageLock), CreateError> {
     let file = OpenOptions::new()
         .read(true)

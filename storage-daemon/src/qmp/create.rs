@@ -119,7 +119,16 @@ impl Creation {
     fn run(self) -> Result<(), String> {
         match self {
             Creation::File(opts) => aio_block::create::create_file(&opts),
+            #[cfg(feature = "qcow2")]
             Creation::Qcow2(file, opts) => aio_block::create::create_qcow2(&file?, &opts),
+            #[cfg(not(feature = "qcow2"))]
+            Creation::Qcow2(..) => {
+                return Err(
+                    "qcow2 images are not served: aio-storage-daemon was built without \
+                            its qcow2 feature"
+                        .to_string(),
+                )
+            }
         }
         .map_err(|e| e.to_string())
     }
