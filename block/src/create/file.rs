@@ -7,7 +7,6 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
 
 use super::options::{CreateError, FileCreate, Preallocation};
 use crate::lock::{Access, ImageLock, LockMode, Permissions};
@@ -93,7 +92,7 @@ fn write_zeros(file: &mut File, len: u64) -> io::Result<()> {
 /// Opens the existing file `path` for a format to be written on it, locked as QEMU's format
 /// creators hold it.
 #[cfg(feature = "qcow2")]
-pub(super) fn open_for_format(path: &Path) -> Result<(File, ImageLock), CreateError> {
+pub(super) fn open_for_format(path: &std::path::Path) -> Result<(File, ImageLock), CreateError> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)

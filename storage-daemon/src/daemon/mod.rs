@@ -45,6 +45,7 @@ pub use iothreads::{engine_options, IoThreadSet};
 pub use nbd::NbdService;
 pub use nbd_bitmaps::{BitmapLookup, ExportBitmapError};
 pub use nbd_spec::{NbdBitmapSpec, NbdExportSpec, NbdServerSpec, NbdTlsSpec};
+#[cfg(feature = "cli")]
 pub(crate) use nodes::open_node_image;
 pub use nodes::NodeImages;
 pub use stop::StopHandle;
