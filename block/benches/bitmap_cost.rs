@@ -1,7 +1,11 @@
 //! What a recording dirty bitmap costs a write: random 4 KiB writes at QD 32 through an
 //! `ImageQueue` on io_uring, on a 256 MiB raw file in `/dev/shm` (written whole first, so no
 //! round pays tmpfs's first-write allocation) and on a raw image over the fast device (a loop
-//! device with direct I/O over a tmpfs file, when run as root), with no bitmap and with one.
+//! device with direct I/O over a tmpfs file, when run as root), with no bitmap and with one;
+//! and on a preallocated qcow2 image in `/dev/shm`, with no bitmap and with one *persistent*
+//! bitmap, which the image keeps consistent on disk while it is open (`qcow2/durable.rs`: a
+//! write first checks that its granules' bits are on disk, and writes a bitmap cluster the
+//! first time a chunk is dirtied).
 //!
 //! The two are measured alternately, a round of each at a time, in one process (so that the
 //! machine's drift between rounds hits both alike), and the median of the rounds' ratios is
@@ -121,17 +125,19 @@ fn env(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// One disk: rounds with and without a bitmap, alternated; prints the median ratio.
-fn measure(label: &str, path: &Path) {
+/// One disk: rounds with and without a bitmap (`persistent` or not), alternated; prints the
+/// median ratio.
+fn measure(label: &str, path: &Path, format: ImageFormat, persistent: bool) {
     let (rounds, batches) = (env("AIO_BENCH_ROUNDS", 15), env("AIO_BENCH_BATCHES", 2000));
-    let image = Arc::new(Image::open(path, ImageOptions::new(ImageFormat::Raw)).unwrap());
+    let image = Arc::new(Image::open(path, ImageOptions::new(format)).unwrap());
     let mut bench = Bench::new(&image);
     bench.round(batches / 4); // warm up
     let mut ratios = Vec::new();
     let (mut none_total, mut one_total) = (Duration::ZERO, Duration::ZERO);
     for _ in 0..rounds {
         let none = bench.round(batches);
-        let bitmap = image.add_dirty_bitmap("b", BitmapOptions::new()).unwrap();
+        let options = BitmapOptions::new().persistent(persistent);
+        let bitmap = image.add_dirty_bitmap("b", options).unwrap();
         let one = bench.round(batches);
         assert!(bitmap.count() > 0, "the writes dirtied the bitmap");
         image.dirty_bitmaps().remove("b").unwrap();
@@ -143,8 +149,9 @@ fn measure(label: &str, path: &Path) {
     ratios.sort_by(f64::total_cmp);
     let requests = (rounds * batches * DEPTH) as f64;
     println!(
-        "{label}: IOPS with one recording bitmap / none: median {:.3} (range {:.3}-{:.3}, {rounds} \
-         rounds); {:.0} k IOPS none, {:.0} k with one",
+        "{label}: IOPS with one recording{} bitmap / none: median {:.3} (range {:.3}-{:.3}, \
+         {rounds} rounds); {:.0} k IOPS none, {:.0} k with one",
+        if persistent { " persistent" } else { "" },
         ratios[ratios.len() / 2],
         ratios[0],
         ratios[ratios.len() - 1],
@@ -163,7 +170,22 @@ fn main() {
         file.write_all(&chunk).unwrap();
     }
     drop(file);
-    measure("raw file in /dev/shm", &path);
+    measure("raw file in /dev/shm", &path, ImageFormat::Raw, false);
+
+    // A preallocated qcow2 image (no write allocates), with a persistent bitmap.
+    let qcow2 = dir.path().join("disk.qcow2");
+    let made = Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2", "-o", "preallocation=full"])
+        .arg(&qcow2)
+        .arg(FILE_BYTES.to_string())
+        .status();
+    match made {
+        Ok(s) if s.success() && cfg!(feature = "qcow2") => {
+            measure("qcow2 in /dev/shm", &qcow2, ImageFormat::Qcow2, true);
+            std::fs::remove_file(&qcow2).unwrap();
+        }
+        _ => println!("qcow2 in /dev/shm: not measured (needs qemu-img and the qcow2 feature)"),
+    }
 
     // The fast device, as root.
     let out = Command::new("losetup")
@@ -173,8 +195,14 @@ fn main() {
     match out {
         Ok(o) if o.status.success() => {
             let dev = String::from_utf8_lossy(&o.stdout).trim().to_string();
-            measure("loop device (direct I/O over tmpfs)", Path::new(&dev));
-            let _ = Command::new("losetup").args(["-d", &dev]).status();
+            let dev = Path::new(&dev);
+            measure(
+                "loop device (direct I/O over tmpfs)",
+                dev,
+                ImageFormat::Raw,
+                false,
+            );
+            let _ = Command::new("losetup").arg("-d").arg(dev).status();
         }
         _ => println!("loop device: not measured (needs root and losetup)"),
     }
