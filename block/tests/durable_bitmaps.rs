@@ -2,7 +2,7 @@
 //! that an image lost without a clean close (what a SIGKILL leaves: nothing stored, nothing
 //! flushed; here the image is leaked in process, `storage-daemon/tests/crash_bitmaps.rs`
 //! kills a daemon) still has every bitmap consistent (`qemu-img info` shows no `in-use`,
-//! `qemu-img check` is clean) with every written granule set, over several bitmap data
+//! `qemu-img check` is clean) with every written granule set (in its run of 64), over several bitmap data
 //! clusters; a clear keeps the superset on disk until the clean close, which stores exactly
 //! the bits in memory; bitmaps added while open (one removed and added again) and merged
 //! into are kept too, a disabled one with the writes made meanwhile (a superset); a resize
@@ -18,7 +18,7 @@ use aio_block::bitmap::BitmapOptions;
 use aio_block::lock::LockMode;
 use aio_block::{Image, ImageOptions};
 use aio_test_support::tool::run_in;
-use common::bitmaps::{dirty, have, qemu_bitmaps, write_through};
+use common::bitmaps::{dirty, have, joined, qemu_bitmaps, widened, write_through};
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1 << 20;
@@ -92,13 +92,15 @@ fn a_lost_image_leaves_its_bitmap_consistent_with_every_write_over_several_clust
     let again = reopen(&path);
     let b = again.dirty_bitmaps().find("b").unwrap();
     assert!(!b.is_inconsistent() && b.is_recording());
+    // Every written granule, widened to its run of 64 (32 KiB at 512-byte granules).
+    let written: Vec<(u64, u64)> = writes.iter().map(|&(o, l)| (o, l as u64)).collect();
+    assert_eq!(dirty(&b), widened(&written, 512, 64 * MIB));
     assert_eq!(
         dirty(&b),
         vec![
-            (MIB + 512, 1024),
-            (MIB + 4096, 512),
-            (48 * MIB - 512, 1024),
-            (63 * MIB, 4096)
+            (MIB, 32 * KIB),
+            (48 * MIB - 32 * KIB, 64 * KIB),
+            (63 * MIB, 32 * KIB)
         ]
     );
 }
@@ -121,7 +123,11 @@ fn a_clear_keeps_the_superset_on_disk_until_the_clean_close_stores_the_bits_exac
     lose(image);
     let again = reopen(&path);
     let lost = again.dirty_bitmaps().find("b").unwrap();
-    assert_eq!(dirty(&lost), vec![(MIB, 64 * KIB), (5 * MIB, 64 * KIB)]);
+    // Both writes, each widened to its run (64 granules of 64 KiB: 4 MiB).
+    assert_eq!(
+        dirty(&lost),
+        widened(&[(MIB, 4096), (5 * MIB, 4096)], 64 * KIB, 64 * MIB)
+    );
     drop(again);
 
     // Closed cleanly after a clear: exactly the bits in memory.
@@ -175,30 +181,25 @@ fn bitmaps_added_while_open_and_merged_into_survive_a_loss() {
     let again = reopen(&path);
     assert!(again.dirty_bitmaps().get("t").is_none(), "transient");
     let n = again.dirty_bitmaps().find("n").unwrap();
-    assert_eq!(
-        dirty(&n),
-        vec![
-            (2 * MIB, 4 * KIB),
-            (8 * MIB, 4 * KIB),
-            (12 * MIB, 4 * KIB),
-            (40 * MIB, 64 * KIB)
-        ]
-    );
+    let n_writes = [
+        (2 * MIB, 512),
+        (40 * MIB, 64 * KIB),
+        (8 * MIB, 512),
+        (12 * MIB, 512),
+    ];
+    assert_eq!(dirty(&n), widened(&n_writes, 4 * KIB, 64 * MIB));
     let r = again.dirty_bitmaps().find("r").unwrap();
-    assert_eq!(dirty(&r), vec![(8 * MIB, 4 * KIB), (12 * MIB, 4 * KIB)]);
+    assert_eq!(
+        dirty(&r),
+        widened(&[(8 * MIB, 512), (12 * MIB, 512)], 4 * KIB, 64 * MIB)
+    );
     let m = again.dirty_bitmaps().find("m").unwrap();
     assert!(!m.is_recording() && !m.is_inconsistent());
-    // The merged bits, and (a superset, as the disk of a kept bitmap has every write) those
-    // of the writes made while it was disabled.
-    assert_eq!(
-        dirty(&m),
-        vec![
-            (2 * MIB, 64 * KIB),
-            (8 * MIB, 64 * KIB),
-            (12 * MIB, 64 * KIB),
-            (40 * MIB, 64 * KIB)
-        ]
-    );
+    // The merged bits exactly (a merge is written as it is), and (a superset, as the disk of
+    // a kept bitmap has every write) those of the writes made while it was disabled, widened.
+    let merged = [(2 * MIB, 64 * KIB), (40 * MIB, 64 * KIB)];
+    let later = widened(&[(8 * MIB, 512), (12 * MIB, 512)], 64 * KIB, 64 * MIB);
+    assert_eq!(dirty(&m), joined([&merged[..], &later[..]].concat()));
 }
 
 #[test]

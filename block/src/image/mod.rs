@@ -394,8 +394,8 @@ impl Image {
 
     /// Makes the granules of `[offset, offset + len)` durable in the persistent bitmaps the
     /// image keeps on disk, before a change of that range runs (the request filter's, on the
-    /// submitting thread; blocking once per granule first dirtied since the open, else an
-    /// atomic load per bitmap word: `qcow2/durable.rs`).
+    /// submitting thread; blocking once per run of 64 granules first dirtied since the open,
+    /// else an atomic load per bitmap word: `qcow2/durable.rs`).
     pub(crate) fn bitmaps_before_write(&self, offset: u64, len: u64) -> io::Result<()> {
         dispatch!(&self.backing, d => d.bitmaps_before_write(offset, len))
     }

@@ -19,8 +19,9 @@
 //!   request filter, `filter.rs`), the bitmap data cluster holding a granule it touches whose
 //!   bit is not yet on disk is written in place (every bit on disk, in memory and of the
 //!   write) and `fdatasync`ed; writes into granules already on disk cost an atomic load per
-//!   bitmap word. That write is blocking, on the submitting iothread, once per granule first
-//!   dirtied since the open (`durable.rs` has what it costs). Bits only grow on disk: a clear or a reset leaves the superset there
+//!   bitmap word. That write is blocking, on the submitting iothread, once per run of 64
+//!   granules first dirtied since the open, and makes the whole run durable (a crash shows it
+//!   dirty: a superset; `durable.rs` has what it costs). Bits only grow on disk: a clear or a reset leaves the superset there
 //!   until the clean close, a merge writes the merged bits before it returns, and a bitmap
 //!   disabled or removed meanwhile still has every write set on disk. A resize marks the kept
 //!   bitmaps `in_use` in place (their clusters cover the old size) until the clean close; an

@@ -52,3 +52,35 @@ pub fn write_through(image: &Arc<Image>, writes: &[(u64, usize)]) {
         s.write(offset, &vec![7u8; len], false).unwrap();
     }
 }
+
+/// The dirty ranges a crash leaves of `ranges` written at `granularity` on a disk of `size`
+/// bytes: each widened to whole runs of 64 granules (what a kept bitmap makes durable at
+/// once, `qcow2/durable.rs`), neighbours joined.
+pub fn widened(ranges: &[(u64, u64)], granularity: u64, size: u64) -> Vec<(u64, u64)> {
+    let run = granularity * 64;
+    joined(
+        ranges
+            .iter()
+            .map(|&(offset, len)| {
+                let start = offset / run * run;
+                let end = (offset + len).div_ceil(run) * run;
+                (start, end.min(size) - start)
+            })
+            .collect(),
+    )
+}
+
+/// `ranges` sorted, overlapping and touching ones joined.
+pub fn joined(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    ranges.sort();
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (offset, len) in ranges {
+        match out.last_mut() {
+            Some(last) if last.0 + last.1 >= offset => {
+                last.1 = last.1.max(offset + len - last.0);
+            }
+            _ => out.push((offset, len)),
+        }
+    }
+    out
+}
