@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use aio_test_support::launch::Launch;
 use aio_test_support::tool::run;
-use bitmap_steps::{bitmaps_of, daemon, nbd_write, qcow2, qcow2_node};
+use bitmap_steps::{bitmaps_of, fixture, nbd_write, qcow2, Fixture};
 use qmp_client::Qmp;
 use serde_json::{json, Value};
 
@@ -120,12 +120,14 @@ fn inconsistent_image(dir: &Path, name: &str, bitmap: &str) -> std::path::PathBu
 
 /// The QMP steps against `program`: what each answered.
 fn steps(program: &str) -> Vec<Value> {
-    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
-    let image = qcow2(dir.path());
-    let nbd = dir.path().join("nbd.sock");
-    let (daemon, mut q) = daemon(program, dir.path());
+    let Fixture {
+        dir,
+        image: _,
+        nbd,
+        daemon,
+        mut q,
+    } = fixture(program);
     let mut seen = Vec::new();
-    qcow2_node(&mut q, &image, &nbd);
 
     // b0 sees every write, b1 only the last.
     q.ok(

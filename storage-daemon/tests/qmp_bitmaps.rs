@@ -17,7 +17,7 @@ mod qmp_client;
 use std::path::Path;
 use std::process::Command;
 
-use bitmap_steps::{bitmaps_of, daemon, export, export_del, nbd_write, qcow2, qcow2_node, sha256};
+use bitmap_steps::{bitmaps_of, export, export_del, fixture, nbd_write, sha256, Fixture};
 use serde_json::{json, Value};
 
 const OURS: &str = env!("CARGO_BIN_EXE_aio-storage-daemon");
@@ -37,12 +37,14 @@ fn qemu_img_info(image: &Path) -> (bool, String) {
 /// The steps run against a daemon: what each step answered (listed bitmaps, hashes, error
 /// texts), to compare between daemons. Asserts what holds for both.
 fn steps(program: &str) -> Vec<Value> {
-    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
-    let image = qcow2(dir.path());
-    let nbd = dir.path().join("nbd.sock");
-    let (daemon, mut q) = daemon(program, dir.path());
+    let Fixture {
+        dir,
+        image,
+        nbd,
+        daemon,
+        mut q,
+    } = fixture(program);
     let mut seen = Vec::new();
-    qcow2_node(&mut q, &image, &nbd);
     let raw = dir.path().join("disk.raw");
     common::qemu_img(&["create", "-q", "-f", "raw", raw.to_str().unwrap(), "1M"]);
     q.ok(

@@ -23,7 +23,7 @@ mod qmp_client;
 
 use std::path::Path;
 
-use bitmap_steps::{bitmaps_of, daemon, export, export_del, nbd_write, qcow2, qcow2_node, sha256};
+use bitmap_steps::{bitmaps_of, export, export_del, fixture, nbd_write, sha256, Fixture};
 use serde_json::{json, Value};
 
 const OURS: &str = env!("CARGO_BIN_EXE_aio-storage-daemon");
@@ -52,12 +52,14 @@ fn stored_bitmaps(image: &Path) -> Value {
 /// The steps run against a daemon: what each answered, to compare between daemons. Asserts
 /// what holds for both.
 fn steps(program: &str) -> Vec<Value> {
-    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
-    let image = qcow2(dir.path());
-    let nbd = dir.path().join("nbd.sock");
-    let (daemon, mut q) = daemon(program, dir.path());
+    let Fixture {
+        dir,
+        image,
+        nbd,
+        daemon,
+        mut q,
+    } = fixture(program);
     let mut seen = Vec::new();
-    qcow2_node(&mut q, &image, &nbd);
     q.ok("block-dirty-bitmap-add", bm("b0"));
     let empty = sha256(&mut q, "fmt", "b0");
     export(&mut q);

@@ -241,36 +241,7 @@ impl State {
                 node,
                 name,
                 options,
-            } => {
-                if name.is_empty() {
-                    return Err(refused(BitmapError::EmptyName));
-                }
-                if !self.graph.nodes.contains_key(&node) {
-                    return Err(QmpError::generic(format!(
-                        "Cannot find device='{node}' nor node-name='{node}'"
-                    )));
-                }
-                let image = self.held_image(&node)?;
-                let bitmap = image
-                    .new_dirty_bitmap(&name, options)
-                    .map_err(|e| match e {
-                        // QEMU names the node, where the block layer names the image's file.
-                        BitmapError::NotStorable { .. } => {
-                            refused(BitmapError::NotStorable { node: node.clone() })
-                        }
-                        other => refused(other),
-                    })?;
-                if image.dirty_bitmaps().get(&name).is_some()
-                    || staged.added(&node, &name).is_some()
-                {
-                    return Err(refused(BitmapError::Exists(name)));
-                }
-                Effect::Add {
-                    node,
-                    image,
-                    bitmap,
-                }
-            }
+            } => self.prepare_add(staged, node, name, options)?,
             BitmapAction::Remove { node, name } => {
                 let bitmap = self.staged_bitmap(staged, &node, &name)?;
                 let image = self.held_image(&node)?;
@@ -294,35 +265,78 @@ impl State {
                 node,
                 target,
                 sources,
-            } => {
-                let target = self.staged_bitmap(staged, &node, &target)?;
-                let mut found = Vec::with_capacity(sources.len());
-                for source in &sources {
-                    let bitmap = match source {
-                        Source::Local(name) => self.staged_bitmap(staged, &node, name)?,
-                        Source::External { node, name } => {
-                            self.staged_bitmap(staged, node, name)?
-                        }
-                    };
-                    // QEMU's checks of each merge (`bdrv_merge_dirty_bitmap`), all made
-                    // before any.
-                    target.check_writable().map_err(refused)?;
-                    bitmap.check_usable().map_err(refused)?;
-                    if bitmap.size() != target.size() {
-                        return Err(refused(BitmapError::SizeMismatch {
-                            destination: target.size(),
-                            source_size: bitmap.size(),
-                        }));
-                    }
-                    found.push(bitmap);
-                }
-                Effect::Merge {
-                    target,
-                    sources: found,
-                }
-            }
+            } => self.prepare_merge(staged, &node, &target, &sources)?,
         };
         staged.push(effect);
         Ok(())
+    }
+
+    /// `block-dirty-bitmap-add`'s checks, in QEMU's order: the name, the node, the bitmap's
+    /// options on the node's image, the name not taken (on the node or by an earlier action).
+    fn prepare_add(
+        &mut self,
+        staged: &Staged,
+        node: String,
+        name: String,
+        options: BitmapOptions,
+    ) -> Result<Effect, QmpError> {
+        if name.is_empty() {
+            return Err(refused(BitmapError::EmptyName));
+        }
+        if !self.graph.nodes.contains_key(&node) {
+            return Err(QmpError::generic(format!(
+                "Cannot find device='{node}' nor node-name='{node}'"
+            )));
+        }
+        let image = self.held_image(&node)?;
+        let bitmap = image
+            .new_dirty_bitmap(&name, options)
+            .map_err(|e| match e {
+                // QEMU names the node, where the block layer names the image's file.
+                BitmapError::NotStorable { .. } => {
+                    refused(BitmapError::NotStorable { node: node.clone() })
+                }
+                other => refused(other),
+            })?;
+        if image.dirty_bitmaps().get(&name).is_some() || staged.added(&node, &name).is_some() {
+            return Err(refused(BitmapError::Exists(name)));
+        }
+        Ok(Effect::Add {
+            node,
+            image,
+            bitmap,
+        })
+    }
+
+    /// `block-dirty-bitmap-merge`'s checks (QEMU's `bdrv_merge_dirty_bitmap`), each source's
+    /// made before any bit moves.
+    fn prepare_merge(
+        &mut self,
+        staged: &Staged,
+        node: &str,
+        target: &str,
+        sources: &[Source],
+    ) -> Result<Effect, QmpError> {
+        let target = self.staged_bitmap(staged, node, target)?;
+        let mut found = Vec::with_capacity(sources.len());
+        for source in sources {
+            let bitmap = match source {
+                Source::Local(name) => self.staged_bitmap(staged, node, name)?,
+                Source::External { node, name } => self.staged_bitmap(staged, node, name)?,
+            };
+            target.check_writable().map_err(refused)?;
+            bitmap.check_usable().map_err(refused)?;
+            if bitmap.size() != target.size() {
+                return Err(refused(BitmapError::SizeMismatch {
+                    destination: target.size(),
+                    source_size: bitmap.size(),
+                }));
+            }
+            found.push(bitmap);
+        }
+        Ok(Effect::Merge {
+            target,
+            sources: found,
+        })
     }
 }

@@ -32,6 +32,38 @@ pub fn daemon(program: &str, dir: &Path) -> (Daemon, Qmp) {
     (d, q)
 }
 
+/// What the bitmap tests' steps start from: `program` with a monitor only, in a directory of
+/// `/dev/shm` holding a 64 MiB qcow2 image, node `fmt` (qcow2) over node `file` on it, and the
+/// NBD server started on `nbd` (`qcow2_node`).
+pub struct Fixture {
+    /// The directory (removed when dropped).
+    pub dir: tempfile::TempDir,
+    /// The qcow2 image.
+    pub image: PathBuf,
+    /// The NBD server's socket.
+    pub nbd: PathBuf,
+    /// The daemon.
+    pub daemon: Daemon,
+    /// Its monitor.
+    pub q: Qmp,
+}
+
+/// The [`Fixture`] on `program`.
+pub fn fixture(program: &str) -> Fixture {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let image = qcow2(dir.path());
+    let nbd = dir.path().join("nbd.sock");
+    let (daemon, mut q) = daemon(program, dir.path());
+    qcow2_node(&mut q, &image, &nbd);
+    Fixture {
+        dir,
+        image,
+        nbd,
+        daemon,
+        q,
+    }
+}
+
 /// A 64 MiB qcow2 image (64 KiB clusters) in `dir`.
 pub fn qcow2(dir: &Path) -> PathBuf {
     let path = dir.join("disk.qcow2");
