@@ -39,10 +39,11 @@ use crate::request::Reply;
 
 /// The filters' side before a change of `[offset, offset + len)` is submitted: its granules
 /// made durable in the persistent bitmaps kept on disk. An error fails the request unrun.
+///
+/// Asked of the kept bitmaps themselves (one atomic load when none is kept), not of the
+/// image's set: a kept bitmap removed from the set still gets every write on disk until the
+/// clean close, or a crash would bring it back missing writes.
 pub(crate) fn before_submit(image: &Image, (offset, len): (u64, u64)) -> io::Result<()> {
-    if image.dirty_bitmaps().is_empty() {
-        return Ok(());
-    }
     image.bitmaps_before_write(offset, len)
 }
 

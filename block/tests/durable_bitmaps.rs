@@ -223,3 +223,25 @@ fn a_resize_leaves_the_bitmaps_in_use_until_the_clean_close() {
     let b = again.dirty_bitmaps().find("b").unwrap();
     assert_eq!(dirty(&b), vec![(MIB, 64 * KIB), (100 * MIB, 64 * KIB)]);
 }
+
+/// A kept bitmap removed from the image's set, the last one there, still gets every write on
+/// disk until the clean close: lost meanwhile, the image brings it back with the write (a
+/// superset of what it held), never without it.
+#[test]
+fn a_removed_bitmap_still_gets_every_write_on_disk_until_the_clean_close() {
+    if !have(&["qemu-img"]) {
+        return;
+    }
+    let dir = aio_test_support::images::image_dir("block-dbitmaps");
+    let d = dir.path();
+    let path = create(d, "64k");
+    let image = Arc::new(Image::open(&path, ImageOptions::default()).unwrap());
+    image.dirty_bitmaps().remove("b").unwrap();
+    assert!(image.dirty_bitmaps().is_empty());
+    write_through(&image, &[(20 * MIB, 4096)]);
+    lose(image);
+    assert_eq!(flags(d, "b"), serde_json::json!(["auto"]));
+    let again = reopen(&path);
+    let b = again.dirty_bitmaps().find("b").unwrap();
+    assert_eq!(dirty(&b), widened(&[(20 * MIB, 4096)], 64 * KIB, 64 * MIB));
+}
