@@ -19,10 +19,15 @@
 //!   bitmap data cluster's granules writes that cluster and syncs, blocking, before the
 //!   request is submitted.
 //!
-//! The filters to come take the same hook: copy-before-write (a backup's old data copied out
-//! before a write to a range not yet copied runs) and throttling (a request held until its
-//! group's budget lets it go) act before the submit, each a module beside `bitmap`, called
-//! from the same place in `ImageQueue::submit`.
+//! * **Copy-before-write** ([`crate::block_copy`]): before a write, write-zeroes or discard
+//!   is submitted, the chunks it touches that a backup attached to the image has not copied
+//!   yet are copied to the backup's target (old data read, written there), blocking, and a
+//!   chunk the backup's job is copying is waited for. Free while no backup is attached (one
+//!   atomic load).
+//!
+//! The filter to come takes the same hook: throttling (a request held until its group's
+//! budget lets it go) acts before the submit, a module of its own, called from the same place
+//! in `ImageQueue::submit`.
 //!
 //! The wrapper costs no allocation per request while requests are in flight: a queue keeps
 //! a weak hold on the one it made for the last export's reply ([`FilterCache`]) and makes
@@ -37,13 +42,16 @@ use std::sync::Arc;
 use crate::image::Image;
 use crate::request::Reply;
 
-/// The filters' side before a change of `[offset, offset + len)` is submitted: its granules
-/// made durable in the persistent bitmaps kept on disk. An error fails the request unrun.
+/// The filters' side before a change of `[offset, offset + len)` is submitted: the old data
+/// of its chunks copied out for the backups attached to the image ([`crate::block_copy`]),
+/// then its granules made durable in the persistent bitmaps kept on disk. An error fails the
+/// request unrun.
 ///
 /// Asked of the kept bitmaps themselves (one atomic load when none is kept), not of the
 /// image's set: a kept bitmap removed from the set still gets every write on disk until the
 /// clean close, or a crash would bring it back missing writes.
 pub(crate) fn before_submit(image: &Image, (offset, len): (u64, u64)) -> io::Result<()> {
+    image.copy_hooks().before_write(image, offset, len)?;
     image.bitmaps_before_write(offset, len)
 }
 

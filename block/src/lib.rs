@@ -43,7 +43,10 @@
 
 #![warn(missing_docs)]
 
+pub mod backup;
 pub mod bitmap;
+pub mod block_copy;
+mod blocking;
 pub mod create;
 mod filter;
 pub mod format;

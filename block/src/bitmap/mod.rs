@@ -470,6 +470,18 @@ impl DirtyBitmap {
             .collect()
     }
 
+    /// Its bits, as [`to_words`](Self::to_words) lays them out, taken: each word read and
+    /// cleared in one atomic step, so a write that completes meanwhile is either in what is
+    /// returned or set in the bitmap after, never lost (a backup's start: QEMU's successor
+    /// bitmap).
+    pub fn take_words(&self) -> Vec<u64> {
+        self.bits()
+            .words
+            .iter()
+            .map(|w| w.swap(0, Ordering::AcqRel))
+            .collect()
+    }
+
     /// The words `range` of [`to_words`](Self::to_words) (those past its end left out).
     #[cfg(feature = "qcow2")]
     pub(crate) fn words_in(&self, range: std::ops::Range<usize>) -> Vec<u64> {

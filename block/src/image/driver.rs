@@ -24,6 +24,15 @@ pub(crate) type StatusDone = Box<dyn FnOnce(io::Result<Vec<Extent>>)>;
 /// Where an allocation-depth query ends.
 pub(crate) type DepthDone = Box<dyn FnOnce(io::Result<Vec<Allocation>>)>;
 
+/// Why a kind has no I/O outside a request (an RBD image: librbd's requests come back to a
+/// queue's context only).
+fn outside_unsupported(kind: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!("a {kind} image takes no I/O outside its queues"),
+    )
+}
+
 /// The engine one queue's requests run on, as each kind reaches it.
 pub(crate) struct QueueIo<L: EventLoop + 'static, E: IoEngine + 'static> {
     /// The engine, attached to the queue's context.
@@ -111,6 +120,28 @@ pub(crate) trait Driver {
     /// change of that range runs (qcow2).
     fn bitmaps_before_write(&self, _offset: u64, _len: u64) -> io::Result<()> {
         Ok(())
+    }
+
+    /// Fills `buf` from `offset` on the calling thread, blocking: I/O outside a request (a
+    /// block job's copy, `image/outside.rs`). `buf` is aligned as the image's file asks
+    /// (an [`AlignedBuf`](aio_core::engine::AlignedBuf)).
+    fn read_blocking(&self, _offset: u64, _buf: &mut [u8]) -> io::Result<()> {
+        Err(outside_unsupported(self.format_name()))
+    }
+
+    /// Writes `buf` at `offset` on the calling thread, blocking (as `read_blocking`).
+    fn write_blocking(&self, _offset: u64, _buf: &[u8]) -> io::Result<()> {
+        Err(outside_unsupported(self.format_name()))
+    }
+
+    /// Makes `[offset, offset + len)` read as zeros on the calling thread, blocking.
+    fn write_zeroes_blocking(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        Err(outside_unsupported(self.format_name()))
+    }
+
+    /// Writes back what the kind caches and syncs its files on the calling thread.
+    fn flush_blocking(&self) -> io::Result<()> {
+        Err(outside_unsupported(self.format_name()))
     }
 
     /// Writes what the kind caches and syncs its files.

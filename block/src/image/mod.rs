@@ -35,6 +35,7 @@ pub(crate) mod file;
 mod handoff;
 mod null;
 mod options;
+mod outside;
 mod raw;
 #[cfg(feature = "rbd")]
 mod rbd;
@@ -100,6 +101,8 @@ pub struct Image {
     bitmaps: BitmapSet,
     /// Whether the persistent bitmaps were stored (a clean close).
     bitmaps_stored: AtomicBool,
+    /// The copies made before its writes (a backup's: [`crate::block_copy`]).
+    copy_hooks: crate::block_copy::CopyHooks,
 }
 
 impl Drop for Image {
@@ -137,6 +140,7 @@ impl Image {
             dirty: false,
             bitmaps: BitmapSet::new(),
             bitmaps_stored: AtomicBool::new(false),
+            copy_hooks: Default::default(),
         }
     }
 
@@ -279,6 +283,10 @@ impl Image {
     }
 
     /// What stores the sectors (for the request path).
+    pub(crate) fn copy_hooks(&self) -> &crate::block_copy::CopyHooks {
+        &self.copy_hooks
+    }
+
     pub(crate) fn backing(&self) -> &Backing {
         &self.backing
     }

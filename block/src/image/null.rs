@@ -32,6 +32,23 @@ impl Driver for NullImage {
         Ok(out)
     }
 
+    fn read_blocking(&self, _offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        buf.fill(0);
+        Ok(())
+    }
+
+    fn write_blocking(&self, _offset: u64, _buf: &[u8]) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn write_zeroes_blocking(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn flush_blocking(&self) -> io::Result<()> {
+        Ok(())
+    }
+
     fn resize(&self, _bytes: u64, _old: u64) -> Result<(), ResizeError> {
         Ok(())
     }

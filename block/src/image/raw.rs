@@ -104,6 +104,23 @@ impl Driver for RawFile {
         Ok(extents)
     }
 
+    fn read_blocking(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        crate::blocking::read_at(&self.file, buf, self.offset + offset)
+    }
+
+    fn write_blocking(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        crate::blocking::write_at(&self.file, buf, self.offset + offset)
+    }
+
+    fn write_zeroes_blocking(&self, offset: u64, len: u64) -> io::Result<()> {
+        let align = self.file.direct_io_alignment().map_or(1, |a| a.offset);
+        crate::blocking::write_zeroes(&self.file, self.offset + offset, len, align)
+    }
+
+    fn flush_blocking(&self) -> io::Result<()> {
+        crate::blocking::fdatasync(&self.file)
+    }
+
     /// Syncs the file (the device's cache written) and lets its lock go: a raw image caches
     /// nothing else.
     fn inactivate(&self, path: &Path, _bitmaps: &BitmapSet) -> Result<(), ActivationError> {

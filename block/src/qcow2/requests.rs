@@ -120,6 +120,34 @@ impl Driver for Arc<Qcow2Image> {
         });
     }
 
+    /// Through imago on this thread: no engine is current outside a queue's task, so the
+    /// storage's I/O is blocking syscalls (`file_storage.rs`).
+    fn read_blocking(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let bufv = IoVectorMut::from(vec![IoSliceMut::new(buf)]);
+        super::current::block_on(self.read(bufv, offset))
+    }
+
+    fn write_blocking(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        let bufv = IoVector::from(vec![IoSlice::new(buf)]);
+        super::current::block_on(self.write(bufv, offset))
+    }
+
+    fn write_zeroes_blocking(&self, offset: u64, len: u64) -> io::Result<()> {
+        let request = BlockRequest::WriteZeroes {
+            offset,
+            len,
+            unmap: false,
+        };
+        super::current::block_on(async {
+            self.run_other(&request).await?;
+            self.write_back.run(&*self.access.read().await).await
+        })
+    }
+
+    fn flush_blocking(&self) -> io::Result<()> {
+        super::current::block_on(self.run_other(&BlockRequest::Flush))
+    }
+
     fn resize(&self, bytes: u64, _old: u64) -> Result<(), ResizeError> {
         Qcow2Image::resize(self, bytes).map_err(ResizeError::Io)
     }

@@ -18,8 +18,9 @@
 //! * A verb a state does not accept is refused with QEMU's text
 //!   ([`JobVerb::check`]): `Job 'ID' in state 'STATE' cannot accept command verb 'VERB'`.
 
+mod block;
 mod status;
 mod table;
 
 pub use status::{JobStatus, JobVerb, VerbRefused};
-pub use table::{id_wellformed, JobError, JobFlags, JobHandle, JobInfo, JobType, Jobs};
+pub use table::{id_wellformed, Finalizer, JobError, JobFlags, JobHandle, JobInfo, JobType, Jobs};

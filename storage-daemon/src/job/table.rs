@@ -12,7 +12,8 @@
 //! * `job-pause` of a running job counts a pause as QEMU does; a job pauses only where its
 //!   work checks for one, and a job without such points (a create job) never shows `paused`.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
 
 use serde_json::json;
 
@@ -24,6 +25,8 @@ use crate::daemon::{Event, EventQueue};
 pub enum JobType {
     /// `blockdev-create`.
     Create,
+    /// `blockdev-backup`.
+    Backup,
 }
 
 impl JobType {
@@ -31,6 +34,7 @@ impl JobType {
     pub fn name(self) -> &'static str {
         match self {
             JobType::Create => "create",
+            JobType::Backup => "backup",
         }
     }
 
@@ -38,6 +42,7 @@ impl JobType {
     pub fn is_block_job(self) -> bool {
         match self {
             JobType::Create => false,
+            JobType::Backup => true,
         }
     }
 }
@@ -63,6 +68,17 @@ pub enum JobError {
     /// `job-resume` of a job the user did not pause.
     #[error("Can't resume a job that was not paused")]
     NotPaused,
+    /// A node another job uses.
+    #[error("Node '{node}' is busy: block device is in use by block job: {kind}")]
+    NodeBusy {
+        /// The node.
+        node: String,
+        /// The using job's type.
+        kind: &'static str,
+    },
+    /// A `block-job-*` verb naming no block job.
+    #[error("Block job '{0}' not found")]
+    NoBlockJob(String),
     /// `job-complete` of a job that has no completion (or is being cancelled).
     #[error("The active block job '{0}' cannot be completed")]
     CannotComplete(String),
@@ -83,6 +99,12 @@ pub struct JobInfo {
     pub total: u64,
     /// The error it failed with.
     pub error: Option<String>,
+    /// Its speed limit in bytes per second (0: none; block jobs).
+    pub speed: u64,
+    /// QEMU's `auto-finalize` and `auto-dismiss`.
+    pub flags: JobFlags,
+    /// The user paused it and did not resume it yet.
+    pub user_paused: bool,
 }
 
 /// QEMU's job flags for a kind of job.
@@ -94,20 +116,28 @@ pub struct JobFlags {
     pub auto_dismiss: bool,
 }
 
-struct Job {
-    info: JobInfo,
+/// What a job's kind does when the job is finalized or aborted (a backup's bitmap and
+/// filter): told whether it succeeded, run with the table locked (it must not call back).
+pub type Finalizer = Box<dyn FnOnce(bool) + Send>;
+
+pub(super) struct Job {
+    pub(super) info: JobInfo,
     /// Which job this is (ids are reused once a job is dismissed; serials never).
-    serial: u64,
-    flags: JobFlags,
+    pub(super) serial: u64,
     /// A cancel was asked.
-    cancelled: bool,
-    /// The user paused it (`job-pause`).
-    user_paused: bool,
+    pub(super) cancelled: bool,
+    /// The kind's end, run once.
+    pub(super) finalizer: Option<Finalizer>,
+    /// Since when the speed limit counts, and the bytes counted since.
+    pub(super) rate: (Instant, u64),
+    /// The block nodes it uses: busy for other jobs until it is dismissed (QEMU's op
+    /// blockers, freed with the job).
+    pub(super) nodes: Vec<String>,
 }
 
 #[derive(Default)]
-struct Table {
-    jobs: Vec<Job>,
+pub(super) struct Table {
+    pub(super) jobs: Vec<Job>,
     serials: u64,
 }
 
@@ -115,6 +145,8 @@ struct Table {
 #[derive(Clone, Default)]
 pub struct Jobs {
     table: Arc<Mutex<Table>>,
+    /// Told whenever a verb may let a waiting job go on (cancel, resume, a new speed).
+    pub(super) wake: Arc<Condvar>,
     events: EventQueue,
 }
 
@@ -122,8 +154,8 @@ pub struct Jobs {
 /// same job; the first end counts).
 #[derive(Clone)]
 pub struct JobHandle {
-    jobs: Jobs,
-    serial: u64,
+    pub(super) jobs: Jobs,
+    pub(super) serial: u64,
 }
 
 /// Whether `id` is one QEMU accepts (its `id_wellformed`).
@@ -138,11 +170,12 @@ impl Jobs {
     pub fn new(events: EventQueue) -> Jobs {
         Jobs {
             table: Arc::default(),
+            wake: Arc::default(),
             events,
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Table> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, Table> {
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -166,11 +199,15 @@ impl Jobs {
                 current: 0,
                 total: 0,
                 error: None,
+                speed: 0,
+                flags,
+                user_paused: false,
             },
             serial,
-            flags,
             cancelled: false,
-            user_paused: false,
+            finalizer: None,
+            rate: (Instant::now(), 0),
+            nodes: Vec::new(),
         };
         self.announce(&job.info);
         table.jobs.insert(0, job);
@@ -195,7 +232,7 @@ impl Jobs {
 
     /// Moves `job` to `next` (a move QEMU's table allows; any other is a bug and is not
     /// made) and announces it.
-    fn transition(&self, job: &mut Job, next: JobStatus) {
+    pub(super) fn transition(&self, job: &mut Job, next: JobStatus) {
         if !job.info.status.may_become(next) {
             debug_assert!(false, "job {}: {} -> {next}", job.info.id, job.info.status);
             return;
@@ -227,7 +264,8 @@ impl Jobs {
         self.verb(id, JobVerb::Cancel, |jobs, table, at| {
             let job = &mut table.jobs[at];
             job.cancelled = true;
-            job.user_paused = false;
+            job.info.user_paused = false;
+            jobs.wake.notify_all();
             if matches!(job.info.status, JobStatus::Waiting | JobStatus::Pending) {
                 jobs.end(table, at, Err(String::new()));
             }
@@ -239,7 +277,7 @@ impl Jobs {
     pub fn pause(&self, id: &str) -> Result<(), JobError> {
         self.verb(id, JobVerb::Pause, |_, table, at| {
             let job = &mut table.jobs[at];
-            if std::mem::replace(&mut job.user_paused, true) {
+            if std::mem::replace(&mut job.info.user_paused, true) {
                 return Err(JobError::AlreadyPaused);
             }
             Ok(())
@@ -254,11 +292,12 @@ impl Jobs {
             .iter_mut()
             .find(|j| j.info.id == id)
             .ok_or(JobError::NotFound)?;
-        if !job.user_paused {
+        if !job.info.user_paused {
             return Err(JobError::NotPaused);
         }
         JobVerb::Resume.check(id, job.info.status)?;
-        job.user_paused = false;
+        job.info.user_paused = false;
+        self.wake.notify_all();
         Ok(())
     }
 
@@ -290,10 +329,20 @@ impl Jobs {
         table.jobs.remove(at);
     }
 
-    /// Concludes job `at` (finalized, or aborted), dismissed at once with auto-dismiss.
+    /// Concludes job `at` (finalized, or aborted): its kind's end run, a block job's
+    /// `BLOCK_JOB_COMPLETED` or `BLOCK_JOB_CANCELLED` sent (QEMU's finalize notifiers), then
+    /// concluded, and dismissed at once with auto-dismiss.
     fn conclude(&self, table: &mut Table, at: usize) {
+        let job = &mut table.jobs[at];
+        if let Some(finalize) = job.finalizer.take() {
+            finalize(job.info.error.is_none());
+        }
+        if job.info.kind.is_block_job() {
+            self.events
+                .send(super::block::ended_event(&job.info, job.cancelled));
+        }
         self.transition(&mut table.jobs[at], JobStatus::Concluded);
-        if table.jobs[at].flags.auto_dismiss {
+        if table.jobs[at].info.flags.auto_dismiss {
             self.dismiss_at(table, at);
         }
     }
@@ -318,7 +367,7 @@ impl Jobs {
                     self.transition(job, JobStatus::Waiting);
                     self.transition(job, JobStatus::Pending);
                 }
-                if job.flags.auto_finalize {
+                if job.info.flags.auto_finalize {
                     self.conclude(table, at);
                 }
             }
@@ -338,7 +387,7 @@ impl Jobs {
 }
 
 impl JobHandle {
-    fn with(&self, f: impl FnOnce(&Jobs, &mut Table, usize)) {
+    pub(super) fn with(&self, f: impl FnOnce(&Jobs, &mut Table, usize)) {
         let mut table = self.jobs.lock();
         if let Some(at) = table.jobs.iter().position(|j| j.serial == self.serial) {
             f(&self.jobs, &mut table, at);

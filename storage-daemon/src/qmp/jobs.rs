@@ -23,7 +23,6 @@ pub(super) const COMMANDS: &[Command] = &[
             ))
         },
     },
-    // No kind served here is a block job: the list is QEMU's for the same jobs.
     Command {
         name: "query-block-jobs",
         run: |state, _, args| {
@@ -33,7 +32,9 @@ pub(super) const COMMANDS: &[Command] = &[
                 .query()
                 .into_iter()
                 .filter(|j| j.kind.is_block_job());
-            Ok(Value::Array(block_jobs.map(|j| job_info(&j)).collect()))
+            Ok(Value::Array(
+                block_jobs.map(|j| block_job_info(&j)).collect(),
+            ))
         },
     },
     Command {
@@ -86,4 +87,30 @@ fn job_info(job: &JobInfo) -> Value {
         info.insert("error".into(), json!(error));
     }
     Value::Object(info)
+}
+
+/// QEMU's `BlockJobInfo` for block job `job` (`device` is its id, as QEMU's is for a job
+/// of a node without a device).
+fn block_job_info(job: &JobInfo) -> Value {
+    use crate::job::JobStatus;
+    let running = matches!(job.status, JobStatus::Running | JobStatus::Ready);
+    let mut info = json!({
+        "auto-finalize": job.flags.auto_finalize,
+        "auto-dismiss": job.flags.auto_dismiss,
+        "io-status": "ok",
+        "device": job.id,
+        // Busy while its work runs (not paused, not yet finished).
+        "busy": running && !job.user_paused,
+        "len": job.total,
+        "offset": job.current,
+        "status": job.status.name(),
+        "paused": job.user_paused,
+        "speed": job.speed,
+        "ready": job.status == JobStatus::Ready,
+        "type": job.kind.name(),
+    });
+    if let Some(error) = &job.error {
+        info["error"] = json!(error);
+    }
+    info
 }

@@ -33,6 +33,7 @@
 //! `iothreads`', statistics `stats`').
 
 mod active;
+mod backup;
 mod bitmaps;
 mod commands;
 mod create;

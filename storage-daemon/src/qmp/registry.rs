@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::commands::{self, Command, Ctx, State};
 use super::wire::{Args, QmpError, Request};
-use super::{active, bitmaps, create, iothreads, jobs, nbd, resize, stats, transaction};
+use super::{active, backup, bitmaps, create, iothreads, jobs, nbd, resize, stats, transaction};
 
 /// The commands about commands.
 const SESSION: &[Command] = &[
@@ -44,6 +44,7 @@ const LISTS: &[&[Command]] = &[
     transaction::COMMANDS,
     create::COMMANDS,
     jobs::COMMANDS,
+    backup::COMMANDS,
 ];
 
 /// Every command served.

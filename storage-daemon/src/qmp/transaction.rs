@@ -14,9 +14,12 @@
 //!   added, none cleared, enabled, disabled or merged into. When all are prepared, the commit
 //!   applies every effect; nothing in it is refused (the checks were made, and nothing else
 //!   changes bitmaps while the monitor runs the command).
-//! * **Actions served:** the six `block-dirty-bitmap-*` and `abort` (always refused, with
-//!   QEMU's text). The other types QEMU knows (backups, snapshots) are refused as not served
-//!   here; a type QEMU does not know gets QEMU's text for it. `completion-mode=grouped` is
+//! * **Actions served:** the six `block-dirty-bitmap-*`, `blockdev-backup` and `abort`
+//!   (always refused, with QEMU's text). A backup is prepared with every check its command
+//!   makes (seeing a bitmap an earlier action adds) and started after the bitmaps' commit,
+//!   so it takes its bitmap as the actions left it (libvirt's checkpoint and backup in one
+//!   transaction). The other types QEMU knows (snapshots, `drive-backup`) are refused as not
+//!   served here; a type QEMU does not know gets QEMU's text for it. `completion-mode=grouped` is
 //!   refused for any action but a backup, as QEMU refuses it.
 //! * **No write missed, without a drain.** QEMU drains every node before the actions
 //!   (`bdrv_drain_all`), so no write completes while they run. This daemon has no drain
@@ -68,6 +71,9 @@ const GROUPED: &[&str] = &["blockdev-backup", "drive-backup"];
 enum Action {
     /// A dirty bitmap action.
     Bitmap(BitmapAction),
+    /// `blockdev-backup`, its arguments read when it is prepared (after the actions before
+    /// it).
+    Backup(Args),
     /// `abort`: always refused.
     Abort,
     /// An action QEMU knows that this daemon does not serve yet.
@@ -103,6 +109,7 @@ impl State {
                 k if BitmapAction::KINDS.contains(&k) => {
                     Action::Bitmap(BitmapAction::parse(k, data)?)
                 }
+                "blockdev-backup" => Action::Backup(data),
                 // Its arguments are not read: the action is refused whatever they are.
                 other => Action::NotServed(other),
             };
@@ -129,9 +136,11 @@ impl State {
         }
 
         let mut staged = Staged::default();
+        let mut backups = Vec::new();
         for (_, action) in actions {
             match action {
                 Action::Bitmap(action) => self.prepare_bitmap(&mut staged, action)?,
+                Action::Backup(args) => backups.push(self.prepare_backup(&staged, args)?),
                 Action::Abort => {
                     return Err(QmpError::generic("Transaction aborted using Abort action"))
                 }
@@ -144,6 +153,10 @@ impl State {
             }
         }
         staged.commit().map_err(refused)?;
+        // After the bitmaps' changes: a backup takes its bitmap as the actions left it.
+        for backup in backups {
+            self.start_backup(backup)?;
+        }
         Ok(json!({}))
     }
 }

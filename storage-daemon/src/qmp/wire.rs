@@ -21,6 +21,8 @@ pub(crate) enum ErrorClass {
     CommandNotFound,
     /// A device that does not exist.
     DeviceNotFound,
+    /// A block job that does not exist (`block-job-*` verbs).
+    DeviceNotActive,
 }
 
 /// A command's failure: its class and QEMU's kind of text.
@@ -159,6 +161,7 @@ pub(crate) fn failure(id: Option<Value>, error: &QmpError) -> Value {
         ErrorClass::GenericError => "GenericError",
         ErrorClass::CommandNotFound => "CommandNotFound",
         ErrorClass::DeviceNotFound => "DeviceNotFound",
+        ErrorClass::DeviceNotActive => "DeviceNotActive",
     };
     let mut reply = Map::new();
     reply.insert("error".into(), json!({"class": class, "desc": error.desc}));
@@ -285,6 +288,14 @@ impl Args {
             None => Err(self.missing(key)),
             Some(Value::Number(n)) => n.as_i64().ok_or_else(|| self.wrong_type(key, "integer")),
             Some(_) => Err(self.wrong_type(key, "integer")),
+        }
+    }
+
+    /// A signed integer argument (QMP's `int`), if given.
+    pub(crate) fn opt_int(&mut self, key: &str) -> Result<Option<i64>, QmpError> {
+        match self.0.contains_key(key) {
+            true => self.int(key).map(Some),
+            false => Ok(None),
         }
     }
 
