@@ -200,8 +200,7 @@ fn steps(program: &str) -> Vec<Value> {
         seen.push(json!([args, class, desc]));
     }
 
-    // An action QEMU serves and this daemon does not yet: refused (QEMU's error is about its
-    // arguments, ours says it is not served), the add before it undone.
+    // A backup whose target does not exist: QEMU's text, the add before it undone.
     let (class, desc) = q.error(
         "transaction",
         json!({"actions": [
@@ -209,11 +208,22 @@ fn steps(program: &str) -> Vec<Value> {
             act("blockdev-backup", json!({"device": "fmt", "target": "nope", "sync": "full"})),
         ]}),
     );
+    seen.push(json!([class, desc]));
+    seen.push(bitmaps_of(&mut q, "fmt"));
+    // An action QEMU serves and this daemon does not yet: refused (QEMU's error is about its
+    // arguments, ours says it is not served), the add before it undone.
+    let (class, desc) = q.error(
+        "transaction",
+        json!({"actions": [
+            act("block-dirty-bitmap-add", bm("z")),
+            act("blockdev-snapshot", json!({"node": "fmt", "overlay": "nope"})),
+        ]}),
+    );
     seen.push(json!(class));
     if program == OURS {
         assert_eq!(
             desc,
-            "Action 'blockdev-backup' is not served in a transaction by aio-storage-daemon yet"
+            "Action 'blockdev-snapshot' is not served in a transaction by aio-storage-daemon yet"
         );
     }
     seen.push(bitmaps_of(&mut q, "fmt"));
