@@ -21,6 +21,11 @@
 //!   fails unrun (QEMU's `on-cbw-error=break-guest-write`), the source untouched.
 //! * **Holes stay holes.** A chunk the source's block status reports as a hole is written as
 //!   zeros on the target (a qcow2 target stores no data for it), not read and copied.
+//! * **Reads of the target through to the source see it as it was** (QEMU's fleecing rule,
+//!   for a target whose backing is the source: a pull backup's scratch image): such a read
+//!   holds the chunks it reads ([`ReadHold`]); a write of the source waits for the hold
+//!   before it copies them, and the job copies them after it. A chunk copied meanwhile is read
+//!   from the target.
 //! * **Chunks of the target's cluster size**, at least 64 KiB (QEMU's
 //!   `block_copy_calculate_cluster_size`), so a copy never writes part of a target cluster.
 //!
@@ -28,6 +33,7 @@
 //! submitting iothread, which waits for it as QEMU's guest write waits for its filter), with
 //! the images' blocking I/O (`image/outside.rs`).
 
+use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
@@ -65,8 +71,56 @@ pub enum BlockCopyError {
 struct Chunks {
     to_copy: Vec<u64>,
     claimed: Vec<u64>,
+    /// Chunks copied (by the job or by a write).
+    done: Vec<u64>,
+    /// Reads of the target through to the source holding chunks (the fleecing rule), by
+    /// chunk: a held chunk is not claimed.
+    readers: HashMap<u64, u32>,
     /// Bytes of the chunks to copy.
     remaining: u64,
+}
+
+impl Chunks {
+    /// Whether a party copies chunk `i` or a read holds it.
+    fn busy(&self, i: u64) -> bool {
+        bit(&self.claimed, i) || self.readers.contains_key(&i)
+    }
+}
+
+/// What a read of the target through to the source holds ([`BlockCopy::hold_for_read`]).
+#[derive(Debug)]
+pub(crate) enum ReadHold<'a> {
+    /// Nothing to hold: the range is not part of the copy (read the source as it is).
+    Free,
+    /// The range's chunks, still to copy, held: the source's writes there wait until this is
+    /// dropped, so the source reads as it was.
+    Held(#[allow(dead_code)] ReadGuard<'a>),
+    /// A chunk of the range was copied: read the target instead.
+    Copied,
+}
+
+/// Chunks held by a read of the target through to the source; let go when dropped.
+#[derive(Debug)]
+pub(crate) struct ReadGuard<'a> {
+    copy: &'a BlockCopy,
+    first: u64,
+    last: u64,
+}
+
+impl Drop for ReadGuard<'_> {
+    fn drop(&mut self) {
+        let mut st = self.copy.lock();
+        for i in self.first..=self.last {
+            if let Some(n) = st.readers.get_mut(&i) {
+                *n -= 1;
+                if *n == 0 {
+                    st.readers.remove(&i);
+                }
+            }
+        }
+        drop(st);
+        self.copy.settled.notify_all();
+    }
 }
 
 fn bit(words: &[u64], i: u64) -> bool {
@@ -119,6 +173,8 @@ impl BlockCopy {
             state: Mutex::new(Chunks {
                 to_copy: vec![0; words],
                 claimed: vec![0; words],
+                done: vec![0; words],
+                readers: HashMap::new(),
                 remaining: 0,
             }),
             settled: Condvar::new(),
@@ -214,7 +270,7 @@ impl BlockCopy {
 
     /// Claims chunk `i` if it is to copy and nobody copies it.
     fn claim(&self, st: &mut Chunks, i: u64) -> bool {
-        if !bit(&st.to_copy, i) || bit(&st.claimed, i) {
+        if !bit(&st.to_copy, i) || st.busy(i) {
             return false;
         }
         put(&mut st.to_copy, i, false);
@@ -229,6 +285,7 @@ impl BlockCopy {
         let mut bytes = 0;
         for i in run.first..run.first + run.count {
             put(&mut st.claimed, i, false);
+            put(&mut st.done, i, copied);
             bytes += self.chunk_len(i);
             if !copied {
                 put(&mut st.to_copy, i, true);
@@ -252,16 +309,26 @@ impl BlockCopy {
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "the source image is gone"))?;
         let run = {
             let mut st = self.lock();
-            let free = st
-                .to_copy
-                .iter()
-                .zip(&st.claimed)
-                .position(|(t, c)| t & !c != 0);
-            let Some(w) = free else {
-                return Ok(None);
+            let first = loop {
+                let free = st
+                    .to_copy
+                    .iter()
+                    .zip(&st.claimed)
+                    .position(|(t, c)| t & !c != 0);
+                let Some(w) = free else {
+                    return Ok(None);
+                };
+                let word = st.to_copy[w] & !st.claimed[w];
+                let first = w as u64 * 64 + u64::from(word.trailing_zeros());
+                if !st.readers.contains_key(&first) {
+                    break first;
+                }
+                // A read holds it: copied once the read is done.
+                st = self
+                    .settled
+                    .wait(st)
+                    .unwrap_or_else(PoisonError::into_inner);
             };
-            let word = st.to_copy[w] & !st.claimed[w];
-            let first = w as u64 * 64 + u64::from(word.trailing_zeros());
             let most = (MAX_RUN / self.chunk).max(1);
             let chunks = self.size.div_ceil(self.chunk);
             let mut count = 0;
@@ -296,7 +363,7 @@ impl BlockCopy {
         {
             let mut st = self.lock();
             for i in first..=last {
-                while bit(&st.claimed, i) {
+                while st.busy(i) {
                     st = self
                         .settled
                         .wait(st)
@@ -318,6 +385,32 @@ impl BlockCopy {
             self.release(run, result.is_ok());
         }
         result
+    }
+
+    /// The fleecing rule, for a read of the target through to the source over `[offset,
+    /// offset + len)` (see [`ReadHold`]): waits while a chunk of it is being copied.
+    pub(crate) fn hold_for_read(&self, offset: u64, len: u64) -> ReadHold<'_> {
+        let Some((first, last)) = self.span(offset, len) else {
+            return ReadHold::Free;
+        };
+        let mut st = self.lock();
+        while (first..=last).any(|i| bit(&st.claimed, i)) {
+            st = self
+                .settled
+                .wait(st)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        if (first..=last).any(|i| bit(&st.done, i)) {
+            return ReadHold::Copied;
+        }
+        for i in first..=last {
+            *st.readers.entry(i).or_insert(0) += 1;
+        }
+        ReadHold::Held(ReadGuard {
+            copy: self,
+            first,
+            last,
+        })
     }
 
     fn run_bytes(&self, run: Run) -> u64 {
@@ -359,6 +452,12 @@ pub(crate) struct CopyHooks {
 }
 
 impl CopyHooks {
+    /// The attached copy whose target `is_target` says is the one asked for.
+    pub(crate) fn copy_to(&self, is_target: impl Fn(&Image) -> bool) -> Option<Arc<BlockCopy>> {
+        let copies = self.copies.lock().unwrap_or_else(PoisonError::into_inner);
+        copies.iter().find(|c| is_target(&c.target)).cloned()
+    }
+
     /// Runs every attached copy's side before a change of `[offset, offset + len)` of
     /// `image` is submitted.
     pub(crate) fn before_write(&self, image: &Image, offset: u64, len: u64) -> io::Result<()> {

@@ -249,7 +249,11 @@ fn steps(program: &str) -> Vec<Value> {
     seen.push(json!(job_events(q, "slow", "null")));
     seen.push(bitmap_steps::bitmaps_of(q, "fmt"));
     seen.push(q.ok("quit", json!({})));
-    drop(f.daemon);
+    let exited = f.daemon.wait_exit(std::time::Duration::from_secs(20));
+    assert!(
+        exited.is_some_and(|s| s.success()),
+        "{program} after quit: {exited:?}"
+    );
     // The incremental holds the bitmap's chunks only: the overwrite and the later write, and
     // nothing at 0 (written before the bitmap).
     for (at, byte) in [

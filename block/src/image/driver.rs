@@ -144,6 +144,22 @@ pub(crate) trait Driver {
         Err(outside_unsupported(self.format_name()))
     }
 
+    /// Makes `node` (None: none) the image whose bytes its unallocated areas read (QEMU's
+    /// `backing=NODE`; qcow2 opened without its backing file).
+    fn set_backing_node(
+        &self,
+        _node: Option<std::sync::Arc<super::Image>>,
+    ) -> Result<(), super::error::BackingNodeError> {
+        Err(super::error::BackingNodeError::NoBacking(
+            self.format_name(),
+        ))
+    }
+
+    /// The backing node attached, if any.
+    fn backing_node(&self) -> Option<std::sync::Arc<super::Image>> {
+        None
+    }
+
     /// Writes what the kind caches and syncs its files.
     fn close(&self) -> io::Result<()> {
         Ok(())

@@ -302,3 +302,21 @@ impl From<ResizeError> for io::Error {
         io::Error::new(kind, e)
     }
 }
+
+/// Why a block node cannot become an image's backing ([`Image::set_backing_node`]).
+///
+/// [`Image::set_backing_node`]: super::Image::set_backing_node
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackingNodeError {
+    /// The image's kind has no backing (raw, null, RBD).
+    #[error("a {0} image has no backing")]
+    NoBacking(&'static str),
+    /// The image was opened with the backing file its header names.
+    #[error(
+        "the image was opened with its backing file: open it without (backing=null or a node)"
+    )]
+    BackingFileOpened,
+    /// The node is the image itself, or stands on it.
+    #[error("Making the node its own backing would create a loop")]
+    Loop,
+}

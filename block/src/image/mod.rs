@@ -43,7 +43,7 @@ mod rbd;
 mod rbd_open;
 mod resize;
 use driver::Driver;
-pub use error::{ActivationError, OpenError, ResizeError};
+pub use error::{ActivationError, BackingNodeError, OpenError, ResizeError};
 use file::{open_direct, probe_header};
 pub use options::ImageOptions;
 
@@ -204,7 +204,7 @@ impl Image {
     ) -> Result<Self, OpenError> {
         if inactive {
             drop(file);
-            let qcow2 = crate::qcow2::Qcow2Image::open_inactive(path)?;
+            let qcow2 = crate::qcow2::Qcow2Image::open_inactive(path, options.open_backing)?;
             let size = check_size(path, qcow2.size())?;
             let backing = Backing::Qcow2(std::sync::Arc::new(qcow2));
             return Ok(Self::new(backing, path, size, options));
@@ -216,7 +216,8 @@ impl Image {
         let access = Access::qcow2_file(!options.read_only);
         let lock = ImageLock::acquire(&file, path, access, options.locking)?;
         drop(file);
-        let qcow2 = crate::qcow2::Qcow2Image::open(path, !options.read_only, lock)?;
+        let qcow2 =
+            crate::qcow2::Qcow2Image::open(path, !options.read_only, lock, options.open_backing)?;
         let size = check_size(path, qcow2.size())?;
         let backing = Backing::Qcow2(std::sync::Arc::new(qcow2));
         let mut image = Self::new(backing, path, size, options);
@@ -283,6 +284,34 @@ impl Image {
     }
 
     /// What stores the sectors (for the request path).
+    /// Makes `node` (None: none) the image this one's unallocated areas read, as QEMU's
+    /// qcow2 `backing=NODE` does: a qcow2 image opened without its backing file
+    /// ([`ImageOptions::open_backing`] false). What the node caches is seen (it is read
+    /// through, never opened again), a backup copying it into this image gives reads its
+    /// start's bytes (the fleecing rule, [`crate::block_copy`]), and the image takes no
+    /// changes from its queues while a node backs it.
+    pub fn set_backing_node(&self, node: Option<Arc<Image>>) -> Result<(), BackingNodeError> {
+        let mut below = node.clone();
+        while let Some(n) = below {
+            if std::ptr::eq(&*n, self) {
+                return Err(BackingNodeError::Loop);
+            }
+            below = n.backing_node();
+        }
+        dispatch!(&self.backing, d => d.set_backing_node(node))
+    }
+
+    /// The backing node attached ([`set_backing_node`](Self::set_backing_node)), if any.
+    pub fn backing_node(&self) -> Option<Arc<Image>> {
+        dispatch!(&self.backing, d => d.backing_node())
+    }
+
+    /// Whether this image is the qcow2 image `q`.
+    #[cfg(feature = "qcow2")]
+    pub(crate) fn is_qcow2(&self, q: &crate::qcow2::Qcow2Image) -> bool {
+        matches!(&self.backing, Backing::Qcow2(mine) if std::ptr::eq(&**mine, q))
+    }
+
     pub(crate) fn copy_hooks(&self) -> &crate::block_copy::CopyHooks {
         &self.copy_hooks
     }

@@ -23,6 +23,12 @@ pub struct ImageOptions {
     /// `share-rw=on`: let other users write the image beside this one. A qcow2 image never
     /// shares write, whatever this says: its metadata is written by one user only.
     pub share_rw: bool,
+    /// Whether a qcow2 image's backing file, as its header names it, is opened (the
+    /// default). False: QEMU's `backing=null` or `backing=NODE`; the image reads zeros where
+    /// it is unallocated until a node is attached ([`Image::set_backing_node`]).
+    ///
+    /// [`Image::set_backing_node`]: super::Image::set_backing_node
+    pub open_backing: bool,
 }
 
 impl Default for ImageOptions {
@@ -32,6 +38,7 @@ impl Default for ImageOptions {
             format: ImageFormat::Auto,
             locking: LockMode::Auto,
             share_rw: false,
+            open_backing: true,
         }
     }
 }
@@ -54,6 +61,14 @@ impl ImageOptions {
     /// The same options with `locking`.
     pub fn locking(mut self, locking: LockMode) -> Self {
         self.locking = locking;
+        self
+    }
+
+    /// The same options, a qcow2 image's backing file opened or not ([`open_backing`]).
+    ///
+    /// [`open_backing`]: Self::open_backing
+    pub fn open_backing(mut self, open_backing: bool) -> Self {
+        self.open_backing = open_backing;
         self
     }
 

@@ -109,6 +109,12 @@ pub(crate) fn current() -> Option<Rc<RequestIo>> {
     CURRENT.with(|c| c.borrow().clone())
 }
 
+/// Runs `f` with no current request: its storage I/O is blocking syscalls, not the engine of
+/// the request being polled (a read through to a backing node from inside a request).
+pub(crate) fn without_engine<R>(f: impl FnOnce() -> R) -> R {
+    with_io(None, f)
+}
+
 /// Runs `f` with `io` as the current request (`None`: none), restoring the previous one after,
 /// a panic included.
 fn with_io<R>(io: Option<Rc<RequestIo>>, f: impl FnOnce() -> R) -> R {

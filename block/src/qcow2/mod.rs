@@ -31,6 +31,7 @@ pub(crate) mod current;
 mod direct;
 mod durable;
 mod file_storage;
+mod node_backing;
 #[cfg(feature = "rbd")]
 mod rbd_storage;
 mod reopen;
@@ -95,6 +96,9 @@ pub(crate) struct Qcow2Image {
     cluster_bits: u32,
     /// The persistent bitmaps kept consistent in the file while it is open (`durable.rs`).
     durable: Arc<durable::DurableBitmaps>,
+    /// The block node its unallocated clusters are read from, when its backing is a node
+    /// (`node_backing.rs`), and whether the header's backing file is opened instead.
+    node_backing: node_backing::NodeBacking,
 }
 
 /// One opening of the image by imago: its metadata as read then, and the file the direct
@@ -127,6 +131,8 @@ struct Opening {
     locks: Vec<ImageLock>,
     /// The image's file, where it is one (not RBD).
     file: Option<aio_core::engine::IoFile>,
+    /// Whether the header's backing file was opened.
+    opens_backing: bool,
 }
 
 impl fmt::Debug for Qcow2Image {
@@ -208,16 +214,20 @@ struct ChainGate {
     /// How backing files are locked (the image's `locking=`), and their locks once taken.
     locking: LockMode,
     locks: Rc<RefCell<Vec<ImageLock>>>,
+    /// Whether the backing file the header names is opened (false: the backing is a node,
+    /// attached after, or none).
+    open_backing: bool,
 }
 
 impl ChainGate {
-    fn new(locking: LockMode) -> Self {
+    fn new(locking: LockMode, open_backing: bool) -> Self {
         ChainGate {
             seen: Rc::default(),
             chain: Rc::default(),
             refusal: Rc::default(),
             locking,
             locks: Rc::default(),
+            open_backing,
         }
     }
 
@@ -301,12 +311,13 @@ fn open_format(
     gate: ChainGate,
 ) -> Result<Opening, OpenError> {
     let file = storage.io_file().cloned();
-    let opened = current::block_on(
-        Qcow2::<EngineStorage>::builder(storage)
-            .l2_cache_entries(l2_cache_entries(head))
-            .write(writable)
-            .open(gate.clone()),
-    );
+    let mut builder = Qcow2::<EngineStorage>::builder(storage)
+        .l2_cache_entries(l2_cache_entries(head))
+        .write(writable);
+    if !gate.open_backing {
+        builder = builder.backing(None);
+    }
+    let opened = current::block_on(builder.open(gate.clone()));
     let qcow2 = match opened {
         Ok(q) => q,
         Err(source) => {
@@ -327,6 +338,7 @@ fn open_format(
         bitmaps,
         locks,
         file,
+        opens_backing: gate.open_backing,
     })
 }
 
@@ -340,12 +352,17 @@ impl Qcow2Image {
     /// Opens the qcow2 image at `path` (for writing when `writable`) and its backing chain
     /// (read-only), after checking every header. `lock` is the image's own, taken by the
     /// caller before anything was read; the backing files are locked as its mode says.
-    pub(crate) fn open(path: &Path, writable: bool, lock: ImageLock) -> Result<Self, OpenError> {
+    pub(crate) fn open(
+        path: &Path,
+        writable: bool,
+        lock: ImageLock,
+        open_backing: bool,
+    ) -> Result<Self, OpenError> {
         let mode = match lock.is_locked() {
             true => LockMode::Auto,
             false => LockMode::Off,
         };
-        let (head, opening) = Self::open_file(path, writable, mode)?;
+        let (head, opening) = Self::open_file(path, writable, mode, open_backing)?;
         Self::new(
             path,
             &head,
@@ -359,8 +376,8 @@ impl Qcow2Image {
     /// Opens the qcow2 image at `path` inactive: read-only, its backing chain too, without a
     /// lock of its own or of its backing files' and without writing a byte (another process
     /// may own it). [`activate`](Self::activate) opens it again with its locks.
-    pub(crate) fn open_inactive(path: &Path) -> Result<Self, OpenError> {
-        let (head, opening) = Self::open_file(path, false, LockMode::Off)?;
+    pub(crate) fn open_inactive(path: &Path, open_backing: bool) -> Result<Self, OpenError> {
+        let (head, opening) = Self::open_file(path, false, LockMode::Off, open_backing)?;
         Self::new(path, &head, opening, source::Source::File, vec![], false)
     }
 
@@ -370,6 +387,7 @@ impl Qcow2Image {
         path: &Path,
         writable: bool,
         mode: LockMode,
+        open_backing: bool,
     ) -> Result<(Vec<u8>, Opening), OpenError> {
         let failed = |source| OpenError::Image {
             path: path.to_path_buf(),
@@ -377,7 +395,7 @@ impl Qcow2Image {
         };
         let head = read_header(path).map_err(failed)?;
         check_qcow2_header(path, &head, writable)?;
-        let gate = ChainGate::new(mode);
+        let gate = ChainGate::new(mode, open_backing);
         gate.visit(path).map_err(failed)?;
         let storage = EngineStorage::open_path(path, writable).map_err(failed)?;
         let opening = open_format(path, &head, storage, writable, gate)?;
@@ -422,7 +440,7 @@ impl Qcow2Image {
             });
         }
         let storage = rbd_storage::RbdStorage::new(image.clone(), path).map_err(failed)?;
-        let gate = ChainGate::new(LockMode::Off);
+        let gate = ChainGate::new(LockMode::Off, true);
         let opening = open_format(path, &head, EngineStorage::Rbd(storage), writable, gate)?;
         Ok((head, opening))
     }
@@ -443,6 +461,7 @@ impl Qcow2Image {
             bitmaps,
             locks: mut backing_locks,
             file,
+            opens_backing,
         } = opening;
         locks.append(&mut backing_locks);
         Ok(Qcow2Image {
@@ -457,6 +476,7 @@ impl Qcow2Image {
             source,
             cluster_bits: cluster_bits(head),
             durable: Arc::new(durable::DurableBitmaps::new(file, 1 << cluster_bits(head))),
+            node_backing: node_backing::NodeBacking::new(opens_backing),
         })
     }
 

@@ -177,7 +177,10 @@ impl Qcow2Image {
     /// locked as `mode` says), its cluster size unchanged.
     fn open_again(&self, writable: bool, mode: LockMode) -> Result<Opening, OpenError> {
         let (head, opening) = match &self.source {
-            Source::File => Self::open_file(&self.path, writable, mode)?,
+            Source::File => {
+                let open_backing = self.node_backing.opens_backing();
+                Self::open_file(&self.path, writable, mode, open_backing)?
+            }
             #[cfg(feature = "rbd")]
             Source::Rbd { image, .. } => Self::open_rbd_format(&self.path, image, writable)?,
         };

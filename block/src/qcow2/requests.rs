@@ -21,7 +21,7 @@ use super::storage::EngineStorage;
 use super::{Opened, Qcow2Image};
 use crate::bitmap::{BitmapSet, DirtyBitmap};
 use crate::image::driver::{DepthDone, Driver, QueueIo, StatusDone};
-use crate::image::error::{ActivationError, ResizeError};
+use crate::image::error::{ActivationError, BackingNodeError, ResizeError};
 use crate::image::ImageOptions;
 use crate::request::{BlockRequest, Reply};
 use crate::status::Extent;
@@ -148,6 +148,18 @@ impl Driver for Arc<Qcow2Image> {
         super::current::block_on(self.run_other(&BlockRequest::Flush))
     }
 
+    fn set_backing_node(&self, node: Option<Arc<crate::Image>>) -> Result<(), BackingNodeError> {
+        if self.node_backing.opens_backing() {
+            return Err(BackingNodeError::BackingFileOpened);
+        }
+        self.node_backing.set(node);
+        Ok(())
+    }
+
+    fn backing_node(&self) -> Option<Arc<crate::Image>> {
+        self.node_backing.get()
+    }
+
     fn resize(&self, bytes: u64, _old: u64) -> Result<(), ResizeError> {
         Qcow2Image::resize(self, bytes).map_err(ResizeError::Io)
     }
@@ -269,6 +281,9 @@ impl Qcow2Image {
         let access = self.access.read().await;
         if let Some((storage, at, _)) = self.in_file(&access, offset, bufv.len()).await? {
             return storage.readv(bufv, at).await;
+        }
+        if let Some(node) = self.node_backing.get() {
+            return self.read_over_node(&access, &node, bufv, offset).await;
         }
         access.readv(bufv, offset).await
     }

@@ -8,6 +8,7 @@
 //!   data, even where that file has a hole beneath it (a cluster `preallocation=metadata` left
 //!   unwritten): QEMU reports such a cluster as data too (which reads zeros).
 //! * An unallocated cluster with nothing beneath, and a zero cluster, are holes.
+//! * An unallocated cluster over a backing node is what the node's block status says.
 
 use std::io;
 
@@ -34,6 +35,8 @@ impl Qcow2Image {
         size: u64,
     ) -> io::Result<Vec<Extent>> {
         let access = self.access.read().await;
+        // Unallocated clusters over a backing node are the node's (`node_backing.rs`).
+        let node = self.node_backing.get();
         let end = offset.saturating_add(len).min(size);
         let mut out = Vec::new();
         let mut at = offset;
@@ -44,6 +47,14 @@ impl Qcow2Image {
                 break;
             }
             match mapping {
+                Mapping::Zero {
+                    explicit: false, ..
+                } if node.is_some() => {
+                    let node = node.as_deref().expect("checked");
+                    for e in Self::node_extents(node, at, n)? {
+                        status::push(&mut out, e.offset, e.len, e.kind);
+                    }
+                }
                 Mapping::Zero { .. } => status::push(&mut out, at, n, ExtentKind::Hole),
                 Mapping::Eof { .. } => break,
                 _ => status::push(&mut out, at, n, ExtentKind::Data),

@@ -215,6 +215,8 @@ fn flatten(
             Value::Bool(true) => "on".into(),
             Value::Bool(false) => "off".into(),
             Value::Number(n) => n.to_string(),
+            // `backing: null` is QEMU's keyval `backing=null`: no backing.
+            Value::Null if key == "backing" || key.ends_with(".backing") => "null".into(),
             Value::Null => return Err(format!("'{key}': null is not served")),
             // A list of objects (`server`) as QEMU's keyval writes it: `server.0.host`.
             Value::Array(items) => {

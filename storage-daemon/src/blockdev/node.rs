@@ -38,6 +38,8 @@ pub(crate) enum Node {
         /// The name of the node `file=` names (none for an inline `file.*` child).
         file_name: Option<String>,
         read_only: bool,
+        /// Where a qcow2 node's unallocated clusters come from.
+        backing: FormatBacking,
     },
     /// `null-co` or `null-aio`.
     Null {
@@ -45,6 +47,18 @@ pub(crate) enum Node {
         size: u64,
         read_only: bool,
     },
+}
+
+/// Where a qcow2 node's unallocated clusters come from (QEMU's `backing`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) enum FormatBacking {
+    /// The backing file its header names (`backing` not given).
+    #[default]
+    File,
+    /// None: they read zeros (`backing=null`).
+    None,
+    /// The node of that name, read through (`backing=NODE`).
+    Node(String),
 }
 
 /// Reads a driver's own options: the options (its `driver` and `read-only` taken), the
@@ -134,11 +148,25 @@ fn format_node(
     if !matches!(file, Node::Protocol { .. }) {
         return Err(o.not_served("a format node over another format or null node"));
     }
+    let backing = match (format, o.take("backing")) {
+        (_, None) => FormatBacking::File,
+        (ImageFormat::Raw, Some(_)) => {
+            return Err(o.invalid("Invalid parameter 'backing'"));
+        }
+        (_, Some(name)) if name == "null" => FormatBacking::None,
+        (_, Some(name)) => {
+            if !nodes.contains_key(&name) {
+                return Err(o.invalid(format!("Cannot find device='' nor node-name='{name}'")));
+            }
+            FormatBacking::Node(name)
+        }
+    };
     Ok(Node::Format {
         format,
         file: Box::new(file),
         file_name,
         read_only,
+        backing,
     })
 }
 

@@ -5,8 +5,9 @@
 //! This module owns those checks and the holds; where a `{node, name}` bitmap is looked up
 //! is the caller's (QMP knows the nodes), serving the contexts is `aio-nbd`'s.
 //!
-//! * A bitmap named alone is the export's image's (`Bitmap 'X' is not found`); an enabled one
-//!   may not be served read-only from a writable image, for the export's clients would read
+//! * A bitmap named alone is the export's image's, or its backing nodes', the nearest first
+//!   (`Bitmap 'X' is not found`); an enabled one may not be served read-only from a writable
+//!   image, for the export's clients would read
 //!   it change under them (`Enabled bitmap 'X' incompatible with readonly export`).
 //! * Every bitmap is then checked as QEMU's `bdrv_dirty_bitmap_check(BDRV_BITMAP_ALLOW_RO)`:
 //!   not busy, not inconsistent; the first refusal, in the list's order, is the answer.
@@ -52,6 +53,25 @@ pub(crate) struct ServedBitmaps {
     pub(crate) _holds: Vec<BusyGuard>,
 }
 
+/// Bitmap `name` of `image` (owner None) or of the first of its backing nodes that has one
+/// (that node), as QEMU's `nbd_export_create` looks down the chain.
+fn find_down_the_chain(
+    image: &Image,
+    name: &str,
+) -> Option<(Option<Arc<Image>>, Arc<DirtyBitmap>)> {
+    if let Some(bitmap) = image.dirty_bitmaps().get(name) {
+        return Some((None, bitmap));
+    }
+    let mut below = image.backing_node();
+    while let Some(node) = below {
+        if let Some(bitmap) = node.dirty_bitmaps().get(name) {
+            return Some((Some(node), bitmap));
+        }
+        below = node.backing_node();
+    }
+    None
+}
+
 /// Finds, checks and holds `wanted` for a `writable` (or read-only) export of `image`, whose
 /// node is writable (`writable_node`) or not; `lookup` finds a `{node, name}` bitmap.
 pub(crate) fn serve_bitmaps(
@@ -64,12 +84,18 @@ pub(crate) fn serve_bitmaps(
     for w in wanted {
         let bitmap = match w {
             NbdBitmapSpec::Local(name) => {
-                let bitmap = image
-                    .dirty_bitmaps()
-                    .get(name)
+                // The export's image, then down its backing nodes (a pull backup's scratch
+                // image serves the disk's bitmap).
+                let (owner, bitmap) = find_down_the_chain(image, name)
                     .ok_or_else(|| ExportBitmapError::NotFound(name.clone()))?;
-                // QEMU's `bdrv_is_writable`: neither read-only nor inactive.
-                let image_writable = (writable_node || !image.is_read_only()) && image.is_active();
+                // QEMU's `bdrv_is_writable` of the node holding it: neither read-only nor
+                // inactive (the export's own node may be writable though its image is not).
+                let owner_writable = match owner {
+                    None => writable_node || !image.is_read_only(),
+                    Some(ref below) => !below.is_read_only(),
+                };
+                let image_writable =
+                    owner_writable && owner.as_deref().map_or(image.is_active(), Image::is_active);
                 if !writable && image_writable && bitmap.is_recording() {
                     return Err(ExportBitmapError::EnabledOnReadOnly(name.clone()));
                 }

@@ -18,7 +18,7 @@ use aio_virtio_blk::format::ImageFormat;
 use super::wire::{self, Args, QmpError};
 use crate::blockdev::export::Transport;
 use crate::blockdev::keyval::Opts;
-use crate::blockdev::node::Node;
+use crate::blockdev::node::{FormatBacking, Node};
 use crate::blockdev::Graph;
 use crate::daemon::Exports;
 use crate::daemon::IoThreadSet;
@@ -177,7 +177,9 @@ impl State {
             return Err(QmpError::generic(format!("Node {name} is in use")));
         }
         let is_child = self.graph.nodes.values().any(|n| match n {
-            Node::Format { file, .. } => **file == *node,
+            Node::Format { file, backing, .. } => {
+                **file == *node || *backing == FormatBacking::Node(name.clone())
+            }
             _ => false,
         });
         if is_child {

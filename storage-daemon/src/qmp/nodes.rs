@@ -19,7 +19,7 @@ use aio_virtio_blk::format::ImageFormat;
 
 use super::commands::State;
 use super::wire::QmpError;
-use crate::blockdev::node::Node;
+use crate::blockdev::node::{FormatBacking, Node};
 
 /// Whether `blockdev-add` opens `node` at once and the node holds its image from then on:
 /// a qcow2 node (QEMU's qcow2 driver opens and locks its file when it is added) and a null
@@ -82,15 +82,30 @@ impl State {
         Ok(())
     }
 
+    /// A qcow2 node over a backing node (`backing=NODE`) reads that node's image for its
+    /// unallocated clusters (`aio_block::Image::set_backing_node`); with `backing=null`,
+    /// nothing.
     pub(super) fn open_node(&self, name: &str, node: &Node) -> Result<Arc<Image>, QmpError> {
         let (path, format, size, read_only, _) = node.image();
+        let backing = match node {
+            Node::Format { backing, .. } => backing.clone(),
+            _ => FormatBacking::File,
+        };
         let options = ImageOptions::new(format)
             .read_only(read_only)
-            .locking(node.locking());
+            .locking(node.locking())
+            .open_backing(backing == FormatBacking::File);
         let inactive = !self.graph.is_active(name);
-        crate::daemon::open_node_image(&path, options, size, inactive)
+        let image = crate::daemon::open_node_image(&path, options, size, inactive)
             .map(Arc::new)
-            .map_err(|e| open_failed(&e))
+            .map_err(|e| open_failed(&e))?;
+        if let FormatBacking::Node(below) = backing {
+            let below = self.held_image(&below)?;
+            image
+                .set_backing_node(Some(below))
+                .map_err(|e| QmpError::generic(e.to_string()))?;
+        }
+        Ok(image)
     }
 
     /// Node `name`'s image, held by the node from now on (what a dirty bitmap needs: it lives
