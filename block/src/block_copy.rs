@@ -403,6 +403,9 @@ impl BlockCopy {
         if (first..=last).any(|i| bit(&st.done, i)) {
             return ReadHold::Copied;
         }
+        if !(first..=last).any(|i| bit(&st.to_copy, i)) {
+            return ReadHold::Free;
+        }
         for i in first..=last {
             *st.readers.entry(i).or_insert(0) += 1;
         }
@@ -497,5 +500,52 @@ impl Image {
         let mut copies = hooks.copies.lock().unwrap_or_else(PoisonError::into_inner);
         copies.retain(|c| !Arc::ptr_eq(c, copy));
         hooks.any.store(!copies.is_empty(), Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ImageOptions;
+
+    /// A copy between two raw images of 1 MiB in a temporary directory, everything marked.
+    fn copy() -> (tempfile::TempDir, Arc<Image>, BlockCopy) {
+        let dir = tempfile::tempdir().unwrap();
+        let open = |name: &str| {
+            let path = dir.path().join(name);
+            std::fs::File::create(&path).unwrap().set_len(1 << 20).unwrap();
+            Arc::new(Image::open(&path, ImageOptions::default()).unwrap())
+        };
+        let source = open("s");
+        let copy = BlockCopy::new(&source, open("t")).unwrap();
+        copy.mark_all();
+        (dir, source, copy)
+    }
+
+    #[test]
+    fn a_read_through_holds_its_chunks_against_copies_until_dropped() {
+        let (_dir, _source, copy) = copy();
+        let hold = copy.hold_for_read(70 << 10, 4096);
+        assert!(matches!(hold, ReadHold::Held(_)));
+        {
+            let mut st = copy.lock();
+            assert!(!copy.claim(&mut st, 1), "the held chunk is not claimed");
+            assert!(copy.claim(&mut st, 0), "another chunk is");
+            drop(st);
+            copy.release(Run { first: 0, count: 1 }, false);
+        }
+        drop(hold);
+        let mut st = copy.lock();
+        assert!(copy.claim(&mut st, 1), "let go: claimed");
+    }
+
+    #[test]
+    fn a_copied_chunk_is_read_from_the_target_and_an_unmarked_one_is_free() {
+        let (_dir, source, copy) = copy();
+        copy.before_write(&source, 0, 4096).unwrap();
+        assert!(matches!(copy.hold_for_read(0, 4096), ReadHold::Copied));
+        assert_eq!(copy.copied(), MIN_CHUNK);
+        let other = BlockCopy::new(&source, copy.target().clone()).unwrap();
+        assert!(matches!(other.hold_for_read(0, 4096), ReadHold::Free));
     }
 }

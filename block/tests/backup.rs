@@ -352,9 +352,97 @@ fn a_qcow2_target_keeps_the_sources_holes_and_equals_it_for_qemu_img() {
         .map(|e| e.len)
         .sum();
     assert_eq!(data, MIB + 192 * KIB, "only the source's data is data");
+    drop(backup);
     source.close().unwrap();
     target.close().unwrap();
     drop((source, target));
     run_in(d, "qemu-img", &["compare", "-q", "start.qcow2", "t.qcow2"]);
     run_in(d, "qemu-img", &["check", "-q", "t.qcow2"]);
+}
+
+/// A qcow2 scratch image in `dir` over `source` as its backing node (QEMU's `backing=NODE`).
+#[cfg(feature = "qcow2")]
+fn scratch_over(dir: &Path, source: &Arc<Image>) -> Arc<Image> {
+    aio_test_support::tool::run_in(
+        dir,
+        "qemu-img",
+        &["create", "-q", "-f", "qcow2", "scratch.qcow2", &SIZE.to_string()],
+    );
+    let options = ImageOptions::default().open_backing(false);
+    let scratch = Arc::new(Image::open(&dir.join("scratch.qcow2"), options).unwrap());
+    scratch.set_backing_node(Some(source.clone())).unwrap();
+    scratch
+}
+
+#[cfg(feature = "qcow2")]
+#[test]
+fn a_scratch_image_over_its_backing_node_serves_the_source_as_it_was() {
+    use aio_block::status::ExtentKind;
+    use aio_block::image::BackingNodeError;
+    if !common::bitmaps::have(&["qemu-img"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (source, _) = images(dir.path());
+    let source = open(&source);
+    let scratch = scratch_over(dir.path(), &source);
+    let (_, engine) = common::engines().into_iter().next().unwrap();
+    let s = Session::new(&scratch, engine);
+    let read = |offset: u64, len: usize| {
+        let (result, data) = s.read(offset, len);
+        result.unwrap();
+        data
+    };
+    // Read through: the source's bytes, and its holes in block status.
+    assert!(read(0, SIZE as usize) == expected());
+    let data = |image: &Image| -> Vec<(u64, u64)> {
+        (image.block_status(0, SIZE).unwrap().iter())
+            .filter(|e| e.kind == ExtentKind::Data)
+            .map(|e| (e.offset, e.len))
+            .collect()
+    };
+    assert_eq!(data(&scratch), data(&source));
+    // Nothing written through a queue; no loop; a kind without a backing.
+    assert_eq!(
+        common::session::errno(s.write(0, &[1; 4096], false)),
+        Some(libc::EPERM)
+    );
+    assert_eq!(
+        scratch.set_backing_node(Some(scratch.clone())),
+        Err(BackingNodeError::Loop)
+    );
+    assert_eq!(
+        source.set_backing_node(None),
+        Err(BackingNodeError::NoBacking("raw"))
+    );
+
+    // Fleecing: the source written after the backup's start; the scratch still reads it as
+    // it was, the copied chunk from itself, the rest through the source.
+    let backup = Backup::start(&source, scratch.clone(), SyncMode::None, None).unwrap();
+    write_through(&source, 0xaa, WRITES);
+    assert!(read(0, SIZE as usize) == expected());
+    assert!(read_all(&source)[60 << 10] == 0xaa);
+    backup.run(&Control::default()).unwrap();
+    backup.finish(false);
+}
+
+#[cfg(feature = "qcow2")]
+#[test]
+fn a_qcow2_image_opened_with_its_backing_file_takes_no_backing_node() {
+    if !common::bitmaps::have(&["qemu-img"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (source, _) = images(dir.path());
+    let source = open(&source);
+    aio_test_support::tool::run_in(
+        dir.path(),
+        "qemu-img",
+        &["create", "-q", "-f", "qcow2", "top.qcow2", "8M"],
+    );
+    let top = open(&dir.path().join("top.qcow2"));
+    assert_eq!(
+        top.set_backing_node(Some(source)),
+        Err(aio_block::image::BackingNodeError::BackingFileOpened)
+    );
 }
