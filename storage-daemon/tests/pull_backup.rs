@@ -86,40 +86,29 @@ fn job_events(q: &mut Qmp, id: &str) -> Vec<Value> {
     mine
 }
 
-/// The steps against `program`: what each answered.
-fn steps(program: &str) -> Vec<Value> {
-    let mut f = bitmap_steps::fixture(program);
-    let d = f.dir.path().to_path_buf();
-    let path = |name: &str| d.join(name).to_str().unwrap().to_string();
-    let disk = f.image.to_str().unwrap().to_string();
-    let q = &mut f.q;
-    let mut seen = Vec::new();
-    bitmap_steps::export(q);
-    let exp = format!("nbd+unix:///exp?socket={}", f.nbd.display());
-    write(&exp, "raw", 0x5a, 0, MIB);
-    write(&exp, "raw", 0x5a, 10 * MIB, 64 << 10);
-    q.ok(
-        "block-dirty-bitmap-add",
-        json!({"node": "fmt", "name": "c0", "persistent": true}),
-    );
-    write(&exp, "raw", 0x33, 20 * MIB, 4096);
-    // The disk at the checkpoint, as the backup must give it back.
-    let at_checkpoint = path("checkpoint.qcow2");
-    run(
-        "qemu-img",
-        &["create", "-q", "-f", "qcow2", &at_checkpoint, "64M"],
-    );
-    write(&at_checkpoint, "qcow2", 0x5a, 0, MIB);
-    write(&at_checkpoint, "qcow2", 0x5a, 10 * MIB, 64 << 10);
-    write(&at_checkpoint, "qcow2", 0x33, 20 * MIB, 4096);
+/// The writes of round `round` (the first at a checkpoint's start, the rest during its
+/// backup): over data, over a hole, over what the round before wrote.
+fn writes(round: u64) -> [(u8, u64, u64); 3] {
+    let p = 0x30 + round as u8 * 0x10;
+    [
+        (p, (10 + round) * MIB, 4096),
+        (p + 1, (40 + 3 * round) * MIB, 8192),
+        (p + 2, (20 + round) * MIB + 512, 512),
+    ]
+}
 
-    // The scratch image, backed by the disk (its header names it; the node is the backing).
-    let scratch = path("scratch.qcow2");
+/// One backup of libvirt's pull mode, round `round` (0: full, then incremental since the
+/// checkpoint of the round before): the transaction, the scratch node and its export, the
+/// guest's writes during it, the teardown. The export is restored into `restored{round}`
+/// (round 0: all of it; then only the bitmap's ranges, over the round before's image), which
+/// must equal `at_checkpoint`. Returns what each step answered.
+fn pull_round(q: &mut Qmp, f: &Paths, round: u64, at_checkpoint: &str) -> Vec<Value> {
+    let restored = &f.path(&format!("restored{round}.qcow2"));
+    let mut seen = Vec::new();
+    let scratch = f.path(&format!("scratch{round}.qcow2"));
     run(
         "qemu-img",
-        &[
-            "create", "-q", "-f", "qcow2", "-u", "-b", &disk, "-F", "qcow2", &scratch, "64M",
-        ],
+        &["create", "-q", "-f", "qcow2", "-u", "-b", &f.disk, "-F", "qcow2", &scratch, "64M"],
     );
     seen.push(q.call(
         "blockdev-add",
@@ -131,48 +120,54 @@ fn steps(program: &str) -> Vec<Value> {
                "backing": "fmt"}),
     ));
     let act = |kind: &str, data: Value| json!({"type": kind, "data": data});
-    seen.push(q.call(
-        "transaction",
-        json!({"actions": [
-            act("block-dirty-bitmap-add", json!({"node": "fmt", "name": "c1", "persistent": true})),
+    let mut actions = vec![act(
+        "block-dirty-bitmap-add",
+        json!({"node": "fmt", "name": format!("c{round}"), "persistent": true}),
+    )];
+    let incremental = round > 0;
+    if incremental {
+        let previous = format!("c{}", round - 1);
+        actions.extend([
             act("block-dirty-bitmap-add", json!({"node": "fmt", "name": "backup-bm",
                                                   "persistent": false, "disabled": true})),
             act("block-dirty-bitmap-merge", json!({"node": "fmt", "target": "backup-bm",
-                                                    "bitmaps": ["c0"]})),
-            act("block-dirty-bitmap-disable", json!({"node": "fmt", "name": "c0"})),
-            act("blockdev-backup", json!({"job-id": "fleece", "device": "fmt",
-                                          "target": "scratch", "sync": "none"})),
-        ]}),
+                                                    "bitmaps": [previous]})),
+            act("block-dirty-bitmap-disable", json!({"node": "fmt", "name": previous})),
+        ]);
+    }
+    actions.push(act(
+        "blockdev-backup",
+        json!({"job-id": "fleece", "device": "fmt", "target": "scratch", "sync": "none"}),
     ));
-    seen.push(q.call(
-        "block-export-add",
-        json!({"type": "nbd", "id": "bexp", "node-name": "scratch", "name": "backup",
-               "writable": false, "bitmaps": ["backup-bm"]}),
-    ));
-    // The guest writes on: over data, over a hole, over the range dirty since c0.
-    write(&exp, "raw", 0x77, 10 * MIB, 4096);
-    write(&exp, "raw", 0x88, 40 * MIB, 4096);
-    write(&exp, "raw", 0x99, 20 * MIB, 512);
+    seen.push(q.call("transaction", json!({ "actions": actions })));
+    let mut export = json!({"type": "nbd", "id": "bexp", "node-name": "scratch",
+                            "name": "backup", "writable": false});
+    if incremental {
+        export["bitmaps"] = json!(["backup-bm"]);
+    }
+    seen.push(q.call("block-export-add", export));
+    // The guest writes on during the backup.
+    for (pattern, offset, len) in writes(round + 1) {
+        write(&f.exp, "raw", pattern, offset, len);
+    }
 
-    let backup = format!("nbd+unix:///backup?socket={}", f.nbd.display());
-    let copy = path("backup.raw");
-    run(
-        "qemu-img",
-        &["convert", "-f", "raw", "-O", "raw", &backup, &copy],
-    );
+    let backup = format!("nbd+unix:///backup?socket={}", f.nbd);
+    let copy = f.path(&format!("backup{round}.raw"));
+    run("qemu-img", &["convert", "-f", "raw", "-O", "raw", &backup, &copy]);
+    if incremental {
+        let map = run("nbdinfo", &["--map=qemu:dirty-bitmap:backup-bm", &backup]);
+        seen.push(json!(map));
+        let previous = f.path(&format!("restored{}.qcow2", round - 1));
+        restore_increment(&map, &copy, &previous, restored);
+    } else {
+        run("qemu-img", &["convert", "-f", "raw", "-O", "qcow2", &copy, restored]);
+    }
     let same = Command::new("qemu-img")
-        .args(["compare", "-f", "raw", "-F", "qcow2", &copy, &at_checkpoint])
+        .args(["compare", "-U", restored, at_checkpoint])
         .output()
         .unwrap();
-    seen.push(json!([
-        "compare",
-        same.status.success(),
-        String::from_utf8_lossy(&same.stdout).to_string()
-    ]));
-    seen.push(json!(run(
-        "nbdinfo",
-        &["--map=qemu:dirty-bitmap:backup-bm", &backup]
-    )));
+    seen.push(json!(["compare", round, same.status.success(),
+        String::from_utf8_lossy(&same.stdout).to_string()]));
     seen.push(bitmap_steps::bitmaps_of(q, "fmt"));
 
     // Teardown, as libvirt ends the backup.
@@ -182,19 +177,89 @@ fn steps(program: &str) -> Vec<Value> {
     seen.push(q.call("blockdev-del", json!({"node-name": "fmt"})));
     seen.push(q.call("blockdev-del", json!({"node-name": "scratch"})));
     seen.push(q.call("blockdev-del", json!({"node-name": "scratch-file"})));
-    seen.push(q.call(
-        "block-dirty-bitmap-remove",
-        json!({"node": "fmt", "name": "backup-bm"}),
-    ));
-    seen.push(bitmap_steps::bitmaps_of(q, "fmt"));
+    if incremental {
+        seen.push(q.call(
+            "block-dirty-bitmap-remove",
+            json!({"node": "fmt", "name": "backup-bm"}),
+        ));
+    }
+    seen
+}
+
+/// Writes into `image` (a qcow2 overlay made here over `previous`, the image restored from
+/// the backup before) the dirty ranges of `map` (`nbdinfo --map` of the backup's bitmap)
+/// read from `copy` (the export read whole): the increment rebased on the backup before.
+fn restore_increment(map: &str, copy: &str, previous: &str, image: &str) {
+    run(
+        "qemu-img",
+        &["create", "-q", "-f", "qcow2", "-b", previous, "-F", "qcow2", image],
+    );
+    let bytes = std::fs::read(copy).unwrap();
+    let piece = format!("{image}.piece");
+    for line in map.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [offset, len, kind, ..] = fields[..] else {
+            continue;
+        };
+        if kind != "1" {
+            continue;
+        }
+        let (offset, len): (usize, usize) = (offset.parse().unwrap(), len.parse().unwrap());
+        std::fs::write(&piece, &bytes[offset..offset + len]).unwrap();
+        let cmd = format!("write -s {piece} {offset} {len}");
+        run("qemu-io", &["-f", "qcow2", "-c", &cmd, image]);
+    }
+}
+
+/// Where one run's files are.
+struct Paths {
+    dir: std::path::PathBuf,
+    disk: String,
+    exp: String,
+    nbd: String,
+}
+
+impl Paths {
+    fn path(&self, name: &str) -> String {
+        self.dir.join(name).to_str().unwrap().to_string()
+    }
+}
+
+/// The steps against `program`: what each answered.
+fn steps(program: &str) -> Vec<Value> {
+    let mut f = bitmap_steps::fixture(program);
+    let paths = Paths {
+        dir: f.dir.path().to_path_buf(),
+        disk: f.image.to_str().unwrap().to_string(),
+        exp: format!("nbd+unix:///exp?socket={}", f.nbd.display()),
+        nbd: f.nbd.display().to_string(),
+    };
+    let q = &mut f.q;
+    let mut seen = Vec::new();
+    bitmap_steps::export(q);
+    // The disk, and beside it a model receiving the same writes: copied at each checkpoint.
+    let model = paths.path("model.qcow2");
+    run("qemu-img", &["create", "-q", "-f", "qcow2", &model, "64M"]);
+    let both = |pattern: u8, offset: u64, len: u64| {
+        write(&paths.exp, "raw", pattern, offset, len);
+        write(&model, "qcow2", pattern, offset, len);
+    };
+    both(0x5a, 0, MIB);
+    both(0x5a, 10 * MIB, 64 << 10);
+    for round in 0..3 {
+        let at_checkpoint = paths.path(&format!("checkpoint{round}.qcow2"));
+        std::fs::copy(&model, &at_checkpoint).unwrap();
+        seen.extend(pull_round(q, &paths, round, &at_checkpoint));
+        // What the guest wrote during the backup is in the model after the checkpoint.
+        for (pattern, offset, len) in writes(round + 1) {
+            write(&model, "qcow2", pattern, offset, len);
+        }
+    }
     q.ok("quit", json!({}));
     let exited = f.daemon.wait_exit(std::time::Duration::from_secs(20));
-    assert!(
-        exited.is_some_and(|s| s.success()),
-        "{program} after quit: {exited:?}"
-    );
+    assert!(exited.is_some_and(|s| s.success()), "{program} after quit: {exited:?}");
     let info: Value =
-        serde_json::from_str(&run("qemu-img", &["info", "--output=json", &disk])).unwrap();
+        serde_json::from_str(&run("qemu-img", &["info", "--output=json", &paths.disk])).unwrap();
     // By name: the directory's order means nothing (QEMU writes its newest first, this
     // daemon keeps a stored bitmap's place).
     let mut stored = info["format-specific"]["data"]["bitmaps"]
@@ -203,25 +268,22 @@ fn steps(program: &str) -> Vec<Value> {
         .unwrap_or_default();
     stored.sort_by_key(|b| b["name"].as_str().unwrap_or_default().to_string());
     seen.push(json!(stored));
-    run("qemu-img", &["check", "-q", &disk]);
+    run("qemu-img", &["check", "-q", &paths.disk]);
     seen
 }
 
 #[test]
-fn libvirts_pull_backup_runs_unchanged_and_serves_the_disk_as_it_was() {
+fn libvirts_pull_backups_full_then_incremental_restore_the_disk_at_each_checkpoint() {
     if !aio_test_support::tool::installed("nbdinfo") {
         aio_conformance::skip("nbdinfo is not installed (Debian package libnbd-bin)");
         return;
     }
     let ours = steps(OURS);
-    let compared = ours
-        .iter()
-        .find(|v| v[0] == "compare")
-        .expect("the compare step");
-    assert_eq!(
-        compared[1], true,
-        "the backup is not the disk at the checkpoint: {compared}"
-    );
+    let compared: Vec<&Value> = ours.iter().filter(|v| v[0] == "compare").collect();
+    assert_eq!(compared.len(), 3, "three backups");
+    for c in compared {
+        assert_eq!(c[2], true, "a backup restored is not the disk at its checkpoint: {c}");
+    }
     bitmap_steps::same_as_qemu_storage_daemon(OURS, |program| match program {
         OURS => ours.clone(),
         other => steps(other),
