@@ -106,6 +106,7 @@ pub(crate) fn write_zeroes(file: &IoFile, offset: u64, len: u64, align: usize) -
 }
 
 /// Punches a hole (the file keeps its size).
+#[cfg_attr(not(feature = "qcow2"), allow(dead_code))] // qcow2 storage's.
 pub(crate) fn discard(file: &IoFile, offset: u64, len: u64) -> io::Result<()> {
     let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
     fallocate(file, mode, offset, len)
@@ -118,6 +119,7 @@ pub(crate) fn fdatasync(file: &IoFile) -> io::Result<()> {
 }
 
 /// `ftruncate(2)`.
+#[cfg_attr(not(feature = "qcow2"), allow(dead_code))] // qcow2 storage's.
 pub(crate) fn set_len(file: &IoFile, len: u64) -> io::Result<()> {
     // SAFETY: ftruncate on an open fd.
     retry(|| unsafe { libc::ftruncate(file.raw_fd(), len as libc::off_t) as isize }).map(drop)

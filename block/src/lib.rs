@@ -28,6 +28,9 @@
 //!   out of the memory the caller lends ([`LentMemory`]), each request's end told to the caller's
 //!   [`Reply`]. A qcow2 image's reads and writes inside clusters it owns go to the engine as
 //!   a raw image's do (a mapping cache); the rest run as tasks through imago.
+//! * [`block_copy`] and [`backup`]: a point-in-time copy of an image onto another while it is
+//!   written (copy-before-write in the request filter; QEMU's backup job in every sync mode,
+//!   its bitmap modes, the fleecing rule for a scratch image over its backing node).
 //! * [`stats`]: QEMU's accounting per image (`query-blockstats`) and latency histograms.
 //!
 //! ```no_run

@@ -366,7 +366,14 @@ fn scratch_over(dir: &Path, source: &Arc<Image>) -> Arc<Image> {
     aio_test_support::tool::run_in(
         dir,
         "qemu-img",
-        &["create", "-q", "-f", "qcow2", "scratch.qcow2", &SIZE.to_string()],
+        &[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "scratch.qcow2",
+            &SIZE.to_string(),
+        ],
     );
     let options = ImageOptions::default().open_backing(false);
     let scratch = Arc::new(Image::open(&dir.join("scratch.qcow2"), options).unwrap());
@@ -377,8 +384,8 @@ fn scratch_over(dir: &Path, source: &Arc<Image>) -> Arc<Image> {
 #[cfg(feature = "qcow2")]
 #[test]
 fn a_scratch_image_over_its_backing_node_serves_the_source_as_it_was() {
-    use aio_block::status::ExtentKind;
     use aio_block::image::BackingNodeError;
+    use aio_block::status::ExtentKind;
     if !common::bitmaps::have(&["qemu-img"]) {
         return;
     }

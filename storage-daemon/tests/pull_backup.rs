@@ -103,7 +103,10 @@ fn writes(round: u64) -> [(u8, u64, u64); 3] {
 /// (round 0: all of it; then only the bitmap's ranges, over the round before's image), which
 /// must equal `at_checkpoint`. Returns what each step answered.
 fn pull_round(q: &mut Qmp, f: &Paths, round: u64, at_checkpoint: &str) -> Vec<Value> {
-    let since: Vec<String> = (round > 0).then(|| format!("c{}", round - 1)).into_iter().collect();
+    let since: Vec<String> = (round > 0)
+        .then(|| format!("c{}", round - 1))
+        .into_iter()
+        .collect();
     let base = (round > 0).then(|| f.path(&format!("restored{}.qcow2", round - 1)));
     pull_since(q, f, round, &since, base.as_deref(), at_checkpoint)
 }
@@ -123,7 +126,9 @@ fn pull_since(
     let scratch = f.path(&format!("scratch{round}.qcow2"));
     run(
         "qemu-img",
-        &["create", "-q", "-f", "qcow2", "-u", "-b", &f.disk, "-F", "qcow2", &scratch, "64M"],
+        &[
+            "create", "-q", "-f", "qcow2", "-u", "-b", &f.disk, "-F", "qcow2", &scratch, "64M",
+        ],
     );
     seen.push(q.call(
         "blockdev-add",
@@ -142,11 +147,20 @@ fn pull_since(
     let incremental = !since.is_empty();
     if let Some(last) = since.last() {
         actions.extend([
-            act("block-dirty-bitmap-add", json!({"node": "fmt", "name": "backup-bm",
-                                                  "persistent": false, "disabled": true})),
-            act("block-dirty-bitmap-merge", json!({"node": "fmt", "target": "backup-bm",
-                                                    "bitmaps": since})),
-            act("block-dirty-bitmap-disable", json!({"node": "fmt", "name": last})),
+            act(
+                "block-dirty-bitmap-add",
+                json!({"node": "fmt", "name": "backup-bm",
+                                                  "persistent": false, "disabled": true}),
+            ),
+            act(
+                "block-dirty-bitmap-merge",
+                json!({"node": "fmt", "target": "backup-bm",
+                                                    "bitmaps": since}),
+            ),
+            act(
+                "block-dirty-bitmap-disable",
+                json!({"node": "fmt", "name": last}),
+            ),
         ]);
     }
     actions.push(act(
@@ -167,20 +181,30 @@ fn pull_since(
 
     let backup = format!("nbd+unix:///backup?socket={}", f.nbd);
     let copy = f.path(&format!("backup{round}.raw"));
-    run("qemu-img", &["convert", "-f", "raw", "-O", "raw", &backup, &copy]);
+    run(
+        "qemu-img",
+        &["convert", "-f", "raw", "-O", "raw", &backup, &copy],
+    );
     if incremental {
         let map = run("nbdinfo", &["--map=qemu:dirty-bitmap:backup-bm", &backup]);
         seen.push(json!(map));
         restore_increment(&map, &copy, base.expect("a base"), restored);
     } else {
-        run("qemu-img", &["convert", "-f", "raw", "-O", "qcow2", &copy, restored]);
+        run(
+            "qemu-img",
+            &["convert", "-f", "raw", "-O", "qcow2", &copy, restored],
+        );
     }
     let same = Command::new("qemu-img")
         .args(["compare", "-U", restored, at_checkpoint])
         .output()
         .unwrap();
-    seen.push(json!(["compare", round, same.status.success(),
-        String::from_utf8_lossy(&same.stdout).to_string()]));
+    seen.push(json!([
+        "compare",
+        round,
+        same.status.success(),
+        String::from_utf8_lossy(&same.stdout).to_string()
+    ]));
     seen.push(bitmap_steps::bitmaps_of(q, "fmt"));
 
     // Teardown, as libvirt ends the backup.
@@ -205,7 +229,9 @@ fn pull_since(
 fn restore_increment(map: &str, copy: &str, previous: &str, image: &str) {
     run(
         "qemu-img",
-        &["create", "-q", "-f", "qcow2", "-b", previous, "-F", "qcow2", image],
+        &[
+            "create", "-q", "-f", "qcow2", "-b", previous, "-F", "qcow2", image,
+        ],
     );
     let bytes = std::fs::read(copy).unwrap();
     let piece = format!("{image}.piece");
@@ -270,7 +296,10 @@ fn steps(program: &str) -> Vec<Value> {
     }
     q.ok("quit", json!({}));
     let exited = f.daemon.wait_exit(std::time::Duration::from_secs(20));
-    assert!(exited.is_some_and(|s| s.success()), "{program} after quit: {exited:?}");
+    assert!(
+        exited.is_some_and(|s| s.success()),
+        "{program} after quit: {exited:?}"
+    );
     let info: Value =
         serde_json::from_str(&run("qemu-img", &["info", "--output=json", &paths.disk])).unwrap();
     // By name: the directory's order means nothing (QEMU writes its newest first, this
@@ -295,7 +324,10 @@ fn libvirts_pull_backups_full_then_incremental_restore_the_disk_at_each_checkpoi
     let compared: Vec<&Value> = ours.iter().filter(|v| v[0] == "compare").collect();
     assert_eq!(compared.len(), 3, "three backups");
     for c in compared {
-        assert_eq!(c[2], true, "a backup restored is not the disk at its checkpoint: {c}");
+        assert_eq!(
+            c[2], true,
+            "a backup restored is not the disk at its checkpoint: {c}"
+        );
     }
     bitmap_steps::same_as_qemu_storage_daemon(OURS, |program| match program {
         OURS => ours.clone(),
@@ -334,7 +366,10 @@ fn after_a_sigkill_mid_backup_the_next_incremental_is_correct() {
     let at0 = first.path("checkpoint0.qcow2");
     std::fs::copy(&model, &at0).unwrap();
     let full = pull_round(&mut f.q, &first, 0, &at0);
-    assert!(full.iter().any(|v| v[0] == "compare" && v[2] == true), "{full:?}");
+    assert!(
+        full.iter().any(|v| v[0] == "compare" && v[2] == true),
+        "{full:?}"
+    );
     for w in writes(1) {
         write(&model, "qcow2", w.0, w.1, w.2);
     }
@@ -343,7 +378,19 @@ fn after_a_sigkill_mid_backup_the_next_incremental_is_correct() {
     let scratch = first.path("scratch1.qcow2");
     run(
         "qemu-img",
-        &["create", "-q", "-f", "qcow2", "-u", "-b", &first.disk, "-F", "qcow2", &scratch, "64M"],
+        &[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-u",
+            "-b",
+            &first.disk,
+            "-F",
+            "qcow2",
+            &scratch,
+            "64M",
+        ],
     );
     let q = &mut f.q;
     q.ok(
@@ -369,9 +416,11 @@ fn after_a_sigkill_mid_backup_the_next_incremental_is_correct() {
         both(&first, w);
     }
     f.daemon.kill();
-    let info: Value =
-        serde_json::from_str(&run("qemu-img", &["info", "-U", "--output=json", &first.disk]))
-            .unwrap();
+    let info: Value = serde_json::from_str(&run(
+        "qemu-img",
+        &["info", "-U", "--output=json", &first.disk],
+    ))
+    .unwrap();
     let stored = info["format-specific"]["data"]["bitmaps"].clone();
     let names: Vec<&str> = stored
         .as_array()
@@ -380,7 +429,10 @@ fn after_a_sigkill_mid_backup_the_next_incremental_is_correct() {
         .map(|b| b["name"].as_str().unwrap())
         .collect();
     assert_eq!(names.len(), 2, "{stored}");
-    assert!(!stored.to_string().contains("in-use"), "consistent: {stored}");
+    assert!(
+        !stored.to_string().contains("in-use"),
+        "consistent: {stored}"
+    );
 
     // Started again: the incremental since c0 (c0 and c1 merged) over the full backup.
     let (_daemon, mut q) = bitmap_steps::daemon(OURS, &dir);
