@@ -57,35 +57,6 @@ fn write(target: &str, format: &str, pattern: u8, offset: u64, len: u64) {
     assert!(!out.contains("failed"), "{out}");
 }
 
-/// Job `id`'s events until it is gone, drain pauses folded (see `qmp_backup.rs`).
-fn job_events(q: &mut Qmp, id: &str) -> Vec<Value> {
-    q.wait_event(|e| {
-        e["event"] == "JOB_STATUS_CHANGE" && e["data"]["id"] == id && e["data"]["status"] == "null"
-    });
-    let mut mine: Vec<Value> = Vec::new();
-    for e in q.events.drain(..) {
-        let of_job = e["data"]["id"] == id || e["data"]["device"] == id;
-        if !of_job || !e["event"].as_str().is_some_and(|n| n.contains("JOB")) {
-            continue;
-        }
-        let mut e = json!({"event": e["event"], "data": e["data"]});
-        if e["event"] == "BLOCK_JOB_CANCELLED" {
-            // What the writes copied before the cancel: QEMU and this daemon copy in chunks
-            // of their own.
-            e["data"]["offset"] = json!("(copied)");
-        }
-        let status = |e: &Value| e["data"]["status"].as_str().map(str::to_string);
-        if status(&e).as_deref() == Some("running")
-            && mine.last().and_then(status).as_deref() == Some("paused")
-        {
-            mine.pop();
-            continue;
-        }
-        mine.push(e);
-    }
-    mine
-}
-
 /// The writes of round `round` (the first at a checkpoint's start, the rest during its
 /// backup): over data, over a hole, over what the round before wrote.
 fn writes(round: u64) -> [(u8, u64, u64); 3] {
@@ -210,7 +181,7 @@ fn pull_since(
     // Teardown, as libvirt ends the backup.
     bitmap_steps::export_del(q, "bexp");
     seen.push(q.call("job-cancel", json!({"id": "fleece"})));
-    seen.push(json!(job_events(q, "fleece")));
+    seen.push(json!(bitmap_steps::job_events(q, "fleece", "null")));
     seen.push(q.call("blockdev-del", json!({"node-name": "fmt"})));
     seen.push(q.call("blockdev-del", json!({"node-name": "scratch"})));
     seen.push(q.call("blockdev-del", json!({"node-name": "scratch-file"})));

@@ -47,40 +47,6 @@ fn qemu_io(target: &str, format: &str, pattern: u8, offset: u64, len: u64) {
     );
 }
 
-/// Reads events until job `id` is gone (`null`) or, `concluded_only`, concluded; returns the
-/// job's events in order (names and data).
-fn job_events(q: &mut Qmp, id: &str, last: &str) -> Vec<Value> {
-    let ends = |e: &Value| {
-        e["event"] == "JOB_STATUS_CHANGE" && e["data"]["id"] == id && e["data"]["status"] == last
-    };
-    q.wait_event(ends);
-    let mut mine: Vec<Value> = Vec::new();
-    let status = |e: &Value| e["data"]["status"].as_str().map(str::to_string);
-    for e in q.events.drain(..) {
-        let of_job = e["data"]["id"] == id || e["data"]["device"] == id;
-        if !of_job || !e["event"].as_str().is_some_and(|n| n.contains("JOB")) {
-            continue;
-        }
-        // A `paused` then `running` is a drain of the node (QEMU pauses a job at every
-        // drain of its nodes: at its start, at another command's prepare, at an NBD
-        // client's connection; this daemon drains nothing and shows only the start's):
-        // folded, so the sequences compare what a job does.
-        let mut e = json!({"event": e["event"], "data": e["data"]});
-        if e["event"] == "BLOCK_JOB_CANCELLED" {
-            // Where the copy was when the cancel came.
-            e["data"]["offset"] = json!("(timing)");
-        }
-        if status(&e).as_deref() == Some("running")
-            && mine.last().and_then(status).as_deref() == Some("paused")
-        {
-            mine.pop();
-            continue;
-        }
-        mine.push(e);
-    }
-    mine
-}
-
 /// A 64 MiB qcow2 target `name` in `dir`, added as node `name`.
 fn target(q: &mut Qmp, dir: &Path, name: &str) -> String {
     let path = dir
@@ -211,7 +177,7 @@ fn steps(program: &str) -> Vec<Value> {
     ));
     qemu_io(&uri, "raw", 0x77, 10 * MIB, 4096);
     seen.push(q.call("block-job-set-speed", json!({"device": "full", "speed": 0})));
-    seen.push(json!(job_events(q, "full", "null")));
+    seen.push(json!(bitmap_steps::job_events(q, "full", "null")));
 
     // The incremental since `b`: the bitmap holds the two first writes and the overwrite.
     let t2 = target(q, &d, "t2");
@@ -222,7 +188,7 @@ fn steps(program: &str) -> Vec<Value> {
         json!({"job-id": "inc", "device": "fmt", "target": "t2", "sync": "incremental",
                "bitmap": "b", "auto-dismiss": false}),
     ));
-    seen.push(json!(job_events(q, "inc", "concluded")));
+    seen.push(json!(bitmap_steps::job_events(q, "inc", "concluded")));
     seen.push(q.ok("query-jobs", json!({})));
     seen.push(q.call("job-dismiss", json!({"id": "inc"})));
     seen.push(bitmap_steps::bitmaps_of(q, "fmt"));
@@ -239,14 +205,14 @@ fn steps(program: &str) -> Vec<Value> {
                                                  "target": "t3", "sync": "full"}},
         ]}),
     ));
-    seen.push(json!(job_events(q, "tx", "null")));
+    seen.push(json!(bitmap_steps::job_events(q, "tx", "null")));
     seen.push(q.call(
         "blockdev-backup",
         json!({"job-id": "slow", "device": "fmt", "target": "t3", "sync": "full",
                "speed": 1000}),
     ));
     seen.push(q.call("job-cancel", json!({"id": "slow"})));
-    seen.push(json!(job_events(q, "slow", "null")));
+    seen.push(json!(bitmap_steps::job_events(q, "slow", "null")));
     seen.push(bitmap_steps::bitmaps_of(q, "fmt"));
     seen.push(q.ok("quit", json!({})));
     let exited = f.daemon.wait_exit(std::time::Duration::from_secs(20));

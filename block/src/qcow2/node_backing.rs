@@ -69,11 +69,11 @@ impl NodeBacking {
 
 impl Qcow2Image {
     /// Reads `bufv` at `offset`, unallocated clusters from `node` (see the module's
-    /// contract).
+    /// contract); without a node they read zeros.
     pub(super) async fn read_over_node(
         &self,
         access: &Opened,
-        node: &Arc<Image>,
+        node: Option<&Arc<Image>>,
         bufv: IoVectorMut<'_>,
         offset: u64,
     ) -> io::Result<()> {
@@ -86,14 +86,20 @@ impl Qcow2Image {
                 break;
             }
             let (mut piece, tail) = rest.split_at(n);
-            match mapping {
-                Mapping::Raw {
-                    storage, offset, ..
-                } => storage.readv(piece, offset).await?,
-                Mapping::Zero {
-                    explicit: false, ..
-                } => self.read_node_range(access, node, piece, at).await?,
-                Mapping::Zero { .. } | Mapping::Eof { .. } => piece.fill(0),
+            match (mapping, node) {
+                (
+                    Mapping::Raw {
+                        storage, offset, ..
+                    },
+                    _,
+                ) => storage.readv(piece, offset).await?,
+                (
+                    Mapping::Zero {
+                        explicit: false, ..
+                    },
+                    Some(node),
+                ) => self.read_node_range(access, node, piece, at).await?,
+                (Mapping::Zero { .. } | Mapping::Eof { .. }, _) => piece.fill(0),
                 _ => access.readv(piece, at).await?,
             }
             (rest, at) = (tail, at + n);
@@ -120,36 +126,13 @@ impl Qcow2Image {
                 .as_ref()
                 .map_or(ReadHold::Free, |c| c.hold_for_read(at, n));
             match hold {
-                // Copied since the lookup: this image holds the chunk now, as it was.
-                ReadHold::Copied => self.read_copied(access, part, at).await?,
+                // Copied since the lookup: this image holds the chunk now, as it was (zeros
+                // where it left it unallocated: the node held zeros there).
+                ReadHold::Copied => Box::pin(self.read_over_node(access, None, part, at)).await?,
                 hold => {
                     read_node(node, &mut part, at)?;
                     drop(hold);
                 }
-            }
-            (rest, at) = (tail, at + n);
-        }
-        Ok(())
-    }
-
-    /// A range a backup copied into this image: its clusters, zeros where it left them
-    /// unallocated (the node held zeros there).
-    async fn read_copied(&self, access: &Opened, bufv: IoVectorMut<'_>, at: u64) -> io::Result<()> {
-        let (mut rest, mut at) = (bufv, at);
-        while !rest.is_empty() {
-            let (mapping, n) = access.get_mapping(at, rest.len()).await?;
-            let n = n.min(rest.len());
-            if n == 0 {
-                rest.fill(0);
-                break;
-            }
-            let (mut piece, tail) = rest.split_at(n);
-            match mapping {
-                Mapping::Raw {
-                    storage, offset, ..
-                } => storage.readv(piece, offset).await?,
-                Mapping::Zero { .. } | Mapping::Eof { .. } => piece.fill(0),
-                _ => access.readv(piece, at).await?,
             }
             (rest, at) = (tail, at + n);
         }

@@ -283,7 +283,9 @@ impl Qcow2Image {
             return storage.readv(bufv, at).await;
         }
         if let Some(node) = self.node_backing.get() {
-            return self.read_over_node(&access, &node, bufv, offset).await;
+            return self
+                .read_over_node(&access, Some(&node), bufv, offset)
+                .await;
         }
         access.readv(bufv, offset).await
     }

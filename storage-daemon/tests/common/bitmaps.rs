@@ -1,4 +1,5 @@
-//! The steps the dirty bitmap tests share (`qmp_bitmaps`, `qmp_transaction`): a daemon with
+//! The steps the dirty bitmap and backup tests share (`qmp_bitmaps`, `qmp_transaction`,
+//! `qmp_backup`, `pull_backup`): a daemon with
 //! a monitor only, a qcow2 image, writes through an NBD export with `qemu-io`, and a node's
 //! bitmaps as `query-named-block-nodes` and `x-debug-block-dirty-bitmap-sha256` show them.
 #![allow(dead_code)]
@@ -157,4 +158,39 @@ pub fn same_as_qemu_storage_daemon(ours: &str, steps: impl Fn(&str) -> Vec<Value
     for (k, (a, b)) in ours.iter().zip(&theirs).enumerate() {
         assert_eq!(a, b, "step {k}: ours {a} / qemu-storage-daemon's {b}");
     }
+}
+
+/// Reads events until job `id`'s `JOB_STATUS_CHANGE` to `last` (`null`, `concluded`); returns
+/// the job's events in order (names and data), what depends on timing or on the copy's
+/// chunking written as such (a cancelled job's offset) and drain pauses folded.
+pub fn job_events(q: &mut Qmp, id: &str, last: &str) -> Vec<Value> {
+    let ends = |e: &Value| {
+        e["event"] == "JOB_STATUS_CHANGE" && e["data"]["id"] == id && e["data"]["status"] == last
+    };
+    q.wait_event(ends);
+    let mut mine: Vec<Value> = Vec::new();
+    let status = |e: &Value| e["data"]["status"].as_str().map(str::to_string);
+    for e in q.events.drain(..) {
+        let of_job = e["data"]["id"] == id || e["data"]["device"] == id;
+        if !of_job || !e["event"].as_str().is_some_and(|n| n.contains("JOB")) {
+            continue;
+        }
+        // A `paused` then `running` is a drain of the node (QEMU pauses a job at every
+        // drain of its nodes: at its start, at another command's prepare, at an NBD
+        // client's connection; this daemon drains nothing and shows only the start's):
+        // folded, so the sequences compare what a job does.
+        let mut e = json!({"event": e["event"], "data": e["data"]});
+        if e["event"] == "BLOCK_JOB_CANCELLED" {
+            // Where the copy was when the cancel came.
+            e["data"]["offset"] = json!("(timing)");
+        }
+        if status(&e).as_deref() == Some("running")
+            && mine.last().and_then(status).as_deref() == Some("paused")
+        {
+            mine.pop();
+            continue;
+        }
+        mine.push(e);
+    }
+    mine
 }
