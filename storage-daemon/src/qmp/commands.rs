@@ -240,7 +240,7 @@ impl State {
         Ok(json!({}))
     }
 
-    fn export_del(&mut self, ctx: &Ctx, mut args: Args) -> Result<Value, QmpError> {
+    pub(super) fn export_del(&mut self, ctx: &Ctx, mut args: Args) -> Result<Value, QmpError> {
         let id = args.str("id")?;
         let hard = match args.opt_str("mode")?.as_deref() {
             None | Some("safe") => false,

@@ -1,5 +1,5 @@
-//! QMP's NBD commands: `nbd-server-start`, `nbd-server-stop`, `nbd-server-add` (QEMU's
-//! deprecated form of `block-export-add`), and `block-export-add` / `block-export-del` of
+//! QMP's NBD commands: `nbd-server-start`, `nbd-server-stop`, `nbd-server-add` and
+//! `nbd-server-remove` (QEMU's deprecated forms of `block-export-add` and `-del`), and `block-export-add` / `block-export-del` of
 //! `type=nbd`, with QEMU's errors.
 //!
 //! This module owns what those commands change (the daemon's NBD server and the graph's NBD
@@ -38,6 +38,10 @@ pub(super) const COMMANDS: &[Command] = &[
         name: "nbd-server-add",
         run: |state, ctx, args| state.nbd_server_add(ctx, args),
     },
+    Command {
+        name: "nbd-server-remove",
+        run: |state, ctx, args| state.nbd_server_remove(ctx, args),
+    },
 ];
 
 impl State {
@@ -52,6 +56,31 @@ impl State {
         *self.nbd.borrow_mut() = Some(Rc::new(service));
         self.graph.nbd_server = Some(spec);
         Ok(json!({}))
+    }
+
+    /// `nbd-server-remove name [mode]`: QEMU's deprecated form of `block-export-del` (the
+    /// export `nbd-server-add` made has its name as its id), refusing an export of another
+    /// type.
+    fn nbd_server_remove(&mut self, ctx: &Ctx, mut args: Args) -> Result<Value, QmpError> {
+        let name = args.str("name")?;
+        let mode = args.opt_str("mode")?;
+        args.finish()?;
+        let other_type = self
+            .graph
+            .exports
+            .iter()
+            .any(|e| e.id == name && !matches!(e.transport, Transport::Nbd { .. }));
+        if other_type {
+            return Err(QmpError::generic(format!(
+                "Block export '{name}' is not an NBD export"
+            )));
+        }
+        let mut del = serde_json::Map::new();
+        del.insert("id".into(), json!(name));
+        if let Some(mode) = mode {
+            del.insert("mode".into(), json!(mode));
+        }
+        self.export_del(ctx, Args::new(del))
     }
 
     /// `nbd-server-stop`: every NBD export ends with it.
