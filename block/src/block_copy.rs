@@ -35,11 +35,12 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 
 use aio_core::engine::AlignedBuf;
 
+use crate::image::hooks::{CopyHook, KindId, ReadHold};
 use crate::image::Image;
 use crate::status::ExtentKind;
 
@@ -87,29 +88,15 @@ impl Chunks {
     }
 }
 
-/// What a read of the target through to the source holds ([`BlockCopy::hold_for_read`]).
-#[cfg_attr(not(feature = "qcow2"), allow(dead_code))] // Read by qcow2 images over a node.
-#[derive(Debug)]
-pub(crate) enum ReadHold<'a> {
-    /// Nothing to hold: the range is not part of the copy (read the source as it is).
-    Free,
-    /// The range's chunks, still to copy, held: the source's writes there wait until this is
-    /// dropped, so the source reads as it was.
-    Held(#[allow(dead_code)] ReadGuard<'a>),
-    /// A chunk of the range was copied: read the target instead.
-    Copied,
-}
-
 /// Chunks held by a read of the target through to the source; let go when dropped.
-#[cfg_attr(not(feature = "qcow2"), allow(dead_code))] // Read by qcow2 images over a node.
 #[derive(Debug)]
-pub(crate) struct ReadGuard<'a> {
-    copy: &'a BlockCopy,
+struct ReadGuard {
+    copy: Arc<BlockCopy>,
     first: u64,
     last: u64,
 }
 
-impl Drop for ReadGuard<'_> {
+impl Drop for ReadGuard {
     fn drop(&mut self) {
         let mut st = self.copy.lock();
         for i in self.first..=self.last {
@@ -150,6 +137,9 @@ struct Run {
 pub struct BlockCopy {
     source: Weak<Image>,
     target: Arc<Image>,
+    /// The target's kind, as a read through to the source names it (the fleecing rule).
+    #[cfg_attr(not(feature = "qcow2"), allow(dead_code))]
+    target_kind: KindId,
     chunk: u64,
     size: u64,
     state: Mutex<Chunks>,
@@ -169,6 +159,7 @@ impl BlockCopy {
         let words = size.div_ceil(chunk).div_ceil(64).max(1) as usize;
         Ok(BlockCopy {
             source: Arc::downgrade(source),
+            target_kind: target.kind_id(),
             target,
             chunk,
             size,
@@ -357,7 +348,7 @@ impl BlockCopy {
 
     /// Before a change of `[offset, offset + len)` of `source` is submitted: the chunks it
     /// touches that are still to copy copied first, those being copied waited for.
-    fn before_write(&self, source: &Image, offset: u64, len: u64) -> io::Result<()> {
+    fn copy_before(&self, source: &Image, offset: u64, len: u64) -> io::Result<()> {
         let Some((first, last)) = self.span(offset, len) else {
             return Ok(());
         };
@@ -387,36 +378,6 @@ impl BlockCopy {
             self.release(run, result.is_ok());
         }
         result
-    }
-
-    /// The fleecing rule, for a read of the target through to the source over `[offset,
-    /// offset + len)` (see [`ReadHold`]): waits while a chunk of it is being copied.
-    #[cfg_attr(not(feature = "qcow2"), allow(dead_code))] // Read by qcow2 images over a node.
-    pub(crate) fn hold_for_read(&self, offset: u64, len: u64) -> ReadHold<'_> {
-        let Some((first, last)) = self.span(offset, len) else {
-            return ReadHold::Free;
-        };
-        let mut st = self.lock();
-        while (first..=last).any(|i| bit(&st.claimed, i)) {
-            st = self
-                .settled
-                .wait(st)
-                .unwrap_or_else(PoisonError::into_inner);
-        }
-        if (first..=last).any(|i| bit(&st.done, i)) {
-            return ReadHold::Copied;
-        }
-        if !(first..=last).any(|i| bit(&st.to_copy, i)) {
-            return ReadHold::Free;
-        }
-        for i in first..=last {
-            *st.readers.entry(i).or_insert(0) += 1;
-        }
-        ReadHold::Held(ReadGuard {
-            copy: self,
-            first,
-            last,
-        })
     }
 
     fn run_bytes(&self, run: Run) -> u64 {
@@ -449,37 +410,50 @@ impl BlockCopy {
     }
 }
 
-/// The copies a source image makes before its writes: the request filter asks them.
-#[derive(Debug, Default)]
-pub(crate) struct CopyHooks {
-    /// Whether any copy is attached: the one load a write pays when none is.
-    any: AtomicBool,
-    copies: Mutex<Vec<Arc<BlockCopy>>>,
-}
-
-impl CopyHooks {
-    /// The attached copy whose target `is_target` says is the one asked for.
-    #[cfg_attr(not(feature = "qcow2"), allow(dead_code))] // Read by qcow2 images over a node.
-    pub(crate) fn copy_to(&self, is_target: impl Fn(&Image) -> bool) -> Option<Arc<BlockCopy>> {
-        let copies = self.copies.lock().unwrap_or_else(PoisonError::into_inner);
-        copies.iter().find(|c| is_target(&c.target)).cloned()
+impl CopyHook for BlockCopy {
+    fn before_write(&self, offset: u64, len: u64) -> io::Result<()> {
+        match self.source.upgrade() {
+            Some(source) => self.copy_before(&source, offset, len),
+            None => Ok(()),
+        }
     }
 
-    /// Runs every attached copy's side before a change of `[offset, offset + len)` of
-    /// `image` is submitted.
-    pub(crate) fn before_write(&self, image: &Image, offset: u64, len: u64) -> io::Result<()> {
-        if !self.any.load(Ordering::Acquire) {
-            return Ok(());
+    fn target_is(&self, kind: KindId) -> bool {
+        self.target_kind == kind
+    }
+
+    fn chunk_size(&self) -> u64 {
+        self.chunk
+    }
+
+    /// The fleecing rule, for a read of the target through to the source over `[offset,
+    /// offset + len)` (see [`ReadHold`]): waits while a chunk of it is being copied.
+    fn hold_for_read(self: Arc<Self>, offset: u64, len: u64) -> ReadHold {
+        let Some((first, last)) = self.span(offset, len) else {
+            return ReadHold::Free;
+        };
+        let mut st = self.lock();
+        while (first..=last).any(|i| bit(&st.claimed, i)) {
+            st = self
+                .settled
+                .wait(st)
+                .unwrap_or_else(PoisonError::into_inner);
         }
-        let copies = self
-            .copies
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        for copy in copies {
-            copy.before_write(image, offset, len)?;
+        if (first..=last).any(|i| bit(&st.done, i)) {
+            return ReadHold::Copied;
         }
-        Ok(())
+        if !(first..=last).any(|i| bit(&st.to_copy, i)) {
+            return ReadHold::Free;
+        }
+        for i in first..=last {
+            *st.readers.entry(i).or_insert(0) += 1;
+        }
+        drop(st);
+        ReadHold::Held(Box::new(ReadGuard {
+            copy: self,
+            first,
+            last,
+        }))
     }
 }
 
@@ -491,19 +465,15 @@ impl Image {
         if !std::ptr::eq(copy.source.as_ptr(), self) {
             return Err(BlockCopyError::OtherSource);
         }
-        let hooks = self.copy_hooks();
-        let mut copies = hooks.copies.lock().unwrap_or_else(PoisonError::into_inner);
-        copies.push(copy.clone());
-        hooks.any.store(true, Ordering::Release);
+        self.copy_hooks().attach(copy.clone());
         Ok(())
     }
 
     /// Detaches `copy`: writes no longer wait for it.
     pub fn stop_copy_before_write(&self, copy: &Arc<BlockCopy>) {
-        let hooks = self.copy_hooks();
-        let mut copies = hooks.copies.lock().unwrap_or_else(PoisonError::into_inner);
-        copies.retain(|c| !Arc::ptr_eq(c, copy));
-        hooks.any.store(!copies.is_empty(), Ordering::Release);
+        let it = Arc::as_ptr(copy) as *const ();
+        self.copy_hooks()
+            .detach(|c| std::ptr::eq(Arc::as_ptr(c) as *const (), it));
     }
 }
 
@@ -532,7 +502,8 @@ mod tests {
     #[test]
     fn a_read_through_holds_its_chunks_against_copies_until_dropped() {
         let (_dir, _source, copy) = copy();
-        let hold = copy.hold_for_read(70 << 10, 4096);
+        let copy = Arc::new(copy);
+        let hold = copy.clone().hold_for_read(70 << 10, 4096);
         assert!(matches!(hold, ReadHold::Held(_)));
         {
             let mut st = copy.lock();
@@ -549,10 +520,14 @@ mod tests {
     #[test]
     fn a_copied_chunk_is_read_from_the_target_and_an_unmarked_one_is_free() {
         let (_dir, source, copy) = copy();
-        copy.before_write(&source, 0, 4096).unwrap();
-        assert!(matches!(copy.hold_for_read(0, 4096), ReadHold::Copied));
+        let copy = Arc::new(copy);
+        copy.copy_before(&source, 0, 4096).unwrap();
+        assert!(matches!(
+            copy.clone().hold_for_read(0, 4096),
+            ReadHold::Copied
+        ));
         assert_eq!(copy.copied(), MIN_CHUNK);
-        let other = BlockCopy::new(&source, copy.target().clone()).unwrap();
+        let other = Arc::new(BlockCopy::new(&source, copy.target().clone()).unwrap());
         assert!(matches!(other.hold_for_read(0, 4096), ReadHold::Free));
     }
 }

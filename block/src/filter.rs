@@ -51,7 +51,7 @@ use crate::request::Reply;
 /// image's set: a kept bitmap removed from the set still gets every write on disk until the
 /// clean close, or a crash would bring it back missing writes.
 pub(crate) fn before_submit(image: &Image, (offset, len): (u64, u64)) -> io::Result<()> {
-    image.copy_hooks().before_write(image, offset, len)?;
+    image.copy_hooks().before_write(offset, len)?;
     image.bitmaps_before_write(offset, len)
 }
 

@@ -159,8 +159,7 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> ImageQueue<L, E> {
         }
         // Over a backing node, a write of part of an unallocated cluster would be filled from
         // no backing (`qcow2/node_backing.rs`): refused as a read-only image's.
-        if request.modifies() && (self.image.is_read_only() || self.image.backing_node().is_some())
-        {
+        if request.modifies() && (self.image.is_read_only() || self.image.has_backing_node()) {
             return Err(request::read_only());
         }
         // One load, and none for a read (an inactive image serves reads).

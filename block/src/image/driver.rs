@@ -148,16 +148,11 @@ pub(crate) trait Driver {
     /// `backing=NODE`; qcow2 opened without its backing file).
     fn set_backing_node(
         &self,
-        _node: Option<std::sync::Arc<super::Image>>,
+        _node: Option<std::sync::Arc<dyn super::hooks::BackingNode>>,
     ) -> Result<(), super::error::BackingNodeError> {
         Err(super::error::BackingNodeError::NoBacking(
             self.format_name(),
         ))
-    }
-
-    /// The backing node attached, if any.
-    fn backing_node(&self) -> Option<std::sync::Arc<super::Image>> {
-        None
     }
 
     /// Writes what the kind caches and syncs its files.

@@ -33,6 +33,7 @@ pub(crate) mod driver;
 pub(crate) mod error;
 pub(crate) mod file;
 mod handoff;
+pub(crate) mod hooks;
 mod null;
 mod options;
 mod outside;
@@ -102,7 +103,11 @@ pub struct Image {
     /// Whether the persistent bitmaps were stored (a clean close).
     bitmaps_stored: AtomicBool,
     /// The copies made before its writes (a backup's: [`crate::block_copy`]).
-    copy_hooks: crate::block_copy::CopyHooks,
+    copy_hooks: hooks::CopyHooks,
+    /// The node its unallocated areas read (QEMU's `backing=NODE`), and whether there is one
+    /// (the one load a queue's change pays).
+    backing_node: std::sync::RwLock<Option<Arc<Image>>>,
+    has_backing_node: AtomicBool,
 }
 
 impl Drop for Image {
@@ -141,6 +146,8 @@ impl Image {
             bitmaps: BitmapSet::new(),
             bitmaps_stored: AtomicBool::new(false),
             copy_hooks: Default::default(),
+            backing_node: Default::default(),
+            has_backing_node: AtomicBool::new(false),
         }
     }
 
@@ -298,21 +305,40 @@ impl Image {
             }
             below = n.backing_node();
         }
-        dispatch!(&self.backing, d => d.set_backing_node(node))
+        let lent = node.clone().map(|n| n as Arc<dyn hooks::BackingNode>);
+        dispatch!(&self.backing, d => d.set_backing_node(lent))?;
+        self.has_backing_node
+            .store(node.is_some(), Ordering::Release);
+        *self.backing_node.write().unwrap_or_else(|e| e.into_inner()) = node;
+        Ok(())
     }
 
     /// The backing node attached ([`set_backing_node`](Self::set_backing_node)), if any.
     pub fn backing_node(&self) -> Option<Arc<Image>> {
-        dispatch!(&self.backing, d => d.backing_node())
+        if !self.has_backing_node.load(Ordering::Acquire) {
+            return None;
+        }
+        self.backing_node
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
-    /// Whether this image is the qcow2 image `q`.
-    #[cfg(feature = "qcow2")]
-    pub(crate) fn is_qcow2(&self, q: &crate::qcow2::Qcow2Image) -> bool {
-        matches!(&self.backing, Backing::Qcow2(mine) if std::ptr::eq(&**mine, q))
+    /// Whether a backing node is attached (one atomic load).
+    pub(crate) fn has_backing_node(&self) -> bool {
+        self.has_backing_node.load(Ordering::Acquire)
     }
 
-    pub(crate) fn copy_hooks(&self) -> &crate::block_copy::CopyHooks {
+    /// Which image this is, as its kind names itself ([`hooks::KindId`]).
+    pub(crate) fn kind_id(&self) -> hooks::KindId {
+        match &self.backing {
+            #[cfg(feature = "qcow2")]
+            Backing::Qcow2(q) => Arc::as_ptr(q) as usize,
+            _ => self as *const Image as usize,
+        }
+    }
+
+    pub(crate) fn copy_hooks(&self) -> &hooks::CopyHooks {
         &self.copy_hooks
     }
 

@@ -18,10 +18,13 @@
 //! [`AlignedBuf`]: aio_core::engine::AlignedBuf
 
 use std::io;
+use std::sync::Arc;
 
 use super::driver::Driver;
+use super::hooks::{BackingNode, CopyHook, KindId};
 use super::{dispatch, Image};
 use crate::request;
+use crate::status::Extent;
 
 impl Image {
     /// Fills `buf` from `offset`, blocking (see the module's contract). An inactive image
@@ -73,5 +76,24 @@ impl Image {
             return Err(io::Error::from_raw_os_error(libc::EPERM));
         }
         Ok(())
+    }
+}
+
+/// What an image lends the images over it (`qcow2/node_backing.rs`).
+impl BackingNode for Image {
+    fn node_size(&self) -> u64 {
+        self.size()
+    }
+
+    fn read_node(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.read_at(offset, buf)
+    }
+
+    fn node_status(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
+        self.block_status(offset, len)
+    }
+
+    fn copy_to(&self, reader: KindId) -> Option<Arc<dyn CopyHook>> {
+        self.copy_hooks().copy_to(reader)
     }
 }

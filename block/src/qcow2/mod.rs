@@ -32,6 +32,7 @@ mod direct;
 mod durable;
 mod file_storage;
 mod node_backing;
+mod node_slot;
 #[cfg(feature = "rbd")]
 mod rbd_storage;
 mod reopen;
@@ -97,8 +98,8 @@ pub(crate) struct Qcow2Image {
     /// The persistent bitmaps kept consistent in the file while it is open (`durable.rs`).
     durable: Arc<durable::DurableBitmaps>,
     /// The block node its unallocated clusters are read from, when its backing is a node
-    /// (`node_backing.rs`), and whether the header's backing file is opened instead.
-    node_backing: node_backing::NodeBacking,
+    /// (`node_slot.rs`, read through by `node_backing.rs`), and whether the header's backing file is opened instead.
+    node_backing: node_slot::NodeBacking,
 }
 
 /// One opening of the image by imago: its metadata as read then, and the file the direct
@@ -476,7 +477,7 @@ impl Qcow2Image {
             source,
             cluster_bits: cluster_bits(head),
             durable: Arc::new(durable::DurableBitmaps::new(file, 1 << cluster_bits(head))),
-            node_backing: node_backing::NodeBacking::new(opens_backing),
+            node_backing: node_slot::NodeBacking::new(opens_backing),
         })
     }
 

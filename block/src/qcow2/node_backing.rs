@@ -1,5 +1,5 @@
 //! A qcow2 image whose backing is a block node (QEMU's `backing=NODE`): what its unallocated
-//! clusters read, and what its block status says of them, come from another [`Image`] open
+//! clusters read, and what its block status says of them, come from another image open
 //! in this process, never from a second opening of that image's file (which would miss what
 //! the node caches: a qcow2 node's metadata not yet written back).
 //!
@@ -21,51 +21,15 @@
 //!   queues while its backing is a node. A backup's copies (whole clusters) are written.
 
 use std::io;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::Arc;
 
 use aio_core::engine::AlignedBuf;
 use imago::io_buffers::IoVectorMut;
 use imago::{Mapping, StorageExt};
 
 use super::{current, Opened, Qcow2Image};
-use crate::block_copy::ReadHold;
-use crate::image::Image;
+use crate::image::hooks::{BackingNode, ReadHold};
 use crate::status::{self, Extent, ExtentKind};
-
-/// The node a qcow2 image's unallocated clusters come from, if any.
-#[derive(Debug)]
-pub(crate) struct NodeBacking {
-    node: RwLock<Option<Arc<Image>>>,
-    /// Whether the header's backing file is opened (false: a node stands for it, or none).
-    opens_backing: bool,
-}
-
-impl NodeBacking {
-    pub(crate) fn new(opens_backing: bool) -> Self {
-        NodeBacking {
-            node: RwLock::new(None),
-            opens_backing,
-        }
-    }
-
-    pub(crate) fn opens_backing(&self) -> bool {
-        self.opens_backing
-    }
-
-    pub(crate) fn get(&self) -> Option<Arc<Image>> {
-        if self.opens_backing {
-            return None;
-        }
-        self.node
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    pub(crate) fn set(&self, node: Option<Arc<Image>>) {
-        *self.node.write().unwrap_or_else(PoisonError::into_inner) = node;
-    }
-}
 
 impl Qcow2Image {
     /// Reads `bufv` at `offset`, unallocated clusters from `node` (see the module's
@@ -73,7 +37,7 @@ impl Qcow2Image {
     pub(super) async fn read_over_node(
         &self,
         access: &Opened,
-        node: Option<&Arc<Image>>,
+        node: Option<&Arc<dyn BackingNode>>,
         bufv: IoVectorMut<'_>,
         offset: u64,
     ) -> io::Result<()> {
@@ -112,11 +76,11 @@ impl Qcow2Image {
     async fn read_node_range(
         &self,
         access: &Opened,
-        node: &Arc<Image>,
+        node: &Arc<dyn BackingNode>,
         piece: IoVectorMut<'_>,
         at: u64,
     ) -> io::Result<()> {
-        let copy = node.copy_hooks().copy_to(|target| target.is_qcow2(self));
+        let copy = node.copy_to(self as *const Qcow2Image as usize);
         let chunk = copy.as_ref().map_or(u64::MAX, |c| c.chunk_size());
         let (mut rest, mut at) = (piece, at);
         while !rest.is_empty() {
@@ -124,13 +88,13 @@ impl Qcow2Image {
             let (mut part, tail) = rest.split_at(n);
             let hold = copy
                 .as_ref()
-                .map_or(ReadHold::Free, |c| c.hold_for_read(at, n));
+                .map_or(ReadHold::Free, |c| c.clone().hold_for_read(at, n));
             match hold {
                 // Copied since the lookup: this image holds the chunk now, as it was (zeros
                 // where it left it unallocated: the node held zeros there).
                 ReadHold::Copied => Box::pin(self.read_over_node(access, None, part, at)).await?,
                 hold => {
-                    read_node(node, &mut part, at)?;
+                    read_node(&**node, &mut part, at)?;
                     drop(hold);
                 }
             }
@@ -141,12 +105,16 @@ impl Qcow2Image {
 
     /// The block status of `[offset, offset + len)` where this image leaves it unallocated:
     /// the node's (holes past its end).
-    pub(super) fn node_extents(node: &Image, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
-        let size = node.size();
+    pub(super) fn node_extents(
+        node: &dyn BackingNode,
+        offset: u64,
+        len: u64,
+    ) -> io::Result<Vec<Extent>> {
+        let size = node.node_size();
         let inside = len.min(size.saturating_sub(offset));
         let mut out = Vec::new();
         if inside > 0 {
-            let extents = current::without_engine(|| node.block_status(offset, inside))?;
+            let extents = current::without_engine(|| node.node_status(offset, inside))?;
             for e in extents {
                 status::push(&mut out, e.offset, e.len, e.kind);
             }
@@ -158,13 +126,13 @@ impl Qcow2Image {
 
 /// Reads `part` at `at` from `node`, blocking, outside this request's engine; zeros past its
 /// end.
-fn read_node(node: &Image, part: &mut IoVectorMut<'_>, at: u64) -> io::Result<()> {
+fn read_node(node: &dyn BackingNode, part: &mut IoVectorMut<'_>, at: u64) -> io::Result<()> {
     let len = part.len() as usize;
     let mut buf = AlignedBuf::new(len);
     // Sizes and requests are whole sectors: so is the part inside the node.
-    let inside = (len as u64).min(node.size().saturating_sub(at)) as usize;
+    let inside = (len as u64).min(node.node_size().saturating_sub(at)) as usize;
     if inside > 0 {
-        current::without_engine(|| node.read_at(at, &mut buf[..inside]))?;
+        current::without_engine(|| node.read_node(at, &mut buf[..inside]))?;
     }
     buf[inside..].fill(0);
     part.copy_from_slice(&buf[..len]);

@@ -148,16 +148,15 @@ impl Driver for Arc<Qcow2Image> {
         super::current::block_on(self.run_other(&BlockRequest::Flush))
     }
 
-    fn set_backing_node(&self, node: Option<Arc<crate::Image>>) -> Result<(), BackingNodeError> {
+    fn set_backing_node(
+        &self,
+        node: Option<Arc<dyn crate::image::hooks::BackingNode>>,
+    ) -> Result<(), BackingNodeError> {
         if self.node_backing.opens_backing() {
             return Err(BackingNodeError::BackingFileOpened);
         }
         self.node_backing.set(node);
         Ok(())
-    }
-
-    fn backing_node(&self) -> Option<Arc<crate::Image>> {
-        self.node_backing.get()
     }
 
     fn resize(&self, bytes: u64, _old: u64) -> Result<(), ResizeError> {

@@ -2,7 +2,7 @@
 //! waits its work runs through on its own thread, its kind's end at finalization, and the
 //! `BLOCK_JOB_*` events.
 //!
-//! This module owns those waits and the events' data; the lifecycle is the table's
+//! This module owns those waits and the speed limit; the lifecycle and the events are the table's
 //! (`table.rs`), a kind's work its own (a backup's is `aio_block::backup`).
 //!
 //! * **A pause point** ([`JobHandle::checkpoint`]) is where a job the user paused shows
@@ -14,30 +14,8 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::json;
-
 use super::status::JobStatus;
-use super::table::{Finalizer, JobError, JobHandle, JobInfo, Jobs, Table};
-use crate::daemon::Event;
-
-/// `BLOCK_JOB_CANCELLED` for a cancelled job, else `BLOCK_JOB_COMPLETED` (with its error if
-/// it failed), as QEMU sends them when a block job is finalized or aborted.
-pub(super) fn ended_event(info: &JobInfo, cancelled: bool) -> Event {
-    let mut data = json!({
-        "device": info.id,
-        "len": info.total,
-        "offset": info.current,
-        "speed": info.speed,
-        "type": info.kind.name(),
-    });
-    if cancelled {
-        return Event::new("BLOCK_JOB_CANCELLED", data);
-    }
-    if let Some(error) = &info.error {
-        data["error"] = json!(error);
-    }
-    Event::new("BLOCK_JOB_COMPLETED", data)
-}
+use super::table::{Finalizer, JobError, JobHandle, Jobs, Table};
 
 impl Jobs {
     /// `block-job-set-speed`: block job `id`'s limit, counted afresh from now.

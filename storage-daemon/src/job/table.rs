@@ -338,8 +338,7 @@ impl Jobs {
             finalize(job.info.error.is_none());
         }
         if job.info.kind.is_block_job() {
-            self.events
-                .send(super::block::ended_event(&job.info, job.cancelled));
+            self.events.send(ended_event(&job.info, job.cancelled));
         }
         self.transition(&mut table.jobs[at], JobStatus::Concluded);
         if table.jobs[at].info.flags.auto_dismiss {
@@ -384,6 +383,25 @@ impl Jobs {
             }
         }
     }
+}
+
+/// `BLOCK_JOB_CANCELLED` for a cancelled job, else `BLOCK_JOB_COMPLETED` (with its error if
+/// it failed), as QEMU sends them when a block job is finalized or aborted.
+fn ended_event(info: &JobInfo, cancelled: bool) -> Event {
+    let mut data = json!({
+        "device": info.id,
+        "len": info.total,
+        "offset": info.current,
+        "speed": info.speed,
+        "type": info.kind.name(),
+    });
+    if cancelled {
+        return Event::new("BLOCK_JOB_CANCELLED", data);
+    }
+    if let Some(error) = &info.error {
+        data["error"] = json!(error);
+    }
+    Event::new("BLOCK_JOB_COMPLETED", data)
 }
 
 impl JobHandle {
