@@ -184,7 +184,7 @@ fn steps(program: &str) -> Vec<Value> {
     )));
 
     for name in ["n", "n2", "n2"] {
-        seen.push(q.call("nbd-server-remove", json!({ "name": name })));
+        seen.push(q.call_once_clients_gone("nbd-server-remove", json!({ "name": name })));
     }
     seen.push(q.call("nbd-server-stop", json!({})));
     seen.push(q.call("nbd-server-stop", json!({})));

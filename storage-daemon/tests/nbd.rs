@@ -209,7 +209,7 @@ fn a_qsd_command_line_serves_nbd_and_qmp_adds_removes_and_stops_exports() {
                "addr": {"type": "unix", "path": s(&vhost)}, "writable": true}),
     );
     qmp_client::disk_works(&vhost);
-    q.ok("block-export-del", json!({"id": "exp2"}));
+    q.ok_once_clients_gone("block-export-del", json!({"id": "exp2"}));
     // Safe removal is refused while a client is connected; hard removal ends it.
     let mut client = Raw::fixed(&nbd);
     client.go("ro");

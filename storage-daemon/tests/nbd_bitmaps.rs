@@ -142,7 +142,7 @@ fn steps(program: &str) -> Vec<Value> {
         json!({"node": "fmt", "name": "b1", "granularity": 4096}),
     );
     nbd_write(&nbd, "w", 32 << 20, 4096);
-    q.ok("block-export-del", json!({"id": "w"}));
+    q.ok_once_clients_gone("block-export-del", json!({"id": "w"}));
     deleted(&mut q, "w");
     q.ok(
         "block-dirty-bitmap-disable",
@@ -213,20 +213,20 @@ fn steps(program: &str) -> Vec<Value> {
     }
 
     // Once the export is gone, so is the hold.
-    q.ok("block-export-del", json!({"id": "rw"}));
+    q.ok_once_clients_gone("block-export-del", json!({"id": "rw"}));
     deleted(&mut q, "rw");
     q.ok(
         "nbd-server-add",
         json!({"device": "fmt", "name": "legacy", "bitmap": "b1", "writable": true}),
     );
     seen.push(map(&nbd, "legacy", "b1"));
-    q.ok("block-export-del", json!({"id": "legacy"}));
+    q.ok_once_clients_gone("block-export-del", json!({"id": "legacy"}));
     deleted(&mut q, "legacy");
     q.ok(
         "block-dirty-bitmap-clear",
         json!({"node": "fmt", "name": "b1"}),
     );
-    q.ok("block-export-del", json!({"id": "r"}));
+    q.ok_once_clients_gone("block-export-del", json!({"id": "r"}));
     deleted(&mut q, "r");
     q.ok(
         "block-dirty-bitmap-remove",

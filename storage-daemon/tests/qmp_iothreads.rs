@@ -76,7 +76,7 @@ fn an_iothread_added_at_run_time_serves_an_export_and_goes_when_removed() {
     disk_works(&socket);
     let (_, desc) = q.error("object-del", json!({"id": "io9"}));
     assert!(desc.contains("in use"), "{desc}");
-    q.ok("block-export-del", json!({"id": "exp1"}));
+    q.ok_once_clients_gone("block-export-del", json!({"id": "exp1"}));
     q.ok("object-del", json!({"id": "io9"}));
     assert!(
         !Path::new(&format!("/proc/{}/task/{tid}", daemon.pid())).exists(),

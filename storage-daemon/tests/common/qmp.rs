@@ -100,6 +100,33 @@ impl Qmp {
         self.send(format!("{message}\n").as_bytes())
     }
 
+    /// `call`, retried while it is refused with "still in use": a client that has just
+    /// hung up (a `qemu-img` that exited, a dropped vhost-user connection) is noticed by
+    /// the daemon's own thread, after the client's side is already gone, in QEMU too.
+    /// Gives up after 20 s and returns the last reply.
+    pub fn call_once_clients_gone(&mut self, command: &str, arguments: Value) -> Value {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let reply = self.call(command, arguments.clone());
+            let in_use = reply["error"]["desc"]
+                .as_str()
+                .is_some_and(|d| d.contains("still in use"));
+            if !in_use || std::time::Instant::now() > deadline {
+                return reply;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// [`Qmp::call_once_clients_gone`], which must succeed; its `return`.
+    pub fn ok_once_clients_gone(&mut self, command: &str, arguments: Value) -> Value {
+        let reply = self.call_once_clients_gone(command, arguments.clone());
+        match reply.get("return") {
+            Some(r) => r.clone(),
+            None => panic!("{command} {arguments}: {reply}"),
+        }
+    }
+
     /// `call`, which must succeed; its `return`.
     pub fn ok(&mut self, command: &str, arguments: Value) -> Value {
         let reply = self.call(command, arguments.clone());
