@@ -26,22 +26,12 @@ mod qmp_client;
 
 use std::process::Command;
 
+use bitmap_steps::run;
 use qmp_client::Qmp;
 use serde_json::{json, Value};
 
 const OURS: &str = env!("CARGO_BIN_EXE_aio-storage-daemon");
 const MIB: u64 = 1 << 20;
-
-fn run(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program).args(args).output().expect(program);
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).to_string()
-}
 
 fn write(target: &str, format: &str, pattern: u8, offset: u64, len: u64) {
     let out = run(
@@ -159,7 +149,7 @@ fn pull_since(
     if incremental {
         let map = run("nbdinfo", &["--map=qemu:dirty-bitmap:backup-bm", &backup]);
         seen.push(json!(map));
-        restore_increment(&map, &copy, base.expect("a base"), restored);
+        bitmap_steps::restore_increment(&map, &copy, base.expect("a base"), restored);
     } else {
         run(
             "qemu-img",
@@ -192,33 +182,6 @@ fn pull_since(
         ));
     }
     seen
-}
-
-/// Writes into `image` (a qcow2 overlay made here over `previous`, the image restored from
-/// the backup before) the dirty ranges of `map` (`nbdinfo --map` of the backup's bitmap)
-/// read from `copy` (the export read whole): the increment rebased on the backup before.
-fn restore_increment(map: &str, copy: &str, previous: &str, image: &str) {
-    run(
-        "qemu-img",
-        &[
-            "create", "-q", "-f", "qcow2", "-b", previous, "-F", "qcow2", image,
-        ],
-    );
-    let bytes = std::fs::read(copy).unwrap();
-    let piece = format!("{image}.piece");
-    for line in map.lines() {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let [offset, len, kind, ..] = fields[..] else {
-            continue;
-        };
-        if kind != "1" {
-            continue;
-        }
-        let (offset, len): (usize, usize) = (offset.parse().unwrap(), len.parse().unwrap());
-        std::fs::write(&piece, &bytes[offset..offset + len]).unwrap();
-        let cmd = format!("write -s {piece} {offset} {len}");
-        run("qemu-io", &["-f", "qcow2", "-c", &cmd, image]);
-    }
 }
 
 /// Where one run's files are.

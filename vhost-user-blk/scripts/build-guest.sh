@@ -36,6 +36,12 @@
 #                       fixed seed, each block a pattern with its offset, verified; fixed discard
 #                       and write-zeroes ranges), then GUEST-INFO disk_sha256= of the whole disk,
 #                       so the images two servers wrote can be compared
+#   aio.mode=backup     instead of the write checks: fio passes one after another (randwrite
+#                       4k-64k + crc32c verify, 2 jobs each 16 deep over its own aio.fio_size
+#                       region, new data every pass), each ended with GUEST-FIO-PASS N, until
+#                       the host fills the disk's last 4 KiB with 'S' (the stop mark; at most
+#                       aio.loops passes); checks fio-backup and no-io-errors. The host backs the
+#                       disk up meanwhile, a step at each pass
 #   aio.mode=resize     instead of the write checks: prints GUEST-RESIZE-READY (the host then
 #                       resizes the disk to aio.resize_to=BYTES), waits for /sys/block/vda/size to
 #                       follow (checks resize-seen, capacity-logged: virtio_blk's "new size"),

@@ -223,6 +223,47 @@ if [ "$mode" = replay ]; then
     finish
 fi
 
+# aio.mode=backup: fio passes until the host's stop mark (the last 4 KiB all 'S'); the host
+# takes its backups while they run, one step at each GUEST-FIO-PASS line.
+if [ "$mode" = backup ]; then
+    mark_block=$((size / 4096 - 1))
+    pass=0 stopped=0 failed_pass=0
+    while [ "$pass" -lt "$loops" ]; do
+        pass=$((pass + 1))
+        # randrepeat=0: every pass writes new data, so a backup that missed a write shows.
+        if ! "$FIO" --name=backup --filename=/dev/vda --rw=randwrite --bsrange=4k-64k \
+            --size="$fio_size" --numjobs=2 --offset_increment="$fio_size" --cpus_allowed=0-1 \
+            --cpus_allowed_policy=split --direct=1 --ioengine=libaio --iodepth=16 \
+            --randrepeat=0 --verify=crc32c --do_verify=1 --verify_fatal=1 --thread \
+            --output-format=terse >/tmp/out 2>&1; then
+            failed_pass=$pass
+            log /tmp/out
+            break
+        fi
+        echo "GUEST-FIO-PASS $pass"
+        rm -f /tmp/mark
+        dd if=/dev/vda of=/tmp/mark bs=4096 skip="$mark_block" count=1 iflag=direct 2>/dev/null
+        if [ "$(($(wc -c </tmp/mark)))" = 4096 ] && [ "$(($(tr -d S </tmp/mark | wc -c)))" = 0 ]; then
+            stopped=1
+            break
+        fi
+    done
+    if [ "$failed_pass" != 0 ]; then
+        check fio-backup FAIL "pass $failed_pass failed"
+    elif [ "$stopped" = 1 ]; then
+        check fio-backup PASS "passes=$pass"
+    else
+        check fio-backup FAIL "no stop mark after $pass passes"
+    fi
+    if dmesg | grep -iE 'I/O error|blk_update_request|critical (medium|target)' >/tmp/out; then
+        check no-io-errors FAIL "the kernel log has I/O errors"
+        log /tmp/out
+    else
+        check no-io-errors PASS "none in the kernel log"
+    fi
+    finish
+fi
+
 if [ "$mode" = restart ]; then
     if [ "$idle" -gt 0 ]; then
         echo "GUEST-IDLE-START"

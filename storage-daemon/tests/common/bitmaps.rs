@@ -194,3 +194,42 @@ pub fn job_events(q: &mut Qmp, id: &str, last: &str) -> Vec<Value> {
     }
     mine
 }
+
+/// Runs `program` with `args`, which must succeed; its output.
+pub fn run(program: &str, args: &[&str]) -> String {
+    let out = Command::new(program).args(args).output().expect(program);
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// Writes into `image` (a qcow2 overlay made here over `previous`, the image restored from
+/// the backup before) the dirty ranges of `map` (`nbdinfo --map` of the backup's bitmap)
+/// read from `copy` (the export read whole): the increment rebased on the backup before.
+pub fn restore_increment(map: &str, copy: &str, previous: &str, image: &str) {
+    run(
+        "qemu-img",
+        &[
+            "create", "-q", "-f", "qcow2", "-b", previous, "-F", "qcow2", image,
+        ],
+    );
+    let bytes = std::fs::read(copy).unwrap();
+    let piece = format!("{image}.piece");
+    for line in map.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [offset, len, kind, ..] = fields[..] else {
+            continue;
+        };
+        if kind != "1" {
+            continue;
+        }
+        let (offset, len): (usize, usize) = (offset.parse().unwrap(), len.parse().unwrap());
+        std::fs::write(&piece, &bytes[offset..offset + len]).unwrap();
+        let cmd = format!("write -s {piece} {offset} {len}");
+        run("qemu-io", &["-f", "qcow2", "-c", &cmd, image]);
+    }
+}
