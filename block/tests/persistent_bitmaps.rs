@@ -175,3 +175,62 @@ fn persistent_bitmaps_are_refused_where_they_cannot_be_stored() {
         .add_dirty_bitmap("p", BitmapOptions::new().persistent(true))
         .unwrap();
 }
+
+#[test]
+fn a_backing_files_bitmap_is_read_down_the_chain_read_only() {
+    if !have(&["qemu-img", "qemu-io"]) {
+        return;
+    }
+    let dir = aio_test_support::images::image_dir("block-pbitmaps");
+    let d = dir.path();
+    // base (bitmap `deep`) <- mid (bitmap `near`, and a `deep` of its own) <- top.
+    create(d, "base.qcow2");
+    run_in(d, "qemu-img", &["bitmap", "--add", "base.qcow2", "deep"]);
+    run_in(
+        d,
+        "qemu-io",
+        &["-f", "qcow2", "-c", "write 1M 64k", "base.qcow2"],
+    );
+    let overlay = |name: &str, backing: &str| {
+        run_in(
+            d,
+            "qemu-img",
+            &[
+                "create", "-q", "-f", "qcow2", "-b", backing, "-F", "qcow2", name,
+            ],
+        );
+    };
+    overlay("mid.qcow2", "base.qcow2");
+    run_in(d, "qemu-img", &["bitmap", "--add", "mid.qcow2", "near"]);
+    run_in(
+        d,
+        "qemu-io",
+        &["-f", "qcow2", "-c", "write 2M 4k", "mid.qcow2"],
+    );
+    overlay("top.qcow2", "mid.qcow2");
+    let top = Arc::new(Image::open(&d.join("top.qcow2"), ImageOptions::default()).unwrap());
+    assert!(
+        top.dirty_bitmaps().find("near").is_err(),
+        "not the top's own"
+    );
+    let near = top
+        .backing_file_bitmap("near")
+        .unwrap()
+        .expect("mid's bitmap");
+    assert!(near.is_persistent() && near.is_read_only() && near.is_recording());
+    assert_eq!(dirty(&near), vec![(2 * MIB, 64 * KIB)]);
+    let deep = top
+        .backing_file_bitmap("deep")
+        .unwrap()
+        .expect("base's bitmap");
+    assert_eq!(dirty(&deep), vec![(MIB, 64 * KIB)]);
+    assert!(top.backing_file_bitmap("none").unwrap().is_none());
+    // Writes to the top dirty nothing below.
+    write_through(&top, &[(2 * MIB, 4096)]);
+    assert_eq!(
+        dirty(&top.backing_file_bitmap("deep").unwrap().unwrap()),
+        vec![(MIB, 64 * KIB)]
+    );
+    drop(top);
+    run_in(d, "qemu-img", &["check", "-q", "base.qcow2"]);
+}

@@ -101,6 +101,12 @@ pub(crate) trait Driver {
         Ok(Vec::new())
     }
 
+    /// Persistent bitmap `name` of the nearest backing file the image opened from its
+    /// header that has one, read-only (qcow2).
+    fn backing_file_bitmap(&self, _name: &str) -> io::Result<Option<crate::bitmap::DirtyBitmap>> {
+        Ok(None)
+    }
+
     /// Stores the persistent bitmaps of `set` in the image and removes those it no longer
     /// holds (qcow2).
     fn store_bitmaps(&self, _set: &crate::bitmap::BitmapSet) -> io::Result<()> {

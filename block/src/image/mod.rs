@@ -514,6 +514,17 @@ impl Image {
         &self.bitmaps
     }
 
+    /// Persistent bitmap `name` of the nearest backing file this image opened from its
+    /// header (a qcow2 image's backing chain, not a backing node) that has one, read from
+    /// that file now. Read-only: a backing file is opened read-only and locked against
+    /// writers, so its bits stay as they are while this image is open; it is in no set (QEMU
+    /// keeps it on the backing file's own node, which this image does not expose). `None`
+    /// when no backing file has it; an error when it cannot be read.
+    pub fn backing_file_bitmap(&self, name: &str) -> io::Result<Option<Arc<DirtyBitmap>>> {
+        let found = dispatch!(&self.backing, d => d.backing_file_bitmap(name))?;
+        Ok(found.map(Arc::new))
+    }
+
     /// The cluster size of an image that has one (qcow2), which a dirty bitmap's default
     /// granularity follows.
     pub fn cluster_size(&self) -> Option<u64> {

@@ -39,7 +39,7 @@
 use std::io;
 use std::sync::Arc;
 
-use imago::qcow2::{BitmapData, Qcow2};
+use imago::qcow2::{BitmapData, BitmapEntry, Qcow2};
 
 use super::storage::EngineStorage;
 use super::{current, Qcow2Image};
@@ -54,6 +54,36 @@ fn words_of(data: &[u8]) -> Vec<u64> {
             u64::from_le_bytes(w)
         })
         .collect()
+}
+
+/// The bitmap of directory entry `entry` of `qcow2`, over `size` bytes: persistent,
+/// recording iff its `auto` flag is set, inconsistent (without its bits) if found `in_use`.
+async fn bitmap_of(
+    qcow2: &Qcow2<EngineStorage>,
+    entry: &BitmapEntry,
+    size: u64,
+) -> io::Result<DirtyBitmap> {
+    let granularity = 1u32 << entry.granularity_bits;
+    let bitmap = DirtyBitmap::new(&entry.name, size, granularity)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+    bitmap.set_persistent(true);
+    if !entry.auto {
+        bitmap
+            .set_recording(false)
+            .map_err(|e| io::Error::other(e.to_string()))?;
+    }
+    if entry.in_use {
+        bitmap.set_inconsistent();
+    } else {
+        let data = qcow2.read_bitmap(&entry.name).await.map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("Could not read bitmap '{}' from image: {e}", entry.name),
+            )
+        })?;
+        bitmap.or_words(&words_of(&data));
+    }
+    Ok(bitmap)
 }
 
 /// `bitmap` as imago stores it: its words in QEMU's serialization, padded to the image's
@@ -148,32 +178,36 @@ impl Qcow2Image {
             };
             let mut loaded = Vec::new();
             for entry in qcow2.bitmaps() {
-                let granularity = 1u32 << entry.granularity_bits;
-                let bitmap = DirtyBitmap::new(&entry.name, size, granularity)
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-                bitmap.set_persistent(true);
-                if !entry.auto {
-                    bitmap
-                        .set_recording(false)
-                        .map_err(|e| io::Error::other(e.to_string()))?;
-                }
-                if entry.in_use {
-                    bitmap.set_inconsistent();
-                } else {
-                    let data = qcow2.read_bitmap(&entry.name).await.map_err(|e| {
-                        io::Error::new(
-                            e.kind(),
-                            format!("Could not read bitmap '{}' from image: {e}", entry.name),
-                        )
-                    })?;
-                    bitmap.or_words(&words_of(&data));
-                }
+                let bitmap = bitmap_of(qcow2, &entry, size).await?;
                 if read_only {
                     bitmap.set_read_only(true);
                 }
                 loaded.push(bitmap);
             }
             Ok(loaded)
+        })
+    }
+
+    /// Persistent bitmap `name` of the nearest backing file opened from the header that has
+    /// one (a raw layer ends the search: it has none), read-only, over that file's size.
+    pub(crate) fn backing_file_bitmap(&self, name: &str) -> io::Result<Option<DirtyBitmap>> {
+        current::block_on(async {
+            let access = self.access.read().await;
+            let mut layer = access
+                .downcast_ref::<Qcow2<EngineStorage>>()
+                .and_then(Qcow2::backing);
+            while let Some(format) = layer {
+                let Some(qcow2) = format.downcast_ref::<Qcow2<EngineStorage>>() else {
+                    break;
+                };
+                if let Some(entry) = qcow2.bitmaps().into_iter().find(|e| e.name == name) {
+                    let bitmap = bitmap_of(qcow2, &entry, format.size()).await?;
+                    bitmap.set_read_only(true);
+                    return Ok(Some(bitmap));
+                }
+                layer = qcow2.backing();
+            }
+            Ok(None)
         })
     }
 

@@ -58,6 +58,10 @@ impl Driver for Arc<Qcow2Image> {
         Qcow2Image::load_bitmaps(self, size, read_only)
     }
 
+    fn backing_file_bitmap(&self, name: &str) -> io::Result<Option<DirtyBitmap>> {
+        Qcow2Image::backing_file_bitmap(self, name)
+    }
+
     fn store_bitmaps(&self, set: &BitmapSet) -> io::Result<()> {
         Qcow2Image::store_bitmaps(self, set)
     }

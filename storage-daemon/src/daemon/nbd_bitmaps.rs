@@ -5,10 +5,11 @@
 //! This module owns those checks and the holds; where a `{node, name}` bitmap is looked up
 //! is the caller's (QMP knows the nodes), serving the contexts is `aio-nbd`'s.
 //!
-//! * A bitmap named alone is the export's image's, or its backing nodes', the nearest first
-//!   (`Bitmap 'X' is not found`); an enabled one may not be served read-only from a writable
-//!   image, for the export's clients would read
-//!   it change under them (`Enabled bitmap 'X' incompatible with readonly export`).
+//! * A bitmap named alone is the export's image's, or its backing layers' (backing nodes,
+//!   and the backing files a qcow2 image opened from its header, as `qemu-nbd -B` finds
+//!   them), the nearest first (`Bitmap 'X' is not found`); an enabled one may not be served
+//!   read-only from a writable image, for the export's clients would read it change under
+//!   them (`Enabled bitmap 'X' incompatible with readonly export`).
 //! * Every bitmap is then checked as QEMU's `bdrv_dirty_bitmap_check(BDRV_BITMAP_ALLOW_RO)`:
 //!   not busy, not inconsistent; the first refusal, in the list's order, is the answer.
 //! * Only when all pass are they held busy (so a refused export holds none); a bitmap
@@ -53,30 +54,48 @@ pub(crate) struct ServedBitmaps {
     pub(crate) _holds: Vec<BusyGuard>,
 }
 
-/// Bitmap `name` of `image` (owner None) or of the first of its backing nodes that has one
-/// (that node), as QEMU's `nbd_export_create` looks down the chain.
+/// Who holds a bitmap found for an export.
+enum Holder {
+    /// The export's own image.
+    Export,
+    /// One of its backing nodes.
+    Node(Arc<Image>),
+    /// A backing file a qcow2 image of the chain opened from its header: read-only.
+    BackingFile,
+}
+
+/// Bitmap `name` of `image`, or of the first of its backing layers (backing nodes, and the
+/// backing files a qcow2 image opened from its header) that has one, as QEMU's
+/// `nbd_export_create` looks down the chain.
 fn find_down_the_chain(
-    image: &Image,
+    image: &Arc<Image>,
     name: &str,
-) -> Option<(Option<Arc<Image>>, Arc<DirtyBitmap>)> {
-    if let Some(bitmap) = image.dirty_bitmaps().get(name) {
-        return Some((None, bitmap));
-    }
-    let mut below = image.backing_node();
-    while let Some(node) = below {
+) -> Result<Option<(Holder, Arc<DirtyBitmap>)>, ExportBitmapError> {
+    let mut layer = Some(image.clone());
+    while let Some(node) = layer {
         if let Some(bitmap) = node.dirty_bitmaps().get(name) {
-            return Some((Some(node), bitmap));
+            let holder = match Arc::ptr_eq(&node, image) {
+                true => Holder::Export,
+                false => Holder::Node(node),
+            };
+            return Ok(Some((holder, bitmap)));
         }
-        below = node.backing_node();
+        let from_file = node
+            .backing_file_bitmap(name)
+            .map_err(|e| ExportBitmapError::Lookup(e.to_string()))?;
+        if let Some(bitmap) = from_file {
+            return Ok(Some((Holder::BackingFile, bitmap)));
+        }
+        layer = node.backing_node();
     }
-    None
+    Ok(None)
 }
 
 /// Finds, checks and holds `wanted` for a `writable` (or read-only) export of `image`, whose
 /// node is writable (`writable_node`) or not; `lookup` finds a `{node, name}` bitmap.
 pub(crate) fn serve_bitmaps(
     wanted: &[NbdBitmapSpec],
-    image: &Image,
+    image: &Arc<Image>,
     (writable, writable_node): (bool, bool),
     lookup: BitmapLookup<'_>,
 ) -> Result<ServedBitmaps, ExportBitmapError> {
@@ -86,17 +105,16 @@ pub(crate) fn serve_bitmaps(
             NbdBitmapSpec::Local(name) => {
                 // The export's image, then down its backing nodes (a pull backup's scratch
                 // image serves the disk's bitmap).
-                let (owner, bitmap) = find_down_the_chain(image, name)
+                let (holder, bitmap) = find_down_the_chain(image, name)?
                     .ok_or_else(|| ExportBitmapError::NotFound(name.clone()))?;
                 // QEMU's `bdrv_is_writable` of the node holding it: neither read-only nor
                 // inactive (the export's own node may be writable though its image is not).
-                let owner_writable = match owner {
-                    None => writable_node || !image.is_read_only(),
-                    Some(ref below) => !below.is_read_only(),
+                let holder_writable = match holder {
+                    Holder::Export => (writable_node || !image.is_read_only()) && image.is_active(),
+                    Holder::Node(below) => !below.is_read_only() && below.is_active(),
+                    Holder::BackingFile => false,
                 };
-                let image_writable =
-                    owner_writable && owner.as_deref().map_or(image.is_active(), Image::is_active);
-                if !writable && image_writable && bitmap.is_recording() {
+                if !writable && holder_writable && bitmap.is_recording() {
                     return Err(ExportBitmapError::EnabledOnReadOnly(name.clone()));
                 }
                 bitmap
@@ -134,7 +152,7 @@ mod tests {
 
     #[test]
     fn bitmaps_are_checked_in_order_and_held_only_when_all_pass() {
-        let image = Image::null(1 << 20, ImageOptions::default()).unwrap();
+        let image = Arc::new(Image::null(1 << 20, ImageOptions::default()).unwrap());
         image.add_dirty_bitmap("on", BitmapOptions::new()).unwrap();
         image
             .add_dirty_bitmap("off", BitmapOptions::new().disabled(true))

@@ -275,6 +275,13 @@ impl<S: Storage + 'static, F: WrappedFormat<S> + 'static> Qcow2<S, F> {
         self.backing_set = true;
     }
 
+    /// The backing image assigned or opened (`None`: no backing image, or not opened yet).
+    ///
+    /// (aio-rs: read a backing layer's own metadata, such as its persistent dirty bitmaps.)
+    pub fn backing(&self) -> Option<&F> {
+        self.backing.as_ref()
+    }
+
     /// Get the data storage object.
     ///
     /// If we have an external data file, return that.  Otherwise, return the image (metadata)
