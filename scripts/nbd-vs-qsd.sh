@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
-# Our NBD export against qemu-storage-daemon's, on the same disks, alternated (A B, B A, ...):
-# fio's `ioengine=nbd` (libnbd) over a Unix socket, 4 KiB random reads and writes, the daemon
-# pinned to CPU 0 and fio to CPU 1, io_uring for both daemons, both given the same
-# qemu-storage-daemon command line. Disks: the null device (`null-co`), and, as root, a loop
-# device with direct I/O over a file in /dev/shm (raw, `host_device`: the fast device, whose
-# latency does not hide the daemon's). Per disk, workload and
-# daemon: QD 1 mean latency, QD 32 IOPS, and the daemon's CPU per request at QD 32 (its
-# utime + stime over the run, from /proc, divided by fio's requests). Then fio itself on the
-# loop device at QD 32 (io_uring, the machine's limit), and `nbdcopy` of a 1 GiB qcow2 image
-# half of whose clusters are holes, out of each daemon.
+# Our NBD export against its peers, on the same disks, the order rotated each round: fio's
+# `ioengine=nbd` (libnbd) over a Unix socket, 4 KiB random reads and writes, the server pinned
+# to CPU 0 and fio to CPU 1. The peers, each run as its users run it:
+#   ours, qsd        qemu-storage-daemon's command line, the export in the main loop
+#                    (`--export type=nbd,...`), run by our daemon and by qemu-storage-daemon;
+#   ours-iot, qsd-iot the same with the export on an iothread (`--object iothread,id=iot0`,
+#                    `--export ...,iothread=iot0`: how an operator runs qemu-storage-daemon);
+#   nbdkit           nbdkit's file plugin (its defaults: the page cache), or its null plugin.
+# io_uring for both daemons. Disks: the null device (`null-co`; nbdkit's `null`), and, as root,
+# a loop device with direct I/O over a file in /dev/shm (raw, `host_device`: the fast device,
+# whose latency does not hide the server's). Per disk, workload and peer: QD 1 mean latency,
+# QD 32 IOPS, and the server's CPU per request at QD 32 (its utime + stime over the run, from
+# /proc, all threads, divided by fio's requests). Then fio itself on the loop device at QD 32
+# (io_uring, the machine's limit), and `nbdcopy` of a 1 GiB qcow2 image half of whose clusters
+# are holes, out of each daemon.
 #
 #   scripts/nbd-vs-qsd.sh [ROUNDS] [RUNTIME_S]     (default 3 rounds, 5 s per run)
+#   PEERS="ours qsd-iot" scripts/nbd-vs-qsd.sh    (default: ours ours-iot qsd qsd-iot nbdkit)
 #
-# Run nothing else meanwhile (a build beside it is noise). Needs fio, libnbd-bin, qemu-utils.
+# Run nothing else meanwhile (a build beside it is noise). Needs fio, libnbd-bin, qemu-utils,
+# nbdkit (installed when missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-3}" runtime="${2:-5}"
@@ -21,6 +28,10 @@ source scripts/lib.sh
 ensure_installed fio fio
 ensure_installed nbdcopy libnbd-bin
 ensure_installed qemu-storage-daemon qemu-utils
+read -r -a peers <<<"${PEERS:-ours ours-iot qsd qsd-iot nbdkit}"
+for peer in "${peers[@]}"; do
+    if [ "$peer" = nbdkit ]; then ensure_installed nbdkit nbdkit; fi
+done
 cargo build --release -q -p aio-storage-daemon
 ours="$PWD/target/release/aio-storage-daemon"
 qsd="$(command -v qemu-storage-daemon)"
@@ -44,12 +55,26 @@ blockdev() {
     esac
 }
 
-# Starts daemon $1 on disk $2 (pinned to CPU 0); sets $pid.
+# Starts peer $1 on disk $2 (pinned to CPU 0); sets $pid.
 start() {
     rm -f "$dir/nbd.sock"
-    taskset -c 0 "$1" --blockdev "$(blockdev "$2")" \
-        --nbd-server "addr.type=unix,addr.path=$dir/nbd.sock" \
-        --export type=nbd,id=exp0,node-name=disk0,name=disk,writable=on >"$dir/log" 2>&1 &
+    local bin="$ours" iothread=() on_iothread=""
+    case "$1" in
+    qsd*) bin="$qsd" ;;
+    esac
+    case "$1" in
+    *-iot) iothread=(--object iothread,id=iot0) on_iothread=",iothread=iot0" ;;
+    esac
+    if [ "$1" = nbdkit ]; then
+        local plugin=(file "file=$2")
+        [ "$2" = null ] && plugin=(null size=1G)
+        taskset -c 0 nbdkit -f -U "$dir/nbd.sock" -e disk "${plugin[@]}" >"$dir/log" 2>&1 &
+    else
+        taskset -c 0 "$bin" "${iothread[@]}" --blockdev "$(blockdev "$2")" \
+            --nbd-server "addr.type=unix,addr.path=$dir/nbd.sock" \
+            --export "type=nbd,id=exp0,node-name=disk0,name=disk,writable=on$on_iothread" \
+            >"$dir/log" 2>&1 &
+    fi
     pid=$!
     for _ in $(seq 100); do [ -S "$dir/nbd.sock" ] && return 0; sleep 0.05; done
     cat "$dir/log" >&2
@@ -70,12 +95,12 @@ fio_nbd() {
 
 hz="$(getconf CLK_TCK)"
 for round in $(seq "$rounds"); do
-    order=("$ours" "$qsd")
-    [ $((round % 2)) = 0 ] && order=("$qsd" "$ours")
-    for bin in "${order[@]}"; do
-        who=ours; [ "$bin" = "$qsd" ] && who=qsd
+    # The order rotated by one peer each round.
+    order=()
+    for i in "${!peers[@]}"; do order+=("${peers[$(((i + round) % ${#peers[@]}))]}"); done
+    for who in "${order[@]}"; do
         for disk in "${disks[@]}"; do
-            start "$bin" "$disk"
+            start "$who" "$disk"
             for rw in randread randwrite; do
                 read -r _ lat _ < <(fio_nbd "$rw" 1)
                 before="$(ticks)"
