@@ -15,14 +15,18 @@
 //! The iotest's other steps run `qemu-img` alone. Needs `qemu-img`, `qemu-io` and `qemu-nbd`
 //! (qemu-utils), and `qemu-storage-daemon` for the comparison.
 
+#[path = "common/bitmaps.rs"]
+mod bitmap_steps;
 mod common;
+#[path = "common/qmp.rs"]
+mod qmp_client;
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use aio_conformance::skip;
 use aio_test_support::launch::Launch;
+use bitmap_steps::run;
 
 const OURS: &str = env!("CARGO_BIN_EXE_aio-storage-daemon");
 
@@ -50,17 +54,6 @@ const EXPECTED: [&[(u64, u64, bool)]; 4] = [
         (3145728, 7340032, true),
     ],
 ];
-
-fn run(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program).args(args).output().expect(program);
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).to_string()
-}
 
 /// The iotest's "Initial image setup" and "Convert with bitmap preservation" and "Merge from
 /// top layer into backing image": `dir/t.qcow2` over `dir/t.qcow2.base`.

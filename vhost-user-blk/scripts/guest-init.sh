@@ -39,6 +39,15 @@ run() {
         log /tmp/out
     fi
 }
+# no_io_errors: the check no-io-errors, on the kernel log.
+no_io_errors() {
+    if dmesg | grep -iE 'I/O error|blk_update_request|critical (medium|target)' >/tmp/out; then
+        check no-io-errors FAIL "the kernel log has I/O errors"
+        log /tmp/out
+    else
+        check no-io-errors PASS "none in the kernel log"
+    fi
+}
 finish() {
     echo "GUEST-DONE passed=$passed failed=$failed"
     sync
@@ -255,12 +264,7 @@ if [ "$mode" = backup ]; then
     else
         check fio-backup FAIL "no stop mark after $pass passes"
     fi
-    if dmesg | grep -iE 'I/O error|blk_update_request|critical (medium|target)' >/tmp/out; then
-        check no-io-errors FAIL "the kernel log has I/O errors"
-        log /tmp/out
-    else
-        check no-io-errors PASS "none in the kernel log"
-    fi
+    no_io_errors
     finish
 fi
 
@@ -313,12 +317,7 @@ if [ "$mode" = restart ]; then
     cat /tmp/restart_lat.*.log 2>/dev/null | cut -d, -f1 | sort -n |
         awk 'NR > 1 && $1 - prev > gap { gap = $1 - prev } { prev = $1; n++ }
             END { printf "GUEST-INFO max_completion_gap_ms=%d completions=%d\n", gap, n }'
-    if dmesg | grep -iE 'I/O error|blk_update_request|critical (medium|target)' >/tmp/out; then
-        check no-io-errors FAIL "the kernel log has I/O errors"
-        log /tmp/out
-    else
-        check no-io-errors PASS "none in the kernel log"
-    fi
+    no_io_errors
     finish
 fi
 
