@@ -135,6 +135,27 @@ impl Backups {
         format!("nbd+unix:///{export}?socket={}", self.path("nbd.sock"))
     }
 
+    /// Adds the qcow2 image at `path` as node `node` (over file node `{node}-file`), its
+    /// backing `backing` (a node's name, or null: none).
+    fn add_qcow2_node(&mut self, node: &str, path: &str, backing: Value) {
+        let file = format!("{node}-file");
+        self.q.ok(
+            "blockdev-add",
+            json!({"driver": "file", "node-name": file, "filename": path}),
+        );
+        self.q.ok(
+            "blockdev-add",
+            json!({"driver": "qcow2", "node-name": node, "file": file, "backing": backing}),
+        );
+    }
+
+    /// Deletes what [`Backups::add_qcow2_node`] added.
+    fn del_qcow2_node(&mut self, node: &str) {
+        self.q.ok("blockdev-del", json!({ "node-name": node }));
+        self.q
+            .ok("blockdev-del", json!({"node-name": format!("{node}-file")}));
+    }
+
     /// At each end of a guest's fio pass: ends the running backup, starts the next one, or,
     /// once all are done, writes the guest's stop mark.
     fn on_pass(&mut self) {
@@ -196,15 +217,7 @@ impl Backups {
                     &size,
                 ],
             );
-            self.q.ok(
-                "blockdev-add",
-                json!({"driver": "file", "node-name": "scratch-file", "filename": scratch}),
-            );
-            self.q.ok(
-                "blockdev-add",
-                json!({"driver": "qcow2", "node-name": "scratch", "file": "scratch-file",
-                       "backing": "disk0"}),
-            );
+            self.add_qcow2_node("scratch", &scratch, json!("disk0"));
             actions.push(act(
                 "blockdev-backup",
                 json!({"job-id": "fleece", "device": "disk0", "target": "scratch",
@@ -220,15 +233,7 @@ impl Backups {
                     "create", "-q", "-f", "qcow2", "-b", &previous, "-F", "qcow2", &target,
                 ],
             );
-            self.q.ok(
-                "blockdev-add",
-                json!({"driver": "file", "node-name": "target-file", "filename": target}),
-            );
-            self.q.ok(
-                "blockdev-add",
-                json!({"driver": "qcow2", "node-name": "target", "file": "target-file",
-                       "backing": null}),
-            );
+            self.add_qcow2_node("target", &target, Value::Null);
             actions.push(act(
                 "blockdev-backup",
                 json!({"job-id": "push", "device": "disk0", "target": "target",
@@ -287,9 +292,7 @@ impl Backups {
         bitmap_steps::export_del(&mut self.q, "bexp");
         self.q.ok("job-cancel", json!({"id": "fleece"}));
         bitmap_steps::job_events(&mut self.q, "fleece", "null");
-        self.q.ok("blockdev-del", json!({"node-name": "scratch"}));
-        self.q
-            .ok("blockdev-del", json!({"node-name": "scratch-file"}));
+        self.del_qcow2_node("scratch");
         if k > 0 {
             self.q.ok(
                 "block-dirty-bitmap-remove",
@@ -309,9 +312,7 @@ impl Backups {
         assert!(completed["data"].get("error").is_none(), "{completed}");
         self.dirty
             .push(completed["data"]["offset"].as_u64().unwrap_or_default());
-        self.q.ok("blockdev-del", json!({"node-name": "target"}));
-        self.q
-            .ok("blockdev-del", json!({"node-name": "target-file"}));
+        self.del_qcow2_node("target");
         self.q.ok(
             "block-dirty-bitmap-remove",
             json!({"node": "disk0", "name": "backup-bm"}),
