@@ -226,6 +226,20 @@ pub trait EventLoop {
     fn describe(&self) -> String {
         self.name().to_string()
     }
+
+    /// Whether a `wait` now would find events or has work to hand the kernel, known without
+    /// a system call (QEMU's `fdmon_ops->need_wait`): busy polling stops as soon as it says
+    /// so, since only the wait delivers what the monitor holds.
+    ///
+    /// * A monitor whose readiness lands in shared memory (io_uring's completion queue) says
+    ///   `true` when a completion is there, when the kernel holds one as task work, or when
+    ///   polls wait to be armed or entries to be submitted.
+    /// * `false` (the default) means "not known": a monitor that can only learn of readiness
+    ///   by a system call (poll, epoll) never cuts busy polling short.
+    /// * It never consumes an event or changes a registration.
+    fn needs_wait(&self) -> bool {
+        false
+    }
 }
 
 impl<T: EventLoop + ?Sized> EventLoop for Box<T> {
@@ -255,6 +269,9 @@ impl<T: EventLoop + ?Sized> EventLoop for Box<T> {
     }
     fn describe(&self) -> String {
         (**self).describe()
+    }
+    fn needs_wait(&self) -> bool {
+        (**self).needs_wait()
     }
 }
 

@@ -232,6 +232,13 @@ impl<S: EventLoop, G: EventLoop> EventLoop for Hybrid<S, G> {
         self.registry.len()
     }
 
+    fn needs_wait(&self) -> bool {
+        match self.side {
+            HybridSide::Small => self.small.needs_wait(),
+            HybridSide::Large => self.large.needs_wait(),
+        }
+    }
+
     fn reports_closed_fds(&self) -> bool {
         match self.side {
             HybridSide::Small => self.small.reports_closed_fds(),

@@ -330,6 +330,23 @@ impl EventLoop for UringLoop {
         Ok(())
     }
 
+    fn needs_wait(&self) -> bool {
+        // Polls to (re)arm, or results a shared ring's engine already drained: only a wait
+        // hands them over (QEMU's io_uring monitor stops polling for its submit list too).
+        if !self.to_arm.is_empty() || self.pending() {
+            return true;
+        }
+        self.ring.with(|r| {
+            // SAFETY: transient views of the SQ and CQ; no SubmissionQueue or CompletionQueue
+            // is alive meanwhile (every method that makes one drops it before returning, and
+            // the ring is `!Send`, used on this thread only).
+            let sq = unsafe { r.submission_shared() };
+            // SAFETY: as above.
+            let cq = unsafe { r.completion_shared() };
+            !sq.is_empty() || sq.taskrun() || !cq.is_empty()
+        })
+    }
+
     fn registered(&self) -> usize {
         self.registrations.len()
     }

@@ -116,7 +116,15 @@ impl<L: EventLoop> AioContext<L> {
         let mut polled_work = false;
         let mut spun_ns = 0;
         if would_block && poll_ns > 0 {
-            let spin_ns = timeout.map_or(poll_ns, |t| t.min(poll_ns));
+            // The monitor already holds what the wait would deliver (QEMU's `need_wait`): no
+            // window, whose checks cannot see it; one pass of the checks (in polling mode, as
+            // any window's) still looks at what only they can see.
+            let spin_ns = if self.monitor_needs_wait() {
+                self.count(|c| c.poll_skips_for_wait += 1);
+                0
+            } else {
+                timeout.map_or(poll_ns, |t| t.min(poll_ns))
+            };
             self.begin_poll_mode();
             let (hit, spent) = self.run_poll_handlers(spin_ns, poll_ready);
             spun_ns = spent;
@@ -231,9 +239,15 @@ impl<L: EventLoop> AioContext<L> {
         found
     }
 
+    /// Whether the monitor says a wait would find events now ([`EventLoop::needs_wait`]);
+    /// `false` while it is borrowed (a wait further up the stack).
+    fn monitor_needs_wait(&self) -> bool {
+        self.monitor.try_borrow().is_ok_and(|m| m.needs_wait())
+    }
+
     /// The spin: calls the poll set's `io_poll` checks until one is ready, a notification
-    /// arrives, or `window_ns` passes. Ready tokens go to `ready`. Returns whether to stop
-    /// waiting, and how long it spun in ns.
+    /// arrives, the monitor holds events, or `window_ns` passes (0: one pass). Ready tokens
+    /// go to `ready`. Returns whether to stop waiting, and how long it spun in ns.
     fn run_poll_handlers(&self, window_ns: u64, ready: &mut Vec<Token>) -> (bool, u64) {
         let start = self.now_ns();
         // One snapshot per window: io_poll checks run no loop code, so the table cannot change
@@ -279,6 +293,12 @@ impl<L: EventLoop> AioContext<L> {
             }
             now = self.now_ns();
             if now.saturating_sub(start) >= window_ns {
+                break;
+            }
+            if self.monitor_needs_wait() {
+                // An fd the poll set does not cover is ready (a socket, say): the wait
+                // delivers it now, not when the window runs out.
+                self.count(|c| c.poll_cuts_for_wait += 1);
                 break;
             }
             std::hint::spin_loop();

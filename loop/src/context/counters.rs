@@ -90,6 +90,12 @@ loop_counters! {
     gauge max_nesting,
     /// Time spent busy polling that found nothing (the window ran out), in ns.
     count busy_poll_missed_ns,
+    /// Busy-polling windows not begun because the monitor already held events or polls to
+    /// arm ([`EventLoop::needs_wait`](aio_core::EventLoop::needs_wait)).
+    count poll_skips_for_wait,
+    /// Busy-polling windows cut short because the monitor came to hold events meanwhile (an
+    /// fd outside the poll set became ready).
+    count poll_cuts_for_wait,
     /// [`PollRule::Auto`](crate::PollRule::Auto): windows chosen from the waits seen.
     count poll_auto_choices,
     /// [`PollRule::Auto`](crate::PollRule::Auto): choices that turned polling off (the waits

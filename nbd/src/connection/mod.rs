@@ -136,9 +136,17 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
             st.broken = true;
             st.outbox.clear();
         }
-        let State { outbox, pool, .. } = st;
+        let State {
+            outbox,
+            pool,
+            slots,
+            ..
+        } = st;
         for buf in outbox.take_spent() {
             pool.give(buf);
+        }
+        if slots.busy() == 0 && outbox.is_empty() {
+            pool.trim_idle();
         }
     }
 

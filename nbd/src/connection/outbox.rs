@@ -92,7 +92,8 @@ impl Outbox {
         self.bytes == 0
     }
 
-    /// Whether the socket was full at the last send.
+    /// Whether the socket was full at the last send (it refused bytes, or took fewer than
+    /// offered): the next send waits for the socket's writable readiness.
     pub(crate) fn is_blocked(&self) -> bool {
         self.blocked
     }
@@ -131,6 +132,7 @@ impl Outbox {
                     }
                 }
             }
+            let offered: usize = slices.iter().map(|s| s.len()).sum();
             let sent = match sink(&slices) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -162,8 +164,71 @@ impl Outbox {
                     left = 0;
                 }
             }
+            // A short send: the socket is full. Asking again would only hear `WouldBlock`
+            // (one wasted syscall per reply batch); the writable readiness says when to go on.
+            if sent < offered {
+                self.blocked = true;
+                return Ok(());
+            }
         }
         // Nothing left: the last head buffer is kept for the next replies.
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_short_send_blocks_the_outbox_without_asking_the_socket_again() {
+        let mut outbox = Outbox::default();
+        outbox.put(|o| o.extend_from_slice(&[1; 16]));
+        let mut data = AlignedBuf::new(4096);
+        data.fill(2);
+        outbox.data(data, 4096);
+        let mut calls = 0;
+        let mut got = Vec::new();
+        // The socket takes 100 bytes, then would have to be asked again.
+        outbox
+            .send(&mut |slices| {
+                calls += 1;
+                let mut n = 0;
+                for s in slices {
+                    let take = (100 - n).min(s.len());
+                    got.extend_from_slice(&s[..take]);
+                    n += take;
+                }
+                Ok(n)
+            })
+            .unwrap();
+        assert_eq!(calls, 1, "a short send is not followed by another");
+        assert!(outbox.is_blocked());
+        assert_eq!(outbox.bytes(), 16 + 4096 - 100);
+        // Writable again: the rest goes, in order, and the data buffer comes back.
+        outbox
+            .send(&mut |slices| {
+                let n = slices.iter().map(|s| s.len()).sum();
+                for s in slices {
+                    got.extend_from_slice(s);
+                }
+                Ok(n)
+            })
+            .unwrap();
+        assert!(!outbox.is_blocked() && outbox.is_empty());
+        assert_eq!(&got[..16], &[1; 16]);
+        assert!(got[16..].iter().all(|&b| b == 2) && got.len() == 16 + 4096);
+        assert_eq!(outbox.take_spent().count(), 1);
+    }
+
+    #[test]
+    fn a_full_socket_blocks_the_outbox_and_keeps_every_byte() {
+        let mut outbox = Outbox::default();
+        outbox.put(|o| o.extend_from_slice(b"reply"));
+        outbox
+            .send(&mut |_| Err(io::ErrorKind::WouldBlock.into()))
+            .unwrap();
+        assert!(outbox.is_blocked());
+        assert_eq!(outbox.bytes(), 5);
     }
 }

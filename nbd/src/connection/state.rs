@@ -47,8 +47,15 @@ pub(super) struct Inbox {
     pub(super) end: usize,
 }
 
-/// The most bytes of buffers a connection keeps for its next requests.
-const POOL_BYTES: usize = 8 << 20;
+/// The most bytes of buffers a busy connection keeps for its next requests: the default
+/// `max_held_bytes`, what its requests may hold at once anyway. Less made a copy whose
+/// requests in flight outgrew it (`nbdcopy`: 64 of 256 KiB per connection) allocate, fault in,
+/// zero and unmap half its buffers again each round (an `mmap` and `munmap` per request).
+const POOL_BYTES: usize = 64 << 20;
+
+/// What an idle connection keeps (nothing in flight, nothing to send): enough for a
+/// client at low depth, not the peak of a copy that has ended.
+const IDLE_POOL_BYTES: usize = 8 << 20;
 
 /// Buffers of ended requests, kept for the next ones of the same size: a read or write
 /// buffer allocated afresh each time costs its pages' faults and zeroing (the most of an
@@ -78,6 +85,22 @@ impl BufPool {
             self.bytes += buf.len();
             self.free.push(buf);
         }
+    }
+
+    /// Frees kept buffers down to what an idle connection keeps, the oldest first.
+    pub(super) fn trim_idle(&mut self) {
+        let mut oldest = 0;
+        while self.bytes > IDLE_POOL_BYTES && oldest < self.free.len() {
+            self.bytes -= self.free[oldest].len();
+            oldest += 1;
+        }
+        self.free.drain(..oldest);
+    }
+
+    /// Bytes of buffers kept.
+    #[cfg(test)]
+    pub(super) fn bytes(&self) -> usize {
+        self.bytes
     }
 }
 
@@ -291,5 +314,36 @@ impl Slots {
     /// Requests in flight.
     pub(super) fn busy(&self) -> usize {
         self.busy
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pool_keeps_a_busy_connections_buffers_and_trims_when_idle() {
+        let mut pool = BufPool::default();
+        let len = 256 << 10;
+        // 64 requests of 256 KiB in flight (an `nbdcopy` connection), all given back.
+        let bufs: Vec<_> = (0..64).map(|_| pool.take(len)).collect();
+        let ids: Vec<_> = bufs.iter().map(|b| b.as_ptr()).collect();
+        for b in bufs {
+            pool.give(b);
+        }
+        assert_eq!(pool.bytes(), 64 * len, "all kept while busy");
+        // The next round reuses every one of them.
+        let again: Vec<_> = (0..64).map(|_| pool.take(len)).collect();
+        assert!(again.iter().all(|b| ids.contains(&b.as_ptr())));
+        for b in again {
+            pool.give(b);
+        }
+        pool.trim_idle();
+        assert_eq!(pool.bytes(), IDLE_POOL_BYTES);
+        // Never past the busy bound.
+        for _ in 0..(POOL_BYTES / len + 8) {
+            pool.give(AlignedBuf::new(len));
+        }
+        assert!(pool.bytes() <= POOL_BYTES);
     }
 }

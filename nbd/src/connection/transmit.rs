@@ -426,7 +426,11 @@ impl<L: EventLoop + 'static, E: IoEngine + 'static> Connection<L, E> {
         let Ok(mut st) = self.st.try_borrow_mut() else {
             return;
         };
-        self.send(&mut st);
+        // A full socket is written when it says it is writable, not at every batch of
+        // completions (each such try would only hear `WouldBlock`).
+        if !st.outbox.is_blocked() {
+            self.send(&mut st);
+        }
         let settle =
             st.stalled || st.ending || st.broken || st.write_blocked() || !st.resubmit.is_empty();
         drop(st);

@@ -226,11 +226,16 @@ impl Graph {
         let mut disks = Vec::new();
         let mut nbd_exports = Vec::new();
         for e in &self.exports {
-            if let Transport::Nbd { .. } = e.transport {
+            // Every export's node takes part in the choice, an NBD export's too (it was
+            // skipped, and an NBD-only daemon ran the pool whatever its node's `aio=`).
+            let aio = if let Transport::Nbd { .. } = e.transport {
                 nbd_exports.push(self.nbd_export_spec(e)?);
-                continue;
-            }
-            let (disk, aio) = self.disk_spec(e)?;
+                self.export_node(e)?.0.image().4
+            } else {
+                let (disk, aio) = self.disk_spec(e)?;
+                disks.push(disk);
+                aio
+            };
             if let Some((kind, shown)) = aio {
                 match &engine {
                     Some((first, at)) if *first != kind => {
@@ -246,7 +251,6 @@ impl Graph {
                     None => engine = Some((kind, shown)),
                 }
             }
-            disks.push(disk);
         }
         // With a monitor, exports may all come later (`block-export-add`), as in QEMU.
         if disks.is_empty() && nbd_exports.is_empty() && !with_monitor {
@@ -272,6 +276,16 @@ impl Graph {
         let mut config = Config::new(disks);
         config.nbd = self.nbd_server.clone();
         config.nbd_exports = nbd_exports;
+        // No export asks (they may all come by QMP): the engine the command line's nodes
+        // ask for, if they agree on one.
+        if engine.is_none() {
+            let mut asked = self.nodes.values().filter_map(|n| n.image().4);
+            if let Some(first) = asked.next() {
+                if asked.all(|(kind, _)| kind == first.0) {
+                    engine = Some(first);
+                }
+            }
+        }
         // QEMU's default `aio` is `threads`: our pool.
         config.engine = Choice::Named(engine.map_or(EngineKind::Pool, |(k, _)| k));
         config.iothreads = u16::try_from(iothread_poll.len()).unwrap_or(u16::MAX);

@@ -496,3 +496,61 @@ fn an_nbd_export_serves_its_bitmaps_in_order_by_name_or_by_node() {
         ]
     );
 }
+
+#[test]
+fn an_nbd_exports_node_and_a_monitors_nodes_choose_the_engine() {
+    // NBD exports only: their node's `aio=` is the engine (it once fell back to the pool).
+    let nbd_only = |aio: &str| {
+        parse(&[
+            "--blockdev",
+            &format!("driver=file,node-name=f0,filename=/img,aio={aio},cache.direct=on"),
+            "--blockdev",
+            "driver=qcow2,node-name=q0,file=f0",
+            "--nbd-server",
+            "addr.type=unix,addr.path=/n.sock",
+            "--export",
+            "type=nbd,id=e0,node-name=q0",
+        ])
+        .map(|c| c.config.engine)
+    };
+    assert_eq!(
+        nbd_only("io_uring").unwrap(),
+        Choice::Named(EngineKind::Uring)
+    );
+    assert_eq!(
+        nbd_only("native").unwrap(),
+        Choice::Named(EngineKind::LinuxAio)
+    );
+    // An NBD export and a vhost-user-blk one asking for two engines: refused.
+    let e = refusal(&[
+        "--blockdev",
+        "driver=file,node-name=a,filename=/a,aio=io_uring",
+        "--blockdev",
+        "driver=file,node-name=b,filename=/b,aio=threads",
+        "--nbd-server",
+        "addr.type=unix,addr.path=/n.sock",
+        "--export",
+        "type=nbd,id=e0,node-name=a",
+        "--export",
+        "type=vhost-user-blk,id=e1,node-name=b,addr.type=unix,addr.path=/s.sock",
+    ]);
+    assert!(e.contains("a second engine"), "{e}");
+    // No export yet (a monitor adds them): the nodes' engine if they agree, else the pool.
+    let monitor_only = |second: &str| {
+        parse(&[
+            "--blockdev",
+            "driver=file,node-name=a,filename=/a,aio=io_uring",
+            "--blockdev",
+            &format!("driver=file,node-name=b,filename=/b,aio={second}"),
+            "--chardev",
+            "socket,id=m0,path=/m.sock,server=on,wait=off",
+            "--monitor",
+            "chardev=m0",
+        ])
+        .unwrap()
+        .config
+        .engine
+    };
+    assert_eq!(monitor_only("io_uring"), Choice::Named(EngineKind::Uring));
+    assert_eq!(monitor_only("native"), Choice::Named(EngineKind::Pool));
+}
